@@ -1,0 +1,14 @@
+# llm_add_test(NAME name SOURCES ... [LIBS ...] [LABEL unit|integration|gpu])
+# One GoogleTest binary whose cases are registered with ctest under the given label.
+enable_testing()
+include(GoogleTest)
+
+function(llm_add_test)
+  cmake_parse_arguments(T "" "NAME;LABEL" "SOURCES;LIBS" ${ARGN})
+  if(NOT T_LABEL)
+    set(T_LABEL unit)
+  endif()
+  add_executable(${T_NAME} ${T_SOURCES})
+  target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} GTest::gmock GTest::gtest_main)
+  gtest_discover_tests(${T_NAME} PROPERTIES LABELS ${T_LABEL} DISCOVERY_TIMEOUT 60)
+endfunction()
