@@ -41,8 +41,10 @@ build: configure
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
-# The main job: builds everything; the block-manager demo comes with the block manager.
+# The main job. Until the cluster exists: the block-manager demo, then its benchmark.
 run: build
+	$(BUILD_DIR)/tools/llm-block-demo
+	$(BUILD_DIR)/bench/bench_block_manager --benchmark_min_time=0.2
 
 bench: build
 	@for b in $(BUILD_DIR)/bench/bench_*; do echo "== $$b"; $$b; done

@@ -8,11 +8,11 @@
 #define LLM_STATUS_CONCAT_INNER(a, b) a##b
 #define LLM_STATUS_CONCAT(a, b) LLM_STATUS_CONCAT_INNER(a, b)
 
-#define RETURN_IF_ERROR(expr)                      \
-  do {                                             \
-    if (absl::Status _st = (expr); !_st.ok()) {    \
-      return _st;                                  \
-    }                                              \
+#define RETURN_IF_ERROR(expr)                   \
+  do {                                          \
+    if (absl::Status _st = (expr); !_st.ok()) { \
+      return _st;                               \
+    }                                           \
   } while (0)
 
 #define ASSIGN_OR_RETURN(lhs, expr) \

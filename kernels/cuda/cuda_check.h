@@ -19,10 +19,10 @@ inline std::string ErrorMessage(cudaError_t err, const char* expr, const char* f
 
 // Evaluates a CUDA call; on failure returns its message from the enclosing function, which
 // must return std::string (an error message, empty on success).
-#define LLM_CUDA_RETURN_IF_ERROR(expr)                                                  \
-  do {                                                                                  \
-    std::string _msg = ::llm::cuda::ErrorMessage((expr), #expr, __FILE__, __LINE__);    \
-    if (!_msg.empty()) return _msg;                                                     \
+#define LLM_CUDA_RETURN_IF_ERROR(expr)                                               \
+  do {                                                                               \
+    std::string _msg = ::llm::cuda::ErrorMessage((expr), #expr, __FILE__, __LINE__); \
+    if (!_msg.empty()) return _msg;                                                  \
   } while (0)
 
 #endif  // LLM_KERNELS_CUDA_CUDA_CHECK_H_

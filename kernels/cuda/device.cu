@@ -51,8 +51,8 @@ std::string SelfTest(int ordinal) {
   constexpr int kN = 1000;
   int* d_out = nullptr;
   LLM_CUDA_RETURN_IF_ERROR(cudaMalloc(&d_out, kN * sizeof(int)));
-  std::string err = ErrorMessage(cudaMemset(d_out, 0xFF, kN * sizeof(int)), "cudaMemset",
-                                 __FILE__, __LINE__);  // poison: -1 everywhere
+  std::string err = ErrorMessage(cudaMemset(d_out, 0xFF, kN * sizeof(int)), "cudaMemset", __FILE__,
+                                 __LINE__);  // poison: -1 everywhere
   if (err.empty()) {
     SelfTestKernel<<<(kN + 255) / 256, 256>>>(d_out, kN);
     err = ErrorMessage(cudaGetLastError(), "SelfTestKernel launch", __FILE__, __LINE__);
