@@ -42,14 +42,20 @@ absl::Status BlockSpaceManagerConfig::Validate() const {
   return absl::OkStatus();
 }
 
-BlockSpaceManager::BlockSpaceManager(const BlockSpaceManagerConfig& config)
-    : config_(config),
-      watermark_blocks_(static_cast<int>(config.watermark * config.num_gpu_blocks)),
-      gpu_(Device::kGpu, config.num_gpu_blocks, config.block_size, config.enable_prefix_caching),
-      cpu_(Device::kCpu, config.num_cpu_blocks, config.block_size, /*enable_caching=*/false) {
+namespace {
+// Checked before any member is built, so that a bad config fails with its own message.
+const BlockSpaceManagerConfig& Validated(const BlockSpaceManagerConfig& config) {
   const absl::Status valid = config.Validate();
   CHECK(valid.ok()) << valid;
+  return config;
 }
+}  // namespace
+
+BlockSpaceManager::BlockSpaceManager(const BlockSpaceManagerConfig& config)
+    : config_(Validated(config)),
+      watermark_blocks_(static_cast<int>(config.watermark * config.num_gpu_blocks)),
+      gpu_(Device::kGpu, config.num_gpu_blocks, config.block_size, config.enable_prefix_caching),
+      cpu_(Device::kCpu, config.num_cpu_blocks, config.block_size, /*enable_caching=*/false) {}
 
 absl::StatusOr<BlockTable*> BlockSpaceManager::FindTable(SeqId seq) {
   auto it = tables_.find(seq);

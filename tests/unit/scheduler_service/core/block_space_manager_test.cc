@@ -54,6 +54,12 @@ TEST(BlockSpaceManagerConfig, ValidateNamesFieldValueAndRange) {
   EXPECT_THAT(c.Validate().message(), HasSubstr("block_size is 0"));
 }
 
+TEST(BlockSpaceManagerDeathTest, AnInvalidConfigFailsWithItsOwnMessage) {
+  BlockSpaceManagerConfig c = Config(10);
+  c.block_size = 0;
+  EXPECT_DEATH(BlockSpaceManager{c}, "block_size is 0; it must be in \\[1, 1024\\]");
+}
+
 TEST(BlockSpaceManager, AllocateAndFreeReturnEveryBlock) {
   BlockSpaceManager m(Config(10));
   ASSERT_EQ(m.Allocate(1, Range(33)).value(), 0);  // 3 blocks, nothing cached
