@@ -10,5 +10,8 @@ function(llm_add_test)
   endif()
   add_executable(${T_NAME} ${T_SOURCES})
   target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} GTest::gmock GTest::gtest_main)
+  # Committed test data (models, tokenizers, fixtures) is read from the source tree.
+  target_compile_definitions(${T_NAME} PRIVATE
+                             LLM_TEST_DATA_DIR="${PROJECT_SOURCE_DIR}/tests/data")
   gtest_discover_tests(${T_NAME} PROPERTIES LABELS ${T_LABEL} DISCOVERY_TIMEOUT 60)
 endfunction()

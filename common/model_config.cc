@@ -54,15 +54,18 @@ absl::Status GetOptional(const json& j, const char* field, T* out) {
   return absl::OkStatus();
 }
 
+// transformers < 5 writes "rope_scaling" (and "rope_theta" beside it); transformers >= 5
+// writes "rope_parameters", which holds rope_theta too. Both are read.
 absl::Status ParseRopeScaling(const json& j, RopeScaling* out) {
   auto it = j.find("rope_scaling");
+  if (it == j.end() || it->is_null()) it = j.find("rope_parameters");
   if (it == j.end() || it->is_null()) return absl::OkStatus();
   if (!it->is_object()) return Invalid("\"rope_scaling\" must be an object or null");
   std::string type;
   // transformers accepts both spellings.
   RETURN_IF_ERROR(GetOptional(*it, "type", &type));
   RETURN_IF_ERROR(GetOptional(*it, "rope_type", &type));
-  if (type == "default") return absl::OkStatus();
+  if (type.empty() || type == "default") return absl::OkStatus();
   if (type != "linear" && type != "llama3") {
     return absl::UnimplementedError(absl::StrCat("config.json: rope_scaling type \"", type,
                                                  "\" is not supported (linear, llama3)"));
@@ -149,10 +152,14 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(std::string_view json_text) {
   RETURN_IF_ERROR(GetOptional(j, "rms_norm_eps", &c.rms_norm_eps));
   if (!(c.rms_norm_eps > 0)) return Invalid("\"rms_norm_eps\" must be > 0");
   RETURN_IF_ERROR(GetOptional(j, "rope_theta", &c.rope_theta));
+  if (auto rp = j.find("rope_parameters"); rp != j.end() && rp->is_object()) {
+    RETURN_IF_ERROR(GetOptional(*rp, "rope_theta", &c.rope_theta));
+  }
   if (!(c.rope_theta > 0)) return Invalid("\"rope_theta\" must be > 0");
   RETURN_IF_ERROR(ParseRopeScaling(j, &c.rope_scaling));
   RETURN_IF_ERROR(GetOptional(j, "tie_word_embeddings", &c.tie_word_embeddings));
   RETURN_IF_ERROR(GetOptional(j, "torch_dtype", &c.torch_dtype));
+  RETURN_IF_ERROR(GetOptional(j, "dtype", &c.torch_dtype));  // transformers >= 5
   std::string act = "silu";
   RETURN_IF_ERROR(GetOptional(j, "hidden_act", &act));
   if (act != "silu") {

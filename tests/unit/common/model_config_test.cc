@@ -121,6 +121,30 @@ TEST(ModelConfig, ErrorsNameTheFieldOrTheUnsupportedFeature) {
   EXPECT_EQ(ModelConfig::FromModelDir("/nonexistent").status().code(), absl::StatusCode::kNotFound);
 }
 
+// The config.json files transformers 5 wrote for our tiny models (tools/models): the newer
+// format, with rope_theta and the scaling inside "rope_parameters" and "dtype".
+TEST(ModelConfig, ReadsConfigsWrittenByTransformers) {
+  absl::StatusOr<ModelConfig> llama =
+      ModelConfig::FromModelDir(LLM_TEST_DATA_DIR "/models/tiny-llama");
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  EXPECT_EQ(llama->architecture, "LlamaForCausalLM");
+  EXPECT_DOUBLE_EQ(llama->rope_theta, 500000.0);
+  EXPECT_EQ(llama->rope_scaling.type, "llama3");
+  EXPECT_DOUBLE_EQ(llama->rope_scaling.factor, 8.0);
+  EXPECT_EQ(llama->rope_scaling.original_max_position_embeddings, 64);
+  EXPECT_EQ(llama->num_key_value_heads, 2);
+  EXPECT_EQ(llama->torch_dtype, "bfloat16");
+
+  absl::StatusOr<ModelConfig> qwen =
+      ModelConfig::FromModelDir(LLM_TEST_DATA_DIR "/models/tiny-qwen2");
+  ASSERT_TRUE(qwen.ok()) << qwen.status();
+  EXPECT_DOUBLE_EQ(qwen->rope_theta, 1000000.0);
+  EXPECT_EQ(qwen->rope_scaling.type, "");
+  EXPECT_TRUE(qwen->attention_bias);
+  EXPECT_TRUE(qwen->tie_word_embeddings);
+  EXPECT_EQ(qwen->num_key_value_heads, 1);
+}
+
 TEST(ModelConfig, MistralSlidingWindowIsRefusedUnlessItCoversTheContext) {
   json j = Llama3();
   j["architectures"] = {"MistralForCausalLM"};
