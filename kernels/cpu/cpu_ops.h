@@ -1,0 +1,48 @@
+// The CPU backend: one function per op of kernels/ops.h, one file each (kernels/cpu/<op>.cc).
+// kernels/ops.cc has already checked ranks, shapes, dtypes, contiguity and devices; these
+// check what only the data can tell (token ids, slots, block ids, lengths) and return an
+// error naming the bad value instead of reading or writing out of bounds.
+//
+// fp32 compute. Internal to kernels/: callers use kernels/ops.h.
+#ifndef LLM_KERNELS_CPU_CPU_OPS_H_
+#define LLM_KERNELS_CPU_CPU_OPS_H_
+
+#include <span>
+
+#include "kernels/ops.h"
+#include "kernels/tensor.h"
+
+namespace llm::ops::cpu {
+
+OpStatus Embedding(const TensorView& out, const TensorView& token_ids, const TensorView& table);
+
+OpStatus RmsNorm(const TensorView& out, const TensorView& x, const TensorView& weight, float eps);
+
+OpStatus FusedAddRmsNorm(const TensorView& x, const TensorView& residual, const TensorView& weight,
+                         float eps);
+
+// inv_freq: rotary_dim / 2 frequencies from ComputeRopeInvFreq.
+OpStatus RotaryEmbedding(const TensorView& positions, const TensorView& query,
+                         const TensorView& key, std::span<const double> inv_freq, int rotary_dim);
+
+OpStatus SiluAndMul(const TensorView& out, const TensorView& x);
+
+OpStatus Linear(const TensorView& out, const TensorView& x, const TensorView& weight,
+                const TensorView& bias);
+
+OpStatus ReshapeAndCache(const TensorView& key, const TensorView& value,
+                         const TensorView& key_cache, const TensorView& value_cache,
+                         const TensorView& slot_mapping);
+
+OpStatus PagedAttention(const TensorView& out, const TensorView& query, const TensorView& key_cache,
+                        const TensorView& value_cache, const AttentionMetadata& metadata,
+                        float scale);
+
+OpStatus CopyBlocks(std::span<const TensorView> key_caches,
+                    std::span<const TensorView> value_caches, std::span<const BlockPair> pairs);
+
+OpStatus SwapBlocks(const TensorView& src, const TensorView& dst, std::span<const BlockPair> pairs);
+
+}  // namespace llm::ops::cpu
+
+#endif  // LLM_KERNELS_CPU_CPU_OPS_H_

@@ -1,0 +1,38 @@
+// Writes this step's keys and values into their slots of the paged KV cache, on the CPU.
+#include <cstring>
+#include <string>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/op_check.h"
+
+namespace llm::ops::cpu {
+
+OpStatus ReshapeAndCache(const TensorView& key, const TensorView& value,
+                         const TensorView& key_cache, const TensorView& value_cache,
+                         const TensorView& slot_mapping) {
+  const int64_t num_tokens = slot_mapping.shape[0];
+  const int64_t num_slots = key_cache.shape[0] * key_cache.shape[1];
+  const int64_t row = key_cache.shape[2] * key_cache.shape[3];  // Hkv * D floats per token
+  // Check every slot first, so that a bad mapping writes nothing.
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const int64_t slot = internal::IndexAt(slot_mapping, t);
+    if (slot != -1 && (slot < 0 || slot >= num_slots)) {
+      return internal::Error("ReshapeAndCache",
+                             "slot_mapping[" + std::to_string(t) + "] = " + std::to_string(slot) +
+                                 " is outside [0, " + std::to_string(num_slots) +
+                                 ") (num_blocks * block_size) and is not -1 (padding)");
+    }
+  }
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const int64_t slot = internal::IndexAt(slot_mapping, t);
+    if (slot == -1) continue;
+    // cache[slot / bs][slot % bs][h][d] = kv[t][h][d]: slots are consecutive rows of Hkv * D.
+    std::memcpy(key_cache.data_as<float>() + slot * row, key.data_as<const float>() + t * row,
+                row * sizeof(float));
+    std::memcpy(value_cache.data_as<float>() + slot * row, value.data_as<const float>() + t * row,
+                row * sizeof(float));
+  }
+  return OpStatus::Ok();
+}
+
+}  // namespace llm::ops::cpu

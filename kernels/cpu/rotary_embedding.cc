@@ -1,0 +1,50 @@
+// Rotary position embedding (NeoX style: rotate halves) on the CPU, in place on q and k.
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/op_check.h"
+
+namespace llm::ops::cpu {
+namespace {
+
+// Rotates the first 2 * half dims of each of num_heads heads of one token:
+//   x[hd][i], x[hd][i + half] <- x[i] cos - x[i + half] sin, x[i + half] cos + x[i] sin
+void RotateHeads(float* x, int64_t num_heads, int64_t head_size, int64_t half, const float* cos,
+                 const float* sin) {
+  for (int64_t hd = 0; hd < num_heads; ++hd) {
+    float* v = x + hd * head_size;
+    for (int64_t i = 0; i < half; ++i) {
+      const float x1 = v[i], x2 = v[i + half];
+      v[i] = x1 * cos[i] - x2 * sin[i];
+      v[i + half] = x2 * cos[i] + x1 * sin[i];
+    }
+  }
+}
+
+}  // namespace
+
+OpStatus RotaryEmbedding(const TensorView& positions, const TensorView& query,
+                         const TensorView& key, std::span<const double> inv_freq, int rotary_dim) {
+  const int64_t num_tokens = positions.shape[0];
+  const int64_t num_heads = query.shape[1], num_kv_heads = key.shape[1];
+  const int64_t head_size = query.shape[2];
+  const int64_t half = rotary_dim / 2;
+  std::vector<float> cos(half), sin(half);
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const double pos = static_cast<double>(internal::IndexAt(positions, t));
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = pos * inv_freq[i];  // in double: positions reach 10^5 and more
+      cos[i] = static_cast<float>(std::cos(angle));
+      sin[i] = static_cast<float>(std::sin(angle));
+    }
+    // q[t][h][d], k[t][h][d]
+    RotateHeads(query.data_as<float>() + t * num_heads * head_size, num_heads, head_size, half,
+                cos.data(), sin.data());
+    RotateHeads(key.data_as<float>() + t * num_kv_heads * head_size, num_kv_heads, head_size, half,
+                cos.data(), sin.data());
+  }
+  return OpStatus::Ok();
+}
+
+}  // namespace llm::ops::cpu

@@ -1,0 +1,283 @@
+// The op dispatchers: check every argument's rank, shape, dtype, contiguity and device, then
+// run the backend of the tensors' device.
+#include "kernels/ops.h"
+
+#include <cmath>
+#include <numbers>
+#include <vector>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/op_check.h"
+
+namespace llm::ops {
+
+using internal::CheckArg;
+using internal::CheckSameDevice;
+using internal::Error;
+using internal::kAny;
+using internal::NoBackend;
+
+namespace {
+
+constexpr DType kF32 = DType::kF32;
+constexpr DType kI32 = DType::kI32;
+constexpr DType kI64 = DType::kI64;
+
+#define LLM_OPS_RETURN_IF_ERROR(expr) \
+  do {                                \
+    OpStatus _s = (expr);             \
+    if (!_s.ok()) return _s;          \
+  } while (0)
+
+}  // namespace
+
+OpStatus Embedding(const OpContext& /*ctx*/, const TensorView& out, const TensorView& token_ids,
+                   const TensorView& table) {
+  constexpr const char* kOp = "Embedding";
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "token_ids", token_ids, {kI32, kI64}, {kAny}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "table", table, {kF32}, {kAny, kAny}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "out", out, {kF32}, {token_ids.shape[0], table.shape[1]}));
+  TensorDevice device;
+  LLM_OPS_RETURN_IF_ERROR(
+      CheckSameDevice(kOp, {{"out", &out}, {"token_ids", &token_ids}, {"table", &table}}, &device));
+  if (!device.is_cpu()) return NoBackend(kOp, device);
+  return cpu::Embedding(out, token_ids, table);
+}
+
+OpStatus RmsNorm(const OpContext& /*ctx*/, const TensorView& out, const TensorView& x,
+                 const TensorView& weight, float eps) {
+  constexpr const char* kOp = "RmsNorm";
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "x", x, {kF32}, {kAny, kAny}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "weight", weight, {kF32}, {x.shape[1]}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "out", out, {kF32}, {x.shape[0], x.shape[1]}));
+  if (!(eps > 0.0f)) return Error(kOp, "eps must be > 0, got " + std::to_string(eps));
+  TensorDevice device;
+  LLM_OPS_RETURN_IF_ERROR(
+      CheckSameDevice(kOp, {{"out", &out}, {"x", &x}, {"weight", &weight}}, &device));
+  if (!device.is_cpu()) return NoBackend(kOp, device);
+  return cpu::RmsNorm(out, x, weight, eps);
+}
+
+OpStatus FusedAddRmsNorm(const OpContext& /*ctx*/, const TensorView& x, const TensorView& residual,
+                         const TensorView& weight, float eps) {
+  constexpr const char* kOp = "FusedAddRmsNorm";
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "x", x, {kF32}, {kAny, kAny}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "residual", residual, {kF32}, {x.shape[0], x.shape[1]}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "weight", weight, {kF32}, {x.shape[1]}));
+  if (!(eps > 0.0f)) return Error(kOp, "eps must be > 0, got " + std::to_string(eps));
+  TensorDevice device;
+  LLM_OPS_RETURN_IF_ERROR(
+      CheckSameDevice(kOp, {{"x", &x}, {"residual", &residual}, {"weight", &weight}}, &device));
+  if (!device.is_cpu()) return NoBackend(kOp, device);
+  return cpu::FusedAddRmsNorm(x, residual, weight, eps);
+}
+
+OpStatus ComputeRopeInvFreq(const RopeConfig& config, std::span<double> inv_freq) {
+  constexpr const char* kOp = "ComputeRopeInvFreq";
+  const int64_t half = static_cast<int64_t>(inv_freq.size());
+  if (half <= 0) return Error(kOp, "inv_freq: expected rotary_dim / 2 > 0 entries, got 0");
+  if (!(config.theta > 0.0)) {
+    return Error(kOp, "theta must be > 0, got " + std::to_string(config.theta));
+  }
+  const RopeScaling& sc = config.scaling;
+  if (sc.type != RopeScaling::Type::kNone && !(sc.factor > 0.0)) {
+    return Error(kOp, "rope_scaling.factor must be > 0, got " + std::to_string(sc.factor));
+  }
+  if (sc.type == RopeScaling::Type::kLlama3 &&
+      !(sc.high_freq_factor > sc.low_freq_factor && sc.low_freq_factor > 0.0 &&
+        sc.original_max_position_embeddings > 0)) {
+    return Error(kOp,
+                 "llama3 rope_scaling needs high_freq_factor > low_freq_factor > 0 and "
+                 "original_max_position_embeddings > 0, got high_freq_factor " +
+                     std::to_string(sc.high_freq_factor) + ", low_freq_factor " +
+                     std::to_string(sc.low_freq_factor) + ", original_max_position_embeddings " +
+                     std::to_string(sc.original_max_position_embeddings));
+  }
+  const double dim = 2.0 * static_cast<double>(half);
+  for (int64_t i = 0; i < half; ++i) {
+    double f = 1.0 / std::pow(config.theta, static_cast<double>(2 * i) / dim);
+    switch (sc.type) {
+      case RopeScaling::Type::kNone:
+        break;
+      case RopeScaling::Type::kLinear:
+        f /= sc.factor;  // the same as dividing positions by factor
+        break;
+      case RopeScaling::Type::kLlama3: {
+        // transformers' _compute_llama3_parameters: long wavelengths are divided by factor,
+        // short ones kept, and the band between interpolated smoothly.
+        const double old_len = static_cast<double>(sc.original_max_position_embeddings);
+        const double low_freq_wavelen = old_len / sc.low_freq_factor;
+        const double high_freq_wavelen = old_len / sc.high_freq_factor;
+        const double wavelen = 2.0 * std::numbers::pi / f;
+        if (wavelen > low_freq_wavelen) {
+          f /= sc.factor;
+        } else if (wavelen >= high_freq_wavelen) {
+          const double smooth =
+              (old_len / wavelen - sc.low_freq_factor) / (sc.high_freq_factor - sc.low_freq_factor);
+          f = (1.0 - smooth) * f / sc.factor + smooth * f;
+        }
+        break;
+      }
+    }
+    inv_freq[i] = f;
+  }
+  return OpStatus::Ok();
+}
+
+OpStatus RotaryEmbedding(const OpContext& /*ctx*/, const TensorView& positions,
+                         const TensorView& query, const TensorView& key, const RopeConfig& config) {
+  constexpr const char* kOp = "RotaryEmbedding";
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "positions", positions, {kI32, kI64}, {kAny}));
+  const int64_t num_tokens = positions.shape[0];
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "query", query, {kF32}, {num_tokens, kAny, kAny}));
+  const int64_t head_size = query.shape[2];
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "key", key, {kF32}, {num_tokens, kAny, head_size}));
+  const int64_t rotary_dim = config.rotary_dim == 0 ? head_size : config.rotary_dim;
+  if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > head_size) {
+    return Error(kOp, "rotary_dim must be even, > 0 and <= head size " + std::to_string(head_size) +
+                          ", got " + std::to_string(rotary_dim));
+  }
+  TensorDevice device;
+  LLM_OPS_RETURN_IF_ERROR(
+      CheckSameDevice(kOp, {{"positions", &positions}, {"query", &query}, {"key", &key}}, &device));
+  if (!device.is_cpu()) return NoBackend(kOp, device);
+  std::vector<double> inv_freq(rotary_dim / 2);
+  LLM_OPS_RETURN_IF_ERROR(ComputeRopeInvFreq(config, inv_freq));
+  return cpu::RotaryEmbedding(positions, query, key, inv_freq, static_cast<int>(rotary_dim));
+}
+
+OpStatus SiluAndMul(const OpContext& /*ctx*/, const TensorView& out, const TensorView& x) {
+  constexpr const char* kOp = "SiluAndMul";
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "x", x, {kF32}, {kAny, kAny}));
+  if (x.shape[1] % 2 != 0) {
+    return Error(kOp, "x: expected an even last dim [T, 2 * I], got " + x.ToString());
+  }
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "out", out, {kF32}, {x.shape[0], x.shape[1] / 2}));
+  TensorDevice device;
+  LLM_OPS_RETURN_IF_ERROR(CheckSameDevice(kOp, {{"out", &out}, {"x", &x}}, &device));
+  if (!device.is_cpu()) return NoBackend(kOp, device);
+  return cpu::SiluAndMul(out, x);
+}
+
+OpStatus Linear(const OpContext& /*ctx*/, const TensorView& out, const TensorView& x,
+                const TensorView& weight, const TensorView& bias) {
+  constexpr const char* kOp = "Linear";
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "x", x, {kF32}, {kAny, kAny}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "weight", weight, {kF32}, {kAny, x.shape[1]}));
+  if (bias.present()) {
+    LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "bias", bias, {kF32}, {weight.shape[0]}));
+  }
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "out", out, {kF32}, {x.shape[0], weight.shape[0]}));
+  TensorDevice device;
+  LLM_OPS_RETURN_IF_ERROR(CheckSameDevice(
+      kOp, {{"out", &out}, {"x", &x}, {"weight", &weight}, {"bias", &bias}}, &device));
+  if (!device.is_cpu()) return NoBackend(kOp, device);
+  return cpu::Linear(out, x, weight, bias);
+}
+
+OpStatus ReshapeAndCache(const OpContext& /*ctx*/, const TensorView& key, const TensorView& value,
+                         const TensorView& key_cache, const TensorView& value_cache,
+                         const TensorView& slot_mapping) {
+  constexpr const char* kOp = "ReshapeAndCache";
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "slot_mapping", slot_mapping, {kI32, kI64}, {kAny}));
+  const int64_t num_tokens = slot_mapping.shape[0];
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "key_cache", key_cache, {kF32}, {kAny, kAny, kAny, kAny}));
+  const int64_t num_blocks = key_cache.shape[0], block_size = key_cache.shape[1];
+  const int64_t num_kv_heads = key_cache.shape[2], head_size = key_cache.shape[3];
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "value_cache", value_cache, {kF32},
+                                   {num_blocks, block_size, num_kv_heads, head_size}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "key", key, {kF32}, {num_tokens, num_kv_heads, head_size}));
+  LLM_OPS_RETURN_IF_ERROR(
+      CheckArg(kOp, "value", value, {kF32}, {num_tokens, num_kv_heads, head_size}));
+  TensorDevice device;
+  LLM_OPS_RETURN_IF_ERROR(CheckSameDevice(kOp,
+                                          {{"key", &key},
+                                           {"value", &value},
+                                           {"key_cache", &key_cache},
+                                           {"value_cache", &value_cache},
+                                           {"slot_mapping", &slot_mapping}},
+                                          &device));
+  if (!device.is_cpu()) return NoBackend(kOp, device);
+  return cpu::ReshapeAndCache(key, value, key_cache, value_cache, slot_mapping);
+}
+
+OpStatus PagedAttention(const OpContext& /*ctx*/, const TensorView& out, const TensorView& query,
+                        const TensorView& key_cache, const TensorView& value_cache,
+                        const AttentionMetadata& metadata, float scale) {
+  constexpr const char* kOp = "PagedAttention";
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "query", query, {kF32}, {kAny, kAny, kAny}));
+  const int64_t num_tokens = query.shape[0], num_heads = query.shape[1];
+  const int64_t head_size = query.shape[2];
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "out", out, {kF32}, {num_tokens, num_heads, head_size}));
+  LLM_OPS_RETURN_IF_ERROR(
+      CheckArg(kOp, "key_cache", key_cache, {kF32}, {kAny, kAny, kAny, head_size}));
+  const int64_t num_blocks = key_cache.shape[0], block_size = key_cache.shape[1];
+  const int64_t num_kv_heads = key_cache.shape[2];
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "value_cache", value_cache, {kF32},
+                                   {num_blocks, block_size, num_kv_heads, head_size}));
+  if (block_size <= 0) return Error(kOp, "key_cache: block_size must be > 0");
+  if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) {
+    return Error(kOp, "query heads (" + std::to_string(num_heads) +
+                          ") must be a multiple of key_cache's kv heads (" +
+                          std::to_string(num_kv_heads) + ")");
+  }
+  LLM_OPS_RETURN_IF_ERROR(
+      CheckArg(kOp, "metadata.block_tables", metadata.block_tables, {kI32}, {kAny, kAny}));
+  const int64_t num_seqs = metadata.block_tables.shape[0];
+  LLM_OPS_RETURN_IF_ERROR(
+      CheckArg(kOp, "metadata.seq_lens", metadata.seq_lens, {kI32}, {num_seqs}));
+  LLM_OPS_RETURN_IF_ERROR(
+      CheckArg(kOp, "metadata.query_start_loc", metadata.query_start_loc, {kI32}, {num_seqs + 1}));
+  if (!std::isfinite(scale)) return Error(kOp, "scale must be finite");
+  TensorDevice device;
+  LLM_OPS_RETURN_IF_ERROR(CheckSameDevice(kOp,
+                                          {{"out", &out},
+                                           {"query", &query},
+                                           {"key_cache", &key_cache},
+                                           {"value_cache", &value_cache},
+                                           {"metadata.block_tables", &metadata.block_tables},
+                                           {"metadata.seq_lens", &metadata.seq_lens},
+                                           {"metadata.query_start_loc", &metadata.query_start_loc}},
+                                          &device));
+  if (!device.is_cpu()) return NoBackend(kOp, device);
+  return cpu::PagedAttention(out, query, key_cache, value_cache, metadata, scale);
+}
+
+OpStatus CopyBlocks(const OpContext& /*ctx*/, std::span<const TensorView> key_caches,
+                    std::span<const TensorView> value_caches, std::span<const BlockPair> pairs) {
+  constexpr const char* kOp = "CopyBlocks";
+  if (key_caches.size() != value_caches.size()) {
+    return Error(kOp, "key_caches has " + std::to_string(key_caches.size()) +
+                          " layers but value_caches has " + std::to_string(value_caches.size()));
+  }
+  if (key_caches.empty()) return OpStatus::Ok();
+  const TensorView& first = key_caches[0];
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "key_caches[0]", first, {kF32}, {kAny, kAny, kAny, kAny}));
+  for (size_t l = 0; l < key_caches.size(); ++l) {
+    for (const TensorView* t : {&key_caches[l], &value_caches[l]}) {
+      const std::string name = std::string(t == &key_caches[l] ? "key_caches[" : "value_caches[") +
+                               std::to_string(l) + "]";
+      LLM_OPS_RETURN_IF_ERROR(
+          CheckArg(kOp, name.c_str(), *t, {kF32},
+                   {first.shape[0], first.shape[1], first.shape[2], first.shape[3]}));
+      TensorDevice device;
+      LLM_OPS_RETURN_IF_ERROR(
+          CheckSameDevice(kOp, {{"key_caches[0]", &first}, {name.c_str(), t}}, &device));
+    }
+  }
+  if (!first.device.is_cpu()) return NoBackend(kOp, first.device);
+  return cpu::CopyBlocks(key_caches, value_caches, pairs);
+}
+
+OpStatus SwapBlocks(const OpContext& /*ctx*/, const TensorView& src, const TensorView& dst,
+                    std::span<const BlockPair> pairs) {
+  constexpr const char* kOp = "SwapBlocks";
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "src", src, {kF32}, {kAny, kAny, kAny, kAny}));
+  LLM_OPS_RETURN_IF_ERROR(
+      CheckArg(kOp, "dst", dst, {kF32}, {kAny, src.shape[1], src.shape[2], src.shape[3]}));
+  if (!src.device.is_cpu()) return NoBackend(kOp, src.device);
+  if (!dst.device.is_cpu()) return NoBackend(kOp, dst.device);
+  return cpu::SwapBlocks(src, dst, pairs);
+}
+
+}  // namespace llm::ops

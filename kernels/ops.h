@@ -1,0 +1,155 @@
+// The ops of the model, one backend-neutral signature each. Every op takes an OpContext
+// (where a backend finds its stream and handles), its output(s) first, then its inputs, all as
+// TensorViews; it checks ranks, shapes, dtypes, contiguity and devices, and dispatches on the
+// tensors' device: kernels/cpu/<op>.cc for cpu tensors (the reference), kernels/cuda for cuda
+// tensors (a later issue; until then a cuda tensor gets an error). Nothing is thrown and bad
+// arguments never crash: a failure returns an OpStatus whose message names the op, the
+// argument, what was expected and what was given, e.g.
+//   "RmsNorm: weight: expected f32 [4096], got f32 [4095] on cpu".
+//
+// Tensors are fp32 (activations, weights, KV cache) and int32 or int64 (indices) for now, and
+// contiguous. Index tensors named below as "i32" must be i32; "index" tensors may be i32 or
+// i64. An op's output must not overlap its inputs unless the op says it may.
+//
+// Layouts, by index (T tokens of this step, S sequences, H hidden size, D head size):
+//   hidden states        x[t][h]                                   [T, H]
+//   query                q[t][head][d]                             [T, Hq, D]
+//   key, value (new)     k[t][kv_head][d]                          [T, Hkv, D]
+//   KV cache (one layer) key_cache[block_id][slot_in_block][kv_head][d]
+//                                                                  [num_blocks, block_size, Hkv, D]
+//                        (value_cache the same). Token p of a sequence lives in block
+//                        block_tables[s][p / block_size], slot p % block_size; a "slot"
+//                        (slot_mapping) is block_id * block_size + slot_in_block.
+//
+// Thread-safety: ops keep no state; concurrent calls on disjoint outputs are safe.
+#ifndef LLM_KERNELS_OPS_H_
+#define LLM_KERNELS_OPS_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "common/types.h"
+#include "kernels/tensor.h"
+
+namespace llm::ops {
+
+// The result of an op: empty message = success.
+struct [[nodiscard]] OpStatus {
+  std::string message;
+
+  bool ok() const { return message.empty(); }
+  static OpStatus Ok() { return {}; }
+  static OpStatus Error(std::string msg) { return {std::move(msg)}; }
+};
+
+// Per-call backend state. CPU ops ignore it. CUDA ops (later) run on `stream`
+// (a cudaStream_t; null = the default stream) and use `blas_handle` (a cublasHandle_t) for
+// GEMMs; the caller owns both. Kept as void* so that this header needs no CUDA headers.
+struct OpContext {
+  void* stream = nullptr;
+  void* blas_handle = nullptr;
+};
+
+// out[t][h] = table[token_ids[t]][h]. token_ids: index [T], each in [0, V); table [V, H];
+// out [T, H]. A token id out of range is an error naming it.
+OpStatus Embedding(const OpContext& ctx, const TensorView& out, const TensorView& token_ids,
+                   const TensorView& table);
+
+// out[t][h] = x[t][h] / sqrt(mean_h(x[t][h]^2) + eps) * weight[h]. x, out [T, H]; weight [H].
+// out may be x (in place).
+OpStatus RmsNorm(const OpContext& ctx, const TensorView& out, const TensorView& x,
+                 const TensorView& weight, float eps);
+
+// The pre-norm residual step of a decoder layer, both in place:
+//   residual[t][h] += x[t][h];  x[t][h] = rmsnorm(residual[t])[h] * weight[h].
+// x, residual [T, H]; weight [H].
+OpStatus FusedAddRmsNorm(const OpContext& ctx, const TensorView& x, const TensorView& residual,
+                         const TensorView& weight, float eps);
+
+// HF config.json's rope_scaling. kLinear divides positions by `factor`; kLlama3 rescales
+// each frequency as transformers' _compute_llama3_parameters does (factor, low_freq_factor,
+// high_freq_factor, original_max_position_embeddings).
+struct RopeScaling {
+  enum class Type { kNone, kLinear, kLlama3 };
+  Type type = Type::kNone;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+struct RopeConfig {
+  double theta = 10000.0;  // rope_theta
+  int rotary_dim = 0;      // dims rotated at the start of each head; 0 = the whole head
+  RopeScaling scaling;
+};
+
+// The rotary_dim / 2 inverse frequencies after scaling:
+//   inv_freq[i] = theta^(-2i / rotary_dim), then scaled as config.scaling says.
+// The angle of pair i at position p is p * inv_freq[i]. Backends share it.
+OpStatus ComputeRopeInvFreq(const RopeConfig& config, std::span<double> inv_freq);
+
+// Rotary position embedding, NeoX style (rotate halves), in place on query and key:
+// with r = rotary_dim, half = r / 2, a = positions[t] * inv_freq[i], for i < half:
+//   x'[i]        = x[i] * cos(a) - x[i + half] * sin(a)
+//   x'[i + half] = x[i + half] * cos(a) + x[i] * sin(a)
+// and dims >= r unchanged. positions: index [T]; query [T, Hq, D]; key [T, Hkv, D];
+// rotary_dim even and <= D.
+OpStatus RotaryEmbedding(const OpContext& ctx, const TensorView& positions, const TensorView& query,
+                         const TensorView& key, const RopeConfig& config);
+
+// The gated MLP activation: x [T, 2I], out [T, I],
+//   out[t][i] = silu(x[t][i]) * x[t][I + i],  silu(v) = v / (1 + exp(-v)).
+OpStatus SiluAndMul(const OpContext& ctx, const TensorView& out, const TensorView& x);
+
+// A linear layer with HF's weight layout: out[t][n] = sum_k x[t][k] * weight[n][k] + bias[n].
+// x [T, K]; weight [N, K]; bias [N] or absent (data == nullptr); out [T, N].
+OpStatus Linear(const OpContext& ctx, const TensorView& out, const TensorView& x,
+                const TensorView& weight, const TensorView& bias);
+
+// Writes this step's keys and values into the cache:
+//   key_cache[slot / block_size][slot % block_size][h][d] = key[t][h][d], slot = slot_mapping[t]
+// (the same for value). A slot of -1 is padding and is skipped; any other slot outside
+// [0, num_blocks * block_size) is an error. key, value [T, Hkv, D]; key_cache, value_cache
+// [num_blocks, block_size, Hkv, D]; slot_mapping: index [T].
+OpStatus ReshapeAndCache(const OpContext& ctx, const TensorView& key, const TensorView& value,
+                         const TensorView& key_cache, const TensorView& value_cache,
+                         const TensorView& slot_mapping);
+
+// Where each sequence's tokens and KV blocks are, for PagedAttention. Sequence s owns query
+// rows query_start_loc[s] .. query_start_loc[s + 1] - 1 (q_len of them) and has seq_lens[s]
+// tokens of context in the cache, this step's included (so seq_lens[s] >= q_len). A batch
+// mixes prefill chunks (q_len > 1, maybe after cached context) and decode tokens (q_len 1).
+struct AttentionMetadata {
+  TensorView block_tables;     // i32 [S, max_blocks]; row s lists s's blocks in order
+  TensorView seq_lens;         // i32 [S]
+  TensorView query_start_loc;  // i32 [S + 1]; 0 first, T last, non-decreasing
+  int max_seq_len = 0;         // an upper bound of seq_lens for launch sizing; 0 = unknown
+};
+
+// Attention of this step's queries over the paged KV cache. The j-th query row of sequence s
+// sits at position p = seq_lens[s] - q_len + j and attends to the keys at positions 0..p
+// (causal inside the chunk, everything cached before it). Query head h reads kv head
+// h / (Hq / Hkv) (GQA; MQA when Hkv = 1; Hq % Hkv == 0):
+//   out[t][h] = sum_{k<=p} softmax_k(scale * q[t][h] . K[k][kvh]) V[k][kvh]
+// query, out [T, Hq, D]; key_cache, value_cache [num_blocks, block_size, Hkv, D].
+OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const TensorView& query,
+                        const TensorView& key_cache, const TensorView& value_cache,
+                        const AttentionMetadata& metadata, float scale);
+
+// Copies whole blocks inside one device's caches, for copy-on-write: for every layer l and
+// pair, key_caches[l][pair.dst] = key_caches[l][pair.src] (and the values). All caches have
+// the same shape, dtype and device. One layer: pass spans of one.
+OpStatus CopyBlocks(const OpContext& ctx, std::span<const TensorView> key_caches,
+                    std::span<const TensorView> value_caches, std::span<const BlockPair> pairs);
+
+// Copies blocks between two caches of the same block shape, usually on different devices
+// (swap out: device -> host; swap in: host -> device): dst[pair.dst] = src[pair.src].
+// src, dst [num_blocks, ...] (num_blocks may differ); call once per K and V cache per layer.
+OpStatus SwapBlocks(const OpContext& ctx, const TensorView& src, const TensorView& dst,
+                    std::span<const BlockPair> pairs);
+
+}  // namespace llm::ops
+
+#endif  // LLM_KERNELS_OPS_H_

@@ -1,0 +1,74 @@
+// ReshapeAndCache: each token's K and V land in exactly their slot, padding (-1) writes
+// nothing, every other slot keeps its contents, and a bad slot writes nothing at all.
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/ops.h"
+#include "tests/unit/kernels/test_util.h"
+
+namespace llm::ops {
+namespace {
+
+using testing::Indices;
+using testing::Random;
+using testing::ToVector;
+
+constexpr int64_t kBlocks = 5, kBlockSize = 4, kKvHeads = 2, kHeadSize = 3;
+constexpr int64_t kRow = kKvHeads * kHeadSize;
+
+TEST(ReshapeAndCache, WritesEachTokenIntoItsSlot) {
+  std::mt19937 rng(50);
+  const std::vector<int64_t> slots = {0, 19, -1, 5, 6, 7, 8, -1, 13};
+  const int64_t tokens = static_cast<int64_t>(slots.size());
+  for (DType dtype : {DType::kI32, DType::kI64}) {
+    HostTensor key = Random({tokens, kKvHeads, kHeadSize}, rng);
+    HostTensor value = Random({tokens, kKvHeads, kHeadSize}, rng);
+    HostTensor key_cache = Random({kBlocks, kBlockSize, kKvHeads, kHeadSize}, rng);
+    HostTensor value_cache = Random({kBlocks, kBlockSize, kKvHeads, kHeadSize}, rng);
+    std::vector<float> want_k = ToVector(key_cache), want_v = ToVector(value_cache);
+    for (int64_t t = 0; t < tokens; ++t) {
+      if (slots[t] < 0) continue;
+      // cache[slot / bs][slot % bs][h][d] = key[t][h][d]
+      for (int64_t i = 0; i < kRow; ++i) {
+        const int64_t block = slots[t] / kBlockSize, offset = slots[t] % kBlockSize;
+        want_k[((block * kBlockSize) + offset) * kRow + i] = key.data<float>()[t * kRow + i];
+        want_v[((block * kBlockSize) + offset) * kRow + i] = value.data<float>()[t * kRow + i];
+      }
+    }
+    HostTensor slot_mapping = Indices(slots, dtype);
+    ASSERT_TRUE(ReshapeAndCache({}, key.view(), value.view(), key_cache.view(), value_cache.view(),
+                                slot_mapping.view())
+                    .ok());
+    EXPECT_EQ(ToVector(key_cache), want_k) << DTypeName(dtype);
+    EXPECT_EQ(ToVector(value_cache), want_v) << DTypeName(dtype);
+  }
+}
+
+TEST(ReshapeAndCache, ASlotOutsideTheCacheIsAnErrorAndWritesNothing) {
+  std::mt19937 rng(51);
+  HostTensor key = Random({3, kKvHeads, kHeadSize}, rng);
+  HostTensor value = Random({3, kKvHeads, kHeadSize}, rng);
+  HostTensor key_cache = Random({kBlocks, kBlockSize, kKvHeads, kHeadSize}, rng);
+  HostTensor value_cache = Random({kBlocks, kBlockSize, kKvHeads, kHeadSize}, rng);
+  const std::vector<float> before = ToVector(key_cache);
+  for (int64_t bad : {20, -2}) {
+    HostTensor slot_mapping = Indices({1, 2, bad}, DType::kI64);
+    EXPECT_EQ(ReshapeAndCache({}, key.view(), value.view(), key_cache.view(), value_cache.view(),
+                              slot_mapping.view())
+                  .message,
+              "ReshapeAndCache: slot_mapping[2] = " + std::to_string(bad) +
+                  " is outside [0, 20) (num_blocks * block_size) and is not -1 (padding)");
+    EXPECT_EQ(ToVector(key_cache), before);
+  }
+  HostTensor wrong_value = Random({3, kKvHeads, kHeadSize + 1}, rng);
+  HostTensor slot_mapping = Indices({1, 2, 3}, DType::kI32);
+  EXPECT_EQ(ReshapeAndCache({}, key.view(), wrong_value.view(), key_cache.view(),
+                            value_cache.view(), slot_mapping.view())
+                .message,
+            "ReshapeAndCache: value: expected f32 [3, 2, 3], got f32 [3, 2, 4] on cpu");
+}
+
+}  // namespace
+}  // namespace llm::ops

@@ -1,0 +1,163 @@
+// RotaryEmbedding against the rotation written out directly, with no, linear and llama3
+// scaling; the llama3 frequencies are recomputed here as transformers' masks do.
+#include <cmath>
+#include <numbers>
+#include <random>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/ops.h"
+#include "tests/unit/kernels/test_util.h"
+
+namespace llm::ops {
+namespace {
+
+using testing::AllClose;
+using ::testing::HasSubstr;
+using testing::Indices;
+using testing::Random;
+
+// transformers' _compute_llama3_parameters, mask by mask.
+std::vector<double> Llama3InvFreq(double theta, int dim, const RopeScaling& sc) {
+  std::vector<double> out(dim / 2);
+  const double old_len = static_cast<double>(sc.original_max_position_embeddings);
+  const double low_freq_wavelen = old_len / sc.low_freq_factor;
+  const double high_freq_wavelen = old_len / sc.high_freq_factor;
+  for (int i = 0; i < dim / 2; ++i) {
+    const double inv_freq = 1.0 / std::pow(theta, (2.0 * i) / dim);
+    const double wavelen = 2 * std::numbers::pi / inv_freq;
+    double llama = wavelen > low_freq_wavelen ? inv_freq / sc.factor : inv_freq;
+    const double smooth_factor =
+        (old_len / wavelen - sc.low_freq_factor) / (sc.high_freq_factor - sc.low_freq_factor);
+    const double smoothed = (1 - smooth_factor) * llama / sc.factor + smooth_factor * llama;
+    const bool is_medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+    out[i] = is_medium ? smoothed : llama;
+  }
+  return out;
+}
+
+// x'[i] = x[i] cos(a_i) - x[i + r/2] sin(a_i), x'[i + r/2] = x[i + r/2] cos(a_i) + x[i] sin(a_i)
+// with a_i = pos * freq[i]; dims >= r copied.
+std::vector<double> Rotate(const float* x, int64_t tokens, int64_t heads, int64_t head_size,
+                           int64_t rotary_dim, const std::vector<int64_t>& positions,
+                           const std::vector<double>& freq, double position_divisor) {
+  std::vector<double> out(tokens * heads * head_size);
+  const int64_t half = rotary_dim / 2;
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* v = x + (t * heads + h) * head_size;
+      double* o = out.data() + (t * heads + h) * head_size;
+      for (int64_t d = rotary_dim; d < head_size; ++d) o[d] = v[d];
+      for (int64_t i = 0; i < half; ++i) {
+        const double a = positions[t] / position_divisor * freq[i];
+        o[i] = v[i] * std::cos(a) - v[i + half] * std::sin(a);
+        o[i + half] = v[i + half] * std::cos(a) + v[i] * std::sin(a);
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<double> PlainInvFreq(double theta, int dim) {
+  std::vector<double> f(dim / 2);
+  for (int i = 0; i < dim / 2; ++i) f[i] = std::pow(theta, -2.0 * i / dim);
+  return f;
+}
+
+struct Case {
+  const char* name;
+  RopeConfig config;
+  int64_t head_size;
+};
+
+TEST(RotaryEmbedding, MatchesTheDirectFormula) {
+  RopeScaling linear{RopeScaling::Type::kLinear, 4.0};
+  RopeScaling llama3{RopeScaling::Type::kLlama3, 8.0, 1.0, 4.0, 8192};
+  const std::vector<Case> cases = {
+      {"plain", {10000.0, 0, {}}, 64},
+      {"partial rotary_dim", {10000.0, 32, {}}, 64},
+      {"linear", {10000.0, 0, linear}, 32},
+      {"llama3", {500000.0, 0, llama3}, 128},
+  };
+  const std::vector<int64_t> positions = {0, 1, 2, 17, 4095, 8191, 8192, 100000, 131071};
+  const int64_t tokens = static_cast<int64_t>(positions.size());
+  constexpr int64_t kHeads = 4, kKvHeads = 2;
+  std::mt19937 rng(40);
+  for (const Case& c : cases) {
+    const int64_t rotary_dim = c.config.rotary_dim == 0 ? c.head_size : c.config.rotary_dim;
+    std::vector<double> freq;
+    double divisor = 1.0;
+    switch (c.config.scaling.type) {
+      case RopeScaling::Type::kNone:
+        freq = PlainInvFreq(c.config.theta, rotary_dim);
+        break;
+      case RopeScaling::Type::kLinear:
+        freq = PlainInvFreq(c.config.theta, rotary_dim);
+        divisor = c.config.scaling.factor;
+        break;
+      case RopeScaling::Type::kLlama3:
+        freq = Llama3InvFreq(c.config.theta, rotary_dim, c.config.scaling);
+        break;
+    }
+    for (DType dtype : {DType::kI32, DType::kI64}) {
+      HostTensor pos = Indices(positions, dtype);
+      HostTensor q = Random({tokens, kHeads, c.head_size}, rng);
+      HostTensor k = Random({tokens, kKvHeads, c.head_size}, rng);
+      const std::vector<double> want_q = Rotate(q.data<float>(), tokens, kHeads, c.head_size,
+                                                rotary_dim, positions, freq, divisor);
+      const std::vector<double> want_k = Rotate(k.data<float>(), tokens, kKvHeads, c.head_size,
+                                                rotary_dim, positions, freq, divisor);
+      ASSERT_TRUE(RotaryEmbedding({}, pos.view(), q.view(), k.view(), c.config).ok()) << c.name;
+      // Angles up to 1.3e5 rad: float cos/sin of a double angle, rounded once.
+      EXPECT_TRUE(AllClose(q.data<float>(), want_q, 2e-6, 1e-5)) << c.name << " query";
+      EXPECT_TRUE(AllClose(k.data<float>(), want_k, 2e-6, 1e-5)) << c.name << " key";
+    }
+  }
+}
+
+TEST(RotaryEmbedding, Llama3KeepsHighFrequenciesAndDividesLowOnes) {
+  const RopeConfig config{500000.0, 128, {RopeScaling::Type::kLlama3, 8.0, 1.0, 4.0, 8192}};
+  std::vector<double> inv_freq(64);
+  ASSERT_TRUE(ComputeRopeInvFreq(config, inv_freq).ok());
+  const std::vector<double> plain = PlainInvFreq(500000.0, 128);
+  // Wavelength 2 pi < 8192 / 4: unchanged. Wavelength > 8192: divided by 8.
+  EXPECT_DOUBLE_EQ(inv_freq[0], 1.0);
+  EXPECT_DOUBLE_EQ(inv_freq[63], plain[63] / 8.0);
+  int kept = 0, divided = 0, smoothed = 0;
+  for (int i = 0; i < 64; ++i) {
+    const double wavelen = 2 * std::numbers::pi / plain[i];
+    if (wavelen < 2048) {
+      EXPECT_DOUBLE_EQ(inv_freq[i], plain[i]) << i;
+      ++kept;
+    } else if (wavelen > 8192) {
+      EXPECT_DOUBLE_EQ(inv_freq[i], plain[i] / 8) << i;
+      ++divided;
+    } else {
+      EXPECT_GT(inv_freq[i], plain[i] / 8) << i;
+      EXPECT_LT(inv_freq[i], plain[i]) << i;
+      ++smoothed;
+    }
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(divided, 0);
+  EXPECT_GT(smoothed, 0);
+}
+
+TEST(RotaryEmbedding, ErrorsNameTheArgument) {
+  std::mt19937 rng(41);
+  HostTensor pos = Indices({0, 1, 2}, DType::kI64);
+  HostTensor q = Random({3, 4, 64}, rng);
+  HostTensor k_bad = Random({3, 2, 32}, rng);
+  EXPECT_EQ(RotaryEmbedding({}, pos.view(), q.view(), k_bad.view(), {}).message,
+            "RotaryEmbedding: key: expected f32 [3, ?, 64], got f32 [3, 2, 32] on cpu");
+  HostTensor k = Random({3, 2, 64}, rng);
+  EXPECT_THAT(RotaryEmbedding({}, pos.view(), q.view(), k.view(), {10000.0, 33, {}}).message,
+              HasSubstr("rotary_dim must be even"));
+  RopeConfig bad_llama3{500000.0, 0, {RopeScaling::Type::kLlama3, 8.0, 4.0, 1.0, 8192}};
+  EXPECT_THAT(RotaryEmbedding({}, pos.view(), q.view(), k.view(), bad_llama3).message,
+              HasSubstr("high_freq_factor > low_freq_factor"));
+}
+
+}  // namespace
+}  // namespace llm::ops

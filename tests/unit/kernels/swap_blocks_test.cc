@@ -1,0 +1,69 @@
+// SwapBlocks: blocks move between two caches of different sizes (a device pool and a smaller
+// host pool), out and back in; out-of-range pairs are errors.
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/ops.h"
+#include "tests/unit/kernels/test_util.h"
+
+namespace llm::ops {
+namespace {
+
+using testing::Poisoned;
+using testing::Random;
+using testing::ToVector;
+
+constexpr int64_t kBlockSize = 16, kKvHeads = 2, kHeadSize = 4;
+constexpr int64_t kBlockNumel = kBlockSize * kKvHeads * kHeadSize;
+
+std::vector<float> Block(const HostTensor& t, int64_t b) {
+  return std::vector<float>(t.data<float>() + b * kBlockNumel,
+                            t.data<float>() + (b + 1) * kBlockNumel);
+}
+
+TEST(SwapBlocks, SwapsOutAndBackIn) {
+  std::mt19937 rng(70);
+  HostTensor device_cache = Random({8, kBlockSize, kKvHeads, kHeadSize}, rng);
+  HostTensor host_cache = Poisoned({3, kBlockSize, kKvHeads, kHeadSize});
+  const std::vector<float> original = ToVector(device_cache);
+  const std::vector<BlockPair> out_pairs = {{7, 0}, {2, 2}, {4, 1}};
+  ASSERT_TRUE(SwapBlocks({}, device_cache.view(), host_cache.view(), out_pairs).ok());
+  for (const BlockPair& p : out_pairs) {
+    EXPECT_EQ(Block(host_cache, p.dst), Block(device_cache, p.src)) << p.src << "->" << p.dst;
+  }
+  EXPECT_EQ(ToVector(device_cache), original) << "the source changed";
+  // Back in, to other device blocks.
+  const std::vector<BlockPair> in_pairs = {{0, 5}, {1, 6}, {2, 0}};
+  ASSERT_TRUE(SwapBlocks({}, host_cache.view(), device_cache.view(), in_pairs).ok());
+  std::vector<float> want = original;
+  for (auto [from, to] : {std::pair<int64_t, int64_t>{7, 5}, {4, 6}, {2, 0}}) {
+    for (int64_t i = 0; i < kBlockNumel; ++i) {
+      want[to * kBlockNumel + i] = original[from * kBlockNumel + i];
+    }
+  }
+  EXPECT_EQ(ToVector(device_cache), want);
+}
+
+TEST(SwapBlocks, ErrorsNameTheArgument) {
+  std::mt19937 rng(71);
+  HostTensor src = Random({8, kBlockSize, kKvHeads, kHeadSize}, rng);
+  HostTensor dst = Random({3, kBlockSize, kKvHeads, kHeadSize}, rng);
+  const std::vector<BlockPair> bad_dst = {{0, 3}};
+  EXPECT_EQ(SwapBlocks({}, src.view(), dst.view(), bad_dst).message,
+            "SwapBlocks: pairs[0].dst = 3 is outside [0, 3)");
+  const std::vector<BlockPair> bad_src = {{0, 0}, {8, 1}};
+  EXPECT_EQ(SwapBlocks({}, src.view(), dst.view(), bad_src).message,
+            "SwapBlocks: pairs[1].src = 8 is outside [0, 8)");
+  HostTensor other = Random({3, kBlockSize, kKvHeads, kHeadSize + 1}, rng);
+  EXPECT_EQ(SwapBlocks({}, src.view(), other.view(), bad_dst).message,
+            "SwapBlocks: dst: expected f32 [?, 16, 2, 4], got f32 [3, 16, 2, 5] on cpu");
+  TensorView cuda_dst = dst.view();
+  cuda_dst.device = TensorDevice::Cuda(1);
+  EXPECT_EQ(SwapBlocks({}, src.view(), cuda_dst, {}).message,
+            "SwapBlocks: no backend for tensors on cuda:1 in this build (CUDA ops are not "
+            "implemented yet)");
+}
+
+}  // namespace
+}  // namespace llm::ops
