@@ -1,0 +1,43 @@
+// Communicator: the collectives that tensor-parallel ranks run in lockstep (all-reduce of the
+// row-parallel layers' partial sums, all-gather of sharded logits, broadcast, barrier).
+// Implementations: GlooCommunicator (CPU, TCP; gloo_communicator.h); NCCL on GPUs later.
+//
+// Every rank calls the same collectives in the same order with the same counts. A failure (a
+// peer that is gone or too slow past the timeout, a bad argument) returns an error status;
+// after a transport error the communicator is broken and every rank should be rebuilt.
+//
+// Thread-safety: not thread-safe; each rank's communicator is used by one thread at a time.
+// Buffers are the caller's and must stay valid for the duration of the call.
+#ifndef LLM_WORKER_SERVICE_PARALLEL_COMMUNICATOR_H_
+#define LLM_WORKER_SERVICE_PARALLEL_COMMUNICATOR_H_
+
+#include <cstddef>
+
+#include "absl/status/status.h"
+
+namespace llm {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+
+  // data[i] = sum over ranks of data[i], in place, on every rank.
+  virtual absl::Status AllReduceSum(float* data, size_t count) = 0;
+
+  // out[r * count + i] = rank r's in[i] (rank-major), on every rank. out holds
+  // world_size() * count floats and does not overlap in.
+  virtual absl::Status AllGather(const float* in, size_t count, float* out) = 0;
+
+  // data = root's data, on every rank.
+  virtual absl::Status Broadcast(float* data, size_t count, int root) = 0;
+
+  // Returns once every rank has entered the barrier.
+  virtual absl::Status Barrier() = 0;
+};
+
+}  // namespace llm
+
+#endif  // LLM_WORKER_SERVICE_PARALLEL_COMMUNICATOR_H_
