@@ -1,0 +1,162 @@
+// Test helpers for the model: transformers' golden fixtures, a poisoned paged KV cache, and
+// a driver that feeds the golden sequences through the model in chunks.
+#ifndef LLM_TESTS_UNIT_WORKER_SERVICE_MODEL_MODEL_TEST_UTIL_H_
+#define LLM_TESTS_UNIT_WORKER_SERVICE_MODEL_MODEL_TEST_UTIL_H_
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "common/safetensors.h"
+#include "gtest/gtest.h"
+#include "worker_service/model/llama.h"
+
+namespace llm {
+
+struct Golden {
+  std::vector<std::vector<int32_t>> ids;   // per prompt: prompt + greedy tokens
+  std::vector<std::vector<float>> logits;  // per prompt: [ids.size(), vocab]
+  std::vector<int> prompt_lens;
+};
+
+inline Golden LoadGolden(const std::string& dir, int vocab) {
+  Golden g;
+  auto file = SafetensorsFile::Open(dir + "/golden.safetensors");
+  EXPECT_TRUE(file.ok()) << file.status();
+  if (!file.ok()) return g;
+  for (absl::string_view len : absl::StrSplit((*file)->metadata().at("prompt_lens"), ',')) {
+    int n = 0;
+    EXPECT_TRUE(absl::SimpleAtoi(len, &n));
+    g.prompt_lens.push_back(n);
+  }
+  for (size_t p = 0; p < g.prompt_lens.size(); ++p) {
+    const StTensorInfo* ids = (*file)->Find("p" + std::to_string(p) + ".ids");
+    const StTensorInfo* logits = (*file)->Find("p" + std::to_string(p) + ".logits");
+    EXPECT_TRUE(ids != nullptr && logits != nullptr);
+    std::vector<int32_t> v(ids->numel());
+    std::memcpy(v.data(), (*file)->Bytes(*ids).data(), ids->nbytes);
+    std::vector<float> l(logits->numel());
+    EXPECT_TRUE(ReadAsF32(**file, *logits, l).ok());
+    EXPECT_EQ(logits->shape[1], vocab);
+    g.ids.push_back(std::move(v));
+    g.logits.push_back(std::move(l));
+  }
+  return g;
+}
+
+// A KV cache for all layers, poisoned.
+struct Cache {
+  Cache(const LlamaModel& m, int num_blocks, int block_size) : block_size(block_size) {
+    for (int l = 0; l < m.num_layers(); ++l) {
+      for (int kv = 0; kv < 2; ++kv) {
+        HostTensor t(DType::kF32, {num_blocks, block_size, m.num_local_kv_heads(), m.head_dim()});
+        std::fill_n(t.data<float>(), t.numel(), std::numeric_limits<float>::quiet_NaN());
+        tensors.push_back(std::move(t));
+      }
+      layers.push_back({tensors[2 * l].view(), tensors[2 * l + 1].view()});
+    }
+    // Blocks handed out in a random order, so that no sequence is contiguous.
+    free.resize(num_blocks);
+    std::iota(free.begin(), free.end(), 0);
+    std::shuffle(free.begin(), free.end(), std::mt19937(7));
+  }
+  int block_size;
+  std::vector<HostTensor> tensors;
+  std::vector<LayerKvCache> layers;
+  std::vector<int32_t> free;
+};
+
+struct Seq {
+  const std::vector<int32_t>* ids;
+  int done = 0;  // tokens computed so far
+  std::vector<int32_t> blocks;
+};
+
+// Relative error of one row: max |a - b| / max |b|.
+inline double RowError(const float* a, const float* b, int n) {
+  double diff = 0, scale = 0;
+  for (int i = 0; i < n; ++i) {
+    diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i])));
+    scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
+  }
+  return diff / scale;
+}
+
+// Feeds every golden sequence through the model in steps: each step takes a chunk of
+// chunk(rng) tokens from every unfinished sequence (so prefill chunks and single decode
+// tokens mix), and checks every row's logits against transformers'. Returns the worst error.
+// When `all_logits` is given, every row's logits are appended to it in step order.
+template <typename ChunkFn>
+double RunAndCompare(LlamaModel& model, const Golden& g, int block_size, ChunkFn chunk,
+                     std::vector<float>* all_logits = nullptr) {
+  const int vocab = model.vocab_size();
+  Cache cache(model, 256, block_size);
+  std::vector<Seq> seqs;
+  for (const auto& ids : g.ids) seqs.push_back({&ids});
+  std::mt19937 rng(42);
+  double worst = 0;
+  for (int step = 0; step < 1000; ++step) {
+    std::vector<int32_t> tokens, positions, seq_lens, qsl{0}, rows;
+    std::vector<int64_t> slots;
+    std::vector<std::pair<int, int>> origin;  // (sequence, position) of each row
+    std::vector<int> active;
+    for (int s = 0; s < static_cast<int>(seqs.size()); ++s) {
+      Seq& q = seqs[s];
+      const int total = static_cast<int>(q.ids->size());
+      if (q.done == total) continue;
+      const int n = std::min(total - q.done, chunk(rng));
+      while (static_cast<int>(q.blocks.size()) * block_size < q.done + n) {
+        q.blocks.push_back(cache.free.back());
+        cache.free.pop_back();
+      }
+      for (int i = q.done; i < q.done + n; ++i) {
+        rows.push_back(static_cast<int32_t>(tokens.size()));
+        origin.push_back({s, i});
+        tokens.push_back((*q.ids)[i]);
+        positions.push_back(i);
+        slots.push_back(static_cast<int64_t>(q.blocks[i / block_size]) * block_size +
+                        i % block_size);
+      }
+      q.done += n;
+      seq_lens.push_back(q.done);
+      qsl.push_back(static_cast<int32_t>(tokens.size()));
+      active.push_back(s);
+    }
+    if (active.empty()) break;
+    int max_blocks = 0;
+    for (int s : active) max_blocks = std::max<int>(max_blocks, seqs[s].blocks.size());
+    std::vector<int32_t> tables(active.size() * max_blocks, 0);
+    for (size_t a = 0; a < active.size(); ++a) {
+      std::copy(seqs[active[a]].blocks.begin(), seqs[active[a]].blocks.end(),
+                tables.begin() + a * max_blocks);
+    }
+    ForwardInput in{tokens, positions, slots, tables, max_blocks, seq_lens, qsl, rows};
+    HostTensor logits;
+    const absl::Status st = model.Forward(in, cache.layers, &logits);
+    EXPECT_TRUE(st.ok()) << st;
+    if (!st.ok()) return 1e9;
+    if (all_logits != nullptr) {
+      all_logits->insert(all_logits->end(), logits.data<float>(),
+                         logits.data<float>() + logits.numel());
+    }
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const auto [s, pos] = origin[r];
+      const double err = RowError(logits.data<float>() + r * vocab,
+                                  g.logits[s].data() + static_cast<size_t>(pos) * vocab, vocab);
+      worst = std::max(worst, err);
+      EXPECT_LT(err, 1e-4) << "prompt " << s << " position " << pos;
+    }
+  }
+  return worst;
+}
+
+}  // namespace llm
+
+#endif  // LLM_TESTS_UNIT_WORKER_SERVICE_MODEL_MODEL_TEST_UTIL_H_
