@@ -178,11 +178,15 @@ int Scheduler::ChunkSize(const Request& req) const {
   if (seq_budget_ < req.num_live) return 0;
   const int per_seq_budget = token_budget_ / req.num_live;
   int n = req.num_uncomputed_tokens();
-  if (!config_.enable_chunked_prefill) return n <= per_seq_budget ? n : 0;
+  if (!config_.enable_chunked_prefill && !MustChunk(req)) return n <= per_seq_budget ? n : 0;
   if (config_.long_prefill_token_threshold > 0) {
     n = std::min(n, config_.long_prefill_token_threshold);
   }
   return std::min(n, per_seq_budget);
+}
+
+bool Scheduler::MustChunk(const Request& req) const {
+  return req.num_uncomputed_tokens() * req.num_live > config_.max_num_batched_tokens;
 }
 
 bool Scheduler::CanGrow(const Request& req) {
@@ -404,7 +408,8 @@ bool Scheduler::TryAdmit(Request* req) {
       return true;
     }
     if (needed > blocks_.gpu_pool().num_free_blocks() - blocks_.watermark_blocks()) return false;
-    if (!config_.enable_chunked_prefill && req->num_tokens * req->num_live > token_budget_) {
+    if (!config_.enable_chunked_prefill && !MustChunk(*req) &&
+        req->num_tokens * req->num_live > token_budget_) {
       return false;
     }
   }
@@ -446,6 +451,7 @@ const SchedulerOutput& Scheduler::Schedule() {
   scheduled_cached_.clear();
   newly_running_.clear();
   output_.step_id = ++step_id_;
+  CompactRunning();  // before the finished requests below are destroyed
   for (Request* req : finished_pending_) {
     if (req->known_to_workers) {
       output_.finished_request_ids.push_back(req->id);
@@ -456,7 +462,6 @@ const SchedulerOutput& Scheduler::Schedule() {
     free_slots_.push_back(slot);
   }
   finished_pending_.clear();
-  CompactRunning();
 
   token_budget_ = config_.max_num_batched_tokens;
   seq_budget_ = config_.max_num_seqs;

@@ -15,6 +15,10 @@
 //      request is still swapped out. Admission allocates the whole prompt (prefix hits reused)
 //      and computes the rest in chunks.
 //
+// Without chunked prefill a prompt is computed in one step; only a request whose n > 1 live
+// sequences were preempted by recompute, and together exceed max_num_batched_tokens, is then
+// recomputed in chunks.
+//
 // Preemption by recompute frees the blocks and puts the request back in waiting (ahead of
 // later arrivals) with num_computed_tokens = 0; by swap, moves its blocks to the CPU pool into
 // the swapped queue, or recomputes when the CPU pool cannot take them.
@@ -159,6 +163,9 @@ class Scheduler {
   void PreemptByRecompute(Request* req);
   // Ends a request that can never fit the KV cache (reported as aborted).
   void Drop(Request* req);
+  // Without chunked prefill, whether the request can never be computed in one step anyway:
+  // n > 1 live sequences resumed after recompute. It is then computed in chunks.
+  bool MustChunk(const Request& req) const;
   // The tokens to compute this step for each live sequence, or 0 when none fit.
   int ChunkSize(const Request& req) const;
   void AddToOutput(Request* req, int num_tokens, bool resumed);
