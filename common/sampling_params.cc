@@ -1,0 +1,57 @@
+#include "common/sampling_params.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace llm {
+namespace {
+
+absl::Status Bad(absl::string_view field, const absl::AlphaNum& value, absl::string_view range) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " is ", value.Piece(), "; it must be ", range));
+}
+
+}  // namespace
+
+absl::Status SamplingParams::Validate(const SamplingLimits& limits) const {
+  if (n < 1 || n > limits.max_n) {
+    return Bad("n", n, absl::StrCat("in [1, ", limits.max_n, "]"));
+  }
+  if (!std::isfinite(temperature) || temperature < 0) {
+    return Bad("temperature", temperature, "finite and >= 0");
+  }
+  if (greedy() && n > 1) {
+    return Bad("n", n, "1 when temperature is 0 (greedy sampling yields one sequence)");
+  }
+  if (!std::isfinite(top_p) || top_p <= 0 || top_p > 1) {
+    return Bad("top_p", top_p, "in (0, 1]");
+  }
+  if (top_k != -1 && top_k < 1) return Bad("top_k", top_k, "-1 (disabled) or >= 1");
+  if (!std::isfinite(min_p) || min_p < 0 || min_p > 1) return Bad("min_p", min_p, "in [0, 1]");
+  if (max_tokens < 1) return Bad("max_tokens", max_tokens, ">= 1");
+  if (min_tokens < 0 || min_tokens > max_tokens) {
+    return Bad("min_tokens", min_tokens, absl::StrCat("in [0, max_tokens = ", max_tokens, "]"));
+  }
+  for (const std::string& s : stop) {
+    if (s.empty()) return Bad("stop", "an empty string", "non-empty");
+  }
+  for (TokenId id : stop_token_ids) {
+    if (id < 0) return Bad("stop_token_ids", id, ">= 0");
+  }
+  if (logprobs.has_value() && (*logprobs < 0 || *logprobs > limits.max_logprobs)) {
+    return Bad("logprobs", *logprobs, absl::StrCat("in [0, ", limits.max_logprobs, "]"));
+  }
+  if (!std::isfinite(presence_penalty) || presence_penalty < -2 || presence_penalty > 2) {
+    return Bad("presence_penalty", presence_penalty, "in [-2, 2]");
+  }
+  if (!std::isfinite(frequency_penalty) || frequency_penalty < -2 || frequency_penalty > 2) {
+    return Bad("frequency_penalty", frequency_penalty, "in [-2, 2]");
+  }
+  if (!std::isfinite(repetition_penalty) || repetition_penalty <= 0) {
+    return Bad("repetition_penalty", repetition_penalty, "finite and > 0");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace llm

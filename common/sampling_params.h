@@ -1,0 +1,52 @@
+// How one request's output tokens are sampled and when its generation stops: the same knobs
+// as vLLM's SamplingParams and TGI's parameters, with their ranges.
+//
+// Plain value type; Validate() is the single check at the API boundary. Thread-compatible.
+#ifndef LLM_COMMON_SAMPLING_PARAMS_H_
+#define LLM_COMMON_SAMPLING_PARAMS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/types.h"
+
+namespace llm {
+
+// Limits the server sets (flags); Validate() checks a request against them.
+struct SamplingLimits {
+  int max_n = 16;         // sequences per request
+  int max_logprobs = 20;  // top logprobs per token
+};
+
+struct SamplingParams {
+  int n = 1;                 // output sequences sharing the prompt; [1, max_n]
+  double temperature = 1.0;  // finite, >= 0; 0 means greedy (then n must be 1)
+  double top_p = 1.0;        // (0, 1]
+  int top_k = -1;            // -1 (off) or >= 1
+  double min_p = 0.0;        // [0, 1]
+  std::optional<uint64_t> seed;
+  int max_tokens = 16;  // output tokens at most; >= 1
+  int min_tokens = 0;   // EOS and stop tokens are ignored before this many; [0, max_tokens]
+  std::vector<std::string> stop;        // stop strings (non-empty each)
+  std::vector<TokenId> stop_token_ids;  // >= 0 each
+  bool include_stop_str_in_output = false;
+  bool ignore_eos = false;
+  bool skip_special_tokens = true;
+  std::optional<int> logprobs;      // top logprobs per output token; [0, max_logprobs]
+  double presence_penalty = 0.0;    // [-2, 2]
+  double frequency_penalty = 0.0;   // [-2, 2]
+  double repetition_penalty = 1.0;  // finite, > 0
+
+  bool greedy() const { return temperature == 0.0; }
+
+  // OK, or INVALID_ARGUMENT naming the first bad field, its value and the allowed range,
+  // e.g. "top_p is 1.5; it must be in (0, 1]".
+  absl::Status Validate(const SamplingLimits& limits = {}) const;
+};
+
+}  // namespace llm
+
+#endif  // LLM_COMMON_SAMPLING_PARAMS_H_

@@ -1,0 +1,91 @@
+// One generation request (vLLM's SequenceGroup) and its sequences, as the scheduler keeps
+// them.
+//
+// A request holds n sequences sharing its prompt. It starts with one sequence; when its
+// prompt's prefill completes and the first tokens are sampled, the scheduler forks the other
+// n - 1 (sharing the prompt's blocks). Live sequences (not finished) advance in lockstep: each
+// step that schedules the request computes the same number of tokens for each of them, and a
+// sampling step gives each one token, so every live sequence has num_tokens() tokens.
+//
+//   tokens:  [ prompt ......................... | output ............ ]
+//            0                          num_prompt_tokens        num_tokens
+//   KV:      [ computed (num_computed_tokens) ......... | to compute ]
+//
+// The last sampled token of a running request is never computed yet: its KV is computed in
+// the step after it was sampled. Plain state owned by the Scheduler; not thread-safe.
+#ifndef LLM_SCHEDULER_SERVICE_CORE_REQUEST_H_
+#define LLM_SCHEDULER_SERVICE_CORE_REQUEST_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/sampling_params.h"
+#include "common/types.h"
+#include "scheduler_service/core/detokenizer.h"
+
+namespace llm {
+
+enum class SequenceStatus {
+  kWaiting,
+  kRunning,
+  kSwapped,
+  kFinishedStopped,  // EOS, a stop token id or a stop string
+  kFinishedLength,   // max_tokens or max_model_len
+  kFinishedAborted,
+};
+
+const char* SequenceStatusName(SequenceStatus s);
+inline bool IsFinished(SequenceStatus s) { return s >= SequenceStatus::kFinishedStopped; }
+
+struct Sequence {
+  SeqId id = 0;
+  int index = 0;  // within its request, 0 .. n-1
+  SequenceStatus status = SequenceStatus::kWaiting;
+  std::vector<TokenId> tokens;  // prompt + output
+  // Tokens with a KV slot in the sequence's block table (the last sampled one gets its slot
+  // just before the step that computes it).
+  int num_slots = 0;
+  // What the workers know of this sequence (the step protocol is a diff).
+  bool known_to_workers = false;
+  int num_tokens_sent = 0;   // tokens the workers have (prompt counted once known)
+  int num_blocks_sent = 0;   // leading block ids the workers have
+  bool resend_table = true;  // the table changed other than by appending (send it whole)
+  std::unique_ptr<IncrementalDetokenizer> detokenizer;  // stop strings only; made lazily
+  std::string stop_string;  // the stop string that finished it, if one did
+  TokenId stop_token = -1;  // the EOS or stop token that finished it, if one did
+};
+
+struct Request {
+  enum class State { kWaiting, kRunning, kSwapped, kFinished };
+
+  std::string id;
+  int32_t slot = 0;          // dense index in the scheduler; reused after the request is gone
+  uint64_t arrival_seq = 0;  // order of arrival (ties of arrival_time)
+  double arrival_time = 0;
+  int priority = 0;  // lower value is served first (vLLM's convention)
+  SamplingParams params;
+  std::string cache_salt;
+  int num_prompt_tokens = 0;
+  std::vector<Sequence> seqs;  // 1 until forked, then params.n; finished ones stay
+  State state = State::kWaiting;
+  int num_live = 1;                   // sequences not finished
+  int num_tokens = 0;                 // tokens of each live sequence
+  int num_computed_tokens = 0;        // tokens of each live sequence whose KV is computed
+  int num_cached_prompt_tokens = -1;  // prefix-cache hits at first admission (-1: not yet)
+  bool known_to_workers = false;
+
+  std::span<const TokenId> prompt() const {
+    return std::span<const TokenId>(seqs[0].tokens).first(num_prompt_tokens);
+  }
+  bool forked() const { return static_cast<int>(seqs.size()) == params.n; }
+  int num_output_tokens() const { return num_tokens - num_prompt_tokens; }
+  // Whether scheduling the rest of the tokens samples: all tokens computed after the step.
+  int num_uncomputed_tokens() const { return num_tokens - num_computed_tokens; }
+};
+
+}  // namespace llm
+
+#endif  // LLM_SCHEDULER_SERVICE_CORE_REQUEST_H_

@@ -1,0 +1,52 @@
+// What one step produced for the requests' streams: per request that sampled or finished, the
+// new tokens of each sequence and how sequences finished. Flat arrays reused between steps; a
+// StepOutputs is valid until the next UpdateFromOutput() or Abort().
+#ifndef LLM_SCHEDULER_SERVICE_CORE_REQUEST_OUTPUT_H_
+#define LLM_SCHEDULER_SERVICE_CORE_REQUEST_OUTPUT_H_
+
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "common/types.h"
+#include "scheduler_service/core/request.h"
+#include "scheduler_service/core/scheduler_output.h"
+
+namespace llm {
+
+struct SequenceOutput {
+  int index = 0;
+  IndexRange new_token_ids;  // into StepOutputs::token_ids; empty when only finishing
+  SequenceStatus status = SequenceStatus::kRunning;  // a finished status when it ended now
+  std::string_view stop_string;                      // when a stop string ended it
+  TokenId stop_token = -1;                           // when EOS or a stop token id ended it
+};
+
+struct RequestOutput {
+  std::string_view request_id;
+  IndexRange seqs;                   // into StepOutputs::seqs
+  bool finished = false;             // every sequence has finished; the request is gone
+  int num_cached_prompt_tokens = 0;  // prompt tokens served from the prefix cache
+};
+
+struct StepOutputs {
+  std::vector<RequestOutput> requests;
+  std::vector<SequenceOutput> seqs;
+  std::vector<TokenId> token_ids;
+
+  std::span<const SequenceOutput> Seqs(const RequestOutput& r) const {
+    return std::span<const SequenceOutput>(seqs).subspan(r.seqs.begin, r.seqs.size);
+  }
+  std::span<const TokenId> NewTokenIds(const SequenceOutput& s) const {
+    return std::span<const TokenId>(token_ids).subspan(s.new_token_ids.begin, s.new_token_ids.size);
+  }
+  void Clear() {
+    requests.clear();
+    seqs.clear();
+    token_ids.clear();
+  }
+};
+
+}  // namespace llm
+
+#endif  // LLM_SCHEDULER_SERVICE_CORE_REQUEST_OUTPUT_H_

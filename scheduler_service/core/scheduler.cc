@@ -1,0 +1,673 @@
+#include "scheduler_service/core/scheduler.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+
+namespace llm {
+
+absl::Status SchedulerConfig::Validate() const {
+  if (max_num_batched_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_num_batched_tokens is ", max_num_batched_tokens, "; it must be >= 1"));
+  }
+  if (max_num_seqs < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_num_seqs is ", max_num_seqs, "; it must be >= 1"));
+  }
+  if (max_model_len < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_model_len is ", max_model_len, "; it must be >= 2"));
+  }
+  if (long_prefill_token_threshold < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("long_prefill_token_threshold is ",
+                                                   long_prefill_token_threshold,
+                                                   "; it must be >= 0 (0: no cap)"));
+  }
+  if (!enable_chunked_prefill && max_num_batched_tokens < max_model_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_num_batched_tokens is ", max_num_batched_tokens,
+                     "; without chunked prefill it must be >= max_model_len = ", max_model_len,
+                     " (a whole prompt is computed in one step)"));
+  }
+  if (sampling_limits.max_n < 1 || sampling_limits.max_n >= Scheduler::kSeqIdStride) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling_limits.max_n is ",
+                                                   sampling_limits.max_n, "; it must be in [1, ",
+                                                   Scheduler::kSeqIdStride - 1, "]"));
+  }
+  return absl::OkStatus();
+}
+
+Scheduler::Scheduler(const SchedulerConfig& config, const BlockSpaceManagerConfig& cache_config,
+                     const DetokenizerFactory* detokenizers)
+    : config_(config),
+      by_priority_(config.policy == SchedulingPolicy::kPriority),
+      blocks_(cache_config),
+      stop_checker_(config.eos_token_id, config.max_model_len, detokenizers),
+      waiting_(RankLess{by_priority_}),
+      swapped_(RankLess{by_priority_}) {
+  const absl::Status valid = config.Validate();
+  CHECK(valid.ok()) << valid;
+}
+
+absl::Status Scheduler::ValidateRequest(std::span<const TokenId> prompt,
+                                        const SamplingParams& params) const {
+  RETURN_IF_ERROR(params.Validate(config_.sampling_limits));
+  if (prompt.empty()) return absl::InvalidArgumentError("prompt is empty");
+  const int len = static_cast<int>(prompt.size());
+  if (len >= config_.max_model_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt has ", len,
+                     " tokens; it must have fewer than max_model_len = ", config_.max_model_len));
+  }
+  for (TokenId t : prompt) {
+    if (t < 0) return absl::InvalidArgumentError(absl::StrCat("prompt has token id ", t));
+  }
+  const int needed = BlockTable::NumRequiredBlocks(len, 0, blocks_.block_size());
+  const int usable = blocks_.gpu_pool().num_blocks() - blocks_.watermark_blocks();
+  if (needed > usable) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt has ", len, " tokens and needs ", needed,
+                                                   " KV-cache blocks; the cache has ", usable,
+                                                   " above its watermark"));
+  }
+  if (!params.stop.empty() && !stop_checker_.can_check_stop_strings()) {
+    return absl::InvalidArgumentError("stop strings need a detokenizer; this scheduler has none");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::AddRequest(std::string request_id, std::vector<TokenId> prompt,
+                                   const SamplingParams& params, int priority, double arrival_time,
+                                   std::string cache_salt) {
+  RETURN_IF_ERROR(ValidateRequest(prompt, params));
+  const int len = static_cast<int>(prompt.size());
+  if (requests_by_id_.contains(request_id)) {
+    return absl::AlreadyExistsError(absl::StrCat("request ", request_id, " already exists"));
+  }
+  int32_t slot;
+  if (free_slots_.empty()) {
+    slot = static_cast<int32_t>(slots_.size());
+    slots_.emplace_back();
+  } else {
+    slot = free_slots_.back();
+    free_slots_.pop_back();
+  }
+  auto req = std::make_unique<Request>();
+  req->id = std::move(request_id);
+  req->slot = slot;
+  req->arrival_seq = next_arrival_seq_++;
+  req->arrival_time = arrival_time;
+  req->priority = priority;
+  req->params = params;
+  req->cache_salt = std::move(cache_salt);
+  req->num_prompt_tokens = len;
+  req->num_tokens = len;
+  req->seqs.reserve(params.n);
+  Sequence& seq = req->seqs.emplace_back();
+  seq.id = MakeSeqId(slot, 0);
+  seq.tokens = std::move(prompt);
+  requests_by_id_.emplace(req->id, slot);
+  waiting_.insert(req.get());
+  slots_[slot] = std::move(req);
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::Abort(std::string_view request_id_view) {
+  // This Abseil's string_view is its own type, not std::string_view.
+  const absl::string_view request_id(request_id_view.data(), request_id_view.size());
+  if (awaiting_update_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("abort of ", request_id, " between Schedule() and UpdateFromOutput()"));
+  }
+  auto it = requests_by_id_.find(request_id);
+  if (it == requests_by_id_.end()) {
+    return absl::NotFoundError(absl::StrCat("request ", request_id, " is not active"));
+  }
+  Request* req = slots_[it->second].get();
+  switch (req->state) {
+    case Request::State::kWaiting:
+      waiting_.erase(req);
+      break;
+    case Request::State::kSwapped:
+      swapped_.erase(req);
+      break;
+    case Request::State::kRunning:
+      running_.erase(std::find(running_.begin(), running_.end(), req));
+      break;
+    case Request::State::kFinished:
+      LOG(FATAL) << "finished request " << req->id << " still registered";
+  }
+  for (Sequence& seq : req->seqs) {
+    if (!IsFinished(seq.status)) FreeSequence(req, &seq, SequenceStatus::kFinishedAborted);
+  }
+  FinishRequest(req);
+  return absl::OkStatus();
+}
+
+void Scheduler::FreeSequence(Request* req, Sequence* seq, SequenceStatus status) {
+  if (req->state == Request::State::kRunning || req->state == Request::State::kSwapped) {
+    const absl::Status s = blocks_.Free(seq->id);
+    CHECK(s.ok()) << s;
+  }
+  seq->status = status;
+  seq->detokenizer.reset();
+  --req->num_live;
+}
+
+void Scheduler::FinishRequest(Request* req) {
+  req->state = Request::State::kFinished;
+  requests_by_id_.erase(req->id);
+  finished_pending_.push_back(req);
+}
+
+void Scheduler::CompactRunning() {
+  if (num_finished_in_running_ == 0) return;
+  std::erase_if(running_, [](const Request* r) { return r->state == Request::State::kFinished; });
+  num_finished_in_running_ = 0;
+}
+
+void Scheduler::InsertRunning(Request* req) {
+  running_.insert(std::upper_bound(running_.begin(), running_.end(), req, RankLess{by_priority_}),
+                  req);
+}
+
+int Scheduler::ChunkSize(const Request& req) const {
+  if (seq_budget_ < req.num_live) return 0;
+  const int per_seq_budget = token_budget_ / req.num_live;
+  int n = req.num_uncomputed_tokens();
+  if (!config_.enable_chunked_prefill && !MustChunk(req)) return n <= per_seq_budget ? n : 0;
+  if (config_.long_prefill_token_threshold > 0) {
+    n = std::min(n, config_.long_prefill_token_threshold);
+  }
+  return std::min(n, per_seq_budget);
+}
+
+bool Scheduler::MustChunk(const Request& req) const {
+  return req.num_uncomputed_tokens() * req.num_live > config_.max_num_batched_tokens;
+}
+
+bool Scheduler::CanGrow(const Request& req) {
+  int need = 0;
+  seq_ids_.clear();
+  for (const Sequence& seq : req.seqs) {
+    if (IsFinished(seq.status)) continue;
+    need = req.num_tokens - seq.num_slots;
+    seq_ids_.push_back(seq.id);
+  }
+  return need == 0 || blocks_.CanAppendSlots(seq_ids_, need);
+}
+
+void Scheduler::Grow(Request* req) {
+  for (Sequence& seq : req->seqs) {
+    if (IsFinished(seq.status)) continue;
+    const int need = req->num_tokens - seq.num_slots;
+    if (need == 0) continue;
+    const size_t copies = output_.blocks_to_copy.size();
+    const absl::Status s = blocks_.AppendSlots(seq.id, need, 0, &output_.blocks_to_copy);
+    CHECK(s.ok()) << s;
+    if (output_.blocks_to_copy.size() != copies) seq.resend_table = true;
+    seq.num_slots += need;
+  }
+}
+
+static void SetLiveStatus(Request* req, SequenceStatus status) {
+  for (Sequence& seq : req->seqs) {
+    if (!IsFinished(seq.status)) seq.status = status;
+  }
+}
+
+void Scheduler::Preempt(Request* req) {
+  ++num_preemptions_;
+  if (config_.preemption_mode == PreemptionMode::kSwap) {
+    seq_ids_.clear();
+    for (const Sequence& seq : req->seqs) {
+      if (!IsFinished(seq.status)) seq_ids_.push_back(seq.id);
+    }
+    if (blocks_.CanSwapOut(seq_ids_)) {
+      absl::StatusOr<std::vector<BlockPair>> pairs = blocks_.SwapOut(seq_ids_);
+      CHECK(pairs.ok()) << pairs.status();
+      output_.blocks_to_swap_out.insert(output_.blocks_to_swap_out.end(), pairs->begin(),
+                                        pairs->end());
+      ++num_swap_outs_;
+      req->state = Request::State::kSwapped;
+      SetLiveStatus(req, SequenceStatus::kSwapped);
+      for (Sequence& seq : req->seqs) seq.resend_table = true;
+      swapped_.insert(req);
+      return;
+    }
+  }
+  PreemptByRecompute(req);
+}
+
+void Scheduler::PreemptByRecompute(Request* req) {
+  for (Sequence& seq : req->seqs) {
+    if (IsFinished(seq.status)) continue;
+    const absl::Status s = blocks_.Free(seq.id);
+    CHECK(s.ok()) << s;
+    seq.num_slots = 0;
+    seq.resend_table = true;
+    seq.status = SequenceStatus::kWaiting;
+  }
+  req->num_computed_tokens = 0;
+  req->state = Request::State::kWaiting;
+  waiting_.insert(req);
+}
+
+void Scheduler::AddToOutput(Request* req, int num_tokens, bool resumed) {
+  const bool is_new = !req->known_to_workers;
+  ScheduledRequest& r =
+      is_new ? output_.new_requests.emplace_back() : output_.cached_requests.emplace_back();
+  (is_new ? scheduled_new_ : scheduled_cached_).push_back(req);
+  r.slot = req->slot;
+  r.request_id = req->id;
+  if (is_new) {
+    r.prompt_token_ids = req->prompt();
+    r.sampling_params = &req->params;
+  }
+  r.resumed_from_preemption = resumed;
+  r.num_computed_tokens = req->num_computed_tokens;
+  r.num_scheduled_tokens = num_tokens;
+  if (req->num_computed_tokens + num_tokens == req->num_tokens) {
+    r.num_samples = !req->forked() ? req->params.n : req->num_live;
+  }
+  r.seqs.begin = static_cast<uint32_t>(output_.seqs.size());
+  r.seqs.size = static_cast<uint32_t>(req->num_live);
+  for (Sequence& seq : req->seqs) {
+    if (IsFinished(seq.status)) continue;
+    ScheduledSequence& s = output_.seqs.emplace_back();
+    s.index = seq.index;
+    s.new_to_workers = !seq.known_to_workers;
+    const int first_token = seq.known_to_workers ? seq.num_tokens_sent : req->num_prompt_tokens;
+    s.new_token_ids.begin = static_cast<uint32_t>(output_.token_ids.size());
+    output_.token_ids.insert(output_.token_ids.end(), seq.tokens.begin() + first_token,
+                             seq.tokens.end());
+    s.new_token_ids.size = static_cast<uint32_t>(output_.token_ids.size()) - s.new_token_ids.begin;
+    seq.known_to_workers = true;
+    seq.num_tokens_sent = static_cast<int>(seq.tokens.size());
+    const std::span<const BlockId> ids = blocks_.GetBlockTable(seq.id)->block_ids();
+    s.replace_block_table = seq.resend_table || s.new_to_workers;
+    const size_t first_block = s.replace_block_table ? 0 : seq.num_blocks_sent;
+    s.block_ids.begin = static_cast<uint32_t>(output_.block_ids.size());
+    output_.block_ids.insert(output_.block_ids.end(), ids.begin() + first_block, ids.end());
+    s.block_ids.size = static_cast<uint32_t>(ids.size() - first_block);
+    seq.num_blocks_sent = static_cast<int>(ids.size());
+    seq.resend_table = false;
+  }
+  req->known_to_workers = true;
+  const int total = num_tokens * req->num_live;
+  token_budget_ -= total;
+  seq_budget_ -= req->num_live;
+  output_.total_num_scheduled_tokens += total;
+  output_.total_num_samples += r.num_samples;
+}
+
+void Scheduler::PreemptForWaiting() {
+  if (!by_priority_ || waiting_.empty()) return;
+  Request* head = *waiting_.begin();
+  if (head->num_live != 1) return;  // a resumed multi-sequence request waits its turn
+  while (!running_.empty() && RankBefore(head, running_.back()) &&
+         running_.back()->priority > head->priority &&
+         blocks_.CanAllocate(head->seqs[0].tokens, head->cache_salt) != AllocStatus::kOk) {
+    Request* victim = running_.back();
+    running_.pop_back();
+    Preempt(victim);
+  }
+}
+
+void Scheduler::ScheduleRunning() {
+  size_t end = running_.size();
+  for (size_t i = 0; i < end; ++i) {
+    Request* req = running_[i];
+    const int chunk = ChunkSize(*req);
+    if (chunk == 0) break;  // out of budget
+    bool preempted_self = false;
+    while (!CanGrow(*req)) {
+      preempted_this_step_ = true;
+      if (end - 1 > i) {
+        Preempt(running_[--end]);  // lowest rank: newest (FCFS) or lowest priority
+      } else {
+        Preempt(req);
+        end = i;
+        preempted_self = true;
+        break;
+      }
+    }
+    if (preempted_self) break;
+    Grow(req);
+    AddToOutput(req, chunk, /*resumed=*/false);
+  }
+  running_.resize(end);
+}
+
+bool Scheduler::TrySwapIn(Request* req) {
+  const int chunk = ChunkSize(*req);
+  if (chunk == 0) return false;
+  seq_ids_.clear();
+  int need = 0;
+  for (const Sequence& seq : req->seqs) {
+    if (IsFinished(seq.status)) continue;
+    seq_ids_.push_back(seq.id);
+    need = req->num_tokens - seq.num_slots;
+  }
+  const AllocStatus can = blocks_.CanSwapIn(seq_ids_, need);
+  if (can == AllocStatus::kLater) return false;
+  swapped_.erase(req);
+  if (can == AllocStatus::kNever) {
+    Drop(req);
+    return true;
+  }
+  absl::StatusOr<std::vector<BlockPair>> pairs = blocks_.SwapIn(seq_ids_);
+  CHECK(pairs.ok()) << pairs.status();
+  output_.blocks_to_swap_in.insert(output_.blocks_to_swap_in.end(), pairs->begin(), pairs->end());
+  req->state = Request::State::kRunning;
+  SetLiveStatus(req, SequenceStatus::kRunning);
+  newly_running_.push_back(req);
+  if (!CanGrow(*req)) return false;  // back on the GPU; computes from the next step
+  Grow(req);
+  AddToOutput(req, chunk, /*resumed=*/true);
+  return true;
+}
+
+void Scheduler::Drop(Request* req) {
+  for (Sequence& seq : req->seqs) {
+    if (!IsFinished(seq.status)) FreeSequence(req, &seq, SequenceStatus::kFinishedAborted);
+  }
+  FinishRequest(req);
+  dropped_.push_back(req);
+}
+
+bool Scheduler::TryAdmit(Request* req) {
+  if (token_budget_ <= 0 || seq_budget_ < req->num_live) return false;
+  const int bs = blocks_.block_size();
+  if (req->num_live == 1) {
+    Sequence& seq = *std::find_if(req->seqs.begin(), req->seqs.end(),
+                                  [](const Sequence& s) { return !IsFinished(s.status); });
+    const AllocStatus can = blocks_.CanAllocate(seq.tokens, req->cache_salt);
+    if (can == AllocStatus::kLater) return false;
+    if (can == AllocStatus::kNever) {
+      waiting_.erase(req);
+      Drop(req);
+      return true;
+    }
+    if (!config_.enable_chunked_prefill) {
+      const int cached = blocks_.CountCachedPrefixTokens(seq.tokens, req->cache_salt);
+      if (req->num_tokens - cached > token_budget_) return false;
+    }
+  } else {
+    int needed = 0;
+    for (const Sequence& seq : req->seqs) {
+      if (!IsFinished(seq.status)) needed += BlockTable::NumRequiredBlocks(req->num_tokens, 0, bs);
+    }
+    const int usable = blocks_.gpu_pool().num_blocks() - blocks_.watermark_blocks();
+    if (needed > usable) {
+      waiting_.erase(req);
+      Drop(req);
+      return true;
+    }
+    if (needed > blocks_.gpu_pool().num_free_blocks() - blocks_.watermark_blocks()) return false;
+    if (!config_.enable_chunked_prefill && !MustChunk(*req) &&
+        req->num_tokens * req->num_live > token_budget_) {
+      return false;
+    }
+  }
+  waiting_.erase(req);
+  int computed = req->num_tokens - 1;
+  for (Sequence& seq : req->seqs) {
+    if (IsFinished(seq.status)) continue;
+    absl::StatusOr<int> cached = blocks_.Allocate(seq.id, seq.tokens, req->cache_salt);
+    CHECK(cached.ok()) << cached.status();
+    computed = std::min(computed, *cached);
+    seq.num_slots = req->num_tokens;
+    seq.resend_table = true;
+    seq.status = SequenceStatus::kRunning;
+  }
+  req->num_computed_tokens = computed;
+  if (req->num_cached_prompt_tokens < 0) req->num_cached_prompt_tokens = computed;
+  req->state = Request::State::kRunning;
+  newly_running_.push_back(req);
+  const int chunk = ChunkSize(*req);
+  if (chunk > 0) AddToOutput(req, chunk, /*resumed=*/req->known_to_workers);
+  return chunk > 0;
+}
+
+void Scheduler::ScheduleQueued() {
+  if (preempted_this_step_) return;
+  while (true) {
+    Request* s = swapped_.empty() ? nullptr : *swapped_.begin();
+    Request* w = waiting_.empty() ? nullptr : *waiting_.begin();
+    if (s == nullptr && w == nullptr) return;
+    const bool ok = s != nullptr && (w == nullptr || RankBefore(s, w)) ? TrySwapIn(s) : TryAdmit(w);
+    if (!ok) return;
+  }
+}
+
+const SchedulerOutput& Scheduler::Schedule() {
+  CHECK(!awaiting_update_) << "Schedule() twice without UpdateFromOutput()";
+  output_.Clear();
+  scheduled_new_.clear();
+  scheduled_cached_.clear();
+  newly_running_.clear();
+  output_.step_id = ++step_id_;
+  CompactRunning();  // before the finished requests below are destroyed
+  for (Request* req : finished_pending_) {
+    if (req->known_to_workers) {
+      output_.finished_request_ids.push_back(req->id);
+      output_.finished_slots.push_back(req->slot);
+    }
+    const int32_t slot = req->slot;
+    slots_[slot].reset();
+    free_slots_.push_back(slot);
+  }
+  finished_pending_.clear();
+
+  token_budget_ = config_.max_num_batched_tokens;
+  seq_budget_ = config_.max_num_seqs;
+  preempted_this_step_ = false;
+  PreemptForWaiting();
+  ScheduleRunning();
+  ScheduleQueued();
+  for (Request* req : newly_running_) InsertRunning(req);
+
+  last_step_tokens_ = output_.total_num_scheduled_tokens;
+  total_tokens_ += last_step_tokens_;
+  awaiting_update_ = true;
+  return output_;
+}
+
+void Scheduler::ApplySamples(Request* req, std::span<const TokenId> sampled) {
+  if (!req->forked()) {
+    Sequence& parent = req->seqs[0];
+    for (int j = 1; j < req->params.n; ++j) {
+      Sequence& child = req->seqs.emplace_back();
+      child.id = MakeSeqId(req->slot, j);
+      child.index = j;
+      child.status = SequenceStatus::kRunning;
+      child.tokens.assign(parent.tokens.begin(), parent.tokens.end());
+      child.num_slots = parent.num_slots;
+      const absl::Status s = blocks_.Fork(parent.id, child.id);
+      CHECK(s.ok()) << s;
+    }
+    req->num_live = req->params.n;
+  }
+  RequestOutput& out = step_outputs_.requests.emplace_back();
+  out.request_id = req->id;
+  out.num_cached_prompt_tokens = std::max(0, req->num_cached_prompt_tokens);
+  out.seqs.begin = static_cast<uint32_t>(step_outputs_.seqs.size());
+  size_t j = 0;
+  for (Sequence& seq : req->seqs) {
+    if (IsFinished(seq.status)) continue;
+    const TokenId token = sampled[j++];
+    seq.tokens.push_back(token);
+    SequenceOutput& so = step_outputs_.seqs.emplace_back();
+    so.index = seq.index;
+    so.new_token_ids = {static_cast<uint32_t>(step_outputs_.token_ids.size()), 1};
+    step_outputs_.token_ids.push_back(token);
+    so.status = SequenceStatus::kRunning;
+    if (std::optional<SequenceStatus> stop =
+            stop_checker_.Check(req->params, req->num_prompt_tokens, &seq)) {
+      FreeSequence(req, &seq, *stop);
+      so.status = *stop;
+      so.stop_string = seq.stop_string;
+      so.stop_token = seq.stop_token;
+    }
+  }
+  out.seqs.size = static_cast<uint32_t>(step_outputs_.seqs.size()) - out.seqs.begin;
+  ++req->num_tokens;
+  if (req->num_live == 0) {
+    FinishRequest(req);
+    ++num_finished_in_running_;
+    out.finished = true;
+  }
+}
+
+absl::StatusOr<const StepOutputs*> Scheduler::UpdateFromOutput(const ModelOutput& model_output) {
+  if (!awaiting_update_) {
+    return absl::FailedPreconditionError("UpdateFromOutput() without a Schedule()");
+  }
+  if (model_output.step_id != output_.step_id) {
+    return absl::InvalidArgumentError(absl::StrCat("model output is for step ",
+                                                   model_output.step_id, "; step ", output_.step_id,
+                                                   " is awaited"));
+  }
+  if (static_cast<int>(model_output.sampled_token_ids.size()) != output_.total_num_samples) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step ", output_.step_id, ": ", model_output.sampled_token_ids.size(),
+                     " sampled tokens for ", output_.total_num_samples, " samples"));
+  }
+  awaiting_update_ = false;
+  step_outputs_.Clear();
+  for (Request* req : dropped_) {
+    RequestOutput& out = step_outputs_.requests.emplace_back();
+    out.request_id = req->id;
+    out.finished = true;
+    out.num_cached_prompt_tokens = std::max(0, req->num_cached_prompt_tokens);
+    out.seqs.begin = static_cast<uint32_t>(step_outputs_.seqs.size());
+    for (const Sequence& seq : req->seqs) {
+      if (seq.status != SequenceStatus::kFinishedAborted) continue;
+      step_outputs_.seqs.push_back({.index = seq.index, .status = seq.status});
+    }
+    out.seqs.size = static_cast<uint32_t>(step_outputs_.seqs.size()) - out.seqs.begin;
+  }
+  dropped_.clear();
+  const std::span<const TokenId> sampled = model_output.sampled_token_ids;
+  size_t pos = 0;
+  auto apply = [&](const std::vector<ScheduledRequest>& list, const std::vector<Request*>& reqs) {
+    for (size_t k = 0; k < list.size(); ++k) {
+      const ScheduledRequest& r = list[k];
+      Request* req = reqs[k];
+      req->num_computed_tokens += r.num_scheduled_tokens;
+      if (blocks_.config().enable_prefix_caching) {
+        for (const Sequence& seq : req->seqs) {
+          if (IsFinished(seq.status)) continue;
+          const absl::Status s =
+              blocks_.CacheComputedBlocks(seq.id, seq.tokens, req->num_computed_tokens);
+          CHECK(s.ok()) << s;
+        }
+      }
+      if (r.num_samples == 0) continue;
+      ApplySamples(req, sampled.subspan(pos, r.num_samples));
+      pos += r.num_samples;
+    }
+  };
+  apply(output_.new_requests, scheduled_new_);
+  apply(output_.cached_requests, scheduled_cached_);
+  return &step_outputs_;
+}
+
+SchedulerStats Scheduler::stats() const {
+  SchedulerStats s;
+  s.num_running = static_cast<int>(running_.size()) - num_finished_in_running_;
+  s.num_waiting = static_cast<int>(waiting_.size());
+  s.num_swapped = static_cast<int>(swapped_.size());
+  const BlockSpaceManagerStats b = blocks_.stats();
+  s.gpu_kv_usage = b.gpu_usage;
+  s.cpu_kv_usage = b.cpu_usage;
+  s.prefix_cache_hit_rate = b.prefix_cache_hit_rate();
+  s.num_preemptions = num_preemptions_;
+  s.num_swap_outs = num_swap_outs_;
+  s.num_steps = step_id_;
+  s.last_step_num_scheduled_tokens = last_step_tokens_;
+  s.total_num_scheduled_tokens = total_tokens_;
+  return s;
+}
+
+absl::Status Scheduler::CheckInvariants() const {
+  RETURN_IF_ERROR(blocks_.CheckInvariants());
+  int num_running = 0, num_tables = 0;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    if (i > 0 && RankBefore(running_[i], running_[i - 1])) {
+      return absl::InternalError(absl::StrCat("running queue out of order at ", i));
+    }
+    num_running += running_[i]->state == Request::State::kRunning;
+  }
+  int counted[3] = {0, 0, 0};
+  for (const auto& [id, slot] : requests_by_id_) {
+    const Request* req = slots_[slot].get();
+    if (req == nullptr || req->id != id) {
+      return absl::InternalError(absl::StrCat("request ", id, " maps to a wrong slot"));
+    }
+    if (req->state == Request::State::kFinished) {
+      return absl::InternalError(absl::StrCat("finished request ", id, " is still registered"));
+    }
+    ++counted[static_cast<int>(req->state)];
+    int live = 0;
+    for (const Sequence& seq : req->seqs) {
+      const BlockTable* table = blocks_.GetBlockTable(seq.id);
+      if (IsFinished(seq.status)) {
+        if (table != nullptr) {
+          return absl::InternalError(absl::StrCat("finished sequence ", seq.id, " holds blocks"));
+        }
+        continue;
+      }
+      ++live;
+      if (static_cast<int>(seq.tokens.size()) != req->num_tokens) {
+        return absl::InternalError(absl::StrCat("sequence ", seq.id, " has ", seq.tokens.size(),
+                                                " tokens; its request has ", req->num_tokens));
+      }
+      const bool has_blocks =
+          req->state == Request::State::kRunning || req->state == Request::State::kSwapped;
+      if (has_blocks != (table != nullptr)) {
+        return absl::InternalError(absl::StrCat("sequence ", seq.id, " of a ",
+                                                has_blocks ? "running/swapped" : "waiting",
+                                                " request holds blocks: ", table != nullptr));
+      }
+      if (table == nullptr) continue;
+      ++num_tables;
+      const Device want = req->state == Request::State::kRunning ? Device::kGpu : Device::kCpu;
+      if (table->device() != want || table->num_tokens() != seq.num_slots ||
+          seq.num_slots < req->num_tokens - 1 || seq.num_slots > req->num_tokens) {
+        return absl::InternalError(absl::StrCat("sequence ", seq.id, ": table on ",
+                                                DeviceName(table->device()), " with ",
+                                                table->num_tokens(), " slots; ", seq.num_slots,
+                                                " expected for ", req->num_tokens, " tokens"));
+      }
+    }
+    if (live != req->num_live || live == 0) {
+      return absl::InternalError(absl::StrCat("request ", id, " has ", live, " live sequences; ",
+                                              req->num_live, " counted"));
+    }
+    if (req->num_computed_tokens >= req->num_tokens ||
+        (req->state != Request::State::kRunning && req->state != Request::State::kSwapped &&
+         req->num_computed_tokens != 0)) {
+      return absl::InternalError(absl::StrCat("request ", id, " has ", req->num_computed_tokens,
+                                              " of ", req->num_tokens, " tokens computed"));
+    }
+  }
+  if (counted[0] != static_cast<int>(waiting_.size()) || counted[1] != num_running ||
+      counted[2] != static_cast<int>(swapped_.size())) {
+    return absl::InternalError(absl::StrCat("queues hold ", waiting_.size(), "/", num_running, "/",
+                                            swapped_.size(), " waiting/running/swapped requests; ",
+                                            counted[0], "/", counted[1], "/", counted[2],
+                                            " registered"));
+  }
+  if (num_tables != blocks_.num_sequences()) {
+    return absl::InternalError(absl::StrCat("the block manager holds ", blocks_.num_sequences(),
+                                            " tables; live sequences hold ", num_tables));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace llm

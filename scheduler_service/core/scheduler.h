@@ -1,0 +1,215 @@
+// The central scheduler: continuous batching over a paged KV cache, with chunked prefill,
+// prefix caching, preemption by recompute or by swap, FCFS or priority policy, and n > 1.
+//
+// There is no prefill or decode phase: each request's num_computed_tokens catches up with its
+// token count under a per-step token budget. Each Schedule():
+//
+//   0. (priority policy) a waiting request that cannot be allocated preempts running requests
+//      of lower priority, lowest first;
+//   1. running requests, in policy order: each gets min(uncomputed, chunk cap, budget) tokens
+//      per live sequence; a decode first makes room for its new token (AppendSlots), and when
+//      the pool cannot, preempts the running request of lowest rank (FCFS: newest; priority:
+//      lowest priority, newest first), possibly itself;
+//   2. swapped requests, in order, while CanSwapIn says OK — unless this step preempted;
+//   3. waiting requests, in order, while CanAllocate says OK — unless this step preempted or a
+//      request is still swapped out. Admission allocates the whole prompt (prefix hits reused)
+//      and computes the rest in chunks.
+//
+// Without chunked prefill a prompt is computed in one step; only a request whose n > 1 live
+// sequences were preempted by recompute, and together exceed max_num_batched_tokens, is then
+// recomputed in chunks.
+//
+// Preemption by recompute frees the blocks and puts the request back in waiting (ahead of
+// later arrivals) with num_computed_tokens = 0; by swap, moves its blocks to the CPU pool into
+// the swapped queue, or recomputes when the CPU pool cannot take them.
+//
+// Schedule() fills a SchedulerOutput (scheduler_output.h documents the protocol); the workers
+// run it; UpdateFromOutput() appends the sampled tokens, applies the stop rules
+// (stop_checker.h), frees finished sequences at once and returns the per-request outputs.
+// Schedule() and UpdateFromOutput() alternate strictly.
+//
+// Not thread-safe: owned by the engine thread (EngineCore).
+#ifndef LLM_SCHEDULER_SERVICE_CORE_SCHEDULER_H_
+#define LLM_SCHEDULER_SERVICE_CORE_SCHEDULER_H_
+
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "common/sampling_params.h"
+#include "common/types.h"
+#include "scheduler_service/core/block_space_manager.h"
+#include "scheduler_service/core/detokenizer.h"
+#include "scheduler_service/core/request.h"
+#include "scheduler_service/core/request_output.h"
+#include "scheduler_service/core/scheduler_output.h"
+#include "scheduler_service/core/stop_checker.h"
+
+namespace llm {
+
+enum class PreemptionMode { kRecompute, kSwap };
+enum class SchedulingPolicy { kFcfs, kPriority };
+
+struct SchedulerConfig {
+  int max_num_batched_tokens = 2048;  // tokens computed per step, over all sequences
+  int max_num_seqs = 256;             // live sequences scheduled per step
+  int max_model_len = 2048;           // prompt + output tokens of a sequence
+  bool enable_chunked_prefill = false;
+  // Chunk cap per request per step when chunked prefill is on; 0: only the budget caps it.
+  int long_prefill_token_threshold = 0;
+  PreemptionMode preemption_mode = PreemptionMode::kRecompute;
+  SchedulingPolicy policy = SchedulingPolicy::kFcfs;
+  TokenId eos_token_id = -1;  // < 0: none
+  SamplingLimits sampling_limits;
+
+  // INVALID_ARGUMENT naming the field, its value and the allowed range. Without chunked
+  // prefill a whole prompt must fit one step: max_num_batched_tokens >= max_model_len.
+  absl::Status Validate() const;
+};
+
+struct SchedulerStats {
+  int num_running = 0;  // requests
+  int num_waiting = 0;
+  int num_swapped = 0;
+  double gpu_kv_usage = 0;
+  double cpu_kv_usage = 0;
+  double prefix_cache_hit_rate = 0;
+  int64_t num_preemptions = 0;  // total, both modes
+  int64_t num_swap_outs = 0;
+  int64_t num_steps = 0;
+  int last_step_num_scheduled_tokens = 0;
+  int64_t total_num_scheduled_tokens = 0;
+};
+
+class Scheduler {
+ public:
+  // Both configs must be valid (CHECK). `detokenizers` (may be null; not owned, outlives the
+  // scheduler) serves stop strings.
+  Scheduler(const SchedulerConfig& config, const BlockSpaceManagerConfig& cache_config,
+            const DetokenizerFactory* detokenizers = nullptr);
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a request. INVALID_ARGUMENT for bad sampling params, an empty prompt, a prompt of
+  // max_model_len tokens or more, one that can never fit the KV cache, or stop strings without
+  // a detokenizer; ALREADY_EXISTS for an id in use.
+  absl::Status AddRequest(std::string request_id, std::vector<TokenId> prompt,
+                          const SamplingParams& params, int priority = 0, double arrival_time = 0,
+                          std::string cache_salt = {});
+
+  // The checks of AddRequest that need no scheduling state (all but ALREADY_EXISTS).
+  // Thread-safe.
+  absl::Status ValidateRequest(std::span<const TokenId> prompt, const SamplingParams& params) const;
+
+  // Ends the request in whatever state it is, frees its blocks now, and tells the workers in
+  // the next step. NOT_FOUND for an unknown (or finished) id. Not between Schedule() and
+  // UpdateFromOutput() (FAILED_PRECONDITION).
+  absl::Status Abort(std::string_view request_id);
+
+  // Plans one step. The output is valid until the next Schedule().
+  const SchedulerOutput& Schedule();
+
+  // Applies the workers' answer to the last Schedule(). INVALID_ARGUMENT when it does not
+  // match (step id, token count) — nothing is applied then. The outputs are valid until the
+  // next UpdateFromOutput() or Abort().
+  absl::StatusOr<const StepOutputs*> UpdateFromOutput(const ModelOutput& model_output);
+
+  bool HasUnfinishedRequests() const { return !requests_by_id_.empty(); }
+  // Requests ended since the last Schedule() that the workers must still be told about.
+  bool has_finished_to_report() const { return !finished_pending_.empty(); }
+  int num_requests() const { return static_cast<int>(requests_by_id_.size()); }
+  SchedulerStats stats() const;
+  const BlockSpaceManager& block_manager() const { return blocks_; }
+  const SchedulerConfig& config() const { return config_; }
+
+  // Every invariant between the queues, the requests and the block manager (plus the block
+  // manager's own). O(requests + blocks); for tests.
+  absl::Status CheckInvariants() const;
+
+  // The SeqId of sequence `index` of the request in dense slot `slot`.
+  static constexpr SeqId kSeqIdStride = 1 << 10;
+  static SeqId MakeSeqId(int32_t slot, int index) {
+    return static_cast<SeqId>(slot) * kSeqIdStride + index;
+  }
+
+ private:
+  // Orders waiting / swapped requests (and running ones): policy rank, then arrival.
+  struct RankLess {
+    bool by_priority;
+    bool operator()(const Request* a, const Request* b) const {
+      if (by_priority && a->priority != b->priority) return a->priority < b->priority;
+      return a->arrival_seq < b->arrival_seq;
+    }
+  };
+
+  bool RankBefore(const Request* a, const Request* b) const { return RankLess{by_priority_}(a, b); }
+  void InsertRunning(Request* req);
+  void ScheduleRunning();
+  // Swapped and waiting requests in rank order; stops at the first that cannot be served.
+  void ScheduleQueued();
+  // Whether to go on with the queues (swapped in or dropped: true; no room: false).
+  bool TrySwapIn(Request* req);
+  bool TryAdmit(Request* req);
+  void PreemptForWaiting();
+  // Makes room for each live sequence's unslotted tokens; false when the pool cannot.
+  bool CanGrow(const Request& req);
+  void Grow(Request* req);
+  void Preempt(Request* req);
+  void PreemptByRecompute(Request* req);
+  // Ends a request that can never fit the KV cache (reported as aborted).
+  void Drop(Request* req);
+  // Without chunked prefill, whether the request can never be computed in one step anyway:
+  // n > 1 live sequences resumed after recompute. It is then computed in chunks.
+  bool MustChunk(const Request& req) const;
+  // The tokens to compute this step for each live sequence, or 0 when none fit.
+  int ChunkSize(const Request& req) const;
+  void AddToOutput(Request* req, int num_tokens, bool resumed);
+  void FreeSequence(Request* req, Sequence* seq, SequenceStatus status);
+  void FinishRequest(Request* req);
+  void ApplySamples(Request* req, std::span<const TokenId> sampled);
+  void CompactRunning();
+
+  const SchedulerConfig config_;
+  const bool by_priority_;
+  BlockSpaceManager blocks_;
+  StopChecker stop_checker_;
+
+  std::vector<std::unique_ptr<Request>> slots_;  // by slot; null when free
+  std::vector<int32_t> free_slots_;
+  absl::flat_hash_map<std::string, int32_t> requests_by_id_;
+  uint64_t next_arrival_seq_ = 0;
+
+  std::vector<Request*> running_;  // in rank order; finished ones removed at the next step
+  std::set<Request*, RankLess> waiting_;
+  std::set<Request*, RankLess> swapped_;
+  std::vector<Request*> finished_pending_;  // to report to the workers in the next step
+  std::vector<Request*> dropped_;           // to report to their streams in the next update
+  int num_finished_in_running_ = 0;
+
+  // The step being planned or awaiting UpdateFromOutput().
+  SchedulerOutput output_;
+  std::vector<Request*> scheduled_new_;     // parallel to output_.new_requests
+  std::vector<Request*> scheduled_cached_;  // parallel to output_.cached_requests
+  std::vector<Request*> newly_running_;     // admitted / swapped in this step
+  bool awaiting_update_ = false;
+  int token_budget_ = 0;
+  int seq_budget_ = 0;
+  bool preempted_this_step_ = false;
+  StepOutputs step_outputs_;
+  std::vector<SeqId> seq_ids_;  // scratch
+  int64_t step_id_ = 0;
+
+  int64_t num_preemptions_ = 0;
+  int64_t num_swap_outs_ = 0;
+  int last_step_tokens_ = 0;
+  int64_t total_tokens_ = 0;
+};
+
+}  // namespace llm
+
+#endif  // LLM_SCHEDULER_SERVICE_CORE_SCHEDULER_H_

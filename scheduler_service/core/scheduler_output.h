@@ -1,0 +1,133 @@
+// The step protocol, in process: what the scheduler tells the workers each step
+// (SchedulerOutput, a diff against what they already know) and what they answer
+// (ModelOutput). The proto messages StepRequest / StepResult mirror these field for field.
+//
+// A worker keeps, per request (keyed by `slot`, a dense id; `request_id` names it), the prompt,
+// the sampling params, the num_computed_tokens, and per sequence its token ids and GPU block
+// table. Applying one SchedulerOutput, in this order:
+//
+//   1. finished_request_ids: forget those requests (their slots may be reused below).
+//   2. blocks_to_swap_out (gpu -> cpu), then blocks_to_swap_in (cpu -> gpu), then
+//      blocks_to_copy (gpu -> gpu, copy-on-write): all before the forward pass.
+//   3. new_requests: create the request (prompt, params); cached_requests: update it. For both,
+//      num_computed_tokens replaces the worker's count (it drops to the prefix-cache hits when
+//      the request is resumed after preemption by recompute), and `seqs` lists every live
+//      sequence of the request in index order; a sequence the worker has that is not listed has
+//      finished: forget it. Per listed sequence:
+//        - new_to_workers: the sequence's tokens are the request's prompt + new_token_ids
+//          (a child forked after the prefill, or sequence 0 of a new request);
+//          otherwise append new_token_ids (the tokens sampled since it was last listed);
+//        - replace_block_table: block_ids is the whole table (new sequence, resumed after
+//          preemption, swapped in, or a block replaced by copy-on-write); otherwise append
+//          block_ids to the table.
+//   4. Compute, for each listed sequence, tokens [num_computed_tokens, num_computed_tokens +
+//      num_scheduled_tokens) into the slots of its table. Then num_computed_tokens +=
+//      num_scheduled_tokens.
+//   5. Sample num_samples tokens per request into ModelOutput::sampled_token_ids, requests in
+//      order (new_requests, then cached_requests). num_samples is 0 when the request still has
+//      tokens to compute (a partial prefill chunk); when the step computes its last token it
+//      is the number of listed sequences, one token for each in list order, except at the
+//      first sample of a request with n > 1 that has not forked (one sequence listed): then it
+//      is n, token j for sequence j (the scheduler forks sequences 1 .. n-1 from sequence 0,
+//      sharing its blocks, and lists them as new_to_workers in the next step).
+//
+// The scheduler appends the sampled tokens; the workers learn them from the next diff. Ranges
+// index the output's flat arrays (token_ids, block_ids, seqs), which are reused between steps:
+// a SchedulerOutput is valid until the next Schedule().
+#ifndef LLM_SCHEDULER_SERVICE_CORE_SCHEDULER_OUTPUT_H_
+#define LLM_SCHEDULER_SERVICE_CORE_SCHEDULER_OUTPUT_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/sampling_params.h"
+#include "common/types.h"
+
+namespace llm {
+
+// [begin, begin + size) of one of the output's flat arrays.
+struct IndexRange {
+  uint32_t begin = 0;
+  uint32_t size = 0;
+};
+
+struct ScheduledSequence {
+  int index = 0;
+  bool new_to_workers = false;
+  bool replace_block_table = false;
+  IndexRange new_token_ids;  // into SchedulerOutput::token_ids
+  IndexRange block_ids;      // into SchedulerOutput::block_ids
+};
+
+struct ScheduledRequest {
+  int32_t slot = 0;
+  std::string_view request_id;
+  // new_requests only: the prompt and params (valid until the next Schedule()).
+  std::span<const TokenId> prompt_token_ids;
+  const SamplingParams* sampling_params = nullptr;
+  // cached_requests only: resumed after preemption by recompute (whole tables follow).
+  bool resumed_from_preemption = false;
+  int num_computed_tokens = 0;   // per listed sequence, before this step
+  int num_scheduled_tokens = 0;  // per listed sequence, this step
+  int num_samples = 0;           // tokens the workers sample for this request this step
+  IndexRange seqs;               // into SchedulerOutput::seqs
+};
+
+struct SchedulerOutput {
+  int64_t step_id = 0;
+  std::vector<ScheduledRequest> new_requests;
+  std::vector<ScheduledRequest> cached_requests;
+  std::vector<std::string> finished_request_ids;
+  std::vector<int32_t> finished_slots;  // the same requests' slots
+  std::vector<BlockPair> blocks_to_swap_in;
+  std::vector<BlockPair> blocks_to_swap_out;
+  std::vector<BlockPair> blocks_to_copy;
+  int total_num_scheduled_tokens = 0;  // sum over sequences of tokens computed this step
+  int total_num_samples = 0;
+
+  std::vector<ScheduledSequence> seqs;
+  std::vector<TokenId> token_ids;
+  std::vector<BlockId> block_ids;
+
+  std::span<const ScheduledSequence> Seqs(const ScheduledRequest& r) const {
+    return std::span<const ScheduledSequence>(seqs).subspan(r.seqs.begin, r.seqs.size);
+  }
+  std::span<const TokenId> NewTokenIds(const ScheduledSequence& s) const {
+    return std::span<const TokenId>(token_ids).subspan(s.new_token_ids.begin, s.new_token_ids.size);
+  }
+  std::span<const BlockId> BlockIds(const ScheduledSequence& s) const {
+    return std::span<const BlockId>(block_ids).subspan(s.block_ids.begin, s.block_ids.size);
+  }
+  bool empty() const {
+    return new_requests.empty() && cached_requests.empty() && finished_request_ids.empty() &&
+           blocks_to_swap_in.empty() && blocks_to_swap_out.empty() && blocks_to_copy.empty();
+  }
+  void Clear() {
+    new_requests.clear();
+    cached_requests.clear();
+    finished_request_ids.clear();
+    finished_slots.clear();
+    blocks_to_swap_in.clear();
+    blocks_to_swap_out.clear();
+    blocks_to_copy.clear();
+    total_num_scheduled_tokens = 0;
+    total_num_samples = 0;
+    seqs.clear();
+    token_ids.clear();
+    block_ids.clear();
+  }
+};
+
+// The workers' answer to one step.
+struct ModelOutput {
+  int64_t step_id = 0;
+  // total_num_samples tokens: per request in output order, num_samples each (see above).
+  std::vector<TokenId> sampled_token_ids;
+};
+
+}  // namespace llm
+
+#endif  // LLM_SCHEDULER_SERVICE_CORE_SCHEDULER_OUTPUT_H_

@@ -1,0 +1,164 @@
+#include "scheduler_service/engine/engine_core.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+
+namespace llm {
+
+EngineCore::EngineCore(const SchedulerConfig& config, const BlockSpaceManagerConfig& cache_config,
+                       Executor* executor, const DetokenizerFactory* detokenizers)
+    : scheduler_(config, cache_config, detokenizers), executor_(executor) {}
+
+EngineCore::~EngineCore() { Stop(); }
+
+absl::Status EngineCore::AddRequest(EngineRequest request, StreamCallback on_update) {
+  RETURN_IF_ERROR(scheduler_.ValidateRequest(request.prompt_token_ids, request.sampling_params));
+  absl::MutexLock lock(&mu_);
+  if (!in_flight_.insert(request.request_id).second) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("request ", request.request_id, " is already in flight"));
+  }
+  inbox_adds_.push_back({std::move(request), std::move(on_update)});
+  return absl::OkStatus();
+}
+
+absl::Status EngineCore::Abort(const std::string& request_id) {
+  absl::MutexLock lock(&mu_);
+  if (!in_flight_.contains(request_id)) {
+    return absl::NotFoundError(absl::StrCat("request ", request_id, " is not in flight"));
+  }
+  inbox_aborts_.push_back(request_id);
+  return absl::OkStatus();
+}
+
+void EngineCore::DrainInbox() {
+  std::vector<Pending> adds;
+  std::vector<std::string> aborts;
+  {
+    absl::MutexLock lock(&mu_);
+    adds.swap(inbox_adds_);
+    aborts.swap(inbox_aborts_);
+  }
+  for (Pending& p : adds) {
+    EngineRequest& r = p.request;
+    const absl::Status s =
+        scheduler_.AddRequest(r.request_id, std::move(r.prompt_token_ids), r.sampling_params,
+                              r.priority, /*arrival_time=*/0, std::move(r.cache_salt));
+    if (!s.ok()) {
+      {
+        absl::MutexLock lock(&mu_);
+        in_flight_.erase(r.request_id);
+      }
+      p.on_update({.status = s});
+      continue;
+    }
+    streams_.emplace(r.request_id, std::move(p.on_update));
+  }
+  for (const std::string& id : aborts) {
+    auto it = streams_.find(id);
+    if (it == streams_.end()) continue;  // finished meanwhile
+    const absl::Status s = scheduler_.Abort(id);
+    CHECK(s.ok()) << s;
+    StreamCallback cb = std::move(it->second);
+    streams_.erase(it);
+    {
+      absl::MutexLock lock(&mu_);
+      in_flight_.erase(id);
+    }
+    cb({.status = absl::CancelledError(absl::StrCat("request ", id, " aborted"))});
+  }
+}
+
+void EngineCore::FailAll(const absl::Status& status) {
+  auto streams = std::move(streams_);
+  streams_.clear();
+  for (auto& [id, cb] : streams) {
+    (void)scheduler_.Abort(id);
+    {
+      absl::MutexLock lock(&mu_);
+      in_flight_.erase(id);
+    }
+    cb({.status = status});
+  }
+}
+
+absl::StatusOr<bool> EngineCore::Step() {
+  DrainInbox();
+  if (!scheduler_.HasUnfinishedRequests() && !scheduler_.has_finished_to_report()) return false;
+  const SchedulerOutput& step = scheduler_.Schedule();
+  absl::Status s = executor_->Execute(step, &model_output_);
+  if (!s.ok()) {
+    // The step's result is unusable: end every stream with the error.
+    model_output_.step_id = step.step_id;
+    model_output_.sampled_token_ids.assign(step.total_num_samples, 0);
+    (void)scheduler_.UpdateFromOutput(model_output_);
+    FailAll(s);
+    return s;
+  }
+  absl::StatusOr<const StepOutputs*> outputs = scheduler_.UpdateFromOutput(model_output_);
+  if (!outputs.ok()) {
+    FailAll(outputs.status());
+    return outputs.status();
+  }
+  for (const RequestOutput& out : (*outputs)->requests) {
+    const absl::string_view id(out.request_id.data(), out.request_id.size());
+    auto it = streams_.find(id);
+    if (it == streams_.end()) continue;
+    it->second({.output = &out, .outputs = *outputs});
+    if (out.finished) {
+      streams_.erase(it);
+      absl::MutexLock lock(&mu_);
+      in_flight_.erase(id);
+    }
+  }
+  return true;
+}
+
+absl::Status EngineCore::RunUntilIdle() {
+  while (true) {
+    ASSIGN_OR_RETURN(const bool busy, Step());
+    if (!busy) {
+      absl::MutexLock lock(&mu_);
+      if (inbox_adds_.empty() && inbox_aborts_.empty()) return absl::OkStatus();
+    }
+  }
+}
+
+void EngineCore::Loop() {
+  while (true) {
+    absl::StatusOr<bool> busy = Step();
+    if (!busy.ok()) LOG(ERROR) << "engine step failed: " << busy.status();
+    absl::MutexLock lock(&mu_);
+    if (stop_) return;
+    if (busy.ok() && *busy) continue;
+    mu_.Await(absl::Condition(this, &EngineCore::HasWorkOrStop));
+    if (stop_) return;
+  }
+}
+
+bool EngineCore::HasWorkOrStop() const {
+  return stop_ || !inbox_adds_.empty() || !inbox_aborts_.empty();
+}
+
+void EngineCore::Start() {
+  CHECK(!thread_.joinable()) << "engine already started";
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = false;
+  }
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void EngineCore::Stop() {
+  if (!thread_.joinable()) return;
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+}  // namespace llm

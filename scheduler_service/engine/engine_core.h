@@ -1,0 +1,104 @@
+// The engine core: owns the Scheduler and drives the Executor on one thread.
+//
+//   other threads:  AddRequest / Abort  ->  inbox (mutex)
+//   engine thread:  Step() = drain inbox -> Schedule -> executor.Execute -> UpdateFromOutput
+//                            -> each request's stream callback
+//
+// AddRequest and Abort are thread-safe and never block on a step. Step(), RunUntilIdle() and
+// the stream callbacks run on the engine thread: either the caller's (tests, simulator) or
+// the one Start() launches. Callbacks must not block; they may call AddRequest / Abort.
+#ifndef LLM_SCHEDULER_SERVICE_ENGINE_ENGINE_CORE_H_
+#define LLM_SCHEDULER_SERVICE_ENGINE_ENGINE_CORE_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/sampling_params.h"
+#include "scheduler_service/core/request_output.h"
+#include "scheduler_service/core/scheduler.h"
+#include "scheduler_service/engine/executor.h"
+
+namespace llm {
+
+struct EngineRequest {
+  std::string request_id;
+  std::vector<TokenId> prompt_token_ids;
+  SamplingParams sampling_params;
+  int priority = 0;
+  std::string cache_salt;
+};
+
+// One update of a request's stream. `output` (with `outputs` for its tokens) is set on
+// success; the last update has output->finished or a non-OK status (the request failed or was
+// aborted: then output is null). Valid during the callback only.
+struct StreamUpdate {
+  absl::Status status;
+  const RequestOutput* output = nullptr;
+  const StepOutputs* outputs = nullptr;
+};
+using StreamCallback = std::function<void(const StreamUpdate&)>;
+
+class EngineCore {
+ public:
+  // `executor` (not owned) and `detokenizers` (may be null) outlive the engine.
+  EngineCore(const SchedulerConfig& config, const BlockSpaceManagerConfig& cache_config,
+             Executor* executor, const DetokenizerFactory* detokenizers = nullptr);
+  ~EngineCore();  // Stop()s
+  EngineCore(const EngineCore&) = delete;
+  EngineCore& operator=(const EngineCore&) = delete;
+
+  // Thread-safe. Validates the request now (INVALID_ARGUMENT, ALREADY_EXISTS for an id in
+  // flight) and queues it; `on_update` is then called for each step's output.
+  absl::Status AddRequest(EngineRequest request, StreamCallback on_update);
+  // Thread-safe. NOT_FOUND for an id not in flight. The stream ends with CANCELLED; blocks are
+  // freed at the start of the next step, and the workers are told in that step.
+  absl::Status Abort(const std::string& request_id);
+
+  // Engine thread: one step. Returns whether anything was in flight; an executor error is
+  // returned as is (every stream then ends with that error).
+  absl::StatusOr<bool> Step();
+  // Engine thread: steps until nothing is in flight.
+  absl::Status RunUntilIdle();
+
+  // Runs Step() on a thread of its own until Stop(); it sleeps while nothing is in flight.
+  void Start();
+  void Stop();
+
+  // Engine thread only (or when stopped).
+  const Scheduler& scheduler() const { return scheduler_; }
+
+ private:
+  struct Pending {
+    EngineRequest request;
+    StreamCallback on_update;
+  };
+  void DrainInbox();
+  void FailAll(const absl::Status& status);
+  void Loop();
+  bool HasWorkOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  Scheduler scheduler_;
+  Executor* const executor_;
+  absl::flat_hash_map<std::string, StreamCallback> streams_;  // engine thread
+  ModelOutput model_output_;                                  // engine thread
+
+  absl::Mutex mu_;
+  std::vector<Pending> inbox_adds_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> inbox_aborts_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<std::string> in_flight_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace llm
+
+#endif  // LLM_SCHEDULER_SERVICE_ENGINE_ENGINE_CORE_H_

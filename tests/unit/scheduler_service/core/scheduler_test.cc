@@ -1,0 +1,500 @@
+#include "scheduler_service/core/scheduler.h"
+
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/scheduler_service/core/scheduler_harness.h"
+
+namespace llm {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::SizeIs;
+
+constexpr int kBs = 16;
+
+std::vector<TokenId> Prompt(int n, int first = 1) {
+  std::vector<TokenId> t(n);
+  std::iota(t.begin(), t.end(), first);
+  return t;
+}
+
+BlockSpaceManagerConfig Cache(int gpu, int cpu = 0, bool caching = false) {
+  return {.block_size = kBs,
+          .num_gpu_blocks = gpu,
+          .num_cpu_blocks = cpu,
+          .watermark = 0,
+          .enable_prefix_caching = caching};
+}
+
+SchedulerConfig Config(bool chunked = false, int budget = 2048, int threshold = 0) {
+  SchedulerConfig c;
+  c.max_num_batched_tokens = budget;
+  c.max_num_seqs = 256;
+  c.max_model_len = 2048;
+  c.enable_chunked_prefill = chunked;
+  c.long_prefill_token_threshold = threshold;
+  return c;
+}
+
+SamplingParams Params(int max_tokens, int n = 1) {
+  SamplingParams p;
+  p.n = n;
+  p.max_tokens = max_tokens;
+  return p;
+}
+
+// Every stream equals what the token function yields for its request.
+void ExpectStreams(const SchedulerHarness& h, const std::string& id, std::vector<TokenId> prompt,
+                   const SamplingParams& params, TokenId eos = -1, int max_model_len = 2048) {
+  auto it = h.streams.find(id);
+  ASSERT_NE(it, h.streams.end()) << id;
+  const Stream& st = it->second;
+  EXPECT_TRUE(st.finished) << id;
+  ASSERT_THAT(st.tokens, SizeIs(params.n)) << id;
+  const FakeExecutorConfig ec = SchedulerHarness::ExecConfig(Cache(1));
+  for (int j = 0; j < params.n; ++j) {
+    EXPECT_EQ(st.tokens[j], ExpectedStream(h.executor, ec, prompt, params, j, eos, max_model_len))
+        << id << " sequence " << j;
+  }
+}
+
+const ScheduledRequest* Find(const std::vector<ScheduledRequest>& list, std::string_view id) {
+  for (const ScheduledRequest& r : list) {
+    if (r.request_id == id) return &r;
+  }
+  return nullptr;
+}
+
+TEST(SchedulerConfig, ValidateNamesFieldValueAndRange) {
+  EXPECT_TRUE(Config().Validate().ok());
+  SchedulerConfig c = Config();
+  c.max_num_batched_tokens = 512;
+  EXPECT_THAT(c.Validate().message(),
+              HasSubstr("max_num_batched_tokens is 512; without chunked prefill it must be >= "
+                        "max_model_len = 2048"));
+  c.enable_chunked_prefill = true;
+  EXPECT_TRUE(c.Validate().ok());
+  c.long_prefill_token_threshold = -1;
+  EXPECT_THAT(c.Validate().message(), HasSubstr("long_prefill_token_threshold is -1"));
+  c = Config();
+  c.max_num_seqs = 0;
+  EXPECT_THAT(c.Validate().message(), HasSubstr("max_num_seqs is 0; it must be >= 1"));
+}
+
+TEST(Scheduler, AddRequestRejectsBadInputWithAReason) {
+  SchedulerHarness h(Config(), Cache(10), SchedulerHarness::ExecConfig(Cache(10)));
+  SamplingParams bad = Params(4);
+  bad.top_p = 0;
+  EXPECT_THAT(h.Add("a", Prompt(4), bad).message(), HasSubstr("top_p is 0"));
+  EXPECT_THAT(h.Add("a", {}, Params(4)).message(), HasSubstr("prompt is empty"));
+  EXPECT_THAT(h.Add("a", Prompt(2048), Params(4)).message(),
+              HasSubstr("prompt has 2048 tokens; it must have fewer than max_model_len = 2048"));
+  EXPECT_THAT(h.Add("a", Prompt(161), Params(4)).message(),
+              HasSubstr("needs 11 KV-cache blocks; the cache has 10"));
+  SamplingParams stop = Params(4);
+  stop.stop = {"x"};
+  EXPECT_THAT(h.Add("a", Prompt(4), stop).message(), HasSubstr("need a detokenizer"));
+  ASSERT_TRUE(h.Add("a", Prompt(4), Params(4)).ok());
+  EXPECT_EQ(h.Add("a", Prompt(4), Params(4)).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(h.scheduler.num_requests(), 1);
+}
+
+TEST(Scheduler, BatchesNewRequestsThenSendsOnlyTheDiff) {
+  SchedulerHarness h(Config(), Cache(100), SchedulerHarness::ExecConfig(Cache(100)));
+  ASSERT_TRUE(h.Add("a", Prompt(20), Params(5)).ok());
+  ASSERT_TRUE(h.Add("b", Prompt(33, 500), Params(5)).ok());
+
+  const SchedulerOutput& s1 = h.Step();
+  ASSERT_THAT(s1.new_requests, SizeIs(2));
+  EXPECT_THAT(s1.cached_requests, IsEmpty());
+  const ScheduledRequest& a = s1.new_requests[0];
+  EXPECT_EQ(a.request_id, "a");
+  EXPECT_EQ(a.num_computed_tokens, 0);
+  EXPECT_EQ(a.num_scheduled_tokens, 20);
+  EXPECT_EQ(a.num_samples, 1);
+  EXPECT_THAT(a.prompt_token_ids, SizeIs(20));
+  ASSERT_THAT(s1.Seqs(a), SizeIs(1));
+  EXPECT_TRUE(s1.Seqs(a)[0].new_to_workers);
+  EXPECT_THAT(s1.BlockIds(s1.Seqs(a)[0]), SizeIs(2));
+  EXPECT_THAT(s1.BlockIds(s1.Seqs(s1.new_requests[1])[0]), SizeIs(3));
+  EXPECT_EQ(s1.total_num_scheduled_tokens, 53);
+
+  const SchedulerOutput& s2 = h.Step();
+  EXPECT_THAT(s2.new_requests, IsEmpty());
+  ASSERT_THAT(s2.cached_requests, SizeIs(2));
+  for (const ScheduledRequest& r : s2.cached_requests) {
+    EXPECT_EQ(r.num_scheduled_tokens, 1);
+    EXPECT_FALSE(r.resumed_from_preemption);
+    const ScheduledSequence& seq = s2.Seqs(r)[0];
+    EXPECT_FALSE(seq.new_to_workers);
+    EXPECT_FALSE(seq.replace_block_table);
+    EXPECT_THAT(s2.NewTokenIds(seq), SizeIs(1));  // the token sampled in step 1
+    EXPECT_THAT(s2.BlockIds(seq), IsEmpty());     // 21 and 34 tokens fit the blocks held
+  }
+  EXPECT_EQ(s2.NewTokenIds(s2.Seqs(s2.cached_requests[0])[0])[0], h.streams["a"].tokens[0][0]);
+
+  h.Step();
+  h.Step();
+  const SchedulerOutput& s5 = h.Step();  // samples the 5th token: both finish
+  EXPECT_THAT(s5.finished_request_ids, IsEmpty());
+  EXPECT_TRUE(h.streams["a"].finished);
+  EXPECT_EQ(h.streams["a"].status[0], SequenceStatus::kFinishedLength);
+  EXPECT_FALSE(h.scheduler.HasUnfinishedRequests());
+  const SchedulerOutput& s6 = h.Step();
+  EXPECT_THAT(s6.finished_request_ids, ElementsAre("a", "b"));
+  ExpectStreams(h, "a", Prompt(20), Params(5));
+  ExpectStreams(h, "b", Prompt(33, 500), Params(5));
+  h.ExpectAllBlocksFree();
+}
+
+// vLLM's tiny-pool scenario: 11 blocks of 16; two 80-token prompts fill 10; the first decode
+// step has room for one more block only.
+TEST(Scheduler, PreemptsTheNewestByRecomputeWhenThePoolRunsOut) {
+  SchedulerHarness h(Config(), Cache(11), SchedulerHarness::ExecConfig(Cache(11)));
+  ASSERT_TRUE(h.Add("a", Prompt(80), Params(40)).ok());
+  ASSERT_TRUE(h.Add("b", Prompt(80, 1000), Params(40)).ok());
+  EXPECT_THAT(h.Step().new_requests, SizeIs(2));
+
+  const SchedulerOutput& s2 = h.Step();
+  ASSERT_THAT(s2.cached_requests, SizeIs(1));
+  EXPECT_EQ(s2.cached_requests[0].request_id, "a");
+  SchedulerStats st = h.scheduler.stats();
+  EXPECT_EQ(st.num_preemptions, 1);
+  EXPECT_EQ(st.num_running, 1);
+  EXPECT_EQ(st.num_waiting, 1);
+  EXPECT_EQ(h.scheduler.block_manager().stats().num_free_gpu_blocks, 5);
+
+  bool resumed = false;
+  for (int i = 0; i < 200 && h.scheduler.HasUnfinishedRequests(); ++i) {
+    const SchedulerOutput& s = h.Step();
+    if (const ScheduledRequest* b = Find(s.cached_requests, "b"); b && b->resumed_from_preemption) {
+      resumed = true;
+      EXPECT_EQ(b->num_computed_tokens, 0);
+      EXPECT_EQ(b->num_scheduled_tokens, 81);  // prompt + the token sampled before preemption
+      const ScheduledSequence& seq = s.Seqs(*b)[0];
+      EXPECT_TRUE(seq.replace_block_table);
+      EXPECT_THAT(s.BlockIds(seq), SizeIs(6));
+      EXPECT_THAT(s.NewTokenIds(seq), SizeIs(1));
+    }
+  }
+  EXPECT_TRUE(resumed);
+  h.RunToCompletion();
+  ExpectStreams(h, "a", Prompt(80), Params(40));
+  ExpectStreams(h, "b", Prompt(80, 1000), Params(40));
+  h.ExpectAllBlocksFree();
+}
+
+TEST(Scheduler, SchedulesSeveralPartialPrefillsUnderTheBudget) {
+  SchedulerHarness h(Config(/*chunked=*/true, /*budget=*/64, /*threshold=*/32), Cache(100),
+                     SchedulerHarness::ExecConfig(Cache(100)));
+  ASSERT_TRUE(h.Add("a", Prompt(100), Params(3)).ok());
+  ASSERT_TRUE(h.Add("b", Prompt(100, 300), Params(3)).ok());
+  ASSERT_TRUE(h.Add("c", Prompt(100, 600), Params(3)).ok());
+  const SchedulerOutput& s1 = h.Step();
+  ASSERT_THAT(s1.new_requests, SizeIs(2));
+  EXPECT_EQ(s1.new_requests[0].num_scheduled_tokens, 32);
+  EXPECT_EQ(s1.new_requests[1].num_scheduled_tokens, 32);
+  EXPECT_EQ(s1.total_num_samples, 0);
+  EXPECT_TRUE(h.streams.empty());
+  for (int computed : {32, 64}) {
+    const SchedulerOutput& s = h.Step();
+    ASSERT_THAT(s.cached_requests, SizeIs(2));
+    EXPECT_EQ(s.cached_requests[1].num_computed_tokens, computed);
+    EXPECT_EQ(s.cached_requests[1].num_scheduled_tokens, 32);
+  }
+  const SchedulerOutput& s4 = h.Step();
+  ASSERT_THAT(s4.cached_requests, SizeIs(2));
+  EXPECT_EQ(s4.cached_requests[0].num_scheduled_tokens, 4);
+  EXPECT_EQ(s4.cached_requests[0].num_samples, 1);
+  ASSERT_THAT(s4.new_requests, SizeIs(1));  // c takes the 56 tokens left, capped at 32
+  EXPECT_EQ(s4.new_requests[0].request_id, "c");
+  EXPECT_EQ(s4.new_requests[0].num_scheduled_tokens, 32);
+  EXPECT_EQ(h.streams["a"].tokens[0].size(), 1u);
+  h.RunToCompletion();
+  ExpectStreams(h, "a", Prompt(100), Params(3));
+  ExpectStreams(h, "b", Prompt(100, 300), Params(3));
+  ExpectStreams(h, "c", Prompt(100, 600), Params(3));
+  h.ExpectAllBlocksFree();
+}
+
+TEST(Scheduler, ChunksALongPromptAtTheThresholdAndSamplesOnlyAtItsEnd) {
+  SchedulerHarness h(Config(/*chunked=*/true, /*budget=*/512, /*threshold=*/32), Cache(100),
+                     SchedulerHarness::ExecConfig(Cache(100)));
+  ASSERT_TRUE(h.Add("a", Prompt(100), Params(3)).ok());
+  h.RunToCompletion();
+  EXPECT_THAT(h.last_step_tokens, ElementsAre(32, 32, 32, 4, 1, 1, 0));
+  EXPECT_EQ(h.streams["a"].num_updates, 3);
+  ExpectStreams(h, "a", Prompt(100), Params(3));
+  h.ExpectAllBlocksFree();
+}
+
+TEST(Scheduler, AbortMidPrefillAndMidDecodeFreesAtOnceAndTellsTheWorkers) {
+  SchedulerHarness h(Config(/*chunked=*/true, /*budget=*/32, /*threshold=*/16), Cache(100),
+                     SchedulerHarness::ExecConfig(Cache(100)));
+  ASSERT_TRUE(h.Add("a", Prompt(64), Params(10)).ok());
+  ASSERT_TRUE(h.Add("b", Prompt(10, 200), Params(10)).ok());
+  h.Step();  // a: 16 of 64 (mid-prefill); b: its whole prompt, one token sampled
+  EXPECT_EQ(h.executor.num_requests(), 2);
+  const int free_before = h.scheduler.block_manager().stats().num_free_gpu_blocks;
+  ASSERT_TRUE(h.scheduler.Abort("a").ok());
+  EXPECT_EQ(h.scheduler.block_manager().stats().num_free_gpu_blocks, free_before + 4);
+  EXPECT_EQ(h.scheduler.Abort("a").code(), absl::StatusCode::kNotFound);
+  const SchedulerOutput& s2 = h.Step();
+  EXPECT_THAT(s2.finished_request_ids, ElementsAre("a"));
+  EXPECT_EQ(h.executor.num_requests(), 1);
+  ASSERT_THAT(s2.cached_requests, SizeIs(1));
+  EXPECT_EQ(s2.cached_requests[0].num_scheduled_tokens, 1);  // b decodes
+
+  ASSERT_TRUE(h.scheduler.Abort("b").ok());
+  ASSERT_TRUE(h.Add("c", Prompt(8), Params(2)).ok());
+  ASSERT_TRUE(h.scheduler.Abort("c").ok());  // never sent to the workers
+  const SchedulerOutput& s3 = h.Step();
+  EXPECT_THAT(s3.finished_request_ids, ElementsAre("b"));
+  EXPECT_FALSE(h.scheduler.HasUnfinishedRequests());
+  h.ExpectAllBlocksFree();
+  EXPECT_EQ(h.streams["b"].tokens[0].size(), 2u);
+  EXPECT_FALSE(h.streams["b"].finished);  // aborts are reported by the engine, not as outputs
+}
+
+TEST(Scheduler, HigherPriorityArrivalPreemptsTheLowestPriorityNewestFirst) {
+  SchedulerConfig config = Config();
+  config.policy = SchedulingPolicy::kPriority;
+  SchedulerHarness h(config, Cache(11), SchedulerHarness::ExecConfig(Cache(11)));
+  ASSERT_TRUE(h.Add("low1", Prompt(80), Params(20), /*priority=*/5).ok());
+  ASSERT_TRUE(h.Add("low2", Prompt(64, 300), Params(20), /*priority=*/5).ok());
+  EXPECT_THAT(h.Step().new_requests, SizeIs(2));  // 9 of 11 blocks held
+  ASSERT_TRUE(h.Add("high", Prompt(48, 900), Params(20), /*priority=*/0).ok());
+  const SchedulerOutput& s2 = h.Step();
+  ASSERT_THAT(s2.new_requests, SizeIs(1));
+  EXPECT_EQ(s2.new_requests[0].request_id, "high");
+  ASSERT_THAT(s2.cached_requests, SizeIs(1));
+  EXPECT_EQ(s2.cached_requests[0].request_id, "low1");
+  SchedulerStats st = h.scheduler.stats();
+  EXPECT_EQ(st.num_preemptions, 1);
+  EXPECT_EQ(st.num_waiting, 1);  // low2, recomputed later
+  h.RunToCompletion();
+  ExpectStreams(h, "low1", Prompt(80), Params(20));
+  ExpectStreams(h, "low2", Prompt(64, 300), Params(20));
+  ExpectStreams(h, "high", Prompt(48, 900), Params(20));
+  h.ExpectAllBlocksFree();
+}
+
+TEST(Scheduler, FcfsNeverLetsALaterArrivalPreempt) {
+  SchedulerHarness h(Config(), Cache(11), SchedulerHarness::ExecConfig(Cache(11)));
+  ASSERT_TRUE(h.Add("low1", Prompt(80), Params(5), 5).ok());
+  ASSERT_TRUE(h.Add("low2", Prompt(64, 300), Params(5), 5).ok());
+  h.Step();
+  ASSERT_TRUE(h.Add("high", Prompt(48, 900), Params(5), 0).ok());
+  const SchedulerOutput& s2 = h.Step();
+  EXPECT_THAT(s2.new_requests, IsEmpty());
+  EXPECT_EQ(h.scheduler.stats().num_preemptions, 0);
+  h.RunToCompletion();
+  h.ExpectAllBlocksFree();
+}
+
+TEST(Scheduler, SwapsOutAndBackInKeepingTheComputedTokens) {
+  SchedulerConfig config = Config();
+  config.preemption_mode = PreemptionMode::kSwap;
+  SchedulerHarness h(config, Cache(11, 20), SchedulerHarness::ExecConfig(Cache(11, 20)));
+  ASSERT_TRUE(h.Add("a", Prompt(80), Params(20)).ok());
+  ASSERT_TRUE(h.Add("b", Prompt(80, 1000), Params(20)).ok());
+  h.Step();
+  const SchedulerOutput& s2 = h.Step();
+  EXPECT_THAT(s2.blocks_to_swap_out, SizeIs(5));
+  SchedulerStats st = h.scheduler.stats();
+  EXPECT_EQ(st.num_swapped, 1);
+  EXPECT_EQ(st.num_swap_outs, 1);
+  EXPECT_GT(st.cpu_kv_usage, 0);
+  bool swapped_in = false;
+  while (h.scheduler.HasUnfinishedRequests()) {
+    const SchedulerOutput& s = h.Step();
+    if (!s.blocks_to_swap_in.empty()) {
+      swapped_in = true;
+      EXPECT_THAT(s.blocks_to_swap_in, SizeIs(5));
+      const ScheduledRequest* b = Find(s.cached_requests, "b");
+      ASSERT_NE(b, nullptr);
+      EXPECT_EQ(b->num_computed_tokens, 80);  // nothing recomputed
+      EXPECT_EQ(b->num_scheduled_tokens, 1);
+      EXPECT_TRUE(s.Seqs(*b)[0].replace_block_table);
+    }
+  }
+  EXPECT_TRUE(swapped_in);
+  h.RunToCompletion();
+  ExpectStreams(h, "a", Prompt(80), Params(20));
+  ExpectStreams(h, "b", Prompt(80, 1000), Params(20));
+  h.ExpectAllBlocksFree();
+}
+
+TEST(Scheduler, SwapFallsBackToRecomputeWhenTheCpuPoolIsTooSmall) {
+  SchedulerConfig config = Config();
+  config.preemption_mode = PreemptionMode::kSwap;
+  SchedulerHarness h(config, Cache(11, 2), SchedulerHarness::ExecConfig(Cache(11, 2)));
+  ASSERT_TRUE(h.Add("a", Prompt(80), Params(10)).ok());
+  ASSERT_TRUE(h.Add("b", Prompt(80, 1000), Params(10)).ok());
+  h.Step();
+  const SchedulerOutput& s2 = h.Step();
+  EXPECT_THAT(s2.blocks_to_swap_out, IsEmpty());
+  EXPECT_EQ(h.scheduler.stats().num_waiting, 1);
+  EXPECT_EQ(h.scheduler.stats().num_swapped, 0);
+  h.RunToCompletion();
+  ExpectStreams(h, "b", Prompt(80, 1000), Params(10));
+  h.ExpectAllBlocksFree();
+}
+
+TEST(Scheduler, ForksNSequencesAfterThePrefillAndCopiesTheSharedLastBlock) {
+  SchedulerHarness h(Config(), Cache(50), SchedulerHarness::ExecConfig(Cache(50)));
+  ASSERT_TRUE(h.Add("a", Prompt(20), Params(8, /*n=*/4)).ok());
+  const SchedulerOutput& s1 = h.Step();
+  ASSERT_THAT(s1.new_requests, SizeIs(1));
+  EXPECT_EQ(s1.new_requests[0].num_samples, 4);
+  EXPECT_THAT(s1.Seqs(s1.new_requests[0]), SizeIs(1));
+
+  const SchedulerOutput& s2 = h.Step();
+  ASSERT_THAT(s2.cached_requests, SizeIs(1));
+  const ScheduledRequest& r = s2.cached_requests[0];
+  ASSERT_THAT(s2.Seqs(r), SizeIs(4));
+  EXPECT_EQ(r.num_samples, 4);
+  EXPECT_EQ(s2.total_num_scheduled_tokens, 4);
+  EXPECT_FALSE(s2.Seqs(r)[0].new_to_workers);
+  for (int j = 1; j < 4; ++j) {
+    EXPECT_TRUE(s2.Seqs(r)[j].new_to_workers);
+    EXPECT_TRUE(s2.Seqs(r)[j].replace_block_table);
+    EXPECT_THAT(s2.NewTokenIds(s2.Seqs(r)[j]), SizeIs(1));
+    // The full first block stays shared.
+    EXPECT_EQ(s2.BlockIds(s2.Seqs(r)[j])[0],
+              s2.BlockIds(s2.Seqs(r)[0]).empty() ? s1.block_ids[0] : s2.BlockIds(s2.Seqs(r)[0])[0]);
+  }
+  // Four sequences share the half-full second block: three copy it, the last writes in place.
+  EXPECT_THAT(s2.blocks_to_copy, SizeIs(3));
+  h.RunToCompletion();
+  ExpectStreams(h, "a", Prompt(20), Params(8, 4));
+  const Stream& st = h.streams["a"];
+  for (int j = 1; j < 4; ++j) EXPECT_NE(st.tokens[j], st.tokens[0]);
+  h.ExpectAllBlocksFree();
+}
+
+TEST(Scheduler, PrefixCacheHitsReduceTheTokensToCompute) {
+  SchedulerHarness h(Config(), Cache(50, 0, /*caching=*/true),
+                     SchedulerHarness::ExecConfig(Cache(50)));
+  ASSERT_TRUE(h.Add("a", Prompt(64), Params(2)).ok());
+  h.RunToCompletion();
+  ASSERT_TRUE(h.Add("b", Prompt(64), Params(2)).ok());
+  const SchedulerOutput& s = h.Step();
+  ASSERT_THAT(s.new_requests, SizeIs(1));
+  EXPECT_EQ(s.new_requests[0].num_computed_tokens, 48);  // never the last token's block
+  EXPECT_EQ(s.new_requests[0].num_scheduled_tokens, 16);
+  h.RunToCompletion();
+  EXPECT_EQ(h.streams["b"].num_cached_prompt_tokens, 48);
+  EXPECT_EQ(h.streams["a"].num_cached_prompt_tokens, 0);
+  EXPECT_GT(h.scheduler.stats().prefix_cache_hit_rate, 0.3);
+  EXPECT_EQ(h.streams["a"].tokens, h.streams["b"].tokens);
+  h.ExpectAllBlocksFree();
+}
+
+// Text for tests: token t reads "<t>"; stops when the text holds a stop string.
+class FakeDetokenizer : public IncrementalDetokenizer {
+ public:
+  explicit FakeDetokenizer(DetokenizeOptions options) : options_(std::move(options)) {}
+  Delta Append(std::span<const TokenId> ids) override {
+    Delta d;
+    if (stopped_) return d;
+    for (TokenId t : ids) d.text += "<" + std::to_string(t) + ">";
+    text_ += d.text;
+    for (const std::string& s : options_.stop) {
+      if (text_.find(s) != std::string::npos) {
+        stopped_ = d.stopped = true;
+        d.stop_string = s;
+      }
+    }
+    return d;
+  }
+  std::string Flush() override { return {}; }
+  const std::string& output_text() const override { return text_; }
+
+ private:
+  DetokenizeOptions options_;
+  std::string text_;
+  bool stopped_ = false;
+};
+
+class FakeDetokenizerFactory : public DetokenizerFactory {
+ public:
+  std::unique_ptr<IncrementalDetokenizer> Create(std::span<const TokenId>,
+                                                 const DetokenizeOptions& o) const override {
+    return std::make_unique<FakeDetokenizer>(o);
+  }
+};
+
+TEST(Scheduler, StopsOnEosAfterMinTokensUnlessIgnored) {
+  constexpr TokenId kEos = 7;
+  SchedulerConfig config = Config();
+  config.eos_token_id = kEos;
+  SchedulerHarness h(config, Cache(50), SchedulerHarness::ExecConfig(Cache(50), kEos, 1.0));
+  SamplingParams min3 = Params(10);
+  min3.min_tokens = 3;
+  SamplingParams ignore = Params(10);
+  ignore.ignore_eos = true;
+  ASSERT_TRUE(h.Add("plain", Prompt(8), Params(10)).ok());
+  ASSERT_TRUE(h.Add("min3", Prompt(8), min3).ok());
+  ASSERT_TRUE(h.Add("ignore", Prompt(8), ignore).ok());
+  h.RunToCompletion();
+  EXPECT_THAT(h.streams["plain"].tokens[0], ElementsAre(kEos));
+  EXPECT_EQ(h.streams["plain"].status[0], SequenceStatus::kFinishedStopped);
+  EXPECT_THAT(h.streams["min3"].tokens[0], ElementsAre(kEos, kEos, kEos));
+  EXPECT_THAT(h.streams["ignore"].tokens[0], SizeIs(10));
+  EXPECT_EQ(h.streams["ignore"].status[0], SequenceStatus::kFinishedLength);
+  h.ExpectAllBlocksFree();
+}
+
+TEST(Scheduler, StopsOnStopTokenIdsStopStringsAndMaxModelLen) {
+  SchedulerConfig config = Config();
+  config.max_model_len = 30;
+  FakeDetokenizerFactory detok;
+  SchedulerHarness h(config, Cache(50), SchedulerHarness::ExecConfig(Cache(50)), &detok);
+  const std::vector<TokenId> reference = ExpectedStream(
+      h.executor, SchedulerHarness::ExecConfig(Cache(1)), Prompt(8), Params(10), 0, -1, 2048);
+  ASSERT_THAT(reference, SizeIs(10));
+  SamplingParams by_id = Params(10);
+  by_id.stop_token_ids = {reference[3]};
+  SamplingParams by_string = Params(10);
+  by_string.stop = {"<" + std::to_string(reference[4]) + ">"};
+  ASSERT_TRUE(h.Add("id", Prompt(8), by_id).ok());
+  ASSERT_TRUE(h.Add("string", Prompt(8), by_string).ok());
+  ASSERT_TRUE(h.Add("long", Prompt(25, 50), Params(100)).ok());
+  h.RunToCompletion();
+  const auto first = [&](TokenId t) {
+    return std::find(reference.begin(), reference.end(), t) - reference.begin() + 1;
+  };
+  EXPECT_THAT(h.streams["id"].tokens[0], SizeIs(first(reference[3])));
+  EXPECT_EQ(h.streams["id"].status[0], SequenceStatus::kFinishedStopped);
+  EXPECT_THAT(h.streams["string"].tokens[0], SizeIs(first(reference[4])));
+  EXPECT_EQ(h.streams["string"].status[0], SequenceStatus::kFinishedStopped);
+  EXPECT_THAT(h.streams["long"].tokens[0], SizeIs(5));  // 25 + 5 = max_model_len
+  EXPECT_EQ(h.streams["long"].status[0], SequenceStatus::kFinishedLength);
+  h.ExpectAllBlocksFree();
+}
+
+TEST(Scheduler, UpdateFromOutputRejectsAMismatchedAnswer) {
+  SchedulerHarness h(Config(), Cache(50), SchedulerHarness::ExecConfig(Cache(50)));
+  ASSERT_TRUE(h.Add("a", Prompt(8), Params(4)).ok());
+  const SchedulerOutput& s = h.scheduler.Schedule();
+  ModelOutput wrong_step{.step_id = s.step_id + 1, .sampled_token_ids = {1}};
+  EXPECT_THAT(h.scheduler.UpdateFromOutput(wrong_step).status().message(), HasSubstr("awaited"));
+  ModelOutput wrong_count{.step_id = s.step_id, .sampled_token_ids = {1, 2}};
+  EXPECT_THAT(h.scheduler.UpdateFromOutput(wrong_count).status().message(),
+              HasSubstr("2 sampled tokens for 1 samples"));
+  EXPECT_EQ(h.scheduler.Abort("a").code(), absl::StatusCode::kFailedPrecondition);
+  ModelOutput right{.step_id = s.step_id, .sampled_token_ids = {1}};
+  ASSERT_TRUE(h.scheduler.UpdateFromOutput(right).ok());
+  EXPECT_EQ(h.scheduler.UpdateFromOutput(right).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace llm
