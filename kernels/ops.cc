@@ -3,6 +3,8 @@
 #include "kernels/ops.h"
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <numbers>
 #include <vector>
 
@@ -168,6 +170,12 @@ OpStatus Linear(const OpContext& /*ctx*/, const TensorView& out, const TensorVie
     LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "bias", bias, {kF32}, {weight.shape[0]}));
   }
   LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "out", out, {kF32}, {x.shape[0], weight.shape[0]}));
+  // BLAS takes 32-bit sizes.
+  constexpr int64_t kMaxDim = std::numeric_limits<int32_t>::max();
+  if (x.shape[0] > kMaxDim || x.shape[1] > kMaxDim || weight.shape[0] > kMaxDim) {
+    return Error(kOp, "dimensions of x " + x.ShapeString() + " and weight " + weight.ShapeString() +
+                          " must be below 2^31");
+  }
   TensorDevice device;
   LLM_OPS_RETURN_IF_ERROR(CheckSameDevice(
       kOp, {{"out", &out}, {"x", &x}, {"weight", &weight}, {"bias", &bias}}, &device));

@@ -1,9 +1,10 @@
 // Paged attention on the CPU for a batch that mixes prefill chunks and decode tokens.
 //
-// For each sequence s, query token j (position p = seq_lens[s] - q_len + j) and query head h
-// (kv head h / (Hq / Hkv)), one pass over s's blocks with an online softmax: for each block,
-// the scores of its keys at positions <= p, then the running max m, sum l and weighted value
-// sum acc are rescaled by exp(m_old - m_new) and extended with the block's keys:
+// For each sequence s, query token j (position p = seq_lens[s] - q_len + j) and kv head kvh,
+// the query heads of kvh's group (h / (Hq / Hkv) == kvh) make one pass together over s's
+// blocks, so that each key and value is loaded once per group. Online softmax: per block, the
+// scores of its keys at positions <= p; then the running max m, sum l and weighted value sum
+// acc are rescaled by exp(m_old - m_new) and extended with the block's keys:
 //   score[i] = scale * q[t][h][:] . key_cache[block][i][kvh][:]
 //   acc[:]  = acc[:] * exp(m_old - m) + sum_i exp(score[i] - m) * value_cache[block][i][kvh][:]
 //   out[t][h][:] = acc[:] / l
@@ -69,6 +70,19 @@ OpStatus CheckMetadata(const AttentionMetadata& md, int64_t num_tokens, int64_t 
   return OpStatus::Ok();
 }
 
+// a . b over n floats, in 8 independent lanes so that the compiler can vectorize it.
+float Dot(const float* a, const float* b, int64_t n) {
+  float lanes[8] = {};
+  int64_t d = 0;
+  for (; d + 8 <= n; d += 8) {
+    for (int j = 0; j < 8; ++j) lanes[j] += a[d + j] * b[d + j];
+  }
+  float sum = 0.0f;
+  for (int j = 0; j < 8; ++j) sum += lanes[j];
+  for (; d < n; ++d) sum += a[d] * b[d];
+  return sum;
+}
+
 }  // namespace
 
 OpStatus PagedAttention(const TensorView& out, const TensorView& query, const TensorView& key_cache,
@@ -92,47 +106,53 @@ OpStatus PagedAttention(const TensorView& out, const TensorView& query, const Te
   const int64_t slot_stride = num_kv_heads * head_size;   // cache[b][i][h][d]: one slot
   const int64_t block_stride = block_size * slot_stride;  // one block
 
-  std::vector<float> scores(block_size);
-  std::vector<float> acc(head_size);
+  // Per query head of one kv head's group: scores of one block, running max and sum, and
+  // the unnormalized output.
+  std::vector<float> scores(group * block_size);
+  std::vector<float> m(group), l(group), acc(group * head_size);
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t q_len = qsl[s + 1] - qsl[s];
     const int32_t* table = tables + s * max_blocks;
     for (int64_t j = 0; j < q_len; ++j) {
       const int64_t t = qsl[s] + j;
       const int64_t num_keys = seq_lens[s] - q_len + j + 1;  // positions 0 .. p
-      for (int64_t h = 0; h < num_heads; ++h) {
-        const int64_t kvh = h / group;
-        const float* q = query.data_as<const float>() + (t * num_heads + h) * head_size;
-        float m = -std::numeric_limits<float>::infinity();
-        float l = 0.0f;
+      for (int64_t kvh = 0; kvh < num_kv_heads; ++kvh) {
+        // q[t][kvh * group + g][:] for the group's query heads, which share every key and value.
+        const float* q = query.data_as<const float>() + (t * num_heads + kvh * group) * head_size;
+        std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
+        std::fill(l.begin(), l.end(), 0.0f);
         std::fill(acc.begin(), acc.end(), 0.0f);
         for (int64_t b = 0; b * block_size < num_keys; ++b) {
           const int64_t n = std::min(block_size, num_keys - b * block_size);
           const float* kb = kc + table[b] * block_stride + kvh * head_size;
           const float* vb = vc + table[b] * block_stride + kvh * head_size;
-          float block_max = -std::numeric_limits<float>::infinity();
           for (int64_t i = 0; i < n; ++i) {
             const float* k = kb + i * slot_stride;  // key_cache[table[b]][i][kvh][:]
-            float dot = 0.0f;
-            for (int64_t d = 0; d < head_size; ++d) dot += q[d] * k[d];
-            scores[i] = dot * scale;
-            block_max = std::max(block_max, scores[i]);
+            for (int64_t g = 0; g < group; ++g) {
+              scores[g * block_size + i] = Dot(q + g * head_size, k, head_size) * scale;
+            }
           }
-          const float m_new = std::max(m, block_max);
-          const float correction = std::exp(m - m_new);  // 0 on the first block
-          l *= correction;
-          for (int64_t d = 0; d < head_size; ++d) acc[d] *= correction;
-          for (int64_t i = 0; i < n; ++i) {
-            const float p = std::exp(scores[i] - m_new);
-            l += p;
-            const float* v = vb + i * slot_stride;  // value_cache[table[b]][i][kvh][:]
-            for (int64_t d = 0; d < head_size; ++d) acc[d] += p * v[d];
+          for (int64_t g = 0; g < group; ++g) {
+            float* sc = scores.data() + g * block_size;
+            float* a = acc.data() + g * head_size;
+            const float m_new = std::max(m[g], *std::max_element(sc, sc + n));
+            const float correction = std::exp(m[g] - m_new);  // 0 on the first block
+            l[g] *= correction;
+            for (int64_t d = 0; d < head_size; ++d) a[d] *= correction;
+            for (int64_t i = 0; i < n; ++i) {
+              const float p = std::exp(sc[i] - m_new);
+              l[g] += p;
+              const float* v = vb + i * slot_stride;  // value_cache[table[b]][i][kvh][:]
+              for (int64_t d = 0; d < head_size; ++d) a[d] += p * v[d];
+            }
+            m[g] = m_new;
           }
-          m = m_new;
         }
-        float* o = out.data_as<float>() + (t * num_heads + h) * head_size;
-        const float inv_l = 1.0f / l;
-        for (int64_t d = 0; d < head_size; ++d) o[d] = acc[d] * inv_l;
+        for (int64_t g = 0; g < group; ++g) {
+          float* o = out.data_as<float>() + (t * num_heads + kvh * group + g) * head_size;
+          const float inv_l = 1.0f / l[g];
+          for (int64_t d = 0; d < head_size; ++d) o[d] = acc[g * head_size + d] * inv_l;
+        }
       }
     }
   }

@@ -1,6 +1,10 @@
-// GlooCommunicator with 2 and 4 ranks as threads of this process, over loopback TCP: exact
-// results of every collective for several sizes, and errors (not hangs) when a rank is missing.
+// GlooCommunicator with 2 and 4 ranks as threads of this process, and 3 ranks as processes,
+// over loopback TCP: exact results of every collective for several sizes, and errors (not
+// hangs) when a rank is missing.
 #include "worker_service/parallel/gloo_communicator.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -187,6 +191,41 @@ TEST(GlooCommunicator, RanksMeetThroughAFileStore) {
     });
   }
   for (std::thread& t : threads) t.join();
+}
+
+TEST(GlooCommunicator, SeparateProcessesMeetThroughAFileStore) {
+  std::string dir = ::testing::TempDir() + "gloo_processes_XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  constexpr int kWorld = 3;
+  std::vector<pid_t> children;
+  // Ranks 1 and 2 are child processes; each exits 0 only if its all-reduce was exact.
+  for (int rank = 1; rank < kWorld; ++rank) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      GlooOptions options;
+      options.timeout = kTimeout;
+      auto comm = GlooCommunicator::CreateWithFileStore(dir, rank, kWorld, options);
+      if (!comm.ok()) _exit(2);
+      std::vector<float> data = {float(rank), 1.0f};
+      if (!(*comm)->AllReduceSum(data.data(), data.size()).ok()) _exit(3);
+      _exit(data == std::vector<float>{3.0f, 3.0f} ? 0 : 4);
+    }
+    children.push_back(pid);
+  }
+  GlooOptions options;
+  options.timeout = kTimeout;
+  auto comm = GlooCommunicator::CreateWithFileStore(dir, 0, kWorld, options);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  std::vector<float> data = {0.0f, 1.0f};
+  ASSERT_TRUE((*comm)->AllReduceSum(data.data(), data.size()).ok());
+  EXPECT_EQ(data, (std::vector<float>{3.0f, 3.0f}));
+  for (pid_t pid : children) {
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "child rank exited with status " << status;
+  }
 }
 
 }  // namespace

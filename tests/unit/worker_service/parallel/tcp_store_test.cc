@@ -1,0 +1,117 @@
+// TcpStore and TcpStoreServer on loopback: keys set by one client are seen by another, waits
+// time out with an exception, and four Gloo ranks meet through it and all-reduce.
+#include "worker_service/parallel/tcp_store.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gloo/common/error.h"
+#include "gtest/gtest.h"
+#include "worker_service/parallel/gloo_communicator.h"
+
+namespace llm {
+namespace {
+
+constexpr auto kTimeout = std::chrono::seconds(5);
+
+std::vector<char> Bytes(const std::string& s) { return std::vector<char>(s.begin(), s.end()); }
+
+TEST(TcpStore, ClientsShareKeys) {
+  auto server = TcpStoreServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_GT((*server)->port(), 0);
+  auto a = TcpStore::Connect("127.0.0.1", (*server)->port(), kTimeout);
+  auto b = TcpStore::Connect("127.0.0.1", (*server)->port(), kTimeout);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  (*a)->set("rank0", Bytes("addr-of-0"));
+  (*a)->set("empty", {});
+  (*b)->wait({"rank0", "empty"});
+  EXPECT_EQ((*b)->get("rank0"), Bytes("addr-of-0"));
+  EXPECT_EQ((*b)->get("empty"), std::vector<char>{});
+  (*b)->set("rank0", Bytes("overwritten"));
+  EXPECT_EQ((*a)->get("rank0"), Bytes("overwritten"));
+}
+
+TEST(TcpStore, GetWaitsForAKeySetLater) {
+  auto server = TcpStoreServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto a = TcpStore::Connect("127.0.0.1", (*server)->port(), kTimeout);
+  ASSERT_TRUE(a.ok()) << a.status();
+  std::thread setter([port = (*server)->port()] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    auto b = TcpStore::Connect("127.0.0.1", port, kTimeout);
+    ASSERT_TRUE(b.ok()) << b.status();
+    (*b)->set("late", Bytes("here"));
+  });
+  EXPECT_EQ((*a)->get("late"), Bytes("here"));
+  setter.join();
+}
+
+TEST(TcpStore, WaitForAMissingKeyThrowsAfterTheTimeout) {
+  auto server = TcpStoreServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto a = TcpStore::Connect("127.0.0.1", (*server)->port(), std::chrono::milliseconds(300));
+  ASSERT_TRUE(a.ok()) << a.status();
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW((*a)->wait({"never"}, std::chrono::milliseconds(200)), gloo::IoException);
+  EXPECT_THROW((*a)->get("never"), gloo::IoException);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+}
+
+TEST(TcpStore, ConnectingWhereNoServerListensFails) {
+  // A port that was free a moment ago: bind one, note it, close it.
+  int port = 0;
+  {
+    auto probe = TcpStoreServer::Start("127.0.0.1", 0);
+    ASSERT_TRUE(probe.ok()) << probe.status();
+    port = (*probe)->port();
+  }
+  auto c = TcpStore::Connect("127.0.0.1", port, std::chrono::milliseconds(200));
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable) << c.status();
+}
+
+TEST(TcpStore, ServerDropsAMalformedRequestAndKeepsServing) {
+  auto server = TcpStoreServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto bad = TcpStore::Connect("127.0.0.1", (*server)->port(), kTimeout);
+  ASSERT_TRUE(bad.ok());
+  // A key longer than the server accepts (4096 bytes): it closes the connection at once.
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW((*bad)->get(std::string(5000, 'k')), gloo::IoException);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  auto good = TcpStore::Connect("127.0.0.1", (*server)->port(), kTimeout);
+  ASSERT_TRUE(good.ok());
+  (*good)->set("k", Bytes("v"));
+  EXPECT_EQ((*good)->get("k"), Bytes("v"));
+}
+
+TEST(TcpStore, GlooRanksMeetThroughIt) {
+  auto server = TcpStoreServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  constexpr int kWorld = 4;
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    threads.emplace_back([port, rank] {
+      auto store = TcpStore::Connect("127.0.0.1", port, kTimeout);
+      ASSERT_TRUE(store.ok()) << store.status();
+      GlooOptions options;
+      options.timeout = kTimeout;
+      auto comm = GlooCommunicator::Create(**store, rank, kWorld, options);
+      ASSERT_TRUE(comm.ok()) << comm.status();
+      std::vector<float> data = {float(rank), 1.0f, 2.0f};
+      ASSERT_TRUE((*comm)->AllReduceSum(data.data(), data.size()).ok());
+      EXPECT_EQ(data, (std::vector<float>{6.0f, 4.0f, 8.0f})) << "rank " << rank;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+}  // namespace
+}  // namespace llm

@@ -1,0 +1,91 @@
+// A rendezvous store over TCP, so that Gloo ranks on different hosts can meet: one
+// TcpStoreServer (run by rank 0, or by anyone whose address all ranks are given) holds the
+// keys; every rank talks to it through a TcpStore client, which is a gloo::rendezvous::Store
+// and can be passed to GlooCommunicator::Create.
+//
+// Wire format (one request, then one reply, at a time per connection; integers are u32
+// little-endian):
+//   SET   'S' key value    -> 'K'
+//   GET   'G' key          -> 'K' value | 'N' (not set yet)
+//   CHECK 'C' n key*n      -> 'K' (all set) | 'N'
+// where key and value are a u32 length and that many bytes. The server trusts nobody: a
+// malformed or oversized request closes that connection.
+//
+// Thread-safety: the server is thread-safe (a thread per connection). A TcpStore client is
+// used by one thread at a time, as Gloo does. As gloo::rendezvous::Store requires, client
+// failures throw (gloo::IoException) with the reason.
+#ifndef LLM_WORKER_SERVICE_PARALLEL_TCP_STORE_H_
+#define LLM_WORKER_SERVICE_PARALLEL_TCP_STORE_H_
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "gloo/rendezvous/store.h"
+
+namespace llm {
+
+class TcpStoreServer {
+ public:
+  // Listens on host:port (port 0: any free port, see port()). Bind to 127.0.0.1 unless ranks
+  // on other hosts must reach it.
+  static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(const std::string& host, int port);
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+  // Stops listening, closes every connection and joins the threads.
+  ~TcpStoreServer();
+
+  int port() const { return port_; }
+
+ private:
+  TcpStoreServer(int listen_fd, int port);
+  void AcceptLoop();
+  void Serve(int fd);
+  void ServeRequests(int fd);
+
+  const int listen_fd_;
+  const int port_;
+  std::atomic<bool> stopping_{false};
+  std::thread accept_thread_;
+  std::mutex mu_;
+  std::map<std::string, std::vector<char>> data_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> client_fds_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> client_threads_ ABSL_GUARDED_BY(mu_);
+};
+
+class TcpStore : public gloo::rendezvous::Store {
+ public:
+  // Connects to a TcpStoreServer at host:port, retrying until `timeout` (the server may start
+  // after its clients). `timeout` is also the default limit of wait() and get().
+  static absl::StatusOr<std::unique_ptr<TcpStore>> Connect(const std::string& host, int port,
+                                                           std::chrono::milliseconds timeout);
+  TcpStore(const TcpStore&) = delete;
+  TcpStore& operator=(const TcpStore&) = delete;
+  ~TcpStore() override;
+
+  void set(const std::string& key, const std::vector<char>& data) override;
+  // Waits (up to the default timeout) for the key to be set.
+  std::vector<char> get(const std::string& key) override;
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override;
+
+ private:
+  TcpStore(int fd, std::chrono::milliseconds timeout) : fd_(fd), timeout_(timeout) {}
+  // Sends one request and reads the reply's status byte; throws on a transport error.
+  char Call(const std::string& request);
+
+  const int fd_;
+  const std::chrono::milliseconds timeout_;
+};
+
+}  // namespace llm
+
+#endif  // LLM_WORKER_SERVICE_PARALLEL_TCP_STORE_H_
