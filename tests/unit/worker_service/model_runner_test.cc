@@ -1,0 +1,274 @@
+// The real scheduler (EngineCore) drives the real model through the ModelRunner, in one
+// process. Greedy output equals transformers' greedy tokens (golden fixtures) for every
+// configuration a user can pick: a large pool, a pool so small that requests are preempted
+// by recompute or by swap, chunked prefill with a small threshold, prefix caching with
+// repeated prompts, and n > 1 with sampling. Afterwards every block is free.
+#include "worker_service/model_runner.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "scheduler_service/engine/engine_core.h"
+#include "tests/unit/worker_service/model/model_test_util.h"
+
+namespace llm {
+namespace {
+
+struct Config {
+  std::string name;
+  int num_gpu_blocks = 256;
+  int num_cpu_blocks = 0;
+  int block_size = 16;
+  PreemptionMode mode = PreemptionMode::kRecompute;
+  bool chunked = false;
+  int threshold = 0;
+  bool prefix_caching = false;
+  int max_num_batched_tokens = 512;
+  int max_num_seqs = 256;
+};
+
+class ModelRunnerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::string(LLM_TEST_DATA_DIR) + "/models/tiny-llama";
+    auto config = ModelConfig::FromModelDir(dir_);
+    ASSERT_TRUE(config.ok()) << config.status();
+    auto model = LlamaModel::Load(dir_, *config, nullptr);
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = std::move(*model);
+    golden_ = LoadGolden(dir_, model_->vocab_size());
+  }
+
+  // Runs `requests` (id -> prompt, params) to completion; returns id -> tokens per sequence.
+  std::map<std::string, std::vector<std::vector<TokenId>>> Run(
+      const Config& c, const std::vector<std::pair<std::string, EngineRequest>>& requests,
+      SchedulerStats* stats = nullptr) {
+    CacheEngine cache(
+        {model_->num_layers(), model_->num_local_kv_heads(), model_->head_dim(), c.block_size},
+        c.num_gpu_blocks, std::max(1, c.num_cpu_blocks));
+    ModelRunner runner(model_.get(), &cache);
+    SchedulerConfig sc;
+    sc.max_num_batched_tokens = c.max_num_batched_tokens;
+    sc.max_num_seqs = c.max_num_seqs;
+    sc.max_model_len = 512;
+    sc.enable_chunked_prefill = c.chunked;
+    sc.long_prefill_token_threshold = c.threshold;
+    sc.preemption_mode = c.mode;
+    BlockSpaceManagerConfig bc{.block_size = c.block_size,
+                               .num_gpu_blocks = c.num_gpu_blocks,
+                               .num_cpu_blocks = c.num_cpu_blocks,
+                               .watermark = 0.0,
+                               .enable_prefix_caching = c.prefix_caching};
+    EngineCore engine(sc, bc, &runner);
+    std::map<std::string, std::vector<std::vector<TokenId>>> out;
+    for (const auto& [id, req] : requests) {
+      const absl::Status s = engine.AddRequest(req, [&out, id = id](const StreamUpdate& u) {
+        ASSERT_TRUE(u.status.ok()) << u.status;
+        for (const SequenceOutput& seq : u.outputs->Seqs(*u.output)) {
+          auto& tokens = out[id];
+          if (static_cast<int>(tokens.size()) <= seq.index) tokens.resize(seq.index + 1);
+          const auto t = u.outputs->NewTokenIds(seq);
+          tokens[seq.index].insert(tokens[seq.index].end(), t.begin(), t.end());
+        }
+      });
+      EXPECT_TRUE(s.ok()) << s;
+    }
+    const absl::Status s = engine.RunUntilIdle();
+    EXPECT_TRUE(s.ok()) << s;
+    if (stats != nullptr) *stats = engine.scheduler().stats();
+    const BlockSpaceManagerStats blocks = engine.scheduler().block_manager().stats();
+    EXPECT_EQ(blocks.num_free_gpu_blocks, c.num_gpu_blocks) << c.name;
+    EXPECT_EQ(blocks.num_free_cpu_blocks, c.num_cpu_blocks) << c.name;
+    EXPECT_EQ(runner.num_requests(), 0) << c.name << ": the workers forgot nothing";
+    return out;
+  }
+
+  // The golden prompts, greedy, as many new tokens as transformers produced.
+  std::vector<std::pair<std::string, EngineRequest>> GoldenRequests(int copies = 1) {
+    std::vector<std::pair<std::string, EngineRequest>> reqs;
+    for (int c = 0; c < copies; ++c) {
+      for (size_t p = 0; p < golden_.ids.size(); ++p) {
+        EngineRequest r;
+        r.request_id = "p" + std::to_string(p) + "-" + std::to_string(c);
+        r.prompt_token_ids.assign(golden_.ids[p].begin(),
+                                  golden_.ids[p].begin() + golden_.prompt_lens[p]);
+        r.sampling_params.temperature = 0;
+        r.sampling_params.ignore_eos = true;
+        r.sampling_params.max_tokens =
+            static_cast<int>(golden_.ids[p].size()) - golden_.prompt_lens[p];
+        reqs.push_back({r.request_id, r});
+      }
+    }
+    return reqs;
+  }
+
+  void ExpectGolden(const std::map<std::string, std::vector<std::vector<TokenId>>>& out,
+                    const std::string& config) {
+    for (const auto& [id, seqs] : out) {
+      const int p = id[1] - '0';
+      const std::vector<TokenId> want(golden_.ids[p].begin() + golden_.prompt_lens[p],
+                                      golden_.ids[p].end());
+      ASSERT_EQ(seqs.size(), 1u);
+      EXPECT_EQ(seqs[0], want) << config << ": request " << id;
+    }
+  }
+
+  std::string dir_;
+  std::unique_ptr<LlamaModel> model_;
+  Golden golden_;
+};
+
+TEST_F(ModelRunnerTest, GreedyOutputIsTransformersInEveryConfiguration) {
+  const std::vector<Config> configs = {
+      {.name = "large pool"},
+      {.name = "block size 1", .num_gpu_blocks = 1024, .block_size = 1},
+      // Blocks of 4: the prompts (6, 26, 42, 33 tokens) + 6 new take 3 + 8 + 12 + 10 blocks
+      // at most; with 20, admitted requests outgrow the pool and are preempted.
+      {.name = "recompute", .num_gpu_blocks = 20, .block_size = 4},
+      {.name = "swap",
+       .num_gpu_blocks = 20,
+       .num_cpu_blocks = 64,
+       .block_size = 4,
+       .mode = PreemptionMode::kSwap},
+      {.name = "chunked prefill", .chunked = true, .threshold = 5, .max_num_batched_tokens = 16},
+      {.name = "chunked + swap",
+       .num_gpu_blocks = 20,
+       .num_cpu_blocks = 64,
+       .block_size = 4,
+       .mode = PreemptionMode::kSwap,
+       .chunked = true,
+       .threshold = 7,
+       .max_num_batched_tokens = 24},
+  };
+  for (const Config& c : configs) {
+    SchedulerStats stats;
+    const auto out = Run(c, GoldenRequests(), &stats);
+    ASSERT_EQ(out.size(), 4u) << c.name;
+    ExpectGolden(out, c.name);
+    if (c.num_gpu_blocks == 20) EXPECT_GT(stats.num_preemptions, 0) << c.name;
+  }
+}
+
+TEST_F(ModelRunnerTest, PrefixCachingServesRepeatsWithTheSameOutput) {
+  // Two rounds; 4 sequences at a time, so the second round is admitted after the first has
+  // computed (and cached) its prompts.
+  Config c{.name = "prefix caching", .block_size = 4, .prefix_caching = true, .max_num_seqs = 4};
+  SchedulerStats stats;
+  auto reqs = GoldenRequests(2);
+  const auto out = Run(c, reqs, &stats);
+  ASSERT_EQ(out.size(), 8u);
+  ExpectGolden(out, c.name);
+  EXPECT_GT(stats.prefix_cache_hit_rate, 0.0);
+}
+
+TEST_F(ModelRunnerTest, SampledSequencesAreReproducibleAcrossConfigurations) {
+  // n = 3 with a seed: the same three sequences with a large pool and with preemption by
+  // swap and chunking (sequence j always draws from its own seeded stream).
+  EngineRequest r;
+  r.request_id = "n3";
+  r.prompt_token_ids.assign(golden_.ids[2].begin(),
+                            golden_.ids[2].begin() + golden_.prompt_lens[2]);
+  r.sampling_params.n = 3;
+  r.sampling_params.temperature = 0.9;
+  r.sampling_params.top_k = 20;
+  r.sampling_params.seed = 5;
+  r.sampling_params.ignore_eos = true;
+  r.sampling_params.max_tokens = 12;
+  std::vector<std::pair<std::string, EngineRequest>> reqs = {{"n3", r}};
+  auto more = GoldenRequests();
+  reqs.insert(reqs.end(), more.begin(), more.end());
+  const auto big = Run({.name = "large"}, reqs);
+  const auto small = Run({.name = "small swap",
+                          .num_gpu_blocks = 14,
+                          .num_cpu_blocks = 64,
+                          .block_size = 8,
+                          .mode = PreemptionMode::kSwap,
+                          .chunked = true,
+                          .threshold = 5,
+                          .max_num_batched_tokens = 16},
+                         reqs);
+  ASSERT_EQ(big.at("n3").size(), 3u);
+  EXPECT_EQ(big.at("n3"), small.at("n3"));
+  EXPECT_NE(big.at("n3")[0], big.at("n3")[1]);  // the sequences differ from one another
+  for (const auto& seq : big.at("n3")) EXPECT_EQ(seq.size(), 12u);
+}
+
+TEST_F(ModelRunnerTest, ForkedSequencesWithTopK1AreAllTransformersGreedy) {
+  // n = 3 with top_k = 1 is greedy three times: the children forked after the prefill share
+  // its blocks, and copy-on-write must give each its own copy of the partial last block.
+  std::vector<std::pair<std::string, EngineRequest>> reqs;
+  for (size_t p = 0; p < golden_.ids.size(); ++p) {
+    EngineRequest r;
+    r.request_id = "p" + std::to_string(p);
+    r.prompt_token_ids.assign(golden_.ids[p].begin(),
+                              golden_.ids[p].begin() + golden_.prompt_lens[p]);
+    r.sampling_params.n = 3;
+    r.sampling_params.top_k = 1;
+    r.sampling_params.seed = 1;
+    r.sampling_params.ignore_eos = true;
+    r.sampling_params.max_tokens = static_cast<int>(golden_.ids[p].size()) - golden_.prompt_lens[p];
+    reqs.push_back({r.request_id, r});
+  }
+  for (const Config& c :
+       {Config{.name = "large", .block_size = 8}, Config{.name = "swap",
+                                                  .num_gpu_blocks = 40,
+                                                  .num_cpu_blocks = 128,
+                                                  .block_size = 4,
+                                                  .mode = PreemptionMode::kSwap}}) {
+    SchedulerStats stats;
+    const auto out = Run(c, reqs, &stats);
+    ASSERT_EQ(out.size(), 4u) << c.name;
+    for (const auto& [id, seqs] : out) {
+      const int p = id[1] - '0';
+      const std::vector<TokenId> want(golden_.ids[p].begin() + golden_.prompt_lens[p],
+                                      golden_.ids[p].end());
+      ASSERT_EQ(seqs.size(), 3u);
+      for (const auto& seq : seqs) EXPECT_EQ(seq, want) << c.name << ": request " << id;
+    }
+  }
+}
+
+TEST_F(ModelRunnerTest, MalformedStepsAreRejectedWithoutChangingState) {
+  CacheEngine cache({model_->num_layers(), model_->num_local_kv_heads(), model_->head_dim(), 16}, 8,
+                    1);
+  ModelRunner runner(model_.get(), &cache);
+  SamplingParams params;
+  const std::vector<TokenId> prompt{5, 6, 7};
+  SchedulerOutput step;
+  step.step_id = 1;
+  step.seqs.push_back(
+      {.index = 0, .new_to_workers = true, .replace_block_table = true, .block_ids = {0, 1}});
+  step.block_ids = {9};  // outside the 8-block cache
+  step.new_requests.push_back({.slot = 0,
+                               .request_id = "r",
+                               .prompt_token_ids = prompt,
+                               .sampling_params = &params,
+                               .num_scheduled_tokens = 3,
+                               .num_samples = 1,
+                               .seqs = {0, 1}});
+  ModelOutput out;
+  absl::Status s = runner.Execute(step, &out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("block id 9"), std::string::npos) << s;
+  EXPECT_EQ(runner.num_requests(), 0);
+
+  step.block_ids = {2};
+  step.new_requests[0].num_scheduled_tokens = 20;  // more than one block of 16 holds
+  s = runner.Execute(step, &out);
+  EXPECT_NE(s.message().find("computing up to token 20"), std::string::npos) << s;
+
+  step.new_requests[0].num_scheduled_tokens = 3;
+  ASSERT_TRUE(runner.Execute(step, &out).ok());
+  ASSERT_EQ(out.sampled_token_ids.size(), 1u);
+  s = runner.Execute(step, &out);  // the same request again as new
+  EXPECT_NE(s.message().find("already known"), std::string::npos) << s;
+  SchedulerOutput unknown;
+  unknown.cached_requests.push_back({.slot = 7, .request_id = "ghost"});
+  s = runner.Execute(unknown, &out);
+  EXPECT_NE(s.message().find("unknown to this worker"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace llm
