@@ -25,6 +25,14 @@ OpStatus Linear(const TensorView& out, const TensorView& x, const TensorView& we
     }
     return OpStatus::Ok();
   }
+  // One row (a decode step at batch 1) is a matrix-vector product: sgemv streams the weight
+  // once, where sgemm's packing for m = 1 reaches a fraction of the memory bandwidth.
+  if (m == 1) {
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<blasint>(n), static_cast<blasint>(k), 1.0f,
+                weight.data_as<const float>(), static_cast<blasint>(k), x.data_as<const float>(), 1,
+                beta, o, 1);
+    return OpStatus::Ok();
+  }
   // out[m][n] = sum_k x[m][k] * weight[n][k] (+ out)
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(m),
               static_cast<blasint>(n), static_cast<blasint>(k), 1.0f, x.data_as<const float>(),

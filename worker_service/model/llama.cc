@@ -52,6 +52,21 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const SafetensorsModel& weights,
                                                              const ModelConfig& config,
                                                              Communicator* comm) {
+  ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> m, Make(config, comm));
+  RETURN_IF_ERROR(m->LoadWeights(&weights, 0));
+  return m;
+}
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::CreateRandom(const ModelConfig& config,
+                                                                     uint64_t seed,
+                                                                     Communicator* comm) {
+  ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> m, Make(config, comm));
+  RETURN_IF_ERROR(m->LoadWeights(nullptr, seed));
+  return m;
+}
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Make(const ModelConfig& config,
+                                                             Communicator* comm) {
   std::unique_ptr<LlamaModel> m(new LlamaModel(config, comm));
   const int w = m->world_, hq = config.num_attention_heads, hkv = config.num_key_value_heads;
   if (hq % w != 0) {
@@ -90,33 +105,42 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const SafetensorsMo
   m->rope_.scaling.low_freq_factor = rs.low_freq_factor;
   m->rope_.scaling.high_freq_factor = rs.high_freq_factor;
   m->rope_.scaling.original_max_position_embeddings = rs.original_max_position_embeddings;
-  RETURN_IF_ERROR(m->LoadWeights(weights));
   return m;
 }
 
-absl::Status LlamaModel::LoadWeights(const SafetensorsModel& weights) {
+absl::Status LlamaModel::LoadWeights(const SafetensorsModel* weights, uint64_t seed) {
   const int64_t h = config_.hidden_size, d = config_.head_dim, i_local = local_intermediate_;
-  // Reads rows [begin, end) (dim 0) or columns (dim 1) of a 2-D weight, or a 1-D slice.
+  uint64_t state = seed * 0x9e3779b97f4a7c15ULL + 1;
+  // Reads rows [begin, end) (dim 0) or columns (dim 1) of a 2-D weight, or a 1-D slice; or
+  // fills them with uniform values in [-0.05, 0.05) when there are no weights.
   auto read = [&](const std::string& name, int dim, int64_t begin, int64_t end,
                   std::initializer_list<int64_t> shape, float* out) -> absl::Status {
-    ASSIGN_OR_RETURN(SafetensorsModel::Entry e, weights.Find(name));
     int64_t numel = 1;
     for (int64_t s : shape) numel *= s;
-    if (begin < 0) return weights.ReadAsF32(name, std::span<float>(out, numel));
+    if (weights == nullptr) {
+      for (int64_t i = 0; i < numel; ++i) {
+        state ^= state << 13, state ^= state >> 7, state ^= state << 17;  // xorshift64
+        out[i] = static_cast<float>(static_cast<double>(state >> 11) * 0x1.0p-53 - 0.5) * 0.1f;
+      }
+      return absl::OkStatus();
+    }
+    ASSIGN_OR_RETURN(SafetensorsModel::Entry e, weights->Find(name));
+    if (begin < 0) return weights->ReadAsF32(name, std::span<float>(out, numel));
     if (e.info->shape.empty() || (dim == 1 && e.info->shape.size() != 2)) {
       return absl::InvalidArgumentError(absl::StrCat(name, " has an unexpected shape"));
     }
-    return weights.ReadSliceAsF32(name, dim, begin, end, std::span<float>(out, numel));
+    return weights->ReadSliceAsF32(name, dim, begin, end, std::span<float>(out, numel));
   };
   auto whole = [&](const std::string& name, std::initializer_list<int64_t> shape,
                    HostTensor* t) -> absl::Status {
-    ASSIGN_OR_RETURN(SafetensorsModel::Entry e, weights.Find(name));
+    *t = HostTensor(DType::kF32, shape);
+    if (weights == nullptr) return read(name, 0, -1, -1, shape, t->data<float>());
+    ASSIGN_OR_RETURN(SafetensorsModel::Entry e, weights->Find(name));
     if (e.info->shape != std::vector<int64_t>(shape)) {
       return absl::InvalidArgumentError(
           absl::StrCat(name, " has shape [", absl::StrJoin(e.info->shape, ", "),
                        "]; the config implies [", absl::StrJoin(shape, ", "), "]"));
     }
-    *t = HostTensor(DType::kF32, shape);
     return read(name, 0, -1, -1, shape, t->data<float>());
   };
 

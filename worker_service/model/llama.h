@@ -22,6 +22,7 @@
 #ifndef LLM_WORKER_SERVICE_MODEL_LLAMA_H_
 #define LLM_WORKER_SERVICE_MODEL_LLAMA_H_
 
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
@@ -68,6 +69,12 @@ class LlamaModel {
                                                           const ModelConfig& config,
                                                           Communicator* comm);
 
+  // A shard with random weights (uniform, small), for benchmarks of a model's shape without
+  // its files. Same sharding and checks as Load.
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> CreateRandom(const ModelConfig& config,
+                                                                  uint64_t seed,
+                                                                  Communicator* comm);
+
   const ModelConfig& config() const { return config_; }
   int num_layers() const { return config_.num_hidden_layers; }
   int num_local_q_heads() const { return local_q_heads_; }
@@ -94,7 +101,10 @@ class LlamaModel {
   };
 
   LlamaModel(const ModelConfig& config, Communicator* comm);
-  absl::Status LoadWeights(const SafetensorsModel& weights);
+  // From `weights`, or random (seeded) when it is null.
+  absl::Status LoadWeights(const SafetensorsModel* weights, uint64_t seed);
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Make(const ModelConfig& config,
+                                                          Communicator* comm);
   absl::Status AllReduce(const TensorView& t);
 
   ModelConfig config_;

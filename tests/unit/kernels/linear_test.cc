@@ -19,7 +19,8 @@ struct Dims {
 
 TEST(Linear, MatchesANaiveLoop) {
   std::mt19937 rng(30);
-  for (const Dims& d : {Dims{1, 1, 1}, Dims{7, 33, 65}, Dims{64, 256, 128}, Dims{3, 5, 0}}) {
+  for (const Dims& d :
+       {Dims{1, 1, 1}, Dims{1, 300, 257}, Dims{7, 33, 65}, Dims{64, 256, 128}, Dims{3, 5, 0}}) {
     HostTensor x = Random({d.tokens, d.in}, rng);
     HostTensor w = Random({d.out, d.in}, rng);
     HostTensor b = Random({d.out}, rng);
