@@ -159,6 +159,11 @@ class Scheduler {
   // Makes room for each live sequence's unslotted tokens; false when the pool cannot.
   bool CanGrow(const Request& req);
   void Grow(Request* req);
+  // CanGrow + Grow; false (and nothing changed) when the pool cannot.
+  bool TryGrow(Request* req);
+  static void PrefetchRequest(const Request* req);
+  void PrefetchAhead(size_t i, size_t end) const;
+  static constexpr size_t kPrefetchDistance = 8;
   void Preempt(Request* req);
   void PreemptByRecompute(Request* req);
   // Ends a request that can never fit the KV cache (reported as aborted).
