@@ -347,6 +347,19 @@ TEST(Scheduler, SwapFallsBackToRecomputeWhenTheCpuPoolIsTooSmall) {
   h.ExpectAllBlocksFree();
 }
 
+TEST(Scheduler, ARequestThatOutgrowsTheWholePoolEndsAborted) {
+  SchedulerHarness h(Config(), Cache(11), SchedulerHarness::ExecConfig(Cache(11)));
+  ASSERT_TRUE(h.Add("a", Prompt(16), Params(300)).ok());
+  h.RunToCompletion();
+  const Stream& st = h.streams["a"];
+  EXPECT_TRUE(st.finished);
+  EXPECT_EQ(st.status[0], SequenceStatus::kFinishedAborted);
+  // 11 blocks hold 176 tokens; the 177th (the 161st output) has no slot anywhere.
+  EXPECT_THAT(st.tokens[0], SizeIs(161));
+  EXPECT_EQ(h.scheduler.stats().num_preemptions, 1);
+  h.ExpectAllBlocksFree();
+}
+
 TEST(Scheduler, ForksNSequencesAfterThePrefillAndCopiesTheSharedLastBlock) {
   SchedulerHarness h(Config(), Cache(50), SchedulerHarness::ExecConfig(Cache(50)));
   ASSERT_TRUE(h.Add("a", Prompt(20), Params(8, /*n=*/4)).ok());
