@@ -335,9 +335,11 @@ void Scheduler::PreemptForWaiting() {
   if (!by_priority_ || waiting_.empty()) return;
   Request* head = *waiting_.begin();
   if (head->num_live != 1) return;  // a resumed multi-sequence request waits its turn
+  const Sequence& seq = *std::find_if(head->seqs.begin(), head->seqs.end(),
+                                      [](const Sequence& s) { return !IsFinished(s.status); });
   while (!running_.empty() && RankBefore(head, running_.back()) &&
          running_.back()->priority > head->priority &&
-         blocks_.CanAllocate(head->seqs[0].tokens, head->cache_salt) != AllocStatus::kOk) {
+         blocks_.CanAllocate(seq.tokens, head->cache_salt) != AllocStatus::kOk) {
     Request* victim = running_.back();
     running_.pop_back();
     Preempt(victim);
@@ -610,8 +612,11 @@ absl::StatusOr<const StepOutputs*> Scheduler::UpdateFromOutput(const ModelOutput
       }
       const ScheduledRequest& r = list[k];
       Request* req = reqs[k];
+      const int before = req->num_computed_tokens;
       req->num_computed_tokens += r.num_scheduled_tokens;
-      if (blocks_.config().enable_prefix_caching) {
+      // Only a step that fills a block gives the prefix cache something new.
+      if (blocks_.config().enable_prefix_caching &&
+          before / blocks_.block_size() != req->num_computed_tokens / blocks_.block_size()) {
         for (const Sequence& seq : req->seqs) {
           if (IsFinished(seq.status)) continue;
           const absl::Status s =
