@@ -238,10 +238,12 @@ void PrintSummary(const SummaryReporter& r) {
   }
   const double cached = r.ns("BM_DecodeStepCached/1024") / 1024;
   std::printf("%-30s %9.1f us %7.1f ns %12s %8s %10s %s\n", "decode, 1024, prefix caching",
-              cached * 1024 / 1e3, cached, "", "", "", cached > 0 && cached < 100 ? "MET" : "MISSED");
+              cached * 1024 / 1e3, cached, "", "", "",
+              cached > 0 && cached < 100 ? "MET" : "MISSED");
   const double mixed = r.ns("BM_MixedStep");
   std::printf("%-30s %9.1f us %7.1f ns %12s %8s %10s %s\n", "mixed: 1024 decodes + chunks",
-              mixed / 1e3, mixed / 1024, "", "", "", mixed > 0 && mixed / 1024 < 100 ? "MET" : "MISSED");
+              mixed / 1e3, mixed / 1024, "", "", "",
+              mixed > 0 && mixed / 1024 < 100 ? "MET" : "MISSED");
 }
 
 }  // namespace
