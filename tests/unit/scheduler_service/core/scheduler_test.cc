@@ -124,6 +124,8 @@ TEST(Scheduler, BatchesNewRequestsThenSendsOnlyTheDiff) {
   EXPECT_THAT(s1.BlockIds(s1.Seqs(a)[0]), SizeIs(2));
   EXPECT_THAT(s1.BlockIds(s1.Seqs(s1.new_requests[1])[0]), SizeIs(3));
   EXPECT_EQ(s1.total_num_scheduled_tokens, 53);
+  EXPECT_EQ(h.scheduler.stats().last_step_num_scheduled_tokens, 53);
+  EXPECT_EQ(h.scheduler.stats().num_running, 2);
 
   const SchedulerOutput& s2 = h.Step();
   EXPECT_THAT(s2.new_requests, IsEmpty());
@@ -160,14 +162,16 @@ TEST(Scheduler, PreemptsTheNewestByRecomputeWhenThePoolRunsOut) {
   ASSERT_TRUE(h.Add("a", Prompt(80), Params(40)).ok());
   ASSERT_TRUE(h.Add("b", Prompt(80, 1000), Params(40)).ok());
   EXPECT_THAT(h.Step().new_requests, SizeIs(2));
+  ASSERT_TRUE(h.Add("c", Prompt(8, 3000), Params(2)).ok());  // would fit once b is out
 
   const SchedulerOutput& s2 = h.Step();
   ASSERT_THAT(s2.cached_requests, SizeIs(1));
   EXPECT_EQ(s2.cached_requests[0].request_id, "a");
+  EXPECT_THAT(s2.new_requests, IsEmpty());  // no admission in a step that preempted
   SchedulerStats st = h.scheduler.stats();
   EXPECT_EQ(st.num_preemptions, 1);
   EXPECT_EQ(st.num_running, 1);
-  EXPECT_EQ(st.num_waiting, 1);
+  EXPECT_EQ(st.num_waiting, 2);  // b, and c behind it
   EXPECT_EQ(h.scheduler.block_manager().stats().num_free_gpu_blocks, 5);
 
   bool resumed = false;
@@ -187,6 +191,23 @@ TEST(Scheduler, PreemptsTheNewestByRecomputeWhenThePoolRunsOut) {
   h.RunToCompletion();
   ExpectStreams(h, "a", Prompt(80), Params(40));
   ExpectStreams(h, "b", Prompt(80, 1000), Params(40));
+  ExpectStreams(h, "c", Prompt(8, 3000), Params(2));
+  h.ExpectAllBlocksFree();
+}
+
+TEST(Scheduler, SchedulesAtMostMaxNumSeqsSequences) {
+  SchedulerConfig config = Config();
+  config.max_num_seqs = 2;
+  SchedulerHarness h(config, Cache(100), SchedulerHarness::ExecConfig(Cache(100)));
+  ASSERT_TRUE(h.Add("a", Prompt(8), Params(3)).ok());
+  ASSERT_TRUE(h.Add("b", Prompt(8, 100), Params(3)).ok());
+  ASSERT_TRUE(h.Add("c", Prompt(8, 200), Params(3)).ok());
+  EXPECT_THAT(h.Step().new_requests, SizeIs(2));
+  EXPECT_EQ(h.scheduler.stats().num_waiting, 1);
+  ASSERT_TRUE(h.Add("d", Prompt(8, 300), Params(3, /*n=*/2)).ok());
+  h.RunToCompletion();
+  ExpectStreams(h, "c", Prompt(8, 200), Params(3));
+  ExpectStreams(h, "d", Prompt(8, 300), Params(3, 2));
   h.ExpectAllBlocksFree();
 }
 
