@@ -1,5 +1,6 @@
 #include "scheduler_service/core/scheduler.h"
 
+#include <algorithm>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -511,6 +512,24 @@ TEST(Scheduler, StopsOnStopTokenIdsStopStringsAndMaxModelLen) {
   EXPECT_EQ(h.streams["string"].status[0], SequenceStatus::kFinishedStopped);
   EXPECT_THAT(h.streams["long"].tokens[0], SizeIs(5));  // 25 + 5 = max_model_len
   EXPECT_EQ(h.streams["long"].status[0], SequenceStatus::kFinishedLength);
+  h.ExpectAllBlocksFree();
+}
+
+TEST(Scheduler, StopStringsCountOnlyFromMinTokens) {
+  FakeDetokenizerFactory detok;
+  SchedulerHarness h(Config(), Cache(50), SchedulerHarness::ExecConfig(Cache(50)), &detok);
+  const std::vector<TokenId> reference = ExpectedStream(
+      h.executor, SchedulerHarness::ExecConfig(Cache(1)), Prompt(8), Params(10), 0, -1, 2048);
+  // The second token's text would stop the sequence, but only text from the 3rd token on
+  // is searched.
+  ASSERT_EQ(std::count(reference.begin() + 2, reference.end(), reference[1]), 0);
+  SamplingParams p = Params(10);
+  p.min_tokens = 3;
+  p.stop = {"<" + std::to_string(reference[1]) + ">"};
+  ASSERT_TRUE(h.Add("a", Prompt(8), p).ok());
+  h.RunToCompletion();
+  EXPECT_EQ(h.streams["a"].tokens[0], reference);
+  EXPECT_EQ(h.streams["a"].status[0], SequenceStatus::kFinishedLength);
   h.ExpectAllBlocksFree();
 }
 
