@@ -372,7 +372,7 @@ void Scheduler::ScheduleRunning() {
     Request* req = running_[i];
     const int chunk = ChunkSize(*req);
     if (chunk == 0) break;  // out of budget
-    PrefetchAhead(i, end);
+    if (end >= kPrefetchMinBatch) PrefetchAhead(i, end);
     bool preempted_self = false;
     while (!TryGrow(req)) {
       preempted_this_step_ = true;

@@ -134,6 +134,11 @@ class Scheduler {
   // manager's own). O(requests + blocks); for tests.
   absl::Status CheckInvariants() const;
 
+  // The running batch size from which a step prefetches request state ahead of use. Below
+  // it the state stays in cache and the prefetch stages (hash lookups of their own) only
+  // cost time.
+  static constexpr size_t kPrefetchMinBatch = 512;
+
   // The SeqId of sequence `index` of the request in dense slot `slot`.
   static constexpr SeqId kSeqIdStride = 1 << 10;
   static SeqId MakeSeqId(int32_t slot, int index) {

@@ -515,6 +515,25 @@ TEST(Scheduler, StopsOnStopTokenIdsStopStringsAndMaxModelLen) {
   h.ExpectAllBlocksFree();
 }
 
+TEST(Scheduler, LargeBatchesTakeThePrefetchingPathWithTheSameResults) {
+  constexpr int kRequests = 2 * static_cast<int>(Scheduler::kPrefetchMinBatch);
+  SchedulerConfig config = Config();
+  config.max_num_seqs = kRequests;
+  config.max_num_batched_tokens = 32 * kRequests;
+  SchedulerHarness h(config, Cache(2 * kRequests),
+                     SchedulerHarness::ExecConfig(Cache(2 * kRequests)));
+  for (int i = 0; i < kRequests; ++i) {
+    ASSERT_TRUE(h.Add("r" + std::to_string(i), Prompt(4 + i % 13, i), Params(3 + i % 20)).ok());
+  }
+  h.Step();
+  EXPECT_EQ(h.scheduler.stats().num_running, kRequests);
+  h.RunToCompletion();
+  for (int i = 0; i < kRequests; ++i) {
+    ExpectStreams(h, "r" + std::to_string(i), Prompt(4 + i % 13, i), Params(3 + i % 20));
+  }
+  h.ExpectAllBlocksFree();
+}
+
 TEST(Scheduler, StopStringsCountOnlyFromMinTokens) {
   FakeDetokenizerFactory detok;
   SchedulerHarness h(Config(), Cache(50), SchedulerHarness::ExecConfig(Cache(50)), &detok);
