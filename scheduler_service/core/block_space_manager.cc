@@ -70,6 +70,20 @@ const BlockTable* BlockSpaceManager::GetBlockTable(SeqId seq) const {
   return it == tables_.end() ? nullptr : &it->second;
 }
 
+void BlockSpaceManager::Prefetch(SeqId seq, int stage) const {
+  if (stage == 0) {
+    tables_.prefetch(seq);
+    return;
+  }
+  const BlockTable* table = GetBlockTable(seq);
+  if (table == nullptr || table->block_ids_.empty()) return;
+  if (stage == 1) {
+    __builtin_prefetch(&table->block_ids_.back());
+  } else if (table->device() == Device::kGpu) {
+    __builtin_prefetch(&gpu_.block(table->block_ids_.back()));
+  }
+}
+
 void BlockSpaceManager::MatchPrefix(std::span<const TokenId> prompt, std::string_view cache_salt,
                                     std::vector<KVCacheBlock*>* hits) {
   hits->clear();

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "common/sampling_params.h"
 #include "common/types.h"
 #include "scheduler_service/core/detokenizer.h"
@@ -61,21 +62,22 @@ struct Sequence {
 struct Request {
   enum class State { kWaiting, kRunning, kSwapped, kFinished };
 
-  std::string id;
-  int32_t slot = 0;          // dense index in the scheduler; reused after the request is gone
-  uint64_t arrival_seq = 0;  // order of arrival (ties of arrival_time)
-  double arrival_time = 0;
-  int priority = 0;  // lower value is served first (vLLM's convention)
-  SamplingParams params;
-  std::string cache_salt;
-  int num_prompt_tokens = 0;
-  std::vector<Sequence> seqs;  // 1 until forked, then params.n; finished ones stay
+  // Hot fields first: a scheduling step touches the first few cache lines only.
+  int32_t slot = 0;  // dense index in the scheduler; reused after the request is gone
   State state = State::kWaiting;
-  int num_live = 1;                   // sequences not finished
-  int num_tokens = 0;                 // tokens of each live sequence
-  int num_computed_tokens = 0;        // tokens of each live sequence whose KV is computed
+  int num_live = 1;             // sequences not finished
+  int num_tokens = 0;           // tokens of each live sequence
+  int num_computed_tokens = 0;  // tokens of each live sequence whose KV is computed
+  int num_prompt_tokens = 0;
   int num_cached_prompt_tokens = -1;  // prefix-cache hits at first admission (-1: not yet)
   bool known_to_workers = false;
+  absl::InlinedVector<Sequence, 1> seqs;  // 1 until forked, then params.n; finished ones stay
+  std::string id;
+  SamplingParams params;
+  int priority = 0;          // lower value is served first (vLLM's convention)
+  uint64_t arrival_seq = 0;  // order of arrival (ties of arrival_time)
+  double arrival_time = 0;
+  std::string cache_salt;
 
   std::span<const TokenId> prompt() const {
     return std::span<const TokenId>(seqs[0].tokens).first(num_prompt_tokens);

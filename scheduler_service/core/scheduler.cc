@@ -1,6 +1,7 @@
 #include "scheduler_service/core/scheduler.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -109,6 +110,9 @@ absl::Status Scheduler::AddRequest(std::string request_id, std::vector<TokenId> 
   Sequence& seq = req->seqs.emplace_back();
   seq.id = MakeSeqId(slot, 0);
   seq.tokens = std::move(prompt);
+  // Room for the whole output, so that decoding never reallocates.
+  seq.tokens.reserve(
+      std::min<int64_t>(static_cast<int64_t>(len) + params.max_tokens, config_.max_model_len));
   requests_by_id_.emplace(req->id, slot);
   waiting_.insert(req.get());
   slots_[slot] = std::move(req);
@@ -187,6 +191,26 @@ int Scheduler::ChunkSize(const Request& req) const {
 
 bool Scheduler::MustChunk(const Request& req) const {
   return req.num_uncomputed_tokens() * req.num_live > config_.max_num_batched_tokens;
+}
+
+bool Scheduler::TryGrow(Request* req) {
+  if (req->num_live > 1) {
+    if (!CanGrow(*req)) return false;
+    Grow(req);
+    return true;
+  }
+  // One sequence: AppendSlots checks and changes nothing when the pool cannot serve it.
+  Sequence* seq = &req->seqs[0];
+  while (IsFinished(seq->status)) ++seq;
+  const int need = req->num_tokens - seq->num_slots;
+  if (need == 0) return true;
+  const size_t copies = output_.blocks_to_copy.size();
+  const absl::Status s = blocks_.AppendSlots(seq->id, need, 0, &output_.blocks_to_copy);
+  if (absl::IsResourceExhausted(s)) return false;
+  CHECK(s.ok()) << s;
+  if (output_.blocks_to_copy.size() != copies) seq->resend_table = true;
+  seq->num_slots += need;
+  return true;
 }
 
 bool Scheduler::CanGrow(const Request& req) {
@@ -275,6 +299,7 @@ void Scheduler::AddToOutput(Request* req, int num_tokens, bool resumed) {
   }
   r.seqs.begin = static_cast<uint32_t>(output_.seqs.size());
   r.seqs.size = static_cast<uint32_t>(req->num_live);
+  const int bs = blocks_.block_size();
   for (Sequence& seq : req->seqs) {
     if (IsFinished(seq.status)) continue;
     ScheduledSequence& s = output_.seqs.emplace_back();
@@ -287,10 +312,12 @@ void Scheduler::AddToOutput(Request* req, int num_tokens, bool resumed) {
     s.new_token_ids.size = static_cast<uint32_t>(output_.token_ids.size()) - s.new_token_ids.begin;
     seq.known_to_workers = true;
     seq.num_tokens_sent = static_cast<int>(seq.tokens.size());
-    const std::span<const BlockId> ids = blocks_.GetBlockTable(seq.id)->block_ids();
     s.replace_block_table = seq.resend_table || s.new_to_workers;
-    const size_t first_block = s.replace_block_table ? 0 : seq.num_blocks_sent;
     s.block_ids.begin = static_cast<uint32_t>(output_.block_ids.size());
+    // The table holds exactly the blocks its slots need (no lookahead).
+    if (!s.replace_block_table && seq.num_blocks_sent == (seq.num_slots + bs - 1) / bs) continue;
+    const std::span<const BlockId> ids = blocks_.GetBlockTable(seq.id)->block_ids();
+    const size_t first_block = s.replace_block_table ? 0 : seq.num_blocks_sent;
     output_.block_ids.insert(output_.block_ids.end(), ids.begin() + first_block, ids.end());
     s.block_ids.size = static_cast<uint32_t>(ids.size() - first_block);
     seq.num_blocks_sent = static_cast<int>(ids.size());
@@ -308,13 +335,35 @@ void Scheduler::PreemptForWaiting() {
   if (!by_priority_ || waiting_.empty()) return;
   Request* head = *waiting_.begin();
   if (head->num_live != 1) return;  // a resumed multi-sequence request waits its turn
+  const Sequence& seq = *std::find_if(head->seqs.begin(), head->seqs.end(),
+                                      [](const Sequence& s) { return !IsFinished(s.status); });
   while (!running_.empty() && RankBefore(head, running_.back()) &&
          running_.back()->priority > head->priority &&
-         blocks_.CanAllocate(head->seqs[0].tokens, head->cache_salt) != AllocStatus::kOk) {
+         blocks_.CanAllocate(seq.tokens, head->cache_salt) != AllocStatus::kOk) {
     Request* victim = running_.back();
     running_.pop_back();
     Preempt(victim);
   }
+}
+
+void Scheduler::PrefetchRequest(const Request* req) {
+  // The hot fields and the first sequence; see Request.
+  const char* p = reinterpret_cast<const char*>(req);
+  for (size_t off = 0; off < offsetof(Request, priority); off += 64) __builtin_prefetch(p + off);
+}
+
+void Scheduler::PrefetchAhead(size_t i, size_t end) const {
+  // A pipeline over the running queue: each stage needs what an earlier one brought in.
+  constexpr size_t d = kPrefetchDistance;
+  if (i + 2 * d < end) PrefetchRequest(running_[i + 2 * d]);
+  if (i + d < end) {
+    const Request* r = running_[i + d];
+    const Sequence& seq = r->seqs[0];
+    __builtin_prefetch(seq.tokens.data() + seq.tokens.size() - 1);
+    blocks_.Prefetch(seq.id, 0);
+  }
+  if (i + d / 2 < end) blocks_.Prefetch(running_[i + d / 2]->seqs[0].id, 1);
+  if (i + d / 4 < end) blocks_.Prefetch(running_[i + d / 4]->seqs[0].id, 2);
 }
 
 void Scheduler::ScheduleRunning() {
@@ -323,8 +372,9 @@ void Scheduler::ScheduleRunning() {
     Request* req = running_[i];
     const int chunk = ChunkSize(*req);
     if (chunk == 0) break;  // out of budget
+    if (end >= kPrefetchMinBatch) PrefetchAhead(i, end);
     bool preempted_self = false;
-    while (!CanGrow(*req)) {
+    while (!TryGrow(req)) {
       preempted_this_step_ = true;
       if (end - 1 > i) {
         Preempt(running_[--end]);  // lowest rank: newest (FCFS) or lowest priority
@@ -336,7 +386,6 @@ void Scheduler::ScheduleRunning() {
       }
     }
     if (preempted_self) break;
-    Grow(req);
     AddToOutput(req, chunk, /*resumed=*/false);
   }
   running_.resize(end);
@@ -365,8 +414,7 @@ bool Scheduler::TrySwapIn(Request* req) {
   req->state = Request::State::kRunning;
   SetLiveStatus(req, SequenceStatus::kRunning);
   newly_running_.push_back(req);
-  if (!CanGrow(*req)) return false;  // back on the GPU; computes from the next step
-  Grow(req);
+  if (!TryGrow(req)) return false;  // back on the GPU; computes from the next step
   AddToOutput(req, chunk, /*resumed=*/true);
   return true;
 }
@@ -485,6 +533,7 @@ void Scheduler::ApplySamples(Request* req, std::span<const TokenId> sampled) {
       child.id = MakeSeqId(req->slot, j);
       child.index = j;
       child.status = SequenceStatus::kRunning;
+      child.tokens.reserve(parent.tokens.capacity());
       child.tokens.assign(parent.tokens.begin(), parent.tokens.end());
       child.num_slots = parent.num_slots;
       const absl::Status s = blocks_.Fork(parent.id, child.id);
@@ -556,10 +605,18 @@ absl::StatusOr<const StepOutputs*> Scheduler::UpdateFromOutput(const ModelOutput
   size_t pos = 0;
   auto apply = [&](const std::vector<ScheduledRequest>& list, const std::vector<Request*>& reqs) {
     for (size_t k = 0; k < list.size(); ++k) {
+      if (k + kPrefetchDistance < list.size()) PrefetchRequest(reqs[k + kPrefetchDistance]);
+      if (k + kPrefetchDistance / 2 < list.size()) {
+        const Request* ahead = reqs[k + kPrefetchDistance / 2];
+        __builtin_prefetch(ahead->seqs[0].tokens.data() + ahead->num_tokens, 1);
+      }
       const ScheduledRequest& r = list[k];
       Request* req = reqs[k];
+      const int before = req->num_computed_tokens;
       req->num_computed_tokens += r.num_scheduled_tokens;
-      if (blocks_.config().enable_prefix_caching) {
+      // Only a step that fills a block gives the prefix cache something new.
+      if (blocks_.config().enable_prefix_caching &&
+          before / blocks_.block_size() != req->num_computed_tokens / blocks_.block_size()) {
         for (const Sequence& seq : req->seqs) {
           if (IsFinished(seq.status)) continue;
           const absl::Status s =
@@ -638,6 +695,7 @@ absl::Status Scheduler::CheckInvariants() const {
       ++num_tables;
       const Device want = req->state == Request::State::kRunning ? Device::kGpu : Device::kCpu;
       if (table->device() != want || table->num_tokens() != seq.num_slots ||
+          table->num_blocks() != (seq.num_slots + table->block_size() - 1) / table->block_size() ||
           seq.num_slots < req->num_tokens - 1 || seq.num_slots > req->num_tokens) {
         return absl::InternalError(absl::StrCat("sequence ", seq.id, ": table on ",
                                                 DeviceName(table->device()), " with ",

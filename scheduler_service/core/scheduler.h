@@ -4,16 +4,19 @@
 // There is no prefill or decode phase: each request's num_computed_tokens catches up with its
 // token count under a per-step token budget. Each Schedule():
 //
-//   0. (priority policy) a waiting request that cannot be allocated preempts running requests
-//      of lower priority, lowest first;
-//   1. running requests, in policy order: each gets min(uncomputed, chunk cap, budget) tokens
+//   0. (priority policy) the first waiting request, when it cannot be allocated, preempts
+//      running requests of lower priority, lowest first, until it can (this does not count
+//      as preempting in step 2's sense);
+//   1. running requests, in rank order: each gets min(uncomputed, chunk cap, budget) tokens
 //      per live sequence; a decode first makes room for its new token (AppendSlots), and when
 //      the pool cannot, preempts the running request of lowest rank (FCFS: newest; priority:
 //      lowest priority, newest first), possibly itself;
-//   2. swapped requests, in order, while CanSwapIn says OK — unless this step preempted;
-//   3. waiting requests, in order, while CanAllocate says OK — unless this step preempted or a
-//      request is still swapped out. Admission allocates the whole prompt (prefix hits reused)
-//      and computes the rest in chunks.
+//   2. unless step 1 preempted: swapped requests (swap in while CanSwapIn says OK) and
+//      waiting requests (admit while CanAllocate says OK), both in rank order — the two queues
+//      are merged by rank (policy: FCFS = arrival; priority = priority, then arrival), so a
+//      swapped request goes before every waiting request that arrived after it; the first
+//      that cannot be served stops both. Admission allocates the whole prompt (prefix hits
+//      reused) and computes the rest in chunks.
 //
 // Without chunked prefill a prompt is computed in one step; only a request whose n > 1 live
 // sequences were preempted by recompute, and together exceed max_num_batched_tokens, is then
@@ -131,6 +134,11 @@ class Scheduler {
   // manager's own). O(requests + blocks); for tests.
   absl::Status CheckInvariants() const;
 
+  // The running batch size from which a step prefetches request state ahead of use. Below
+  // it the state stays in cache and the prefetch stages (hash lookups of their own) only
+  // cost time.
+  static constexpr size_t kPrefetchMinBatch = 512;
+
   // The SeqId of sequence `index` of the request in dense slot `slot`.
   static constexpr SeqId kSeqIdStride = 1 << 10;
   static SeqId MakeSeqId(int32_t slot, int index) {
@@ -159,6 +167,11 @@ class Scheduler {
   // Makes room for each live sequence's unslotted tokens; false when the pool cannot.
   bool CanGrow(const Request& req);
   void Grow(Request* req);
+  // CanGrow + Grow; false (and nothing changed) when the pool cannot.
+  bool TryGrow(Request* req);
+  static void PrefetchRequest(const Request* req);
+  void PrefetchAhead(size_t i, size_t end) const;
+  static constexpr size_t kPrefetchDistance = 8;
   void Preempt(Request* req);
   void PreemptByRecompute(Request* req);
   // Ends a request that can never fit the KV cache (reported as aborted).

@@ -139,8 +139,8 @@ absl::Status FakeExecutor::Apply(const ScheduledRequest& r, bool is_new,
     }
     num_tokens = static_cast<int>(seq.tokens.size());
     if (end > num_tokens || static_cast<int64_t>(seq.table.size()) * bs < end) {
-      return Internal(id, ": computing tokens [", begin, ", ", end, ") of ", num_tokens,
-                      " with ", seq.table.size(), " blocks");
+      return Internal(id, ": computing tokens [", begin, ", ", end, ") of ", num_tokens, " with ",
+                      seq.table.size(), " blocks");
     }
     for (int i = begin; i < end; ++i) gpu_kv_[Slot(seq, i)] = seq.tokens[i];
   }

@@ -1,5 +1,6 @@
 #include "scheduler_service/core/scheduler.h"
 
+#include <algorithm>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -124,6 +125,8 @@ TEST(Scheduler, BatchesNewRequestsThenSendsOnlyTheDiff) {
   EXPECT_THAT(s1.BlockIds(s1.Seqs(a)[0]), SizeIs(2));
   EXPECT_THAT(s1.BlockIds(s1.Seqs(s1.new_requests[1])[0]), SizeIs(3));
   EXPECT_EQ(s1.total_num_scheduled_tokens, 53);
+  EXPECT_EQ(h.scheduler.stats().last_step_num_scheduled_tokens, 53);
+  EXPECT_EQ(h.scheduler.stats().num_running, 2);
 
   const SchedulerOutput& s2 = h.Step();
   EXPECT_THAT(s2.new_requests, IsEmpty());
@@ -160,14 +163,16 @@ TEST(Scheduler, PreemptsTheNewestByRecomputeWhenThePoolRunsOut) {
   ASSERT_TRUE(h.Add("a", Prompt(80), Params(40)).ok());
   ASSERT_TRUE(h.Add("b", Prompt(80, 1000), Params(40)).ok());
   EXPECT_THAT(h.Step().new_requests, SizeIs(2));
+  ASSERT_TRUE(h.Add("c", Prompt(8, 3000), Params(2)).ok());  // would fit once b is out
 
   const SchedulerOutput& s2 = h.Step();
   ASSERT_THAT(s2.cached_requests, SizeIs(1));
   EXPECT_EQ(s2.cached_requests[0].request_id, "a");
+  EXPECT_THAT(s2.new_requests, IsEmpty());  // no admission in a step that preempted
   SchedulerStats st = h.scheduler.stats();
   EXPECT_EQ(st.num_preemptions, 1);
   EXPECT_EQ(st.num_running, 1);
-  EXPECT_EQ(st.num_waiting, 1);
+  EXPECT_EQ(st.num_waiting, 2);  // b, and c behind it
   EXPECT_EQ(h.scheduler.block_manager().stats().num_free_gpu_blocks, 5);
 
   bool resumed = false;
@@ -187,6 +192,23 @@ TEST(Scheduler, PreemptsTheNewestByRecomputeWhenThePoolRunsOut) {
   h.RunToCompletion();
   ExpectStreams(h, "a", Prompt(80), Params(40));
   ExpectStreams(h, "b", Prompt(80, 1000), Params(40));
+  ExpectStreams(h, "c", Prompt(8, 3000), Params(2));
+  h.ExpectAllBlocksFree();
+}
+
+TEST(Scheduler, SchedulesAtMostMaxNumSeqsSequences) {
+  SchedulerConfig config = Config();
+  config.max_num_seqs = 2;
+  SchedulerHarness h(config, Cache(100), SchedulerHarness::ExecConfig(Cache(100)));
+  ASSERT_TRUE(h.Add("a", Prompt(8), Params(3)).ok());
+  ASSERT_TRUE(h.Add("b", Prompt(8, 100), Params(3)).ok());
+  ASSERT_TRUE(h.Add("c", Prompt(8, 200), Params(3)).ok());
+  EXPECT_THAT(h.Step().new_requests, SizeIs(2));
+  EXPECT_EQ(h.scheduler.stats().num_waiting, 1);
+  ASSERT_TRUE(h.Add("d", Prompt(8, 300), Params(3, /*n=*/2)).ok());
+  h.RunToCompletion();
+  ExpectStreams(h, "c", Prompt(8, 200), Params(3));
+  ExpectStreams(h, "d", Prompt(8, 300), Params(3, 2));
   h.ExpectAllBlocksFree();
 }
 
@@ -347,6 +369,19 @@ TEST(Scheduler, SwapFallsBackToRecomputeWhenTheCpuPoolIsTooSmall) {
   h.ExpectAllBlocksFree();
 }
 
+TEST(Scheduler, ARequestThatOutgrowsTheWholePoolEndsAborted) {
+  SchedulerHarness h(Config(), Cache(11), SchedulerHarness::ExecConfig(Cache(11)));
+  ASSERT_TRUE(h.Add("a", Prompt(16), Params(300)).ok());
+  h.RunToCompletion();
+  const Stream& st = h.streams["a"];
+  EXPECT_TRUE(st.finished);
+  EXPECT_EQ(st.status[0], SequenceStatus::kFinishedAborted);
+  // 11 blocks hold 176 tokens; the 177th (the 161st output) has no slot anywhere.
+  EXPECT_THAT(st.tokens[0], SizeIs(161));
+  EXPECT_EQ(h.scheduler.stats().num_preemptions, 1);
+  h.ExpectAllBlocksFree();
+}
+
 TEST(Scheduler, ForksNSequencesAfterThePrefillAndCopiesTheSharedLastBlock) {
   SchedulerHarness h(Config(), Cache(50), SchedulerHarness::ExecConfig(Cache(50)));
   ASSERT_TRUE(h.Add("a", Prompt(20), Params(8, /*n=*/4)).ok());
@@ -477,6 +512,43 @@ TEST(Scheduler, StopsOnStopTokenIdsStopStringsAndMaxModelLen) {
   EXPECT_EQ(h.streams["string"].status[0], SequenceStatus::kFinishedStopped);
   EXPECT_THAT(h.streams["long"].tokens[0], SizeIs(5));  // 25 + 5 = max_model_len
   EXPECT_EQ(h.streams["long"].status[0], SequenceStatus::kFinishedLength);
+  h.ExpectAllBlocksFree();
+}
+
+TEST(Scheduler, LargeBatchesTakeThePrefetchingPathWithTheSameResults) {
+  constexpr int kRequests = 2 * static_cast<int>(Scheduler::kPrefetchMinBatch);
+  SchedulerConfig config = Config();
+  config.max_num_seqs = kRequests;
+  config.max_num_batched_tokens = 32 * kRequests;
+  SchedulerHarness h(config, Cache(2 * kRequests),
+                     SchedulerHarness::ExecConfig(Cache(2 * kRequests)));
+  for (int i = 0; i < kRequests; ++i) {
+    ASSERT_TRUE(h.Add("r" + std::to_string(i), Prompt(4 + i % 13, i), Params(3 + i % 20)).ok());
+  }
+  h.Step();
+  EXPECT_EQ(h.scheduler.stats().num_running, kRequests);
+  h.RunToCompletion();
+  for (int i = 0; i < kRequests; ++i) {
+    ExpectStreams(h, "r" + std::to_string(i), Prompt(4 + i % 13, i), Params(3 + i % 20));
+  }
+  h.ExpectAllBlocksFree();
+}
+
+TEST(Scheduler, StopStringsCountOnlyFromMinTokens) {
+  FakeDetokenizerFactory detok;
+  SchedulerHarness h(Config(), Cache(50), SchedulerHarness::ExecConfig(Cache(50)), &detok);
+  const std::vector<TokenId> reference = ExpectedStream(
+      h.executor, SchedulerHarness::ExecConfig(Cache(1)), Prompt(8), Params(10), 0, -1, 2048);
+  // The second token's text would stop the sequence, but only text from the 3rd token on
+  // is searched.
+  ASSERT_EQ(std::count(reference.begin() + 2, reference.end(), reference[1]), 0);
+  SamplingParams p = Params(10);
+  p.min_tokens = 3;
+  p.stop = {"<" + std::to_string(reference[1]) + ">"};
+  ASSERT_TRUE(h.Add("a", Prompt(8), p).ok());
+  h.RunToCompletion();
+  EXPECT_EQ(h.streams["a"].tokens[0], reference);
+  EXPECT_EQ(h.streams["a"].status[0], SequenceStatus::kFinishedLength);
   h.ExpectAllBlocksFree();
 }
 
