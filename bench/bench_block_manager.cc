@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/summary_reporter.h"
 #include "benchmark/benchmark.h"
 #include "scheduler_service/core/block_hash.h"
 #include "scheduler_service/core/block_space_manager.h"
@@ -174,27 +175,6 @@ void BM_SwapOutIn64Blocks(benchmark::State& state) {
 }
 BENCHMARK(BM_SwapOutIn64Blocks);
 
-// Prints each benchmark as usual and keeps the per-iteration times for the summary.
-class SummaryReporter : public benchmark::ConsoleReporter {
- public:
-  void ReportRuns(const std::vector<Run>& runs) override {
-    ConsoleReporter::ReportRuns(runs);
-    for (const Run& r : runs) {
-      if (r.run_type == Run::RT_Iteration && !r.error_occurred) {
-        ns_[r.benchmark_name()] =
-            r.GetAdjustedRealTime() * 1e9 / benchmark::GetTimeUnitMultiplier(r.time_unit);
-      }
-    }
-  }
-  double ns(const std::string& name) const {
-    auto it = ns_.find(name);
-    return it == ns_.end() ? 0.0 : it->second;
-  }
-
- private:
-  std::map<std::string, double> ns_;
-};
-
 void Line(const char* what, double ns, const char* baseline, double base_ns, double target_ns,
           const char* unit_note) {
   std::printf("%-44s %10.1f ns  %-30s %6.2fx  target < %.0f ns %s: %s\n", what, ns, baseline,
@@ -231,11 +211,6 @@ void PrintSummary(const SummaryReporter& r) {
 }  // namespace llm
 
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   llm::SummaryReporter reporter;
-  benchmark::RunSpecifiedBenchmarks(&reporter);
-  llm::PrintSummary(reporter);
-  benchmark::Shutdown();
-  return 0;
+  return llm::RunBenchmarksWithSummary(argc, argv, reporter, llm::PrintSummary);
 }

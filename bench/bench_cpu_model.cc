@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/summary_reporter.h"
 #include "benchmark/benchmark.h"
 #include "common/model_config.h"
 #include "worker_service/cache_engine.h"
@@ -134,28 +135,8 @@ void BM_Baseline_StreamingCopy(benchmark::State& state) {
 }
 BENCHMARK(BM_Baseline_StreamingCopy)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-class SummaryReporter : public benchmark::ConsoleReporter {
- public:
-  void ReportRuns(const std::vector<Run>& runs) override {
-    ConsoleReporter::ReportRuns(runs);
-    for (const Run& r : runs) {
-      if (r.run_type == Run::RT_Iteration && !r.error_occurred) {
-        seconds_[r.benchmark_name()] =
-            r.GetAdjustedRealTime() / benchmark::GetTimeUnitMultiplier(r.time_unit);
-      }
-    }
-  }
-  double seconds(const std::string& name) const {
-    auto it = seconds_.find(name);
-    return it == seconds_.end() ? 0.0 : it->second;
-  }
-
- private:
-  std::map<std::string, double> seconds_;
-};
-
 void PrintSummary(const SummaryReporter& r) {
-  const double copy_s = r.seconds("BM_Baseline_StreamingCopy/real_time");
+  const double copy_s = r.seconds("BM_Baseline_StreamingCopy");
   const double bandwidth = copy_s > 0 ? 2.0 * (size_t{1} << 30) / copy_s : 0;
   const double weights = WeightBytes(Qwen25HalfB());
   std::printf("\nStreaming copy bandwidth (read + write): %.2f GB/s\n", bandwidth / 1e9);
@@ -163,7 +144,7 @@ void PrintSummary(const SummaryReporter& r) {
   std::printf("%-8s %12s %12s %14s %12s\n", "batch", "step (ms)", "tokens/s", "weights GB/s",
               "of copy bw");
   for (int batch : {1, 8, 32}) {
-    const double s = r.seconds("BM_DecodeStep/batch:" + std::to_string(batch) + "/real_time");
+    const double s = r.seconds("BM_DecodeStep/batch:" + std::to_string(batch));
     if (s <= 0) continue;
     std::printf("%-8d %12.1f %12.1f %14.2f %11.0f%%\n", batch, s * 1e3, batch / s,
                 weights / s / 1e9, 100.0 * weights / s / bandwidth);
@@ -175,11 +156,6 @@ void PrintSummary(const SummaryReporter& r) {
 }  // namespace llm
 
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   llm::SummaryReporter reporter;
-  benchmark::RunSpecifiedBenchmarks(&reporter);
-  llm::PrintSummary(reporter);
-  benchmark::Shutdown();
-  return 0;
+  return llm::RunBenchmarksWithSummary(argc, argv, reporter, llm::PrintSummary);
 }

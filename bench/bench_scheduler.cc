@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/summary_reporter.h"
 #include "benchmark/benchmark.h"
 #include "glog/logging.h"
 #include "scheduler_service/core/block_space_manager.h"
@@ -191,32 +192,6 @@ BENCHMARK(BM_Baseline_BlockManager)
     ->Iterations(Iterations(4096))
     ->Unit(benchmark::kMicrosecond);
 
-class SummaryReporter : public benchmark::ConsoleReporter {
- public:
-  void ReportRuns(const std::vector<Run>& runs) override {
-    ConsoleReporter::ReportRuns(runs);
-    for (const Run& r : runs) {
-      if (r.run_type != Run::RT_Iteration || r.error_occurred) continue;
-      std::string name = r.benchmark_name();
-      if (auto pos = name.find("/iterations"); pos != std::string::npos) name.resize(pos);
-      if (auto pos = name.find("/repeats"); pos != std::string::npos) name.resize(pos);
-      // CPU time of this (single) thread: the machine is shared, and wall time counts the
-      // time other processes hold the core. The best of the repetitions is kept.
-      const double ns =
-          r.GetAdjustedCPUTime() * 1e9 / benchmark::GetTimeUnitMultiplier(r.time_unit);
-      auto [it, inserted] = ns_.emplace(name, ns);
-      if (!inserted) it->second = std::min(it->second, ns);
-    }
-  }
-  double ns(const std::string& name) const {
-    auto it = ns_.find(name);
-    return it == ns_.end() ? 0.0 : it->second;
-  }
-
- private:
-  std::map<std::string, double> ns_;
-};
-
 void PrintSummary(const SummaryReporter& r) {
   std::printf(
       "\nSummary: one Schedule() + UpdateFromOutput() step, CPU time, best of the repetitions "
@@ -250,11 +225,6 @@ void PrintSummary(const SummaryReporter& r) {
 }  // namespace llm
 
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  llm::SummaryReporter reporter;
-  benchmark::RunSpecifiedBenchmarks(&reporter);
-  llm::PrintSummary(reporter);
-  benchmark::Shutdown();
-  return 0;
+  llm::SummaryReporter reporter(llm::SummaryReporter::Clock::kCpu);
+  return llm::RunBenchmarksWithSummary(argc, argv, reporter, llm::PrintSummary);
 }
