@@ -39,11 +39,20 @@ TokenizerIncrementalDetokenizer::TokenizerIncrementalDetokenizer(
   prefix_text_ = tokenizer_->Decode(ids_, skip_special_tokens_);
 }
 
+std::string TokenizerIncrementalDetokenizer::HeldText(const std::string& window_text) const {
+  if (window_text.starts_with(prefix_text_)) return window_text.substr(prefix_text_.size());
+  // The window's decode rewrote released text: a byte-fallback decoder turns a whole run of
+  // byte tokens into one U+FFFD per byte when any of them is invalid, including complete
+  // characters released before. Decode the held tokens on their own instead.
+  return tokenizer_->Decode(std::span<const TokenId>(ids_).subspan(read_index_),
+                            skip_special_tokens_);
+}
+
 std::string TokenizerIncrementalDetokenizer::Step(TokenId id) {
   ids_.push_back(id);
-  std::string text = tokenizer_->Decode(ids_, skip_special_tokens_);
+  const std::string text = tokenizer_->Decode(ids_, skip_special_tokens_);
   if (text.size() <= prefix_text_.size() || EndsWithReplacement(text)) return "";
-  std::string new_text = text.substr(prefix_text_.size());
+  std::string new_text = HeldText(text);
   // The tokens just released become the context of the next ones.
   ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(read_index_));
   read_index_ = ids_.size();
@@ -76,11 +85,9 @@ std::string TokenizerIncrementalDetokenizer::Flush() {
   finished_ = true;
   std::string out;
   if (ids_.size() > read_index_) {
-    const std::string text = tokenizer_->Decode(ids_, skip_special_tokens_);
-    if (text.size() > prefix_text_.size()) {
-      StopStringMatcher::Result r = stops_.Feed(text.substr(prefix_text_.size()));
-      out = std::move(r.text);
-    }
+    StopStringMatcher::Result r =
+        stops_.Feed(HeldText(tokenizer_->Decode(ids_, skip_special_tokens_)));
+    out = std::move(r.text);
   }
   out += stops_.Finish();
   output_text_ += out;

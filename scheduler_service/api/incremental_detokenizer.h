@@ -4,7 +4,8 @@
 // last few prompt tokens, so a Metaspace tokenizer's word-initial space comes out right),
 // and text is released only when the window's decode grew and does not end in U+FFFD (an
 // incomplete UTF-8 character). Stop strings are applied to the released text by a
-// StopStringMatcher. Not thread-safe: one per sequence. Shares ownership of the Tokenizer.
+// StopStringMatcher. Flush releases held tokens as the decoder renders them (U+FFFD for
+// incomplete characters). Not thread-safe: one per sequence. Shares ownership of the Tokenizer.
 #ifndef LLM_SCHEDULER_SERVICE_API_INCREMENTAL_DETOKENIZER_H_
 #define LLM_SCHEDULER_SERVICE_API_INCREMENTAL_DETOKENIZER_H_
 
@@ -33,6 +34,8 @@ class TokenizerIncrementalDetokenizer final : public IncrementalDetokenizer {
  private:
   // Adds one token; returns the text it makes final (before stop strings).
   std::string Step(TokenId id);
+  // The text of the held tokens ids_[read_index_, end), given the window's decode.
+  std::string HeldText(const std::string& window_text) const;
 
   std::shared_ptr<const Tokenizer> tokenizer_;
   bool skip_special_tokens_;

@@ -167,7 +167,7 @@ def write_json(path, obj):
 
 def main():
     import tokenizers
-    for name in ["llama3_style", "llama2_style", "mistral_style"]:
+    for name in ["llama3_style", "llama2_style", "mistral_style", "metaspace_style"]:
         tok = Tokenizer.from_file(os.path.join(DATA, name, "tokenizer.json"))
         decodes = []
         for ids in decode_id_lists(name, tok):

@@ -8,8 +8,11 @@ Writes, under tests/data/tokenizer/:
   llama2_style/   BPE with byte_fallback and <0x00>..<0xFF> byte tokens, normalizer
                   Sequence[Prepend("▁"), Replace(" ", "▁")], no pre-tokenizer, decoder
                   Sequence[Replace("▁", " "), ByteFallback, Fuse, Strip(" ", 1, 0)].
-  mistral_style/  the llama2_style vocabulary with a Metaspace pre-tokenizer and decoder
-                  (prepend_scheme "first") instead of the normalizer.
+  mistral_style/  the llama2_style vocabulary and decoder with a Metaspace pre-tokenizer
+                  (prepend_scheme "first", no split) instead of the normalizer, as Mistral
+                  7B v0.3 ships it; merges in the older "a b" string form.
+  metaspace_style/ the same with Metaspace (prepend_scheme "always", split) as
+                  pre-tokenizer and decoder.
   english_sample.txt  English text for bench/bench_tokenizer (the GPL-3 license, verbatim).
 
 Deterministic: the corpus is Debian's license texts (/usr/share/common-licenses) plus the
@@ -120,7 +123,7 @@ def llama2_spec(lines):
                                            normalizers.Replace(" ", "▁")])
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never",
                                                  split=True)
-    trainer = trainers.BpeTrainer(vocab_size=2500, show_progress=False, limit_alphabet=150,
+    trainer = trainers.BpeTrainer(vocab_size=2500, show_progress=False,
                                   special_tokens=["<unk>", "<s>", "</s>"])
     tok.train_from_iterator(lines, trainer)
     spec = json.loads(tok.to_str())
@@ -181,19 +184,32 @@ def llama2_style(lines):
     })
     write_json(os.path.join(d, "generation_config.json"),
                {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0})
-    # Mistral style: the same vocabulary, a Metaspace pre-tokenizer and decoder.
+    # Mistral style (as Mistral 7B v0.3 ships it): the same vocabulary, a Metaspace
+    # pre-tokenizer instead of the normalizer, the Llama 2 decoder.
     spec["normalizer"] = None
     spec["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first",
                              "split": False}
-    spec["decoder"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first",
-                       "split": False}
+    write_variant(spec, "mistral_style", merges_as_strings=True)
+    # Metaspace style: Metaspace on both sides (prepend_scheme "always", split), with
+    # ByteFallback before the Metaspace decoder.
+    spec["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁",
+                             "prepend_scheme": "always", "split": True}
+    spec["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "ByteFallback"},
+        {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always", "split": True},
+    ]}
+    write_variant(spec, "metaspace_style", merges_as_strings=False)
+
+
+def write_variant(spec, name, merges_as_strings):
     tok = Tokenizer.from_str(json.dumps(spec))
-    d = os.path.join(OUT, "mistral_style")
+    d = os.path.join(OUT, name)
     os.makedirs(d, exist_ok=True)
-    # Older files write merges as "a b" strings; keep that form here so both are covered.
-    spec = json.loads(tok.to_str())
-    spec["model"]["merges"] = [" ".join(m) for m in spec["model"]["merges"]]
-    write_json(os.path.join(d, "tokenizer.json"), spec)
+    out = json.loads(tok.to_str())
+    if merges_as_strings:
+        # Older files write merges as "a b" strings; keep that form here so both are covered.
+        out["model"]["merges"] = [" ".join(m) for m in out["model"]["merges"]]
+    write_json(os.path.join(d, "tokenizer.json"), out)
     write_json(os.path.join(d, "tokenizer_config.json"),
                {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
                 "add_bos_token": True, "add_eos_token": False})
