@@ -100,6 +100,19 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const nlohmann::jso
     }
     model->unk_id_ = it->second;
   }
+  // Safe to cut before "▁" when no token has "▁" right after a character other than "▁".
+  constexpr std::string_view kMetaspace = "\xE2\x96\x81";
+  model->cut_before_metaspace_ = model->vocab_.contains(ToAbsl(kMetaspace));
+  for (const auto& [token, id] : model->vocab_) {
+    for (size_t pos = token.find(kMetaspace, 1); pos != std::string::npos;
+         pos = token.find(kMetaspace, pos + 1)) {
+      if (pos < kMetaspace.size() ||
+          token.compare(pos - kMetaspace.size(), kMetaspace.size(), kMetaspace) != 0) {
+        model->cut_before_metaspace_ = false;
+      }
+    }
+    if (!model->cut_before_metaspace_) break;
+  }
   model->all_bytes_present_ = true;
   for (int b = 0; b < 256; ++b) {
     char name[8];
@@ -134,6 +147,27 @@ const BpeModel::Merge* BpeModel::FindMerge(TokenId a, TokenId b) const {
 }
 
 void BpeModel::Tokenize(std::string_view word, std::vector<TokenId>* ids) const {
+  if (!cut_before_metaspace_) {
+    TokenizeWord(word, ids);
+    return;
+  }
+  constexpr std::string_view kMetaspace = "\xE2\x96\x81";
+  size_t begin = 0;
+  size_t pos = word.find(kMetaspace, 1);
+  while (pos != std::string_view::npos) {
+    const bool after_metaspace =
+        pos >= kMetaspace.size() &&
+        word.substr(pos - kMetaspace.size(), kMetaspace.size()) == kMetaspace;
+    if (!after_metaspace) {
+      TokenizeWord(word.substr(begin, pos - begin), ids);
+      begin = pos;
+    }
+    pos = word.find(kMetaspace, pos + kMetaspace.size());
+  }
+  TokenizeWord(word.substr(begin), ids);
+}
+
+void BpeModel::TokenizeWord(std::string_view word, std::vector<TokenId>* ids) const {
   if (word.empty()) return;
   if (ignore_merges_) {
     if (auto it = vocab_.find(ToAbsl(word)); it != vocab_.end()) {

@@ -6,7 +6,11 @@
 // Tokenize merges the lowest-ranked adjacent pair first (ties: leftmost), with a heap over a
 // linked list of symbols: O(n log n) in the word's length, so a 1 MB word is fine. Words up
 // to kMaxCachedWordBytes are cached (word -> ids) in a bounded map that is cleared when
-// full. Thread-safe: the cache is guarded by a mutex; everything else is immutable.
+// full. Words that a Metaspace-style tokenizer hands over whole (Llama 2 has no
+// pre-tokenizer, Mistral v0.3 a Metaspace one without split) are cut before each "▁" that
+// follows another character, when no vocab token contains such a pair: then no merge can
+// cross the cut and the result is the same, but long texts become short cacheable words.
+// Thread-safe: the cache is guarded by a mutex; everything else is immutable.
 #ifndef LLM_SCHEDULER_SERVICE_API_BPE_MODEL_H_
 #define LLM_SCHEDULER_SERVICE_API_BPE_MODEL_H_
 
@@ -62,6 +66,7 @@ class BpeModel {
     return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
   }
   const Merge* FindMerge(TokenId a, TokenId b) const;
+  void TokenizeWord(std::string_view word, std::vector<TokenId>* ids) const;
   void MergeWord(std::string_view word, std::vector<TokenId>* ids) const;
 
   absl::flat_hash_map<std::string, TokenId> vocab_;
@@ -74,6 +79,7 @@ class BpeModel {
   bool fuse_unk_ = false;
   bool ignore_merges_ = false;
   std::optional<TokenId> unk_id_;
+  bool cut_before_metaspace_ = false;
 
   mutable absl::Mutex cache_mu_;
   mutable absl::flat_hash_map<std::string, std::vector<TokenId>> cache_ ABSL_GUARDED_BY(cache_mu_);

@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "scheduler_service/api/string_view_compat.h"
 #include "scheduler_service/api/utf8.h"
 
@@ -57,13 +58,22 @@ absl::StatusOr<std::unique_ptr<Regex>> Regex::CompileLiteral(std::string_view li
     absl::StrAppend(&pattern, "\\\\E");
     pos = e + 2;
   }
-  return Compile(pattern);
+  ASSIGN_OR_RETURN(std::unique_ptr<Regex> regex, Compile(pattern));
+  regex->literal_ = std::string(literal);
+  return regex;
 }
 
 Regex::~Regex() { pcre2_code_free(Code(code_)); }
 
 std::vector<std::pair<size_t, size_t>> Regex::FindAll(std::string_view text) const {
   std::vector<std::pair<size_t, size_t>> matches;
+  if (literal_.has_value() && !literal_->empty()) {
+    for (size_t pos = text.find(*literal_); pos != std::string_view::npos;
+         pos = text.find(*literal_, pos + literal_->size())) {
+      matches.emplace_back(pos, pos + literal_->size());
+    }
+    return matches;
+  }
   if (tls_match_data == nullptr || pcre2_get_ovector_count(tls_match_data.get()) < 16) {
     tls_match_data.reset(pcre2_match_data_create(16, nullptr));
   }

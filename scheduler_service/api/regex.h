@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -20,7 +21,7 @@ class Regex {
  public:
   // Fails with INVALID_ARGUMENT naming the pattern and PCRE2's message.
   static absl::StatusOr<std::unique_ptr<Regex>> Compile(std::string_view pattern);
-  // A pattern that matches `literal` exactly.
+  // A pattern that matches `literal` exactly (searched with a plain string search).
   static absl::StatusOr<std::unique_ptr<Regex>> CompileLiteral(std::string_view literal);
   ~Regex();
   Regex(const Regex&) = delete;
@@ -36,7 +37,8 @@ class Regex {
  private:
   Regex() = default;
   std::string pattern_;
-  void* code_ = nullptr;  // pcre2_code_8*
+  std::optional<std::string> literal_;  // set by CompileLiteral
+  void* code_ = nullptr;                // pcre2_code_8*
   bool jit_ = false;
 };
 
