@@ -49,6 +49,9 @@ TEXTS = [
     "call <tool_call>{\"name\": \"f\"}</tool_call> done",
     "<|reserved_special_token_0|><|reserved_special_token_1|>x",
     "▁already▁has▁metaspace",
+    "a <|mask|> b and x  \t<|mask|>y <|mask|>",
+    "[SEP]  next [SEP]\nline [SEP]",
+    "say hello_world now; sayhello_world, hello_world_x, (hello_world).",
 ]
 # Invalid UTF-8, as bytes: the library sees bytes.decode("utf-8", "replace").
 BAD_BYTES = [

@@ -22,7 +22,7 @@ import json
 import os
 import sys
 
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from tokenizers import processors, trainers
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "data",
@@ -90,9 +90,13 @@ def llama3_style(lines):
             pair="<|begin_of_text|> $A <|begin_of_text|>:1 $B:1",
             special_tokens=[("<|begin_of_text|>", bos)]),
     ])
-    # A non-special added token, normalized like text, as fine-tunes sometimes add.
-    from tokenizers import AddedToken
+    # Added tokens with each matching option: a plain one (as fine-tunes add), lstrip (as
+    # RoBERTa's <mask>), rstrip, and a single_word one matched in normalized text.
     tok.add_tokens([AddedToken("<tool_call>", special=False, normalized=False)])
+    tok.add_special_tokens([AddedToken("<|mask|>", special=True, lstrip=True, normalized=False),
+                            AddedToken("[SEP]", special=True, rstrip=True, normalized=False)])
+    tok.add_tokens([AddedToken("hello_world", special=False, single_word=True,
+                               normalized=True)])
     spec = json.loads(tok.to_str())
     spec["model"]["ignore_merges"] = True
     d = os.path.join(OUT, "llama3_style")
