@@ -133,6 +133,17 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromDirectory(const std::s
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(
     std::string_view tokenizer_json, std::string_view tokenizer_config_json,
     std::string_view generation_config_json) {
+  // A field of the wrong JSON type makes nlohmann::json throw; that is a bad file too.
+  try {
+    return FromJsonOrThrow(tokenizer_json, tokenizer_config_json, generation_config_json);
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("malformed tokenizer files: ", e.what()));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJsonOrThrow(
+    std::string_view tokenizer_json, std::string_view tokenizer_config_json,
+    std::string_view generation_config_json) {
   ASSIGN_OR_RETURN(json spec, ParseJson(tokenizer_json, "tokenizer.json"));
   if (!spec.is_object()) return absl::InvalidArgumentError("tokenizer.json is not an object");
   std::unique_ptr<Tokenizer> tok(new Tokenizer());

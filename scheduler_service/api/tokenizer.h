@@ -76,6 +76,9 @@ class Tokenizer {
 
  private:
   Tokenizer() = default;
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromJsonOrThrow(
+      std::string_view tokenizer_json, std::string_view tokenizer_config_json,
+      std::string_view generation_config_json);
   void EncodePiece(std::string_view text, bool at_start, std::vector<TokenId>* ids) const;
 
   std::unique_ptr<Normalizer> normalizer_;

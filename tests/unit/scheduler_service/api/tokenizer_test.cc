@@ -231,6 +231,10 @@ TEST(TokenizerTest, MissingDirectoryAndBadJsonFail) {
   merge["model"]["merges"].push_back({"not_in", "vocab_at_all"});
   auto bad_merge = Tokenizer::FromJson(merge.dump());
   EXPECT_THAT(std::string(bad_merge.status().message()), HasSubstr("not_in"));
+  auto wrong_type = ReadJson("llama3_style/tokenizer.json");
+  wrong_type["added_tokens"][0]["id"] = "three";
+  EXPECT_EQ(Tokenizer::FromJson(wrong_type.dump()).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // Concurrent encodes share the word cache and agree with a single-threaded encode.
