@@ -64,9 +64,16 @@ BAD_BYTES = [
 ]
 
 
+def long_text():
+    """About 6 KB: English prose with code-like indentation and the multilingual texts."""
+    with open(os.path.join(DATA, "english_sample.txt"), encoding="utf-8") as f:
+        english = f.read()[:5000]
+    return english + "\n".join(TEXTS[:12]) + "\n    indented = {\n        'k': [1, 2],\n    }\n"
+
+
 def encode_cases(tok):
     cases = []
-    for raw in [t.encode("utf-8") for t in TEXTS] + BAD_BYTES:
+    for raw in [t.encode("utf-8") for t in TEXTS + [long_text()]] + BAD_BYTES:
         text = raw.decode("utf-8", "replace")
         with_special = tok.encode(text, add_special_tokens=True).ids
         without = tok.encode(text, add_special_tokens=False).ids

@@ -69,7 +69,9 @@ TEST_P(DetokenizerTest, DeltasAddUpToTheFullDecodeForEveryPrefix) {
       ++incomplete_prefixes;
       EXPECT_TRUE(flushed.ends_with(kReplacementChar)) << "k=" << k;
       // Byte-level decoding repairs the whole text at once, so nothing else changes.
-      if (GetParam() == "llama3_style") EXPECT_EQ(deltas + flushed, full) << "k=" << k;
+      if (GetParam() == "llama3_style") {
+        EXPECT_EQ(deltas + flushed, full) << "k=" << k;
+      }
     }
   }
   EXPECT_GT(incomplete_prefixes, 0) << "the text should have characters made of byte tokens";

@@ -94,8 +94,8 @@ TEST_P(FixtureTest, MultilingualRoundTrip) {
 TEST_P(FixtureTest, InvalidUtf8IsEncodedAsItsRepair) {
   auto tok = LoadTokenizer(GetParam());
   ASSERT_NE(tok, nullptr);
-  for (const std::string bad : {std::string("ok \xff\xfe end"), std::string("\xe4\xbd"),
-                                std::string("a\xf0\x9f\x98 b"), std::string("\xed\xa0\x80")}) {
+  for (const std::string& bad : {std::string("ok \xff\xfe end"), std::string("\xe4\xbd"),
+                                 std::string("a\xf0\x9f\x98 b"), std::string("\xed\xa0\x80")}) {
     const std::vector<TokenId> ids = tok->Encode(bad, false);
     EXPECT_EQ(ids, tok->Encode(Utf8Lossy(bad), false));
     const std::string decoded = tok->Decode(ids, true);
