@@ -34,6 +34,7 @@ AddedVocabulary::AddedVocabulary(std::vector<AddedToken> tokens) : tokens_(std::
     if (t.content.empty()) continue;
     Matcher& m = t.normalized ? normalized_ : raw_;
     m.by_first_byte[static_cast<unsigned char>(t.content[0])].push_back(i);
+    m.is_first_byte[static_cast<unsigned char>(t.content[0])] = true;
     m.empty = false;
   }
   for (Matcher* m : {&raw_, &normalized_}) {
@@ -60,6 +61,10 @@ std::vector<AddedVocabulary::Piece> AddedVocabulary::Split(std::string_view text
   size_t done = 0;  // text before this is in pieces
   size_t pos = 0;
   while (!m.empty && pos < text.size()) {
+    if (!m.is_first_byte[static_cast<unsigned char>(text[pos])]) {
+      ++pos;
+      continue;
+    }
     const std::optional<size_t> hit = LongestAt(m, text, pos);
     if (!hit.has_value()) {
       ++pos;

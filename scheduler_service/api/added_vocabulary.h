@@ -53,6 +53,7 @@ class AddedVocabulary {
   struct Matcher {
     // Token indices by the first byte of their content, longest first.
     std::array<std::vector<size_t>, 256> by_first_byte;
+    std::array<bool, 256> is_first_byte{};  // by_first_byte[b] is not empty
     bool empty = true;
   };
   std::optional<size_t> LongestAt(const Matcher& m, std::string_view text, size_t pos) const;

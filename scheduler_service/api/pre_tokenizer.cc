@@ -26,7 +26,7 @@ struct Range {
 // Splits `piece` at the given matches as Hugging Face's NormalizedString::split does, and
 // appends the non-empty, non-removed parts to *out.
 void SplitAt(const PreToken& piece, const std::vector<std::pair<size_t, size_t>>& matches,
-             Behavior behavior, bool invert, std::vector<PreToken>* out) {
+             Behavior behavior, bool invert, PreTokenizer::Sink sink) {
   const std::string& s = piece.text;
   std::vector<Range> ranges;
   ranges.reserve(matches.size() * 2 + 1);
@@ -82,28 +82,43 @@ void SplitAt(const PreToken& piece, const std::vector<std::pair<size_t, size_t>>
   }
   for (const Range& r : splits) {
     if (r.flag || r.begin == r.end) continue;
-    out->push_back({s.substr(r.begin, r.end - r.begin), piece.at_start && r.begin == 0});
+    sink({s.substr(r.begin, r.end - r.begin), piece.at_start && r.begin == 0});
   }
 }
 
-// Applies `fn(piece, &out)` to every piece.
-template <typename Fn>
-void ForEachPiece(std::vector<PreToken>* pieces, Fn fn) {
-  std::vector<PreToken> out;
-  out.reserve(pieces->size() * 2);
-  for (PreToken& p : *pieces) fn(p, &out);
-  *pieces = std::move(out);
+// SplitAt with Isolated and no invert (what the GPT-2, Llama 3 and Qwen2 patterns use),
+// streamed: every match and every gap between matches is a piece.
+void SplitIsolated(const PreToken& piece, const Regex& regex, PreTokenizer::Sink sink) {
+  const std::string& s = piece.text;
+  auto emit = [&](size_t begin, size_t end) {
+    if (begin < end) sink({s.substr(begin, end - begin), piece.at_start && begin == 0});
+  };
+  size_t prev = 0;
+  regex.ForEachMatch(s, [&](size_t begin, size_t end) {
+    emit(prev, begin);
+    emit(begin, end);
+    prev = end;
+  });
+  emit(prev, s.size());
 }
 
 class SequencePreTokenizer final : public PreTokenizer {
  public:
   explicit SequencePreTokenizer(std::vector<std::unique_ptr<PreTokenizer>> parts)
       : parts_(std::move(parts)) {}
-  void PreTokenize(std::vector<PreToken>* pieces) const override {
-    for (const auto& p : parts_) p->PreTokenize(pieces);
-  }
+  void PreTokenize(PreToken piece, Sink sink) const override { Run(0, std::move(piece), sink); }
 
  private:
+  // Each part takes the pieces of the one before, depth first.
+  void Run(size_t i, PreToken piece, Sink sink) const {
+    if (i == parts_.size()) {
+      sink(std::move(piece));
+      return;
+    }
+    parts_[i]->PreTokenize(std::move(piece),
+                           [this, i, sink](PreToken p) { Run(i + 1, std::move(p), sink); });
+  }
+
   std::vector<std::unique_ptr<PreTokenizer>> parts_;
 };
 
@@ -111,10 +126,12 @@ class SplitPreTokenizer final : public PreTokenizer {
  public:
   SplitPreTokenizer(std::unique_ptr<Regex> pattern, Behavior behavior, bool invert)
       : pattern_(std::move(pattern)), behavior_(behavior), invert_(invert) {}
-  void PreTokenize(std::vector<PreToken>* pieces) const override {
-    ForEachPiece(pieces, [&](PreToken& p, std::vector<PreToken>* out) {
-      SplitAt(p, pattern_->FindAll(p.text), behavior_, invert_, out);
-    });
+  void PreTokenize(PreToken piece, Sink sink) const override {
+    if (behavior_ == Behavior::kIsolated && !invert_) {
+      SplitIsolated(piece, *pattern_, sink);
+    } else {
+      SplitAt(piece, pattern_->FindAll(piece.text), behavior_, invert_, sink);
+    }
   }
 
  private:
@@ -130,21 +147,20 @@ class ByteLevelPreTokenizer final : public PreTokenizer {
  public:
   ByteLevelPreTokenizer(bool add_prefix_space, std::unique_ptr<Regex> split)
       : add_prefix_space_(add_prefix_space), split_(std::move(split)) {}
-  void PreTokenize(std::vector<PreToken>* pieces) const override {
-    ForEachPiece(pieces, [&](PreToken& p, std::vector<PreToken>* out) {
-      if (add_prefix_space_ && (p.text.empty() || p.text[0] != ' ')) p.text.insert(0, " ");
-      const size_t first = out->size();
-      if (split_ != nullptr) {
-        SplitAt(p, split_->FindAll(p.text), Behavior::kIsolated, false, out);
-      } else {
-        out->push_back(std::move(p));
-      }
-      for (size_t i = first; i < out->size(); ++i) {
-        std::string mapped;
-        AppendByteLevelChars((*out)[i].text, &mapped);
-        (*out)[i].text = std::move(mapped);
-      }
-    });
+  void PreTokenize(PreToken piece, Sink sink) const override {
+    if (add_prefix_space_ && (piece.text.empty() || piece.text[0] != ' ')) {
+      piece.text.insert(0, " ");
+    }
+    auto map_bytes = [sink](PreToken p) {
+      std::string mapped;
+      AppendByteLevelChars(p.text, &mapped);
+      sink({std::move(mapped), p.at_start});
+    };
+    if (split_ != nullptr) {
+      SplitIsolated(piece, *split_, map_bytes);
+    } else {
+      map_bytes(std::move(piece));
+    }
   }
 
  private:
@@ -161,28 +177,26 @@ class MetaspacePreTokenizer final : public PreTokenizer {
         prepend_(prepend),
         split_(split),
         replacement_regex_(std::move(replacement_regex)) {}
-  void PreTokenize(std::vector<PreToken>* pieces) const override {
-    ForEachPiece(pieces, [&](PreToken& p, std::vector<PreToken>* out) {
-      std::string text;
-      text.reserve(p.text.size() + replacement_.size());
-      for (const char c : p.text) {
-        if (c == ' ') {
-          text.append(replacement_);
-        } else {
-          text.push_back(c);
-        }
+  void PreTokenize(PreToken piece, Sink sink) const override {
+    std::string text;
+    text.reserve(piece.text.size() + replacement_.size());
+    for (const char c : piece.text) {
+      if (c == ' ') {
+        text.append(replacement_);
+      } else {
+        text.push_back(c);
       }
-      const bool prepend =
-          prepend_ == Prepend::kAlways || (prepend_ == Prepend::kFirst && p.at_start);
-      if (prepend && !text.starts_with(replacement_)) text.insert(0, replacement_);
-      PreToken replaced{std::move(text), p.at_start};
-      if (!split_) {
-        if (!replaced.text.empty()) out->push_back(std::move(replaced));
-        return;
-      }
-      SplitAt(replaced, replacement_regex_->FindAll(replaced.text), Behavior::kMergedWithNext,
-              false, out);
-    });
+    }
+    const bool prepend =
+        prepend_ == Prepend::kAlways || (prepend_ == Prepend::kFirst && piece.at_start);
+    if (prepend && !text.starts_with(replacement_)) text.insert(0, replacement_);
+    PreToken replaced{std::move(text), piece.at_start};
+    if (!split_) {
+      if (!replaced.text.empty()) sink(std::move(replaced));
+      return;
+    }
+    SplitAt(replaced, replacement_regex_->FindAll(replaced.text), Behavior::kMergedWithNext, false,
+            sink);
   }
 
  private:
@@ -204,6 +218,14 @@ absl::StatusOr<Behavior> ParseBehavior(const nlohmann::json& spec) {
 }
 
 }  // namespace
+
+void PreTokenizer::PreTokenizeAll(std::vector<PreToken>* pieces) const {
+  std::vector<PreToken> out;
+  for (PreToken& p : *pieces) {
+    PreTokenize(std::move(p), [&out](PreToken q) { out.push_back(std::move(q)); });
+  }
+  *pieces = std::move(out);
+}
 
 absl::StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const nlohmann::json& spec) {
   if (spec.is_null()) return nullptr;

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "nlohmann/json_fwd.hpp"
 
@@ -28,10 +29,13 @@ struct PreToken {
 
 class PreTokenizer {
  public:
+  using Sink = absl::FunctionRef<void(PreToken)>;
   virtual ~PreTokenizer() = default;
-  // Replaces *pieces by their sub-pieces, in order; empty pieces are dropped, as the
-  // Hugging Face library drops them.
-  virtual void PreTokenize(std::vector<PreToken>* pieces) const = 0;
+  // Calls `sink` with the sub-pieces of `piece`, in order, as they are found (no list of
+  // all of them is built); empty pieces are dropped, as the Hugging Face library drops them.
+  virtual void PreTokenize(PreToken piece, Sink sink) const = 0;
+  // Replaces *pieces by all their sub-pieces.
+  void PreTokenizeAll(std::vector<PreToken>* pieces) const;
 };
 
 // A null JSON value gives a null pre-tokenizer. Unsupported types fail with

@@ -67,21 +67,26 @@ Regex::~Regex() { pcre2_code_free(Code(code_)); }
 
 std::vector<std::pair<size_t, size_t>> Regex::FindAll(std::string_view text) const {
   std::vector<std::pair<size_t, size_t>> matches;
+  ForEachMatch(text, [&matches](size_t s, size_t e) { matches.emplace_back(s, e); });
+  return matches;
+}
+
+void Regex::ForEachMatch(std::string_view text, absl::FunctionRef<void(size_t, size_t)> fn) const {
   if (literal_.has_value() && !literal_->empty()) {
     for (size_t pos = text.find(*literal_); pos != std::string_view::npos;
          pos = text.find(*literal_, pos + literal_->size())) {
-      matches.emplace_back(pos, pos + literal_->size());
+      fn(pos, pos + literal_->size());
     }
-    return matches;
+    return;
   }
-  if (tls_match_data == nullptr || pcre2_get_ovector_count(tls_match_data.get()) < 16) {
-    tls_match_data.reset(pcre2_match_data_create(16, nullptr));
-  }
-  pcre2_match_data* md = tls_match_data.get();
+  if (tls_match_data == nullptr) tls_match_data.reset(pcre2_match_data_create(16, nullptr));
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t start = 0;
   size_t last_match_end = std::string_view::npos;
   while (start <= text.size()) {
+    // fn may run other matches on this thread: take the match data afresh each time and
+    // read what is needed before calling it.
+    pcre2_match_data* md = tls_match_data.get();
     int rc = jit_ ? pcre2_jit_match(Code(code_), subject, text.size(), start, 0, md, nullptr)
                   : PCRE2_ERROR_JIT_BADOPTION;
     if (rc == PCRE2_ERROR_JIT_STACKLIMIT || rc == PCRE2_ERROR_JIT_BADOPTION) {
@@ -96,16 +101,15 @@ std::vector<std::pair<size_t, size_t>> Regex::FindAll(std::string_view text) con
       start += Utf8CharLength(static_cast<unsigned char>(text[start]));
       continue;
     }
-    matches.emplace_back(s, e);
     last_match_end = e;
     if (e == s) {
-      if (e >= text.size()) break;
-      start = e + Utf8CharLength(static_cast<unsigned char>(text[e]));
+      start = e < text.size() ? e + Utf8CharLength(static_cast<unsigned char>(text[e]))
+                              : text.size() + 1;
     } else {
       start = e;
     }
+    fn(s, e);
   }
-  return matches;
 }
 
 }  // namespace llm

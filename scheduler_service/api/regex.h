@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 
 namespace llm {
@@ -31,6 +32,9 @@ class Regex {
   // (valid UTF-8). Like Oniguruma's find_iter, an empty match right after the previous
   // match is skipped.
   std::vector<std::pair<size_t, size_t>> FindAll(std::string_view text) const;
+  // The same matches, streamed: `fn(start, end)` for each, in order. `fn` may use other
+  // Regex objects (even this one) on other text.
+  void ForEachMatch(std::string_view text, absl::FunctionRef<void(size_t, size_t)> fn) const;
 
   const std::string& pattern() const { return pattern_; }
 

@@ -210,10 +210,12 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJsonOrThrow(
 }
 
 void Tokenizer::EncodePiece(std::string_view text, bool at_start, std::vector<TokenId>* ids) const {
-  std::vector<PreToken> words;
-  words.push_back({std::string(text), at_start});
-  if (pre_tokenizer_ != nullptr) pre_tokenizer_->PreTokenize(&words);
-  for (const PreToken& w : words) model_->Tokenize(w.text, ids);
+  if (pre_tokenizer_ == nullptr) {
+    model_->Tokenize(text, ids);
+    return;
+  }
+  pre_tokenizer_->PreTokenize({std::string(text), at_start},
+                              [this, ids](PreToken word) { model_->Tokenize(word.text, ids); });
 }
 
 std::vector<TokenId> Tokenizer::Encode(std::string_view text, bool add_special_tokens) const {
@@ -280,7 +282,7 @@ std::vector<std::string> Tokenizer::PreTokenize(std::string_view text) const {
   if (normalizer_ != nullptr) normalizer_->Normalize(&repaired);
   std::vector<PreToken> words;
   if (!repaired.empty()) words.push_back({std::move(repaired), true});
-  if (pre_tokenizer_ != nullptr) pre_tokenizer_->PreTokenize(&words);
+  if (pre_tokenizer_ != nullptr) pre_tokenizer_->PreTokenizeAll(&words);
   std::vector<std::string> out;
   out.reserve(words.size());
   for (PreToken& w : words) out.push_back(std::move(w.text));

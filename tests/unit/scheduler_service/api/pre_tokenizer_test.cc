@@ -32,7 +32,7 @@ TEST(PreTokenizerTest, MatchesHuggingFacePreTokenizeStr) {
       // As in the Hugging Face library, empty text has no piece to pre-tokenize.
       std::vector<PreToken> pieces;
       if (!text.empty()) pieces.push_back({text, true});
-      (*pre)->PreTokenize(&pieces);
+      (*pre)->PreTokenizeAll(&pieces);
       std::vector<std::string> got;
       for (const auto& p : pieces) got.push_back(p.text);
       EXPECT_THAT(got, ElementsAreArray(c["pieces"].get<std::vector<std::string>>()));
