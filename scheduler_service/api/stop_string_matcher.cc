@@ -3,12 +3,16 @@
 #include <algorithm>
 #include <utility>
 
+#include "scheduler_service/api/utf8.h"
+
 namespace llm {
 
 StopStringMatcher::StopStringMatcher(std::vector<std::string> stop, bool include_stop_str_in_output)
     : include_stop_(include_stop_str_in_output) {
   for (std::string& s : stop) {
-    if (!s.empty()) stop_.push_back(std::move(s));
+    // Output text is valid UTF-8; a repaired stop string can only match at character
+    // boundaries, so held-back text never splits a character.
+    if (!s.empty()) stop_.push_back(IsValidUtf8(s) ? std::move(s) : Utf8Lossy(s));
   }
 }
 

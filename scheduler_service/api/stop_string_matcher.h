@@ -21,7 +21,7 @@ class StopStringMatcher {
     std::string stop_string;
   };
 
-  // Empty stop strings are ignored.
+  // Empty stop strings are ignored; invalid UTF-8 in one is replaced by U+FFFD.
   StopStringMatcher(std::vector<std::string> stop, bool include_stop_str_in_output);
 
   // Feeds the next piece of text (valid UTF-8). After a stop, returns empty results.

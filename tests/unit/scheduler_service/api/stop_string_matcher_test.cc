@@ -65,6 +65,14 @@ TEST(StopStringMatcherTest, NothingAfterAStop) {
   EXPECT_FALSE(m.Feed("later").stopped);
 }
 
+// A stop string made of the last bytes of a character must not cut the character.
+TEST(StopStringMatcherTest, InvalidUtf8StopStringNeverSplitsACharacter) {
+  StopStringMatcher m({"\xBD\xA0!"}, false);
+  const auto r = m.Feed("ok \xE4\xBD\xA0");  // "ok 你"
+  EXPECT_EQ(r.text, "ok \xE4\xBD\xA0");
+  EXPECT_FALSE(r.stopped);
+}
+
 TEST(StopStringMatcherTest, NoStopStringsReleasesEverything) {
   StopStringMatcher m({}, false);
   EXPECT_EQ(m.Feed("abc").text, "abc");

@@ -175,6 +175,19 @@ TEST(TokenizerTest, SpecialTokenIdsComeFromTheConfigs) {
   EXPECT_GE(llama2->vocab_size(), 2500);
 }
 
+// Tokenizer::PreTokenize shows the words the model gets: here those of the Llama 3 split
+// regex and byte-level mapping, as the Hugging Face library's pre_tokenize_str gives them.
+TEST(TokenizerTest, PreTokenizeShowsTheModelsWords) {
+  auto tok = LoadTokenizer("llama3_style");
+  ASSERT_NE(tok, nullptr);
+  const auto fixtures = ReadJson("pretokenize_fixtures.json")["llama3"]["cases"];
+  ASSERT_FALSE(fixtures.empty());
+  for (const auto& c : fixtures) {
+    EXPECT_EQ(tok->PreTokenize(c["text"].get<std::string>()),
+              c["pieces"].get<std::vector<std::string>>());
+  }
+}
+
 // Without a post_processor, add_bos_token from tokenizer_config.json decides.
 TEST(TokenizerTest, AddBosTokenFromConfigWithoutPostProcessor) {
   auto spec = ReadJson("llama2_style/tokenizer.json");
