@@ -10,13 +10,14 @@ For each tokenizer in tests/data/tokenizer/<name>/ writes fixtures.json:
   decode: hand-made id lists (byte tokens that form broken UTF-8, special tokens in the
           middle) and their decodes.
 And tests/data/tokenizer/pretokenize_fixtures.json: the pieces `pre_tokenize_str` gives
-for the GPT-2, Llama 3 and Qwen2 split patterns and a Metaspace pre-tokenizer.
+for the GPT-2, Llama 3 and Qwen2 split patterns, Metaspace, Split behaviors and Digits; and
+normalize_fixtures.json: what `normalize_str` gives for Prepend/Replace/Strip normalizers.
 """
 import json
 import os
 import sys
 
-from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "data",
                     "tokenizer")
@@ -154,6 +155,9 @@ def pretokenize_fixtures():
         "split_merged_next": pre_tokenizers.Split(Regex(r"\s+"), behavior="merged_with_next"),
         "split_contiguous": pre_tokenizers.Split(Regex(r"[,;]"), behavior="contiguous"),
         "split_invert": pre_tokenizers.Split(Regex(r"\p{L}+"), behavior="isolated", invert=True),
+        "digits_individual": pre_tokenizers.Digits(individual_digits=True),
+        "digits_runs": pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=False),
+                                                pre_tokenizers.ByteLevel(use_regex=False)]),
     }
     out = {}
     for name, pt in pts.items():
@@ -166,6 +170,25 @@ def pretokenize_fixtures():
         cases.append({"text": "a,,b;c ,;, d", "pieces": [
             p for p, _ in pt.pre_tokenize_str("a,,b;c ,;, d")]})
         out[name] = {"pre_tokenizer": spec, "cases": cases}
+    return out
+
+
+def normalize_fixtures():
+    norms = {
+        "llama2": normalizers.Sequence([normalizers.Prepend("▁"),
+                                        normalizers.Replace(" ", "▁")]),
+        "strip_both": normalizers.Strip(left=True, right=True),
+        "strip_right": normalizers.Strip(left=False, right=True),
+        "replace_regex": normalizers.Replace(Regex(r"\s+"), " "),
+        "replace_string_longer": normalizers.Replace("ab", "xyz"),
+    }
+    out = {}
+    for name, norm in norms.items():
+        tok = Tokenizer(models.BPE())
+        tok.normalizer = norm
+        spec = json.loads(tok.to_str())["normalizer"]
+        cases = [{"text": t, "normalized": norm.normalize_str(t)} for t in TEXTS + ["abab cab"]]
+        out[name] = {"normalizer": spec, "cases": cases}
     return out
 
 
@@ -189,6 +212,8 @@ def main():
                     "encode": encode_cases(tok), "decode": decodes})
     write_json(os.path.join(DATA, "pretokenize_fixtures.json"),
                {"tokenizers_version": tokenizers.__version__, **pretokenize_fixtures()})
+    write_json(os.path.join(DATA, "normalize_fixtures.json"),
+               {"tokenizers_version": tokenizers.__version__, **normalize_fixtures()})
     return 0
 
 
