@@ -24,7 +24,7 @@ struct Range {
 };
 
 // Splits `piece` at the given matches as Hugging Face's NormalizedString::split does, and
-// appends the non-empty, non-removed parts to *out.
+// passes the non-empty, non-removed parts to `sink`.
 void SplitAt(const PreToken& piece, const std::vector<std::pair<size_t, size_t>>& matches,
              Behavior behavior, bool invert, PreTokenizer::Sink sink) {
   const std::string& s = piece.text;

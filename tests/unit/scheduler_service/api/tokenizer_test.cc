@@ -204,6 +204,25 @@ TEST(TokenizerTest, AddBosTokenFromConfigWithoutPostProcessor) {
   EXPECT_EQ((*on)->Encode("Hello", false), (*off)->Encode("Hello", true));
 }
 
+// RobertaProcessing / BertProcessing put their cls token before and sep token after.
+TEST(TokenizerTest, ClsSepPostProcessors) {
+  auto spec = ReadJson("llama3_style/tokenizer.json");
+  auto plain = Tokenizer::FromJson(spec.dump());
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  const TokenId cls = *(*plain)->TokenToId("<|begin_of_text|>");
+  const TokenId sep = *(*plain)->TokenToId("<|end_of_text|>");
+  for (const std::string& type : {"RobertaProcessing", "BertProcessing"}) {
+    spec["post_processor"] = {
+        {"type", type}, {"cls", {"<|begin_of_text|>", cls}}, {"sep", {"<|end_of_text|>", sep}}};
+    auto tok = Tokenizer::FromJson(spec.dump());
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    std::vector<TokenId> expected = {cls};
+    for (const TokenId id : (*tok)->Encode("a b", false)) expected.push_back(id);
+    expected.push_back(sep);
+    EXPECT_EQ((*tok)->Encode("a b", true), expected) << type;
+  }
+}
+
 // An unsupported component fails to load with an error that names it.
 TEST(TokenizerTest, UnsupportedComponentsFailWithTheirName) {
   const auto base = ReadJson("llama3_style/tokenizer.json");
