@@ -9,6 +9,7 @@
 #include "nlohmann/json.hpp"
 #include "scheduler_service/api/json_util.h"
 #include "scheduler_service/api/regex.h"
+#include "scheduler_service/api/unicode_normalization.h"
 #include "scheduler_service/api/utf8.h"
 
 namespace llm {
@@ -94,6 +95,18 @@ class StripNormalizer final : public Normalizer {
   bool left_, right_;
 };
 
+// Unicode canonical normalization: NFC (composed) or NFD (decomposed).
+class UnicodeFormNormalizer final : public Normalizer {
+ public:
+  explicit UnicodeFormNormalizer(bool compose) : compose_(compose) {}
+  void Normalize(std::string* text) const override {
+    *text = compose_ ? ToNfc(*text) : ToNfd(*text);
+  }
+
+ private:
+  bool compose_;
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Normalizer>> ParseNormalizer(const nlohmann::json& spec) {
@@ -124,8 +137,10 @@ absl::StatusOr<std::unique_ptr<Normalizer>> ParseNormalizer(const nlohmann::json
     return std::make_unique<StripNormalizer>(json_util::GetBool(spec, "strip_left", false),
                                              json_util::GetBool(spec, "strip_right", false));
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unsupported normalizer type '", type, "' (supported: Sequence, Prepend, Replace, Strip)"));
+  if (type == "NFC" || type == "NFD") return std::make_unique<UnicodeFormNormalizer>(type == "NFC");
+  return absl::InvalidArgumentError(
+      absl::StrCat("unsupported normalizer type '", type,
+                   "' (supported: Sequence, Prepend, Replace, Strip, NFC, NFD)"));
 }
 
 }  // namespace llm

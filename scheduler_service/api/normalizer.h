@@ -1,5 +1,5 @@
-// The `normalizer` of a tokenizer.json: Sequence, Prepend, Replace (String or Regex pattern)
-// and Strip. Unicode normalization forms (NFC, NFD, NFKC, NFKD), Precompiled, Lowercase,
+// The `normalizer` of a tokenizer.json: Sequence, Prepend, Replace (String or Regex pattern),
+// Strip, NFC and NFD. The compatibility forms NFKC and NFKD, Precompiled, Lowercase,
 // BertNormalizer, StripAccents and Nmt are not implemented: loading one fails with an error
 // that names it, rather than tokenizing differently from Hugging Face.
 // Immutable after parsing; Normalize is thread-safe.

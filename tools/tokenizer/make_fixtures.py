@@ -53,6 +53,17 @@ TEXTS = [
     "a <|mask|> b and x  \t<|mask|>y <|mask|>",
     "[SEP]  next [SEP]\nline [SEP]",
     "say hello_world now; sayhello_world, hello_world_x, (hello_world).",
+    "<|im_start|>user\nCafe\u0301 and \u1100\u1161\u11a8?<|im_end|>\n<|im_start|>assistant\n",
+]
+# Canonical equivalence cases for NFC / NFD: combining sequences in both orders, Hangul
+# syllables and conjoining jamo, singletons (Ohm, Angstrom, CJK compatibility ideographs),
+# composition exclusions, a string that starts with a combining mark, Vietnamese.
+UNICODE_FORMS = [
+    "e\u0301 \u00e9 e\u0323\u0302 e\u0302\u0323 \u1ec7 a\u0308\u0304 \u01df",
+    "\u1100\u1161\u11a8 \uac01 \ud55c\uad6d\uc5b4 \u1112\u1161\u11ab",
+    "\u2126 \u212b \uf900 \u0958 \u0344 \u0340 \u1e9b\u0323",
+    "\u0301abc \u0316\u0301 q\u0307\u0323 Ti\u1ebfng Vi\u1ec7t c\u00f3 d\u1ea5u",
+    "\u05d1\u05bc\u05b8 \u0e01\u0e33 \u0915\u093c \u2000 \u00c5 A\u030a",
 ]
 # Invalid UTF-8, as bytes: the library sees bytes.decode("utf-8", "replace").
 BAD_BYTES = [
@@ -69,7 +80,7 @@ def long_text():
     """About 6 KB: English prose with code-like indentation and the multilingual texts."""
     with open(os.path.join(DATA, "english_sample.txt"), encoding="utf-8") as f:
         english = f.read()[:5000]
-    return english + "\n".join(TEXTS[:12]) + "\n    indented = {\n        'k': [1, 2],\n    }\n"
+    return english + "\n".join(TEXTS[:12] + UNICODE_FORMS) + "\n    indented = {\n        'k': [1, 2],\n    }\n"
 
 
 def encode_cases(tok):
@@ -103,7 +114,7 @@ def byte_level_token(tok, b):
 
 
 def decode_id_lists(name, tok):
-    if name == "llama3_style":
+    if name in ("llama3_style", "qwen2_style"):
         byte = lambda b: byte_level_token(tok, b)
         t = lambda s: tok.token_to_id(s)
         hello = tok.encode("Hello", add_special_tokens=False).ids
@@ -113,8 +124,9 @@ def decode_id_lists(name, tok):
             [byte(0xE4), byte(0xBD)],               # truncated: one U+FFFD
             [byte(0xFF), byte(0x41), byte(0xFE)],   # invalid bytes around 'A'
             [byte(0xF0), byte(0x9F)] + hello + [byte(0x98), byte(0x80)],
-            [t("<|begin_of_text|>")] + hello + [t("<|eot_id|>")] + world,
-            hello + [t("<tool_call>")] + world + [t("<|end_of_text|>")],
+            [t(s) for s in ("<|begin_of_text|>", "<|im_start|>") if t(s) is not None] + hello +
+            [t(s) for s in ("<|eot_id|>", "<|im_end|>") if t(s) is not None] + world,
+            hello + [t(s) for s in ("<tool_call>", "<|endoftext|>") if t(s) is not None] + world,
             [123456, 99999999] + hello,            # out of range ids are skipped
         ]
     byte = lambda b: tok.token_to_id(f"<0x{b:02X}>")
@@ -181,13 +193,17 @@ def normalize_fixtures():
         "strip_right": normalizers.Strip(left=False, right=True),
         "replace_regex": normalizers.Replace(Regex(r"\s+"), " "),
         "replace_string_longer": normalizers.Replace("ab", "xyz"),
+        "nfc": normalizers.NFC(),
+        "nfd": normalizers.NFD(),
+        "qwen2_nfc_in_sequence": normalizers.Sequence([normalizers.NFC()]),
     }
     out = {}
     for name, norm in norms.items():
         tok = Tokenizer(models.BPE())
         tok.normalizer = norm
         spec = json.loads(tok.to_str())["normalizer"]
-        cases = [{"text": t, "normalized": norm.normalize_str(t)} for t in TEXTS + ["abab cab"]]
+        cases = [{"text": t, "normalized": norm.normalize_str(t)}
+                 for t in TEXTS + ["abab cab"] + UNICODE_FORMS]
         out[name] = {"normalizer": spec, "cases": cases}
     return out
 
@@ -200,7 +216,8 @@ def write_json(path, obj):
 
 def main():
     import tokenizers
-    for name in ["llama3_style", "llama2_style", "mistral_style", "metaspace_style"]:
+    for name in ["llama3_style", "llama2_style", "mistral_style", "metaspace_style",
+                 "qwen2_style"]:
         tok = Tokenizer.from_file(os.path.join(DATA, name, "tokenizer.json"))
         decodes = []
         for ids in decode_id_lists(name, tok):

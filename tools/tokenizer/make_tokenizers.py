@@ -13,6 +13,8 @@ Writes, under tests/data/tokenizer/:
                   7B v0.3 ships it; merges in the older "a b" string form.
   metaspace_style/ the same with Metaspace (prepend_scheme "always", split) as
                   pre-tokenizer and decoder.
+  qwen2_style/    NFC normalizer, Qwen2's split regex, byte-level BPE, no bos token,
+                  ChatML special tokens; eos_token_id a list.
   english_sample.txt  English text for bench/bench_tokenizer (the GPL-3 license, verbatim).
 
 Deterministic: the corpus is Debian's license texts (/usr/share/common-licenses) plus the
@@ -115,6 +117,42 @@ def llama3_style(lines):
         "bos_token_id": bos,
         "eos_token_id": [eos, eot],
         "do_sample": True,
+    })
+
+
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def qwen2_style(lines):
+    """NFC normalizer, Qwen2's split pattern (single digits), byte-level BPE without
+    ignore_merges, no bos token (the ByteLevel post-processor adds nothing)."""
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=2500, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(lines, trainer)
+    tok.add_special_tokens(specials)
+    d = os.path.join(OUT, "qwen2_style")
+    os.makedirs(d, exist_ok=True)
+    write_json(os.path.join(d, "tokenizer.json"), json.loads(tok.to_str()))
+    write_json(os.path.join(d, "tokenizer_config.json"), {
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "add_prefix_space": False,
+        "tokenizer_class": "Qwen2Tokenizer",
+    })
+    write_json(os.path.join(d, "generation_config.json"), {
+        "eos_token_id": [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")],
+        "pad_token_id": tok.token_to_id("<|endoftext|>"),
     })
 
 
@@ -224,6 +262,7 @@ def main():
     os.makedirs(OUT, exist_ok=True)
     llama3_style(lines)
     llama2_style(lines)
+    qwen2_style(lines)
     with open(os.path.join(LICENSES, "GPL-3"), encoding="utf-8") as f:
         text = f.read()
     with open(os.path.join(OUT, "english_sample.txt"), "w", encoding="utf-8") as f:

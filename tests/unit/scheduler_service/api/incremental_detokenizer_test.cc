@@ -229,7 +229,7 @@ TEST_P(DetokenizerTest, SpecialTokensSkippedOnRequest) {
 
 INSTANTIATE_TEST_SUITE_P(Tokenizers, DetokenizerTest,
                          ::testing::Values("llama3_style", "llama2_style", "mistral_style",
-                                           "metaspace_style"));
+                                           "metaspace_style", "qwen2_style"));
 
 }  // namespace
 }  // namespace llm
