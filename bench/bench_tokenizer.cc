@@ -1,6 +1,7 @@
 // bench_tokenizer: MB/s of Tokenizer::Encode and Decode on about 1 MB of English text (the
 // GPL-3 text, repeated), for the Llama 3 style (byte-level BPE with the Llama 3 split
-// regex) and Llama 2 style (byte fallback, no pre-tokenizer) fixture tokenizers, and of the
+// regex), Llama 2 style (byte fallback, no pre-tokenizer) and Qwen2 style (NFC, Qwen2 split
+// regex) fixture tokenizers, and of the
 // incremental detokenizer fed one token at a time. Baselines in the same process: the
 // normalizer and pre-tokenizer alone (the split regex and byte-level mapping: the part of
 // encode that is not BPE) and encode with the word cache disabled; the ratios are printed
@@ -158,7 +159,7 @@ void Register(const std::string& label, const std::string& dir) {
 }  // namespace llm
 
 int main(int argc, char** argv) {
-  std::vector<std::string> labels = {"llama3_style", "llama2_style"};
+  std::vector<std::string> labels = {"llama3_style", "llama2_style", "qwen2_style"};
   for (const std::string& label : labels) {
     llm::Register(label, std::string(LLM_TOKENIZER_DATA_DIR) + "/" + label);
   }
