@@ -47,7 +47,8 @@ TEST_P(FixtureTest, EncodeMatchesHuggingFace) {
 TEST_P(FixtureTest, DecodeOfEncodedTextMatchesHuggingFace) {
   auto tok = LoadTokenizer(GetParam());
   ASSERT_NE(tok, nullptr);
-  for (const auto& c : ReadJson(GetParam() + "/fixtures.json")["encode"]) {
+  const auto fixtures = ReadJson(GetParam() + "/fixtures.json");
+  for (const auto& c : fixtures["encode"]) {
     const auto ids = c["ids_with_special"].get<std::vector<TokenId>>();
     SCOPED_TRACE("text: " + Utf8Lossy(HexToBytes(c["bytes_hex"])));
     EXPECT_EQ(tok->Decode(ids, /*skip_special_tokens=*/false), c["decoded"].get<std::string>());
