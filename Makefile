@@ -41,8 +41,14 @@ build: configure
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
-# The main job. Until the cluster exists: the block-manager demo, then its benchmark.
+# The main job: the whole engine in one process (tokenizer, scheduler, CPU worker) streams
+# text from the demo model; then the block manager's walk-through and its benchmark. (The
+# distributed cluster replaces the first part when it exists.)
 run: build
+	$(BUILD_DIR)/tools/llm-generate --model=models/fortune-llama \
+	  --prompt="Once upon a time" --max-tokens=96
+	$(BUILD_DIR)/tools/llm-generate --model=models/fortune-llama \
+	  --prompt="The best programmers" --max-tokens=48 --n=3 --seed=7
 	$(BUILD_DIR)/tools/llm-block-demo
 	$(BUILD_DIR)/bench/bench_block_manager --benchmark_min_time=0.2
 

@@ -288,12 +288,14 @@ TEST(SafetensorsModel, BadDirectoriesAndIndexesAreClearErrors) {
               HasSubstr("weight_map"));
 }
 
-// Every weight of our tiny models (tools/models/make_models.py: BF16 in 4 shards, F32 in one
-// file) read by this reader sums to what torch read from the same files.
+// Every weight of our models (tools/models) read by this reader sums to what torch read from
+// the same files.
 TEST(SafetensorsModel, ReadsWhatTorchWrote) {
-  for (const char* name : {"tiny-llama", "tiny-qwen2"}) {
-    SCOPED_TRACE(name);
-    const std::string dir = std::string(LLM_TEST_DATA_DIR) + "/models/" + name;
+  // tiny-llama: BF16 in 4 shards; tiny-qwen2: F32; the demo model (models/): F16.
+  for (const std::string dir : {std::string(LLM_TEST_DATA_DIR) + "/models/tiny-llama",
+                                std::string(LLM_TEST_DATA_DIR) + "/models/tiny-qwen2",
+                                std::string(LLM_TEST_DATA_DIR) + "/../../models/fortune-llama"}) {
+    SCOPED_TRACE(dir);
     std::ifstream in(dir + "/weights_checksum.json");
     ASSERT_TRUE(in.good());
     const nlohmann::json expected = nlohmann::json::parse(in);
@@ -305,7 +307,10 @@ TEST(SafetensorsModel, ReadsWhatTorchWrote) {
       ASSERT_TRUE(entry.ok()) << entry.status();
       EXPECT_EQ(entry->info->shape, want["shape"].get<std::vector<int64_t>>()) << tensor;
       const std::string dtype = want["dtype"];
-      EXPECT_EQ(StDTypeName(entry->info->dtype), dtype == "bfloat16" ? "BF16" : "F32");
+      const std::string want_dtype = dtype == "bfloat16"  ? "BF16"
+                                     : dtype == "float16" ? "F16"
+                                                          : "F32";
+      EXPECT_EQ(StDTypeName(entry->info->dtype), want_dtype) << tensor;
       std::vector<float> v(entry->info->numel());
       ASSERT_TRUE((*model)->ReadAsF32(tensor, v).ok());
       double sum = 0, abs_sum = 0;

@@ -17,7 +17,10 @@ namespace {
 class LlamaGoldenTest : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
-    dir_ = std::string(LLM_TEST_DATA_DIR) + "/models/" + GetParam();
+    // The demo model lives in models/, the tiny test models in tests/data/models/.
+    dir_ = std::string(GetParam()) == "fortune-llama"
+               ? std::string(LLM_TEST_DATA_DIR) + "/../../models/fortune-llama"
+               : std::string(LLM_TEST_DATA_DIR) + "/models/" + GetParam();
     auto config = ModelConfig::FromModelDir(dir_);
     ASSERT_TRUE(config.ok()) << config.status();
     auto model = LlamaModel::Load(dir_, *config, nullptr);
@@ -89,7 +92,8 @@ TEST_P(LlamaGoldenTest, BadInputIsAnErrorNotACrash) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, LlamaGoldenTest, ::testing::Values("tiny-llama", "tiny-qwen2"),
+INSTANTIATE_TEST_SUITE_P(Models, LlamaGoldenTest,
+                         ::testing::Values("tiny-llama", "tiny-qwen2", "fortune-llama"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');

@@ -1,0 +1,195 @@
+// llm-generate: generates text in one process with the whole engine: the tokenizer, the
+// scheduler (EngineCore) and the CPU worker (ModelRunner over LlamaModel). Streams the text
+// as it is produced and prints timings. The distributed system (llm-scheduler, llm-worker,
+// llm-cluster) runs the same parts across processes.
+//
+//   llm-generate [--model=DIR] [--prompt=TEXT] [--max-tokens=N] [--temperature=T]
+//                [--top-p=P] [--top-k=K] [--seed=S] [--n=N]
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "common/model_config.h"
+#include "scheduler_service/api/incremental_detokenizer.h"
+#include "scheduler_service/api/tokenizer.h"
+#include "scheduler_service/engine/engine_core.h"
+#include "worker_service/cache_engine.h"
+#include "worker_service/model/llama.h"
+#include "worker_service/model_runner.h"
+
+namespace llm {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: llm-generate [--model=DIR] [--prompt=TEXT] [--max-tokens=N] [--temperature=T]\n"
+    "                    [--top-p=P] [--top-k=K] [--seed=S] [--n=N]\n"
+    "  --model        Hugging Face model directory (default: models/fortune-llama)\n"
+    "  --prompt       text to continue (default: \"Once upon a time\")\n"
+    "  --max-tokens   tokens to generate per sequence (default 64)\n"
+    "  --temperature  0 is greedy (default 0.8)\n"
+    "  --top-p, --top-k, --seed, --n   as in vLLM's SamplingParams (defaults 0.95, 40, 0, 1)\n";
+
+struct Args {
+  std::string model = "models/fortune-llama";
+  std::string prompt = "Once upon a time";
+  SamplingParams params;
+};
+
+[[noreturn]] void Fail(const std::string& msg) {
+  std::fprintf(stderr, "llm-generate: %s\n", msg.c_str());
+  std::exit(1);
+}
+
+Args Parse(int argc, char** argv) {
+  Args a;
+  a.params.max_tokens = 64;
+  a.params.temperature = 0.8;
+  a.params.top_p = 0.95;
+  a.params.top_k = 40;
+  a.params.seed = 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    }
+    const size_t eq = arg.find('=');
+    if (arg.substr(0, 2) != "--" || eq == std::string_view::npos) {
+      Fail("expected --flag=value, got " + std::string(arg) + "\n" + kUsage);
+    }
+    const std::string_view key = arg.substr(2, eq - 2), value = arg.substr(eq + 1);
+    auto number = [&](auto* out) {
+      if (!absl::SimpleAtoi(absl::string_view(value.data(), value.size()), out)) {
+        Fail("--" + std::string(key) + ": not a number: " + std::string(value));
+      }
+    };
+    auto real = [&](double* out) {
+      if (!absl::SimpleAtod(absl::string_view(value.data(), value.size()), out)) {
+        Fail("--" + std::string(key) + ": not a number: " + std::string(value));
+      }
+    };
+    if (key == "model") {
+      a.model = value;
+    } else if (key == "prompt") {
+      a.prompt = value;
+    } else if (key == "max-tokens") {
+      number(&a.params.max_tokens);
+    } else if (key == "temperature") {
+      real(&a.params.temperature);
+    } else if (key == "top-p") {
+      real(&a.params.top_p);
+    } else if (key == "top-k") {
+      number(&a.params.top_k);
+    } else if (key == "n") {
+      number(&a.params.n);
+    } else if (key == "seed") {
+      uint64_t seed = 0;
+      number(&seed);
+      a.params.seed = seed;
+    } else {
+      Fail("unknown flag --" + std::string(key) + "\n" + kUsage);
+    }
+  }
+  if (const absl::Status s = a.params.Validate(); !s.ok()) Fail(std::string(s.message()));
+  return a;
+}
+
+int Run(int argc, char** argv) {
+  const Args args = Parse(argc, argv);
+  using Clock = std::chrono::steady_clock;
+  const auto t_load = Clock::now();
+  absl::StatusOr<ModelConfig> config = ModelConfig::FromModelDir(args.model);
+  if (!config.ok()) Fail(config.status().ToString());
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::FromDirectory(args.model);
+  if (!tokenizer.ok()) Fail(tokenizer.status().ToString());
+  std::shared_ptr<const Tokenizer> tok = std::move(*tokenizer);
+  absl::StatusOr<std::unique_ptr<LlamaModel>> model =
+      LlamaModel::Load(args.model, *config, nullptr);
+  if (!model.ok()) Fail(model.status().ToString());
+
+  const int block_size = 16;
+  const int max_model_len = std::min(config->max_position_embeddings, 1024);
+  const int num_blocks = args.params.n * (max_model_len / block_size + 1);
+  CacheEngine cache(
+      {(*model)->num_layers(), (*model)->num_local_kv_heads(), (*model)->head_dim(), block_size},
+      num_blocks, 1);
+  ModelRunner runner(model->get(), &cache);
+  SchedulerConfig sc;
+  sc.max_model_len = max_model_len;
+  sc.max_num_batched_tokens = max_model_len;
+  if (!config->eos_token_ids.empty()) sc.eos_token_id = config->eos_token_ids[0];
+  const BlockSpaceManagerConfig bc{.block_size = block_size,
+                                   .num_gpu_blocks = num_blocks,
+                                   .num_cpu_blocks = 0,
+                                   .watermark = 0.0,
+                                   .enable_prefix_caching = false};
+  const TokenizerDetokenizerFactory detokenizers(tok);
+  EngineCore engine(sc, bc, &runner, &detokenizers);
+  const double load_s = std::chrono::duration<double>(Clock::now() - t_load).count();
+
+  EngineRequest req;
+  req.request_id = "generate";
+  req.prompt_token_ids = tok->Encode(args.prompt, /*add_special_tokens=*/true);
+  req.sampling_params = args.params;
+  std::printf("model %s (%s, %d layers, vocab %d), loaded in %.2f s\n", args.model.c_str(),
+              config->architecture.c_str(), config->num_hidden_layers, config->vocab_size, load_s);
+  std::printf("prompt: %zu tokens; sampling: temperature %.2f, top_p %.2f, top_k %d, n %d\n\n",
+              req.prompt_token_ids.size(), args.params.temperature, args.params.top_p,
+              args.params.top_k, args.params.n);
+
+  // One detokenizer per sequence, for display; the engine keeps its own for stop strings.
+  // With n = 1 the text streams as it is produced; with n > 1 each sequence prints at the end.
+  std::map<int, std::unique_ptr<IncrementalDetokenizer>> text;
+  std::map<int, std::string> shown;
+  int num_tokens = 0;
+  double ttft = -1;
+  const auto t0 = Clock::now();
+  absl::Status add = engine.AddRequest(std::move(req), [&](const StreamUpdate& u) {
+    if (!u.status.ok()) Fail(u.status.ToString());
+    for (const SequenceOutput& seq : u.outputs->Seqs(*u.output)) {
+      std::unique_ptr<IncrementalDetokenizer>& d = text[seq.index];
+      if (d == nullptr) d = detokenizers.Create({}, DetokenizeOptions{});
+      const auto ids = u.outputs->NewTokenIds(seq);
+      num_tokens += static_cast<int>(ids.size());
+      if (ttft < 0 && !ids.empty()) ttft = std::chrono::duration<double>(Clock::now() - t0).count();
+      const std::string delta = d->Append(ids).text;
+      shown[seq.index] += delta;
+      if (args.params.n == 1) {
+        std::fputs(delta.c_str(), stdout);
+        std::fflush(stdout);
+      }
+    }
+  });
+  if (!add.ok()) Fail(add.ToString());
+  if (args.params.n == 1) std::fputs(args.prompt.c_str(), stdout);
+  if (const absl::Status s = engine.RunUntilIdle(); !s.ok()) Fail(s.ToString());
+  const double total = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (args.params.n > 1) {
+    for (auto& [index, d] : text) {
+      shown[index] += d->Flush();
+      std::printf("[%d] %s%s\n\n", index, args.prompt.c_str(), shown[index].c_str());
+    }
+  } else {
+    std::fputs(text[0]->Flush().c_str(), stdout);
+    std::printf("\n\n");
+  }
+  std::printf(
+      "%d tokens in %.2f s: %.1f tokens/s; time to first token %.0f ms, then %.1f ms "
+      "per token\n",
+      num_tokens, total, num_tokens / total, ttft * 1e3,
+      num_tokens > args.params.n
+          ? (total - ttft) * 1e3 / ((num_tokens - args.params.n) / double(args.params.n))
+          : 0.0);
+  return 0;
+}
+
+}  // namespace
+}  // namespace llm
+
+int main(int argc, char** argv) { return llm::Run(argc, argv); }
