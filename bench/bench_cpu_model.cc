@@ -17,6 +17,7 @@
 #include "bench/summary_reporter.h"
 #include "benchmark/benchmark.h"
 #include "common/model_config.h"
+#include "kernels/cpu/blas_setup.h"
 #include "worker_service/cache_engine.h"
 #include "worker_service/model/llama.h"
 
@@ -139,7 +140,8 @@ void PrintSummary(const SummaryReporter& r) {
   const double copy_s = r.seconds("BM_Baseline_StreamingCopy");
   const double bandwidth = copy_s > 0 ? 2.0 * (size_t{1} << 30) / copy_s : 0;
   const double weights = WeightBytes(Qwen25HalfB());
-  std::printf("\nStreaming copy bandwidth (read + write): %.2f GB/s\n", bandwidth / 1e9);
+  std::printf("\nOpenBLAS kernels: %s\n", cpu::BlasCoreName().c_str());
+  std::printf("Streaming copy bandwidth (read + write): %.2f GB/s\n", bandwidth / 1e9);
   std::printf("Weights read per decode step: %.2f GB (fp32)\n", weights / 1e9);
   std::printf("%-8s %12s %12s %14s %12s\n", "batch", "step (ms)", "tokens/s", "weights GB/s",
               "of copy bw");
@@ -156,6 +158,7 @@ void PrintSummary(const SummaryReporter& r) {
 }  // namespace llm
 
 int main(int argc, char** argv) {
+  llm::cpu::ReexecWithMatchingBlasKernels(argv);
   llm::SummaryReporter reporter;
   return llm::RunBenchmarksWithSummary(argc, argv, reporter, llm::PrintSummary);
 }

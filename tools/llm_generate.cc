@@ -16,6 +16,7 @@
 
 #include "absl/strings/numbers.h"
 #include "common/model_config.h"
+#include "kernels/cpu/blas_setup.h"
 #include "scheduler_service/api/incremental_detokenizer.h"
 #include "scheduler_service/api/tokenizer.h"
 #include "scheduler_service/engine/engine_core.h"
@@ -192,4 +193,7 @@ int Run(int argc, char** argv) {
 }  // namespace
 }  // namespace llm
 
-int main(int argc, char** argv) { return llm::Run(argc, argv); }
+int main(int argc, char** argv) {
+  llm::cpu::ReexecWithMatchingBlasKernels(argv);
+  return llm::Run(argc, argv);
+}
