@@ -316,7 +316,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsModel>> SafetensorsModel::Open(const s
   const fs::path single_path = fs::path(dir) / "model.safetensors";
   std::vector<std::string> shard_names;
   std::map<std::string, std::string> weight_map;
-  if (fs::exists(index_path)) {
+  std::error_code ec;  // the non-throwing overloads: an unreadable directory is a status
+  if (fs::exists(index_path, ec)) {
     std::ifstream in(index_path);
     std::stringstream ss;
     ss << in.rdbuf();
@@ -337,7 +338,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsModel>> SafetensorsModel::Open(const s
         shard_names.push_back(file.get<std::string>());
       }
     }
-  } else if (fs::exists(single_path)) {
+  } else if (fs::exists(single_path, ec)) {
     shard_names.push_back("model.safetensors");
   } else {
     return absl::NotFoundError(

@@ -41,6 +41,14 @@ absl::Status ModelRunner::Validate(const SchedulerOutput& step) const {
         r.seqs.begin + r.seqs.size > step.seqs.size()) {
       return absl::InvalidArgumentError(who + " has negative counts or a bad sequence range");
     }
+    // Samples: none (a partial prefill), one per listed sequence, or n from the one sequence
+    // of a request that forks after this first sample.
+    const int n = is_new ? r.sampling_params->n : it->second.params.n;
+    if (r.num_samples != 0 && r.num_samples != static_cast<int>(r.seqs.size) &&
+        !(r.seqs.size == 1 && r.num_samples == n)) {
+      return absl::InvalidArgumentError(absl::StrCat(who, ": ", r.num_samples, " samples for ",
+                                                     r.seqs.size, " sequences (n = ", n, ")"));
+    }
     const size_t prompt_len = is_new ? r.prompt_token_ids.size() : it->second.prompt.size();
     for (const ScheduledSequence& s : step.Seqs(r)) {
       if (s.new_token_ids.begin + s.new_token_ids.size > step.token_ids.size() ||
@@ -189,12 +197,7 @@ absl::Status ModelRunner::Execute(const SchedulerOutput& step, ModelOutput* out)
   std::vector<SequenceSampler*> samplers;
   for (const Sampling& s : sampling) {
     if (s.num_samples == 0) continue;
-    const bool fork = s.num_rows == 1 && s.num_samples > 1;
-    if (!fork && s.num_samples != s.num_rows) {
-      return absl::InvalidArgumentError(absl::StrCat("request ", s.req->request_id, ": ",
-                                                     s.num_samples, " samples for ", s.num_rows,
-                                                     " sequences"));
-    }
+    const bool fork = s.num_rows == 1 && s.num_samples > 1;  // Validate() checked the counts
     auto seq_it = s.req->seqs.begin();
     for (int j = 0; j < s.num_samples; ++j) {
       const int row = fork ? s.first_row : s.first_row + j;

@@ -260,6 +260,12 @@ TEST_F(ModelRunnerTest, MalformedStepsAreRejectedWithoutChangingState) {
   EXPECT_NE(s.message().find("computing up to token 20"), std::string::npos) << s;
 
   step.new_requests[0].num_scheduled_tokens = 3;
+  step.new_requests[0].num_samples = 2;  // one sequence, n = 1
+  s = runner.Execute(step, &out);
+  EXPECT_NE(s.message().find("2 samples for 1 sequences"), std::string::npos) << s;
+  EXPECT_EQ(runner.num_requests(), 0);
+
+  step.new_requests[0].num_samples = 1;
   ASSERT_TRUE(runner.Execute(step, &out).ok());
   ASSERT_EQ(out.sampled_token_ids.size(), 1u);
   s = runner.Execute(step, &out);  // the same request again as new
