@@ -4,7 +4,7 @@
 // llm-cluster) runs the same parts across processes.
 //
 //   llm-generate [--model=DIR] [--prompt=TEXT] [--max-tokens=N] [--temperature=T]
-//                [--top-p=P] [--top-k=K] [--seed=S] [--n=N]
+//                [--top-p=P] [--top-k=K] [--seed=S] [--n=N]     (--help lists them)
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -14,27 +14,18 @@
 #include <string_view>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "common/model_config.h"
 #include "kernels/cpu/blas_setup.h"
 #include "scheduler_service/api/incremental_detokenizer.h"
 #include "scheduler_service/api/tokenizer.h"
 #include "scheduler_service/engine/engine_core.h"
+#include "tools/flag_parser.h"
 #include "worker_service/cache_engine.h"
 #include "worker_service/model/llama.h"
 #include "worker_service/model_runner.h"
 
 namespace llm {
 namespace {
-
-constexpr char kUsage[] =
-    "usage: llm-generate [--model=DIR] [--prompt=TEXT] [--max-tokens=N] [--temperature=T]\n"
-    "                    [--top-p=P] [--top-k=K] [--seed=S] [--n=N]\n"
-    "  --model        Hugging Face model directory (default: models/fortune-llama)\n"
-    "  --prompt       text to continue (default: \"Once upon a time\")\n"
-    "  --max-tokens   tokens to generate per sequence (default 64)\n"
-    "  --temperature  0 is greedy (default 0.8)\n"
-    "  --top-p, --top-k, --seed, --n   as in vLLM's SamplingParams (defaults 0.95, 40, 0, 1)\n";
 
 struct Args {
   std::string model = "models/fortune-llama";
@@ -53,50 +44,18 @@ Args Parse(int argc, char** argv) {
   a.params.temperature = 0.8;
   a.params.top_p = 0.95;
   a.params.top_k = 40;
-  a.params.seed = 0;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
-    }
-    const size_t eq = arg.find('=');
-    if (arg.substr(0, 2) != "--" || eq == std::string_view::npos) {
-      Fail("expected --flag=value, got " + std::string(arg) + "\n" + kUsage);
-    }
-    const std::string_view key = arg.substr(2, eq - 2), value = arg.substr(eq + 1);
-    auto number = [&](auto* out) {
-      if (!absl::SimpleAtoi(absl::string_view(value.data(), value.size()), out)) {
-        Fail("--" + std::string(key) + ": not a number: " + std::string(value));
-      }
-    };
-    auto real = [&](double* out) {
-      if (!absl::SimpleAtod(absl::string_view(value.data(), value.size()), out)) {
-        Fail("--" + std::string(key) + ": not a number: " + std::string(value));
-      }
-    };
-    if (key == "model") {
-      a.model = value;
-    } else if (key == "prompt") {
-      a.prompt = value;
-    } else if (key == "max-tokens") {
-      number(&a.params.max_tokens);
-    } else if (key == "temperature") {
-      real(&a.params.temperature);
-    } else if (key == "top-p") {
-      real(&a.params.top_p);
-    } else if (key == "top-k") {
-      number(&a.params.top_k);
-    } else if (key == "n") {
-      number(&a.params.n);
-    } else if (key == "seed") {
-      uint64_t seed = 0;
-      number(&seed);
-      a.params.seed = seed;
-    } else {
-      Fail("unknown flag --" + std::string(key) + "\n" + kUsage);
-    }
-  }
+  int64_t seed = 0;
+  FlagParser flags("usage: llm-generate [--flag=value ...]: generates text in one process");
+  flags.Add("model", &a.model, "Hugging Face model directory (models/fortune-llama)");
+  flags.Add("prompt", &a.prompt, "text to continue (\"Once upon a time\")");
+  flags.Add("max-tokens", &a.params.max_tokens, "tokens to generate per sequence (64)");
+  flags.Add("temperature", &a.params.temperature, "0 is greedy (0.8)");
+  flags.Add("top-p", &a.params.top_p, "nucleus sampling mass (0.95)");
+  flags.Add("top-k", &a.params.top_k, "-1 or the number of most likely tokens kept (40)");
+  flags.Add("seed", &seed, "sampling seed (0)");
+  flags.Add("n", &a.params.n, "sequences to generate (1)");
+  flags.Parse(argc, argv);
+  a.params.seed = static_cast<uint64_t>(seed);
   if (const absl::Status s = a.params.Validate(); !s.ok()) Fail(std::string(s.message()));
   return a;
 }
