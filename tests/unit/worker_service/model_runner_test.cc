@@ -33,11 +33,7 @@ class ModelRunnerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = std::string(LLM_TEST_DATA_DIR) + "/models/tiny-llama";
-    auto config = ModelConfig::FromModelDir(dir_);
-    ASSERT_TRUE(config.ok()) << config.status();
-    auto model = LlamaModel::Load(dir_, *config, nullptr);
-    ASSERT_TRUE(model.ok()) << model.status();
-    model_ = std::move(*model);
+    ASSERT_NO_FATAL_FAILURE(LoadTestModel(dir_, &model_));
     golden_ = LoadGolden(dir_, model_->vocab_size());
   }
 

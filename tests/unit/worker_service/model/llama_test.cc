@@ -21,11 +21,7 @@ class LlamaGoldenTest : public ::testing::TestWithParam<const char*> {
     dir_ = std::string(GetParam()) == "fortune-llama"
                ? std::string(LLM_TEST_DATA_DIR) + "/../../models/fortune-llama"
                : std::string(LLM_TEST_DATA_DIR) + "/models/" + GetParam();
-    auto config = ModelConfig::FromModelDir(dir_);
-    ASSERT_TRUE(config.ok()) << config.status();
-    auto model = LlamaModel::Load(dir_, *config, nullptr);
-    ASSERT_TRUE(model.ok()) << model.status();
-    model_ = std::move(*model);
+    ASSERT_NO_FATAL_FAILURE(LoadTestModel(dir_, &model_));
     golden_ = LoadGolden(dir_, model_->vocab_size());
     ASSERT_EQ(golden_.ids.size(), 4u);
   }

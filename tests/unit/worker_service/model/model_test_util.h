@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -155,6 +156,15 @@ double RunAndCompare(LlamaModel& model, const Golden& g, int block_size, ChunkFn
     }
   }
   return worst;
+}
+
+// Loads the model in `dir` at one rank into *model; fails the test (fatally) on an error.
+inline void LoadTestModel(const std::string& dir, std::unique_ptr<LlamaModel>* model) {
+  absl::StatusOr<ModelConfig> config = ModelConfig::FromModelDir(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<std::unique_ptr<LlamaModel>> loaded = LlamaModel::Load(dir, *config, nullptr);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  *model = std::move(*loaded);
 }
 
 }  // namespace llm
