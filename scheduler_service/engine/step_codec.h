@@ -1,0 +1,53 @@
+// The step protocol on the wire: SchedulerOutput <-> llm.v1.StepRequest and ModelOutput <->
+// llm.v1.StepResult (protos/llm/v1/worker_service.proto mirrors scheduler_output.h field for
+// field), and SamplingParams <-> llm.v1.SamplingParams.
+//
+// The scheduler encodes each step once and sends the same message to every rank; a worker
+// decodes it into a SchedulerOutput for its ModelRunner. Decoding checks what a message alone
+// can violate (negative counts or ids, a request listed twice, no sequences, indices out of
+// order, a new request without its prompt, sampling params out of range) and answers
+// INVALID_ARGUMENT naming the request and the field. What needs the worker's state (a slot it
+// does not hold, a block id past its cache) is the ModelRunner's check.
+//
+// Thread-compatible: plain functions; a DecodedStep belongs to one thread.
+#ifndef LLM_SCHEDULER_SERVICE_ENGINE_STEP_CODEC_H_
+#define LLM_SCHEDULER_SERVICE_ENGINE_STEP_CODEC_H_
+
+#include <deque>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/sampling_params.h"
+#include "llm/v1/llm_service.pb.h"
+#include "llm/v1/worker_service.pb.h"
+#include "scheduler_service/core/scheduler_output.h"
+
+namespace llm {
+
+// Unset proto fields take SamplingParams' defaults. Does not Validate().
+SamplingParams SamplingParamsFromProto(const v1::SamplingParams& proto);
+void SamplingParamsToProto(const SamplingParams& params, v1::SamplingParams* proto);
+
+// Clears `out` and fills it from `step` (reusing `out`'s storage where protobuf can).
+void EncodeStepRequest(const SchedulerOutput& step, v1::StepRequest* out);
+
+// A SchedulerOutput decoded from a StepRequest. Its string views and spans point into the
+// StepRequest passed to DecodeStepRequest and into `sampling_params`: keep both alive and
+// unchanged while `output` is used.
+struct DecodedStep {
+  SchedulerOutput output;
+  std::deque<SamplingParams> sampling_params;  // one per new request; stable addresses
+};
+
+// Replaces `out` with the decoding of `in`. On error `out` is unspecified.
+absl::Status DecodeStepRequest(const v1::StepRequest& in, const SamplingLimits& limits,
+                               DecodedStep* out);
+
+void EncodeStepResult(const ModelOutput& output, v1::StepResult* out);
+// INVALID_ARGUMENT for a negative token id; the error the result carries (error_code != 0)
+// as that status.
+absl::Status DecodeStepResult(const v1::StepResult& in, ModelOutput* out);
+
+}  // namespace llm
+
+#endif  // LLM_SCHEDULER_SERVICE_ENGINE_STEP_CODEC_H_
