@@ -497,12 +497,16 @@ LOCAL_FIXED = {  # key -> (binary, flag) that llm-cluster passes for it
 }
 
 
-def check_local(doc, known, problems):
+def check_local(doc, root, known, problems):
     o = doc.obj
     where = f"{doc.rel}: document {doc.index}"
     if not isinstance(o, dict):
         problems.add(where, "a cluster manifest must be a mapping")
         return
+    model = o.get("model")
+    # llm-cluster runs from the repository root; relative model paths are relative to it.
+    if not isinstance(model, str) or not os.path.isdir(os.path.join(root, model)):
+        problems.add(where, f"model {model!r} is no directory of the repository")
     for key, (binary, flag) in LOCAL_FIXED.items():
         if key in o and flag not in known[binary]:
             problems.add(where, f"key {key} becomes --{flag}, which is not a flag of {binary}")
@@ -737,7 +741,7 @@ def check_tree(root, deploy_dir, known, docs_override=None):
                 rel = os.path.relpath(f, root)
                 docs = (docs_override or {}).get(rel) or load_yaml_file(f, rel, problems)
                 for d in docs:
-                    check_local(d, known, problems)
+                    check_local(d, root, known, problems)
                     counts["local"] += 1
         else:
             counts["containers"] += check_k8s_dir(directory, rel_dir, dir_files, root, known,
