@@ -14,8 +14,9 @@ documents). Then, so that manifests cannot drift from the code:
     --tensor-parallel-size and the number of its --worker-addresses, which list the
     StatefulSet's pod DNS names (<sts>-<rank>.<headless service>:<worker --port>) in rank
     order; each worker's --peer-host is its own pod DNS name ($(POD_NAME).<service>, POD_NAME
-    from the downward API); --rendezvous-host names a Service that exposes --rendezvous-port
-    and publishes not-ready addresses; --model lies on a read-only volume mounted at the same
+    from the downward API); --rendezvous-host (which the scheduler binds) is its pod IP
+    ($(POD_IP) from the downward API) or a headless Service that selects it, exposes
+    --rendezvous-port and publishes not-ready addresses; --model lies on a read-only volume mounted at the same
     path, from the same claim, in the scheduler and every worker; a NetworkPolicy guards the
     workers; kustomization.yaml lists every manifest of its directory.
   * Local cluster manifests (deploy/local, read by llm-cluster): each key k of `engine` is the
@@ -379,18 +380,29 @@ def check_group(docs, containers, problems):
             if not (host == eh or host.startswith(eh + ".")) or port != str(ep):
                 problems.add(w, f"--worker-addresses rank {rank} is {addr}, expected "
                                 f"{eh}:{ep} (the StatefulSet pod of that rank and its --port)")
-        # Rendezvous: a Service named by --rendezvous-host exposes --rendezvous-port.
-        rhost = (sch.flag.get("rendezvous-host") or "").split(".")[0]
+        # Rendezvous: the scheduler binds its store to --rendezvous-host and sends that
+        # address to the workers, so it must be the pod's own IP or a name that resolves to
+        # it: a headless Service that publishes not-ready addresses.
+        rhost_full = sch.flag.get("rendezvous-host") or ""
         rport = as_int(sch.flag.get("rendezvous-port"))
-        rsvc = services.get(rhost)
-        if rsvc is None:
-            problems.add(w, f"--rendezvous-host={sch.flag.get('rendezvous-host')!r} names no "
-                            f"Service in this directory (workers could not reach the store)")
+        rsvc = services.get(rhost_full.split(".")[0])
+        if rhost_full == "$(POD_IP)":
+            if env_field(sch, "POD_IP") != "status.podIP":
+                problems.add(w, "--rendezvous-host uses $(POD_IP) but env POD_IP is not the "
+                                "downward API's status.podIP")
+        elif rsvc is None:
+            problems.add(w, f"--rendezvous-host={rhost_full!r} must be $(POD_IP) or name a "
+                            f"headless Service of this directory that selects the scheduler "
+                            f"(the scheduler binds it and the workers connect to it)")
         else:
             spec = rsvc.obj.get("spec") or {}
             if not selects(spec.get("selector") or {}, sch.labels):
                 problems.add(rsvc.where(), "--rendezvous-host names this Service, but it does "
                                            "not select the scheduler's pods")
+            if spec.get("clusterIP") != "None":
+                problems.add(rsvc.where(), "--rendezvous-host names this Service, so it must be "
+                                           "headless (clusterIP: None): the scheduler binds the "
+                                           "address its name resolves to")
             if not any(sch.resolve_port(p.get("targetPort", p.get("port"))) == rport
                        for p in spec.get("ports") or []):
                 problems.add(rsvc.where(), f"exposes no port with targetPort --rendezvous-port="
@@ -863,6 +875,12 @@ def mutations():
         _replace_arg(_container(d), "rendezvous-port", "--rendezvous-port=0")
         return rel, ["--rendezvous-port must be a fixed port"]
 
+    def rendezvous_service(docs, _):
+        rel, d = _find(docs, _runs(SCHEDULER))
+        _replace_arg(_container(d), "rendezvous-host", "--rendezvous-host=llm-scheduler")
+        return rel, ["(Service llm-scheduler): --rendezvous-host names this Service, so it must "
+                     "be headless"]
+
     def model_path(docs, _):
         rel, d = _find(docs, _runs(WORKER))
         for m in _container(d)["volumeMounts"]:
@@ -894,7 +912,7 @@ def mutations():
                      "llm-scheduler", "worker.thread becomes --thread"]
 
     return [flag_typo, worker_flag_typo, space_separated, replicas, tp_size, address_order,
-            container_port, probe_port, service_target, peer_host, rendezvous, model_path,
+            container_port, probe_port, service_target, peer_host, rendezvous, rendezvous_service, model_path,
             dockerfile_copy, local_key]
 
 
