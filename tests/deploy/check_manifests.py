@@ -44,12 +44,14 @@ wrong port, ...), each of which must produce its problem, naming the file and th
 
 import argparse
 import copy
-import fnmatch
+import glob
+import json
 import os
 import re
 import shlex
 import subprocess
 import sys
+import tempfile
 
 try:
     import yaml
@@ -633,7 +635,6 @@ def split_copy(rest):
     rest = rest.strip()
     tokens = shlex.split(rest) if not rest.lstrip().startswith("[") else None
     if tokens is None:
-        import json
         return flags, json.loads(rest)
     for t in tokens:
         if t.startswith("--") and not args:
@@ -687,7 +688,6 @@ def check_dockerfile(path, rel, root, known, executables, problems):
                     st["repo_dirs"].append(
                         (os.path.join(dest_abs, os.path.basename(norm)) if into_dir
                          else dest_abs, norm))
-                    import glob
                     hits = glob.glob(os.path.join(root, norm))
                     if not hits:
                         problems.add(where, f"source {src} does not exist in the build context "
@@ -713,7 +713,6 @@ def check_dockerfile(path, rel, root, known, executables, problems):
                                         f"{frm} and not copied into it from the repository")
         elif instr in ("CMD", "ENTRYPOINT"):
             try:
-                import json
                 tokens = json.loads(rest) if rest.startswith("[") else shlex.split(rest)
             except ValueError:
                 problems.add(where, f"cannot parse {instr}")
@@ -922,7 +921,6 @@ class _Tmp:
 
 
 def self_test(root, known):
-    import tempfile
     failures = []
     # 1. The committed broken fixture.
     broken = os.path.join(root, "tests/deploy/testdata/broken")
