@@ -16,9 +16,10 @@ documents). Then, so that manifests cannot drift from the code:
     order; each worker's --peer-host is its own pod DNS name ($(POD_NAME).<service>, POD_NAME
     from the downward API); --rendezvous-host (which the scheduler binds) is its pod IP
     ($(POD_IP) from the downward API) or a headless Service that selects it, exposes
-    --rendezvous-port and publishes not-ready addresses; --model lies on a read-only volume mounted at the same
-    path, from the same claim, in the scheduler and every worker; a NetworkPolicy guards the
-    workers; kustomization.yaml lists every manifest of its directory.
+    --rendezvous-port and publishes not-ready addresses; --model lies on a read-only volume
+    mounted at the same path, from the same claim, in the scheduler and every worker; a
+    NetworkPolicy guards the workers; kustomization.yaml lists every manifest of its
+    directory.
   * Local cluster manifests (deploy/local, read by llm-cluster): each key k of `engine` is the
     llm-scheduler flag --k (underscores become dashes) and each key of `worker` an llm-worker
     flag; the flags llm-cluster derives from the fixed keys exist too; ports are in range.
@@ -911,7 +912,8 @@ def mutations():
                      "llm-scheduler", "worker.thread becomes --thread"]
 
     return [flag_typo, worker_flag_typo, space_separated, replicas, tp_size, address_order,
-            container_port, probe_port, service_target, peer_host, rendezvous, rendezvous_service, model_path,
+            container_port, probe_port, service_target, peer_host, rendezvous,
+            rendezvous_service, model_path,
             dockerfile_copy, local_key]
 
 
