@@ -10,7 +10,9 @@ namespace llm {
 
 EngineCore::EngineCore(const SchedulerConfig& config, const BlockSpaceManagerConfig& cache_config,
                        Executor* executor, const DetokenizerFactory* detokenizers)
-    : scheduler_(config, cache_config, detokenizers), executor_(executor) {}
+    : scheduler_(config, cache_config, detokenizers), executor_(executor) {
+  PublishStats();
+}
 
 EngineCore::~EngineCore() { Stop(); }
 
@@ -85,7 +87,28 @@ void EngineCore::FailAll(const absl::Status& status) {
   }
 }
 
+EngineStats EngineCore::stats_snapshot() const {
+  absl::MutexLock lock(&stats_mu_);
+  return stats_;
+}
+
+void EngineCore::PublishStats() {
+  EngineStats s;
+  s.scheduler = scheduler_.stats();
+  const BlockSpaceManagerStats b = scheduler_.block_manager().stats();
+  s.num_free_gpu_blocks = b.num_free_gpu_blocks;
+  s.num_free_cpu_blocks = b.num_free_cpu_blocks;
+  absl::MutexLock lock(&stats_mu_);
+  stats_ = s;
+}
+
 absl::StatusOr<bool> EngineCore::Step() {
+  absl::StatusOr<bool> busy = StepOnce();
+  PublishStats();
+  return busy;
+}
+
+absl::StatusOr<bool> EngineCore::StepOnce() {
   DrainInbox();
   if (!scheduler_.HasUnfinishedRequests() && !scheduler_.has_finished_to_report()) return false;
   const SchedulerOutput& step = scheduler_.Schedule();
