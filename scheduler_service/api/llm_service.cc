@@ -287,6 +287,11 @@ bool LLMService::ready() const {
   return engine_ != nullptr && !shutting_down_;
 }
 
+int LLMService::num_calls() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(calls_.size());
+}
+
 absl::Status LLMService::NotServing() const {
   if (shutting_down_) return absl::UnavailableError("server shutting down");
   if (engine_ == nullptr) {

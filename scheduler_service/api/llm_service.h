@@ -78,6 +78,8 @@ class LLMService final : public v1::LLMService::CallbackService {
   // shutting down". Returns the engine (null when none).
   std::shared_ptr<ServingEngine> Shutdown();
   bool ready() const;
+  // Generate calls in flight (registered, not yet finished).
+  int num_calls() const;
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
