@@ -5,6 +5,7 @@
 #include "scheduler_service/engine/sharded_worker_client.h"
 
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -20,6 +21,7 @@
 #include "scheduler_service/engine/engine_core.h"
 #include "scheduler_service/engine/fake_executor.h"
 #include "scheduler_service/engine/step_codec.h"
+#include "tests/unit/scheduler_service/testing/fake_worker.h"
 
 namespace llm {
 namespace {
@@ -33,98 +35,11 @@ FakeExecutorConfig ExecConfig(uint64_t seed) {
   return {.num_gpu_blocks = kBlocks, .num_cpu_blocks = 0, .vocab_size = kVocab, .seed = seed};
 }
 
-enum class Mode { kNormal, kError, kSilent };
-
-// A WorkerService rank: Step decodes each StepRequest and runs it through a FakeExecutor.
-class FakeWorker final : public v1::WorkerService::Service {
- public:
-  FakeWorker(uint64_t seed, int num_gpu_blocks) : executor_(ExecConfig(seed)) {
-    num_gpu_blocks_ = num_gpu_blocks;
-  }
-
-  void set_mode(Mode m) { mode_ = m; }
-  int num_steps() const { return num_steps_; }
-  v1::InitRequest init() {
-    absl::MutexLock lock(&mu_);
-    return init_;
-  }
-
-  grpc::Status Health(grpc::ServerContext*, const v1::HealthRequest*,
-                      v1::HealthResponse* resp) override {
-    resp->set_serving(true);
-    return grpc::Status::OK;
-  }
-  grpc::Status Init(grpc::ServerContext*, const v1::InitRequest* req,
-                    v1::InitResponse* resp) override {
-    absl::MutexLock lock(&mu_);
-    init_ = *req;
-    resp->set_vocab_size(kVocab);
-    return grpc::Status::OK;
-  }
-  grpc::Status ProfileMemory(grpc::ServerContext*, const v1::ProfileMemoryRequest*,
-                             v1::ProfileMemoryResponse* resp) override {
-    resp->set_num_gpu_blocks(num_gpu_blocks_);
-    resp->set_num_cpu_blocks(8);
-    return grpc::Status::OK;
-  }
-  grpc::Status InitCache(grpc::ServerContext*, const v1::InitCacheRequest*,
-                         v1::InitCacheResponse*) override {
-    return grpc::Status::OK;
-  }
-  grpc::Status Step(grpc::ServerContext*,
-                    grpc::ServerReaderWriter<v1::StepResult, v1::StepRequest>* stream) override {
-    v1::StepRequest req;
-    while (stream->Read(&req)) {
-      ++num_steps_;
-      if (mode_ == Mode::kSilent) continue;  // never answers; ends when the client cancels
-      v1::StepResult res;
-      if (mode_ == Mode::kError) {
-        res.set_step_id(req.step_id());
-        res.set_error_code(static_cast<int>(grpc::StatusCode::INTERNAL));
-        res.set_error_message("injected failure");
-      } else {
-        DecodedStep step;
-        absl::Status s = DecodeStepRequest(req, SamplingLimits{}, &step);
-        ModelOutput out;
-        if (s.ok()) s = executor_.Execute(step.output, &out);
-        if (!s.ok()) {
-          res.set_step_id(req.step_id());
-          res.set_error_code(static_cast<int>(s.code()));
-          res.set_error_message(std::string(s.message()));
-        } else {
-          EncodeStepResult(out, &res);
-        }
-      }
-      if (!stream->Write(res)) break;
-    }
-    return grpc::Status::OK;
-  }
-
- private:
-  FakeExecutor executor_;
-  int num_gpu_blocks_;
-  std::atomic<Mode> mode_{Mode::kNormal};
-  std::atomic<int> num_steps_{0};
-  absl::Mutex mu_;
-  v1::InitRequest init_ ABSL_GUARDED_BY(mu_);
-};
-
-struct Rank {
-  std::unique_ptr<FakeWorker> service;
-  std::unique_ptr<grpc::Server> server;
-  std::string address;
-};
+using Mode = FakeWorker::Mode;
+using Rank = FakeWorkerServer;
 
 Rank StartRank(uint64_t seed, int num_gpu_blocks = kBlocks) {
-  Rank r;
-  r.service = std::make_unique<FakeWorker>(seed, num_gpu_blocks);
-  grpc::ServerBuilder b;
-  int port = 0;
-  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  b.RegisterService(r.service.get());
-  r.server = b.BuildAndStart();
-  r.address = absl::StrCat("127.0.0.1:", port);
-  return r;
+  return FakeWorkerServer::Start(kVocab, seed, num_gpu_blocks);
 }
 
 SchedulerConfig Config() {
@@ -270,7 +185,7 @@ TEST(ShardedWorkerClientTest, RankWhoseServerIsKilledFailsTheStep) {
   EngineCore engine(Config(), Cache(), g->client.get());
   ASSERT_TRUE(engine.AddRequest(Request("a", 50), [](const StreamUpdate&) {}).ok());
   ASSERT_TRUE(engine.Step().ok());
-  g->ranks[1].server->Shutdown(std::chrono::system_clock::now());
+  g->ranks[1].Kill();
   absl::Status status;
   for (int i = 0; i < 60 && status.ok(); ++i) status = engine.Step().status();
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
@@ -281,8 +196,7 @@ TEST(ShardedWorkerClientTest, InitFailsNamingTheUnreachableRank) {
   Rank r0 = StartRank(0);
   Rank r1 = StartRank(1);
   const std::string dead = r1.address;
-  r1.server->Shutdown();
-  r1.server.reset();
+  r1.Kill();
   auto client = ShardedWorkerClient::Create(
       {.addresses = {r0.address, dead}, .worker_timeout = absl::Seconds(2)});
   ASSERT_TRUE(client.ok());
