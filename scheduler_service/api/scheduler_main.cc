@@ -16,6 +16,7 @@
 //   llm-scheduler --model=DIR --worker-addresses=H:P,H:P [--flag=value ...]   (--help)
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -263,6 +264,7 @@ class GroupManager {
         detokenizers_(detokenizers) {}
 
   void Run() {
+    absl::Duration retry = absl::Milliseconds(500);  // after a failed attempt; doubles to 10 s
     for (int attempt = 1;; ++attempt) {
       if (stopping()) return;
       ShardedWorkerClientOptions opts;
@@ -287,9 +289,11 @@ class GroupManager {
         (void)service_->SetNotReady(std::string(engine.status().message()));
         absl::MutexLock lock(&mu_);
         auto stop = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_; };
-        mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Seconds(1));
+        mu_.AwaitWithTimeout(absl::Condition(&stop), retry);
+        retry = std::min(retry * 2, absl::Seconds(10));
         continue;
       }
+      retry = absl::Milliseconds(500);
       service_->SetReady(*engine);
       SetServing(true);
       LOG(INFO) << "worker group ready (attempt " << attempt << "): " << (*engine)->num_gpu_blocks
