@@ -53,11 +53,13 @@ class ErrorWriter final : public grpc::ServerWriteReactor<v1::GenerateResponse> 
 class LLMService::GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
   GenerateCall(LLMService* service, std::weak_ptr<ServingEngine> engine, std::string request_id,
-               bool stream, int n, std::vector<TokenId> prompt, const DetokenizeOptions& detok)
+               bool stream, int n, bool logprobs, std::vector<TokenId> prompt,
+               const DetokenizeOptions& detok)
       : service_(service),
         engine_(std::move(engine)),
         request_id_(std::move(request_id)),
         stream_(stream),
+        logprobs_(logprobs),
         num_prompt_tokens_(static_cast<int>(prompt.size())),
         prompt_(std::move(prompt)),
         detok_options_(detok) {
@@ -94,6 +96,11 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<v1::Gener
       o->set_index(seq.index);
       o->mutable_token_ids()->Add(ids.begin(), ids.end());
       o->mutable_text()->append(text);
+      if (logprobs_ && u.outputs->logprobs.size() == u.outputs->token_ids.size()) {
+        for (uint32_t i = 0; i < seq.new_token_ids.size; ++i) {
+          AddLogprobs(u.outputs->logprobs[seq.new_token_ids.begin + i], ids[i], o);
+        }
+      }
       if (finished) {
         o->set_finish_reason(ToFinishReason(seq.status));
         if (!seq.stop_string.empty()) {
@@ -117,6 +124,18 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<v1::Gener
     } else if (stream_ && resp.outputs_size() > 0) {
       Enqueue(std::move(resp), std::nullopt);
     }
+  }
+
+  void AddLogprobs(const SampleLogprobs& lp, TokenId id, v1::SequenceOutput* o) const {
+    v1::Logprobs* l = o->add_logprobs();
+    auto fill = [this](TokenId t, float logprob, v1::TokenLogprob* out) {
+      out->set_token_id(t);
+      out->set_logprob(logprob);
+      out->set_text(service_->tokenizer_->Decode(std::span<const TokenId>(&t, 1),
+                                                 /*skip_special_tokens=*/false));
+    };
+    fill(id, lp.logprob, l->mutable_sampled());
+    for (const auto& [t, logprob] : lp.top) fill(t, logprob, l->add_top());
   }
 
   // Any thread: ends the call with `status` after what is queued. Idempotent.
@@ -213,6 +232,7 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<v1::Gener
   const std::weak_ptr<ServingEngine> engine_;
   const std::string request_id_;
   const bool stream_;
+  const bool logprobs_;  // the request asked for them
   const int num_prompt_tokens_;
   const std::vector<TokenId> prompt_;
   const DetokenizeOptions detok_options_;
@@ -332,9 +352,6 @@ absl::Status LLMService::ValidateParams(const v1::GenerateRequest& request,
       return absl::InvalidArgumentError("the prompt is empty: set prompt text or token_ids");
   }
   const v1::SamplingParams& sp = request.sampling_params();
-  if (sp.has_logprobs()) {
-    return absl::InvalidArgumentError("logprobs are not supported by this server yet");
-  }
   if (sp.stop_size() > options_.max_stop_strings) {
     return absl::InvalidArgumentError(absl::StrCat("at most ", options_.max_stop_strings,
                                                    " stop strings are allowed; the request has ",
@@ -397,7 +414,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* LLMService::Generate(
                      " concurrent requests; retry later")));
   }
   auto call = std::make_shared<GenerateCall>(this, engine_, request_id, request->stream(), params.n,
-                                             prompt, detok);
+                                             params.logprobs.has_value(), prompt, detok);
   EngineRequest er;
   er.request_id = request_id;
   er.prompt_token_ids = std::move(prompt);

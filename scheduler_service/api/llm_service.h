@@ -5,7 +5,9 @@
 // ALREADY_EXISTS for a request id in flight; RESOURCE_EXHAUSTED beyond
 // max_concurrent_requests), tokenizes the prompt, adds it to the current EngineCore and
 // streams the outputs: per step, per sequence, the new token ids and a UTF-8-complete text
-// delta; finish_reason / stop_reason when a sequence ends; usage on the last response
+// delta, with each token's logprobs (sampled and top N, with their text) when the request
+// set logprobs and the workers supplied them; finish_reason / stop_reason when a sequence
+// ends; usage on the last response
 // (stream=false: one response at the end with everything). The engine's callbacks run on the
 // engine thread and never block: responses are queued per call and written one at a time
 // (each OnWriteDone starts the next). A client that cancels, or whose deadline passes, has

@@ -44,7 +44,16 @@ class GatedExecutor final : public Executor {
       if (!open_) --permits_;
       if (!fail_.ok()) return fail_;
     }
-    return inner_.Execute(step, out);
+    if (absl::Status st = inner_.Execute(step, out); !st.ok()) return st;
+    // Made-up logprobs for every sampled token (as a worker does when any request of the step
+    // asked): the service must pass them on only to requests that asked.
+    out->logprobs.clear();
+    for (TokenId t : out->sampled_token_ids) out->logprobs.push_back(FakeLogprobs(t));
+    return absl::OkStatus();
+  }
+
+  static SampleLogprobs FakeLogprobs(TokenId t) {
+    return {.logprob = -0.5f - t % 7, .top = {{t, -0.5f - t % 7}, {(t + 1) % 100, -9.0f}}};
   }
 
   void Allow(int steps) {
@@ -263,7 +272,7 @@ TEST_F(LLMServiceTest, SamplingFieldsOutOfRangeAreInvalid) {
          for (int i = 0; i < 17; ++i) p->add_stop(absl::StrCat("s", i));
        },
        "at most 16 stop strings are allowed; the request has 17"},
-      {[](auto* p) { p->set_logprobs(0); }, "logprobs are not supported by this server yet"},
+      {[](auto* p) { p->set_logprobs(21); }, "logprobs is 21"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.message);
@@ -339,6 +348,45 @@ TEST_F(LLMServiceTest, NonStreamingGivesOneResponseWithEverything) {
     EXPECT_EQ(resp.outputs(index).finish_reason(), v1::FINISH_REASON_LENGTH);
   }
   EXPECT_EQ(resp.usage().completion_tokens(), 20u);
+}
+
+TEST_F(LLMServiceTest, LogprobsComeWithEachTokenWhenAsked) {
+  for (bool stream : {true, false}) {
+    SCOPED_TRACE(stream);
+    v1::GenerateRequest req = Text("Once upon a time", 6);
+    req.set_stream(stream);
+    req.mutable_sampling_params()->set_n(2);
+    req.mutable_sampling_params()->set_logprobs(2);
+    const CallResult r = Generate(req);
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    int num_tokens = 0;
+    for (const v1::GenerateResponse& resp : r.responses) {
+      for (const v1::SequenceOutput& o : resp.outputs()) {
+        ASSERT_EQ(o.logprobs_size(), o.token_ids_size());
+        for (int i = 0; i < o.token_ids_size(); ++i) {
+          const TokenId t = o.token_ids(i);
+          const SampleLogprobs want = GatedExecutor::FakeLogprobs(t);
+          const v1::Logprobs& got = o.logprobs(i);
+          EXPECT_EQ(got.sampled().token_id(), t);
+          EXPECT_EQ(got.sampled().logprob(), want.logprob);
+          EXPECT_EQ(got.sampled().text(), tokenizer_->Decode(std::vector<TokenId>{t}, false));
+          ASSERT_EQ(got.top_size(), 2);
+          EXPECT_EQ(got.top(1).token_id(), want.top[1].first);
+          EXPECT_EQ(got.top(1).logprob(), want.top[1].second);
+          EXPECT_EQ(got.top(1).text(),
+                    tokenizer_->Decode(std::vector<TokenId>{want.top[1].first}, false));
+          ++num_tokens;
+        }
+      }
+    }
+    EXPECT_EQ(num_tokens, 12);
+  }
+  // Not asked: none, although the executor supplied them.
+  const CallResult plain = Generate(Text("Once upon a time", 6));
+  ASSERT_TRUE(plain.status.ok());
+  for (const v1::GenerateResponse& resp : plain.responses) {
+    for (const v1::SequenceOutput& o : resp.outputs()) EXPECT_EQ(o.logprobs_size(), 0);
+  }
 }
 
 TEST_F(LLMServiceTest, StopStringEndsTheSequenceWithoutItsText) {
