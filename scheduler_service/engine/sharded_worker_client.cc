@@ -119,30 +119,28 @@ void ShardedWorkerClient::Fail(const absl::Status& status) {
   }
 }
 
+absl::Status ShardedWorkerClient::HealthRound(absl::Duration deadline) {
+  for (auto& r : ranks_) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineAfter(deadline));
+    if (!Register(&ctx)) return absl::CancelledError("the worker group client was cancelled");
+    v1::HealthRequest req;
+    v1::HealthResponse resp;
+    const grpc::Status s = r->stub->Health(&ctx, req, &resp);
+    Unregister(&ctx);
+    if (!s.ok()) return RankError(*r, absl::StrCat("Health: ", Describe(s)));
+    if (!resp.serving()) return RankError(*r, absl::StrCat("not serving: ", resp.detail()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ShardedWorkerClient::WaitUntilHealthy(std::string* last_reason) {
   absl::Duration backoff = absl::Milliseconds(100);
   while (true) {
-    std::string reason;
-    for (auto& r : ranks_) {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(DeadlineAfter(std::min(absl::Seconds(2), options_.worker_timeout)));
-      if (!Register(&ctx)) return absl::CancelledError("the worker group client was cancelled");
-      v1::HealthRequest req;
-      v1::HealthResponse resp;
-      const grpc::Status s = r->stub->Health(&ctx, req, &resp);
-      Unregister(&ctx);
-      if (!s.ok()) {
-        reason = std::string(RankError(*r, absl::StrCat("Health: ", Describe(s))).message());
-        break;
-      }
-      if (!resp.serving()) {
-        reason = std::string(RankError(*r, absl::StrCat("not serving: ", resp.detail())).message());
-        break;
-      }
-    }
-    if (reason.empty()) return absl::OkStatus();
-    if (last_reason != nullptr) *last_reason = reason;
-    VLOG(1) << "waiting for the workers: " << reason;
+    const absl::Status s = HealthRound(std::min(absl::Seconds(2), options_.worker_timeout));
+    if (s.ok() || s.code() == absl::StatusCode::kCancelled) return s;
+    if (last_reason != nullptr) *last_reason = std::string(s.message());
+    VLOG(1) << "waiting for the workers: " << s;
     absl::MutexLock lock(&mu_);
     auto cancelled = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return cancelled_ || stopping_; };
     if (mu_.AwaitWithTimeout(absl::Condition(&cancelled), backoff)) {
@@ -150,6 +148,12 @@ absl::Status ShardedWorkerClient::WaitUntilHealthy(std::string* last_reason) {
     }
     backoff = std::min(backoff * 2, absl::Seconds(2));
   }
+}
+
+absl::Status ShardedWorkerClient::CheckHealth() {
+  const absl::Status s = HealthRound(options_.worker_timeout);
+  if (!s.ok() && s.code() != absl::StatusCode::kCancelled) Fail(s);
+  return failure();
 }
 
 absl::Status ShardedWorkerClient::ForEachRank(

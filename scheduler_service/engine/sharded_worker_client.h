@@ -16,8 +16,8 @@
 // longer than `worker_timeout` (plus the time gRPC takes to deliver a cancellation).
 //
 // Thread-safety: setup calls and Execute from one thread at a time (the manager, then the
-// engine thread); Cancel() and failure() from any thread. Destruction cancels the streams and
-// joins the rank threads.
+// engine thread); CheckHealth(), Cancel() and failure() from any thread. Destruction cancels the
+// streams and joins the rank threads.
 #ifndef LLM_SCHEDULER_SERVICE_ENGINE_SHARDED_WORKER_CLIENT_H_
 #define LLM_SCHEDULER_SERVICE_ENGINE_SHARDED_WORKER_CLIENT_H_
 
@@ -62,6 +62,12 @@ class ShardedWorkerClient : public Executor {
   // up to date with why the last round failed.
   absl::Status WaitUntilHealthy(std::string* last_reason = nullptr);
 
+  // While the group runs (between steps, from another thread): Health on every rank, each
+  // within the worker timeout. A rank that fails it, or answers not serving, fails the group
+  // as a failed step does (so a dead worker is noticed without waiting for a request).
+  // Returns failure().
+  absl::Status CheckHealth();
+
   // Init on every rank in parallel; `base` is completed with each rank's rank and world_size.
   absl::StatusOr<std::vector<v1::InitResponse>> Init(const v1::InitRequest& base);
   // ProfileMemory on every rank in parallel; the smallest block counts of all ranks.
@@ -98,6 +104,8 @@ class ShardedWorkerClient : public Executor {
   absl::Status ForEachRank(const char* what,
                            const std::function<grpc::Status(Rank&, grpc::ClientContext*)>& call);
   absl::Status RankError(const Rank& r, const std::string& reason) const;
+  // Health on every rank in turn; the first failure (UNAVAILABLE naming the rank).
+  absl::Status HealthRound(absl::Duration deadline);
   // Registers a context so that Cancel() reaches it; false when already cancelled.
   bool Register(grpc::ClientContext* context);
   void Unregister(grpc::ClientContext* context);

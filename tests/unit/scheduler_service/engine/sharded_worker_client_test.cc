@@ -192,6 +192,19 @@ TEST(ShardedWorkerClientTest, RankWhoseServerIsKilledFailsTheStep) {
   EXPECT_THAT(status.message(), HasSubstr("worker rank 1 at " + g->ranks[1].address));
 }
 
+TEST(ShardedWorkerClientTest, HealthProbeFailsTheGroupWhenARankDies) {
+  auto g = StartGroup(2);
+  EXPECT_TRUE(g->client->CheckHealth().ok());
+  const std::string dead = g->ranks[1].address;
+  g->ranks[1].Kill();
+  const absl::Status s = g->client->CheckHealth();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(s.message(), HasSubstr("worker rank 1 at " + dead + ": Health"));
+  EXPECT_EQ(g->failures, 1);
+  ModelOutput out;
+  EXPECT_EQ(g->client->Execute(SchedulerOutput(), &out), s);  // failed for good
+}
+
 TEST(ShardedWorkerClientTest, InitFailsNamingTheUnreachableRank) {
   Rank r0 = StartRank(0);
   Rank r1 = StartRank(1);
