@@ -286,7 +286,8 @@ class GroupManager {
       absl::StatusOr<std::shared_ptr<ServingEngine>> engine = Build(std::move(*client), attempt);
       if (!engine.ok()) {
         LOG(WARNING) << "worker group attempt " << attempt << " failed: " << engine.status();
-        (void)service_->SetNotReady(std::string(engine.status().message()));
+        last_failure_ = std::string(engine.status().message());
+        (void)service_->SetNotReady(last_failure_);
         absl::MutexLock lock(&mu_);
         auto stop = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_; };
         mu_.AwaitWithTimeout(absl::Condition(&stop), retry);
@@ -302,11 +303,19 @@ class GroupManager {
       {
         absl::MutexLock lock(&mu_);
         auto done = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_ || !failure_.ok(); };
-        mu_.Await(absl::Condition(&done));
+        // Probe the ranks while idle too, so that a dead worker turns health NOT_SERVING
+        // before a request finds it.
+        while (!mu_.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(1))) {
+          ShardedWorkerClient* client = client_;
+          mu_.Unlock();
+          (void)client->CheckHealth();  // on failure, on_failure sets failure_
+          mu_.Lock();
+        }
         reason = stop_ ? "server shutting down" : std::string(failure_.message());
       }
       SetServing(false);
       if (!stopping()) LOG(ERROR) << "worker group failed; re-initializing: " << reason;
+      last_failure_ = reason;
       (void)service_->SetNotReady(reason);
       {
         absl::MutexLock lock(&mu_);
@@ -359,7 +368,9 @@ class GroupManager {
 
   absl::Status BuildSteps(ShardedWorkerClient* client, int attempt) {
     const Flags& f = setup_.flags;
-    (void)service_->SetNotReady(absl::StrCat("connecting to the workers (attempt ", attempt, ")"));
+    (void)service_->SetNotReady(
+        absl::StrCat("connecting to the workers (attempt ", attempt, ")",
+                     last_failure_.empty() ? "" : "; the last attempt failed: ", last_failure_));
     std::string reason;
     if (absl::Status s = client->WaitUntilHealthy(&reason); !s.ok()) return s;
     LOG(INFO) << "all " << client->world_size() << " workers answer; initializing (attempt "
@@ -412,6 +423,7 @@ class GroupManager {
   const TcpStoreServer* const store_;
   const DetokenizerFactory* const detokenizers_;
   BlockSpaceManagerConfig cache_;  // Run's thread
+  std::string last_failure_;       // Run's thread: why the last group failed or did not form
 
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

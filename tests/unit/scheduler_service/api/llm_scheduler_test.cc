@@ -70,6 +70,46 @@ int HealthStatus(const std::shared_ptr<grpc::Channel>& channel, const std::strin
   return 0;
 }
 
+// The services the server lists through reflection (grpc.reflection.v1alpha, by hand): the
+// raw bytes of the first answer to list_services, which contain the service names.
+std::string ReflectionListServices(const std::shared_ptr<grpc::Channel>& channel) {
+  class Reactor final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+   public:
+    Reactor() : slice_(std::string("\x3a\x00", 2)), request_(&slice_, 1) {}
+    void Start() {
+      StartWrite(&request_);
+      StartRead(&response_);
+      StartCall();
+    }
+    void OnWriteDone(bool) override { StartWritesDone(); }
+    void OnReadDone(bool ok) override {
+      if (!ok) return;
+      std::vector<grpc::Slice> slices;
+      (void)response_.Dump(&slices);
+      for (const grpc::Slice& s : slices) {
+        bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+      }
+    }
+    void OnDone(const grpc::Status&) override { done.Notify(); }
+    std::string bytes;
+    absl::Notification done;
+
+   private:
+    grpc::Slice slice_;
+    grpc::ByteBuffer request_, response_;
+  };
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  Reactor reactor;
+  stub.PrepareBidiStreamingCall(&ctx,
+                                "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                                grpc::StubOptions(), &reactor);
+  reactor.Start();
+  reactor.done.WaitForNotification();
+  return reactor.bytes;
+}
+
 template <typename F>
 bool Eventually(F done, absl::Duration limit = absl::Seconds(60)) {
   const absl::Time deadline = absl::Now() + limit;
@@ -194,6 +234,7 @@ TEST_F(LLMSchedulerTest, ServesFailsAndRecoversWhenARankComesBack) {
   auto channel = Connect();
   ASSERT_TRUE(Eventually([&] { return HealthStatus(channel, "") == 1; }));
   EXPECT_EQ(HealthStatus(channel, "llm.v1.LLMService"), 1);
+  EXPECT_THAT(ReflectionListServices(channel), HasSubstr("llm.v1.LLMService"));
 
   std::vector<int> tokens;
   grpc::Status s = Generate(8, &tokens);
@@ -237,6 +278,15 @@ TEST_F(LLMSchedulerTest, ServesFailsAndRecoversWhenARankComesBack) {
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(again.size(), 8u);
 
+  // A rank that dies while the group is idle is noticed without a request (Health probe).
+  const std::string r0_address = r0.address;
+  r0.Kill();
+  ASSERT_TRUE(Eventually([&] { return HealthStatus(channel, "") == 2; }));
+  s = Generate(8);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(s.error_message(), HasSubstr("the worker group is not ready"));
+  EXPECT_THAT(s.error_message(), HasSubstr("worker rank 0 at " + r0_address));
+
   // SIGTERM: a clean exit; the workers are left running.
   scheduler->Signal(SIGTERM);
   EXPECT_EQ(scheduler->Wait(), 0);
@@ -244,7 +294,7 @@ TEST_F(LLMSchedulerTest, ServesFailsAndRecoversWhenARankComesBack) {
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::HealthResponse health;
   auto worker = v1::WorkerService::NewStub(
-      grpc::CreateChannel(r0.address, grpc::InsecureChannelCredentials()));
+      grpc::CreateChannel(r1.address, grpc::InsecureChannelCredentials()));
   EXPECT_TRUE(worker->Health(&ctx, v1::HealthRequest(), &health).ok());
 }
 
