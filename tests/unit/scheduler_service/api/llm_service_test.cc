@@ -117,13 +117,16 @@ class LLMServiceTest : public ::testing::Test {
     service_.reset();
   }
 
-  std::shared_ptr<ServingEngine> MakeEngine(bool open = true) {
+  std::shared_ptr<ServingEngine> MakeEngine(bool open = true, bool prefix_caching = false) {
     SchedulerConfig sc;
     sc.max_model_len = kMaxModelLen;
     sc.max_num_batched_tokens = kMaxModelLen;
     sc.eos_token_id = 1;
-    const BlockSpaceManagerConfig bc{
-        .block_size = 16, .num_gpu_blocks = kBlocks, .num_cpu_blocks = 0, .watermark = 0};
+    const BlockSpaceManagerConfig bc{.block_size = 16,
+                                     .num_gpu_blocks = kBlocks,
+                                     .num_cpu_blocks = 0,
+                                     .watermark = 0,
+                                     .enable_prefix_caching = prefix_caching};
     auto gate = std::make_unique<GatedExecutor>(FakeExecutorConfig{
         .num_gpu_blocks = kBlocks, .vocab_size = tokenizer_->vocab_size(), .seed = 3});
     gate_ = gate.get();
@@ -138,10 +141,10 @@ class LLMServiceTest : public ::testing::Test {
 
   // Replaces the engine by a fresh one whose steps run only as the test allows (closed) or
   // freely (open).
-  void SwapEngine(bool open) {
+  void SwapEngine(bool open, bool prefix_caching = false) {
     gate_->Open();
     service_->SetNotReady("swapping engines").reset();
-    service_->SetReady(MakeEngine(open));
+    service_->SetReady(MakeEngine(open, prefix_caching));
   }
 
   CallResult Generate(const v1::GenerateRequest& req) {
@@ -405,6 +408,23 @@ TEST_F(LLMServiceTest, StopStringEndsTheSequenceWithoutItsText) {
   EXPECT_EQ(last.finish_reason(), v1::FINISH_REASON_STOP);
   EXPECT_EQ(last.stop_reason(), stop);
   EXPECT_EQ(AllText(r, 0), text.substr(0, text.find(stop)));
+}
+
+TEST_F(LLMServiceTest, UsageCountsPrefixCachedPromptTokens) {
+  SwapEngine(/*open=*/true, /*prefix_caching=*/true);
+  v1::GenerateRequest req;
+  for (int i = 0; i < 40; ++i) req.mutable_token_ids()->add_ids(100 + i);
+  req.mutable_sampling_params()->set_max_tokens(4);
+  const CallResult first = Generate(req);
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  EXPECT_EQ(first.responses.back().usage().cached_prompt_tokens(), 0u);
+  const CallResult second = Generate(req);
+  ASSERT_TRUE(second.status.ok()) << second.status.error_message();
+  const v1::Usage& usage = second.responses.back().usage();
+  EXPECT_EQ(usage.prompt_tokens(), 40u);
+  EXPECT_EQ(usage.cached_prompt_tokens(), 32u);  // the two full blocks
+  EXPECT_EQ(usage.completion_tokens(), 4u);
+  EXPECT_GT(Stats().prefix_cache_hit_rate(), 0);
 }
 
 TEST_F(LLMServiceTest, RequestIdInUseAndTooManyRequests) {
