@@ -130,12 +130,19 @@ absl::StatusOr<bool> EngineCore::StepOnce() {
     const absl::string_view id(out.request_id.data(), out.request_id.size());
     auto it = streams_.find(id);
     if (it == streams_.end()) continue;
-    it->second({.output = &out, .outputs = *outputs});
-    if (out.finished) {
-      streams_.erase(it);
+    if (!out.finished) {
+      it->second({.output = &out, .outputs = *outputs});
+      continue;
+    }
+    // The id is free again before the stream's end is delivered: a client that sees the end
+    // may reuse it at once.
+    StreamCallback cb = std::move(it->second);
+    streams_.erase(it);
+    {
       absl::MutexLock lock(&mu_);
       in_flight_.erase(id);
     }
+    cb({.output = &out, .outputs = *outputs});
   }
   return true;
 }
