@@ -64,6 +64,7 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<v1::Gener
         prompt_(std::move(prompt)),
         detok_options_(detok) {
     seqs_.resize(n);
+    for (int i = 0; i < n; ++i) seqs_[i].accumulated.set_index(i);
   }
 
   void Start(std::shared_ptr<GenerateCall> self) { self_ = std::move(self); }
