@@ -5,9 +5,11 @@
 // The group manager thread owns the group's lifecycle: connect to every worker (retrying until
 // they answer Health), Init all ranks in parallel (a Gloo rendezvous through the TcpStoreServer
 // this process runs, under a fresh prefix per attempt), ProfileMemory (smallest figures),
-// InitCache, open the Step streams, start the engine; health SERVING. When a step fails (a
-// rank broke or timed out) every stream ends with UNAVAILABLE naming the rank, health turns
-// NOT_SERVING, the engine is torn down and the manager starts again from the top.
+// InitCache, open the Step streams, start the engine; health SERVING. While serving it probes
+// every rank's Health each second. When a step or a probe fails (a rank broke or timed out)
+// every stream ends with UNAVAILABLE naming the rank, health turns NOT_SERVING, the engine is
+// torn down and the manager starts again from the top (backing off 0.5 s to 10 s between
+// failed attempts).
 //
 // SIGTERM / SIGINT: health NOT_SERVING, every stream ends with UNAVAILABLE "server shutting
 // down", the engine stops, the server shuts down (short deadline) and the process exits 0.
