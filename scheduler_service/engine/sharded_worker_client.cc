@@ -158,28 +158,38 @@ absl::Status ShardedWorkerClient::CheckHealth() {
 
 absl::Status ShardedWorkerClient::ForEachRank(
     const char* what, const std::function<grpc::Status(Rank&, grpc::ClientContext*)>& call) {
-  std::vector<absl::Status> results(ranks_.size());
+  // The contexts outlive every thread, so that the first failure can cancel the other calls
+  // (a rank blocked in the rendezvous would otherwise hold the round for the whole timeout).
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    contexts.back()->set_deadline(DeadlineAfter(options_.worker_timeout));
+  }
+  absl::Mutex first_mu;
+  absl::Status first;  // the first failure in time: the cause, not a cancelled bystander
   std::vector<std::thread> threads;
   threads.reserve(ranks_.size());
   for (size_t i = 0; i < ranks_.size(); ++i) {
     threads.emplace_back([&, i] {
       Rank& r = *ranks_[i];
-      grpc::ClientContext ctx;
-      ctx.set_deadline(DeadlineAfter(options_.worker_timeout));
-      if (!Register(&ctx)) {
-        results[i] = absl::CancelledError("the worker group client was cancelled");
-        return;
+      grpc::ClientContext* ctx = contexts[i].get();
+      absl::Status status;
+      if (!Register(ctx)) {
+        status = absl::CancelledError("the worker group client was cancelled");
+      } else {
+        const grpc::Status s = call(r, ctx);
+        Unregister(ctx);
+        if (!s.ok()) status = RankError(r, absl::StrCat(what, ": ", Describe(s)));
       }
-      const grpc::Status s = call(r, &ctx);
-      Unregister(&ctx);
-      if (!s.ok()) results[i] = RankError(r, absl::StrCat(what, ": ", Describe(s)));
+      if (status.ok()) return;
+      absl::MutexLock lock(&first_mu);
+      if (!first.ok()) return;
+      first = status;
+      for (auto& c : contexts) c->TryCancel();
     });
   }
   for (std::thread& t : threads) t.join();
-  for (const absl::Status& s : results) {
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
+  return first;
 }
 
 absl::StatusOr<std::vector<v1::InitResponse>> ShardedWorkerClient::Init(

@@ -42,6 +42,16 @@ Rank StartRank(uint64_t seed, int num_gpu_blocks = kBlocks) {
   return FakeWorkerServer::Start(kVocab, seed, num_gpu_blocks);
 }
 
+template <typename F>
+bool Eventually(F done) {  // hang guard: 30 s
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
 SchedulerConfig Config() {
   SchedulerConfig c;
   c.max_model_len = 256;
@@ -216,6 +226,23 @@ TEST(ShardedWorkerClientTest, InitFailsNamingTheUnreachableRank) {
   auto inits = (*client)->Init(v1::InitRequest());
   EXPECT_EQ(inits.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(inits.status().message(), HasSubstr("worker rank 1 at " + dead + ": Init"));
+}
+
+TEST(ShardedWorkerClientTest, AFailingInitCancelsTheOthersAndIsTheOneReported) {
+  Rank r0 = StartRank(0);
+  r0.service->set_block_init(true);  // stuck as in a rendezvous whose peer never comes
+  Rank r1 = StartRank(1);
+  const std::string dead = r1.address;
+  r1.Kill();
+  auto client = ShardedWorkerClient::Create(
+      {.addresses = {r0.address, dead}, .worker_timeout = absl::Hours(1)});
+  ASSERT_TRUE(client.ok());
+  auto inits = (*client)->Init(v1::InitRequest());  // a hang here is the bug
+  EXPECT_EQ(inits.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(inits.status().message(), HasSubstr("worker rank 1 at " + dead + ": Init"));
+  // Rank 0's call was cancelled: before it reached the worker, or there.
+  EXPECT_TRUE(Eventually(
+      [&] { return r0.service->num_cancelled_inits() == r0.service->num_init_calls(); }));
 }
 
 TEST(ShardedWorkerClientTest, CancelEndsTheWaitForWorkers) {

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "llm/v1/worker_service.grpc.pb.h"
 #include "scheduler_service/engine/fake_executor.h"
@@ -26,6 +27,10 @@ class FakeWorker final : public v1::WorkerService::Service {
       : vocab_size_(vocab_size), seed_(seed), num_gpu_blocks_(num_gpu_blocks) {}
 
   void set_mode(Mode m) { mode_ = m; }
+  // Init then waits until its call is cancelled (a rank stuck in the rendezvous).
+  void set_block_init(bool b) { block_init_ = b; }
+  int num_cancelled_inits() const { return num_cancelled_inits_; }
+  int num_init_calls() const { return num_init_calls_; }
   int num_steps() const { return num_steps_; }
   int num_inits() const { return num_inits_; }
   v1::InitRequest init() {
@@ -38,8 +43,14 @@ class FakeWorker final : public v1::WorkerService::Service {
     resp->set_serving(true);
     return grpc::Status::OK;
   }
-  grpc::Status Init(grpc::ServerContext*, const v1::InitRequest* req,
+  grpc::Status Init(grpc::ServerContext* ctx, const v1::InitRequest* req,
                     v1::InitResponse* resp) override {
+    ++num_init_calls_;
+    if (block_init_) {
+      while (!ctx->IsCancelled()) absl::SleepFor(absl::Milliseconds(5));
+      ++num_cancelled_inits_;
+      return {grpc::StatusCode::CANCELLED, "cancelled"};
+    }
     absl::MutexLock lock(&mu_);
     init_ = *req;
     executor_.reset();
@@ -104,6 +115,9 @@ class FakeWorker final : public v1::WorkerService::Service {
   std::atomic<Mode> mode_{Mode::kNormal};
   std::atomic<int> num_steps_{0};
   std::atomic<int> num_inits_{0};
+  std::atomic<bool> block_init_{false};
+  std::atomic<int> num_cancelled_inits_{0};
+  std::atomic<int> num_init_calls_{0};
   absl::Mutex mu_;
   v1::InitRequest init_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<FakeExecutor> executor_ ABSL_GUARDED_BY(mu_);
