@@ -9,7 +9,9 @@
 // there (PATH.tmp, then renamed). SIGTERM / SIGINT (or the Shutdown rpc) stop it: rpcs in
 // flight get a second, then it exits 0. Exit 1 when it cannot serve, 2 for a bad flag.
 #include <signal.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -23,6 +25,13 @@
 
 namespace llm {
 namespace {
+
+int g_signal_pipe = -1;
+
+void OnStopSignal(int sig) {
+  const unsigned char byte = static_cast<unsigned char>(sig);
+  (void)!write(g_signal_pipe, &byte, 1);
+}
 
 [[noreturn]] void Fail(int code, const std::string& msg) {
   std::fprintf(stderr, "llm-worker: %s\n", msg.c_str());
@@ -63,13 +72,16 @@ int Run(int argc, char** argv) {
   }
   if (threads > 0) openblas_set_num_threads(threads);
 
-  // SIGTERM and SIGINT are taken by a thread of their own (blocked here, before any thread
-  // starts, so that every thread inherits the mask).
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  // SIGTERM and SIGINT: the handler writes to a pipe that a thread of ours reads (a handler
+  // may run on any thread, OpenBLAS's included, and may do little more than write()).
+  int pipe_fds[2];
+  if (pipe(pipe_fds) != 0) Fail(1, "cannot create the signal pipe");
+  g_signal_pipe = pipe_fds[1];
+  struct sigaction action = {};
+  action.sa_handler = OnStopSignal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
 
   WorkerServer server(options);
   if (absl::Status s = server.Start(); !s.ok()) Fail(1, s.ToString());
@@ -78,9 +90,10 @@ int Run(int argc, char** argv) {
     server.Stop();
     Fail(1, "cannot write --port-file " + port_file);
   }
-  std::thread([&server, stop_signals] {
-    int sig = 0;
-    sigwait(&stop_signals, &sig);
+  std::thread([&server, fd = pipe_fds[0]] {
+    unsigned char sig = 0;
+    while (read(fd, &sig, 1) < 0 && errno == EINTR) {
+    }
     std::fprintf(stderr, "llm-worker: signal %d, stopping\n", sig);
     server.Stop();
   }).detach();
