@@ -276,6 +276,20 @@ void EncodeStepResult(const ModelOutput& output, v1::StepResult* out) {
   out->set_step_id(static_cast<uint64_t>(output.step_id));
   out->mutable_sampled_token_ids()->Add(output.sampled_token_ids.begin(),
                                         output.sampled_token_ids.end());
+  out->mutable_logprobs()->Reserve(static_cast<int>(output.logprobs.size()));
+  for (size_t i = 0; i < output.logprobs.size(); ++i) {
+    const SampleLogprobs& lp = output.logprobs[i];
+    v1::Logprobs* q = out->add_logprobs();
+    if (i < output.sampled_token_ids.size()) {
+      q->mutable_sampled()->set_token_id(output.sampled_token_ids[i]);
+    }
+    q->mutable_sampled()->set_logprob(lp.logprob);
+    for (const auto& [token, logprob] : lp.top) {
+      v1::TokenLogprob* t = q->add_top();
+      t->set_token_id(token);
+      t->set_logprob(logprob);
+    }
+  }
 }
 
 absl::Status DecodeStepResult(const v1::StepResult& in, ModelOutput* out) {
@@ -291,6 +305,19 @@ absl::Status DecodeStepResult(const v1::StepResult& in, ModelOutput* out) {
           absl::StrCat("step ", in.step_id(), ": sampled token id ", t, " is negative"));
     }
     out->sampled_token_ids.push_back(t);
+  }
+  out->logprobs.clear();
+  if (in.logprobs_size() != 0 && in.logprobs_size() != in.sampled_token_ids_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", in.step_id(), ": ", in.logprobs_size(),
+                                                   " logprobs for ", in.sampled_token_ids_size(),
+                                                   " tokens"));
+  }
+  out->logprobs.reserve(in.logprobs_size());
+  for (const v1::Logprobs& q : in.logprobs()) {
+    SampleLogprobs& lp = out->logprobs.emplace_back();
+    lp.logprob = q.sampled().logprob();
+    lp.top.reserve(q.top_size());
+    for (const v1::TokenLogprob& t : q.top()) lp.top.emplace_back(t.token_id(), t.logprob());
   }
   return absl::OkStatus();
 }

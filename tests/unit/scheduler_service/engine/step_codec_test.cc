@@ -322,12 +322,23 @@ TEST(StepCodec, DecodeRejectsMalformedStepsNamingTheRequest) {
 
 TEST(StepCodec, StepResultCarriesTokensAndErrors) {
   ModelOutput out{.step_id = 9, .sampled_token_ids = {4, 5, 6}};
+  out.logprobs = {{-0.5f, {{4, -0.5f}, {8, -1.5f}}}, {}, {-2.25f, {}}};
   v1::StepResult result;
   EncodeStepResult(out, &result);
   ModelOutput back;
   ASSERT_TRUE(DecodeStepResult(result, &back).ok());
   EXPECT_EQ(back.step_id, 9);
   EXPECT_EQ(back.sampled_token_ids, out.sampled_token_ids);
+  ASSERT_EQ(back.logprobs.size(), 3u);
+  EXPECT_EQ(back.logprobs[0].logprob, -0.5f);
+  EXPECT_EQ(back.logprobs[0].top, out.logprobs[0].top);
+  EXPECT_TRUE(back.logprobs[1].top.empty());
+  EXPECT_EQ(back.logprobs[2].logprob, -2.25f);
+
+  v1::StepResult short_logprobs = result;
+  short_logprobs.mutable_logprobs()->RemoveLast();
+  EXPECT_THAT(std::string(DecodeStepResult(short_logprobs, &back).message()),
+              HasSubstr("2 logprobs for 3 tokens"));
 
   result.set_error_code(static_cast<int>(absl::StatusCode::kInvalidArgument));
   result.set_error_message("request \"a\": block id 99 is past the cache");
