@@ -323,8 +323,11 @@ void WorkerServer::RunStep(const v1::StepRequest& request, v1::StepResult* resul
         forward_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       }
       if (status.ok()) {
-        // Every rank samples the same way; only rank 0's tokens travel.
-        if (model_key_.rank != 0) output.sampled_token_ids.clear();
+        // Every rank samples the same way; only rank 0's tokens (and logprobs) travel.
+        if (model_key_.rank != 0) {
+          output.sampled_token_ids.clear();
+          output.logprobs.clear();
+        }
         EncodeStepResult(output, result);
       } else if (status.code() != absl::StatusCode::kInvalidArgument) {
         // Failed inside the model or a collective: the cache or the group may be broken.
@@ -339,6 +342,7 @@ void WorkerServer::RunStep(const v1::StepRequest& request, v1::StepResult* resul
   result->set_step_id(request.step_id());
   if (!status.ok()) {
     result->clear_sampled_token_ids();
+    result->clear_logprobs();
     result->set_error_code(static_cast<int32_t>(status.code()));
     // Every message names the step (the runner's already do).
     const std::string message(status.message());

@@ -143,7 +143,10 @@ class StreamExecutor : public Executor {
       if (!streams_[r]->rw->Read(&results[r])) return absl::UnavailableError("stream broke");
       EXPECT_EQ(results[r].step_id(), request.step_id()) << "rank " << r;
       EXPECT_GE(results[r].step_seconds(), results[r].forward_seconds());
-      if (r > 0) EXPECT_EQ(results[r].sampled_token_ids_size(), 0) << "rank " << r;
+      if (r > 0) {
+        EXPECT_EQ(results[r].sampled_token_ids_size(), 0) << "rank " << r;
+        EXPECT_EQ(results[r].logprobs_size(), 0) << "rank " << r;
+      }
       if (results[r].error_code() != 0) {
         return absl::Status(static_cast<absl::StatusCode>(results[r].error_code()),
                             absl::StrCat("rank ", r, ": ", results[r].error_message()));
@@ -371,6 +374,7 @@ TEST(WorkerServer, BadStepsAnswerInvalidArgumentAndTheStreamGoesOn) {
   Stream stream(w);
   SamplingParams params;
   params.temperature = 0;
+  params.logprobs = 2;
   const std::vector<TokenId> prompt{5, 6, 7};
   SchedulerOutput step;
   step.seqs.push_back(
@@ -428,7 +432,10 @@ TEST(WorkerServer, BadStepsAnswerInvalidArgumentAndTheStreamGoesOn) {
   ASSERT_TRUE(stream.RoundTrip(request, &result));
   EXPECT_EQ(result.step_id(), 5u);
   EXPECT_EQ(result.error_code(), 0) << result.error_message();
-  EXPECT_EQ(result.sampled_token_ids_size(), 1);
+  ASSERT_EQ(result.sampled_token_ids_size(), 1);
+  ASSERT_EQ(result.logprobs_size(), 1);  // asked for: the sampled token's and the top 2
+  EXPECT_EQ(result.logprobs(0).sampled().token_id(), result.sampled_token_ids(0));
+  EXPECT_EQ(result.logprobs(0).top_size(), 2);
   EXPECT_GT(result.forward_seconds(), 0.0);
   EXPECT_GE(result.step_seconds(), result.forward_seconds());
   EXPECT_TRUE(stream.Close().ok());
