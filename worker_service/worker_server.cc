@@ -391,12 +391,30 @@ grpc::Status WorkerServer::Health(grpc::ServerContext*, const v1::HealthRequest*
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerServer::Shutdown(grpc::ServerContext*, const v1::ShutdownRequest*,
-                                    v1::ShutdownResponse*) {
-  // grpc::Server::Shutdown waits for the handlers, this one included: stop from elsewhere.
+void WorkerServer::StopSoon() {
+  // grpc::Server::Shutdown must not run on a gRPC thread: stop from a thread of our own. No
+  // grace: the Shutdown call is complete, and any other rpc (a Step stream) ends now rather than
+  // at the deadline (measured: with a grace, Shutdown() begun from OnDone() waits all of it).
   absl::MutexLock lock(&stopper_mu_);
-  if (!stopper_.joinable()) stopper_ = std::thread([this] { Stop(); });
-  return grpc::Status::OK;
+  if (!stopper_.joinable()) stopper_ = std::thread([this] { Stop(absl::ZeroDuration()); });
+}
+
+grpc::ServerUnaryReactor* WorkerServer::Shutdown(grpc::CallbackServerContext*,
+                                                 const v1::ShutdownRequest*,
+                                                 v1::ShutdownResponse*) {
+  // Answers at once; OnDone() runs when the answer has been delivered (or the call failed).
+  class Reactor : public grpc::ServerUnaryReactor {
+   public:
+    explicit Reactor(WorkerServer* server) : server_(server) { Finish(grpc::Status::OK); }
+    void OnDone() override {
+      server_->StopSoon();
+      delete this;
+    }
+
+   private:
+    WorkerServer* server_;
+  };
+  return new Reactor(this);
 }
 
 }  // namespace llm

@@ -16,7 +16,8 @@
 //                   FAILED_PRECONDITION the same way.
 //   Health          serving = true; detail "ready" once steps can run, else "not initialized"
 //                   (with the reason after a colon when there is one).
-//   Shutdown        answers, then stops the server (Stop()) on a thread of its own.
+//   Shutdown        answers, then, once the answer is delivered, stops the server on a thread
+//                   of its own, cancelling any other rpc (a Step stream) at once.
 //
 // Concurrency. Init, ProfileMemory, InitCache and each step run under one mutex, so a step is
 // never interleaved with a change of the model or cache: an Init that arrives while a step runs
@@ -60,7 +61,10 @@ struct WorkerServerOptions {
   std::string device = "cpu";  // only "cpu" is built in
 };
 
-class WorkerServer final : public v1::WorkerService::Service {
+// Shutdown is a callback-API method: the server is stopped once that call is complete (a sync
+// handler cannot know that, and a Shutdown() begun while it runs waits out the whole grace).
+class WorkerServer final
+    : public v1::WorkerService::WithCallbackMethod_Shutdown<v1::WorkerService::Service> {
  public:
   explicit WorkerServer(WorkerServerOptions options);
   WorkerServer(const WorkerServer&) = delete;
@@ -88,8 +92,9 @@ class WorkerServer final : public v1::WorkerService::Service {
                     grpc::ServerReaderWriter<v1::StepResult, v1::StepRequest>* stream) override;
   grpc::Status Health(grpc::ServerContext* context, const v1::HealthRequest* request,
                       v1::HealthResponse* response) override;
-  grpc::Status Shutdown(grpc::ServerContext* context, const v1::ShutdownRequest* request,
-                        v1::ShutdownResponse* response) override;
+  grpc::ServerUnaryReactor* Shutdown(grpc::CallbackServerContext* context,
+                                     const v1::ShutdownRequest* request,
+                                     v1::ShutdownResponse* response) override;
 
  private:
   // What the loaded model was loaded for; Init reloads when it differs.
@@ -107,6 +112,8 @@ class WorkerServer final : public v1::WorkerService::Service {
   void RunStep(const v1::StepRequest& request, v1::StepResult* result);
   void SetHealth(bool ready, std::string detail);
   void CancelActiveStream();
+  // Starts the thread that Stop()s the server (once).
+  void StopSoon();
 
   const WorkerServerOptions options_;
 

@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "scheduler_service/engine/engine_core.h"
 #include "scheduler_service/engine/step_codec.h"
+#include "tests/unit/worker_service/grpc_health_util.h"
 #include "tests/unit/worker_service/model/model_test_util.h"
 #include "worker_service/cache_engine.h"
 #include "worker_service/model_runner.h"
@@ -49,8 +50,9 @@ struct Worker {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(-1);
     args.SetMaxSendMessageSize(-1);
-    stub = v1::WorkerService::NewStub(grpc::CreateCustomChannel(
-        "127.0.0.1:" + std::to_string(server->port()), grpc::InsecureChannelCredentials(), args));
+    channel = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(server->port()),
+                                        grpc::InsecureChannelCredentials(), args);
+    stub = v1::WorkerService::NewStub(channel);
   }
 
   std::unique_ptr<grpc::ClientContext> Context() {
@@ -82,6 +84,7 @@ struct Worker {
   }
 
   std::unique_ptr<WorkerServer> server;
+  std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::WorkerService::Stub> stub;
 };
 
@@ -247,6 +250,9 @@ TEST(WorkerServer, LifecycleAnswersFollowTheModelAndTheMemoryFigures) {
   Worker w;
   EXPECT_TRUE(w.Health().serving());
   EXPECT_EQ(w.Health().detail(), "not initialized");
+  // grpc.health.v1 says SERVING as soon as the process serves.
+  EXPECT_EQ(GrpcHealthCheck(w.channel, ""), 1);
+  EXPECT_EQ(GrpcHealthCheck(w.channel, "llm.v1.WorkerService"), 1);
 
   v1::ProfileMemoryRequest profile;
   profile.set_block_size(16);
@@ -542,10 +548,17 @@ TEST(WorkerServer, InitWhileStepsRunWaitsAndLeavesAWorkingWorker) {
 
 TEST(WorkerServer, ShutdownStopsTheServerAfterAnswering) {
   Worker w;
+  Stream stream(w);  // an open Step stream does not hold the stop up
+  v1::StepRequest request;
+  request.set_step_id(1);
+  v1::StepResult result;
+  ASSERT_TRUE(stream.RoundTrip(request, &result));
   grpc::ClientContext ctx;
   v1::ShutdownResponse response;
   ASSERT_TRUE(w.stub->Shutdown(&ctx, v1::ShutdownRequest(), &response).ok());
   w.server->Wait();  // returns: the server stopped
+  EXPECT_FALSE(stream.rw->Read(&result));
+  EXPECT_FALSE(stream.rw->Finish().ok());
   grpc::ClientContext after;
   after.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   v1::HealthResponse health;
