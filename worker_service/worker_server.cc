@@ -149,6 +149,7 @@ void WorkerServer::SetHealth(bool ready, std::string detail) {
 
 void WorkerServer::CancelActiveStream() {
   absl::MutexLock lock(&stream_mu_);
+  ++generation_;
   if (active_stream_ != nullptr && !active_stream_cancelled_) {
     active_stream_->TryCancel();
     active_stream_cancelled_ = true;
@@ -300,14 +301,23 @@ grpc::Status WorkerServer::InitCache(grpc::ServerContext*, const v1::InitCacheRe
   return grpc::Status::OK;
 }
 
-void WorkerServer::RunStep(const v1::StepRequest& request, v1::StepResult* result) {
+void WorkerServer::RunStep(const v1::StepRequest& request, uint64_t generation,
+                           v1::StepResult* result) {
   const Clock::time_point arrival = Clock::now();
   result->Clear();
   absl::Status status;
   double forward_seconds = 0;
   {
     absl::MutexLock lock(&mu_);
-    if (!initialized_ || runner_ == nullptr) {
+    bool stale = false;
+    {
+      absl::MutexLock stream_lock(&stream_mu_);
+      stale = generation != generation_;
+    }
+    if (stale) {
+      status = absl::FailedPreconditionError(absl::StrCat(
+          "step ", request.step_id(), ": the worker was re-initialized after this stream opened"));
+    } else if (!initialized_ || runner_ == nullptr) {
       status = absl::FailedPreconditionError(absl::StrCat(
           "step ", request.step_id(), ": the worker is not initialized (Init, then InitCache)"));
     } else {
@@ -356,6 +366,7 @@ void WorkerServer::RunStep(const v1::StepRequest& request, v1::StepResult* resul
 
 grpc::Status WorkerServer::Step(grpc::ServerContext* context,
                                 grpc::ServerReaderWriter<v1::StepResult, v1::StepRequest>* stream) {
+  uint64_t generation = 0;
   {
     absl::MutexLock lock(&stream_mu_);
     // A stream Init cancelled is on its way out: wait for it (it ends at its next read, or
@@ -370,11 +381,12 @@ grpc::Status WorkerServer::Step(grpc::ServerContext* context,
     }
     active_stream_ = context;
     active_stream_cancelled_ = false;
+    generation = generation_;
   }
   v1::StepRequest request;
   v1::StepResult result;
   while (stream->Read(&request)) {
-    RunStep(request, &result);
+    RunStep(request, generation, &result);
     if (!stream->Write(result)) break;
   }
   absl::MutexLock lock(&stream_mu_);

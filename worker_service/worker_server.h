@@ -34,7 +34,7 @@
 #ifndef LLM_WORKER_SERVICE_WORKER_SERVER_H_
 #define LLM_WORKER_SERVICE_WORKER_SERVER_H_
 
-#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <thread>
@@ -108,9 +108,11 @@ class WorkerServer final
 
   absl::Status DoInit(const v1::InitRequest& request, v1::InitResponse* response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Runs one step into `result` (which always echoes the step id).
-  void RunStep(const v1::StepRequest& request, v1::StepResult* result);
+  // Runs one step of a stream opened in `generation` into `result` (which always echoes the
+  // step id). A stream of an earlier generation is refused: its group is gone.
+  void RunStep(const v1::StepRequest& request, uint64_t generation, v1::StepResult* result);
   void SetHealth(bool ready, std::string detail);
+  // Starts a new generation: cancels the active stream, whose steps no longer run.
   void CancelActiveStream();
   // Starts the thread that Stop()s the server (once).
   void StopSoon();
@@ -137,6 +139,9 @@ class WorkerServer final
   absl::Mutex stream_mu_;
   grpc::ServerContext* active_stream_ ABSL_GUARDED_BY(stream_mu_) = nullptr;
   bool active_stream_cancelled_ ABSL_GUARDED_BY(stream_mu_) = false;
+  // Counts Inits. A stream belongs to the generation it opened in; Init moves on to the next
+  // before it waits for mu_, so that no step of an older stream runs on the new group.
+  uint64_t generation_ ABSL_GUARDED_BY(stream_mu_) = 0;
 
   // The gRPC server and its stopping.
   absl::Mutex server_mu_;

@@ -490,6 +490,97 @@ TEST(WorkerServer, TwoTensorParallelWorkersGenerateTheTp1Tokens) {
   }
 }
 
+TEST(WorkerServer, InitFailsWhenAPeerNeverJoinsAndTheWorkerStaysUsable) {
+  absl::StatusOr<std::unique_ptr<TcpStoreServer>> store = TcpStoreServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(store.ok()) << store.status();
+  Worker w;
+  v1::InitRequest init = MakeInit(0, 2, "127.0.0.1:" + std::to_string((*store)->port()), "lonely");
+  init.set_collective_timeout_ms(300);  // rank 1 never comes: fail soon
+  const grpc::Status s = w.Init(init);
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(w.Health().detail(), StartsWith("not initialized: Init failed"));
+  v1::ProfileMemoryRequest profile;
+  profile.set_block_size(16);
+  v1::ProfileMemoryResponse memory;
+  EXPECT_EQ(w.ProfileMemory(profile, &memory).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  ASSERT_TRUE(w.Init(MakeInit()).ok());  // alone, it serves
+  ASSERT_TRUE(w.InitCache(16, 8, 1).ok());
+  EXPECT_EQ(w.Health().detail(), "ready");
+}
+
+TEST(WorkerServer, AStepStuckOnAMissingPeerEndsAndReInitRecoversTheGroup) {
+  const EngineSetup e;
+  const Outputs want = RunInProcess(e);
+  absl::StatusOr<std::unique_ptr<TcpStoreServer>> store = TcpStoreServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(store.ok()) << store.status();
+  const std::string address = "127.0.0.1:" + std::to_string((*store)->port());
+  Worker w0, w1;
+  auto init_both = [&](const std::string& prefix, uint32_t timeout_ms) {
+    grpc::Status s1;
+    v1::InitRequest i1 = MakeInit(1, 2, address, prefix), i0 = MakeInit(0, 2, address, prefix);
+    i0.set_collective_timeout_ms(timeout_ms);
+    i1.set_collective_timeout_ms(timeout_ms);
+    std::thread rank1([&] { s1 = w1.Init(i1); });
+    const grpc::Status s0 = w0.Init(i0);
+    rank1.join();
+    EXPECT_TRUE(s0.ok()) << s0.error_message();
+    EXPECT_TRUE(s1.ok()) << s1.error_message();
+    EXPECT_TRUE(w0.InitCache(e.block_size, e.num_gpu_blocks, e.num_cpu_blocks).ok());
+    EXPECT_TRUE(w1.InitCache(e.block_size, e.num_gpu_blocks, e.num_cpu_blocks).ok());
+  };
+  init_both("group-1", 500);  // collectives of this group give up after 0.5 s
+
+  // A prefill sent to rank 0 alone: its collectives wait for rank 1, which never joins them.
+  Stream stream(w0);
+  SamplingParams params;
+  const std::vector<TokenId> prompt{5, 6, 7};
+  SchedulerOutput step;
+  step.step_id = 1;
+  step.seqs.push_back(
+      {.index = 0, .new_to_workers = true, .replace_block_table = true, .block_ids = {0, 1}});
+  step.block_ids = {0};
+  step.new_requests.push_back({.slot = 0,
+                               .request_id = "r",
+                               .prompt_token_ids = prompt,
+                               .sampling_params = &params,
+                               .num_scheduled_tokens = 3,
+                               .num_samples = 1,
+                               .seqs = {0, 1}});
+  v1::StepRequest request;
+  EncodeStepRequest(step, &request);
+  v1::StepResult result;
+  ASSERT_TRUE(stream.RoundTrip(request, &result));
+  EXPECT_NE(result.error_code(), 0);  // the collective gave up
+  EXPECT_THAT(w0.Health().detail(), StartsWith("not initialized: step 1 failed"));
+  request.set_step_id(2);
+  ASSERT_TRUE(stream.RoundTrip(request, &result));  // the stream still answers
+  EXPECT_EQ(result.error_code(), static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));
+
+  // The scheduler rebuilds the group.
+  init_both("group-2", 500);
+  EXPECT_FALSE(stream.rw->Read(&result));  // Init ended the old group's stream
+  stream.rw->Finish();
+
+  // Again a step stuck on rank 0, and this time the Inits arrive while it waits: rank 0's Init
+  // waits for the step to give up, then the group forms; the stuck stream is ended (or gets
+  // its failed answer first) and none of its steps runs on the new group.
+  Stream stuck(w0);
+  request.set_step_id(1);
+  ASSERT_TRUE(stuck.rw->Write(request));
+  init_both("group-3", 60000);
+  while (stuck.rw->Read(&result)) EXPECT_NE(result.error_code(), 0);
+  stuck.rw->Finish();
+  EXPECT_EQ(w0.Health().detail(), "ready");
+
+  // The same tokens as TP = 1.
+  Outputs got;
+  {
+    StreamExecutor executor({&w0, &w1});
+    got = RunEngine(&executor, e);
+  }
+  ExpectSameOutputs(got, want, /*greedy_only=*/true);
+}
+
 TEST(WorkerServer, InitWhileStepsRunWaitsAndLeavesAWorkingWorker) {
   Worker w;
   ASSERT_TRUE(w.Init(MakeInit()).ok());
