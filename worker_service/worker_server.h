@@ -10,10 +10,13 @@
 //                   space over CacheEngine::BytesPerBlock).
 //   InitCache       allocates the KV cache (CacheEngine) and a fresh ModelRunner.
 //   Step            one long-lived bidi stream: each StepRequest is decoded (step_codec.h),
-//                   run through the ModelRunner, and answered by one StepResult, in order. A
-//                   rejected step answers error_code/error_message, leaves the state as it was
-//                   and keeps the stream open. Steps before Init + InitCache answer
-//                   FAILED_PRECONDITION the same way.
+//                   run through the ModelRunner, and answered by one StepResult, in order
+//                   (tokens and logprobs from rank 0 only; forward_seconds is the runner's
+//                   Execute, sampling included). A rejected step answers error_code /
+//                   error_message naming the step (and the request), leaves the state as it
+//                   was and keeps the stream open. Steps before Init + InitCache answer
+//                   FAILED_PRECONDITION the same way. Sampling limits: n up to max_num_seqs,
+//                   logprobs up to the vocabulary (the scheduler enforces the user's limits).
 //   Health          serving = true; detail "ready" once steps can run, else "not initialized"
 //                   (with the reason after a colon when there is one).
 //   Shutdown        answers, then, once the answer is delivered, stops the server on a thread
@@ -24,8 +27,9 @@
 // waits for that step (a step is bounded by the forward pass, and with world_size > 1 each of
 // its collectives by the collective timeout, after which it fails). Health never waits on it.
 // One Step stream is active at a time: a second one ends at once with FAILED_PRECONDITION.
-// Init cancels the active stream (it belongs to a group that is being rebuilt); a stream that
-// opens while a cancelled one is still winding down waits for it to end.
+// Init cancels the active stream (it belongs to a group that is being rebuilt) and no step of
+// it runs after that Init; a stream that opens while a cancelled one is still winding down
+// waits for it to end.
 //
 // A step that fails inside the model or its collectives (anything but INVALID_ARGUMENT) may
 // have left the cache or the communicator broken: the worker then needs Init again.
