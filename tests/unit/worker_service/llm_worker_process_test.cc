@@ -1,6 +1,6 @@
 // The llm-worker binary as a process: flags (unknown ones and cuda exit 2), --port=0 with
-// --port-file, both health services, one step of the model through its gRPC server, and a
-// clean exit (status 0) on SIGTERM and on the Shutdown rpc.
+// --port-file, both health services and reflection, one step of the model through its gRPC server,
+// and a clean exit (status 0) on SIGTERM and on the Shutdown rpc.
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -93,6 +93,9 @@ TEST_F(LlmWorkerProcess, ServesAStepAndStopsOnSigterm) {
       grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
   EXPECT_EQ(GrpcHealthCheck(channel, ""), 1);
   EXPECT_EQ(GrpcHealthCheck(channel, "llm.v1.WorkerService"), 1);
+  const std::string services = GrpcReflectionListServices(channel);
+  EXPECT_NE(services.find("llm.v1.WorkerService"), std::string::npos) << services;
+  EXPECT_NE(services.find("grpc.health.v1.Health"), std::string::npos) << services;
   auto stub = v1::WorkerService::NewStub(channel);
   auto call = [](auto fn) {
     grpc::ClientContext ctx;
