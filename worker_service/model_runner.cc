@@ -168,6 +168,7 @@ absl::Status ModelRunner::Execute(const SchedulerOutput& step, ModelOutput* out)
 
   out->step_id = step.step_id;
   out->sampled_token_ids.clear();
+  out->logprobs.clear();
   if (token_ids.empty()) return absl::OkStatus();
   int max_blocks = 0;
   for (const auto* t : tables) max_blocks = std::max<int>(max_blocks, t->size());
@@ -207,8 +208,17 @@ absl::Status ModelRunner::Execute(const SchedulerOutput& step, ModelOutput* out)
       samplers.push_back(SamplerFor(*s.req, index));
     }
   }
-  for (const SampledToken& t : Sampler::Sample(rows, vocab, samplers)) {
-    out->sampled_token_ids.push_back(t.token);
+  const bool any_logprobs = std::any_of(samplers.begin(), samplers.end(), [](const auto* s) {
+    return s->params().logprobs.has_value();
+  });
+  std::vector<SampledToken> sampled = Sampler::Sample(rows, vocab, samplers);
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    out->sampled_token_ids.push_back(sampled[i].token);
+    if (!any_logprobs) continue;
+    SampleLogprobs& lp = out->logprobs.emplace_back();
+    if (!samplers[i]->params().logprobs.has_value()) continue;
+    lp.logprob = sampled[i].logprob;
+    lp.top = std::move(sampled[i].top_logprobs);
   }
   return absl::OkStatus();
 }

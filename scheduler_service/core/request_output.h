@@ -33,6 +33,8 @@ struct StepOutputs {
   std::vector<RequestOutput> requests;
   std::vector<SequenceOutput> seqs;
   std::vector<TokenId> token_ids;
+  // Parallel to token_ids when the step's ModelOutput carried logprobs; empty otherwise.
+  std::vector<SampleLogprobs> logprobs;
 
   std::span<const SequenceOutput> Seqs(const RequestOutput& r) const {
     return std::span<const SequenceOutput>(seqs).subspan(r.seqs.begin, r.seqs.size);
@@ -44,6 +46,7 @@ struct StepOutputs {
     requests.clear();
     seqs.clear();
     token_ids.clear();
+    logprobs.clear();
   }
 };
 

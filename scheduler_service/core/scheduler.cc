@@ -525,7 +525,8 @@ const SchedulerOutput& Scheduler::Schedule() {
   return output_;
 }
 
-void Scheduler::ApplySamples(Request* req, std::span<const TokenId> sampled) {
+void Scheduler::ApplySamples(Request* req, std::span<const TokenId> sampled,
+                             std::span<const SampleLogprobs> logprobs) {
   if (!req->forked()) {
     Sequence& parent = req->seqs[0];
     for (int j = 1; j < req->params.n; ++j) {
@@ -554,6 +555,7 @@ void Scheduler::ApplySamples(Request* req, std::span<const TokenId> sampled) {
     so.index = seq.index;
     so.new_token_ids = {static_cast<uint32_t>(step_outputs_.token_ids.size()), 1};
     step_outputs_.token_ids.push_back(token);
+    if (!logprobs.empty()) step_outputs_.logprobs.push_back(logprobs[j - 1]);
     so.status = SequenceStatus::kRunning;
     if (std::optional<SequenceStatus> stop =
             stop_checker_.Check(req->params, req->num_prompt_tokens, &seq)) {
@@ -586,6 +588,12 @@ absl::StatusOr<const StepOutputs*> Scheduler::UpdateFromOutput(const ModelOutput
         absl::StrCat("step ", output_.step_id, ": ", model_output.sampled_token_ids.size(),
                      " sampled tokens for ", output_.total_num_samples, " samples"));
   }
+  if (!model_output.logprobs.empty() &&
+      model_output.logprobs.size() != model_output.sampled_token_ids.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step ", output_.step_id, ": ", model_output.logprobs.size(), " logprobs for ",
+                     model_output.sampled_token_ids.size(), " sampled tokens"));
+  }
   awaiting_update_ = false;
   step_outputs_.Clear();
   for (Request* req : dropped_) {
@@ -602,6 +610,7 @@ absl::StatusOr<const StepOutputs*> Scheduler::UpdateFromOutput(const ModelOutput
   }
   dropped_.clear();
   const std::span<const TokenId> sampled = model_output.sampled_token_ids;
+  const std::span<const SampleLogprobs> logprobs = model_output.logprobs;
   size_t pos = 0;
   auto apply = [&](const std::vector<ScheduledRequest>& list, const std::vector<Request*>& reqs) {
     for (size_t k = 0; k < list.size(); ++k) {
@@ -625,7 +634,8 @@ absl::StatusOr<const StepOutputs*> Scheduler::UpdateFromOutput(const ModelOutput
         }
       }
       if (r.num_samples == 0) continue;
-      ApplySamples(req, sampled.subspan(pos, r.num_samples));
+      ApplySamples(req, sampled.subspan(pos, r.num_samples),
+                   logprobs.empty() ? logprobs : logprobs.subspan(pos, r.num_samples));
       pos += r.num_samples;
     }
   };

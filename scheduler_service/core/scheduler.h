@@ -184,7 +184,9 @@ class Scheduler {
   void AddToOutput(Request* req, int num_tokens, bool resumed);
   void FreeSequence(Request* req, Sequence* seq, SequenceStatus status);
   void FinishRequest(Request* req);
-  void ApplySamples(Request* req, std::span<const TokenId> sampled);
+  // `logprobs` is empty or parallel to `sampled`.
+  void ApplySamples(Request* req, std::span<const TokenId> sampled,
+                    std::span<const SampleLogprobs> logprobs);
   void CompactRunning();
 
   const SchedulerConfig config_;

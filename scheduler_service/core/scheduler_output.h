@@ -41,6 +41,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/sampling_params.h"
@@ -121,11 +122,21 @@ struct SchedulerOutput {
   }
 };
 
+// The log-probabilities of one sampled token under the model's raw distribution (the
+// log_softmax of its logits before penalties and temperature), for requests that ask.
+struct SampleLogprobs {
+  float logprob = 0;                           // of the sampled token
+  std::vector<std::pair<TokenId, float>> top;  // the request's top N, most likely first
+};
+
 // The workers' answer to one step.
 struct ModelOutput {
   int64_t step_id = 0;
   // total_num_samples tokens: per request in output order, num_samples each (see above).
   std::vector<TokenId> sampled_token_ids;
+  // Empty when no request of the step asked for logprobs; otherwise parallel to
+  // sampled_token_ids (entries of requests that did not ask are left empty).
+  std::vector<SampleLogprobs> logprobs;
 };
 
 }  // namespace llm

@@ -274,3 +274,66 @@ TEST_F(ModelRunnerTest, MalformedStepsAreRejectedWithoutChangingState) {
 
 }  // namespace
 }  // namespace llm
+
+namespace llm {
+namespace {
+
+TEST_F(ModelRunnerTest, LogprobsReachTheStreamsOfTheRequestsThatAskForThem) {
+  CacheEngine cache({model_->num_layers(), model_->num_local_kv_heads(), model_->head_dim(), 16},
+                    64, 1);
+  ModelRunner runner(model_.get(), &cache);
+  SchedulerConfig sc;
+  sc.max_model_len = 512;
+  sc.max_num_batched_tokens = 512;
+  EngineCore engine(sc, {.block_size = 16, .num_gpu_blocks = 64, .num_cpu_blocks = 0}, &runner);
+  struct Seen {
+    std::vector<TokenId> tokens;
+    std::vector<SampleLogprobs> logprobs;
+  };
+  std::map<std::string, Seen> seen;
+  for (const char* id : {"with", "without"}) {
+    EngineRequest r;
+    r.request_id = id;
+    r.prompt_token_ids.assign(golden_.ids[0].begin(),
+                              golden_.ids[0].begin() + golden_.prompt_lens[0]);
+    r.sampling_params.temperature = 0;
+    r.sampling_params.ignore_eos = true;
+    r.sampling_params.max_tokens = 5;
+    if (std::string(id) == "with") r.sampling_params.logprobs = 3;
+    ASSERT_TRUE(engine
+                    .AddRequest(r,
+                                [&seen, id = std::string(id)](const StreamUpdate& u) {
+                                  ASSERT_TRUE(u.status.ok()) << u.status;
+                                  for (const SequenceOutput& s : u.outputs->Seqs(*u.output)) {
+                                    for (uint32_t k = 0; k < s.new_token_ids.size; ++k) {
+                                      const uint32_t at = s.new_token_ids.begin + k;
+                                      seen[id].tokens.push_back(u.outputs->token_ids[at]);
+                                      if (!u.outputs->logprobs.empty()) {
+                                        seen[id].logprobs.push_back(u.outputs->logprobs[at]);
+                                      }
+                                    }
+                                  }
+                                })
+                    .ok());
+  }
+  ASSERT_TRUE(engine.RunUntilIdle().ok());
+  const Seen& with = seen["with"];
+  ASSERT_EQ(with.tokens.size(), 5u);
+  ASSERT_EQ(with.logprobs.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) {
+    const SampleLogprobs& lp = with.logprobs[i];
+    ASSERT_EQ(lp.top.size(), 3u);
+    // Greedy: the sampled token is the most likely one, and the top list is in order.
+    EXPECT_EQ(lp.top[0].first, with.tokens[i]);
+    EXPECT_FLOAT_EQ(lp.logprob, lp.top[0].second);
+    EXPECT_LE(lp.top[0].second, 0.0f);
+    EXPECT_GE(lp.top[0].second, lp.top[1].second);
+    EXPECT_GE(lp.top[1].second, lp.top[2].second);
+  }
+  // The other request of the same steps got placeholders, not someone else's numbers.
+  for (const SampleLogprobs& lp : seen["without"].logprobs) EXPECT_TRUE(lp.top.empty());
+  EXPECT_EQ(seen["without"].tokens, with.tokens);
+}
+
+}  // namespace
+}  // namespace llm

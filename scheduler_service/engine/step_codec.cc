@@ -1,0 +1,325 @@
+#include "scheduler_service/engine/step_codec.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace llm {
+namespace {
+
+uint32_t U32(int v) { return static_cast<uint32_t>(v); }
+
+void EncodePairs(const std::vector<BlockPair>& pairs,
+                 google::protobuf::RepeatedPtrField<v1::BlockPair>* out) {
+  out->Reserve(static_cast<int>(pairs.size()));
+  for (const BlockPair& p : pairs) {
+    v1::BlockPair* q = out->Add();
+    q->set_src(p.src);
+    q->set_dst(p.dst);
+  }
+}
+
+void EncodeRequest(const SchedulerOutput& step, const ScheduledRequest& r, bool is_new,
+                   v1::ScheduledRequest* out) {
+  out->set_slot(r.slot);
+  out->set_request_id(std::string(r.request_id));
+  if (is_new) {
+    out->mutable_prompt_token_ids()->Add(r.prompt_token_ids.begin(), r.prompt_token_ids.end());
+    if (r.sampling_params != nullptr) {
+      SamplingParamsToProto(*r.sampling_params, out->mutable_sampling_params());
+    }
+  }
+  out->set_resumed_from_preemption(r.resumed_from_preemption);
+  out->set_num_computed_tokens(U32(r.num_computed_tokens));
+  out->set_num_scheduled_tokens(U32(r.num_scheduled_tokens));
+  out->set_num_samples(U32(r.num_samples));
+  const auto seqs = step.Seqs(r);
+  out->mutable_seqs()->Reserve(static_cast<int>(seqs.size()));
+  for (const ScheduledSequence& s : seqs) {
+    v1::ScheduledSequence* q = out->add_seqs();
+    q->set_index(U32(s.index));
+    q->set_new_to_workers(s.new_to_workers);
+    q->set_replace_block_table(s.replace_block_table);
+    const auto tokens = step.NewTokenIds(s);
+    q->mutable_new_token_ids()->Add(tokens.begin(), tokens.end());
+    const auto blocks = step.BlockIds(s);
+    q->mutable_block_ids()->Add(blocks.begin(), blocks.end());
+  }
+}
+
+// Values past int range would wrap in the in-process structs; they are never legitimate.
+constexpr uint32_t kMaxCount = static_cast<uint32_t>(std::numeric_limits<int32_t>::max());
+
+absl::Status DecodePairs(const google::protobuf::RepeatedPtrField<v1::BlockPair>& in,
+                         const char* what, std::vector<BlockPair>* out) {
+  out->clear();
+  out->reserve(in.size());
+  for (const v1::BlockPair& p : in) {
+    if (p.src() < 0 || p.dst() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " has a negative block id (", p.src(), " -> ", p.dst(), ")"));
+    }
+    out->push_back({p.src(), p.dst()});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DecodeRequest(const v1::ScheduledRequest& in, bool is_new,
+                           const SamplingLimits& limits, DecodedStep* step) {
+  SchedulerOutput& out = step->output;
+  const std::string& id = in.request_id();
+  auto bad = [&](const std::string& what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request \"", id, "\" (slot ", in.slot(), "): ", what));
+  };
+  if (id.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a request in slot ", in.slot(), " has no request_id"));
+  }
+  if (in.slot() < 0) return bad("negative slot");
+  if (in.num_computed_tokens() > kMaxCount || in.num_scheduled_tokens() > kMaxCount ||
+      in.num_samples() > kMaxCount) {
+    return bad("a token count is out of range");
+  }
+  if (in.seqs().empty()) return bad("lists no sequences");
+
+  ScheduledRequest r;
+  r.slot = in.slot();
+  r.request_id = id;
+  r.resumed_from_preemption = in.resumed_from_preemption();
+  r.num_computed_tokens = static_cast<int>(in.num_computed_tokens());
+  r.num_scheduled_tokens = static_cast<int>(in.num_scheduled_tokens());
+  r.num_samples = static_cast<int>(in.num_samples());
+  if (is_new) {
+    if (in.prompt_token_ids().empty()) return bad("a new request without prompt_token_ids");
+    if (!in.has_sampling_params()) return bad("a new request without sampling_params");
+    for (const int32_t t : in.prompt_token_ids()) {
+      if (t < 0) return bad(absl::StrCat("prompt token id ", t, " is negative"));
+    }
+    SamplingParams& params =
+        step->sampling_params.emplace_back(SamplingParamsFromProto(in.sampling_params()));
+    if (absl::Status s = params.Validate(limits); !s.ok()) {
+      return bad(absl::StrCat("sampling_params: ", s.message()));
+    }
+    r.prompt_token_ids = std::span<const TokenId>(in.prompt_token_ids().data(),
+                                                  static_cast<size_t>(in.prompt_token_ids_size()));
+    r.sampling_params = &params;
+  } else if (!in.prompt_token_ids().empty() || in.has_sampling_params()) {
+    return bad("a cached request carries a prompt or sampling_params");
+  }
+
+  r.seqs.begin = static_cast<uint32_t>(out.seqs.size());
+  int last_index = -1;
+  for (const v1::ScheduledSequence& s : in.seqs()) {
+    if (s.index() > kMaxCount || static_cast<int>(s.index()) <= last_index) {
+      return bad(absl::StrCat("sequence index ", s.index(), " is not in increasing order"));
+    }
+    last_index = static_cast<int>(s.index());
+    ScheduledSequence q;
+    q.index = last_index;
+    q.new_to_workers = s.new_to_workers();
+    q.replace_block_table = s.replace_block_table();
+    for (const int32_t t : s.new_token_ids()) {
+      if (t < 0) return bad(absl::StrCat("sequence ", q.index, ": token id ", t, " is negative"));
+    }
+    for (const int32_t b : s.block_ids()) {
+      if (b < 0) return bad(absl::StrCat("sequence ", q.index, ": block id ", b, " is negative"));
+    }
+    q.new_token_ids = {static_cast<uint32_t>(out.token_ids.size()),
+                       static_cast<uint32_t>(s.new_token_ids_size())};
+    out.token_ids.insert(out.token_ids.end(), s.new_token_ids().begin(), s.new_token_ids().end());
+    q.block_ids = {static_cast<uint32_t>(out.block_ids.size()),
+                   static_cast<uint32_t>(s.block_ids_size())};
+    out.block_ids.insert(out.block_ids.end(), s.block_ids().begin(), s.block_ids().end());
+    out.seqs.push_back(q);
+  }
+  r.seqs.size = static_cast<uint32_t>(in.seqs_size());
+  const int64_t scheduled = int64_t{r.num_scheduled_tokens} * in.seqs_size();
+  if (int64_t{out.total_num_scheduled_tokens} + scheduled > kMaxCount) {
+    return bad("the step schedules too many tokens");
+  }
+  out.total_num_scheduled_tokens += static_cast<int>(scheduled);
+  out.total_num_samples += r.num_samples;
+  (is_new ? out.new_requests : out.cached_requests).push_back(r);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+SamplingParams SamplingParamsFromProto(const v1::SamplingParams& p) {
+  SamplingParams s;
+  if (p.has_n()) s.n = static_cast<int>(std::min<uint32_t>(p.n(), kMaxCount));
+  if (p.has_temperature()) s.temperature = p.temperature();
+  if (p.has_top_p()) s.top_p = p.top_p();
+  if (p.has_top_k()) s.top_k = p.top_k();
+  if (p.has_min_p()) s.min_p = p.min_p();
+  if (p.has_seed()) s.seed = p.seed();
+  if (p.has_max_tokens()) s.max_tokens = static_cast<int>(std::min(p.max_tokens(), kMaxCount));
+  s.min_tokens = static_cast<int>(std::min(p.min_tokens(), kMaxCount));
+  s.stop.assign(p.stop().begin(), p.stop().end());
+  s.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
+  s.ignore_eos = p.ignore_eos();
+  if (p.has_logprobs()) s.logprobs = static_cast<int>(std::min(p.logprobs(), kMaxCount));
+  s.presence_penalty = p.presence_penalty();
+  s.frequency_penalty = p.frequency_penalty();
+  if (p.has_repetition_penalty()) s.repetition_penalty = p.repetition_penalty();
+  s.include_stop_str_in_output = p.include_stop_str_in_output();
+  if (p.has_skip_special_tokens()) s.skip_special_tokens = p.skip_special_tokens();
+  return s;
+}
+
+void SamplingParamsToProto(const SamplingParams& s, v1::SamplingParams* p) {
+  p->Clear();
+  p->set_n(U32(s.n));
+  p->set_temperature(static_cast<float>(s.temperature));
+  p->set_top_p(static_cast<float>(s.top_p));
+  p->set_top_k(s.top_k);
+  p->set_min_p(static_cast<float>(s.min_p));
+  if (s.seed.has_value()) p->set_seed(*s.seed);
+  p->set_max_tokens(U32(s.max_tokens));
+  p->set_min_tokens(U32(s.min_tokens));
+  for (const std::string& stop : s.stop) p->add_stop(stop);
+  p->mutable_stop_token_ids()->Add(s.stop_token_ids.begin(), s.stop_token_ids.end());
+  p->set_ignore_eos(s.ignore_eos);
+  if (s.logprobs.has_value()) p->set_logprobs(U32(*s.logprobs));
+  p->set_presence_penalty(static_cast<float>(s.presence_penalty));
+  p->set_frequency_penalty(static_cast<float>(s.frequency_penalty));
+  p->set_repetition_penalty(static_cast<float>(s.repetition_penalty));
+  p->set_include_stop_str_in_output(s.include_stop_str_in_output);
+  p->set_skip_special_tokens(s.skip_special_tokens);
+}
+
+void EncodeStepRequest(const SchedulerOutput& step, v1::StepRequest* out) {
+  out->Clear();
+  out->set_step_id(static_cast<uint64_t>(step.step_id));
+  out->mutable_new_requests()->Reserve(static_cast<int>(step.new_requests.size()));
+  for (const ScheduledRequest& r : step.new_requests) {
+    EncodeRequest(step, r, /*is_new=*/true, out->add_new_requests());
+  }
+  out->mutable_cached_requests()->Reserve(static_cast<int>(step.cached_requests.size()));
+  for (const ScheduledRequest& r : step.cached_requests) {
+    EncodeRequest(step, r, /*is_new=*/false, out->add_cached_requests());
+  }
+  for (const std::string& id : step.finished_request_ids) out->add_finished_request_ids(id);
+  out->mutable_finished_slots()->Add(step.finished_slots.begin(), step.finished_slots.end());
+  EncodePairs(step.blocks_to_swap_in, out->mutable_blocks_to_swap_in());
+  EncodePairs(step.blocks_to_swap_out, out->mutable_blocks_to_swap_out());
+  EncodePairs(step.blocks_to_copy, out->mutable_blocks_to_copy());
+}
+
+absl::Status DecodeStepRequest(const v1::StepRequest& in, const SamplingLimits& limits,
+                               DecodedStep* out) {
+  out->output.Clear();
+  out->sampling_params.clear();
+  SchedulerOutput& step = out->output;
+  if (in.step_id() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return absl::InvalidArgumentError(absl::StrCat("step_id ", in.step_id(), " is out of range"));
+  }
+  step.step_id = static_cast<int64_t>(in.step_id());
+  for (const v1::ScheduledRequest& r : in.new_requests()) {
+    if (absl::Status s = DecodeRequest(r, /*is_new=*/true, limits, out); !s.ok()) return s;
+  }
+  for (const v1::ScheduledRequest& r : in.cached_requests()) {
+    if (absl::Status s = DecodeRequest(r, /*is_new=*/false, limits, out); !s.ok()) return s;
+  }
+  // A slot or a request id listed twice would make a worker apply two diffs to one request.
+  {
+    std::vector<int32_t> slots;
+    std::vector<std::string_view> ids;
+    for (const auto* list : {&step.new_requests, &step.cached_requests}) {
+      for (const ScheduledRequest& r : *list) {
+        slots.push_back(r.slot);
+        ids.push_back(r.request_id);
+      }
+    }
+    std::sort(slots.begin(), slots.end());
+    if (auto it = std::adjacent_find(slots.begin(), slots.end()); it != slots.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("slot ", *it, " is scheduled twice"));
+    }
+    std::sort(ids.begin(), ids.end());
+    if (auto it = std::adjacent_find(ids.begin(), ids.end()); it != ids.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("request \"", std::string(*it), "\" is scheduled twice"));
+    }
+  }
+  if (in.finished_request_ids_size() != in.finished_slots_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(in.finished_request_ids_size(),
+                                                   " finished_request_ids but ",
+                                                   in.finished_slots_size(), " finished_slots"));
+  }
+  step.finished_request_ids.assign(in.finished_request_ids().begin(),
+                                   in.finished_request_ids().end());
+  for (const int32_t slot : in.finished_slots()) {
+    if (slot < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("finished slot ", slot, " is negative"));
+    }
+    step.finished_slots.push_back(slot);
+  }
+  if (absl::Status s =
+          DecodePairs(in.blocks_to_swap_in(), "blocks_to_swap_in", &step.blocks_to_swap_in);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          DecodePairs(in.blocks_to_swap_out(), "blocks_to_swap_out", &step.blocks_to_swap_out);
+      !s.ok()) {
+    return s;
+  }
+  return DecodePairs(in.blocks_to_copy(), "blocks_to_copy", &step.blocks_to_copy);
+}
+
+void EncodeStepResult(const ModelOutput& output, v1::StepResult* out) {
+  out->Clear();
+  out->set_step_id(static_cast<uint64_t>(output.step_id));
+  out->mutable_sampled_token_ids()->Add(output.sampled_token_ids.begin(),
+                                        output.sampled_token_ids.end());
+  out->mutable_logprobs()->Reserve(static_cast<int>(output.logprobs.size()));
+  for (size_t i = 0; i < output.logprobs.size(); ++i) {
+    const SampleLogprobs& lp = output.logprobs[i];
+    v1::Logprobs* q = out->add_logprobs();
+    if (i < output.sampled_token_ids.size()) {
+      q->mutable_sampled()->set_token_id(output.sampled_token_ids[i]);
+    }
+    q->mutable_sampled()->set_logprob(lp.logprob);
+    for (const auto& [token, logprob] : lp.top) {
+      v1::TokenLogprob* t = q->add_top();
+      t->set_token_id(token);
+      t->set_logprob(logprob);
+    }
+  }
+}
+
+absl::Status DecodeStepResult(const v1::StepResult& in, ModelOutput* out) {
+  if (in.error_code() != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(in.error_code()), in.error_message());
+  }
+  out->step_id = static_cast<int64_t>(in.step_id());
+  out->sampled_token_ids.clear();
+  out->sampled_token_ids.reserve(in.sampled_token_ids_size());
+  for (const int32_t t : in.sampled_token_ids()) {
+    if (t < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step ", in.step_id(), ": sampled token id ", t, " is negative"));
+    }
+    out->sampled_token_ids.push_back(t);
+  }
+  out->logprobs.clear();
+  if (in.logprobs_size() != 0 && in.logprobs_size() != in.sampled_token_ids_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", in.step_id(), ": ", in.logprobs_size(),
+                                                   " logprobs for ", in.sampled_token_ids_size(),
+                                                   " tokens"));
+  }
+  out->logprobs.reserve(in.logprobs_size());
+  for (const v1::Logprobs& q : in.logprobs()) {
+    SampleLogprobs& lp = out->logprobs.emplace_back();
+    lp.logprob = q.sampled().logprob();
+    lp.top.reserve(q.top_size());
+    for (const v1::TokenLogprob& t : q.top()) lp.top.emplace_back(t.token_id(), t.logprob());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace llm
