@@ -5,7 +5,7 @@
 // --rate requests/s (at most --concurrency in flight). Prints throughput and latency
 // percentiles with the metric definitions of vLLM's serving benchmark:
 //   TTFT  time from sending a request to its first token
-//   TPOT  per request: (end-to-end latency - TTFT) / (output tokens - 1)
+//   TPOT  per request: (end-to-end latency - TTFT) / (output tokens per sequence - 1)
 //   ITL   every gap between two consecutive responses that carry tokens, over all requests
 //   E2E   time from sending a request to its last response
 // Exits 1 when any request failed (the first error is printed).
@@ -58,7 +58,8 @@ struct Result {
   bool ok = false;
   std::string error;
   int prompt_tokens = 0;
-  int output_tokens = 0;
+  int output_tokens = 0;  // over all n sequences
+  int n = 1;
   double ttft = 0;
   double e2e = 0;
   std::vector<double> itl;
@@ -102,6 +103,7 @@ Result RunOne(v1::LLMService::Stub& stub, const Planned& plan, const Args& args,
   req.set_stream(true);
 
   Result r;
+  r.n = plan.n;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
   const Clock::time_point t0 = Clock::now();
@@ -226,7 +228,9 @@ int Run(int argc, char** argv) {
     output_tokens += r.output_tokens;
     ttft.push_back(r.ttft);
     e2e.push_back(r.e2e);
-    if (r.output_tokens > 1) tpot.push_back((r.e2e - r.ttft) / (r.output_tokens - 1));
+    // The n sequences of a request advance together: TPOT is per token of one sequence.
+    const double per_seq = static_cast<double>(r.output_tokens) / r.n;
+    if (per_seq > 1) tpot.push_back((r.e2e - r.ttft) / (per_seq - 1));
     itl.insert(itl.end(), r.itl.begin(), r.itl.end());
   }
   std::printf("============ Serving Benchmark Result ============\n");

@@ -233,7 +233,7 @@ TEST(ClusterTest, CancelInMidStreamFreesBlocksAndLeavesOtherStreamsAlone) {
   // The stream to cancel asks for far more tokens than the others, so it is still running
   // when it is cancelled after its first few responses.
   grpc::ClientContext cancel_ctx;
-  auto cancelled = c->stub().Generate(&cancel_ctx, GreedyRequest(Prompts()[0], 400));
+  auto cancelled = c->stub().Generate(&cancel_ctx, GreedyRequest(Prompts()[0], 480));
   std::vector<GenerateResult> others(prompts.size());
   std::vector<std::thread> threads;
   for (size_t i = 0; i < prompts.size(); ++i) {
