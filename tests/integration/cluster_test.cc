@@ -10,8 +10,12 @@
 #include <sys/wait.h>
 
 #include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -320,7 +324,8 @@ TEST(ClusterTest, BadInputsGetInvalidArgumentAndTheServerKeepsServing) {
          for (int i = 0; i < 1000; ++i) sp(r)->add_stop(absl::StrCat("stop", i));
        },
        "stop"},
-      {"logprobs", [&](v1::GenerateRequest* r) { sp(r)->set_logprobs(1); }, "logprobs"},
+      {"logprobs over max_logprobs", [&](v1::GenerateRequest* r) { sp(r)->set_logprobs(1000); },
+       "logprobs"},
   };
   for (const Case& k : cases) {
     SCOPED_TRACE(k.name);
@@ -337,6 +342,76 @@ TEST(ClusterTest, BadInputsGetInvalidArgumentAndTheServerKeepsServing) {
   EXPECT_EQ(ok.usage.completion_tokens(), 8u);
   EXPECT_EQ(HealthChecker(c->address()).Check("", absl::Seconds(10)), HealthChecker::kServing);
   ExpectCleanStop(*c);
+}
+
+// Runs `command` through the shell; its stdout and stderr, and its exit status.
+std::pair<std::string, int> RunCommand(const std::string& command) {
+  FILE* f = popen((command + " 2>&1").c_str(), "r");
+  if (f == nullptr) return {"popen failed", -1};
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), f)) > 0;) out.append(buf, n);
+  const int status = pclose(f);
+  return {out, WIFEXITED(status) ? WEXITSTATUS(status) : -1};
+}
+
+// The command-line client against a real cluster: streamed text with usage and timings,
+// info and stats, and a gRPC error as its code and message with exit status 1.
+TEST(ClusterTest, LlmClientGeneratesAndReportsErrors) {
+  std::unique_ptr<LocalCluster> c = StartCluster({.tensor_parallel_size = 2});
+  ASSERT_NE(c, nullptr);
+  const std::string client = absl::StrCat(LLM_BIN_DIR, "/llm-client --address=", c->address(), " ");
+  auto [text, rc] = RunCommand(client + "generate \"Once upon a time\" --max-tokens 12 " +
+                               "--temperature=0 --ignore-eos");
+  EXPECT_EQ(rc, 0) << text;
+  EXPECT_THAT(text, HasSubstr("Once upon a time"));
+  EXPECT_THAT(text, HasSubstr("12 completion tokens"));
+  EXPECT_THAT(text, HasSubstr("time to first token"));
+  std::tie(text, rc) = RunCommand(client + "generate \"Hi\" --max-tokens=5 --n=2 --seed=3");
+  EXPECT_EQ(rc, 0) << text;
+  EXPECT_THAT(text, HasSubstr("[1] Hi"));
+  std::tie(text, rc) = RunCommand(client + "info");
+  EXPECT_EQ(rc, 0) << text;
+  EXPECT_THAT(text, HasSubstr("tensor_parallel_size: 2"));
+  std::tie(text, rc) = RunCommand(client + "stats");
+  EXPECT_EQ(rc, 0) << text;
+  EXPECT_THAT(text, HasSubstr("0 running"));
+  std::tie(text, rc) = RunCommand(client + "generate \"Hi\" --top-p=1.5");
+  EXPECT_EQ(rc, 1) << text;
+  EXPECT_THAT(text, HasSubstr("INVALID_ARGUMENT: "));
+  EXPECT_THAT(text, HasSubstr("top_p"));
+  std::tie(text, rc) = RunCommand(client + "frobnicate");
+  EXPECT_EQ(rc, 2) << text;
+  ExpectCleanStop(*c);
+}
+
+// A manifest error stops llm-cluster before it starts anything: exit 2, file:line and key.
+TEST(ClusterTest, LlmClusterRejectsABadManifest) {
+  char dir[] = "/tmp/llm-manifest-test.XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/bad.yaml";
+  {
+    std::ofstream out(path);
+    out << "model: " << DefaultModel() << "\nengine:\n  block_sise: 16\n";
+  }
+  auto [text, rc] = RunCommand(absl::StrCat(LLM_BIN_DIR, "/llm-cluster --manifest=", path));
+  EXPECT_EQ(rc, 2) << text;
+  EXPECT_THAT(text, HasSubstr(path + ":3: engine.block_sise: unknown key"));
+  std::filesystem::remove_all(dir);
+}
+
+// Ctrl-C (SIGINT) to llm-cluster stops every child and exits 0.
+TEST(ClusterTest, SigintStopsTheWholeCluster) {
+  std::unique_ptr<LocalCluster> c = StartCluster({.tensor_parallel_size = 2});
+  ASSERT_NE(c, nullptr);
+  const std::vector<pid_t> children = c->Children();
+  ASSERT_EQ(children.size(), 3u);
+  c->process().Signal(SIGINT);
+  std::optional<int> status = c->process().Wait(absl::Seconds(60));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+      << ChildProcess::DescribeStatus(*status);
+  EXPECT_THAT(WaitUntilGone(children, absl::Seconds(30)), ::testing::IsEmpty());
 }
 
 // A worker SIGKILLed in mid-generation: the stream in flight ends UNAVAILABLE, health goes
