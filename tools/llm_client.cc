@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "llm/v1/llm_service.grpc.pb.h"
 #include "tools/flag_parser.h"
@@ -189,6 +190,26 @@ const char* FinishName(v1::FinishReason r) {
   }
 }
 
+// A token's text on one line: quoted, newlines and tabs escaped.
+std::string Quoted(const std::string& text) {
+  return "\"" + absl::StrReplaceAll(text, {{"\n", "\\n"}, {"\t", "\\t"}, {"\r", "\\r"}}) + "\"";
+}
+
+// One line per sampled token: its logprob, then the top alternatives.
+void PrintLogprobs(const std::map<uint32_t, std::vector<v1::Logprobs>>& logprobs) {
+  for (const auto& [index, tokens] : logprobs) {
+    if (tokens.empty()) continue;
+    std::printf("\nlogprobs of sequence %u:\n", index);
+    for (const v1::Logprobs& t : tokens) {
+      std::printf("  %-16s %8.4f", Quoted(t.sampled().text()).c_str(), t.sampled().logprob());
+      for (const v1::TokenLogprob& alt : t.top()) {
+        std::printf("  %s %.4f", Quoted(alt.text()).c_str(), alt.logprob());
+      }
+      std::printf("\n");
+    }
+  }
+}
+
 int Generate(const Args& a, v1::LLMService::Stub& stub) {
   v1::GenerateRequest req;
   if (!a.token_ids.empty()) {
@@ -229,6 +250,7 @@ int Generate(const Args& a, v1::LLMService::Stub& stub) {
   std::map<uint32_t, std::string> text;
   std::map<uint32_t, v1::FinishReason> finish;
   std::map<uint32_t, std::string> stop_reason;
+  std::map<uint32_t, std::vector<v1::Logprobs>> logprobs;
   v1::Usage usage;
   std::string request_id;
   int num_tokens = 0;
@@ -251,6 +273,8 @@ int Generate(const Args& a, v1::LLMService::Stub& stub) {
       }
       num_tokens += seq.token_ids_size();
       text[seq.index()] += seq.text();
+      auto& lp = logprobs[seq.index()];
+      lp.insert(lp.end(), seq.logprobs().begin(), seq.logprobs().end());
       if (seq.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
         finish[seq.index()] = seq.finish_reason();
         stop_reason[seq.index()] = seq.stop_reason();
@@ -271,6 +295,7 @@ int Generate(const Args& a, v1::LLMService::Stub& stub) {
       std::printf("[%u] %s%s\n\n", index, a.prompt.c_str(), t.c_str());
     }
   }
+  PrintLogprobs(logprobs);
   std::printf("\nrequest %s:", request_id.c_str());
   for (const auto& [index, r] : finish) {
     std::printf(" [%u] %s%s", index, FinishName(r),
