@@ -52,7 +52,8 @@ run: build
 	@mkdir -p $(RUN_DIR); rm -f $(RUN_DIR)/port; \
 	$(BUILD_DIR)/bin/llm-cluster --manifest=$(MANIFEST) --scheduler-port=0 \
 	  --port-file=$(RUN_DIR)/port & cluster=$$!; \
-	trap 'kill -TERM $$cluster 2>/dev/null; wait $$cluster' EXIT INT TERM; \
+	trap 'rc=$$?; kill -TERM $$cluster 2>/dev/null || true; wait $$cluster || true; exit $$rc' EXIT; \
+	trap 'exit 130' INT TERM; \
 	for i in $$(seq 1200); do \
 	  [ -s $(RUN_DIR)/port ] && break; \
 	  kill -0 $$cluster 2>/dev/null || { echo "make run: llm-cluster failed to start"; exit 1; }; \
@@ -72,7 +73,7 @@ run: build
 	$(BUILD_DIR)/bench/llm-loadgen --address=$$addr --num-requests=32 --concurrency=8 \
 	  --max-prompt-len=96 --max-output-len=48 --n-fraction=0.25; \
 	echo; echo "== llm-client stats"; $(BUILD_DIR)/bin/llm-client --address=$$addr stats; \
-	echo
+	echo; echo "== stopping the cluster"; kill -TERM $$cluster; wait $$cluster
 
 # A local cluster in the foreground until Ctrl-C; it prints how to call it with llm-client.
 serve: build
