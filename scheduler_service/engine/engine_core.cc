@@ -10,7 +10,9 @@ namespace llm {
 
 EngineCore::EngineCore(const SchedulerConfig& config, const BlockSpaceManagerConfig& cache_config,
                        Executor* executor, const DetokenizerFactory* detokenizers)
-    : scheduler_(config, cache_config, detokenizers), executor_(executor) {}
+    : scheduler_(config, cache_config, detokenizers), executor_(executor) {
+  PublishStats();
+}
 
 EngineCore::~EngineCore() { Stop(); }
 
@@ -85,7 +87,28 @@ void EngineCore::FailAll(const absl::Status& status) {
   }
 }
 
+EngineStats EngineCore::stats_snapshot() const {
+  absl::MutexLock lock(&stats_mu_);
+  return stats_;
+}
+
+void EngineCore::PublishStats() {
+  EngineStats s;
+  s.scheduler = scheduler_.stats();
+  const BlockSpaceManagerStats b = scheduler_.block_manager().stats();
+  s.num_free_gpu_blocks = b.num_free_gpu_blocks;
+  s.num_free_cpu_blocks = b.num_free_cpu_blocks;
+  absl::MutexLock lock(&stats_mu_);
+  stats_ = s;
+}
+
 absl::StatusOr<bool> EngineCore::Step() {
+  absl::StatusOr<bool> busy = StepOnce();
+  PublishStats();
+  return busy;
+}
+
+absl::StatusOr<bool> EngineCore::StepOnce() {
   DrainInbox();
   if (!scheduler_.HasUnfinishedRequests() && !scheduler_.has_finished_to_report()) return false;
   const SchedulerOutput& step = scheduler_.Schedule();
@@ -107,12 +130,19 @@ absl::StatusOr<bool> EngineCore::Step() {
     const absl::string_view id(out.request_id.data(), out.request_id.size());
     auto it = streams_.find(id);
     if (it == streams_.end()) continue;
-    it->second({.output = &out, .outputs = *outputs});
-    if (out.finished) {
-      streams_.erase(it);
+    if (!out.finished) {
+      it->second({.output = &out, .outputs = *outputs});
+      continue;
+    }
+    // The id is free again before the stream's end is delivered: a client that sees the end
+    // may reuse it at once.
+    StreamCallback cb = std::move(it->second);
+    streams_.erase(it);
+    {
       absl::MutexLock lock(&mu_);
       in_flight_.erase(id);
     }
+    cb({.output = &out, .outputs = *outputs});
   }
   return true;
 }

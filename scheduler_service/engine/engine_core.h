@@ -40,6 +40,14 @@ struct EngineRequest {
 // One update of a request's stream. `output` (with `outputs` for its tokens) is set on
 // success; the last update has output->finished or a non-OK status (the request failed or was
 // aborted: then output is null). Valid during the callback only.
+// What GetStats reports: the scheduler's stats and the free block counts, as of the end of the
+// last step (or of construction).
+struct EngineStats {
+  SchedulerStats scheduler;
+  int num_free_gpu_blocks = 0;
+  int num_free_cpu_blocks = 0;
+};
+
 struct StreamUpdate {
   absl::Status status;
   const RequestOutput* output = nullptr;
@@ -75,6 +83,8 @@ class EngineCore {
 
   // Engine thread only (or when stopped).
   const Scheduler& scheduler() const { return scheduler_; }
+  // Thread-safe: the stats published at the end of the last Step().
+  EngineStats stats_snapshot() const;
 
  private:
   struct Pending {
@@ -84,6 +94,8 @@ class EngineCore {
   void DrainInbox();
   void FailAll(const absl::Status& status);
   void Loop();
+  absl::StatusOr<bool> StepOnce();
+  void PublishStats();
   bool HasWorkOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Scheduler scheduler_;
@@ -97,6 +109,9 @@ class EngineCore {
   absl::flat_hash_set<std::string> in_flight_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
+
+  mutable absl::Mutex stats_mu_;
+  EngineStats stats_ ABSL_GUARDED_BY(stats_mu_);
 };
 
 }  // namespace llm

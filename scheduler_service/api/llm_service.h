@@ -1,0 +1,120 @@
+// LLMService: the public gRPC API of llm-scheduler (protos/llm/v1/llm_service.proto) on gRPC's
+// callback API.
+//
+// Generate validates the request (INVALID_ARGUMENT with a message that says what to change;
+// ALREADY_EXISTS for a request id in flight; RESOURCE_EXHAUSTED beyond
+// max_concurrent_requests), tokenizes the prompt, adds it to the current EngineCore and
+// streams the outputs: per step, per sequence, the new token ids and a UTF-8-complete text
+// delta, with each token's logprobs (sampled and top N, with their text) when the request
+// set logprobs and the workers supplied them; finish_reason / stop_reason when a sequence
+// ends; usage on the last response
+// (stream=false: one response at the end with everything). The engine's callbacks run on the
+// engine thread and never block: responses are queued per call and written one at a time
+// (each OnWriteDone starts the next). A client that cancels, or whose deadline passes, has
+// its request aborted in the engine.
+//
+// The engine comes from whoever manages the worker group (llm-scheduler's group manager, or
+// a test): SetReady hands over a ServingEngine; SetNotReady takes it back, ending every call
+// in flight with UNAVAILABLE "the worker group is not ready: <reason>", and the service then
+// answers Generate / GetStats so until the next SetReady. Shutdown ends every call with
+// UNAVAILABLE "server shutting down" and refuses new ones.
+//
+// Thread-safety: every method is thread-safe. The service must outlive the gRPC server it is
+// registered with (Shutdown the server first); a ServingEngine is destroyed by whoever holds
+// the last reference, outside the engine thread.
+#ifndef LLM_SCHEDULER_SERVICE_API_LLM_SERVICE_H_
+#define LLM_SCHEDULER_SERVICE_API_LLM_SERVICE_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "common/sampling_params.h"
+#include "grpcpp/grpcpp.h"
+#include "llm/v1/llm_service.grpc.pb.h"
+#include "scheduler_service/api/tokenizer.h"
+#include "scheduler_service/engine/engine_core.h"
+#include "scheduler_service/engine/executor.h"
+
+namespace llm {
+
+struct LLMServiceOptions {
+  std::string model_name;
+  int max_model_len = 2048;
+  int vocab_size = 0;  // token ids must be below it
+  int tensor_parallel_size = 1;
+  int block_size = 16;
+  int max_concurrent_requests = 256;
+  SamplingLimits sampling_limits;
+  int max_stop_strings = 16;
+};
+
+// A running engine over a ready worker group. The engine is destroyed (stopped) before the
+// executor it drives.
+struct ServingEngine {
+  std::unique_ptr<Executor> executor;
+  std::unique_ptr<EngineCore> engine;  // started
+  int num_gpu_blocks = 0;
+  int num_cpu_blocks = 0;
+
+  ~ServingEngine() { engine.reset(); }
+};
+
+class LLMService final : public v1::LLMService::CallbackService {
+ public:
+  LLMService(LLMServiceOptions options, std::shared_ptr<const Tokenizer> tokenizer);
+  ~LLMService() override;
+  LLMService(const LLMService&) = delete;
+  LLMService& operator=(const LLMService&) = delete;
+
+  // Serves requests on `engine` from now on (replacing none: call SetNotReady first).
+  void SetReady(std::shared_ptr<ServingEngine> engine);
+  // Stops serving: every call in flight ends with UNAVAILABLE "the worker group is not ready:
+  // <reason>". Returns the engine (null when none), for the caller to destroy.
+  std::shared_ptr<ServingEngine> SetNotReady(const std::string& reason);
+  // Every call in flight ends, and every later one is refused, with UNAVAILABLE "server
+  // shutting down". Returns the engine (null when none).
+  std::shared_ptr<ServingEngine> Shutdown();
+  bool ready() const;
+  // Generate calls in flight (registered, not yet finished).
+  int num_calls() const;
+
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
+                                         const v1::GetModelInfoRequest* request,
+                                         v1::GetModelInfoResponse* response) override;
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
+                                     const v1::GetStatsRequest* request,
+                                     v1::GetStatsResponse* response) override;
+
+ private:
+  class GenerateCall;
+  friend class GenerateCall;
+
+  // The checks that need neither the engine nor the tokenizer's output.
+  absl::Status ValidateParams(const v1::GenerateRequest& request, SamplingParams* params) const;
+  absl::Status NotServing() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends every call in flight with `status` and detaches the engine.
+  std::shared_ptr<ServingEngine> Detach(const grpc::Status& status);
+  void Unregister(const std::string& request_id, const GenerateCall* call);
+
+  const LLMServiceOptions options_;
+  const std::shared_ptr<const Tokenizer> tokenizer_;
+  const uint64_t id_prefix_;
+  std::atomic<uint64_t> next_id_{0};
+
+  mutable absl::Mutex mu_;
+  std::shared_ptr<ServingEngine> engine_ ABSL_GUARDED_BY(mu_);
+  std::string not_ready_reason_ ABSL_GUARDED_BY(mu_) = "starting";
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_map<std::string, std::shared_ptr<GenerateCall>> calls_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace llm
+
+#endif  // LLM_SCHEDULER_SERVICE_API_LLM_SERVICE_H_

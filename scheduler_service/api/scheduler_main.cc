@@ -1,0 +1,503 @@
+// llm-scheduler: the public gRPC server (llm.v1.LLMService) in front of a tensor-parallel group
+// of llm-worker ranks. It tokenizes, schedules (EngineCore) and streams; the workers run the
+// model (ShardedWorkerClient drives them, one Step stream per rank).
+//
+// The group manager thread owns the group's lifecycle: connect to every worker (retrying until
+// they answer Health), Init all ranks in parallel (a Gloo rendezvous through the TcpStoreServer
+// this process runs, under a fresh prefix per attempt), ProfileMemory (smallest figures),
+// InitCache, open the Step streams, start the engine; health SERVING. While serving it probes
+// every rank's Health each second. When a step or a probe fails (a rank broke or timed out)
+// every stream ends with UNAVAILABLE naming the rank, health turns NOT_SERVING, the engine is
+// torn down and the manager starts again from the top (backing off 0.5 s to 10 s between
+// failed attempts).
+//
+// SIGTERM / SIGINT: health NOT_SERVING, every stream ends with UNAVAILABLE "server shutting
+// down", the engine stops, the server shuts down (short deadline) and the process exits 0.
+// The workers are left running: they are not the scheduler's to stop.
+//
+//   llm-scheduler --model=DIR --worker-addresses=H:P,H:P [--flag=value ...]   (--help)
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/model_config.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "scheduler_service/api/incremental_detokenizer.h"
+#include "scheduler_service/api/llm_service.h"
+#include "scheduler_service/api/tokenizer.h"
+#include "scheduler_service/engine/engine_core.h"
+#include "scheduler_service/engine/sharded_worker_client.h"
+#include "tools/flag_parser.h"
+#include "worker_service/parallel/tcp_store.h"
+
+namespace llm {
+namespace {
+
+struct Flags {
+  std::string model;
+  std::string served_model_name;
+  std::string host = "0.0.0.0";
+  int port = 50051;
+  std::string port_file;
+  std::string worker_addresses;
+  int tensor_parallel_size = 1;
+  std::string device = "cpu";
+  std::string dtype = "float32";
+  int block_size = 16;
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 0;
+  int max_model_len = 0;
+  double gpu_memory_utilization = 0.9;
+  double swap_space = 4;
+  double cpu_kv_cache_space = 1;
+  int num_gpu_blocks_override = 0;
+  double watermark = 0.01;
+  bool enable_prefix_caching = false;
+  bool enable_chunked_prefill = false;
+  int long_prefill_token_threshold = 0;
+  std::string preemption_mode = "recompute";
+  std::string scheduling_policy = "fcfs";
+  int max_concurrent_requests = 256;
+  int max_logprobs = 20;
+  int max_n = 16;
+  std::string rendezvous_host = "127.0.0.1";
+  int rendezvous_port = 0;
+  double worker_timeout = 60;
+  double collective_timeout = 30;
+};
+
+[[noreturn]] void Usage(const std::string& msg) {
+  std::fprintf(stderr, "llm-scheduler: %s (--help lists the flags)\n", msg.c_str());
+  std::exit(2);
+}
+
+[[noreturn]] void Fail(const std::string& msg) {
+  std::fprintf(stderr, "llm-scheduler: %s\n", msg.c_str());
+  std::exit(1);
+}
+
+Flags Parse(int argc, char** argv) {
+  Flags f;
+  FlagParser p(
+      "usage: llm-scheduler --model=DIR --worker-addresses=H:P,... [--flag=value ...]\n"
+      "Serves llm.v1.LLMService over a tensor-parallel group of llm-worker ranks.");
+  p.Add("model", &f.model,
+        "model directory (config.json, tokenizer.json, safetensors); also sent to the workers "
+        "as model_path, so it must be the same path on every host (required)");
+  p.Add("served-model-name", &f.served_model_name,
+        "the model name GetModelInfo reports (default: the model directory's base name)");
+  p.Add("host", &f.host, "gRPC listen address (0.0.0.0)");
+  p.Add("port", &f.port, "gRPC port; 0: any free port (50051)");
+  p.Add("port-file", &f.port_file, "once serving, write the bound port to this file (none)");
+  p.Add("worker-addresses", &f.worker_addresses,
+        "the llm-worker of each rank, host:port, comma-separated in rank order (required)");
+  p.Add("tensor-parallel-size", &f.tensor_parallel_size,
+        "ranks; must equal the number of worker addresses (1)");
+  p.Add("device", &f.device, "device the workers run on, sent to them (cpu)");
+  p.Add("dtype", &f.dtype, "weight and activation type, sent to the workers (float32)");
+  p.Add("block-size", &f.block_size, "tokens per KV cache block (16)");
+  p.Add("max-num-seqs", &f.max_num_seqs, "sequences scheduled per step at most (256)");
+  p.Add("max-num-batched-tokens", &f.max_num_batched_tokens,
+        "tokens computed per step at most; 0: max(2048, max_model_len) without chunked "
+        "prefill, 2048 with it (0)");
+  p.Add("max-model-len", &f.max_model_len,
+        "prompt + output tokens per sequence at most; 0: the model's max_position_embeddings "
+        "(0)");
+  p.Add("gpu-memory-utilization", &f.gpu_memory_utilization,
+        "fraction of device memory a worker may use (0.9)");
+  p.Add("swap-space", &f.swap_space, "GiB of host memory per rank for swapped-out blocks (4)");
+  p.Add("cpu-kv-cache-space", &f.cpu_kv_cache_space,
+        "GiB of host memory per rank for the KV cache of CPU workers (1)");
+  p.Add("num-gpu-blocks-override", &f.num_gpu_blocks_override,
+        "0: size the device KV cache by profiling; else exactly this many blocks (0)");
+  p.Add("watermark", &f.watermark,
+        "fraction of device blocks kept free when admitting requests (0.01)");
+  p.Add("enable-prefix-caching", &f.enable_prefix_caching,
+        "reuse the KV blocks of shared prompt prefixes (false)");
+  p.Add("enable-chunked-prefill", &f.enable_chunked_prefill,
+        "compute long prompts in chunks mixed with decodes (false)");
+  p.Add("long-prefill-token-threshold", &f.long_prefill_token_threshold,
+        "with chunked prefill, tokens per request per step at most; 0: no cap (0)");
+  p.Add("preemption-mode", &f.preemption_mode, "recompute or swap (recompute)");
+  p.Add("scheduling-policy", &f.scheduling_policy, "fcfs or priority (fcfs)");
+  p.Add("max-concurrent-requests", &f.max_concurrent_requests,
+        "Generate calls in flight at most; more get RESOURCE_EXHAUSTED (256)");
+  p.Add("max-logprobs", &f.max_logprobs, "largest logprobs a request may ask for (20)");
+  p.Add("max-n", &f.max_n, "largest n (sequences per request) a request may ask for (16)");
+  p.Add("rendezvous-host", &f.rendezvous_host,
+        "address the workers reach this scheduler's Gloo rendezvous store at (127.0.0.1)");
+  p.Add("rendezvous-port", &f.rendezvous_port, "port of the rendezvous store; 0: any (0)");
+  p.Add("worker-timeout", &f.worker_timeout,
+        "seconds a step (or an Init) may take before the group is declared failed (60)");
+  p.Add("collective-timeout", &f.collective_timeout,
+        "seconds, sent to the workers: limit of the Gloo rendezvous and collectives (30)");
+  p.Parse(argc, argv);
+  return f;
+}
+
+struct Setup {
+  Flags flags;
+  std::vector<std::string> addresses;
+  SchedulerConfig scheduler;
+  BlockSpaceManagerConfig cache;  // num_gpu_blocks / num_cpu_blocks come from the workers
+  LLMServiceOptions service;
+};
+
+Setup Check(const Flags& f, const ModelConfig& model, const Tokenizer& tokenizer) {
+  Setup s;
+  s.flags = f;
+  if (f.model.empty()) Usage("--model is required");
+  if (f.worker_addresses.empty()) Usage("--worker-addresses is required");
+  for (absl::string_view a : absl::StrSplit(f.worker_addresses, ',', absl::SkipWhitespace())) {
+    s.addresses.emplace_back(a);
+  }
+  if (static_cast<int>(s.addresses.size()) != f.tensor_parallel_size) {
+    Usage(absl::StrCat("--tensor-parallel-size is ", f.tensor_parallel_size, " but ",
+                       s.addresses.size(), " worker addresses are given"));
+  }
+  if (f.port < 0 || f.port > 65535) Usage(absl::StrCat("--port is ", f.port));
+  if (f.worker_timeout <= 0) Usage("--worker-timeout must be positive");
+  if (f.collective_timeout <= 0) Usage("--collective-timeout must be positive");
+  if (f.max_concurrent_requests < 1) Usage("--max-concurrent-requests must be at least 1");
+  if (f.num_gpu_blocks_override < 0) Usage("--num-gpu-blocks-override must be >= 0");
+  if (f.swap_space < 0 || f.cpu_kv_cache_space < 0) Usage("memory sizes must be >= 0");
+
+  SchedulerConfig& sc = s.scheduler;
+  sc.max_model_len = f.max_model_len > 0 ? f.max_model_len : model.max_position_embeddings;
+  if (sc.max_model_len > model.max_position_embeddings) {
+    Usage(absl::StrCat("--max-model-len is ", sc.max_model_len,
+                       " but the model's max_position_embeddings is ",
+                       model.max_position_embeddings));
+  }
+  sc.max_num_batched_tokens = f.max_num_batched_tokens > 0 ? f.max_num_batched_tokens
+                              : f.enable_chunked_prefill   ? 2048
+                                                           : std::max(2048, sc.max_model_len);
+  sc.max_num_seqs = f.max_num_seqs;
+  sc.enable_chunked_prefill = f.enable_chunked_prefill;
+  sc.long_prefill_token_threshold = f.long_prefill_token_threshold;
+  if (f.preemption_mode == "recompute") {
+    sc.preemption_mode = PreemptionMode::kRecompute;
+  } else if (f.preemption_mode == "swap") {
+    sc.preemption_mode = PreemptionMode::kSwap;
+  } else {
+    Usage("--preemption-mode must be recompute or swap, not " + f.preemption_mode);
+  }
+  if (f.scheduling_policy == "fcfs") {
+    sc.policy = SchedulingPolicy::kFcfs;
+  } else if (f.scheduling_policy == "priority") {
+    sc.policy = SchedulingPolicy::kPriority;
+  } else {
+    Usage("--scheduling-policy must be fcfs or priority, not " + f.scheduling_policy);
+  }
+  if (!model.eos_token_ids.empty()) {
+    sc.eos_token_id = model.eos_token_ids[0];
+  } else if (!tokenizer.eos_token_ids().empty()) {
+    sc.eos_token_id = tokenizer.eos_token_ids()[0];
+  }
+  sc.sampling_limits = {.max_n = f.max_n, .max_logprobs = f.max_logprobs};
+  if (absl::Status st = sc.Validate(); !st.ok()) Usage(std::string(st.message()));
+
+  s.cache = {.block_size = f.block_size,
+             .num_gpu_blocks = 1,
+             .num_cpu_blocks = 0,
+             .watermark = f.watermark,
+             .enable_prefix_caching = f.enable_prefix_caching};
+  if (absl::Status st = s.cache.Validate(); !st.ok()) Usage(std::string(st.message()));
+
+  LLMServiceOptions& o = s.service;
+  o.model_name = f.served_model_name;
+  if (o.model_name.empty()) {
+    o.model_name = std::filesystem::path(f.model).lexically_normal().filename().string();
+    if (o.model_name.empty()) {
+      o.model_name =
+          std::filesystem::path(f.model).lexically_normal().parent_path().filename().string();
+    }
+  }
+  o.max_model_len = sc.max_model_len;
+  o.vocab_size = model.vocab_size;
+  o.tensor_parallel_size = f.tensor_parallel_size;
+  o.block_size = f.block_size;
+  o.max_concurrent_requests = f.max_concurrent_requests;
+  o.sampling_limits = sc.sampling_limits;
+  return s;
+}
+
+void WritePortFile(const std::string& path, int port) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << port << "\n";
+    if (!out) Fail("cannot write " + tmp);
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) Fail("cannot rename " + tmp + " to " + path + ": " + ec.message());
+}
+
+// Runs the worker group's lifecycle on its own thread (Run) until Stop().
+class GroupManager {
+ public:
+  GroupManager(const Setup& setup, LLMService* service, grpc::HealthCheckServiceInterface* health,
+               const TcpStoreServer* store, const DetokenizerFactory* detokenizers)
+      : setup_(setup),
+        service_(service),
+        health_(health),
+        store_(store),
+        detokenizers_(detokenizers) {}
+
+  void Run() {
+    absl::Duration retry = absl::Milliseconds(500);  // after a failed attempt; doubles to 10 s
+    for (int attempt = 1;; ++attempt) {
+      if (stopping()) return;
+      ShardedWorkerClientOptions opts;
+      opts.addresses = setup_.addresses;
+      opts.worker_timeout = absl::Seconds(setup_.flags.worker_timeout);
+      opts.on_failure = [this](const absl::Status& s) {
+        absl::MutexLock lock(&mu_);
+        if (failure_.ok()) failure_ = s;
+      };
+      absl::StatusOr<std::unique_ptr<ShardedWorkerClient>> client =
+          ShardedWorkerClient::Create(std::move(opts));
+      CHECK(client.ok()) << client.status();  // the flags were checked
+      {
+        absl::MutexLock lock(&mu_);
+        if (stop_) return;
+        client_ = client->get();
+        failure_ = absl::OkStatus();
+      }
+      absl::StatusOr<std::shared_ptr<ServingEngine>> engine = Build(std::move(*client), attempt);
+      if (!engine.ok()) {
+        LOG(WARNING) << "worker group attempt " << attempt << " failed: " << engine.status();
+        last_failure_ = std::string(engine.status().message());
+        (void)service_->SetNotReady(last_failure_);
+        absl::MutexLock lock(&mu_);
+        auto stop = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_; };
+        mu_.AwaitWithTimeout(absl::Condition(&stop), retry);
+        retry = std::min(retry * 2, absl::Seconds(10));
+        continue;
+      }
+      retry = absl::Milliseconds(500);
+      service_->SetReady(*engine);
+      SetServing(true);
+      LOG(INFO) << "worker group ready (attempt " << attempt << "): " << (*engine)->num_gpu_blocks
+                << " device blocks, " << (*engine)->num_cpu_blocks << " host blocks";
+      std::string reason;
+      {
+        absl::MutexLock lock(&mu_);
+        auto done = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_ || !failure_.ok(); };
+        // Probe the ranks while idle too, so that a dead worker turns health NOT_SERVING
+        // before a request finds it.
+        while (!mu_.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(1))) {
+          ShardedWorkerClient* client = client_;
+          mu_.Unlock();
+          (void)client->CheckHealth();  // on failure, on_failure sets failure_
+          mu_.Lock();
+        }
+        reason = stop_ ? "server shutting down" : std::string(failure_.message());
+      }
+      SetServing(false);
+      if (!stopping()) LOG(ERROR) << "worker group failed; re-initializing: " << reason;
+      last_failure_ = reason;
+      (void)service_->SetNotReady(reason);
+      {
+        absl::MutexLock lock(&mu_);
+        client_->Cancel();  // an engine step in flight returns at once
+        client_ = nullptr;
+      }
+      engine->reset();  // stops the engine, then closes the streams
+    }
+  }
+
+  // Thread-safe: cancels whatever the manager waits on; Run() then returns.
+  void Stop() {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    if (client_ != nullptr) client_->Cancel();
+  }
+
+ private:
+  bool stopping() {
+    absl::MutexLock lock(&mu_);
+    return stop_;
+  }
+
+  void SetServing(bool serving) {
+    health_->SetServingStatus(serving);
+    health_->SetServingStatus("llm.v1.LLMService", serving);
+  }
+
+  // Brings the group up on `client` (destroyed on failure); the running engine on success.
+  absl::StatusOr<std::shared_ptr<ServingEngine>> Build(std::unique_ptr<ShardedWorkerClient> client,
+                                                       int attempt) {
+    auto forget = [&] {
+      absl::MutexLock lock(&mu_);
+      client_ = nullptr;
+    };
+    absl::Status s = BuildSteps(client.get(), attempt);
+    if (!s.ok()) {
+      forget();
+      return s;
+    }
+    auto engine = std::make_shared<ServingEngine>();
+    engine->num_gpu_blocks = cache_.num_gpu_blocks;
+    engine->num_cpu_blocks = cache_.num_cpu_blocks;
+    engine->executor = std::move(client);
+    engine->engine = std::make_unique<EngineCore>(setup_.scheduler, cache_, engine->executor.get(),
+                                                  detokenizers_);
+    engine->engine->Start();
+    return engine;
+  }
+
+  absl::Status BuildSteps(ShardedWorkerClient* client, int attempt) {
+    const Flags& f = setup_.flags;
+    (void)service_->SetNotReady(
+        absl::StrCat("connecting to the workers (attempt ", attempt, ")",
+                     last_failure_.empty() ? "" : "; the last attempt failed: ", last_failure_));
+    std::string reason;
+    if (absl::Status s = client->WaitUntilHealthy(&reason); !s.ok()) return s;
+    LOG(INFO) << "all " << client->world_size() << " workers answer; initializing (attempt "
+              << attempt << ")";
+    v1::InitRequest init;
+    init.set_model_path(f.model);
+    init.set_dtype(f.dtype);
+    init.set_device(f.device);
+    init.set_rendezvous_address(absl::StrCat(f.rendezvous_host, ":", store_->port()));
+    init.set_rendezvous_prefix(absl::StrCat("group-", attempt));
+    init.set_collective_timeout_ms(static_cast<uint32_t>(f.collective_timeout * 1000));
+    init.set_max_model_len(setup_.scheduler.max_model_len);
+    init.set_max_num_batched_tokens(setup_.scheduler.max_num_batched_tokens);
+    init.set_max_num_seqs(setup_.scheduler.max_num_seqs);
+    ASSIGN_OR_RETURN(const std::vector<v1::InitResponse> inits, client->Init(init));
+    for (size_t r = 0; r < inits.size(); ++r) {
+      if (static_cast<int>(inits[r].vocab_size()) != setup_.service.vocab_size) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "worker rank ", r, " at ", client->address(r), " loaded a model of vocab size ",
+            inits[r].vocab_size(), "; the scheduler's model has ", setup_.service.vocab_size));
+      }
+    }
+    v1::ProfileMemoryRequest prof;
+    prof.set_block_size(f.block_size);
+    prof.set_gpu_memory_utilization(f.gpu_memory_utilization);
+    prof.set_swap_space_gib(f.swap_space);
+    prof.set_cpu_kv_cache_space_gib(f.cpu_kv_cache_space);
+    ASSIGN_OR_RETURN(const v1::ProfileMemoryResponse mem, client->ProfileMemory(prof));
+    cache_ = setup_.cache;
+    cache_.num_gpu_blocks = f.num_gpu_blocks_override > 0 ? f.num_gpu_blocks_override
+                                                          : static_cast<int>(mem.num_gpu_blocks());
+    cache_.num_cpu_blocks = static_cast<int>(mem.num_cpu_blocks());
+    if (cache_.num_gpu_blocks <= 0) {
+      return absl::ResourceExhaustedError(
+          "the workers have no room for a single KV cache block; raise "
+          "--gpu-memory-utilization or --cpu-kv-cache-space");
+    }
+    RETURN_IF_ERROR(cache_.Validate());
+    v1::InitCacheRequest ic;
+    ic.set_block_size(f.block_size);
+    ic.set_num_gpu_blocks(cache_.num_gpu_blocks);
+    ic.set_num_cpu_blocks(cache_.num_cpu_blocks);
+    RETURN_IF_ERROR(client->InitCache(ic));
+    return client->OpenStreams();
+  }
+
+  const Setup& setup_;
+  LLMService* const service_;
+  grpc::HealthCheckServiceInterface* const health_;
+  const TcpStoreServer* const store_;
+  const DetokenizerFactory* const detokenizers_;
+  BlockSpaceManagerConfig cache_;  // Run's thread
+  std::string last_failure_;       // Run's thread: why the last group failed or did not form
+
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  ShardedWorkerClient* client_ ABSL_GUARDED_BY(mu_) = nullptr;  // the current group's
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+};
+
+int Run(int argc, char** argv) {
+  const Flags flags = Parse(argc, argv);
+  if (flags.model.empty()) Usage("--model is required");
+  absl::StatusOr<ModelConfig> model = ModelConfig::FromModelDir(flags.model);
+  if (!model.ok()) Fail(model.status().ToString());
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromDirectory(flags.model);
+  if (!tok.ok()) Fail(tok.status().ToString());
+  std::shared_ptr<const Tokenizer> tokenizer = std::move(*tok);
+  const Setup setup = Check(flags, *model, *tokenizer);
+
+  // Signals are taken by sigwait below; every thread started from here on has them blocked.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  absl::StatusOr<std::unique_ptr<TcpStoreServer>> store =
+      TcpStoreServer::Start(flags.rendezvous_host, flags.rendezvous_port);
+  if (!store.ok()) Fail("rendezvous store: " + store.status().ToString());
+
+  const TokenizerDetokenizerFactory detokenizers(tokenizer);
+  LLMService service(setup.service, tokenizer);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  builder.AddListeningPort(absl::StrCat(flags.host, ":", flags.port),
+                           grpc::InsecureServerCredentials(), &bound_port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || bound_port == 0) {
+    Fail(absl::StrCat("cannot listen on ", flags.host, ":", flags.port));
+  }
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  health->SetServingStatus(false);
+  health->SetServingStatus("llm.v1.LLMService", false);
+  std::fprintf(stderr, "listening on %s:%d\n", flags.host.c_str(), bound_port);
+  if (!flags.port_file.empty()) WritePortFile(flags.port_file, bound_port);
+  LOG(INFO) << "model " << setup.service.model_name << ", max_model_len "
+            << setup.service.max_model_len << ", " << setup.addresses.size()
+            << " worker rank(s); rendezvous store on " << flags.rendezvous_host << ":"
+            << (*store)->port();
+
+  GroupManager manager(setup, &service, health, store->get(), &detokenizers);
+  std::thread manager_thread([&] { manager.Run(); });
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  LOG(INFO) << "signal " << sig << ": shutting down";
+  health->SetServingStatus(false);
+  health->SetServingStatus("llm.v1.LLMService", false);
+  std::shared_ptr<ServingEngine> engine = service.Shutdown();
+  manager.Stop();
+  manager_thread.join();
+  engine.reset();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return 0;
+}
+
+}  // namespace
+}  // namespace llm
+
+int main(int argc, char** argv) {
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+  return llm::Run(argc, argv);
+}

@@ -1,0 +1,339 @@
+#include "scheduler_service/engine/sharded_worker_client.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "glog/logging.h"
+#include "scheduler_service/engine/step_codec.h"
+
+namespace llm {
+namespace {
+
+std::string CodeName(grpc::StatusCode code) {
+  return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
+}
+
+std::string Describe(const grpc::Status& s) {
+  return absl::StrCat(CodeName(s.error_code()), ": ", s.error_message());
+}
+
+std::chrono::system_clock::time_point DeadlineAfter(absl::Duration d) {
+  return std::chrono::system_clock::now() + absl::ToChronoMicroseconds(d);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShardedWorkerClient>> ShardedWorkerClient::Create(
+    ShardedWorkerClientOptions options) {
+  if (options.addresses.empty()) {
+    return absl::InvalidArgumentError("the worker group needs at least one worker address");
+  }
+  if (options.worker_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("the worker timeout must be positive");
+  }
+  return std::unique_ptr<ShardedWorkerClient>(new ShardedWorkerClient(std::move(options)));
+}
+
+ShardedWorkerClient::ShardedWorkerClient(ShardedWorkerClientOptions options)
+    : options_(std::move(options)) {
+  for (size_t i = 0; i < options_.addresses.size(); ++i) {
+    auto r = std::make_unique<Rank>();
+    r->rank = static_cast<int>(i);
+    r->address = options_.addresses[i];
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);
+    args.SetMaxSendMessageSize(-1);
+    // A fresh client per group attempt: do not inherit another channel's reconnect backoff.
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    r->stub = v1::WorkerService::NewStub(
+        grpc::CreateCustomChannel(r->address, grpc::InsecureChannelCredentials(), args));
+    ranks_.push_back(std::move(r));
+  }
+}
+
+ShardedWorkerClient::~ShardedWorkerClient() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    for (grpc::ClientContext* c : contexts_) c->TryCancel();
+  }
+  for (auto& r : ranks_) {
+    if (r->thread.joinable()) r->thread.join();
+  }
+  for (auto& r : ranks_) {
+    if (r->stream == nullptr) continue;
+    if (!r->finished) (void)r->stream->Finish();  // cancelled above: returns at once
+    Unregister(r->stream_context.get());
+  }
+}
+
+absl::Status ShardedWorkerClient::RankError(const Rank& r, const std::string& reason) const {
+  return absl::UnavailableError(
+      absl::StrCat("worker rank ", r.rank, " at ", r.address, ": ", reason));
+}
+
+bool ShardedWorkerClient::Register(grpc::ClientContext* context) {
+  absl::MutexLock lock(&mu_);
+  if (cancelled_ || stopping_) return false;
+  contexts_.push_back(context);
+  return true;
+}
+
+void ShardedWorkerClient::Unregister(grpc::ClientContext* context) {
+  absl::MutexLock lock(&mu_);
+  contexts_.erase(std::remove(contexts_.begin(), contexts_.end(), context), contexts_.end());
+}
+
+void ShardedWorkerClient::Cancel() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = true;
+  if (failure_.ok()) failure_ = absl::CancelledError("the worker group client was cancelled");
+  for (grpc::ClientContext* c : contexts_) c->TryCancel();
+}
+
+absl::Status ShardedWorkerClient::failure() const {
+  absl::MutexLock lock(&mu_);
+  return failure_;
+}
+
+void ShardedWorkerClient::Fail(const absl::Status& status) {
+  bool first = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (failure_.ok()) {
+      failure_ = status;
+      first = !cancelled_;
+    }
+    for (auto& r : ranks_) {
+      if (r->stream_context != nullptr) r->stream_context->TryCancel();
+    }
+  }
+  if (first) {
+    LOG(ERROR) << "worker group failed: " << status;
+    if (options_.on_failure) options_.on_failure(status);
+  }
+}
+
+absl::Status ShardedWorkerClient::HealthRound(absl::Duration deadline) {
+  for (auto& r : ranks_) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineAfter(deadline));
+    if (!Register(&ctx)) return absl::CancelledError("the worker group client was cancelled");
+    v1::HealthRequest req;
+    v1::HealthResponse resp;
+    const grpc::Status s = r->stub->Health(&ctx, req, &resp);
+    Unregister(&ctx);
+    if (!s.ok()) return RankError(*r, absl::StrCat("Health: ", Describe(s)));
+    if (!resp.serving()) return RankError(*r, absl::StrCat("not serving: ", resp.detail()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardedWorkerClient::WaitUntilHealthy(std::string* last_reason) {
+  absl::Duration backoff = absl::Milliseconds(100);
+  while (true) {
+    const absl::Status s = HealthRound(std::min(absl::Seconds(2), options_.worker_timeout));
+    if (s.ok() || s.code() == absl::StatusCode::kCancelled) return s;
+    if (last_reason != nullptr) *last_reason = std::string(s.message());
+    VLOG(1) << "waiting for the workers: " << s;
+    absl::MutexLock lock(&mu_);
+    auto cancelled = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return cancelled_ || stopping_; };
+    if (mu_.AwaitWithTimeout(absl::Condition(&cancelled), backoff)) {
+      return absl::CancelledError("the worker group client was cancelled");
+    }
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+  }
+}
+
+absl::Status ShardedWorkerClient::CheckHealth() {
+  const absl::Status s = HealthRound(options_.worker_timeout);
+  if (!s.ok() && s.code() != absl::StatusCode::kCancelled) Fail(s);
+  return failure();
+}
+
+absl::Status ShardedWorkerClient::ForEachRank(
+    const char* what, const std::function<grpc::Status(Rank&, grpc::ClientContext*)>& call) {
+  // The contexts outlive every thread, so that the first failure can cancel the other calls
+  // (a rank blocked in the rendezvous would otherwise hold the round for the whole timeout).
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    contexts.back()->set_deadline(DeadlineAfter(options_.worker_timeout));
+  }
+  absl::Mutex first_mu;
+  absl::Status first;  // the first failure in time: the cause, not a cancelled bystander
+  std::vector<std::thread> threads;
+  threads.reserve(ranks_.size());
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    threads.emplace_back([&, i] {
+      Rank& r = *ranks_[i];
+      grpc::ClientContext* ctx = contexts[i].get();
+      absl::Status status;
+      if (!Register(ctx)) {
+        status = absl::CancelledError("the worker group client was cancelled");
+      } else {
+        const grpc::Status s = call(r, ctx);
+        Unregister(ctx);
+        if (!s.ok()) status = RankError(r, absl::StrCat(what, ": ", Describe(s)));
+      }
+      if (status.ok()) return;
+      absl::MutexLock lock(&first_mu);
+      if (!first.ok()) return;
+      first = status;
+      for (auto& c : contexts) c->TryCancel();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return first;
+}
+
+absl::StatusOr<std::vector<v1::InitResponse>> ShardedWorkerClient::Init(
+    const v1::InitRequest& base) {
+  std::vector<v1::InitResponse> responses(ranks_.size());
+  const absl::Status s = ForEachRank("Init", [&](Rank& r, grpc::ClientContext* ctx) {
+    v1::InitRequest req = base;
+    req.set_rank(r.rank);
+    req.set_world_size(world_size());
+    return r.stub->Init(ctx, req, &responses[r.rank]);
+  });
+  if (!s.ok()) return s;
+  return responses;
+}
+
+absl::StatusOr<v1::ProfileMemoryResponse> ShardedWorkerClient::ProfileMemory(
+    const v1::ProfileMemoryRequest& req) {
+  std::vector<v1::ProfileMemoryResponse> responses(ranks_.size());
+  const absl::Status s = ForEachRank("ProfileMemory", [&](Rank& r, grpc::ClientContext* ctx) {
+    return r.stub->ProfileMemory(ctx, req, &responses[r.rank]);
+  });
+  if (!s.ok()) return s;
+  v1::ProfileMemoryResponse min = responses[0];
+  for (const v1::ProfileMemoryResponse& p : responses) {
+    min.set_num_gpu_blocks(std::min(min.num_gpu_blocks(), p.num_gpu_blocks()));
+    min.set_num_cpu_blocks(std::min(min.num_cpu_blocks(), p.num_cpu_blocks()));
+    min.set_bytes_per_block(std::max(min.bytes_per_block(), p.bytes_per_block()));
+  }
+  return min;
+}
+
+absl::Status ShardedWorkerClient::InitCache(const v1::InitCacheRequest& req) {
+  return ForEachRank("InitCache", [&](Rank& r, grpc::ClientContext* ctx) {
+    v1::InitCacheResponse resp;
+    return r.stub->InitCache(ctx, req, &resp);
+  });
+}
+
+absl::Status ShardedWorkerClient::OpenStreams() {
+  for (auto& r : ranks_) {
+    CHECK(r->stream == nullptr) << "streams already open";
+    r->stream_context = std::make_unique<grpc::ClientContext>();
+    if (!Register(r->stream_context.get())) {
+      return absl::CancelledError("the worker group client was cancelled");
+    }
+    r->stream = r->stub->Step(r->stream_context.get());
+  }
+  for (auto& r : ranks_) {
+    Rank* rank = r.get();
+    r->thread = std::thread([this, rank] { RankLoop(rank); });
+  }
+  return absl::OkStatus();
+}
+
+void ShardedWorkerClient::RankLoop(Rank* r) {
+  uint64_t handled = 0;
+  while (true) {
+    uint64_t job;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_ || job_ > handled; };
+      mu_.Await(absl::Condition(&ready));
+      if (stopping_) return;
+      job = job_;
+    }
+    absl::Status status;
+    v1::StepResult result;
+    if (!r->stream->Write(request_)) {
+      r->finished = true;
+      status = absl::UnavailableError(
+          absl::StrCat("the step stream broke while sending: ", Describe(r->stream->Finish())));
+    } else if (!r->stream->Read(&result)) {
+      r->finished = true;
+      status = absl::UnavailableError(
+          absl::StrCat("the step stream broke: ", Describe(r->stream->Finish())));
+    }
+    absl::MutexLock lock(&mu_);
+    r->job_status = std::move(status);
+    r->result = std::move(result);
+    r->done_job = job;
+    handled = job;
+  }
+}
+
+bool ShardedWorkerClient::JobsDone() const {
+  for (const auto& r : ranks_) {
+    if (r->done_job != job_) return false;
+  }
+  return true;
+}
+
+absl::Status ShardedWorkerClient::Execute(const SchedulerOutput& step, ModelOutput* out) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!failure_.ok()) return failure_;
+    CHECK(ranks_[0]->stream != nullptr) << "Execute before OpenStreams";
+  }
+  EncodeStepRequest(step, &request_);
+  std::vector<bool> timed_out(ranks_.size(), false);
+  bool any_timed_out = false;
+  {
+    absl::MutexLock lock(&mu_);
+    ++job_;
+    if (!mu_.AwaitWithTimeout(absl::Condition(this, &ShardedWorkerClient::JobsDone),
+                              options_.worker_timeout)) {
+      for (size_t i = 0; i < ranks_.size(); ++i) timed_out[i] = ranks_[i]->done_job != job_;
+      any_timed_out = true;
+      // Unblock the rank threads' Write / Read; they then report CANCELLED.
+      for (auto& r : ranks_) r->stream_context->TryCancel();
+      mu_.Await(absl::Condition(this, &ShardedWorkerClient::JobsDone));
+    }
+  }
+  absl::Status error;
+  for (size_t i = 0; i < ranks_.size() && error.ok(); ++i) {
+    Rank& r = *ranks_[i];
+    if (any_timed_out) {
+      if (timed_out[i]) {
+        error = RankError(r, absl::StrCat("no answer to step ", step.step_id, " within ",
+                                          absl::FormatDuration(options_.worker_timeout)));
+      }
+      continue;
+    }
+    if (!r.job_status.ok()) {
+      error = RankError(r, std::string(r.job_status.message()));
+    } else if (r.result.step_id() != step.step_id) {
+      error = RankError(
+          r, absl::StrCat("answered step ", r.result.step_id(), " to step ", step.step_id));
+    } else if (r.result.error_code() != 0) {
+      error =
+          RankError(r, absl::StrCat("step ", step.step_id, " failed: ",
+                                    CodeName(static_cast<grpc::StatusCode>(r.result.error_code())),
+                                    ": ", r.result.error_message()));
+    }
+  }
+  if (error.ok()) {
+    const absl::Status s = DecodeStepResult(ranks_[0]->result, out);
+    if (!s.ok()) error = RankError(*ranks_[0], absl::StrCat("bad step result: ", s.ToString()));
+  }
+  if (!error.ok()) {
+    Fail(error);
+    absl::MutexLock lock(&mu_);
+    return failure_;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace llm

@@ -1,0 +1,543 @@
+// LLMService in-process over an EngineCore with a FakeExecutor (no workers) and the real
+// tokenizer of tests/data/models/tiny-llama, called through a real gRPC channel. Deadlines are
+// hang guards only.
+#include "scheduler_service/api/llm_service.h"
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "scheduler_service/api/incremental_detokenizer.h"
+#include "scheduler_service/api/tokenizer.h"
+#include "scheduler_service/engine/engine_core.h"
+#include "scheduler_service/engine/fake_executor.h"
+
+namespace llm {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kBlocks = 256;
+constexpr int kMaxModelLen = 512;
+constexpr int kMaxConcurrent = 4;
+
+// Runs steps through a FakeExecutor, each only once the test allows it (Allow / Open), or
+// fails them (FailWith).
+class GatedExecutor final : public Executor {
+ public:
+  explicit GatedExecutor(const FakeExecutorConfig& config) : inner_(config) {}
+
+  absl::Status Execute(const SchedulerOutput& step, ModelOutput* out) override {
+    {
+      absl::MutexLock lock(&mu_);
+      auto can_run = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return open_ || permits_ > 0; };
+      mu_.Await(absl::Condition(&can_run));
+      if (!open_) --permits_;
+      if (!fail_.ok()) return fail_;
+    }
+    if (absl::Status st = inner_.Execute(step, out); !st.ok()) return st;
+    // Made-up logprobs for every sampled token (as a worker does when any request of the step
+    // asked): the service must pass them on only to requests that asked.
+    out->logprobs.clear();
+    for (TokenId t : out->sampled_token_ids) out->logprobs.push_back(FakeLogprobs(t));
+    return absl::OkStatus();
+  }
+
+  static SampleLogprobs FakeLogprobs(TokenId t) {
+    return {.logprob = -0.5f - t % 7, .top = {{t, -0.5f - t % 7}, {(t + 1) % 100, -9.0f}}};
+  }
+
+  void Allow(int steps) {
+    absl::MutexLock lock(&mu_);
+    permits_ += steps;
+  }
+  void Open() {
+    absl::MutexLock lock(&mu_);
+    open_ = true;
+  }
+  void FailWith(absl::Status s) {
+    absl::MutexLock lock(&mu_);
+    fail_ = std::move(s);
+  }
+
+ private:
+  FakeExecutor inner_;
+  absl::Mutex mu_;
+  bool open_ ABSL_GUARDED_BY(mu_) = false;
+  int permits_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status fail_ ABSL_GUARDED_BY(mu_);
+};
+
+struct CallResult {
+  grpc::Status status;
+  std::vector<v1::GenerateResponse> responses;
+};
+
+class LLMServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto tok = Tokenizer::FromDirectory(LLM_TEST_DATA_DIR "/models/tiny-llama");
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    tokenizer_ = std::move(*tok);
+    detokenizers_ = std::make_unique<TokenizerDetokenizerFactory>(tokenizer_);
+    LLMServiceOptions o;
+    o.model_name = "tiny-llama";
+    o.max_model_len = kMaxModelLen;
+    o.vocab_size = tokenizer_->vocab_size();
+    o.block_size = 16;
+    o.max_concurrent_requests = kMaxConcurrent;
+    service_ = std::make_unique<LLMService>(o, tokenizer_);
+    service_->SetReady(MakeEngine());
+
+    grpc::ServerBuilder b;
+    int port = 0;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    b.RegisterService(service_.get());
+    server_ = b.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    stub_ = v1::LLMService::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  }
+
+  void TearDown() override {
+    if (gate_ != nullptr) gate_->Open();
+    std::shared_ptr<ServingEngine> engine = service_->Shutdown();
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    engine.reset();
+    server_.reset();
+    service_.reset();
+  }
+
+  std::shared_ptr<ServingEngine> MakeEngine(bool open = true, bool prefix_caching = false) {
+    SchedulerConfig sc;
+    sc.max_model_len = kMaxModelLen;
+    sc.max_num_batched_tokens = kMaxModelLen;
+    sc.eos_token_id = 1;
+    const BlockSpaceManagerConfig bc{.block_size = 16,
+                                     .num_gpu_blocks = kBlocks,
+                                     .num_cpu_blocks = 0,
+                                     .watermark = 0,
+                                     .enable_prefix_caching = prefix_caching};
+    auto gate = std::make_unique<GatedExecutor>(FakeExecutorConfig{
+        .num_gpu_blocks = kBlocks, .vocab_size = tokenizer_->vocab_size(), .seed = 3});
+    gate_ = gate.get();
+    if (open) gate_->Open();
+    auto e = std::make_shared<ServingEngine>();
+    e->num_gpu_blocks = kBlocks;
+    e->executor = std::move(gate);
+    e->engine = std::make_unique<EngineCore>(sc, bc, e->executor.get(), detokenizers_.get());
+    e->engine->Start();
+    return e;
+  }
+
+  // Replaces the engine by a fresh one whose steps run only as the test allows (closed) or
+  // freely (open).
+  void SwapEngine(bool open, bool prefix_caching = false) {
+    gate_->Open();
+    service_->SetNotReady("swapping engines").reset();
+    service_->SetReady(MakeEngine(open, prefix_caching));
+  }
+
+  CallResult Generate(const v1::GenerateRequest& req) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    CallResult r;
+    auto reader = stub_->Generate(&ctx, req);
+    v1::GenerateResponse resp;
+    while (reader->Read(&resp)) r.responses.push_back(resp);
+    r.status = reader->Finish();
+    return r;
+  }
+
+  static v1::GenerateRequest Text(const std::string& text, int max_tokens = 8) {
+    v1::GenerateRequest req;
+    req.set_text(text);
+    req.set_stream(true);
+    req.mutable_sampling_params()->set_max_tokens(max_tokens);
+    req.mutable_sampling_params()->set_seed(11);
+    return req;
+  }
+
+  void ExpectInvalid(const v1::GenerateRequest& req, const std::string& message) {
+    const CallResult r = Generate(req);
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << r.status.error_message();
+    EXPECT_THAT(r.status.error_message(), HasSubstr(message));
+    EXPECT_TRUE(r.responses.empty());
+  }
+
+  v1::GetStatsResponse Stats() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::GetStatsResponse resp;
+    const grpc::Status s = stub_->GetStats(&ctx, v1::GetStatsRequest(), &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp;
+  }
+
+  // Polls (hang guard: 30 s) until `done`.
+  template <typename F>
+  bool Eventually(F done) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < deadline) {
+      if (done()) return true;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return done();
+  }
+
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  std::unique_ptr<TokenizerDetokenizerFactory> detokenizers_;
+  std::unique_ptr<LLMService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::LLMService::Stub> stub_;
+  GatedExecutor* gate_ = nullptr;  // the current engine's
+};
+
+std::string AllText(const CallResult& r, int index) {
+  std::string text;
+  for (const v1::GenerateResponse& resp : r.responses) {
+    for (const v1::SequenceOutput& o : resp.outputs()) {
+      if (static_cast<int>(o.index()) == index) text += o.text();
+    }
+  }
+  return text;
+}
+
+std::vector<TokenId> AllTokens(const CallResult& r, int index) {
+  std::vector<TokenId> ids;
+  for (const v1::GenerateResponse& resp : r.responses) {
+    for (const v1::SequenceOutput& o : resp.outputs()) {
+      if (static_cast<int>(o.index()) == index)
+        ids.insert(ids.end(), o.token_ids().begin(), o.token_ids().end());
+    }
+  }
+  return ids;
+}
+
+TEST_F(LLMServiceTest, EmptyPromptsAreInvalid) {
+  ExpectInvalid(v1::GenerateRequest(), "the prompt is empty");
+  ExpectInvalid(Text(""), "the prompt is empty");
+  v1::GenerateRequest ids;
+  ids.mutable_token_ids();
+  ExpectInvalid(ids, "the prompt is empty");
+}
+
+TEST_F(LLMServiceTest, PromptLongerThanTheModelAllowsIsInvalid) {
+  v1::GenerateRequest req;
+  for (int i = 0; i < 600; ++i) req.mutable_token_ids()->add_ids(5);
+  ExpectInvalid(req, "prompt has 600 tokens and max_tokens is 16; max_model_len is 512");
+  v1::GenerateRequest fits;
+  for (int i = 0; i < 500; ++i) fits.mutable_token_ids()->add_ids(5);
+  fits.mutable_sampling_params()->set_max_tokens(13);
+  ExpectInvalid(fits, "prompt has 500 tokens and max_tokens is 13; max_model_len is 512");
+}
+
+TEST_F(LLMServiceTest, TokenIdsOutsideTheVocabularyAreInvalid) {
+  v1::GenerateRequest req;
+  req.mutable_token_ids()->add_ids(5);
+  req.mutable_token_ids()->add_ids(5000);
+  ExpectInvalid(req, "prompt token id 5000 at position 1 is outside the vocabulary [0, 2048)");
+  req.mutable_token_ids()->set_ids(1, -1);
+  ExpectInvalid(req, "prompt token id -1 at position 1 is outside the vocabulary");
+}
+
+TEST_F(LLMServiceTest, SamplingFieldsOutOfRangeAreInvalid) {
+  struct Case {
+    std::function<void(v1::SamplingParams*)> set;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](auto* p) { p->set_n(17); }, "n is 17"},
+      {[](auto* p) { p->set_n(0); }, "n is 0"},
+      {[](auto* p) { p->set_temperature(-1); }, "temperature is -1"},
+      {[](auto* p) { p->set_top_p(1.5); }, "top_p is 1.5"},
+      {[](auto* p) { p->set_top_p(0); }, "top_p is 0"},
+      {[](auto* p) { p->set_top_k(0); }, "top_k is 0"},
+      {[](auto* p) { p->set_min_p(2); }, "min_p is 2"},
+      {[](auto* p) { p->set_max_tokens(0); }, "max_tokens is 0"},
+      {[](auto* p) { p->set_min_tokens(20); }, "min_tokens is 20"},
+      {[](auto* p) { p->set_presence_penalty(3); }, "presence_penalty is 3"},
+      {[](auto* p) { p->set_frequency_penalty(-3); }, "frequency_penalty is -3"},
+      {[](auto* p) { p->set_repetition_penalty(0); }, "repetition_penalty is 0"},
+      {[](auto* p) { p->add_stop_token_ids(-2); }, "stop_token_ids"},
+      {[](auto* p) { p->add_stop(""); }, "stop string 0 is empty"},
+      {[](auto* p) {
+         for (int i = 0; i < 17; ++i) p->add_stop(absl::StrCat("s", i));
+       },
+       "at most 16 stop strings are allowed; the request has 17"},
+      {[](auto* p) { p->set_logprobs(21); }, "logprobs is 21"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.message);
+    v1::GenerateRequest req = Text("Hello");
+    c.set(req.mutable_sampling_params());
+    ExpectInvalid(req, c.message);
+  }
+}
+
+TEST_F(LLMServiceTest, StreamedTextIsTheDetokenizationOfTheTokens) {
+  const std::string prompt = "Hello world, this is a test";
+  const CallResult r = Generate(Text(prompt, 40));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  ASSERT_GE(r.responses.size(), 2u);
+  const std::vector<TokenId> tokens = AllTokens(r, 0);
+  ASSERT_EQ(tokens.size(), 40u);
+  EXPECT_EQ(AllText(r, 0), tokenizer_->Decode(tokens, /*skip_special_tokens=*/true));
+  for (size_t i = 0; i < r.responses.size(); ++i) {
+    const v1::GenerateResponse& resp = r.responses[i];
+    EXPECT_FALSE(resp.request_id().empty());
+    EXPECT_EQ(resp.request_id(), r.responses[0].request_id());
+    EXPECT_EQ(resp.has_usage(), i + 1 == r.responses.size());
+    for (const v1::SequenceOutput& o : resp.outputs()) {
+      EXPECT_EQ(o.index(), 0u);
+      EXPECT_EQ(o.finish_reason() != v1::FINISH_REASON_UNSPECIFIED, i + 1 == r.responses.size());
+    }
+  }
+  const v1::GenerateResponse& last = r.responses.back();
+  ASSERT_EQ(last.outputs_size(), 1);
+  EXPECT_EQ(last.outputs(0).finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(last.usage().prompt_tokens(), tokenizer_->Encode(prompt, false).size());
+  EXPECT_EQ(last.usage().completion_tokens(), 40u);
+  EXPECT_EQ(last.usage().cached_prompt_tokens(), 0u);
+}
+
+TEST_F(LLMServiceTest, AddSpecialTokensCountsTheBos) {
+  v1::GenerateRequest req = Text("Hello", 4);
+  req.set_add_special_tokens(true);
+  const CallResult r = Generate(req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.responses.back().usage().prompt_tokens(), tokenizer_->Encode("Hello", true).size());
+}
+
+TEST_F(LLMServiceTest, NTwoGivesTwoIndexedSequences) {
+  v1::GenerateRequest req = Text("Once upon a time", 10);
+  req.mutable_sampling_params()->set_n(2);
+  const CallResult r = Generate(req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  for (int index : {0, 1}) {
+    const std::vector<TokenId> tokens = AllTokens(r, index);
+    EXPECT_EQ(tokens.size(), 10u) << index;
+    EXPECT_EQ(AllText(r, index), tokenizer_->Decode(tokens, true)) << index;
+  }
+  EXPECT_NE(AllTokens(r, 0), AllTokens(r, 1));
+  EXPECT_EQ(r.responses.back().usage().completion_tokens(), 20u);
+}
+
+TEST_F(LLMServiceTest, NonStreamingGivesOneResponseWithEverything) {
+  v1::GenerateRequest req = Text("Once upon a time", 10);
+  req.mutable_sampling_params()->set_n(2);
+  const CallResult streamed = Generate(req);
+  ASSERT_TRUE(streamed.status.ok());
+  req.set_stream(false);
+  const CallResult r = Generate(req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  ASSERT_EQ(r.responses.size(), 1u);
+  const v1::GenerateResponse& resp = r.responses[0];
+  ASSERT_EQ(resp.outputs_size(), 2);
+  for (int index : {0, 1}) {
+    EXPECT_EQ(resp.outputs(index).index(), static_cast<uint32_t>(index));
+    EXPECT_EQ(AllTokens(r, index), AllTokens(streamed, index));  // same seed, same tokens
+    EXPECT_EQ(resp.outputs(index).text(), AllText(streamed, index));
+    EXPECT_EQ(resp.outputs(index).finish_reason(), v1::FINISH_REASON_LENGTH);
+  }
+  EXPECT_EQ(resp.usage().completion_tokens(), 20u);
+}
+
+TEST_F(LLMServiceTest, LogprobsComeWithEachTokenWhenAsked) {
+  for (bool stream : {true, false}) {
+    SCOPED_TRACE(stream);
+    v1::GenerateRequest req = Text("Once upon a time", 6);
+    req.set_stream(stream);
+    req.mutable_sampling_params()->set_n(2);
+    req.mutable_sampling_params()->set_logprobs(2);
+    const CallResult r = Generate(req);
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    int num_tokens = 0;
+    for (const v1::GenerateResponse& resp : r.responses) {
+      for (const v1::SequenceOutput& o : resp.outputs()) {
+        ASSERT_EQ(o.logprobs_size(), o.token_ids_size());
+        for (int i = 0; i < o.token_ids_size(); ++i) {
+          const TokenId t = o.token_ids(i);
+          const SampleLogprobs want = GatedExecutor::FakeLogprobs(t);
+          const v1::Logprobs& got = o.logprobs(i);
+          EXPECT_EQ(got.sampled().token_id(), t);
+          EXPECT_EQ(got.sampled().logprob(), want.logprob);
+          EXPECT_EQ(got.sampled().text(), tokenizer_->Decode(std::vector<TokenId>{t}, false));
+          ASSERT_EQ(got.top_size(), 2);
+          EXPECT_EQ(got.top(1).token_id(), want.top[1].first);
+          EXPECT_EQ(got.top(1).logprob(), want.top[1].second);
+          EXPECT_EQ(got.top(1).text(),
+                    tokenizer_->Decode(std::vector<TokenId>{want.top[1].first}, false));
+          ++num_tokens;
+        }
+      }
+    }
+    EXPECT_EQ(num_tokens, 12);
+  }
+  // Not asked: none, although the executor supplied them.
+  const CallResult plain = Generate(Text("Once upon a time", 6));
+  ASSERT_TRUE(plain.status.ok());
+  for (const v1::GenerateResponse& resp : plain.responses) {
+    for (const v1::SequenceOutput& o : resp.outputs()) EXPECT_EQ(o.logprobs_size(), 0);
+  }
+}
+
+TEST_F(LLMServiceTest, StopStringEndsTheSequenceWithoutItsText) {
+  const CallResult first = Generate(Text("Hello world", 40));
+  ASSERT_TRUE(first.status.ok());
+  const std::string text = AllText(first, 0);
+  // A stop string from the middle of what the same seed generates.
+  const size_t at = text.size() / 2;
+  const std::string stop = text.substr(at, 2);
+  if (stop.size() < 2 || text.find(stop) < at) GTEST_SKIP() << "no unique stop string in text";
+  v1::GenerateRequest req = Text("Hello world", 40);
+  req.mutable_sampling_params()->add_stop(stop);
+  const CallResult r = Generate(req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  const v1::SequenceOutput& last = r.responses.back().outputs(0);
+  EXPECT_EQ(last.finish_reason(), v1::FINISH_REASON_STOP);
+  EXPECT_EQ(last.stop_reason(), stop);
+  EXPECT_EQ(AllText(r, 0), text.substr(0, text.find(stop)));
+}
+
+TEST_F(LLMServiceTest, UsageCountsPrefixCachedPromptTokens) {
+  SwapEngine(/*open=*/true, /*prefix_caching=*/true);
+  v1::GenerateRequest req;
+  for (int i = 0; i < 40; ++i) req.mutable_token_ids()->add_ids(100 + i);
+  req.mutable_sampling_params()->set_max_tokens(4);
+  const CallResult first = Generate(req);
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  EXPECT_EQ(first.responses.back().usage().cached_prompt_tokens(), 0u);
+  const CallResult second = Generate(req);
+  ASSERT_TRUE(second.status.ok()) << second.status.error_message();
+  const v1::Usage& usage = second.responses.back().usage();
+  EXPECT_EQ(usage.prompt_tokens(), 40u);
+  EXPECT_EQ(usage.cached_prompt_tokens(), 32u);  // the two full blocks
+  EXPECT_EQ(usage.completion_tokens(), 4u);
+  EXPECT_TRUE(Eventually([&] { return Stats().prefix_cache_hit_rate() > 0; }));
+}
+
+TEST_F(LLMServiceTest, RequestIdInUseAndTooManyRequests) {
+  SwapEngine(/*open=*/false);
+  std::vector<std::thread> threads;
+  std::vector<CallResult> results(kMaxConcurrent);
+  for (int i = 0; i < kMaxConcurrent; ++i) {
+    threads.emplace_back([this, i, &results] {
+      v1::GenerateRequest req = Text("Hello", 4);
+      req.set_request_id(absl::StrCat("held-", i));
+      results[i] = Generate(req);
+    });
+    ASSERT_TRUE(Eventually([&] { return service_->num_calls() == i + 1; }));
+  }
+  v1::GenerateRequest dup = Text("Hello", 4);
+  dup.set_request_id("held-0");
+  CallResult r = Generate(dup);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("request id held-0 is in use"));
+  r = Generate(Text("Hello", 4));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("limit of 4 concurrent requests"));
+  gate_->Open();
+  for (std::thread& t : threads) t.join();
+  for (const CallResult& c : results) EXPECT_TRUE(c.status.ok()) << c.status.error_message();
+  EXPECT_TRUE(Eventually([&] { return service_->num_calls() == 0; }));
+  EXPECT_TRUE(Generate(dup).status.ok());  // the id is free again
+}
+
+TEST_F(LLMServiceTest, CancellingMidStreamFreesEveryBlock) {
+  SwapEngine(/*open=*/false);
+  gate_->Allow(2);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto reader = stub_->Generate(&ctx, Text("Hello world", 300));
+  v1::GenerateResponse resp;
+  ASSERT_TRUE(reader->Read(&resp));
+  EXPECT_EQ(resp.outputs(0).token_ids_size(), 1);
+  // Stats are published at the end of a step, after its outputs went out.
+  EXPECT_TRUE(
+      Eventually([&] { return Stats().num_free_gpu_blocks() < static_cast<uint32_t>(kBlocks); }));
+  ctx.TryCancel();
+  gate_->Open();
+  while (reader->Read(&resp)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(Eventually([&] {
+    const v1::GetStatsResponse s = Stats();
+    return s.num_running() == 0 && s.num_waiting() == 0 &&
+           s.num_free_gpu_blocks() == static_cast<uint32_t>(kBlocks) && s.gpu_kv_usage() == 0;
+  }));
+  EXPECT_TRUE(Eventually([&] { return service_->num_calls() == 0; }));
+}
+
+TEST_F(LLMServiceTest, NotReadyAnswersUnavailable) {
+  service_->SetNotReady("rank 1 is down").reset();
+  gate_ = nullptr;
+  CallResult r = Generate(Text("Hello"));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(r.status.error_message(), "the worker group is not ready: rank 1 is down");
+  grpc::ClientContext ctx;
+  v1::GetStatsResponse stats;
+  EXPECT_EQ(stub_->GetStats(&ctx, v1::GetStatsRequest(), &stats).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  service_->SetReady(MakeEngine());
+  EXPECT_TRUE(Generate(Text("Hello")).status.ok());
+}
+
+TEST_F(LLMServiceTest, GroupFailureEndsStreamsWithItsStatus) {
+  SwapEngine(/*open=*/false);
+  gate_->Allow(1);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto reader = stub_->Generate(&ctx, Text("Hello world", 100));
+  v1::GenerateResponse resp;
+  ASSERT_TRUE(reader->Read(&resp));
+  gate_->FailWith(absl::UnavailableError("worker rank 1 at 127.0.0.1:9: the stream broke"));
+  gate_->Open();
+  while (reader->Read(&resp)) {
+  }
+  const grpc::Status s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(s.error_message(), "worker rank 1 at 127.0.0.1:9: the stream broke");
+}
+
+TEST_F(LLMServiceTest, ShutdownEndsStreamsWithUnavailable) {
+  SwapEngine(/*open=*/false);
+  CallResult result;
+  std::thread t([&] { result = Generate(Text("Hello", 4)); });
+  ASSERT_TRUE(Eventually([&] { return service_->num_calls() == 1; }));
+  std::shared_ptr<ServingEngine> engine = service_->Shutdown();
+  t.join();
+  EXPECT_EQ(result.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(result.status.error_message(), "server shutting down");
+  const CallResult later = Generate(Text("Hello"));
+  EXPECT_EQ(later.status.error_message(), "server shutting down");
+  gate_->Open();
+  engine.reset();
+  gate_ = nullptr;
+}
+
+TEST_F(LLMServiceTest, ModelInfo) {
+  grpc::ClientContext ctx;
+  v1::GetModelInfoResponse info;
+  ASSERT_TRUE(stub_->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.model_name(), "tiny-llama");
+  EXPECT_EQ(info.max_model_len(), static_cast<uint32_t>(kMaxModelLen));
+  EXPECT_EQ(info.vocab_size(), 2048u);
+  EXPECT_EQ(info.tensor_parallel_size(), 1u);
+  EXPECT_EQ(info.block_size(), 16u);
+  EXPECT_EQ(info.num_gpu_blocks(), static_cast<uint32_t>(kBlocks));
+  EXPECT_EQ(Stats().num_free_gpu_blocks(), static_cast<uint32_t>(kBlocks));
+}
+
+}  // namespace
+}  // namespace llm

@@ -1,0 +1,262 @@
+// ShardedWorkerClient against fake WorkerService ranks served in-process on port 0. The fakes
+// run each step through a FakeExecutor (the worker's real ModelRunner is the worker helper's
+// to test); what is tested here is the client: tokens from rank 0, any failing rank fails the
+// step with UNAVAILABLE naming it, and nothing hangs (timeouts here are hang guards only).
+#include "scheduler_service/engine/sharded_worker_client.h"
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "llm/v1/worker_service.grpc.pb.h"
+#include "scheduler_service/engine/engine_core.h"
+#include "scheduler_service/engine/fake_executor.h"
+#include "scheduler_service/engine/step_codec.h"
+#include "tests/unit/scheduler_service/testing/fake_worker.h"
+
+namespace llm {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kBlocks = 64;
+constexpr int kVocab = 1000;
+
+FakeExecutorConfig ExecConfig(uint64_t seed) {
+  return {.num_gpu_blocks = kBlocks, .num_cpu_blocks = 0, .vocab_size = kVocab, .seed = seed};
+}
+
+using Mode = FakeWorker::Mode;
+using Rank = FakeWorkerServer;
+
+Rank StartRank(uint64_t seed, int num_gpu_blocks = kBlocks) {
+  return FakeWorkerServer::Start(kVocab, seed, num_gpu_blocks);
+}
+
+template <typename F>
+bool Eventually(F done) {  // hang guard: 30 s
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
+SchedulerConfig Config() {
+  SchedulerConfig c;
+  c.max_model_len = 256;
+  c.max_num_batched_tokens = 256;
+  return c;
+}
+
+BlockSpaceManagerConfig Cache() {
+  return {.block_size = 16, .num_gpu_blocks = kBlocks, .num_cpu_blocks = 0, .watermark = 0};
+}
+
+EngineRequest Request(const std::string& id, int max_tokens, int n = 1) {
+  EngineRequest r;
+  r.request_id = id;
+  r.prompt_token_ids.resize(20);
+  std::iota(r.prompt_token_ids.begin(), r.prompt_token_ids.end(), 3);
+  r.sampling_params.max_tokens = max_tokens;
+  r.sampling_params.n = n;
+  r.sampling_params.seed = 7;
+  return r;
+}
+
+// Runs requests through an engine over `executor`; the tokens of each sequence.
+std::map<std::string, std::vector<TokenId>> RunAll(Executor* executor, absl::Status* status) {
+  EngineCore engine(Config(), Cache(), executor);
+  std::map<std::string, std::vector<TokenId>> tokens;
+  for (auto [id, n] : {std::pair<const char*, int>{"a", 1}, {"b", 2}}) {
+    absl::Status s = engine.AddRequest(Request(id, 12, n), [&tokens, id](const StreamUpdate& u) {
+      if (u.output == nullptr) return;
+      for (const SequenceOutput& seq : u.outputs->Seqs(*u.output)) {
+        for (TokenId t : u.outputs->NewTokenIds(seq)) {
+          tokens[absl::StrCat(id, "/", seq.index)].push_back(t);
+        }
+      }
+    });
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  *status = engine.RunUntilIdle();
+  return tokens;
+}
+
+struct Group {
+  std::vector<Rank> ranks;
+  std::unique_ptr<ShardedWorkerClient> client;
+  std::atomic<int> failures{0};
+};
+
+// Starts the ranks (rank i's FakeExecutor seeded 100 * i, so that only rank 0's tokens
+// match the reference) and brings the client up to open streams.
+std::unique_ptr<Group> StartGroup(int world_size, absl::Duration timeout = absl::Seconds(30)) {
+  auto g = std::make_unique<Group>();
+  ShardedWorkerClientOptions opts;
+  for (int i = 0; i < world_size; ++i) {
+    g->ranks.push_back(StartRank(100 * i, kBlocks + 10 * i));
+    opts.addresses.push_back(g->ranks.back().address);
+  }
+  opts.worker_timeout = timeout;
+  Group* raw = g.get();
+  opts.on_failure = [raw](const absl::Status&) { ++raw->failures; };
+  auto client = ShardedWorkerClient::Create(opts);
+  EXPECT_TRUE(client.ok()) << client.status();
+  g->client = std::move(*client);
+  EXPECT_TRUE(g->client->WaitUntilHealthy().ok());
+  v1::InitRequest init;
+  init.set_model_path("/models/x");
+  init.set_rendezvous_prefix("group-1");
+  auto inits = g->client->Init(init);
+  EXPECT_TRUE(inits.ok()) << inits.status();
+  v1::ProfileMemoryRequest prof;
+  prof.set_block_size(16);
+  auto mem = g->client->ProfileMemory(prof);
+  EXPECT_TRUE(mem.ok()) << mem.status();
+  EXPECT_EQ(mem->num_gpu_blocks(), kBlocks);  // the smallest over the ranks
+  v1::InitCacheRequest ic;
+  ic.set_block_size(16);
+  ic.set_num_gpu_blocks(kBlocks);
+  EXPECT_TRUE(g->client->InitCache(ic).ok());
+  EXPECT_TRUE(g->client->OpenStreams().ok());
+  return g;
+}
+
+TEST(ShardedWorkerClientTest, SetupSendsEachRankItsRank) {
+  auto g = StartGroup(3);
+  for (int i = 0; i < 3; ++i) {
+    const v1::InitRequest init = g->ranks[i].service->init();
+    EXPECT_EQ(init.rank(), static_cast<uint32_t>(i));
+    EXPECT_EQ(init.world_size(), 3u);
+    EXPECT_EQ(init.model_path(), "/models/x");
+    EXPECT_EQ(init.rendezvous_prefix(), "group-1");
+  }
+}
+
+TEST(ShardedWorkerClientTest, TokensComeFromRankZero) {
+  FakeExecutor reference_executor(ExecConfig(0));
+  absl::Status ref_status;
+  const auto reference = RunAll(&reference_executor, &ref_status);
+  ASSERT_TRUE(ref_status.ok()) << ref_status;
+  ASSERT_EQ(reference.size(), 3u);  // a/0, b/0, b/1
+
+  auto g = StartGroup(2);
+  absl::Status status;
+  const auto got = RunAll(g->client.get(), &status);
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(got, reference);
+  EXPECT_GT(g->ranks[0].service->num_steps(), 0);
+  EXPECT_EQ(g->ranks[1].service->num_steps(), g->ranks[0].service->num_steps());
+  EXPECT_EQ(g->failures, 0);
+  EXPECT_TRUE(g->client->failure().ok());
+}
+
+TEST(ShardedWorkerClientTest, RankAnsweringAnErrorFailsTheStep) {
+  auto g = StartGroup(2);
+  g->ranks[1].service->set_mode(Mode::kError);
+  absl::Status status;
+  RunAll(g->client.get(), &status);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(status.message(),
+              HasSubstr(absl::StrCat("worker rank 1 at ", g->ranks[1].address, ":")));
+  EXPECT_THAT(status.message(), HasSubstr("injected failure"));
+  EXPECT_EQ(g->failures, 1);
+  // The group stays failed.
+  ModelOutput out;
+  SchedulerOutput step;
+  EXPECT_EQ(g->client->Execute(step, &out).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(g->failures, 1);
+}
+
+TEST(ShardedWorkerClientTest, RankThatNeverAnswersFailsWithinTheTimeout) {
+  auto g = StartGroup(2, absl::Seconds(1));
+  g->ranks[1].service->set_mode(Mode::kSilent);
+  absl::Status status;
+  RunAll(g->client.get(), &status);  // a hang here is the failure
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(status.message(), HasSubstr("worker rank 1 at " + g->ranks[1].address));
+  EXPECT_THAT(status.message(), HasSubstr("no answer"));
+  EXPECT_EQ(g->failures, 1);
+}
+
+TEST(ShardedWorkerClientTest, RankWhoseServerIsKilledFailsTheStep) {
+  auto g = StartGroup(2);
+  EngineCore engine(Config(), Cache(), g->client.get());
+  ASSERT_TRUE(engine.AddRequest(Request("a", 50), [](const StreamUpdate&) {}).ok());
+  ASSERT_TRUE(engine.Step().ok());
+  g->ranks[1].Kill();
+  absl::Status status;
+  for (int i = 0; i < 60 && status.ok(); ++i) status = engine.Step().status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(status.message(), HasSubstr("worker rank 1 at " + g->ranks[1].address));
+}
+
+TEST(ShardedWorkerClientTest, HealthProbeFailsTheGroupWhenARankDies) {
+  auto g = StartGroup(2);
+  EXPECT_TRUE(g->client->CheckHealth().ok());
+  const std::string dead = g->ranks[1].address;
+  g->ranks[1].Kill();
+  const absl::Status s = g->client->CheckHealth();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(s.message(), HasSubstr("worker rank 1 at " + dead + ": Health"));
+  EXPECT_EQ(g->failures, 1);
+  ModelOutput out;
+  EXPECT_EQ(g->client->Execute(SchedulerOutput(), &out), s);  // failed for good
+}
+
+TEST(ShardedWorkerClientTest, InitFailsNamingTheUnreachableRank) {
+  Rank r0 = StartRank(0);
+  Rank r1 = StartRank(1);
+  const std::string dead = r1.address;
+  r1.Kill();
+  auto client = ShardedWorkerClient::Create(
+      {.addresses = {r0.address, dead}, .worker_timeout = absl::Seconds(2)});
+  ASSERT_TRUE(client.ok());
+  auto inits = (*client)->Init(v1::InitRequest());
+  EXPECT_EQ(inits.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(inits.status().message(), HasSubstr("worker rank 1 at " + dead + ": Init"));
+}
+
+TEST(ShardedWorkerClientTest, AFailingInitCancelsTheOthersAndIsTheOneReported) {
+  Rank r0 = StartRank(0);
+  r0.service->set_block_init(true);  // stuck as in a rendezvous whose peer never comes
+  Rank r1 = StartRank(1);
+  const std::string dead = r1.address;
+  r1.Kill();
+  auto client = ShardedWorkerClient::Create(
+      {.addresses = {r0.address, dead}, .worker_timeout = absl::Hours(1)});
+  ASSERT_TRUE(client.ok());
+  auto inits = (*client)->Init(v1::InitRequest());  // a hang here is the bug
+  EXPECT_EQ(inits.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(inits.status().message(), HasSubstr("worker rank 1 at " + dead + ": Init"));
+  // Rank 0's call was cancelled: before it reached the worker, or there.
+  EXPECT_TRUE(Eventually(
+      [&] { return r0.service->num_cancelled_inits() == r0.service->num_init_calls(); }));
+}
+
+TEST(ShardedWorkerClientTest, CancelEndsTheWaitForWorkers) {
+  auto client = ShardedWorkerClient::Create(
+      {.addresses = {"127.0.0.1:1"}, .worker_timeout = absl::Seconds(1)});
+  ASSERT_TRUE(client.ok());
+  std::thread canceller([&] {
+    absl::SleepFor(absl::Milliseconds(200));
+    (*client)->Cancel();
+  });
+  const absl::Status s = (*client)->WaitUntilHealthy();  // a hang here is the failure
+  canceller.join();
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled);
+}
+
+}  // namespace
+}  // namespace llm

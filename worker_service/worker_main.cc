@@ -1,0 +1,111 @@
+// llm-worker: one tensor-parallel rank of the model, served over gRPC (llm.v1.WorkerService,
+// grpc.health.v1, reflection). It starts empty; the scheduler sends Init (model, rank, group),
+// ProfileMemory, InitCache, then one Step stream (worker_server.h has the lifecycle).
+//
+//   llm-worker [--host=0.0.0.0] [--port=50061] [--port-file=PATH] [--peer-host=127.0.0.1]
+//              [--device=cpu] [--threads=0]                    (--help lists them)
+//
+// Logs "listening on HOST:PORT" to stderr once serving; with --port-file writes the bound port
+// there (PATH.tmp, then renamed). SIGTERM / SIGINT (or the Shutdown rpc) stop it: rpcs in
+// flight get a second, then it exits 0. Exit 1 when it cannot serve, 2 for a bad flag.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "cblas.h"
+#include "kernels/cpu/blas_setup.h"
+#include "tools/flag_parser.h"
+#include "worker_service/worker_server.h"
+
+namespace llm {
+namespace {
+
+int g_signal_pipe = -1;
+
+void OnStopSignal(int sig) {
+  const unsigned char byte = static_cast<unsigned char>(sig);
+  (void)!write(g_signal_pipe, &byte, 1);
+}
+
+[[noreturn]] void Fail(int code, const std::string& msg) {
+  std::fprintf(stderr, "llm-worker: %s\n", msg.c_str());
+  std::exit(code);
+}
+
+// Writes "PORT\n" to path.tmp, then renames it to path, so that readers never see a part.
+bool WritePortFile(const std::string& path, int port) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << port << "\n";
+    if (!out.good()) return false;
+  }
+  return std::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+int Run(int argc, char** argv) {
+  WorkerServerOptions options;
+  options.port = 50061;
+  std::string port_file;
+  int threads = 0;
+  FlagParser flags("usage: llm-worker [--flag=value ...]: one rank of the model over gRPC");
+  flags.Add("host", &options.host, "gRPC listen address (0.0.0.0)");
+  flags.Add("port", &options.port, "gRPC port; 0: any free port (50061)");
+  flags.Add("port-file", &port_file, "write the bound port here once serving (none)");
+  flags.Add("peer-host", &options.peer_host,
+            "the address other ranks reach this rank at for Gloo collectives (127.0.0.1)");
+  flags.Add("device", &options.device, "cpu only for now (cpu)");
+  flags.Add("threads", &threads, "OpenBLAS threads; 0: leave the default (0)");
+  flags.Parse(argc, argv);
+  if (options.port < 0 || options.port > 65535) Fail(2, "--port must be in [0, 65535]");
+  if (threads < 0) Fail(2, "--threads must be >= 0");
+  if (options.device != "cpu") {
+    Fail(2, options.device.rfind("cuda", 0) == 0
+                ? "device cuda is not built into this worker"
+                : "--device=" + options.device + " is not known; this worker serves cpu");
+  }
+  if (threads > 0) openblas_set_num_threads(threads);
+
+  // SIGTERM and SIGINT: the handler writes to a pipe that a thread of ours reads (a handler
+  // may run on any thread, OpenBLAS's included, and may do little more than write()).
+  int pipe_fds[2];
+  if (pipe(pipe_fds) != 0) Fail(1, "cannot create the signal pipe");
+  g_signal_pipe = pipe_fds[1];
+  struct sigaction action = {};
+  action.sa_handler = OnStopSignal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+
+  WorkerServer server(options);
+  if (absl::Status s = server.Start(); !s.ok()) Fail(1, s.ToString());
+  std::fprintf(stderr, "llm-worker: listening on %s:%d\n", options.host.c_str(), server.port());
+  if (!port_file.empty() && !WritePortFile(port_file, server.port())) {
+    server.Stop();
+    Fail(1, "cannot write --port-file " + port_file);
+  }
+  std::thread([&server, fd = pipe_fds[0]] {
+    unsigned char sig = 0;
+    while (read(fd, &sig, 1) < 0 && errno == EINTR) {
+    }
+    std::fprintf(stderr, "llm-worker: signal %d, stopping\n", sig);
+    server.Stop();
+  }).detach();
+  server.Wait();
+  std::fprintf(stderr, "llm-worker: stopped\n");
+  return 0;
+}
+
+}  // namespace
+}  // namespace llm
+
+int main(int argc, char** argv) {
+  llm::cpu::ReexecWithMatchingBlasKernels(argv);
+  return llm::Run(argc, argv);
+}
