@@ -77,6 +77,8 @@ std::vector<pid_t> WaitUntilGone(const std::vector<pid_t>& pids, absl::Duration 
   const absl::Time deadline = absl::Now() + timeout;
   std::vector<pid_t> alive = pids;
   while (true) {
+    // Reaps the ones that are ours (as a child subreaper the test adopts llm-cluster's orphans).
+    for (pid_t p : alive) waitpid(p, nullptr, WNOHANG);
     alive.erase(std::remove_if(alive.begin(), alive.end(), [](pid_t p) { return !Alive(p); }),
                 alive.end());
     if (alive.empty() || absl::Now() > deadline) return alive;

@@ -7,6 +7,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 
 #include <atomic>
@@ -497,6 +498,9 @@ TEST(ClusterTest, NoProcessOutlivesAKilledLlmCluster) {
 int main(int argc, char** argv) {
   // The same OpenBLAS kernels as the workers, so the in-process reference matches them.
   llm::cpu::ReexecWithMatchingBlasKernels(argv);
+  // Orphans of a killed llm-cluster are adopted (and reaped) here rather than by init, which
+  // in a container may never reap them.
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }
