@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -74,13 +75,18 @@ std::optional<int> ReadPort(const std::string& path) {
 }  // namespace
 
 std::vector<pid_t> WaitUntilGone(const std::vector<pid_t>& pids, absl::Duration timeout) {
+  // Gone: reaped here (as a child subreaper the test adopts a killed llm-cluster's orphans; a
+  // zombie leader may still be waiting for its threads, so only a successful reap counts), or
+  // not ours to reap and no longer alive.
+  auto gone = [](pid_t p) {
+    const pid_t r = waitpid(p, nullptr, WNOHANG);
+    if (r == p) return true;
+    return r < 0 && errno == ECHILD && !Alive(p);
+  };
   const absl::Time deadline = absl::Now() + timeout;
   std::vector<pid_t> alive = pids;
   while (true) {
-    // Reaps the ones that are ours (as a child subreaper the test adopts llm-cluster's orphans).
-    for (pid_t p : alive) waitpid(p, nullptr, WNOHANG);
-    alive.erase(std::remove_if(alive.begin(), alive.end(), [](pid_t p) { return !Alive(p); }),
-                alive.end());
+    alive.erase(std::remove_if(alive.begin(), alive.end(), gone), alive.end());
     if (alive.empty() || absl::Now() > deadline) return alive;
     absl::SleepFor(absl::Milliseconds(20));
   }
