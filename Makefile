@@ -1,4 +1,5 @@
-# The two commands: `make run` (the main job) and `make test` (every test).
+# The two commands: `make run` (the main job) and `make test` (every test); `make serve`
+# keeps a local cluster running, `make demo` runs the in-process engine.
 # Both install what is missing, configure and build first.
 
 BUILD_DIR ?= build
@@ -10,14 +11,14 @@ CMAKE_ARGS ?=
 DEB_PACKAGES := build-essential cmake ninja-build pkg-config ccache \
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev libabsl-dev \
   libgoogle-glog-dev libgflags-dev libgtest-dev libgmock-dev libbenchmark-dev \
-  libopenblas-dev libgloo-dev nlohmann-json3-dev libpcre2-dev libxxhash-dev
+  libopenblas-dev libgloo-dev nlohmann-json3-dev libpcre2-dev libxxhash-dev libyaml-dev
 
 # tests/deploy/check_manifests.py (the deployment manifests checked against the binaries).
 DEB_PACKAGES += python3-yaml
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps configure build test run bench format clean
+.PHONY: all deps configure build test run serve demo bench format clean
 
 all: build
 
@@ -44,10 +45,46 @@ build: configure
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
-# The main job: the whole engine in one process (tokenizer, scheduler, CPU worker) streams
-# text from the demo model; then the block manager's walk-through and its benchmark. (The
-# distributed cluster replaces the first part when it exists.)
+# The main job: a local cluster (one llm-scheduler, two CPU llm-workers at tensor
+# parallelism 2, the demo model) started by llm-cluster in the background; llm-client streams a
+# generation, llm-loadgen measures throughput and latency for a few seconds, llm-client prints
+# the scheduler's stats, and the cluster is stopped (also when a step fails: the trap).
+MANIFEST ?= deploy/local/tp2-cpu.yaml
+RUN_DIR := $(BUILD_DIR)/run
 run: build
+	@mkdir -p $(RUN_DIR); rm -f $(RUN_DIR)/port; \
+	$(BUILD_DIR)/bin/llm-cluster --manifest=$(MANIFEST) --scheduler-port=0 \
+	  --port-file=$(RUN_DIR)/port & cluster=$$!; \
+	trap 'rc=$$?; kill -TERM $$cluster 2>/dev/null || true; wait $$cluster || true; exit $$rc' EXIT; \
+	trap 'exit 130' INT TERM; \
+	for i in $$(seq 1200); do \
+	  [ -s $(RUN_DIR)/port ] && break; \
+	  kill -0 $$cluster 2>/dev/null || { echo "make run: llm-cluster failed to start"; exit 1; }; \
+	  sleep 0.1; \
+	done; \
+	[ -s $(RUN_DIR)/port ] || { echo "make run: llm-cluster did not start in 120 s"; exit 1; }; \
+	addr=127.0.0.1:$$(cat $(RUN_DIR)/port); \
+	set -e; \
+	echo; echo "== llm-client info"; $(BUILD_DIR)/bin/llm-client --address=$$addr info; \
+	echo; echo "== llm-client generate"; \
+	$(BUILD_DIR)/bin/llm-client --address=$$addr generate "Once upon a time" \
+	  --max-tokens=96 --temperature=0.8 --top-p=0.95 --seed=1; \
+	echo; echo "== llm-client generate --n=2"; \
+	$(BUILD_DIR)/bin/llm-client --address=$$addr generate "The best programmers" \
+	  --max-tokens=48 --temperature=0.8 --n=2 --seed=7; \
+	echo; echo "== llm-loadgen"; \
+	$(BUILD_DIR)/bench/llm-loadgen --address=$$addr --num-requests=32 --concurrency=8 \
+	  --max-prompt-len=96 --max-output-len=48 --n-fraction=0.25; \
+	echo; echo "== llm-client stats"; $(BUILD_DIR)/bin/llm-client --address=$$addr stats; \
+	echo; echo "== stopping the cluster"; kill -TERM $$cluster; wait $$cluster
+
+# A local cluster in the foreground until Ctrl-C; it prints how to call it with llm-client.
+serve: build
+	$(BUILD_DIR)/bin/llm-cluster --manifest=$(MANIFEST)
+
+# The in-process engine on the demo model (no gRPC), the block manager's walk-through and
+# its benchmark: what `make run` was before the cluster.
+demo: build
 	$(BUILD_DIR)/tools/llm-generate --model=models/fortune-llama \
 	  --prompt="Once upon a time" --max-tokens=96
 	$(BUILD_DIR)/tools/llm-generate --model=models/fortune-llama \

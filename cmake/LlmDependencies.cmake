@@ -17,6 +17,8 @@ find_package(PkgConfig REQUIRED)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
+# libyaml (Debian libyaml-dev): the local cluster manifests (deploy/local/*.yaml).
+pkg_check_modules(YAML REQUIRED IMPORTED_TARGET yaml-0.1)
 # Debian's Gloo ships a CMake config (target `gloo`) under /usr/share/cmake.
 find_package(Gloo CONFIG REQUIRED)
 add_library(llm_gloo INTERFACE)

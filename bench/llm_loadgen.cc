@@ -1,0 +1,262 @@
+// llm-loadgen: a load generator for a running llm-scheduler. Sends --num-requests streaming
+// Generate calls with prompt and output lengths drawn uniformly from the given ranges (random
+// token ids, ignore_eos so each request produces exactly its output length), either as a
+// closed loop (--rate=0: --concurrency clients back to back) or with Poisson arrivals at
+// --rate requests/s (at most --concurrency in flight). Prints throughput and latency
+// percentiles with the metric definitions of vLLM's serving benchmark:
+//   TTFT  time from sending a request to its first token
+//   TPOT  per request: (end-to-end latency - TTFT) / (output tokens per sequence - 1)
+//   ITL   every gap between two consecutive responses that carry tokens, over all requests
+//   E2E   time from sending a request to its last response
+// Exits 1 when any request failed (the first error is printed).
+//
+//   llm-loadgen --address=127.0.0.1:50051 --num-requests=32 --concurrency=8 [--rate=4]
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "llm/v1/llm_service.grpc.pb.h"
+#include "tools/flag_parser.h"
+
+namespace llm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  std::string address = "127.0.0.1:50051";
+  int num_requests = 32;
+  int concurrency = 8;
+  double rate = 0;  // requests/s; 0: closed loop
+  int min_prompt_len = 8;
+  int max_prompt_len = 128;
+  int min_output_len = 8;
+  int max_output_len = 64;
+  double n_fraction = 0;  // share of requests with n = 2
+  double temperature = 1.0;
+  int64_t seed = 0;
+};
+
+struct Planned {
+  double arrival_s = 0;  // since the start
+  std::vector<int32_t> prompt;
+  int output_len = 0;
+  int n = 1;
+};
+
+struct Result {
+  bool ok = false;
+  std::string error;
+  int prompt_tokens = 0;
+  int output_tokens = 0;  // over all n sequences
+  int n = 1;
+  double ttft = 0;
+  double e2e = 0;
+  std::vector<double> itl;
+};
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double rank = p / 100.0 * (v.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(rank));
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (rank - lo);
+}
+
+double Mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / v.size();
+}
+
+void PrintMetric(const char* title, const char* name, const std::vector<double>& seconds) {
+  std::printf("%s\n", title);
+  std::printf("  %-28s %10.2f\n", (std::string("Mean ") + name + " (ms):").c_str(),
+              Mean(seconds) * 1e3);
+  for (double p : {50.0, 90.0, 99.0}) {
+    std::printf("  %-28s %10.2f\n",
+                (std::string("P") + std::to_string(int(p)) + " " + name + " (ms):").c_str(),
+                Percentile(seconds, p) * 1e3);
+  }
+}
+
+Result RunOne(v1::LLMService::Stub& stub, const Planned& plan, const Args& args, int index) {
+  v1::GenerateRequest req;
+  *req.mutable_token_ids()->mutable_ids() = {plan.prompt.begin(), plan.prompt.end()};
+  v1::SamplingParams* p = req.mutable_sampling_params();
+  p->set_n(plan.n);
+  p->set_max_tokens(plan.output_len);
+  p->set_temperature(args.temperature);
+  p->set_seed(static_cast<uint64_t>(args.seed + index));
+  p->set_ignore_eos(true);
+  req.set_stream(true);
+
+  Result r;
+  r.n = plan.n;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
+  const Clock::time_point t0 = Clock::now();
+  double last = -1;
+  auto reader = stub.Generate(&ctx, req);
+  v1::GenerateResponse resp;
+  while (reader->Read(&resp)) {
+    const double t = std::chrono::duration<double>(Clock::now() - t0).count();
+    int tokens = 0;
+    for (const v1::SequenceOutput& s : resp.outputs()) tokens += s.token_ids_size();
+    if (tokens > 0) {
+      if (last < 0) {
+        r.ttft = t;
+      } else {
+        r.itl.push_back(t - last);
+      }
+      last = t;
+    }
+    r.output_tokens += tokens;
+    if (resp.has_usage()) r.prompt_tokens = resp.usage().prompt_tokens();
+  }
+  const grpc::Status s = reader->Finish();
+  r.e2e = std::chrono::duration<double>(Clock::now() - t0).count();
+  r.ok = s.ok();
+  if (!s.ok()) {
+    r.error = absl::StatusCodeToString(static_cast<absl::StatusCode>(s.error_code())) + ": " +
+              s.error_message();
+  }
+  return r;
+}
+
+int Run(int argc, char** argv) {
+  Args a;
+  FlagParser flags(
+      "usage: llm-loadgen [--flag=value ...]: streaming load against a running llm-scheduler");
+  flags.Add("address", &a.address, "the scheduler (127.0.0.1:50051)");
+  flags.Add("num-requests", &a.num_requests, "requests to send (32)");
+  flags.Add("concurrency", &a.concurrency, "most requests in flight (8)");
+  flags.Add("rate", &a.rate, "Poisson arrivals per second; 0: closed loop (0)");
+  flags.Add("min-prompt-len", &a.min_prompt_len, "shortest prompt in tokens (8)");
+  flags.Add("max-prompt-len", &a.max_prompt_len, "longest prompt in tokens (128)");
+  flags.Add("min-output-len", &a.min_output_len, "fewest tokens to generate (8)");
+  flags.Add("max-output-len", &a.max_output_len, "most tokens to generate (64)");
+  flags.Add("n-fraction", &a.n_fraction, "share of requests that ask for n = 2 (0)");
+  flags.Add("temperature", &a.temperature, "sampling temperature (1.0)");
+  flags.Add("seed", &a.seed, "seed of the workload and of the requests' sampling (0)");
+  flags.Parse(argc, argv);
+  if (a.num_requests < 1 || a.concurrency < 1 || a.min_prompt_len < 1 ||
+      a.max_prompt_len < a.min_prompt_len || a.min_output_len < 1 ||
+      a.max_output_len < a.min_output_len || a.rate < 0) {
+    std::fprintf(stderr, "llm-loadgen: inconsistent flags\n%s", flags.Usage().c_str());
+    return 2;
+  }
+
+  auto stub =
+      v1::LLMService::NewStub(grpc::CreateChannel(a.address, grpc::InsecureChannelCredentials()));
+  v1::GetModelInfoResponse info;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    const grpc::Status s = stub->GetModelInfo(&ctx, {}, &info);
+    if (!s.ok()) {
+      std::fprintf(stderr, "llm-loadgen: GetModelInfo at %s: %s\n", a.address.c_str(),
+                   s.error_message().c_str());
+      return 1;
+    }
+  }
+  // The workload, drawn up front from --seed: token ids avoid the first few (special) ids.
+  std::mt19937_64 rng(static_cast<uint64_t>(a.seed));
+  const int max_len = static_cast<int>(info.max_model_len());
+  std::uniform_int_distribution<int32_t> token(3, std::max<int32_t>(3, info.vocab_size() - 1));
+  std::exponential_distribution<double> gap(a.rate > 0 ? a.rate : 1.0);
+  std::bernoulli_distribution two(a.n_fraction);
+  std::vector<Planned> plans(a.num_requests);
+  double t = 0;
+  for (Planned& p : plans) {
+    int prompt_len = std::uniform_int_distribution<int>(a.min_prompt_len, a.max_prompt_len)(rng);
+    p.output_len = std::uniform_int_distribution<int>(a.min_output_len, a.max_output_len)(rng);
+    if (max_len > 0 && prompt_len + p.output_len > max_len) {
+      prompt_len = std::max(1, max_len - p.output_len);
+    }
+    for (int i = 0; i < prompt_len; ++i) p.prompt.push_back(token(rng));
+    p.n = two(rng) ? 2 : 1;
+    if (a.rate > 0) t += gap(rng);
+    p.arrival_s = t;
+  }
+
+  std::printf("llm-loadgen: %d requests to %s (%s, max_model_len %u), %d in flight at most, %s\n",
+              a.num_requests, a.address.c_str(), info.model_name().c_str(), info.max_model_len(),
+              a.concurrency,
+              a.rate > 0 ? ("Poisson arrivals at " + std::to_string(a.rate) + " req/s").c_str()
+                         : "closed loop");
+  std::fflush(stdout);
+  std::vector<Result> results(a.num_requests);
+  std::atomic<int> next{0};
+  const Clock::time_point start = Clock::now();
+  std::vector<std::thread> clients;
+  for (int c = 0; c < std::min(a.concurrency, a.num_requests); ++c) {
+    clients.emplace_back([&] {
+      for (int i; (i = next.fetch_add(1)) < a.num_requests;) {
+        std::this_thread::sleep_until(start +
+                                      std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(plans[i].arrival_s)));
+        results[i] = RunOne(*stub, plans[i], a, i);
+      }
+    });
+  }
+  for (std::thread& c : clients) c.join();
+  const double duration = std::chrono::duration<double>(Clock::now() - start).count();
+
+  int ok = 0;
+  long input_tokens = 0, output_tokens = 0;
+  std::vector<double> ttft, tpot, itl, e2e;
+  std::string first_error;
+  for (const Result& r : results) {
+    if (!r.ok) {
+      if (first_error.empty()) first_error = r.error;
+      continue;
+    }
+    ++ok;
+    input_tokens += r.prompt_tokens;
+    output_tokens += r.output_tokens;
+    ttft.push_back(r.ttft);
+    e2e.push_back(r.e2e);
+    // The n sequences of a request advance together: TPOT is per token of one sequence.
+    const double per_seq = static_cast<double>(r.output_tokens) / r.n;
+    if (per_seq > 1) tpot.push_back((r.e2e - r.ttft) / (per_seq - 1));
+    itl.insert(itl.end(), r.itl.begin(), r.itl.end());
+  }
+  std::printf("============ Serving Benchmark Result ============\n");
+  std::printf("  %-34s %10d\n", "Successful requests:", ok);
+  std::printf("  %-34s %10d\n", "Failed requests:", a.num_requests - ok);
+  std::printf("  %-34s %10.2f\n", "Benchmark duration (s):", duration);
+  std::printf("  %-34s %10ld\n", "Total input tokens:", input_tokens);
+  std::printf("  %-34s %10ld\n", "Total generated tokens:", output_tokens);
+  std::printf("  %-34s %10.2f\n", "Request throughput (req/s):", ok / duration);
+  std::printf("  %-34s %10.2f\n", "Output token throughput (tok/s):", output_tokens / duration);
+  std::printf("  %-34s %10.2f\n",
+              "Total token throughput (tok/s):", (input_tokens + output_tokens) / duration);
+  PrintMetric("---------------Time to First Token----------------", "TTFT", ttft);
+  PrintMetric("-----Time per Output Token (excl. 1st token)------", "TPOT", tpot);
+  PrintMetric("---------------Inter-token Latency----------------", "ITL", itl);
+  PrintMetric("---------------End-to-end Latency-----------------", "E2E", e2e);
+  std::printf("==================================================\n");
+  if (!first_error.empty()) {
+    std::fprintf(stderr, "llm-loadgen: %d requests failed; the first: %s\n", a.num_requests - ok,
+                 first_error.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace llm
+
+int main(int argc, char** argv) { return llm::Run(argc, argv); }

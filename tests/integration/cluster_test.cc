@@ -1,0 +1,506 @@
+// End-to-end tests of the distributed system: real llm-cluster, llm-scheduler and llm-worker
+// processes on free loopback ports, called through gRPC as a user would. Every test stops its
+// cluster and checks that no process is left behind (LocalCluster::Stop).
+//
+// Deadlines here are hang guards only; no assertion depends on timing.
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/blas_setup.h"
+#include "tests/integration/cluster_harness.h"
+#include "tools/health_check.h"
+
+namespace llm::testing {
+namespace {
+
+using ::testing::AnyOf;
+using ::testing::HasSubstr;
+
+const std::vector<std::string>& Prompts() {
+  static const auto* p = new std::vector<std::string>{
+      "Once upon a time",
+      "The best programmers write code that",
+      "A fortune: you will travel far, and",
+  };
+  return *p;
+}
+
+std::unique_ptr<LocalCluster> StartCluster(const ClusterOptions& options) {
+  absl::StatusOr<std::unique_ptr<LocalCluster>> c = LocalCluster::Start(options);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? std::move(*c) : nullptr;
+}
+
+void ExpectCleanStop(LocalCluster& c) {
+  absl::StatusOr<int> s = c.Stop();
+  EXPECT_TRUE(s.ok()) << s.status();
+}
+
+// Greedy outputs of each prompt, requested one after another.
+std::vector<std::vector<int32_t>> GreedyOutputs(LocalCluster& c,
+                                                const std::vector<std::string>& prompts,
+                                                int max_tokens) {
+  std::vector<std::vector<int32_t>> out;
+  for (const std::string& p : prompts) {
+    GenerateResult r = Generate(c.stub(), GreedyRequest(p, max_tokens));
+    EXPECT_TRUE(r.status.ok()) << p << ": " << r.status.error_message();
+    EXPECT_EQ(r.finish_reason[0], v1::FINISH_REASON_LENGTH) << p;
+    EXPECT_TRUE(r.has_usage);
+    EXPECT_EQ(r.usage.completion_tokens(), static_cast<uint32_t>(max_tokens));
+    out.push_back(r.token_ids[0]);
+  }
+  return out;
+}
+
+// Greedy outputs of each prompt, all requested at once (they share steps and the KV pool).
+std::vector<std::vector<int32_t>> ConcurrentGreedyOutputs(LocalCluster& c,
+                                                          const std::vector<std::string>& prompts,
+                                                          int max_tokens) {
+  std::vector<GenerateResult> results(prompts.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    threads.emplace_back(
+        [&, i] { results[i] = Generate(c.stub(), GreedyRequest(prompts[i], max_tokens)); });
+  }
+  for (std::thread& t : threads) t.join();
+  std::vector<std::vector<int32_t>> out;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_TRUE(results[i].status.ok()) << prompts[i] << ": " << results[i].status.error_message();
+    out.push_back(results[i].token_ids[0]);
+  }
+  return out;
+}
+
+std::vector<std::string> VariedPrompts(int count) {
+  std::vector<std::string> out;
+  for (int i = 0; i < count; ++i) {
+    std::string p = Prompts()[i % Prompts().size()];
+    for (int k = 0; k < i % 4; ++k) absl::StrAppend(&p, " and then the story went on");
+    out.push_back(absl::StrCat(p, " (", i, ")"));
+  }
+  return out;
+}
+
+TEST(ClusterTest, GreedyOutputIsTheSameAtTp1AndTp2AndInProcess) {
+  constexpr int kMaxTokens = 24;
+  absl::StatusOr<std::vector<std::vector<int32_t>>> reference =
+      ReferenceGreedy(DefaultModel(), Prompts(), kMaxTokens);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  for (int tp : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat("tensor_parallel_size ", tp));
+    std::unique_ptr<LocalCluster> c = StartCluster({.tensor_parallel_size = tp});
+    ASSERT_NE(c, nullptr);
+    absl::StatusOr<v1::GetModelInfoResponse> info = GetModelInfo(c->stub());
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(info->tensor_parallel_size(), static_cast<uint32_t>(tp));
+    EXPECT_EQ(GreedyOutputs(*c, Prompts(), kMaxTokens), *reference);
+    ExpectCleanStop(*c);
+  }
+}
+
+TEST(ClusterTest, ThirtyTwoConcurrentStreamsFinishAndFreeEveryBlock) {
+  std::unique_ptr<LocalCluster> c =
+      StartCluster({.tensor_parallel_size = 2, .engine = {{"enable_prefix_caching", "true"}}});
+  ASSERT_NE(c, nullptr);
+  constexpr int kClients = 32;
+  const std::vector<std::string> prompts = VariedPrompts(kClients);
+  std::vector<GenerateResult> results(kClients);
+  std::vector<int> max_tokens(kClients), n(kClients);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i) {
+    max_tokens[i] = 4 + (i * 7) % 29;
+    n[i] = i % 4 == 0 ? 2 : 1;
+    v1::GenerateRequest req;
+    req.set_text(prompts[i]);
+    req.set_add_special_tokens(true);
+    req.set_stream(i % 5 != 0);  // a few ask for one response at the end
+    v1::SamplingParams* p = req.mutable_sampling_params();
+    p->set_max_tokens(max_tokens[i]);
+    p->set_n(n[i]);
+    p->set_temperature(0.8);
+    p->set_seed(i);
+    p->set_ignore_eos(true);
+    threads.emplace_back([&, i, req] { results[i] = Generate(c->stub(), req); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < kClients; ++i) {
+    SCOPED_TRACE(absl::StrCat("client ", i));
+    const GenerateResult& r = results[i];
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    ASSERT_EQ(r.token_ids.size(), static_cast<size_t>(n[i]));
+    for (int s = 0; s < n[i]; ++s) {
+      EXPECT_EQ(r.token_ids.at(s).size(), static_cast<size_t>(max_tokens[i]));
+      EXPECT_EQ(r.finish_reason.at(s), v1::FINISH_REASON_LENGTH);
+    }
+    EXPECT_EQ(r.usage.completion_tokens(), static_cast<uint32_t>(n[i] * max_tokens[i]));
+    EXPECT_GT(r.usage.prompt_tokens(), 0u);
+  }
+  absl::StatusOr<v1::GetStatsResponse> stats = WaitUntilAllBlocksFree(c->stub(), absl::Seconds(30));
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  absl::StatusOr<v1::GetModelInfoResponse> info = GetModelInfo(c->stub());
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(stats->num_running(), 0u);
+  EXPECT_EQ(stats->num_waiting(), 0u);
+  EXPECT_EQ(stats->num_free_gpu_blocks(), info->num_gpu_blocks());
+  ExpectCleanStop(*c);
+}
+
+// Enough long requests at once for a 24-block pool to run out: preemption happens, and the
+// greedy outputs are those of the in-process engine, in both preemption modes.
+TEST(ClusterTest, PreemptionInRecomputeAndSwapModeKeepsGreedyOutputs) {
+  constexpr int kMaxTokens = 48;
+  const std::vector<std::string> prompts = VariedPrompts(8);
+  absl::StatusOr<std::vector<std::vector<int32_t>>> reference =
+      ReferenceGreedy(DefaultModel(), prompts, kMaxTokens);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  for (const char* mode : {"recompute", "swap"}) {
+    SCOPED_TRACE(mode);
+    std::unique_ptr<LocalCluster> c = StartCluster({.tensor_parallel_size = 2,
+                                                    .engine = {{"num_gpu_blocks_override", "24"},
+                                                               {"preemption_mode", mode},
+                                                               {"max_num_seqs", "8"},
+                                                               {"watermark", "0"}}});
+    ASSERT_NE(c, nullptr);
+    EXPECT_EQ(ConcurrentGreedyOutputs(*c, prompts, kMaxTokens), *reference);
+    absl::StatusOr<v1::GetStatsResponse> stats =
+        WaitUntilAllBlocksFree(c->stub(), absl::Seconds(30));
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    EXPECT_GT(stats->num_preemptions(), 0u) << "the pool was meant to run out";
+    EXPECT_EQ(stats->num_free_gpu_blocks(), 24u);
+    ExpectCleanStop(*c);
+  }
+}
+
+TEST(ClusterTest, PrefixCachingReusesASharedPrefixWithTheSameOutput) {
+  constexpr int kMaxTokens = 16;
+  std::string prefix = "In a land far away there lived a programmer who";
+  for (int i = 0; i < 6; ++i) absl::StrAppend(&prefix, " wrote code all day and all night,");
+  const std::vector<std::string> prompts = {prefix + " the first story", prefix + " another"};
+  absl::StatusOr<std::vector<std::vector<int32_t>>> reference =
+      ReferenceGreedy(DefaultModel(), prompts, kMaxTokens);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  std::unique_ptr<LocalCluster> c =
+      StartCluster({.tensor_parallel_size = 2, .engine = {{"enable_prefix_caching", "true"}}});
+  ASSERT_NE(c, nullptr);
+  GenerateResult first = Generate(c->stub(), GreedyRequest(prompts[0], kMaxTokens));
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  GenerateResult second = Generate(c->stub(), GreedyRequest(prompts[1], kMaxTokens));
+  ASSERT_TRUE(second.status.ok()) << second.status.error_message();
+  EXPECT_GT(first.usage.prompt_tokens(), 32u) << "the shared prefix must span whole blocks";
+  EXPECT_GT(second.usage.cached_prompt_tokens(), 0u);
+  EXPECT_EQ(first.token_ids[0], (*reference)[0]);
+  EXPECT_EQ(second.token_ids[0], (*reference)[1]);
+  absl::StatusOr<v1::GetStatsResponse> stats = GetStats(c->stub());
+  ASSERT_TRUE(stats.ok());
+  EXPECT_GT(stats->prefix_cache_hit_rate(), 0.0);
+  ExpectCleanStop(*c);
+}
+
+TEST(ClusterTest, ChunkedPrefillGivesTheSameOutputs) {
+  constexpr int kMaxTokens = 16;
+  std::vector<std::string> prompts = VariedPrompts(4);
+  for (std::string& p : prompts) absl::StrAppend(&p, " and the long prompt went on and on");
+  absl::StatusOr<std::vector<std::vector<int32_t>>> reference =
+      ReferenceGreedy(DefaultModel(), prompts, kMaxTokens);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  std::unique_ptr<LocalCluster> c = StartCluster({.tensor_parallel_size = 2,
+                                                  .engine = {{"enable_chunked_prefill", "true"},
+                                                             {"long_prefill_token_threshold", "8"},
+                                                             {"max_num_batched_tokens", "32"}}});
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(ConcurrentGreedyOutputs(*c, prompts, kMaxTokens), *reference);
+  ExpectCleanStop(*c);
+}
+
+TEST(ClusterTest, CancelInMidStreamFreesBlocksAndLeavesOtherStreamsAlone) {
+  constexpr int kMaxTokens = 64;
+  const std::vector<std::string> prompts = {Prompts()[1], Prompts()[2]};
+  absl::StatusOr<std::vector<std::vector<int32_t>>> reference =
+      ReferenceGreedy(DefaultModel(), prompts, kMaxTokens);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  std::unique_ptr<LocalCluster> c = StartCluster({.tensor_parallel_size = 2});
+  ASSERT_NE(c, nullptr);
+
+  // The stream to cancel asks for far more tokens than the others, so it is still running
+  // when it is cancelled after its first few responses.
+  grpc::ClientContext cancel_ctx;
+  auto cancelled = c->stub().Generate(&cancel_ctx, GreedyRequest(Prompts()[0], 480));
+  std::vector<GenerateResult> others(prompts.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    threads.emplace_back(
+        [&, i] { others[i] = Generate(c->stub(), GreedyRequest(prompts[i], kMaxTokens)); });
+  }
+  v1::GenerateResponse resp;
+  int responses = 0;
+  while (responses < 3 && cancelled->Read(&resp)) ++responses;
+  EXPECT_EQ(responses, 3);
+  cancel_ctx.TryCancel();
+  while (cancelled->Read(&resp)) {
+  }
+  EXPECT_EQ(cancelled->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  for (std::thread& t : threads) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_TRUE(others[i].status.ok()) << others[i].status.error_message();
+    EXPECT_EQ(others[i].token_ids[0], (*reference)[i]);
+  }
+  absl::StatusOr<v1::GetStatsResponse> stats = WaitUntilAllBlocksFree(c->stub(), absl::Seconds(30));
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  absl::StatusOr<v1::GetModelInfoResponse> info = GetModelInfo(c->stub());
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(stats->num_running(), 0u);
+  EXPECT_EQ(stats->num_free_gpu_blocks(), info->num_gpu_blocks());
+  ExpectCleanStop(*c);
+}
+
+// Every bad input the API documents, sent by a real client: INVALID_ARGUMENT with a message
+// that names what is wrong; the server then still serves.
+TEST(ClusterTest, BadInputsGetInvalidArgumentAndTheServerKeepsServing) {
+  std::unique_ptr<LocalCluster> c = StartCluster({.tensor_parallel_size = 1});
+  ASSERT_NE(c, nullptr);
+  absl::StatusOr<v1::GetModelInfoResponse> info = GetModelInfo(c->stub());
+  ASSERT_TRUE(info.ok()) << info.status();
+
+  struct Case {
+    std::string name;
+    std::function<void(v1::GenerateRequest*)> edit;
+    std::string message;  // a part of the expected message
+  };
+  auto sp = [](v1::GenerateRequest* r) { return r->mutable_sampling_params(); };
+  const int vocab = static_cast<int>(info->vocab_size());
+  const int max_len = static_cast<int>(info->max_model_len());
+  const std::vector<Case> cases = {
+      {"empty text", [](v1::GenerateRequest* r) { r->set_text(""); }, "empty"},
+      {"no prompt", [](v1::GenerateRequest* r) { r->clear_prompt(); }, "prompt"},
+      {"empty token ids", [](v1::GenerateRequest* r) { r->mutable_token_ids(); }, "empty"},
+      {"token id = vocab",
+       [vocab](v1::GenerateRequest* r) { r->mutable_token_ids()->add_ids(vocab); }, "vocab"},
+      {"negative token id", [](v1::GenerateRequest* r) { r->mutable_token_ids()->add_ids(-1); },
+       "vocab"},
+      {"too long", [&](v1::GenerateRequest* r) { sp(r)->set_max_tokens(max_len); },
+       "max_model_len"},
+      {"max_tokens 0", [&](v1::GenerateRequest* r) { sp(r)->set_max_tokens(0); }, "max_tokens"},
+      {"temperature -1", [&](v1::GenerateRequest* r) { sp(r)->set_temperature(-1); },
+       "temperature"},
+      {"top_p 0", [&](v1::GenerateRequest* r) { sp(r)->set_top_p(0); }, "top_p"},
+      {"top_p 1.5", [&](v1::GenerateRequest* r) { sp(r)->set_top_p(1.5); }, "top_p"},
+      {"top_k 0", [&](v1::GenerateRequest* r) { sp(r)->set_top_k(0); }, "top_k"},
+      {"min_p 2", [&](v1::GenerateRequest* r) { sp(r)->set_min_p(2); }, "min_p"},
+      {"n 0", [&](v1::GenerateRequest* r) { sp(r)->set_n(0); }, "n "},
+      {"n 1000",
+       [&](v1::GenerateRequest* r) {
+         sp(r)->set_n(1000);
+         sp(r)->set_temperature(1);
+       },
+       "n "},
+      {"min_tokens > max_tokens",
+       [&](v1::GenerateRequest* r) {
+         sp(r)->set_max_tokens(4);
+         sp(r)->set_min_tokens(5);
+       },
+       "min_tokens"},
+      {"presence_penalty 3", [&](v1::GenerateRequest* r) { sp(r)->set_presence_penalty(3); },
+       "presence_penalty"},
+      {"frequency_penalty -3", [&](v1::GenerateRequest* r) { sp(r)->set_frequency_penalty(-3); },
+       "frequency_penalty"},
+      {"repetition_penalty 0", [&](v1::GenerateRequest* r) { sp(r)->set_repetition_penalty(0); },
+       "repetition_penalty"},
+      {"empty stop string", [&](v1::GenerateRequest* r) { sp(r)->add_stop(""); }, "stop"},
+      {"too many stop strings",
+       [&](v1::GenerateRequest* r) {
+         for (int i = 0; i < 1000; ++i) sp(r)->add_stop(absl::StrCat("stop", i));
+       },
+       "stop"},
+      {"logprobs over max_logprobs", [&](v1::GenerateRequest* r) { sp(r)->set_logprobs(1000); },
+       "logprobs"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    v1::GenerateRequest req = GreedyRequest("Once upon a time", 8);
+    k.edit(&req);
+    GenerateResult r = Generate(c->stub(), req);
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << r.status.error_message();
+    EXPECT_THAT(r.status.error_message(), HasSubstr(k.message));
+    EXPECT_TRUE(r.token_ids.empty());
+  }
+  GenerateResult ok = Generate(c->stub(), GreedyRequest("Once upon a time", 8));
+  EXPECT_TRUE(ok.status.ok()) << ok.status.error_message();
+  EXPECT_EQ(ok.usage.completion_tokens(), 8u);
+  EXPECT_EQ(HealthChecker(c->address()).Check("", absl::Seconds(10)), HealthChecker::kServing);
+  ExpectCleanStop(*c);
+}
+
+// Runs `command` through the shell; its stdout and stderr, and its exit status.
+std::pair<std::string, int> RunCommand(const std::string& command) {
+  FILE* f = popen((command + " 2>&1").c_str(), "r");
+  if (f == nullptr) return {"popen failed", -1};
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), f)) > 0;) out.append(buf, n);
+  const int status = pclose(f);
+  return {out, WIFEXITED(status) ? WEXITSTATUS(status) : -1};
+}
+
+// The command-line client against a real cluster: streamed text with usage and timings,
+// info and stats, and a gRPC error as its code and message with exit status 1.
+TEST(ClusterTest, LlmClientGeneratesAndReportsErrors) {
+  std::unique_ptr<LocalCluster> c = StartCluster({.tensor_parallel_size = 2});
+  ASSERT_NE(c, nullptr);
+  const std::string client = absl::StrCat(LLM_BIN_DIR, "/llm-client --address=", c->address(), " ");
+  auto [text, rc] = RunCommand(client + "generate \"Once upon a time\" --max-tokens 12 " +
+                               "--temperature=0 --ignore-eos");
+  EXPECT_EQ(rc, 0) << text;
+  EXPECT_THAT(text, HasSubstr("Once upon a time"));
+  EXPECT_THAT(text, HasSubstr("12 completion tokens"));
+  EXPECT_THAT(text, HasSubstr("time to first token"));
+  std::tie(text, rc) = RunCommand(client + "generate \"Hi\" --max-tokens=5 --n=2 --seed=3");
+  EXPECT_EQ(rc, 0) << text;
+  EXPECT_THAT(text, HasSubstr("[1] Hi"));
+  std::tie(text, rc) = RunCommand(client + "info");
+  EXPECT_EQ(rc, 0) << text;
+  EXPECT_THAT(text, HasSubstr("tensor_parallel_size: 2"));
+  std::tie(text, rc) = RunCommand(client + "stats");
+  EXPECT_EQ(rc, 0) << text;
+  EXPECT_THAT(text, HasSubstr("0 running"));
+  std::tie(text, rc) = RunCommand(client + "generate \"Hi\" --top-p=1.5");
+  EXPECT_EQ(rc, 1) << text;
+  EXPECT_THAT(text, HasSubstr("INVALID_ARGUMENT: "));
+  EXPECT_THAT(text, HasSubstr("top_p"));
+  std::tie(text, rc) = RunCommand(client + "frobnicate");
+  EXPECT_EQ(rc, 2) << text;
+  ExpectCleanStop(*c);
+}
+
+// A manifest error stops llm-cluster before it starts anything: exit 2, file:line and key.
+TEST(ClusterTest, LlmClusterRejectsABadManifest) {
+  char dir[] = "/tmp/llm-manifest-test.XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/bad.yaml";
+  {
+    std::ofstream out(path);
+    out << "model: " << DefaultModel() << "\nengine:\n  block_sise: 16\n";
+  }
+  auto [text, rc] = RunCommand(absl::StrCat(LLM_BIN_DIR, "/llm-cluster --manifest=", path));
+  EXPECT_EQ(rc, 2) << text;
+  EXPECT_THAT(text, HasSubstr(path + ":3: engine.block_sise: unknown key"));
+  std::filesystem::remove_all(dir);
+}
+
+// Ctrl-C (SIGINT) to llm-cluster stops every child and exits 0.
+TEST(ClusterTest, SigintStopsTheWholeCluster) {
+  std::unique_ptr<LocalCluster> c = StartCluster({.tensor_parallel_size = 2});
+  ASSERT_NE(c, nullptr);
+  const std::vector<pid_t> children = c->Children();
+  ASSERT_EQ(children.size(), 3u);
+  c->process().Signal(SIGINT);
+  std::optional<int> status = c->process().Wait(absl::Seconds(60));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+      << ChildProcess::DescribeStatus(*status);
+  EXPECT_THAT(WaitUntilGone(children, absl::Seconds(30)), ::testing::IsEmpty());
+}
+
+// A worker SIGKILLed in mid-generation: the stream in flight ends UNAVAILABLE, health goes
+// NOT_SERVING, new calls get UNAVAILABLE; llm-cluster (restart_workers) starts the worker again
+// and the scheduler serves again with the same greedy output.
+TEST(ClusterTest, AKilledWorkerFailsItsRequestsAndTheGroupRecovers) {
+  constexpr int kMaxTokens = 16;
+  absl::StatusOr<std::vector<std::vector<int32_t>>> reference =
+      ReferenceGreedy(DefaultModel(), {Prompts()[0]}, kMaxTokens);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  std::unique_ptr<LocalCluster> c =
+      StartCluster({.tensor_parallel_size = 2, .restart_workers = true, .restart_delay_s = 3});
+  ASSERT_NE(c, nullptr);
+  const std::vector<pid_t> workers = c->WorkerPids();
+  ASSERT_EQ(workers.size(), 2u);
+  HealthChecker health(c->address());
+
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+  auto stream = c->stub().Generate(&ctx, GreedyRequest(Prompts()[0], 400));
+  v1::GenerateResponse resp;
+  ASSERT_TRUE(stream->Read(&resp));
+  ASSERT_EQ(kill(workers[1], SIGKILL), 0);
+  while (stream->Read(&resp)) {
+  }
+  const grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+
+  // Down: NOT_SERVING and UNAVAILABLE until the worker is back (restart_delay_s 3).
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  HealthChecker::Answer h;
+  while ((h = health.Check("", absl::Seconds(5))) == HealthChecker::kServing &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(h, HealthChecker::kNotServing);
+  GenerateResult refused = Generate(c->stub(), GreedyRequest(Prompts()[0], kMaxTokens));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << refused.status.error_message();
+
+  // Back: SERVING again and the same output as before.
+  while (health.Check("", absl::Seconds(5)) != HealthChecker::kServing && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_EQ(health.Check("", absl::Seconds(5)), HealthChecker::kServing);
+  EXPECT_EQ(GreedyOutputs(*c, {Prompts()[0]}, kMaxTokens), *reference);
+  EXPECT_EQ(c->WorkerPids().size(), 2u);
+  ExpectCleanStop(*c);
+}
+
+// Without restart_workers a dead worker is fatal: llm-cluster names it, stops the rest and
+// exits 1, leaving nothing behind.
+TEST(ClusterTest, ADeadWorkerStopsTheClusterByDefault) {
+  std::unique_ptr<LocalCluster> c = StartCluster({.tensor_parallel_size = 2});
+  ASSERT_NE(c, nullptr);
+  std::vector<pid_t> children = c->Children();
+  ASSERT_EQ(children.size(), 3u);
+  const std::vector<pid_t> workers = c->WorkerPids();
+  ASSERT_EQ(workers.size(), 2u);
+  ASSERT_EQ(kill(workers[0], SIGKILL), 0);
+  std::optional<int> status = c->process().Wait(absl::Seconds(60));
+  ASSERT_TRUE(status.has_value()) << "llm-cluster did not exit after a worker died";
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1)
+      << ChildProcess::DescribeStatus(*status);
+  EXPECT_THAT(WaitUntilGone(children, absl::Seconds(30)), ::testing::IsEmpty());
+}
+
+// llm-cluster SIGKILLed: its children get SIGTERM from the kernel (PR_SET_PDEATHSIG) and exit.
+TEST(ClusterTest, NoProcessOutlivesAKilledLlmCluster) {
+  std::unique_ptr<LocalCluster> c = StartCluster({.tensor_parallel_size = 2});
+  ASSERT_NE(c, nullptr);
+  std::vector<pid_t> children = c->Children();
+  ASSERT_EQ(children.size(), 3u);
+  c->process().Signal(SIGKILL);
+  std::optional<int> status = c->process().Wait(absl::Seconds(30));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_THAT(WaitUntilGone(children, absl::Seconds(30)), ::testing::IsEmpty());
+}
+
+}  // namespace
+}  // namespace llm::testing
+
+int main(int argc, char** argv) {
+  // The same OpenBLAS kernels as the workers, so the in-process reference matches them.
+  llm::cpu::ReexecWithMatchingBlasKernels(argv);
+  // Orphans of a killed llm-cluster are adopted (and reaped) here rather than by init, which
+  // in a container may never reap them.
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,119 @@
+#include "tools/cluster_manifest.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace llm {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+absl::StatusOr<ClusterManifest> Parse(const std::string& yaml) {
+  return ParseClusterManifest(yaml, "m.yaml");
+}
+
+TEST(ClusterManifestTest, ReadsEveryKey) {
+  absl::StatusOr<ClusterManifest> m = Parse(R"(
+model: models/fortune-llama   # a comment
+tensor_parallel_size: 2
+device: cpu
+scheduler: {host: 0.0.0.0, port: 0}
+workers:
+  host: 127.0.0.1
+  base_port: 50061
+restart_workers: true
+restart_delay_s: 0.5
+startup_timeout_s: 30
+engine:
+  block_size: 16
+  enable_prefix_caching: true
+  preemption_mode: swap
+  gpu_memory_utilization: 0.5
+worker: {threads: 1}
+)");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->model, "models/fortune-llama");
+  EXPECT_EQ(m->tensor_parallel_size, 2);
+  EXPECT_EQ(m->scheduler_host, "0.0.0.0");
+  EXPECT_EQ(m->scheduler_port, 0);
+  EXPECT_EQ(m->workers_base_port, 50061);
+  EXPECT_TRUE(m->restart_workers);
+  EXPECT_DOUBLE_EQ(m->restart_delay_s, 0.5);
+  EXPECT_DOUBLE_EQ(m->startup_timeout_s, 30);
+  EXPECT_THAT(m->SchedulerFlags(),
+              ElementsAre("--block-size=16", "--enable-prefix-caching=true",
+                          "--preemption-mode=swap", "--gpu-memory-utilization=0.5"));
+  EXPECT_THAT(m->WorkerFlags(), ElementsAre("--threads=1"));
+}
+
+TEST(ClusterManifestTest, DefaultsWhenOnlyTheModelIsGiven) {
+  absl::StatusOr<ClusterManifest> m = Parse("model: m\n");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->tensor_parallel_size, 1);
+  EXPECT_EQ(m->scheduler_port, 50051);
+  EXPECT_FALSE(m->restart_workers);
+  EXPECT_TRUE(m->SchedulerFlags().empty());
+}
+
+// Each bad manifest fails with file:line, the key and what is wrong.
+TEST(ClusterManifestTest, RejectsWithFileLineAndKey) {
+  struct Case {
+    std::string yaml;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"", "m.yaml:1: the manifest is empty"},
+      {"- a\n- b\n", "m.yaml:1: expected a mapping"},
+      {"tensor_parallel_size: 1\n", "m.yaml:1: model: is required"},
+      {"model: m\nmodle: x\n", "m.yaml:2: modle: unknown key"},
+      {"model: m\ntensor_parallel_size: two\n",
+       "m.yaml:2: tensor_parallel_size: expected an integer, got \"two\""},
+      {"model: m\ntensor_parallel_size: 0\n", "tensor_parallel_size: expected 1..1024, got 0"},
+      {"model: m\ntensor_parallel_size: \"2\"\n",
+       "m.yaml:2: tensor_parallel_size: expected an integer, got the string \"2\""},
+      {"model: m\nmodel: n\n", "m.yaml:2: model: duplicate key"},
+      {"model: m\ndevice: tpu\n", "m.yaml:2: device: expected cpu or cuda"},
+      {"model: m\nscheduler: {host: h, prot: 1}\n", "m.yaml:2: scheduler.prot: unknown key"},
+      {"model: m\nscheduler: {port: 70000}\n", "scheduler.port: expected 0..65535, got 70000"},
+      {"model: m\nworkers: 5\n", "m.yaml:2: workers: expected a mapping"},
+      {"model: m\nengine:\n  block_sise: 16\n", "m.yaml:3: engine.block_sise: unknown key"},
+      {"model: m\nengine:\n  block_size: 1.5\n",
+       "m.yaml:3: engine.block_size: expected an integer, got \"1.5\""},
+      {"model: m\nengine:\n  enable_prefix_caching: yes\n",
+       "engine.enable_prefix_caching: expected true or false, got \"yes\""},
+      {"model: m\nengine:\n  preemption_mode: evict\n",
+       "engine.preemption_mode: expected recompute or swap, got \"evict\""},
+      {"model: m\nengine:\n  port: 1\n",
+       "m.yaml:3: engine.port: is set by llm-cluster from the manifest's top-level keys"},
+      {"model: m\nengine:\n  block_size: [16]\n",
+       "engine.block_size: expected an integer, got a list"},
+      {"model: m\nworker: {threads: 1, gpus: 2}\n", "m.yaml:2: worker.gpus: unknown key"},
+      {"model: m\nrestart_workers: 1\n", "restart_workers: expected true or false"},
+      {"model: m\n  bad: indent\n", "m.yaml:2: invalid YAML"},
+      {"model: m\n---\nmodel: n\n", "m.yaml: expected one YAML document"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<ClusterManifest> m = Parse(c.yaml);
+    ASSERT_FALSE(m.ok()) << c.yaml;
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument) << c.yaml;
+    EXPECT_THAT(std::string(m.status().message()), HasSubstr(c.message)) << c.yaml;
+  }
+}
+
+TEST(ClusterManifestTest, TheCommittedManifestsParse) {
+  for (const char* name : {"tp1-cpu.yaml", "tp2-cpu.yaml"}) {
+    absl::StatusOr<ClusterManifest> m =
+        LoadClusterManifest(std::string(LLM_SOURCE_DIR) + "/deploy/local/" + name);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(m->model, "models/fortune-llama");
+  }
+}
+
+TEST(ClusterManifestTest, MissingFileIsNotFound) {
+  EXPECT_EQ(LoadClusterManifest("/nonexistent/m.yaml").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace llm

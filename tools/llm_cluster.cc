@@ -1,0 +1,412 @@
+// llm-cluster: starts a local cluster from a manifest (deploy/local/*.yaml): one llm-worker
+// per tensor-parallel rank, then llm-scheduler pointed at them, all on this machine. It waits
+// until the scheduler's grpc.health.v1 says SERVING, prints the address and how to call it,
+// and then supervises:
+//   - SIGINT / SIGTERM / SIGHUP: stop every child (SIGTERM, then SIGKILL after --grace), exit 0.
+//   - a child that exits on its own: report which and how, stop the rest, exit 1; except a
+//     worker when the manifest says `restart_workers: true`: it is started again on the same
+//     port after restart_delay_s (the scheduler re-initializes the group when it is back).
+// Children cannot outlive llm-cluster, even when it is SIGKILLed (PR_SET_PDEATHSIG), and run
+// in their own process group so a terminal's Ctrl-C reaches only llm-cluster. Their output is
+// forwarded to stderr line by line, prefixed "[scheduler] " or "[worker N] ".
+//
+//   llm-cluster --manifest=deploy/local/tp2-cpu.yaml [--scheduler-port=N] [--port-file=PATH]
+//
+// --port-file receives the scheduler's port (decimal, newline; written atomically) once the
+// cluster is serving. llm-worker and llm-scheduler are found next to this binary (--bin-dir).
+#include <poll.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "tools/child_process.h"
+#include "tools/cluster_manifest.h"
+#include "tools/flag_parser.h"
+#include "tools/health_check.h"
+
+namespace llm {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Args {
+  std::string manifest;
+  int scheduler_port = -1;  // -1: the manifest's
+  std::string port_file;
+  std::string bin_dir;  // empty: the directory of this binary
+  double grace_s = 10;
+};
+
+void Log(const std::string& msg) {
+  std::fprintf(stderr, "llm-cluster: %s\n", msg.c_str());
+  std::fflush(stderr);
+}
+
+// The port a server wrote to its --port-file, once it has.
+std::optional<int> ReadPortFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  int port = 0;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &port) || port <= 0) {
+    return std::nullopt;
+  }
+  return port;
+}
+
+absl::Status WritePortFile(const std::string& path, int port) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << port << "\n";
+    if (!out.flush()) return absl::InternalError("cannot write " + tmp);
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) return absl::InternalError("cannot rename " + tmp + ": " + ec.message());
+  return absl::OkStatus();
+}
+
+// The address a client on this machine uses for a server listening on `host`.
+std::string ClientHost(const std::string& host) {
+  return host == "0.0.0.0" || host == "::" || host.empty() ? "127.0.0.1" : host;
+}
+
+class Cluster {
+ public:
+  Cluster(ClusterManifest manifest, Args args, int signal_fd)
+      : m_(std::move(manifest)), args_(std::move(args)), signal_fd_(signal_fd) {}
+  ~Cluster() { StopAll(); }
+
+  // Starts everything and waits until the scheduler serves. Fails on a child's early exit,
+  // the startup timeout or a stop signal.
+  absl::Status Start();
+  // Supervises until a stop signal (returns 0) or a fatal child exit (returns 1).
+  int Supervise();
+  void StopAll();
+
+ private:
+  struct Worker {
+    int rank = 0;
+    int port = 0;
+    std::string port_file;
+    std::unique_ptr<ChildProcess> process;
+    std::optional<absl::Time> restart_at;
+  };
+
+  absl::Status StartWorker(Worker& w, int port);
+  // Reads pending signals: true when a stop signal arrived. Waits up to `timeout` for one.
+  bool TakeSignals(absl::Duration timeout);
+  // The first child found dead (reaped), as a message; restarts are scheduled here.
+  std::optional<std::string> CheckChildren();
+  void RestartDueWorkers();
+  absl::Status WaitUntil(const std::string& what, const std::function<bool()>& ready,
+                         absl::Time deadline);
+
+  const ClusterManifest m_;
+  const Args args_;
+  const int signal_fd_;
+  std::string tmp_dir_;
+  std::string model_dir_;
+  std::vector<Worker> workers_;
+  std::unique_ptr<ChildProcess> scheduler_;
+  int scheduler_port_ = 0;
+  bool stop_requested_ = false;
+};
+
+absl::Status Cluster::StartWorker(Worker& w, int port) {
+  std::error_code ec;
+  fs::remove(w.port_file, ec);
+  ChildSpec spec;
+  spec.argv = {args_.bin_dir + "/llm-worker", "--host=" + m_.workers_host,
+               absl::StrCat("--port=", port), "--port-file=" + w.port_file,
+               "--device=" + m_.device};
+  for (const std::string& f : m_.WorkerFlags()) spec.argv.push_back(f);
+  spec.log_prefix = absl::StrCat("[worker ", w.rank, "] ");
+  absl::StatusOr<std::unique_ptr<ChildProcess>> p = ChildProcess::Start(spec);
+  if (!p.ok()) return p.status();
+  w.process = std::move(*p);
+  w.restart_at.reset();
+  Log(absl::StrCat("worker rank ", w.rank, " pid ", w.process->pid(), ": ",
+                   absl::StrJoin(spec.argv, " ")));
+  return absl::OkStatus();
+}
+
+bool Cluster::TakeSignals(absl::Duration timeout) {
+  const int timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(timeout));
+  pollfd pfd{signal_fd_, POLLIN, 0};
+  if (poll(&pfd, 1, timeout_ms) <= 0) return stop_requested_;
+  signalfd_siginfo info;
+  while (read(signal_fd_, &info, sizeof(info)) == sizeof(info)) {
+    if (info.ssi_signo != SIGCHLD && !stop_requested_) {
+      Log(absl::StrCat("got ", strsignal(static_cast<int>(info.ssi_signo)), ", stopping"));
+      stop_requested_ = true;
+    }
+  }
+  return stop_requested_;
+}
+
+std::optional<std::string> Cluster::CheckChildren() {
+  if (scheduler_ != nullptr && scheduler_->Poll().has_value()) {
+    return absl::StrCat("the scheduler (pid ", scheduler_->pid(), ") ",
+                        ChildProcess::DescribeStatus(*scheduler_->wait_status()));
+  }
+  for (Worker& w : workers_) {
+    if (w.process == nullptr || w.restart_at.has_value() || !w.process->Poll().has_value()) {
+      continue;
+    }
+    const std::string what = absl::StrCat("worker rank ", w.rank, " (pid ", w.process->pid(), ") ",
+                                          ChildProcess::DescribeStatus(*w.process->wait_status()));
+    // Restarts only once the group is up: during startup a dying worker is a configuration
+    // error that a restart would only repeat.
+    if (!m_.restart_workers || scheduler_ == nullptr || w.port == 0) return what;
+    Log(absl::StrCat(what, "; restarting it on port ", w.port, " in ", m_.restart_delay_s, " s"));
+    w.restart_at = absl::Now() + absl::Seconds(m_.restart_delay_s);
+  }
+  return std::nullopt;
+}
+
+void Cluster::RestartDueWorkers() {
+  for (Worker& w : workers_) {
+    if (!w.restart_at.has_value() || absl::Now() < *w.restart_at) continue;
+    if (absl::Status s = StartWorker(w, w.port); !s.ok()) {
+      Log(absl::StrCat("cannot restart worker rank ", w.rank, ": ", s.ToString()));
+      w.restart_at = absl::Now() + absl::Seconds(m_.restart_delay_s);
+    }
+  }
+}
+
+absl::Status Cluster::WaitUntil(const std::string& what, const std::function<bool()>& ready,
+                                absl::Time deadline) {
+  while (!ready()) {
+    if (std::optional<std::string> dead = CheckChildren()) {
+      return absl::UnavailableError(absl::StrCat(*dead, " while waiting for ", what));
+    }
+    if (TakeSignals(absl::Milliseconds(50))) {
+      return absl::CancelledError("stopped while waiting for " + what);
+    }
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(what, " did not happen within ",
+                                                      m_.startup_timeout_s,
+                                                      " s (startup_timeout_s in the manifest)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::Start() {
+  const absl::Time deadline = absl::Now() + absl::Seconds(m_.startup_timeout_s);
+  char tmpl[] = "/tmp/llm-cluster.XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) return absl::InternalError("mkdtemp failed");
+  tmp_dir_ = tmpl;
+  std::error_code ec;
+  model_dir_ = fs::absolute(m_.model, ec).lexically_normal().string();
+  if (!fs::is_directory(model_dir_, ec)) {
+    return absl::NotFoundError(absl::StrCat(args_.manifest, ": model: ", m_.model,
+                                            " is not a directory (relative paths are relative "
+                                            "to the current directory, ",
+                                            fs::current_path(ec).string(), ")"));
+  }
+
+  workers_.resize(m_.tensor_parallel_size);
+  for (int r = 0; r < m_.tensor_parallel_size; ++r) {
+    Worker& w = workers_[r];
+    w.rank = r;
+    w.port_file = absl::StrCat(tmp_dir_, "/worker-", r, ".port");
+    if (absl::Status s = StartWorker(w, m_.workers_base_port == 0 ? 0 : m_.workers_base_port + r);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (absl::Status s = WaitUntil(
+          "the workers' ports",
+          [&] {
+            for (Worker& w : workers_) {
+              if (w.port == 0) w.port = ReadPortFile(w.port_file).value_or(0);
+              if (w.port == 0) return false;
+            }
+            return true;
+          },
+          deadline);
+      !s.ok()) {
+    return s;
+  }
+
+  std::vector<std::string> addresses;
+  for (const Worker& w : workers_) {
+    addresses.push_back(absl::StrCat(ClientHost(m_.workers_host), ":", w.port));
+  }
+  const std::string scheduler_port_file = tmp_dir_ + "/scheduler.port";
+  ChildSpec spec;
+  spec.argv = {
+      args_.bin_dir + "/llm-scheduler",
+      "--model=" + model_dir_,
+      "--host=" + m_.scheduler_host,
+      absl::StrCat("--port=", args_.scheduler_port >= 0 ? args_.scheduler_port : m_.scheduler_port),
+      "--port-file=" + scheduler_port_file,
+      "--worker-addresses=" + absl::StrJoin(addresses, ","),
+      absl::StrCat("--tensor-parallel-size=", m_.tensor_parallel_size),
+      "--device=" + m_.device};
+  for (const std::string& f : m_.SchedulerFlags()) spec.argv.push_back(f);
+  spec.log_prefix = "[scheduler] ";
+  absl::StatusOr<std::unique_ptr<ChildProcess>> p = ChildProcess::Start(spec);
+  if (!p.ok()) return p.status();
+  scheduler_ = std::move(*p);
+  Log(absl::StrCat("scheduler pid ", scheduler_->pid(), ": ", absl::StrJoin(spec.argv, " ")));
+
+  if (absl::Status s = WaitUntil(
+          "the scheduler's port",
+          [&] {
+            scheduler_port_ = ReadPortFile(scheduler_port_file).value_or(0);
+            return scheduler_port_ != 0;
+          },
+          deadline);
+      !s.ok()) {
+    return s;
+  }
+  const std::string address = absl::StrCat(ClientHost(m_.scheduler_host), ":", scheduler_port_);
+  HealthChecker health(address);
+  if (absl::Status s = WaitUntil(
+          "the scheduler to report SERVING",
+          [&] { return health.Check("", absl::Seconds(1)) == HealthChecker::kServing; }, deadline);
+      !s.ok()) {
+    return s;
+  }
+  if (!args_.port_file.empty()) {
+    if (absl::Status s = WritePortFile(args_.port_file, scheduler_port_); !s.ok()) return s;
+  }
+
+  fs::path client = fs::path(args_.bin_dir) / "llm-client";
+  const fs::path relative = fs::relative(client, fs::current_path(ec), ec);
+  if (!ec && !relative.empty() && relative.string().rfind("..", 0) != 0) client = relative;
+  std::printf(
+      "llm-cluster: serving %s (tensor_parallel_size %d, %s) at %s\n"
+      "  scheduler pid %d; workers:",
+      m_.model.c_str(), m_.tensor_parallel_size, m_.device.c_str(), address.c_str(),
+      scheduler_->pid());
+  for (const Worker& w : workers_) {
+    std::printf(" rank %d %s pid %d;", w.rank, addresses[w.rank].c_str(), w.process->pid());
+  }
+  std::printf(
+      "\n  try:  %s --address=%s generate \"Once upon a time\" --max-tokens=64\n"
+      "        %s --address=%s info      (and: stats)\n"
+      "  stop: Ctrl-C or kill -TERM %d\n",
+      client.c_str(), address.c_str(), client.c_str(), address.c_str(), getpid());
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
+int Cluster::Supervise() {
+  while (!TakeSignals(absl::Milliseconds(100))) {
+    if (std::optional<std::string> dead = CheckChildren()) {
+      Log(*dead + "; stopping the cluster");
+      return 1;
+    }
+    RestartDueWorkers();
+  }
+  return 0;
+}
+
+void Cluster::StopAll() {
+  const absl::Duration grace = absl::Seconds(args_.grace_s);
+  // The scheduler first, so that it does not report the workers' exits as failures.
+  if (scheduler_ != nullptr && scheduler_->running()) {
+    const int status = scheduler_->Stop(grace);
+    Log(absl::StrCat("scheduler ", ChildProcess::DescribeStatus(status)));
+  }
+  for (Worker& w : workers_) {
+    if (w.process != nullptr) w.process->Signal(SIGTERM);
+  }
+  for (Worker& w : workers_) {
+    if (w.process == nullptr || !w.process->running()) continue;
+    const int status = w.process->Stop(grace);
+    Log(absl::StrCat("worker rank ", w.rank, " ", ChildProcess::DescribeStatus(status)));
+  }
+  scheduler_.reset();
+  workers_.clear();  // joins the log threads
+  if (!tmp_dir_.empty()) {
+    std::error_code ec;
+    fs::remove_all(tmp_dir_, ec);
+    tmp_dir_.clear();
+  }
+}
+
+std::string SelfDir() {
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? "." : self.parent_path().string();
+}
+
+int Run(int argc, char** argv) {
+  Args args;
+  FlagParser flags(
+      "usage: llm-cluster --manifest=FILE [--scheduler-port=N] [--port-file=PATH]\n"
+      "Starts llm-worker (one per tensor-parallel rank) and llm-scheduler on this machine as "
+      "the manifest\nsays, waits until they serve, and stops them all on SIGINT/SIGTERM.");
+  flags.Add("manifest", &args.manifest, "cluster manifest (deploy/local/tp2-cpu.yaml)");
+  flags.Add("scheduler-port", &args.scheduler_port,
+            "the scheduler's port, overriding the manifest (0: any free port; -1: the "
+            "manifest's) (-1)");
+  flags.Add("port-file", &args.port_file,
+            "write the scheduler's port here once the cluster serves (none)");
+  flags.Add("bin-dir", &args.bin_dir,
+            "where llm-worker and llm-scheduler are (the directory of llm-cluster)");
+  flags.Add("grace", &args.grace_s, "seconds a child has to stop after SIGTERM (10)");
+  flags.Parse(argc, argv);
+  if (args.manifest.empty()) {
+    std::fprintf(stderr, "llm-cluster: --manifest is required\n\n%s", flags.Usage().c_str());
+    return 2;
+  }
+  if (args.bin_dir.empty()) args.bin_dir = SelfDir();
+  absl::StatusOr<ClusterManifest> manifest = LoadClusterManifest(args.manifest);
+  if (!manifest.ok()) {
+    Log(std::string(manifest.status().message()));
+    return 2;
+  }
+
+  // Signals are read from a signalfd by the main thread; every thread inherits the mask.
+  sigset_t mask;
+  sigemptyset(&mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaddset(&mask, sig);
+  sigprocmask(SIG_BLOCK, &mask, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  const int signal_fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+  if (signal_fd < 0) {
+    Log("signalfd failed");
+    return 1;
+  }
+
+  Cluster cluster(std::move(*manifest), args, signal_fd);
+  if (absl::Status s = cluster.Start(); !s.ok()) {
+    Log(std::string(s.message()));
+    cluster.StopAll();
+    return s.code() == absl::StatusCode::kCancelled ? 0 : 1;
+  }
+  const int rc = cluster.Supervise();
+  cluster.StopAll();
+  Log(rc == 0 ? "stopped" : "stopped after a failure");
+  return rc;
+}
+
+}  // namespace
+}  // namespace llm
+
+int main(int argc, char** argv) { return llm::Run(argc, argv); }
