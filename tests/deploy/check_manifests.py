@@ -257,7 +257,8 @@ def check_container(ct, known, problems):
         rport = as_int(ct.flag.get("rendezvous-port"))
         if not rport:
             problems.add(where, "--rendezvous-port must be a fixed port (not 0 or absent): the "
-                                "workers reach the rendezvous store through a Service")
+                                "workers connect to it, and the containerPort and the "
+                                "NetworkPolicy name it")
         else:
             listening[rport] = "--rendezvous-port"
     numbers = [n for _, n in ct.ports()]
