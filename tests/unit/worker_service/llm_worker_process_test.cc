@@ -16,7 +16,7 @@
 
 #include "gtest/gtest.h"
 #include "llm/v1/worker_service.grpc.pb.h"
-#include "tests/unit/worker_service/grpc_health_util.h"
+#include "tests/testing/grpc_probe.h"
 
 extern char** environ;
 

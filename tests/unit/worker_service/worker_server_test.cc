@@ -19,7 +19,7 @@
 #include "gtest/gtest.h"
 #include "scheduler_service/engine/engine_core.h"
 #include "scheduler_service/engine/step_codec.h"
-#include "tests/unit/worker_service/grpc_health_util.h"
+#include "tests/testing/grpc_probe.h"
 #include "tests/unit/worker_service/model/model_test_util.h"
 #include "worker_service/cache_engine.h"
 #include "worker_service/model_runner.h"

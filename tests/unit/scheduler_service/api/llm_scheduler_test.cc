@@ -26,6 +26,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "llm/v1/llm_service.grpc.pb.h"
+#include "tests/testing/grpc_probe.h"
 #include "tests/unit/scheduler_service/testing/fake_worker.h"
 
 extern char** environ;
@@ -37,78 +38,6 @@ using ::testing::HasSubstr;
 
 constexpr int kVocab = 2048;  // tiny-llama's
 constexpr int kBlocks = 128;
-
-// grpc.health.v1.Health/Check by hand (no generated client in this build): 1 SERVING,
-// 2 NOT_SERVING, -1 when the call fails.
-int HealthStatus(const std::shared_ptr<grpc::Channel>& channel, const std::string& service) {
-  grpc::GenericStub stub(channel);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  std::string req;
-  if (!service.empty()) {
-    req.push_back(0x0a);
-    req.push_back(static_cast<char>(service.size()));
-    req += service;
-  }
-  grpc::Slice slice(req);
-  grpc::ByteBuffer in(&slice, 1), out;
-  absl::Notification done;
-  grpc::Status status;
-  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &in, &out,
-                 [&](grpc::Status s) {
-                   status = std::move(s);
-                   done.Notify();
-                 });
-  done.WaitForNotification();
-  if (!status.ok()) return -1;
-  std::vector<grpc::Slice> slices;
-  (void)out.Dump(&slices);
-  std::string bytes;
-  for (const grpc::Slice& s : slices)
-    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  if (bytes.size() == 2 && bytes[0] == 0x08) return bytes[1];
-  return 0;
-}
-
-// The services the server lists through reflection (grpc.reflection.v1alpha, by hand): the
-// raw bytes of the first answer to list_services, which contain the service names.
-std::string ReflectionListServices(const std::shared_ptr<grpc::Channel>& channel) {
-  class Reactor final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
-   public:
-    Reactor() : slice_(std::string("\x3a\x00", 2)), request_(&slice_, 1) {}
-    void Start() {
-      StartWrite(&request_);
-      StartRead(&response_);
-      StartCall();
-    }
-    void OnWriteDone(bool) override { StartWritesDone(); }
-    void OnReadDone(bool ok) override {
-      if (!ok) return;
-      std::vector<grpc::Slice> slices;
-      (void)response_.Dump(&slices);
-      for (const grpc::Slice& s : slices) {
-        bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-      }
-    }
-    void OnDone(const grpc::Status&) override { done.Notify(); }
-    std::string bytes;
-    absl::Notification done;
-
-   private:
-    grpc::Slice slice_;
-    grpc::ByteBuffer request_, response_;
-  };
-  grpc::GenericStub stub(channel);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  Reactor reactor;
-  stub.PrepareBidiStreamingCall(&ctx,
-                                "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
-                                grpc::StubOptions(), &reactor);
-  reactor.Start();
-  reactor.done.WaitForNotification();
-  return reactor.bytes;
-}
 
 template <typename F>
 bool Eventually(F done, absl::Duration limit = absl::Seconds(60)) {
@@ -232,9 +161,9 @@ TEST_F(LLMSchedulerTest, ServesFailsAndRecoversWhenARankComesBack) {
   FakeWorkerServer r1 = FakeWorkerServer::Start(kVocab, 1, kBlocks + 5);
   auto scheduler = StartScheduler({r0.address, r1.address});
   auto channel = Connect();
-  ASSERT_TRUE(Eventually([&] { return HealthStatus(channel, "") == 1; }));
-  EXPECT_EQ(HealthStatus(channel, "llm.v1.LLMService"), 1);
-  EXPECT_THAT(ReflectionListServices(channel), HasSubstr("llm.v1.LLMService"));
+  ASSERT_TRUE(Eventually([&] { return GrpcHealthCheck(channel, "") == 1; }));
+  EXPECT_EQ(GrpcHealthCheck(channel, "llm.v1.LLMService"), 1);
+  EXPECT_THAT(GrpcReflectionListServices(channel), HasSubstr("llm.v1.LLMService"));
 
   std::vector<int> tokens;
   grpc::Status s = Generate(8, &tokens);
@@ -261,7 +190,7 @@ TEST_F(LLMSchedulerTest, ServesFailsAndRecoversWhenARankComesBack) {
   s = Generate(8);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_THAT(s.error_message(), HasSubstr(absl::StrCat("worker rank 1 at 127.0.0.1:", port1)));
-  ASSERT_TRUE(Eventually([&] { return HealthStatus(channel, "") == 2; }));
+  ASSERT_TRUE(Eventually([&] { return GrpcHealthCheck(channel, "") == 2; }));
   s = Generate(8);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_THAT(s.error_message(), HasSubstr("the worker group is not ready"));
@@ -269,7 +198,7 @@ TEST_F(LLMSchedulerTest, ServesFailsAndRecoversWhenARankComesBack) {
   // It comes back on the same port: both ranks are initialized again, under a new prefix.
   r1 = FakeWorkerServer::Start(kVocab, 1, kBlocks + 5, port1);
   ASSERT_EQ(r1.port, port1);
-  ASSERT_TRUE(Eventually([&] { return HealthStatus(channel, "") == 1; }));
+  ASSERT_TRUE(Eventually([&] { return GrpcHealthCheck(channel, "") == 1; }));
   EXPECT_EQ(r0.service->num_inits(), 2);
   EXPECT_EQ(r1.service->num_inits(), 1);
   EXPECT_NE(r0.service->init().rendezvous_prefix(), "group-1");
@@ -281,7 +210,7 @@ TEST_F(LLMSchedulerTest, ServesFailsAndRecoversWhenARankComesBack) {
   // A rank that dies while the group is idle is noticed without a request (Health probe).
   const std::string r0_address = r0.address;
   r0.Kill();
-  ASSERT_TRUE(Eventually([&] { return HealthStatus(channel, "") == 2; }));
+  ASSERT_TRUE(Eventually([&] { return GrpcHealthCheck(channel, "") == 2; }));
   s = Generate(8);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_THAT(s.error_message(), HasSubstr("the worker group is not ready"));
@@ -305,12 +234,12 @@ TEST_F(LLMSchedulerTest, NotServingUntilTheWorkersAnswer) {
   probe.Kill();
   auto scheduler = StartScheduler({absl::StrCat("127.0.0.1:", port)});
   auto channel = Connect();
-  ASSERT_TRUE(Eventually([&] { return HealthStatus(channel, "") == 2; }));
+  ASSERT_TRUE(Eventually([&] { return GrpcHealthCheck(channel, "") == 2; }));
   grpc::Status s = Generate(4);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_THAT(s.error_message(), HasSubstr("the worker group is not ready"));
   FakeWorkerServer r0 = FakeWorkerServer::Start(kVocab, 0, kBlocks, port);
-  ASSERT_TRUE(Eventually([&] { return HealthStatus(channel, "") == 1; }));
+  ASSERT_TRUE(Eventually([&] { return GrpcHealthCheck(channel, "") == 1; }));
   EXPECT_TRUE(Generate(4).ok());
   scheduler->Signal(SIGINT);
   EXPECT_EQ(scheduler->Wait(), 0);

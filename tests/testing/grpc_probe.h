@@ -1,8 +1,8 @@
 // grpc.health.v1.Health/Check and the reflection's list_services from a test, over generic
 // stubs: Debian's gRPC does not install those protos' generated clients, and the messages a
 // test needs are one field each.
-#ifndef LLM_TESTS_UNIT_WORKER_SERVICE_GRPC_HEALTH_UTIL_H_
-#define LLM_TESTS_UNIT_WORKER_SERVICE_GRPC_HEALTH_UTIL_H_
+#ifndef LLM_TESTS_TESTING_GRPC_PROBE_H_
+#define LLM_TESTS_TESTING_GRPC_PROBE_H_
 
 #include <chrono>
 #include <cstdint>
@@ -96,4 +96,4 @@ inline std::string GrpcReflectionListServices(const std::shared_ptr<grpc::Channe
 
 }  // namespace llm
 
-#endif  // LLM_TESTS_UNIT_WORKER_SERVICE_GRPC_HEALTH_UTIL_H_
+#endif  // LLM_TESTS_TESTING_GRPC_PROBE_H_
