@@ -1,0 +1,357 @@
+// Paged attention on CUDA for a batch that mixes prefill chunks and decode tokens.
+//
+// Every query row t is a row of these kernels, whatever its sequence's q_len: t belongs to
+// sequence s with query_start_loc[s] <= t < query_start_loc[s + 1] (binary search), is its
+// j-th query token, sits at position p = seq_lens[s] - q_len + j and attends to the
+// ctx = p + 1 keys at positions 0 .. p. A decode row is one sequence; a prefill chunk is
+// q_len rows that each read their (growing) causal prefix of the cache.
+//
+// v1: one thread block per (row t, query head h) over positions 0 .. ctx - 1.
+// v2 (split-K): one thread block per (row, head, partition z) over positions
+//     z * kPartitionSize .. min(ctx, (z + 1) * kPartitionSize) - 1, writing its running max,
+//     sum and unnormalized output; then a reduction kernel per (row, head) rescales and sums
+//     the partitions:  M = max_z m_z,  L = sum_z l_z e^(m_z - M),
+//     out[t][h][d] = sum_z acc_z[d] e^(m_z - M) / L.
+//
+// Inside a thread block (kThreads = 128, 4 warps) the positions go in chunks of kChunk = 512:
+//   1. scores: warp w takes positions w, w + 4, ...; lane l holds q[l + 32 i] (pre-scaled)
+//      and reads key_cache[block][slot][kvh][l + 32 i] (coalesced), then a warp sum:
+//        logits[i] = scale * q[t][h][:] . key_cache[table[pos / bs]][pos % bs][kvh][:]
+//   2. chunk max (block reduction), m_new = max(m, chunk max), c = e^(m - m_new),
+//      logits[i] = e^(logits[i] - m_new), l = l c + sum_i logits[i]
+//   3. values: warp w again takes positions w, w + 4, ...; lane l accumulates dims l + 32 i:
+//        acc[d] = acc[d] c + sum_i logits[i] value_cache[table[pos / bs]][pos % bs][kvh][d]
+// and at the end the 4 warps' acc are summed through shared memory.
+//
+// Bad metadata (a block id outside the cache, a context longer than the block table or than
+// max_seq_len's partitions, q_len > seq_len) gives NaN rows; nothing outside the tensors is
+// read.
+#include <cmath>
+
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_util.cuh"
+
+namespace llm::ops::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kChunk = kPartitionSize;
+
+struct Params {
+  float* out;                      // [T, Hq, D]
+  float* tmp_out;                  // v2: [T, Hq, max_partitions, D]
+  float* max_logits;               // v2: [T, Hq, max_partitions]
+  float* exp_sums;                 // v2: [T, Hq, max_partitions]
+  const float* query;              // [T, Hq, D]
+  const float* key_cache;          // [num_blocks, block_size, Hkv, D]
+  const float* value_cache;        // [num_blocks, block_size, Hkv, D]
+  const int32_t* block_tables;     // [S, max_blocks]
+  const int32_t* seq_lens;         // [S]
+  const int32_t* query_start_loc;  // [S + 1]
+  int num_seqs;
+  int max_blocks;
+  int num_heads;
+  int num_kv_heads;
+  int block_size;
+  int64_t num_blocks;
+  int max_partitions;  // v2
+  float scale;
+};
+
+// Where query row t reads from: its sequence and its number of keys; ctx = -1 when the
+// metadata cannot hold (then the row's output is NaN).
+struct Row {
+  int seq;
+  int ctx;
+};
+
+__device__ __forceinline__ Row FindRow(const Params& p, int64_t t) {
+  const int32_t* qsl = p.query_start_loc;
+  int lo = 0, hi = p.num_seqs - 1;  // the last s with qsl[s] <= t
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (qsl[mid] <= t) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const int64_t begin = qsl[lo], end = qsl[lo + 1];
+  if (t < begin || t >= end) return {lo, -1};
+  const int64_t q_len = end - begin;
+  const int64_t ctx = p.seq_lens[lo] - q_len + (t - begin) + 1;
+  if (ctx <= 0 || ctx > INT32_MAX || ctx > static_cast<int64_t>(p.max_blocks) * p.block_size) {
+    return {lo, -1};
+  }
+  return {lo, static_cast<int>(ctx)};
+}
+
+// The cache offset of (pos, kvh) for sequence table `table`, or -1 when the block id is bad.
+template <int kHeadSize>
+__device__ __forceinline__ int64_t CacheOffset(const Params& p, const int32_t* table, int pos,
+                                               int kvh) {
+  const int32_t block = table[pos / p.block_size];
+  if (block < 0 || block >= p.num_blocks) return -1;
+  // cache[block][pos % bs][kvh][0]
+  return ((static_cast<int64_t>(block) * p.block_size + pos % p.block_size) * p.num_kv_heads +
+          kvh) *
+         kHeadSize;
+}
+
+// kPartitioned = false: v1, grid (T, Hq, 1). true: v2, grid (T, Hq, max_partitions).
+template <int kHeadSize, bool kPartitioned>
+__global__ void __launch_bounds__(kThreads) PagedAttentionKernel(Params p) {
+  constexpr int kPerLane = kHeadSize / 32;
+  __shared__ float logits[kChunk];
+  __shared__ float scratch[32];
+  __shared__ float warp_acc[kWarps][kHeadSize];
+
+  const int64_t t = blockIdx.x;
+  const int h = blockIdx.y;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const Row row = FindRow(p, t);
+  const int64_t head_row = t * p.num_heads + h;  // index of (t, h)
+
+  int start = 0, end = row.ctx;
+  if constexpr (kPartitioned) {
+    const int z = blockIdx.z;
+    const int64_t part = head_row * p.max_partitions + z;  // index of (t, h, z)
+    if (row.ctx < 0) return;                               // the reduction writes NaN
+    start = z * kChunk;
+    end = min(row.ctx, start + kChunk);
+    if (start >= end) {  // past this row's context: an empty partition
+      if (threadIdx.x == 0) {
+        p.max_logits[part] = -INFINITY;
+        p.exp_sums[part] = 0.0f;
+      }
+      if (threadIdx.x < kHeadSize) p.tmp_out[part * kHeadSize + threadIdx.x] = 0.0f;
+      return;
+    }
+  } else if (row.ctx < 0) {
+    if (threadIdx.x < kHeadSize) p.out[head_row * kHeadSize + threadIdx.x] = NAN;
+    return;
+  }
+
+  const int kvh = h / (p.num_heads / p.num_kv_heads);
+  const int32_t* table = p.block_tables + static_cast<int64_t>(row.seq) * p.max_blocks;
+  const float* q_ptr = p.query + head_row * kHeadSize;  // q[t][h][:]
+  float q[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) q[i] = q_ptr[lane + 32 * i] * p.scale;
+
+  float m = -INFINITY, l = 0.0f;  // running max and sum, the same in every thread
+  float acc[kPerLane];            // this warp's output dims lane + 32 i
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) acc[i] = 0.0f;
+
+  for (int chunk = start; chunk < end; chunk += kChunk) {
+    const int n = min(kChunk, end - chunk);
+    // 1. scores
+    for (int i = warp; i < n; i += kWarps) {
+      const int64_t off = CacheOffset<kHeadSize>(p, table, chunk + i, kvh);
+      float dot = 0.0f;
+      if (off >= 0) {
+        const float* k = p.key_cache + off;
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j) dot += q[j] * k[lane + 32 * j];
+      }
+      dot = cuda_internal::WarpSum(dot);
+      if (lane == 0) logits[i] = off >= 0 ? dot : NAN;
+    }
+    __syncthreads();
+    // 2. softmax of the chunk against the running max
+    float local_max = -INFINITY;
+    for (int i = threadIdx.x; i < n; i += kThreads) local_max = fmaxf(local_max, logits[i]);
+    const float m_new = fmaxf(m, cuda_internal::BlockMax(local_max, scratch));
+    const float correction = expf(m - m_new);  // 0 on the first chunk (m = -inf)
+    float local_sum = 0.0f;
+    for (int i = threadIdx.x; i < n; i += kThreads) {
+      const float e = expf(logits[i] - m_new);  // NaN stays NaN
+      logits[i] = e;
+      local_sum += e;
+    }
+    l = l * correction + cuda_internal::BlockSum(local_sum, scratch);  // syncs logits too
+    m = m_new;
+    // 3. values
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) acc[j] *= correction;
+    for (int i = warp; i < n; i += kWarps) {
+      const int64_t off = CacheOffset<kHeadSize>(p, table, chunk + i, kvh);
+      const float e = logits[i];
+      if (off >= 0) {
+        const float* v = p.value_cache + off;
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j) acc[j] += e * v[lane + 32 * j];
+      } else {
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j) acc[j] = NAN;
+      }
+    }
+    __syncthreads();  // logits is rewritten by the next chunk
+  }
+
+  // Sum the warps' partial outputs.
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) warp_acc[warp][lane + 32 * j] = acc[j];
+  __syncthreads();
+  if (threadIdx.x >= kHeadSize) return;
+  const int d = threadIdx.x;
+  float sum = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) sum += warp_acc[w][d];
+  if constexpr (kPartitioned) {
+    const int64_t part = head_row * p.max_partitions + blockIdx.z;
+    p.tmp_out[part * kHeadSize + d] = sum;  // tmp_out[t][h][z][d], unnormalized
+    if (d == 0) {
+      p.max_logits[part] = m;
+      p.exp_sums[part] = l;
+    }
+  } else {
+    p.out[head_row * kHeadSize + d] = sum / l;  // out[t][h][d]
+  }
+}
+
+// v2's reduction, grid (T, Hq), kThreads threads (>= kHeadSize): combines the row's
+// ceil(ctx / kChunk) partitions.
+template <int kHeadSize>
+__global__ void __launch_bounds__(kThreads) PagedAttentionReduceKernel(Params p) {
+  const int64_t t = blockIdx.x;
+  const int h = blockIdx.y;
+  const int d = threadIdx.x;
+  if (d >= kHeadSize) return;
+  const int64_t head_row = t * p.num_heads + h;
+  float* o = p.out + head_row * kHeadSize;  // out[t][h][:]
+  const Row row = FindRow(p, t);
+  const int num_parts = row.ctx < 0 ? -1 : (row.ctx + kChunk - 1) / kChunk;
+  if (num_parts <= 0 || num_parts > p.max_partitions) {
+    o[d] = NAN;
+    return;
+  }
+  const int64_t base = head_row * p.max_partitions;  // (t, h, 0)
+  float max_all = -INFINITY;
+  for (int z = 0; z < num_parts; ++z) max_all = fmaxf(max_all, p.max_logits[base + z]);
+  float sum = 0.0f, acc = 0.0f;
+  for (int z = 0; z < num_parts; ++z) {
+    const float w = expf(p.max_logits[base + z] - max_all);
+    sum += p.exp_sums[base + z] * w;
+    acc += p.tmp_out[(base + z) * kHeadSize + d] * w;
+  }
+  o[d] = acc / sum;
+}
+
+template <int kHeadSize>
+OpStatus Launch(cudaStream_t stream, const Params& params, int64_t num_tokens, bool v2) {
+  constexpr const char* kOp = "PagedAttention";
+  const dim3 grid(static_cast<unsigned>(num_tokens), static_cast<unsigned>(params.num_heads),
+                  v2 ? static_cast<unsigned>(params.max_partitions) : 1u);
+  if (!v2) {
+    PagedAttentionKernel<kHeadSize, false><<<grid, kThreads, 0, stream>>>(params);
+    LLM_CUDA_OP_CHECK_LAUNCH(kOp);
+    return OpStatus::Ok();
+  }
+  PagedAttentionKernel<kHeadSize, true><<<grid, kThreads, 0, stream>>>(params);
+  LLM_CUDA_OP_CHECK_LAUNCH(kOp);
+  const dim3 reduce_grid(grid.x, grid.y);
+  PagedAttentionReduceKernel<kHeadSize><<<reduce_grid, kThreads, 0, stream>>>(params);
+  LLM_CUDA_OP_CHECK_LAUNCH(kOp);
+  return OpStatus::Ok();
+}
+
+OpStatus LaunchForHeadSize(cudaStream_t stream, const Params& params, int64_t num_tokens,
+                           int64_t head_size, bool v2) {
+  switch (head_size) {
+    case 64:
+      return Launch<64>(stream, params, num_tokens, v2);
+    case 128:
+      return Launch<128>(stream, params, num_tokens, v2);
+    default:
+      return cuda_internal::Error("PagedAttention",
+                                  "the CUDA kernels take head sizes 64 and "
+                                  "128, got " +
+                                      std::to_string(head_size));
+  }
+}
+
+}  // namespace
+
+OpStatus PagedAttention(void* stream, const TensorView& out, const TensorView& query,
+                        const TensorView& key_cache, const TensorView& value_cache,
+                        const AttentionMetadata& metadata, float scale,
+                        PagedAttentionVersion version) {
+  constexpr const char* kOp = "PagedAttention";
+  const int64_t num_tokens = query.shape[0], num_heads = query.shape[1];
+  const int64_t head_size = query.shape[2];
+  const int64_t num_seqs = metadata.seq_lens.shape[0];
+  const int64_t max_blocks = metadata.block_tables.shape[1];
+  if (head_size != 64 && head_size != 128) {
+    return cuda_internal::Error(
+        kOp, "the CUDA kernels take head sizes 64 and 128, got " + std::to_string(head_size));
+  }
+  if (num_tokens == 0 || num_heads == 0) return OpStatus::Ok();
+  if (num_seqs == 0) {
+    return cuda_internal::Error(kOp, std::to_string(num_tokens) + " query tokens but no sequences");
+  }
+  if (num_tokens > cuda_internal::kMaxGridX || num_heads > cuda_internal::kMaxGridYZ ||
+      num_seqs > INT32_MAX || max_blocks > INT32_MAX) {
+    return cuda_internal::Error(kOp,
+                                "too many tokens, heads, sequences or blocks per sequence "
+                                "for one launch");
+  }
+  const bool long_context = metadata.max_seq_len > kPartitionSize;
+  bool v2 = false;
+  switch (version) {
+    case PagedAttentionVersion::kV1:
+      break;
+    case PagedAttentionVersion::kV2:
+      if (metadata.max_seq_len <= 0) {
+        return cuda_internal::Error(kOp, "v2 needs metadata.max_seq_len > 0 to size its grid");
+      }
+      v2 = true;
+      break;
+    case PagedAttentionVersion::kAuto:
+      // Split the context when there are too few (row, head) blocks to fill the device.
+      v2 = long_context && num_tokens * num_heads <= 512;
+      break;
+  }
+  Params params{};
+  params.out = out.data_as<float>();
+  params.query = query.data_as<const float>();
+  params.key_cache = key_cache.data_as<const float>();
+  params.value_cache = value_cache.data_as<const float>();
+  params.block_tables = metadata.block_tables.data_as<const int32_t>();
+  params.seq_lens = metadata.seq_lens.data_as<const int32_t>();
+  params.query_start_loc = metadata.query_start_loc.data_as<const int32_t>();
+  params.num_seqs = static_cast<int>(num_seqs);
+  params.max_blocks = static_cast<int>(max_blocks);
+  params.num_heads = static_cast<int>(num_heads);
+  params.num_kv_heads = static_cast<int>(key_cache.shape[2]);
+  params.block_size = static_cast<int>(key_cache.shape[1]);
+  params.num_blocks = key_cache.shape[0];
+  params.scale = scale;
+  const cudaStream_t s = cuda_internal::AsStream(stream);
+  if (!v2) return LaunchForHeadSize(s, params, num_tokens, head_size, false);
+
+  const int64_t max_partitions = (metadata.max_seq_len + kPartitionSize - 1) / kPartitionSize;
+  if (max_partitions > cuda_internal::kMaxGridYZ) {
+    return cuda_internal::Error(kOp, "metadata.max_seq_len " +
+                                         std::to_string(metadata.max_seq_len) +
+                                         " needs more partitions than one launch takes");
+  }
+  params.max_partitions = static_cast<int>(max_partitions);
+  // Workspace: tmp_out, then max_logits, then exp_sums; stream-ordered, freed after use.
+  const size_t parts = static_cast<size_t>(num_tokens * num_heads * max_partitions);
+  const size_t bytes = parts * (head_size + 2) * sizeof(float);
+  void* workspace = nullptr;
+  LLM_CUDA_OP_RETURN_IF_ERROR(kOp, cudaMallocAsync(&workspace, bytes, s));
+  params.tmp_out = static_cast<float*>(workspace);
+  params.max_logits = params.tmp_out + parts * head_size;
+  params.exp_sums = params.max_logits + parts;
+  OpStatus status = LaunchForHeadSize(s, params, num_tokens, head_size, true);
+  const cudaError_t free_err = cudaFreeAsync(workspace, s);
+  if (!status.ok()) return status;
+  LLM_CUDA_OP_RETURN_IF_ERROR(kOp, free_err);
+  return OpStatus::Ok();
+}
+
+}  // namespace llm::ops::cuda

@@ -1,0 +1,50 @@
+// Writes this step's keys and values into the paged KV cache on CUDA. One thread block per
+// token; a slot is block_id * block_size + slot_in_block, so with the cache contiguous
+//   key_cache[slot / block_size][slot % block_size][h][d] = key_cache_flat[slot][h][d].
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_util.cuh"
+
+namespace llm::ops::cuda {
+namespace {
+
+using cuda_internal::IndexPtr;
+
+// slot_stride = Hkv * D. A negative slot (-1: padding) or one >= num_slots is skipped.
+__global__ void ReshapeAndCacheKernel(const float* __restrict__ key,
+                                      const float* __restrict__ value,
+                                      float* __restrict__ key_cache,
+                                      float* __restrict__ value_cache, IndexPtr slot_mapping,
+                                      int64_t num_slots, int64_t slot_stride) {
+  const int64_t t = blockIdx.x;
+  const int64_t slot = slot_mapping[t];
+  if (slot < 0 || slot >= num_slots) return;
+  const float* k = key + t * slot_stride;  // key[t][:][:]
+  const float* v = value + t * slot_stride;
+  float* kc = key_cache + slot * slot_stride;
+  float* vc = value_cache + slot * slot_stride;
+  for (int64_t i = threadIdx.x; i < slot_stride; i += blockDim.x) {
+    kc[i] = k[i];
+    vc[i] = v[i];
+  }
+}
+
+}  // namespace
+
+OpStatus ReshapeAndCache(void* stream, const TensorView& key, const TensorView& value,
+                         const TensorView& key_cache, const TensorView& value_cache,
+                         const TensorView& slot_mapping) {
+  constexpr const char* kOp = "ReshapeAndCache";
+  const int64_t num_tokens = slot_mapping.shape[0];
+  const int64_t num_slots = key_cache.shape[0] * key_cache.shape[1];
+  const int64_t slot_stride = key_cache.shape[2] * key_cache.shape[3];
+  if (num_tokens == 0 || slot_stride == 0) return OpStatus::Ok();
+  const int threads = cuda_internal::RowThreads(slot_stride > 512 ? 512 : slot_stride);
+  ReshapeAndCacheKernel<<<static_cast<unsigned>(num_tokens), threads, 0,
+                          cuda_internal::AsStream(stream)>>>(
+      key.data_as<const float>(), value.data_as<const float>(), key_cache.data_as<float>(),
+      value_cache.data_as<float>(), cuda_internal::AsIndex(slot_mapping), num_slots, slot_stride);
+  LLM_CUDA_OP_CHECK_LAUNCH(kOp);
+  return OpStatus::Ok();
+}
+
+}  // namespace llm::ops::cuda
