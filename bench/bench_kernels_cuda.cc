@@ -1,12 +1,11 @@
 // Paged-attention decode on CUDA with Llama-3-8B shapes (32 query heads, 8 KV heads, head
-// size 128, block size 16) at batch 1, 16, 64 and 256 and contexts 512 to 8,192, v1 and v2.
-// The KV cache is fp32 (the only dtype of the backends so far; Llama-3-8B serves in bf16,
-// which would halve the bytes read).
+// size 128, block size 16) at batch 1, 16, 64 and 256 and contexts 512 to 8,192, v1 and v2,
+// with a bf16 KV cache (as Llama-3-8B is served) and an f32 one (the CPU reference's dtype).
 //
 // Time: CUDA events around each launch (manual time). Bandwidth: the K and V bytes the batch
-// reads (batch * context * 8 heads * 128 * 4 bytes * 2) over that time, printed as GB/s and
-// as a fraction of the bandwidth of a device-to-device cudaMemcpy of 1 GiB measured first in
-// the same run (bytes read + bytes written over its time). The target: 80% or more of
+// reads (batch * context * 8 heads * 128 * 2 K and V * 2 or 4 bytes) over that time, printed as
+// GB/s and as a fraction of the bandwidth of a device-to-device cudaMemcpy of 1 GiB measured first
+// in the same run (bytes read + bytes written over its time). The target: 80% or more of
 // the copy's bandwidth at batch 64 and context 2,048.
 //
 // Without a usable device it prints why and exits 0.
@@ -77,14 +76,16 @@ struct DeviceBuffer {
   ~DeviceBuffer() { cudaFree(p); }
 };
 
-// Args: batch, context, version (1 or 2).
+// Args: batch, context, version (1 or 2), KV element bits (16: bf16, 32: f32).
 void BM_PagedAttentionDecode(benchmark::State& state) {
   const int64_t batch = state.range(0), context = state.range(1);
   const auto version = state.range(2) == 1 ? ops::cuda::PagedAttentionVersion::kV1
                                            : ops::cuda::PagedAttentionVersion::kV2;
+  const DType kv_dtype = state.range(3) == 16 ? DType::kBF16 : DType::kF32;
+  const size_t kv_elem = state.range(3) == 16 ? 2 : 4;
   const int64_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
   const int64_t num_blocks = batch * blocks_per_seq;
-  const size_t cache_bytes = num_blocks * kBlockSize * kNumKvHeads * kHeadSize * sizeof(float);
+  const size_t cache_bytes = num_blocks * kBlockSize * kNumKvHeads * kHeadSize * kv_elem;
   DeviceBuffer kc, vc, q, out, tables, lens, qsl;
   if (!Check(cudaMalloc(&kc.p, cache_bytes), "cudaMalloc key cache", &state) ||
       !Check(cudaMalloc(&vc.p, cache_bytes), "cudaMalloc value cache", &state)) {
@@ -112,9 +113,8 @@ void BM_PagedAttentionDecode(benchmark::State& state) {
 
   const TensorDevice dev = TensorDevice::Cuda(0);
   const TensorView kv_shape[] = {
-      TensorView::Contiguous(kc.p, DType::kF32, {num_blocks, kBlockSize, kNumKvHeads, kHeadSize},
-                             dev),
-      TensorView::Contiguous(vc.p, DType::kF32, {num_blocks, kBlockSize, kNumKvHeads, kHeadSize},
+      TensorView::Contiguous(kc.p, kv_dtype, {num_blocks, kBlockSize, kNumKvHeads, kHeadSize}, dev),
+      TensorView::Contiguous(vc.p, kv_dtype, {num_blocks, kBlockSize, kNumKvHeads, kHeadSize},
                              dev)};
   const TensorView q_view =
       TensorView::Contiguous(q.p, DType::kF32, {batch, kNumHeads, kHeadSize}, dev);
@@ -146,7 +146,7 @@ void BM_PagedAttentionDecode(benchmark::State& state) {
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  const double kv_bytes = 2.0 * batch * context * kNumKvHeads * kHeadSize * sizeof(float);
+  const double kv_bytes = 2.0 * batch * context * kNumKvHeads * kHeadSize * kv_elem;
   state.counters["KV_GB/s"] =
       benchmark::Counter(kv_bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["of_copy"] =
@@ -154,8 +154,8 @@ void BM_PagedAttentionDecode(benchmark::State& state) {
                          benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_PagedAttentionDecode)
-    ->ArgNames({"batch", "context", "v"})
-    ->ArgsProduct({{1, 16, 64, 256}, {512, 1024, 2048, 4096, 8192}, {1, 2}})
+    ->ArgNames({"batch", "context", "v", "kv_bits"})
+    ->ArgsProduct({{1, 16, 64, 256}, {512, 1024, 2048, 4096, 8192}, {1, 2}, {16, 32}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

@@ -28,12 +28,21 @@ namespace {
 constexpr DType kF32 = DType::kF32;
 constexpr DType kI32 = DType::kI32;
 constexpr DType kI64 = DType::kI64;
+constexpr DType kF16 = DType::kF16;
+constexpr DType kBF16 = DType::kBF16;
 
 #define LLM_OPS_RETURN_IF_ERROR(expr) \
   do {                                \
     OpStatus _s = (expr);             \
     if (!_s.ok()) return _s;          \
   } while (0)
+
+// KV caches may be f16 or bf16 on cuda; the CPU backend (the fp32 reference) takes f32 only.
+OpStatus CheckCpuCache(const char* op, const char* arg, const TensorView& cache) {
+  if (cache.dtype == kF32) return OpStatus::Ok();
+  return Error(op,
+               std::string(arg) + ": the CPU backend takes f32 caches, got " + cache.ToString());
+}
 
 }  // namespace
 
@@ -213,10 +222,11 @@ OpStatus ReshapeAndCache(const OpContext& ctx, const TensorView& key, const Tens
   constexpr const char* kOp = "ReshapeAndCache";
   LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "slot_mapping", slot_mapping, {kI32, kI64}, {kAny}));
   const int64_t num_tokens = slot_mapping.shape[0];
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "key_cache", key_cache, {kF32}, {kAny, kAny, kAny, kAny}));
+  LLM_OPS_RETURN_IF_ERROR(
+      CheckArg(kOp, "key_cache", key_cache, {kF32, kF16, kBF16}, {kAny, kAny, kAny, kAny}));
   const int64_t num_blocks = key_cache.shape[0], block_size = key_cache.shape[1];
   const int64_t num_kv_heads = key_cache.shape[2], head_size = key_cache.shape[3];
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "value_cache", value_cache, {kF32},
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "value_cache", value_cache, {key_cache.dtype},
                                    {num_blocks, block_size, num_kv_heads, head_size}));
   LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "key", key, {kF32}, {num_tokens, num_kv_heads, head_size}));
   LLM_OPS_RETURN_IF_ERROR(
@@ -234,6 +244,7 @@ OpStatus ReshapeAndCache(const OpContext& ctx, const TensorView& key, const Tens
     return cuda::ReshapeAndCache(ctx.stream, key, value, key_cache, value_cache, slot_mapping);
 #endif
   if (!device.is_cpu()) return NoBackend(kOp, device);
+  LLM_OPS_RETURN_IF_ERROR(CheckCpuCache(kOp, "key_cache", key_cache));
   return cpu::ReshapeAndCache(key, value, key_cache, value_cache, slot_mapping);
 }
 
@@ -246,10 +257,10 @@ OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const Tenso
   const int64_t head_size = query.shape[2];
   LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "out", out, {kF32}, {num_tokens, num_heads, head_size}));
   LLM_OPS_RETURN_IF_ERROR(
-      CheckArg(kOp, "key_cache", key_cache, {kF32}, {kAny, kAny, kAny, head_size}));
+      CheckArg(kOp, "key_cache", key_cache, {kF32, kF16, kBF16}, {kAny, kAny, kAny, head_size}));
   const int64_t num_blocks = key_cache.shape[0], block_size = key_cache.shape[1];
   const int64_t num_kv_heads = key_cache.shape[2];
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "value_cache", value_cache, {kF32},
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "value_cache", value_cache, {key_cache.dtype},
                                    {num_blocks, block_size, num_kv_heads, head_size}));
   if (block_size <= 0) return Error(kOp, "key_cache: block_size must be > 0");
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) {
@@ -280,6 +291,7 @@ OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const Tenso
     return cuda::PagedAttention(ctx.stream, out, query, key_cache, value_cache, metadata, scale);
 #endif
   if (!device.is_cpu()) return NoBackend(kOp, device);
+  LLM_OPS_RETURN_IF_ERROR(CheckCpuCache(kOp, "key_cache", key_cache));
   return cpu::PagedAttention(out, query, key_cache, value_cache, metadata, scale);
 }
 
@@ -292,13 +304,14 @@ OpStatus CopyBlocks(const OpContext& ctx, std::span<const TensorView> key_caches
   }
   if (key_caches.empty()) return OpStatus::Ok();
   const TensorView& first = key_caches[0];
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "key_caches[0]", first, {kF32}, {kAny, kAny, kAny, kAny}));
+  LLM_OPS_RETURN_IF_ERROR(
+      CheckArg(kOp, "key_caches[0]", first, {kF32, kF16, kBF16}, {kAny, kAny, kAny, kAny}));
   for (size_t l = 0; l < key_caches.size(); ++l) {
     for (const TensorView* t : {&key_caches[l], &value_caches[l]}) {
       const std::string name = std::string(t == &key_caches[l] ? "key_caches[" : "value_caches[") +
                                std::to_string(l) + "]";
       LLM_OPS_RETURN_IF_ERROR(
-          CheckArg(kOp, name.c_str(), *t, {kF32},
+          CheckArg(kOp, name.c_str(), *t, {first.dtype},
                    {first.shape[0], first.shape[1], first.shape[2], first.shape[3]}));
       TensorDevice device;
       LLM_OPS_RETURN_IF_ERROR(
@@ -309,15 +322,16 @@ OpStatus CopyBlocks(const OpContext& ctx, std::span<const TensorView> key_caches
   if (first.device.is_cuda()) return cuda::CopyBlocks(ctx.stream, key_caches, value_caches, pairs);
 #endif
   if (!first.device.is_cpu()) return NoBackend(kOp, first.device);
+  LLM_OPS_RETURN_IF_ERROR(CheckCpuCache(kOp, "key_caches[0]", first));
   return cpu::CopyBlocks(key_caches, value_caches, pairs);
 }
 
 OpStatus SwapBlocks(const OpContext& ctx, const TensorView& src, const TensorView& dst,
                     std::span<const BlockPair> pairs) {
   constexpr const char* kOp = "SwapBlocks";
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "src", src, {kF32}, {kAny, kAny, kAny, kAny}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "src", src, {kF32, kF16, kBF16}, {kAny, kAny, kAny, kAny}));
   LLM_OPS_RETURN_IF_ERROR(
-      CheckArg(kOp, "dst", dst, {kF32}, {kAny, src.shape[1], src.shape[2], src.shape[3]}));
+      CheckArg(kOp, "dst", dst, {src.dtype}, {kAny, src.shape[1], src.shape[2], src.shape[3]}));
 #ifdef LLM_WITH_CUDA
   // Swap out (cuda -> cpu), swap in (cpu -> cuda) or between devices.
   if (src.device.is_cuda() || dst.device.is_cuda()) {
@@ -326,6 +340,7 @@ OpStatus SwapBlocks(const OpContext& ctx, const TensorView& src, const TensorVie
 #endif
   if (!src.device.is_cpu()) return NoBackend(kOp, src.device);
   if (!dst.device.is_cpu()) return NoBackend(kOp, dst.device);
+  LLM_OPS_RETURN_IF_ERROR(CheckCpuCache(kOp, "src", src));
   return cpu::SwapBlocks(src, dst, pairs);
 }
 

@@ -9,8 +9,11 @@
 //   "RmsNorm: weight: expected f32 [4096], got f32 [4095] on cpu".
 //
 // Tensors are fp32 (activations, weights, KV cache) and int32 or int64 (indices) for now, and
-// contiguous. Index tensors named below as "i32" must be i32; "index" tensors may be i32 or
-// i64. An op's output must not overlap its inputs unless the op says it may.
+// contiguous. On cuda the KV caches may also be f16 or bf16 (both caches the same dtype): the
+// cache ops round f32 keys and values to nearest when writing and PagedAttention reads them
+// into fp32; the CPU backend takes f32 caches only. Index tensors named below as "i32" must be i32;
+// "index" tensors may be i32 or i64. An op's output must not overlap its inputs unless the op says
+// it may.
 //
 // Layouts, by index (T tokens of this step, S sequences, H hidden size, D head size):
 //   hidden states        x[t][h]                                   [T, H]

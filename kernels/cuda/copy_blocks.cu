@@ -1,4 +1,4 @@
-// Copy-on-write of whole KV blocks inside one device's caches, every layer: one
+// Copy-on-write of whole KV blocks (any cache dtype) inside one device's caches, every layer: one
 // cudaMemcpyAsync device to device per (layer, pair, K or V). Pairs are on the host, so their
 // block ids are checked here like the CPU op checks them.
 #include "kernels/cuda/cuda_ops.h"
@@ -11,8 +11,8 @@ OpStatus CopyBlocks(void* stream, std::span<const TensorView> key_caches,
   constexpr const char* kOp = "CopyBlocks";
   const TensorView& first = key_caches[0];
   const int64_t num_blocks = first.shape[0];
-  const size_t block_bytes =
-      static_cast<size_t>(first.shape[1] * first.shape[2] * first.shape[3]) * sizeof(float);
+  const size_t block_bytes = static_cast<size_t>(first.shape[1] * first.shape[2] * first.shape[3]) *
+                             cuda_internal::ElementSize(first.dtype);
   for (size_t i = 0; i < pairs.size(); ++i) {
     const BlockPair& p = pairs[i];
     if (p.src < 0 || p.src >= num_blocks || p.dst < 0 || p.dst >= num_blocks) {

@@ -1,8 +1,10 @@
 // Shared by the CUDA op files: error returns that name the op, file and line; index loads of
-// i32 / i64 tensors; warp and block reductions.
+// i32 / i64 tensors; KV-cache element conversions; warp and block reductions.
 #ifndef LLM_KERNELS_CUDA_CUDA_UTIL_CUH_
 #define LLM_KERNELS_CUDA_CUDA_UTIL_CUH_
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -43,6 +45,39 @@ struct IndexPtr {
 };
 
 inline IndexPtr AsIndex(const TensorView& t) { return {t.data, t.dtype == DType::kI64}; }
+
+// Bytes per element (tensor.h's DTypeSize lives in llm_kernels, which links this library).
+inline size_t ElementSize(DType dtype) {
+  switch (dtype) {
+    case DType::kF16:
+    case DType::kBF16:
+      return 2;
+    case DType::kI64:
+      return 8;
+    default:
+      return 4;
+  }
+}
+
+// KV-cache elements: f32, f16 or bf16 in memory, f32 in registers. Stores round to nearest.
+__device__ __forceinline__ float ToFloat(float v) { return v; }
+__device__ __forceinline__ float ToFloat(__half v) { return __half2float(v); }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T FromFloat(float v);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half FromFloat<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 
 __device__ __forceinline__ float WarpSum(float v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);

@@ -23,7 +23,8 @@
 //        acc[d] = acc[d] c + sum_i logits[i] value_cache[table[pos / bs]][pos % bs][kvh][d]
 // and at the end the 4 warps' acc are summed through shared memory.
 //
-// Bad metadata (a block id outside the cache, a context longer than the block table or than
+// The caches are f32, f16 or bf16 (converted to f32 as they are read); everything else is
+// f32. Bad metadata (a block id outside the cache, a context longer than the block table or than
 // max_seq_len's partitions, q_len > seq_len) gives NaN rows; nothing outside the tensors is
 // read.
 #include <cmath>
@@ -44,8 +45,8 @@ struct Params {
   float* max_logits;               // v2: [T, Hq, max_partitions]
   float* exp_sums;                 // v2: [T, Hq, max_partitions]
   const float* query;              // [T, Hq, D]
-  const float* key_cache;          // [num_blocks, block_size, Hkv, D]
-  const float* value_cache;        // [num_blocks, block_size, Hkv, D]
+  const void* key_cache;           // [num_blocks, block_size, Hkv, D]: f32, f16 or bf16
+  const void* value_cache;         // the same
   const int32_t* block_tables;     // [S, max_blocks]
   const int32_t* seq_lens;         // [S]
   const int32_t* query_start_loc;  // [S + 1]
@@ -100,9 +101,11 @@ __device__ __forceinline__ int64_t CacheOffset(const Params& p, const int32_t* t
 }
 
 // kPartitioned = false: v1, grid (T, Hq, 1). true: v2, grid (T, Hq, max_partitions).
-template <int kHeadSize, bool kPartitioned>
+template <typename CacheT, int kHeadSize, bool kPartitioned>
 __global__ void __launch_bounds__(kThreads) PagedAttentionKernel(Params p) {
   constexpr int kPerLane = kHeadSize / 32;
+  const CacheT* key_cache = static_cast<const CacheT*>(p.key_cache);
+  const CacheT* value_cache = static_cast<const CacheT*>(p.value_cache);
   __shared__ float logits[kChunk];
   __shared__ float scratch[32];
   __shared__ float warp_acc[kWarps][kHeadSize];
@@ -152,9 +155,9 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionKernel(Params p) {
       const int64_t off = CacheOffset<kHeadSize>(p, table, chunk + i, kvh);
       float dot = 0.0f;
       if (off >= 0) {
-        const float* k = p.key_cache + off;
+        const CacheT* k = key_cache + off;
 #pragma unroll
-        for (int j = 0; j < kPerLane; ++j) dot += q[j] * k[lane + 32 * j];
+        for (int j = 0; j < kPerLane; ++j) dot += q[j] * cuda_internal::ToFloat(k[lane + 32 * j]);
       }
       dot = cuda_internal::WarpSum(dot);
       if (lane == 0) logits[i] = off >= 0 ? dot : NAN;
@@ -180,9 +183,9 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionKernel(Params p) {
       const int64_t off = CacheOffset<kHeadSize>(p, table, chunk + i, kvh);
       const float e = logits[i];
       if (off >= 0) {
-        const float* v = p.value_cache + off;
+        const CacheT* v = value_cache + off;
 #pragma unroll
-        for (int j = 0; j < kPerLane; ++j) acc[j] += e * v[lane + 32 * j];
+        for (int j = 0; j < kPerLane; ++j) acc[j] += e * cuda_internal::ToFloat(v[lane + 32 * j]);
       } else {
 #pragma unroll
         for (int j = 0; j < kPerLane; ++j) acc[j] = NAN;
@@ -240,17 +243,17 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionReduceKernel(Params p)
   o[d] = acc / sum;
 }
 
-template <int kHeadSize>
+template <typename CacheT, int kHeadSize>
 OpStatus Launch(cudaStream_t stream, const Params& params, int64_t num_tokens, bool v2) {
   constexpr const char* kOp = "PagedAttention";
   const dim3 grid(static_cast<unsigned>(num_tokens), static_cast<unsigned>(params.num_heads),
                   v2 ? static_cast<unsigned>(params.max_partitions) : 1u);
   if (!v2) {
-    PagedAttentionKernel<kHeadSize, false><<<grid, kThreads, 0, stream>>>(params);
+    PagedAttentionKernel<CacheT, kHeadSize, false><<<grid, kThreads, 0, stream>>>(params);
     LLM_CUDA_OP_CHECK_LAUNCH(kOp);
     return OpStatus::Ok();
   }
-  PagedAttentionKernel<kHeadSize, true><<<grid, kThreads, 0, stream>>>(params);
+  PagedAttentionKernel<CacheT, kHeadSize, true><<<grid, kThreads, 0, stream>>>(params);
   LLM_CUDA_OP_CHECK_LAUNCH(kOp);
   const dim3 reduce_grid(grid.x, grid.y);
   PagedAttentionReduceKernel<kHeadSize><<<reduce_grid, kThreads, 0, stream>>>(params);
@@ -258,18 +261,25 @@ OpStatus Launch(cudaStream_t stream, const Params& params, int64_t num_tokens, b
   return OpStatus::Ok();
 }
 
+template <typename CacheT>
 OpStatus LaunchForHeadSize(cudaStream_t stream, const Params& params, int64_t num_tokens,
                            int64_t head_size, bool v2) {
-  switch (head_size) {
-    case 64:
-      return Launch<64>(stream, params, num_tokens, v2);
-    case 128:
-      return Launch<128>(stream, params, num_tokens, v2);
+  if (head_size == 64) return Launch<CacheT, 64>(stream, params, num_tokens, v2);
+  return Launch<CacheT, 128>(stream, params, num_tokens, v2);  // checked by the caller
+}
+
+// The instantiations: cache dtype (f32, f16, bf16) x head size (64, 128) x (v1, v2).
+OpStatus LaunchForDType(cudaStream_t stream, const Params& params, DType cache_dtype,
+                        int64_t num_tokens, int64_t head_size, bool v2) {
+  switch (cache_dtype) {
+    case DType::kF32:
+      return LaunchForHeadSize<float>(stream, params, num_tokens, head_size, v2);
+    case DType::kF16:
+      return LaunchForHeadSize<__half>(stream, params, num_tokens, head_size, v2);
+    case DType::kBF16:
+      return LaunchForHeadSize<__nv_bfloat16>(stream, params, num_tokens, head_size, v2);
     default:
-      return cuda_internal::Error("PagedAttention",
-                                  "the CUDA kernels take head sizes 64 and "
-                                  "128, got " +
-                                      std::to_string(head_size));
+      return cuda_internal::Error("PagedAttention", "key_cache: expected f32, f16 or bf16");
   }
 }
 
@@ -317,8 +327,8 @@ OpStatus PagedAttention(void* stream, const TensorView& out, const TensorView& q
   Params params{};
   params.out = out.data_as<float>();
   params.query = query.data_as<const float>();
-  params.key_cache = key_cache.data_as<const float>();
-  params.value_cache = value_cache.data_as<const float>();
+  params.key_cache = key_cache.data;
+  params.value_cache = value_cache.data;
   params.block_tables = metadata.block_tables.data_as<const int32_t>();
   params.seq_lens = metadata.seq_lens.data_as<const int32_t>();
   params.query_start_loc = metadata.query_start_loc.data_as<const int32_t>();
@@ -330,7 +340,7 @@ OpStatus PagedAttention(void* stream, const TensorView& out, const TensorView& q
   params.num_blocks = key_cache.shape[0];
   params.scale = scale;
   const cudaStream_t s = cuda_internal::AsStream(stream);
-  if (!v2) return LaunchForHeadSize(s, params, num_tokens, head_size, false);
+  if (!v2) return LaunchForDType(s, params, key_cache.dtype, num_tokens, head_size, false);
 
   const int64_t max_partitions = (metadata.max_seq_len + kPartitionSize - 1) / kPartitionSize;
   if (max_partitions > cuda_internal::kMaxGridYZ) {
@@ -347,7 +357,7 @@ OpStatus PagedAttention(void* stream, const TensorView& out, const TensorView& q
   params.tmp_out = static_cast<float*>(workspace);
   params.max_logits = params.tmp_out + parts * head_size;
   params.exp_sums = params.max_logits + parts;
-  OpStatus status = LaunchForHeadSize(s, params, num_tokens, head_size, true);
+  OpStatus status = LaunchForDType(s, params, key_cache.dtype, num_tokens, head_size, true);
   const cudaError_t free_err = cudaFreeAsync(workspace, s);
   if (!status.ok()) return status;
   LLM_CUDA_OP_RETURN_IF_ERROR(kOp, free_err);

@@ -11,8 +11,8 @@ namespace llm::ops::cuda {
 OpStatus SwapBlocks(void* stream, const TensorView& src, const TensorView& dst,
                     std::span<const BlockPair> pairs) {
   constexpr const char* kOp = "SwapBlocks";
-  const size_t block_bytes =
-      static_cast<size_t>(src.shape[1] * src.shape[2] * src.shape[3]) * sizeof(float);
+  const size_t block_bytes = static_cast<size_t>(src.shape[1] * src.shape[2] * src.shape[3]) *
+                             cuda_internal::ElementSize(src.dtype);
   for (size_t i = 0; i < pairs.size(); ++i) {
     const BlockPair& p = pairs[i];
     if (p.src < 0 || p.src >= src.shape[0]) {

@@ -11,6 +11,8 @@ using gpu_testing::BitEqual;
 using gpu_testing::CudaTest;
 using gpu_testing::DeviceTensor;
 using gpu_testing::Random;
+using gpu_testing::RoundedThroughHalf;
+using gpu_testing::ToHalf;
 
 class CudaCopyBlocks : public CudaTest {};
 
@@ -37,6 +39,26 @@ TEST_F(CudaCopyBlocks, MatchesCpuOnEveryLayer) {
     ASSERT_TRUE(s.ok()) << s.message;
     ASSERT_EQ(Sync(), "");
     for (int i = 0; i < 2 * kLayers; ++i) EXPECT_TRUE(BitEqual(device[i].Download(), host[i])) << i;
+  }
+}
+
+// f16 / bf16 caches copy whole blocks too: the CPU op on the f32 values, converted, is the
+// reference.
+TEST_F(CudaCopyBlocks, HalfCachesMatchCpu) {
+  std::mt19937 rng(703);
+  for (const DType dtype : {DType::kF16, DType::kBF16}) {
+    HostTensor k = RoundedThroughHalf(Random({7, 16, 8, 64}, rng), dtype);
+    HostTensor v = RoundedThroughHalf(Random({7, 16, 8, 64}, rng), dtype);
+    DeviceTensor dk(ToHalf(k, dtype)), dv(ToHalf(v, dtype));
+    const std::vector<BlockPair> pairs = {{6, 0}, {1, 3}};
+    const std::vector<TensorView> hks = {k.view()}, hvs = {v.view()};
+    const std::vector<TensorView> dks = {dk.view()}, dvs = {dv.view()};
+    ASSERT_TRUE(CopyBlocks({}, hks, hvs, pairs).ok());
+    const OpStatus s = CopyBlocks({}, dks, dvs, pairs);
+    ASSERT_TRUE(s.ok()) << s.message;
+    ASSERT_EQ(Sync(), "");
+    EXPECT_TRUE(BitEqual(dk.Download(), ToHalf(k, dtype))) << DTypeName(dtype);
+    EXPECT_TRUE(BitEqual(dv.Download(), ToHalf(v, dtype))) << DTypeName(dtype);
   }
 }
 

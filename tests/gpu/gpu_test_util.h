@@ -8,6 +8,8 @@
 #ifndef LLM_TESTS_GPU_GPU_TEST_UTIL_H_
 #define LLM_TESTS_GPU_GPU_TEST_UTIL_H_
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -128,25 +130,50 @@ inline ::testing::AssertionResult Close(const HostTensor& got, const HostTensor&
   return AllClose(got.data<float>(), AsDoubles(want), atol, rtol);
 }
 
-// Bit-for-bit equal (NaN positions included: both NaN at the same index count as equal, so
-// untouched poisoned regions can be compared too).
+// Bit-for-bit equal, element by element (NaN positions included: both NaN with the same bits
+// count as equal, so untouched poisoned regions can be compared too).
 inline ::testing::AssertionResult BitEqual(const HostTensor& got, const HostTensor& want) {
-  if (got.view().nbytes() != want.view().nbytes()) {
-    return ::testing::AssertionFailure() << "sizes differ";
+  if (got.view().dtype != want.view().dtype || got.numel() != want.numel()) {
+    return ::testing::AssertionFailure() << "dtypes or sizes differ: " << got.view().ToString()
+                                         << " vs " << want.view().ToString();
   }
-  const uint32_t* g = static_cast<const uint32_t*>(got.view().data);
-  const uint32_t* w = static_cast<const uint32_t*>(want.view().data);
-  const int64_t n = static_cast<int64_t>(got.view().nbytes() / 4);
-  for (int64_t i = 0; i < n; ++i) {
-    if (g[i] != w[i]) {
-      float gf, wf;
-      std::memcpy(&gf, &g[i], 4);
-      std::memcpy(&wf, &w[i], 4);
-      return ::testing::AssertionFailure() << "first difference at element " << i << " of " << n
-                                           << ": got " << gf << ", want " << wf;
+  const size_t size = DTypeSize(got.view().dtype);
+  const char* g = static_cast<const char*>(got.view().data);
+  const char* w = static_cast<const char*>(want.view().data);
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    if (std::memcmp(g + i * size, w + i * size, size) != 0) {
+      return ::testing::AssertionFailure()
+             << "first difference at element " << i << " of " << got.numel() << " ("
+             << DTypeName(got.view().dtype) << ")";
     }
   }
   return ::testing::AssertionSuccess();
+}
+
+// f32 `t` converted to f16 or bf16, rounding to nearest (as the CUDA cache writes do).
+inline HostTensor ToHalf(const HostTensor& t, DType dtype) {
+  HostTensor h(dtype, std::span<const int64_t>(t.view().shape.data(), t.view().ndim));
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const float v = t.data<float>()[i];
+    if (dtype == DType::kF16) {
+      h.data<__half>()[i] = __float2half_rn(v);
+    } else {
+      h.data<__nv_bfloat16>()[i] = __float2bfloat16_rn(v);
+    }
+  }
+  return h;
+}
+
+// f32 `t` with every element rounded through f16 or bf16: the values a half cache holds, as
+// f32 for the CPU reference.
+inline HostTensor RoundedThroughHalf(const HostTensor& t, DType dtype) {
+  HostTensor r = Clone(t);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const float v = t.data<float>()[i];
+    r.data<float>()[i] = dtype == DType::kF16 ? __half2float(__float2half_rn(v))
+                                              : __bfloat162float(__float2bfloat16_rn(v));
+  }
+  return r;
 }
 
 // The row counts every op is tried with: one token, odd sizes around a 16-wide tile, many.

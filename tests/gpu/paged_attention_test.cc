@@ -25,6 +25,8 @@ using gpu_testing::DeviceTensor;
 using gpu_testing::Indices;
 using gpu_testing::Poisoned;
 using gpu_testing::Random;
+using gpu_testing::RoundedThroughHalf;
+using gpu_testing::ToHalf;
 
 constexpr double kAtol = 1e-5, kRtol = 1e-4;
 
@@ -52,8 +54,10 @@ struct Batch {
   }
 };
 
+// cache_dtype f16 or bf16: the host caches (the CPU reference's) hold the values rounded
+// through that dtype, and the device caches hold them in it.
 Batch MakeBatch(const std::vector<SeqSpec>& seqs, const Shape& shape, std::mt19937& rng,
-                float q_range = 1.0f) {
+                float q_range = 1.0f, DType cache_dtype = DType::kF32) {
   const int64_t bs = shape.block_size;
   const int64_t num_seqs = static_cast<int64_t>(seqs.size());
   int64_t num_tokens = 0, total_blocks = 0, max_blocks = 1;
@@ -95,8 +99,15 @@ Batch MakeBatch(const std::vector<SeqSpec>& seqs, const Shape& shape, std::mt199
   b.query_start_loc = Indices(qsl, DType::kI32);
   b.max_seq_len = max_len;
   b.d_query = DeviceTensor(b.query);
-  b.d_key_cache = DeviceTensor(b.key_cache);
-  b.d_value_cache = DeviceTensor(b.value_cache);
+  if (cache_dtype == DType::kF32) {
+    b.d_key_cache = DeviceTensor(b.key_cache);
+    b.d_value_cache = DeviceTensor(b.value_cache);
+  } else {
+    b.key_cache = RoundedThroughHalf(b.key_cache, cache_dtype);
+    b.value_cache = RoundedThroughHalf(b.value_cache, cache_dtype);
+    b.d_key_cache = DeviceTensor(ToHalf(b.key_cache, cache_dtype));
+    b.d_value_cache = DeviceTensor(ToHalf(b.value_cache, cache_dtype));
+  }
   b.d_block_tables = DeviceTensor(b.block_tables);
   b.d_seq_lens = DeviceTensor(b.seq_lens);
   b.d_qsl = DeviceTensor(b.query_start_loc);
@@ -186,6 +197,21 @@ TEST_F(CudaPagedAttention, PrefillAndMixedBatchesMatchCpu) {
     for (size_t i = 0; i < batches.size(); ++i) {
       SCOPED_TRACE(Describe(shape) + ", batch " + std::to_string(i));
       const Batch b = MakeBatch(batches[i], shape, rng);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(shape.head_size));
+      ExpectAllVersionsMatch(b, scale, Reference(b, scale));
+    }
+  }
+}
+
+// f16 and bf16 caches, read into fp32: against the CPU op on the same values in f32, so the
+// tolerance stays fp32's.
+TEST_F(CudaPagedAttention, HalfCachesMatchCpuOnTheSameValues) {
+  std::mt19937 rng(607);
+  const std::vector<SeqSpec> batch = {{1, 1}, {1, 17}, {1, 1000}, {15, 47}, {1, 2049}};
+  for (const DType dtype : {DType::kF16, DType::kBF16}) {
+    for (const Shape& shape : {Shape{32, 8, 128, 16}, Shape{8, 2, 64, 32}}) {
+      SCOPED_TRACE(Describe(shape) + ", " + DTypeName(dtype));
+      const Batch b = MakeBatch(batch, shape, rng, 1.0f, dtype);
       const float scale = 1.0f / std::sqrt(static_cast<float>(shape.head_size));
       ExpectAllVersionsMatch(b, scale, Reference(b, scale));
     }

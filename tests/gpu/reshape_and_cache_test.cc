@@ -14,6 +14,8 @@ using gpu_testing::CudaTest;
 using gpu_testing::DeviceTensor;
 using gpu_testing::Indices;
 using gpu_testing::Random;
+using gpu_testing::RoundedThroughHalf;
+using gpu_testing::ToHalf;
 
 class CudaReshapeAndCache : public CudaTest {};
 
@@ -52,6 +54,43 @@ TEST_F(CudaReshapeAndCache, MatchesCpuWithPaddingForEveryShape) {
           EXPECT_TRUE(BitEqual(d_vc.Download(), value_cache));
         }
       }
+    }
+  }
+}
+
+// f16 and bf16 caches: the f32 keys and values are rounded to nearest. Reference: the CPU op
+// on f32 caches holding the same (half-representable) values, converted to half afterwards;
+// bit-equal.
+TEST_F(CudaReshapeAndCache, HalfCachesHoldTheKeysRoundedToNearest) {
+  std::mt19937 rng(503);
+  for (const DType dtype : {DType::kF16, DType::kBF16}) {
+    for (const int64_t num_tokens : gpu_testing::kTokenCounts) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << ", tokens " << num_tokens);
+      constexpr int64_t kBlockSize = 16, kKvHeads = 8, kHeadSize = 128;
+      const int64_t num_blocks = (num_tokens + kBlockSize - 1) / kBlockSize + 2;
+      std::vector<int64_t> slots(num_blocks * kBlockSize);
+      std::iota(slots.begin(), slots.end(), 0);
+      std::shuffle(slots.begin(), slots.end(), rng);
+      slots.resize(num_tokens);
+      for (int64_t t = 5; t < num_tokens; t += 11) slots[t] = -1;
+      HostTensor slot_mapping = Indices(slots, DType::kI64);
+      HostTensor key = Random({num_tokens, kKvHeads, kHeadSize}, rng, -3.0f, 3.0f);
+      HostTensor value = Random({num_tokens, kKvHeads, kHeadSize}, rng, -3.0f, 3.0f);
+      HostTensor key_cache =
+          RoundedThroughHalf(Random({num_blocks, kBlockSize, kKvHeads, kHeadSize}, rng), dtype);
+      HostTensor value_cache =
+          RoundedThroughHalf(Random({num_blocks, kBlockSize, kKvHeads, kHeadSize}, rng), dtype);
+      DeviceTensor d_key(key), d_value(value), d_slots(slot_mapping);
+      DeviceTensor d_kc(ToHalf(key_cache, dtype)), d_vc(ToHalf(value_cache, dtype));
+      ASSERT_TRUE(ReshapeAndCache({}, key.view(), value.view(), key_cache.view(),
+                                  value_cache.view(), slot_mapping.view())
+                      .ok());
+      const OpStatus s = ReshapeAndCache({}, d_key.view(), d_value.view(), d_kc.view(), d_vc.view(),
+                                         d_slots.view());
+      ASSERT_TRUE(s.ok()) << s.message;
+      ASSERT_EQ(Sync(), "");
+      EXPECT_TRUE(BitEqual(d_kc.Download(), ToHalf(key_cache, dtype)));
+      EXPECT_TRUE(BitEqual(d_vc.Download(), ToHalf(value_cache, dtype)));
     }
   }
 }

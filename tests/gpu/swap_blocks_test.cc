@@ -16,6 +16,8 @@ using gpu_testing::Clone;
 using gpu_testing::CudaTest;
 using gpu_testing::DeviceTensor;
 using gpu_testing::Random;
+using gpu_testing::RoundedThroughHalf;
+using gpu_testing::ToHalf;
 
 class CudaSwapBlocks : public CudaTest {};
 
@@ -87,6 +89,29 @@ TEST_F(CudaSwapBlocks, SwapOutSwapInAndDeviceToDeviceMatchCpu) {
     ASSERT_TRUE(s.ok()) << s.message;
     ASSERT_EQ(Sync(), "");
     EXPECT_TRUE(BitEqual(d_dst.Download(), want));
+  }
+}
+
+// A bf16 / f16 cache swaps out to and back in from pinned memory of its dtype.
+TEST_F(CudaSwapBlocks, HalfCachesSwapOutAndInMatchCpu) {
+  std::mt19937 rng(803);
+  for (const DType dtype : {DType::kF16, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    HostTensor gpu_cache = RoundedThroughHalf(Random({5, 32, 8, 128}, rng), dtype);
+    HostTensor cpu_cache = RoundedThroughHalf(Random({4, 32, 8, 128}, rng), dtype);
+    const std::vector<BlockPair> out_pairs = {{4, 0}, {1, 2}};
+    const std::vector<BlockPair> in_pairs = {{2, 3}};
+    DeviceTensor d_gpu(ToHalf(gpu_cache, dtype));
+    PinnedTensor pinned(ToHalf(cpu_cache, dtype));
+    ASSERT_TRUE(SwapBlocks({}, gpu_cache.view(), cpu_cache.view(), out_pairs).ok());
+    ASSERT_TRUE(SwapBlocks({}, cpu_cache.view(), gpu_cache.view(), in_pairs).ok());
+    OpStatus s = SwapBlocks({}, d_gpu.view(), pinned.view(), out_pairs);
+    ASSERT_TRUE(s.ok()) << s.message;
+    s = SwapBlocks({}, pinned.view(), d_gpu.view(), in_pairs);
+    ASSERT_TRUE(s.ok()) << s.message;
+    ASSERT_EQ(Sync(), "");
+    EXPECT_TRUE(BitEqual(pinned.Copy(), ToHalf(cpu_cache, dtype)));
+    EXPECT_TRUE(BitEqual(d_gpu.Download(), ToHalf(gpu_cache, dtype)));
   }
 }
 
