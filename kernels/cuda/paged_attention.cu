@@ -1,10 +1,15 @@
 // Paged attention on CUDA for a batch that mixes prefill chunks and decode tokens.
 //
-// Every query row t is a row of these kernels, whatever its sequence's q_len: t belongs to
-// sequence s with query_start_loc[s] <= t < query_start_loc[s + 1] (binary search), is its
-// j-th query token, sits at position p = seq_lens[s] - q_len + j and attends to the
-// ctx = p + 1 keys at positions 0 .. p. A decode row is one sequence; a prefill chunk is
-// q_len rows that each read their (growing) causal prefix of the cache.
+// Query row t belongs to sequence s with query_start_loc[s] <= t < query_start_loc[s + 1], is
+// its j-th query token, sits at position p = seq_lens[s] - q_len + j and attends to the
+// ctx = p + 1 keys at positions 0 .. p.
+//
+// The row kernels (v1, v2) take any row, each on its own (binary search of query_start_loc
+// for its sequence): with kV1 / kV2 they take every row, prefill chunks included (each row
+// then reads its causal prefix of the cache on its own). With kAuto they take the rows of
+// sequences with q_len == 1 (decode) and PrefillAttentionKernel (below) the rows of sequences
+// with q_len > 1, in tiles of 16 rows that share each K and V load. Both kernels are launched:
+// the host does not know the q_lens without a synchronization, and each skips the other's rows.
 //
 // v1: one thread block per (row t, query head h) over positions 0 .. ctx - 1.
 // v2 (split-K): one thread block per (row, head, partition z) over positions
@@ -57,6 +62,7 @@ struct Params {
   int block_size;
   int64_t num_blocks;
   int max_partitions;  // v2
+  bool prefill_tiled;  // rows of sequences with q_len > 1 are the tiled prefill kernel's
   float scale;
 };
 
@@ -65,6 +71,7 @@ struct Params {
 struct Row {
   int seq;
   int ctx;
+  bool multi;  // the sequence has more than one query row this step (a prefill chunk)
 };
 
 __device__ __forceinline__ Row FindRow(const Params& p, int64_t t) {
@@ -79,13 +86,14 @@ __device__ __forceinline__ Row FindRow(const Params& p, int64_t t) {
     }
   }
   const int64_t begin = qsl[lo], end = qsl[lo + 1];
-  if (t < begin || t >= end) return {lo, -1};
+  if (t < begin || t >= end) return {lo, -1, false};
   const int64_t q_len = end - begin;
+  const bool multi = q_len > 1;
   const int64_t ctx = p.seq_lens[lo] - q_len + (t - begin) + 1;
   if (ctx <= 0 || ctx > INT32_MAX || ctx > static_cast<int64_t>(p.max_blocks) * p.block_size) {
-    return {lo, -1};
+    return {lo, -1, multi};
   }
-  return {lo, static_cast<int>(ctx)};
+  return {lo, static_cast<int>(ctx), multi};
 }
 
 // The cache offset of (pos, kvh) for sequence table `table`, or -1 when the block id is bad.
@@ -114,6 +122,7 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionKernel(Params p) {
   const int h = blockIdx.y;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const Row row = FindRow(p, t);
+  if (p.prefill_tiled && row.multi) return;      // PrefillAttentionKernel's row
   const int64_t head_row = t * p.num_heads + h;  // index of (t, h)
 
   int start = 0, end = row.ctx;
@@ -226,6 +235,7 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionReduceKernel(Params p)
   const int64_t head_row = t * p.num_heads + h;
   float* o = p.out + head_row * kHeadSize;  // out[t][h][:]
   const Row row = FindRow(p, t);
+  if (p.prefill_tiled && row.multi) return;  // PrefillAttentionKernel's row
   const int num_parts = row.ctx < 0 ? -1 : (row.ctx + kChunk - 1) / kChunk;
   if (num_parts <= 0 || num_parts > p.max_partitions) {
     o[d] = NAN;
@@ -243,6 +253,137 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionReduceKernel(Params p)
   o[d] = acc / sum;
 }
 
+// The tiled prefill kernel (kAuto): the rows of sequences with q_len > 1, one thread block per
+// (tile of kTileQ consecutive query rows of one sequence, query head), grid
+// (ceil(T / kTileQ) + S, Hq): enough tiles for any split of the T rows into sequences; the
+// surplus blocks exit. Flash-attention style: the tile's queries stay in shared memory while
+// K and V come through the block table kTileK positions at a time, with an online softmax
+// per row and the causal mask key position <= p_r = seq_len - q_len + j0 + r:
+//   s[r][c] = scale q[t0 + r][h][:] . K[k0 + c][kvh][:]   (-inf where masked)
+//   m'[r] = max(m[r], max_c s[r][c]);  P[r][c] = e^(s[r][c] - m'[r]);
+//   l[r] = l[r] e^(m[r] - m'[r]) + sum_c P[r][c];  O[r][:] = O[r][:] e^(m[r] - m'[r]) + P[r] V
+// and out[t0 + r][h][:] = O[r][:] / l[r]. Each K and V is read once per kTileQ rows instead of
+// once per row.
+constexpr int kTileQ = 16, kTileK = 32;
+
+template <typename CacheT, int kHeadSize>
+__global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(Params p) {
+  constexpr int kOutPerThread = kTileQ * kHeadSize / kThreads;  // O[r][d], e = tid + i kThreads
+  __shared__ float q_s[kTileQ][kHeadSize];
+  __shared__ float k_s[kTileK][kHeadSize + 1];  // +1: the score loop reads k_s[c][d], c = lane
+  __shared__ float v_s[kTileK][kHeadSize];
+  __shared__ float s_s[kTileQ][kTileK + 1];
+  __shared__ float m_s[kTileQ], l_s[kTileQ], corr_s[kTileQ];
+  const CacheT* key_cache = static_cast<const CacheT*>(p.key_cache);
+  const CacheT* value_cache = static_cast<const CacheT*>(p.value_cache);
+
+  // This block's tile: the blockIdx.x-th over the sequences with q_len > 1, in order.
+  int tile = blockIdx.x, seq = -1, q_len = 0;
+  int64_t begin = 0;
+  for (int s = 0; s < p.num_seqs; ++s) {
+    const int64_t b = p.query_start_loc[s], n = p.query_start_loc[s + 1] - b;
+    if (n <= 1) continue;  // decode rows (and bad lengths) are the row kernel's
+    const int64_t tiles = (n + kTileQ - 1) / kTileQ;
+    if (tile < tiles) {
+      seq = s;
+      begin = b;
+      q_len = static_cast<int>(n);
+      break;
+    }
+    tile -= static_cast<int>(tiles);
+  }
+  if (seq < 0) return;
+  const int h = blockIdx.y;
+  const int j0 = tile * kTileQ;
+  const int rows = min(kTileQ, q_len - j0);
+  const int64_t first_pos = static_cast<int64_t>(p.seq_lens[seq]) - q_len + j0;  // p of row 0
+  const int64_t last_pos = first_pos + rows - 1;
+  float* out = p.out + ((begin + j0) * p.num_heads + h) * kHeadSize;  // out[t0][h][:]
+  const int64_t out_row = static_cast<int64_t>(p.num_heads) * kHeadSize;
+  if (first_pos < 0 || last_pos >= INT32_MAX ||
+      last_pos >= static_cast<int64_t>(p.max_blocks) * p.block_size) {
+    for (int e = threadIdx.x; e < rows * kHeadSize; e += kThreads) {
+      out[(e / kHeadSize) * out_row + e % kHeadSize] = NAN;
+    }
+    return;
+  }
+  const int kvh = h / (p.num_heads / p.num_kv_heads);
+  const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks;
+  const float* q = p.query + ((begin + j0) * p.num_heads + h) * kHeadSize;  // q[t0][h][:]
+  for (int e = threadIdx.x; e < kTileQ * kHeadSize; e += kThreads) {
+    const int r = e / kHeadSize, d = e % kHeadSize;
+    q_s[r][d] = r < rows ? q[r * out_row + d] * p.scale : 0.0f;
+  }
+  if (threadIdx.x < kTileQ) {
+    m_s[threadIdx.x] = -INFINITY;
+    l_s[threadIdx.x] = 0.0f;
+  }
+  float o[kOutPerThread];
+#pragma unroll
+  for (int i = 0; i < kOutPerThread; ++i) o[i] = 0.0f;
+
+  for (int64_t k0 = 0; k0 <= last_pos; k0 += kTileK) {
+    __syncthreads();  // the previous tile's reads of k_s, v_s, s_s and corr_s are done
+    for (int e = threadIdx.x; e < kTileK * kHeadSize; e += kThreads) {
+      const int c = e / kHeadSize, d = e % kHeadSize;
+      const int64_t pos = k0 + c;
+      float kv = 0.0f, vv = 0.0f;
+      if (pos <= last_pos) {
+        const int64_t off = CacheOffset<kHeadSize>(p, table, static_cast<int>(pos), kvh);
+        kv = off >= 0 ? cuda_internal::ToFloat(key_cache[off + d]) : NAN;
+        vv = off >= 0 ? cuda_internal::ToFloat(value_cache[off + d]) : NAN;
+      }
+      k_s[c][d] = kv;
+      v_s[c][d] = vv;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < kTileQ * kTileK; e += kThreads) {
+      const int r = e / kTileK, c = e % kTileK;
+      float score = -INFINITY;
+      if (r < rows && k0 + c <= first_pos + r) {
+        score = 0.0f;
+#pragma unroll 8
+        for (int d = 0; d < kHeadSize; ++d) score += q_s[r][d] * k_s[c][d];
+      }
+      s_s[r][c] = score;
+    }
+    __syncthreads();
+    if (threadIdx.x < kTileQ) {
+      const int r = threadIdx.x;
+      float m_new = m_s[r];
+      for (int c = 0; c < kTileK; ++c) m_new = fmaxf(m_new, s_s[r][c]);
+      // A row with no key yet (only padding rows r >= rows) keeps m = -inf and P = 0.
+      const bool none = m_new == -INFINITY;
+      const float corr = none ? 1.0f : expf(m_s[r] - m_new);  // 0 on the first tile
+      float sum = 0.0f;
+      for (int c = 0; c < kTileK; ++c) {
+        const float e = none ? 0.0f : expf(s_s[r][c] - m_new);  // masked: e^-inf = 0
+        s_s[r][c] = e;
+        sum += e;
+      }
+      l_s[r] = l_s[r] * corr + sum;
+      m_s[r] = m_new;
+      corr_s[r] = corr;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kOutPerThread; ++i) {
+      const int e = threadIdx.x + i * kThreads;
+      const int r = e / kHeadSize, d = e % kHeadSize;
+      float acc = o[i] * corr_s[r];
+#pragma unroll 8
+      for (int c = 0; c < kTileK; ++c) acc += s_s[r][c] * v_s[c][d];
+      o[i] = acc;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kOutPerThread; ++i) {
+    const int e = threadIdx.x + i * kThreads;
+    const int r = e / kHeadSize, d = e % kHeadSize;
+    if (r < rows) out[r * out_row + d] = o[i] / l_s[r];
+  }
+}
+
 template <typename CacheT, int kHeadSize>
 OpStatus Launch(cudaStream_t stream, const Params& params, int64_t num_tokens, bool v2) {
   constexpr const char* kOp = "PagedAttention";
@@ -251,13 +392,20 @@ OpStatus Launch(cudaStream_t stream, const Params& params, int64_t num_tokens, b
   if (!v2) {
     PagedAttentionKernel<CacheT, kHeadSize, false><<<grid, kThreads, 0, stream>>>(params);
     LLM_CUDA_OP_CHECK_LAUNCH(kOp);
-    return OpStatus::Ok();
+  } else {
+    PagedAttentionKernel<CacheT, kHeadSize, true><<<grid, kThreads, 0, stream>>>(params);
+    LLM_CUDA_OP_CHECK_LAUNCH(kOp);
+    const dim3 reduce_grid(grid.x, grid.y);
+    PagedAttentionReduceKernel<kHeadSize><<<reduce_grid, kThreads, 0, stream>>>(params);
+    LLM_CUDA_OP_CHECK_LAUNCH(kOp);
   }
-  PagedAttentionKernel<CacheT, kHeadSize, true><<<grid, kThreads, 0, stream>>>(params);
-  LLM_CUDA_OP_CHECK_LAUNCH(kOp);
-  const dim3 reduce_grid(grid.x, grid.y);
-  PagedAttentionReduceKernel<kHeadSize><<<reduce_grid, kThreads, 0, stream>>>(params);
-  LLM_CUDA_OP_CHECK_LAUNCH(kOp);
+  if (params.prefill_tiled) {
+    // At most ceil(q_len / kTileQ) <= q_len / kTileQ + 1 tiles per sequence.
+    const int64_t tiles = (num_tokens + kTileQ - 1) / kTileQ + params.num_seqs;
+    const dim3 tile_grid(static_cast<unsigned>(tiles), grid.y);
+    PrefillAttentionKernel<CacheT, kHeadSize><<<tile_grid, kThreads, 0, stream>>>(params);
+    LLM_CUDA_OP_CHECK_LAUNCH(kOp);
+  }
   return OpStatus::Ok();
 }
 
@@ -302,8 +450,8 @@ OpStatus PagedAttention(void* stream, const TensorView& out, const TensorView& q
   if (num_seqs == 0) {
     return cuda_internal::Error(kOp, std::to_string(num_tokens) + " query tokens but no sequences");
   }
-  if (num_tokens > cuda_internal::kMaxGridX || num_heads > cuda_internal::kMaxGridYZ ||
-      num_seqs > INT32_MAX || max_blocks > INT32_MAX) {
+  if (num_tokens > cuda_internal::kMaxGridX - num_seqs - 1 ||
+      num_heads > cuda_internal::kMaxGridYZ || num_seqs > INT32_MAX || max_blocks > INT32_MAX) {
     return cuda_internal::Error(kOp,
                                 "too many tokens, heads, sequences or blocks per sequence "
                                 "for one launch");
@@ -339,6 +487,8 @@ OpStatus PagedAttention(void* stream, const TensorView& out, const TensorView& q
   params.block_size = static_cast<int>(key_cache.shape[1]);
   params.num_blocks = key_cache.shape[0];
   params.scale = scale;
+  // kAuto: prefill chunks (q_len > 1) go to the tiled kernel, the other rows to v1 or v2.
+  params.prefill_tiled = version == PagedAttentionVersion::kAuto;
   const cudaStream_t s = cuda_internal::AsStream(stream);
   if (!v2) return LaunchForDType(s, params, key_cache.dtype, num_tokens, head_size, false);
 

@@ -1,6 +1,7 @@
-// PagedAttention on CUDA (v1, v2 and the automatic choice through kernels/ops.h) against the
-// CPU op, on batches of decode rows, prefill chunks (with and without cached context) and
-// both mixed, for head sizes 64 and 128, block sizes 16 and 32, MHA, GQA and MQA.
+// PagedAttention on CUDA (v1 and v2 for every row, and the automatic choice through
+// kernels/ops.h, which sends prefill chunks to the tiled prefill kernel) against the CPU op, on
+// batches of decode rows, prefill chunks (with and without cached context) and both mixed, for head
+// sizes 64 and 128, block sizes 16 and 32, MHA, GQA and MQA.
 //
 // Every cache is NaN except the positions each sequence owns, block tables are scattered by
 // a random permutation with -1 past each sequence's last block, and the output is poisoned
