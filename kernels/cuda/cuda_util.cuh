@@ -34,6 +34,17 @@ inline OpStatus Error(const char* op, const std::string& message) {
   return OpStatus::Error(std::string(op) + ": " + message);
 }
 
+// The calling thread's current device must be the tensors' (launches and copies go to the
+// current device; a kernel reading another device's memory would fault instead of failing).
+inline OpStatus CheckCurrentDevice(const char* op, const TensorDevice& device) {
+  int current = -1;
+  LLM_CUDA_OP_RETURN_IF_ERROR(op, cudaGetDevice(&current));
+  if (current == device.ordinal) return OpStatus::Ok();
+  return Error(op, "tensors are on cuda:" + std::to_string(device.ordinal) +
+                       " but the calling thread's current device is cuda:" +
+                       std::to_string(current) + " (cudaSetDevice first)");
+}
+
 // An index tensor's data, read as i64 whatever its width.
 struct IndexPtr {
   const void* data;

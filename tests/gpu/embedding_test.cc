@@ -63,5 +63,17 @@ TEST_F(CudaEmbedding, OutOfRangeIdGivesANanRowAndNothingElseChanges) {
   }
 }
 
+// Tensors on another device than the thread's current one are an error, not a fault.
+TEST_F(CudaEmbedding, TensorsOnAnotherDeviceThanTheCurrentOneAreAnError) {
+  std::mt19937 rng(103);
+  DeviceTensor table(Random({10, 32}, rng)), ids(Indices({1, 2}, DType::kI32));
+  DeviceTensor out(Poisoned({2, 32}));
+  TensorView t = table.view(), i = ids.view(), o = out.view();
+  t.device = i.device = o.device = TensorDevice::Cuda(1);
+  EXPECT_EQ(Embedding({}, o, i, t).message,
+            "Embedding: tensors are on cuda:1 but the calling thread's current device is cuda:0 "
+            "(cudaSetDevice first)");
+}
+
 }  // namespace
 }  // namespace llm::ops
