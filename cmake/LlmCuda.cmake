@@ -13,7 +13,13 @@ if(NOT LLM_CUDA STREQUAL "OFF")
     set(CMAKE_CUDA_ARCHITECTURES "${LLM_CUDA_ARCHITECTURES}")
     enable_language(CUDA)
     find_package(CUDAToolkit REQUIRED)
-    set(CMAKE_CUDA_STANDARD 17)
+    # C++20: CUDA sources include kernels/tensor.h and kernels/ops.h (std::span). CMake 3.25
+    # does not know nvcc's C++20 flag (nvcc has it since 12.0), so it is told here.
+    if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    endif()
+    set(CMAKE_CUDA_STANDARD 20)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     # NCCL ships inside the CUDA toolkit's lib directory on our machines.
     find_path(LLM_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} ENV NCCL_HOME

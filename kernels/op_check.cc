@@ -73,7 +73,7 @@ OpStatus CheckSameDevice(const char* op, std::initializer_list<NamedView> args,
 
 OpStatus NoBackend(const char* op, const TensorDevice& device) {
   return Error(op, "no backend for tensors on " + device.ToString() +
-                       " in this build (CUDA ops are not implemented yet)");
+                       " in this build (built without the CUDA backend: no nvcc, or LLM_CUDA=OFF)");
 }
 
 }  // namespace llm::ops::internal

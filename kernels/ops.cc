@@ -1,5 +1,6 @@
 // The op dispatchers: check every argument's rank, shape, dtype, contiguity and device, then
-// run the backend of the tensors' device.
+// run the backend of the tensors' device: kernels/cpu for cpu tensors, kernels/cuda for cuda
+// tensors when the build has the CUDA backend (LLM_WITH_CUDA), else an error.
 #include "kernels/ops.h"
 
 #include <cmath>
@@ -10,6 +11,9 @@
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/op_check.h"
+#ifdef LLM_WITH_CUDA
+#include "kernels/cuda/cuda_ops.h"
+#endif
 
 namespace llm::ops {
 
@@ -24,6 +28,8 @@ namespace {
 constexpr DType kF32 = DType::kF32;
 constexpr DType kI32 = DType::kI32;
 constexpr DType kI64 = DType::kI64;
+constexpr DType kF16 = DType::kF16;
+constexpr DType kBF16 = DType::kBF16;
 
 #define LLM_OPS_RETURN_IF_ERROR(expr) \
   do {                                \
@@ -31,9 +37,16 @@ constexpr DType kI64 = DType::kI64;
     if (!_s.ok()) return _s;          \
   } while (0)
 
+// KV caches may be f16 or bf16 on cuda; the CPU backend (the fp32 reference) takes f32 only.
+OpStatus CheckCpuCache(const char* op, const char* arg, const TensorView& cache) {
+  if (cache.dtype == kF32) return OpStatus::Ok();
+  return Error(op,
+               std::string(arg) + ": the CPU backend takes f32 caches, got " + cache.ToString());
+}
+
 }  // namespace
 
-OpStatus Embedding(const OpContext& /*ctx*/, const TensorView& out, const TensorView& token_ids,
+OpStatus Embedding(const OpContext& ctx, const TensorView& out, const TensorView& token_ids,
                    const TensorView& table) {
   constexpr const char* kOp = "Embedding";
   LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "token_ids", token_ids, {kI32, kI64}, {kAny}));
@@ -42,11 +55,14 @@ OpStatus Embedding(const OpContext& /*ctx*/, const TensorView& out, const Tensor
   TensorDevice device;
   LLM_OPS_RETURN_IF_ERROR(
       CheckSameDevice(kOp, {{"out", &out}, {"token_ids", &token_ids}, {"table", &table}}, &device));
+#ifdef LLM_WITH_CUDA
+  if (device.is_cuda()) return cuda::Embedding(ctx.stream, out, token_ids, table);
+#endif
   if (!device.is_cpu()) return NoBackend(kOp, device);
   return cpu::Embedding(out, token_ids, table);
 }
 
-OpStatus RmsNorm(const OpContext& /*ctx*/, const TensorView& out, const TensorView& x,
+OpStatus RmsNorm(const OpContext& ctx, const TensorView& out, const TensorView& x,
                  const TensorView& weight, float eps) {
   constexpr const char* kOp = "RmsNorm";
   LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "x", x, {kF32}, {kAny, kAny}));
@@ -56,11 +72,14 @@ OpStatus RmsNorm(const OpContext& /*ctx*/, const TensorView& out, const TensorVi
   TensorDevice device;
   LLM_OPS_RETURN_IF_ERROR(
       CheckSameDevice(kOp, {{"out", &out}, {"x", &x}, {"weight", &weight}}, &device));
+#ifdef LLM_WITH_CUDA
+  if (device.is_cuda()) return cuda::RmsNorm(ctx.stream, out, x, weight, eps);
+#endif
   if (!device.is_cpu()) return NoBackend(kOp, device);
   return cpu::RmsNorm(out, x, weight, eps);
 }
 
-OpStatus FusedAddRmsNorm(const OpContext& /*ctx*/, const TensorView& x, const TensorView& residual,
+OpStatus FusedAddRmsNorm(const OpContext& ctx, const TensorView& x, const TensorView& residual,
                          const TensorView& weight, float eps) {
   constexpr const char* kOp = "FusedAddRmsNorm";
   LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "x", x, {kF32}, {kAny, kAny}));
@@ -70,6 +89,9 @@ OpStatus FusedAddRmsNorm(const OpContext& /*ctx*/, const TensorView& x, const Te
   TensorDevice device;
   LLM_OPS_RETURN_IF_ERROR(
       CheckSameDevice(kOp, {{"x", &x}, {"residual", &residual}, {"weight", &weight}}, &device));
+#ifdef LLM_WITH_CUDA
+  if (device.is_cuda()) return cuda::FusedAddRmsNorm(ctx.stream, x, residual, weight, eps);
+#endif
   if (!device.is_cpu()) return NoBackend(kOp, device);
   return cpu::FusedAddRmsNorm(x, residual, weight, eps);
 }
@@ -126,8 +148,8 @@ OpStatus ComputeRopeInvFreq(const RopeConfig& config, std::span<double> inv_freq
   return OpStatus::Ok();
 }
 
-OpStatus RotaryEmbedding(const OpContext& /*ctx*/, const TensorView& positions,
-                         const TensorView& query, const TensorView& key, const RopeConfig& config) {
+OpStatus RotaryEmbedding(const OpContext& ctx, const TensorView& positions, const TensorView& query,
+                         const TensorView& key, const RopeConfig& config) {
   constexpr const char* kOp = "RotaryEmbedding";
   LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "positions", positions, {kI32, kI64}, {kAny}));
   const int64_t num_tokens = positions.shape[0];
@@ -142,13 +164,21 @@ OpStatus RotaryEmbedding(const OpContext& /*ctx*/, const TensorView& positions,
   TensorDevice device;
   LLM_OPS_RETURN_IF_ERROR(
       CheckSameDevice(kOp, {{"positions", &positions}, {"query", &query}, {"key", &key}}, &device));
-  if (!device.is_cpu()) return NoBackend(kOp, device);
+  if (!device.is_cpu() && !device.is_cuda()) return NoBackend(kOp, device);
   std::vector<double> inv_freq(rotary_dim / 2);
   LLM_OPS_RETURN_IF_ERROR(ComputeRopeInvFreq(config, inv_freq));
+  if (device.is_cuda()) {
+#ifdef LLM_WITH_CUDA
+    return cuda::RotaryEmbedding(ctx.stream, positions, query, key, inv_freq,
+                                 static_cast<int>(rotary_dim));
+#else
+    return NoBackend(kOp, device);
+#endif
+  }
   return cpu::RotaryEmbedding(positions, query, key, inv_freq, static_cast<int>(rotary_dim));
 }
 
-OpStatus SiluAndMul(const OpContext& /*ctx*/, const TensorView& out, const TensorView& x) {
+OpStatus SiluAndMul(const OpContext& ctx, const TensorView& out, const TensorView& x) {
   constexpr const char* kOp = "SiluAndMul";
   LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "x", x, {kF32}, {kAny, kAny}));
   if (x.shape[1] % 2 != 0) {
@@ -157,6 +187,9 @@ OpStatus SiluAndMul(const OpContext& /*ctx*/, const TensorView& out, const Tenso
   LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "out", out, {kF32}, {x.shape[0], x.shape[1] / 2}));
   TensorDevice device;
   LLM_OPS_RETURN_IF_ERROR(CheckSameDevice(kOp, {{"out", &out}, {"x", &x}}, &device));
+#ifdef LLM_WITH_CUDA
+  if (device.is_cuda()) return cuda::SiluAndMul(ctx.stream, out, x);
+#endif
   if (!device.is_cpu()) return NoBackend(kOp, device);
   return cpu::SiluAndMul(out, x);
 }
@@ -183,16 +216,17 @@ OpStatus Linear(const OpContext& /*ctx*/, const TensorView& out, const TensorVie
   return cpu::Linear(out, x, weight, bias);
 }
 
-OpStatus ReshapeAndCache(const OpContext& /*ctx*/, const TensorView& key, const TensorView& value,
+OpStatus ReshapeAndCache(const OpContext& ctx, const TensorView& key, const TensorView& value,
                          const TensorView& key_cache, const TensorView& value_cache,
                          const TensorView& slot_mapping) {
   constexpr const char* kOp = "ReshapeAndCache";
   LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "slot_mapping", slot_mapping, {kI32, kI64}, {kAny}));
   const int64_t num_tokens = slot_mapping.shape[0];
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "key_cache", key_cache, {kF32}, {kAny, kAny, kAny, kAny}));
+  LLM_OPS_RETURN_IF_ERROR(
+      CheckArg(kOp, "key_cache", key_cache, {kF32, kF16, kBF16}, {kAny, kAny, kAny, kAny}));
   const int64_t num_blocks = key_cache.shape[0], block_size = key_cache.shape[1];
   const int64_t num_kv_heads = key_cache.shape[2], head_size = key_cache.shape[3];
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "value_cache", value_cache, {kF32},
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "value_cache", value_cache, {key_cache.dtype},
                                    {num_blocks, block_size, num_kv_heads, head_size}));
   LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "key", key, {kF32}, {num_tokens, num_kv_heads, head_size}));
   LLM_OPS_RETURN_IF_ERROR(
@@ -205,11 +239,16 @@ OpStatus ReshapeAndCache(const OpContext& /*ctx*/, const TensorView& key, const 
                                            {"value_cache", &value_cache},
                                            {"slot_mapping", &slot_mapping}},
                                           &device));
+#ifdef LLM_WITH_CUDA
+  if (device.is_cuda())
+    return cuda::ReshapeAndCache(ctx.stream, key, value, key_cache, value_cache, slot_mapping);
+#endif
   if (!device.is_cpu()) return NoBackend(kOp, device);
+  LLM_OPS_RETURN_IF_ERROR(CheckCpuCache(kOp, "key_cache", key_cache));
   return cpu::ReshapeAndCache(key, value, key_cache, value_cache, slot_mapping);
 }
 
-OpStatus PagedAttention(const OpContext& /*ctx*/, const TensorView& out, const TensorView& query,
+OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const TensorView& query,
                         const TensorView& key_cache, const TensorView& value_cache,
                         const AttentionMetadata& metadata, float scale) {
   constexpr const char* kOp = "PagedAttention";
@@ -218,10 +257,10 @@ OpStatus PagedAttention(const OpContext& /*ctx*/, const TensorView& out, const T
   const int64_t head_size = query.shape[2];
   LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "out", out, {kF32}, {num_tokens, num_heads, head_size}));
   LLM_OPS_RETURN_IF_ERROR(
-      CheckArg(kOp, "key_cache", key_cache, {kF32}, {kAny, kAny, kAny, head_size}));
+      CheckArg(kOp, "key_cache", key_cache, {kF32, kF16, kBF16}, {kAny, kAny, kAny, head_size}));
   const int64_t num_blocks = key_cache.shape[0], block_size = key_cache.shape[1];
   const int64_t num_kv_heads = key_cache.shape[2];
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "value_cache", value_cache, {kF32},
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "value_cache", value_cache, {key_cache.dtype},
                                    {num_blocks, block_size, num_kv_heads, head_size}));
   if (block_size <= 0) return Error(kOp, "key_cache: block_size must be > 0");
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) {
@@ -247,11 +286,16 @@ OpStatus PagedAttention(const OpContext& /*ctx*/, const TensorView& out, const T
                                            {"metadata.seq_lens", &metadata.seq_lens},
                                            {"metadata.query_start_loc", &metadata.query_start_loc}},
                                           &device));
+#ifdef LLM_WITH_CUDA
+  if (device.is_cuda())
+    return cuda::PagedAttention(ctx.stream, out, query, key_cache, value_cache, metadata, scale);
+#endif
   if (!device.is_cpu()) return NoBackend(kOp, device);
+  LLM_OPS_RETURN_IF_ERROR(CheckCpuCache(kOp, "key_cache", key_cache));
   return cpu::PagedAttention(out, query, key_cache, value_cache, metadata, scale);
 }
 
-OpStatus CopyBlocks(const OpContext& /*ctx*/, std::span<const TensorView> key_caches,
+OpStatus CopyBlocks(const OpContext& ctx, std::span<const TensorView> key_caches,
                     std::span<const TensorView> value_caches, std::span<const BlockPair> pairs) {
   constexpr const char* kOp = "CopyBlocks";
   if (key_caches.size() != value_caches.size()) {
@@ -260,31 +304,43 @@ OpStatus CopyBlocks(const OpContext& /*ctx*/, std::span<const TensorView> key_ca
   }
   if (key_caches.empty()) return OpStatus::Ok();
   const TensorView& first = key_caches[0];
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "key_caches[0]", first, {kF32}, {kAny, kAny, kAny, kAny}));
+  LLM_OPS_RETURN_IF_ERROR(
+      CheckArg(kOp, "key_caches[0]", first, {kF32, kF16, kBF16}, {kAny, kAny, kAny, kAny}));
   for (size_t l = 0; l < key_caches.size(); ++l) {
     for (const TensorView* t : {&key_caches[l], &value_caches[l]}) {
       const std::string name = std::string(t == &key_caches[l] ? "key_caches[" : "value_caches[") +
                                std::to_string(l) + "]";
       LLM_OPS_RETURN_IF_ERROR(
-          CheckArg(kOp, name.c_str(), *t, {kF32},
+          CheckArg(kOp, name.c_str(), *t, {first.dtype},
                    {first.shape[0], first.shape[1], first.shape[2], first.shape[3]}));
       TensorDevice device;
       LLM_OPS_RETURN_IF_ERROR(
           CheckSameDevice(kOp, {{"key_caches[0]", &first}, {name.c_str(), t}}, &device));
     }
   }
+#ifdef LLM_WITH_CUDA
+  if (first.device.is_cuda()) return cuda::CopyBlocks(ctx.stream, key_caches, value_caches, pairs);
+#endif
   if (!first.device.is_cpu()) return NoBackend(kOp, first.device);
+  LLM_OPS_RETURN_IF_ERROR(CheckCpuCache(kOp, "key_caches[0]", first));
   return cpu::CopyBlocks(key_caches, value_caches, pairs);
 }
 
-OpStatus SwapBlocks(const OpContext& /*ctx*/, const TensorView& src, const TensorView& dst,
+OpStatus SwapBlocks(const OpContext& ctx, const TensorView& src, const TensorView& dst,
                     std::span<const BlockPair> pairs) {
   constexpr const char* kOp = "SwapBlocks";
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "src", src, {kF32}, {kAny, kAny, kAny, kAny}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "src", src, {kF32, kF16, kBF16}, {kAny, kAny, kAny, kAny}));
   LLM_OPS_RETURN_IF_ERROR(
-      CheckArg(kOp, "dst", dst, {kF32}, {kAny, src.shape[1], src.shape[2], src.shape[3]}));
+      CheckArg(kOp, "dst", dst, {src.dtype}, {kAny, src.shape[1], src.shape[2], src.shape[3]}));
+#ifdef LLM_WITH_CUDA
+  // Swap out (cuda -> cpu), swap in (cpu -> cuda) or between devices.
+  if (src.device.is_cuda() || dst.device.is_cuda()) {
+    return cuda::SwapBlocks(ctx.stream, src, dst, pairs);
+  }
+#endif
   if (!src.device.is_cpu()) return NoBackend(kOp, src.device);
   if (!dst.device.is_cpu()) return NoBackend(kOp, dst.device);
+  LLM_OPS_RETURN_IF_ERROR(CheckCpuCache(kOp, "src", src));
   return cpu::SwapBlocks(src, dst, pairs);
 }
 

@@ -1,15 +1,19 @@
 // The ops of the model, one backend-neutral signature each. Every op takes an OpContext
 // (where a backend finds its stream and handles), its output(s) first, then its inputs, all as
 // TensorViews; it checks ranks, shapes, dtypes, contiguity and devices, and dispatches on the
-// tensors' device: kernels/cpu/<op>.cc for cpu tensors (the reference), kernels/cuda for cuda
-// tensors (a later issue; until then a cuda tensor gets an error). Nothing is thrown and bad
+// tensors' device: kernels/cpu/<op>.cc for cpu tensors (the reference), kernels/cuda/<op>.cu for
+// cuda tensors in a build with the CUDA backend (else a cuda tensor gets an error; Linear has
+// no CUDA backend yet). Nothing is thrown and bad
 // arguments never crash: a failure returns an OpStatus whose message names the op, the
 // argument, what was expected and what was given, e.g.
 //   "RmsNorm: weight: expected f32 [4096], got f32 [4095] on cpu".
 //
 // Tensors are fp32 (activations, weights, KV cache) and int32 or int64 (indices) for now, and
-// contiguous. Index tensors named below as "i32" must be i32; "index" tensors may be i32 or
-// i64. An op's output must not overlap its inputs unless the op says it may.
+// contiguous. On cuda the KV caches may also be f16 or bf16 (both caches the same dtype): the
+// cache ops round f32 keys and values to nearest when writing and PagedAttention reads them
+// into fp32; the CPU backend takes f32 caches only. Index tensors named below as "i32" must be i32;
+// "index" tensors may be i32 or i64. An op's output must not overlap its inputs unless the op says
+// it may.
 //
 // Layouts, by index (T tokens of this step, S sequences, H hidden size, D head size):
 //   hidden states        x[t][h]                                   [T, H]
@@ -43,9 +47,10 @@ struct [[nodiscard]] OpStatus {
   static OpStatus Error(std::string msg) { return {std::move(msg)}; }
 };
 
-// Per-call backend state. CPU ops ignore it. CUDA ops (later) run on `stream`
-// (a cudaStream_t; null = the default stream) and use `blas_handle` (a cublasHandle_t) for
-// GEMMs; the caller owns both. Kept as void* so that this header needs no CUDA headers.
+// Per-call backend state. CPU ops ignore it. CUDA ops enqueue their work on `stream`
+// (a cudaStream_t; null = the default stream) and return without waiting for it; GEMMs will
+// use `blas_handle` (a cublasHandle_t). The caller owns both. Kept as void* so that this header
+// needs no CUDA headers.
 struct OpContext {
   void* stream = nullptr;
   void* blas_handle = nullptr;

@@ -72,3 +72,54 @@ TEST(ReshapeAndCache, ASlotOutsideTheCacheIsAnErrorAndWritesNothing) {
 
 }  // namespace
 }  // namespace llm::ops
+
+namespace llm::ops {
+namespace {
+
+// f16 / bf16 KV caches are for the CUDA backend: the CPU ops (the fp32 reference) reject them
+// by name, and both caches must share one dtype on any device.
+TEST(KvCacheDTypes, HalfCachesAreRejectedByTheCpuBackendAndMustMatch) {
+  std::mt19937 rng(51);
+  HostTensor key = Random({1, kKvHeads, kHeadSize}, rng);
+  HostTensor value = Random({1, kKvHeads, kHeadSize}, rng);
+  HostTensor slots = Indices({0}, DType::kI32);
+  HostTensor f32_cache = Random({kBlocks, kBlockSize, kKvHeads, kHeadSize}, rng);
+  HostTensor bf16_k(DType::kBF16, {kBlocks, kBlockSize, kKvHeads, kHeadSize});
+  HostTensor bf16_v(DType::kBF16, {kBlocks, kBlockSize, kKvHeads, kHeadSize});
+  HostTensor f16_k(DType::kF16, {kBlocks, kBlockSize, kKvHeads, kHeadSize});
+  EXPECT_EQ(
+      ReshapeAndCache({}, key.view(), value.view(), bf16_k.view(), bf16_v.view(), slots.view())
+          .message,
+      "ReshapeAndCache: key_cache: the CPU backend takes f32 caches, got bf16 [5, 4, 2, 3] on "
+      "cpu");
+  EXPECT_EQ(
+      ReshapeAndCache({}, key.view(), value.view(), bf16_k.view(), f32_cache.view(), slots.view())
+          .message,
+      "ReshapeAndCache: value_cache: expected bf16 [5, 4, 2, 3], got f32 [5, 4, 2, 3] on cpu");
+  EXPECT_EQ(
+      ReshapeAndCache({}, key.view(), value.view(), f16_k.view(), bf16_v.view(), slots.view())
+          .message,
+      "ReshapeAndCache: value_cache: expected f16 [5, 4, 2, 3], got bf16 [5, 4, 2, 3] on cpu");
+
+  const std::vector<BlockPair> pairs = {{0, 1}};
+  const std::vector<TensorView> ks = {bf16_k.view()}, vs = {bf16_v.view()};
+  EXPECT_EQ(CopyBlocks({}, ks, vs, pairs).message,
+            "CopyBlocks: key_caches[0]: the CPU backend takes f32 caches, got bf16 [5, 4, 2, 3] "
+            "on cpu");
+  EXPECT_EQ(SwapBlocks({}, bf16_k.view(), bf16_v.view(), pairs).message,
+            "SwapBlocks: src: the CPU backend takes f32 caches, got bf16 [5, 4, 2, 3] on cpu");
+  EXPECT_EQ(SwapBlocks({}, bf16_k.view(), f32_cache.view(), pairs).message,
+            "SwapBlocks: dst: expected bf16 [?, 4, 2, 3], got f32 [5, 4, 2, 3] on cpu");
+
+  HostTensor query = Random({1, 2, kHeadSize}, rng), out = Random({1, 2, kHeadSize}, rng);
+  HostTensor tables = Indices({0}, DType::kI32, {1, 1});
+  HostTensor seq_lens = Indices({1}, DType::kI32), qsl = Indices({0, 1}, DType::kI32);
+  const AttentionMetadata md{tables.view(), seq_lens.view(), qsl.view(), 1};
+  EXPECT_EQ(
+      PagedAttention({}, out.view(), query.view(), f16_k.view(), f16_k.view(), md, 1.0f).message,
+      "PagedAttention: key_cache: the CPU backend takes f32 caches, got f16 [5, 4, 2, 3] on "
+      "cpu");
+}
+
+}  // namespace
+}  // namespace llm::ops

@@ -1,0 +1,79 @@
+// The CUDA backend: one launcher per op of kernels/ops.h, one file each
+// (kernels/cuda/<op>.cu: the kernels first, then the launcher). kernels/ops.cc has already
+// checked ranks, shapes, dtypes, contiguity and devices; the launchers check what the kernels
+// need beyond that (supported head sizes, sizes that fit a grid) and every CUDA call, and
+// return an error naming the op, the file and the line.
+//
+// Host-only header (no CUDA headers): `stream` is a cudaStream_t (null = the default
+// stream). Every launcher only enqueues work on `stream`; the caller synchronizes.
+//
+// Data-dependent values (token ids, slots, block ids, lengths) live on the device, where the
+// host cannot check them without a synchronization. The kernels never read or write outside
+// the tensors for any such value: an out-of-range token id gives a NaN row of Embedding, an
+// out-of-range slot is skipped by ReshapeAndCache (as -1 padding is), and a block id or length
+// outside the cache or the block table gives NaN rows of PagedAttention. The CPU backend
+// reports the same inputs as errors.
+//
+// fp32 only, like the CPU reference. Internal to kernels/: callers use kernels/ops.h.
+#ifndef LLM_KERNELS_CUDA_CUDA_OPS_H_
+#define LLM_KERNELS_CUDA_CUDA_OPS_H_
+
+#include <span>
+
+#include "kernels/ops.h"
+#include "kernels/tensor.h"
+
+namespace llm::ops::cuda {
+
+OpStatus Embedding(void* stream, const TensorView& out, const TensorView& token_ids,
+                   const TensorView& table);
+
+OpStatus RmsNorm(void* stream, const TensorView& out, const TensorView& x, const TensorView& weight,
+                 float eps);
+
+OpStatus FusedAddRmsNorm(void* stream, const TensorView& x, const TensorView& residual,
+                         const TensorView& weight, float eps);
+
+// inv_freq: rotary_dim / 2 (at most kMaxRotaryHalf) frequencies from ComputeRopeInvFreq.
+inline constexpr int kMaxRotaryHalf = 256;
+OpStatus RotaryEmbedding(void* stream, const TensorView& positions, const TensorView& query,
+                         const TensorView& key, std::span<const double> inv_freq, int rotary_dim);
+
+OpStatus SiluAndMul(void* stream, const TensorView& out, const TensorView& x);
+
+OpStatus ReshapeAndCache(void* stream, const TensorView& key, const TensorView& value,
+                         const TensorView& key_cache, const TensorView& value_cache,
+                         const TensorView& slot_mapping);
+
+// Which paged-attention kernels run. kV1: one thread block per (query head, query row) over
+// the row's whole context. kV2: split-K, one thread block per (query head, query row,
+// partition of kPartitionSize tokens), then a reduction kernel; needs metadata.max_seq_len
+// (> 0) to size the grid. kAuto: v2 when the context is long (max_seq_len > kPartitionSize)
+// and there are too few (head, row) pairs to fill the device, else v1; plus the tiled prefill
+// kernel for the rows of sequences with q_len > 1.
+enum class PagedAttentionVersion { kAuto, kV1, kV2 };
+inline constexpr int kPartitionSize = 512;
+
+// kV1 and kV2 run every query row, prefill and decode alike, through the row kernels: row t of
+// sequence s (found by a binary search of query_start_loc) attends to positions
+// 0 .. seq_lens[s] - q_len + j on its own. kAuto runs the rows of prefill chunks (q_len > 1)
+// through a tiled, flash-attention-style kernel instead (16 query rows per thread block share
+// each K and V load, causal inside the chunk) and the decode rows through v1 or v2. Head sizes
+// 64 and 128; any block size; f32, f16 or bf16 caches.
+OpStatus PagedAttention(void* stream, const TensorView& out, const TensorView& query,
+                        const TensorView& key_cache, const TensorView& value_cache,
+                        const AttentionMetadata& metadata, float scale,
+                        PagedAttentionVersion version = PagedAttentionVersion::kAuto);
+
+// cudaMemcpyAsync device to device per (layer, pair, K or V).
+OpStatus CopyBlocks(void* stream, std::span<const TensorView> key_caches,
+                    std::span<const TensorView> value_caches, std::span<const BlockPair> pairs);
+
+// cudaMemcpyAsync per pair between a cuda cache and a host (pinned for an asynchronous copy)
+// or cuda cache.
+OpStatus SwapBlocks(void* stream, const TensorView& src, const TensorView& dst,
+                    std::span<const BlockPair> pairs);
+
+}  // namespace llm::ops::cuda
+
+#endif  // LLM_KERNELS_CUDA_CUDA_OPS_H_

@@ -1,0 +1,518 @@
+// Paged attention on CUDA for a batch that mixes prefill chunks and decode tokens.
+//
+// Query row t belongs to sequence s with query_start_loc[s] <= t < query_start_loc[s + 1], is
+// its j-th query token, sits at position p = seq_lens[s] - q_len + j and attends to the
+// ctx = p + 1 keys at positions 0 .. p.
+//
+// The row kernels (v1, v2) take any row, each on its own (binary search of query_start_loc
+// for its sequence): with kV1 / kV2 they take every row, prefill chunks included (each row
+// then reads its causal prefix of the cache on its own). With kAuto they take the rows of
+// sequences with q_len == 1 (decode) and PrefillAttentionKernel (below) the rows of sequences
+// with q_len > 1, in tiles of 16 rows that share each K and V load. Both kernels are launched:
+// the host does not know the q_lens without a synchronization, and each skips the other's rows.
+//
+// v1: one thread block per (row t, query head h) over positions 0 .. ctx - 1.
+// v2 (split-K): one thread block per (row, head, partition z) over positions
+//     z * kPartitionSize .. min(ctx, (z + 1) * kPartitionSize) - 1, writing its running max,
+//     sum and unnormalized output; then a reduction kernel per (row, head) rescales and sums
+//     the partitions:  M = max_z m_z,  L = sum_z l_z e^(m_z - M),
+//     out[t][h][d] = sum_z acc_z[d] e^(m_z - M) / L.
+//
+// Inside a thread block (kThreads = 128, 4 warps) the positions go in chunks of kChunk = 512:
+//   1. scores: warp w takes positions w, w + 4, ...; lane l holds q[l + 32 i] (pre-scaled)
+//      and reads key_cache[block][slot][kvh][l + 32 i] (coalesced), then a warp sum:
+//        logits[i] = scale * q[t][h][:] . key_cache[table[pos / bs]][pos % bs][kvh][:]
+//   2. chunk max (block reduction), m_new = max(m, chunk max), c = e^(m - m_new),
+//      logits[i] = e^(logits[i] - m_new), l = l c + sum_i logits[i]
+//   3. values: warp w again takes positions w, w + 4, ...; lane l accumulates dims l + 32 i:
+//        acc[d] = acc[d] c + sum_i logits[i] value_cache[table[pos / bs]][pos % bs][kvh][d]
+// and at the end the 4 warps' acc are summed through shared memory.
+//
+// The caches are f32, f16 or bf16 (converted to f32 as they are read); everything else is
+// f32. Bad metadata (a block id outside the cache, a context longer than the block table or than
+// max_seq_len's partitions, q_len > seq_len) gives NaN rows; nothing outside the tensors is
+// read.
+#include <cmath>
+
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_util.cuh"
+
+namespace llm::ops::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kChunk = kPartitionSize;
+
+struct Params {
+  float* out;                      // [T, Hq, D]
+  float* tmp_out;                  // v2: [T, Hq, max_partitions, D]
+  float* max_logits;               // v2: [T, Hq, max_partitions]
+  float* exp_sums;                 // v2: [T, Hq, max_partitions]
+  const float* query;              // [T, Hq, D]
+  const void* key_cache;           // [num_blocks, block_size, Hkv, D]: f32, f16 or bf16
+  const void* value_cache;         // the same
+  const int32_t* block_tables;     // [S, max_blocks]
+  const int32_t* seq_lens;         // [S]
+  const int32_t* query_start_loc;  // [S + 1]
+  int num_seqs;
+  int max_blocks;
+  int num_heads;
+  int num_kv_heads;
+  int block_size;
+  int64_t num_blocks;
+  int max_partitions;  // v2
+  bool prefill_tiled;  // rows of sequences with q_len > 1 are the tiled prefill kernel's
+  float scale;
+};
+
+// Where query row t reads from: its sequence and its number of keys; ctx = -1 when the
+// metadata cannot hold (then the row's output is NaN).
+struct Row {
+  int seq;
+  int ctx;
+  bool multi;  // the sequence has more than one query row this step (a prefill chunk)
+};
+
+__device__ __forceinline__ Row FindRow(const Params& p, int64_t t) {
+  const int32_t* qsl = p.query_start_loc;
+  int lo = 0, hi = p.num_seqs - 1;  // the last s with qsl[s] <= t
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (qsl[mid] <= t) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const int64_t begin = qsl[lo], end = qsl[lo + 1];
+  if (t < begin || t >= end) return {lo, -1, false};
+  const int64_t q_len = end - begin;
+  const bool multi = q_len > 1;
+  const int64_t ctx = p.seq_lens[lo] - q_len + (t - begin) + 1;
+  if (ctx <= 0 || ctx > INT32_MAX || ctx > static_cast<int64_t>(p.max_blocks) * p.block_size) {
+    return {lo, -1, multi};
+  }
+  return {lo, static_cast<int>(ctx), multi};
+}
+
+// The cache offset of (pos, kvh) for sequence table `table`, or -1 when the block id is bad.
+template <int kHeadSize>
+__device__ __forceinline__ int64_t CacheOffset(const Params& p, const int32_t* table, int pos,
+                                               int kvh) {
+  const int32_t block = table[pos / p.block_size];
+  if (block < 0 || block >= p.num_blocks) return -1;
+  // cache[block][pos % bs][kvh][0]
+  return ((static_cast<int64_t>(block) * p.block_size + pos % p.block_size) * p.num_kv_heads +
+          kvh) *
+         kHeadSize;
+}
+
+// kPartitioned = false: v1, grid (T, Hq, 1). true: v2, grid (T, Hq, max_partitions).
+template <typename CacheT, int kHeadSize, bool kPartitioned>
+__global__ void __launch_bounds__(kThreads) PagedAttentionKernel(Params p) {
+  constexpr int kPerLane = kHeadSize / 32;
+  const CacheT* key_cache = static_cast<const CacheT*>(p.key_cache);
+  const CacheT* value_cache = static_cast<const CacheT*>(p.value_cache);
+  __shared__ float logits[kChunk];
+  __shared__ float scratch[32];
+  __shared__ float warp_acc[kWarps][kHeadSize];
+
+  const int64_t t = blockIdx.x;
+  const int h = blockIdx.y;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const Row row = FindRow(p, t);
+  if (p.prefill_tiled && row.multi) return;      // PrefillAttentionKernel's row
+  const int64_t head_row = t * p.num_heads + h;  // index of (t, h)
+
+  int start = 0, end = row.ctx;
+  if constexpr (kPartitioned) {
+    const int z = blockIdx.z;
+    const int64_t part = head_row * p.max_partitions + z;  // index of (t, h, z)
+    if (row.ctx < 0) return;                               // the reduction writes NaN
+    start = z * kChunk;
+    end = min(row.ctx, start + kChunk);
+    if (start >= end) {  // past this row's context: an empty partition
+      if (threadIdx.x == 0) {
+        p.max_logits[part] = -INFINITY;
+        p.exp_sums[part] = 0.0f;
+      }
+      if (threadIdx.x < kHeadSize) p.tmp_out[part * kHeadSize + threadIdx.x] = 0.0f;
+      return;
+    }
+  } else if (row.ctx < 0) {
+    if (threadIdx.x < kHeadSize) p.out[head_row * kHeadSize + threadIdx.x] = NAN;
+    return;
+  }
+
+  const int kvh = h / (p.num_heads / p.num_kv_heads);
+  const int32_t* table = p.block_tables + static_cast<int64_t>(row.seq) * p.max_blocks;
+  const float* q_ptr = p.query + head_row * kHeadSize;  // q[t][h][:]
+  float q[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) q[i] = q_ptr[lane + 32 * i] * p.scale;
+
+  float m = -INFINITY, l = 0.0f;  // running max and sum, the same in every thread
+  float acc[kPerLane];            // this warp's output dims lane + 32 i
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) acc[i] = 0.0f;
+
+  for (int chunk = start; chunk < end; chunk += kChunk) {
+    const int n = min(kChunk, end - chunk);
+    // 1. scores
+    for (int i = warp; i < n; i += kWarps) {
+      const int64_t off = CacheOffset<kHeadSize>(p, table, chunk + i, kvh);
+      float dot = 0.0f;
+      if (off >= 0) {
+        const CacheT* k = key_cache + off;
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j) dot += q[j] * cuda_internal::ToFloat(k[lane + 32 * j]);
+      }
+      dot = cuda_internal::WarpSum(dot);
+      if (lane == 0) logits[i] = off >= 0 ? dot : NAN;
+    }
+    __syncthreads();
+    // 2. softmax of the chunk against the running max
+    float local_max = -INFINITY;
+    for (int i = threadIdx.x; i < n; i += kThreads) local_max = fmaxf(local_max, logits[i]);
+    const float m_new = fmaxf(m, cuda_internal::BlockMax(local_max, scratch));
+    const float correction = expf(m - m_new);  // 0 on the first chunk (m = -inf)
+    float local_sum = 0.0f;
+    for (int i = threadIdx.x; i < n; i += kThreads) {
+      const float e = expf(logits[i] - m_new);  // NaN stays NaN
+      logits[i] = e;
+      local_sum += e;
+    }
+    l = l * correction + cuda_internal::BlockSum(local_sum, scratch);  // syncs logits too
+    m = m_new;
+    // 3. values
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) acc[j] *= correction;
+    for (int i = warp; i < n; i += kWarps) {
+      const int64_t off = CacheOffset<kHeadSize>(p, table, chunk + i, kvh);
+      const float e = logits[i];
+      if (off >= 0) {
+        const CacheT* v = value_cache + off;
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j) acc[j] += e * cuda_internal::ToFloat(v[lane + 32 * j]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j) acc[j] = NAN;
+      }
+    }
+    __syncthreads();  // logits is rewritten by the next chunk
+  }
+
+  // Sum the warps' partial outputs.
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) warp_acc[warp][lane + 32 * j] = acc[j];
+  __syncthreads();
+  if (threadIdx.x >= kHeadSize) return;
+  const int d = threadIdx.x;
+  float sum = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) sum += warp_acc[w][d];
+  if constexpr (kPartitioned) {
+    const int64_t part = head_row * p.max_partitions + blockIdx.z;
+    p.tmp_out[part * kHeadSize + d] = sum;  // tmp_out[t][h][z][d], unnormalized
+    if (d == 0) {
+      p.max_logits[part] = m;
+      p.exp_sums[part] = l;
+    }
+  } else {
+    p.out[head_row * kHeadSize + d] = sum / l;  // out[t][h][d]
+  }
+}
+
+// v2's reduction, grid (T, Hq), kThreads threads (>= kHeadSize): combines the row's
+// ceil(ctx / kChunk) partitions.
+template <int kHeadSize>
+__global__ void __launch_bounds__(kThreads) PagedAttentionReduceKernel(Params p) {
+  const int64_t t = blockIdx.x;
+  const int h = blockIdx.y;
+  const int d = threadIdx.x;
+  if (d >= kHeadSize) return;
+  const int64_t head_row = t * p.num_heads + h;
+  float* o = p.out + head_row * kHeadSize;  // out[t][h][:]
+  const Row row = FindRow(p, t);
+  if (p.prefill_tiled && row.multi) return;  // PrefillAttentionKernel's row
+  const int num_parts = row.ctx < 0 ? -1 : (row.ctx + kChunk - 1) / kChunk;
+  if (num_parts <= 0 || num_parts > p.max_partitions) {
+    o[d] = NAN;
+    return;
+  }
+  const int64_t base = head_row * p.max_partitions;  // (t, h, 0)
+  float max_all = -INFINITY;
+  for (int z = 0; z < num_parts; ++z) max_all = fmaxf(max_all, p.max_logits[base + z]);
+  float sum = 0.0f, acc = 0.0f;
+  for (int z = 0; z < num_parts; ++z) {
+    const float w = expf(p.max_logits[base + z] - max_all);
+    sum += p.exp_sums[base + z] * w;
+    acc += p.tmp_out[(base + z) * kHeadSize + d] * w;
+  }
+  o[d] = acc / sum;
+}
+
+// The tiled prefill kernel (kAuto): the rows of sequences with q_len > 1, one thread block per
+// (tile of kTileQ consecutive query rows of one sequence, query head), grid
+// (ceil(T / kTileQ) + S, Hq): enough tiles for any split of the T rows into sequences; the
+// surplus blocks exit. Flash-attention style: the tile's queries stay in shared memory while
+// K and V come through the block table kTileK positions at a time, with an online softmax
+// per row and the causal mask key position <= p_r = seq_len - q_len + j0 + r:
+//   s[r][c] = scale q[t0 + r][h][:] . K[k0 + c][kvh][:]   (-inf where masked)
+//   m'[r] = max(m[r], max_c s[r][c]);  P[r][c] = e^(s[r][c] - m'[r]);
+//   l[r] = l[r] e^(m[r] - m'[r]) + sum_c P[r][c];  O[r][:] = O[r][:] e^(m[r] - m'[r]) + P[r] V
+// and out[t0 + r][h][:] = O[r][:] / l[r]. Each K and V is read once per kTileQ rows instead of
+// once per row.
+constexpr int kTileQ = 16, kTileK = 32;
+
+template <typename CacheT, int kHeadSize>
+__global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(Params p) {
+  constexpr int kOutPerThread = kTileQ * kHeadSize / kThreads;  // O[r][d], e = tid + i kThreads
+  __shared__ float q_s[kTileQ][kHeadSize];
+  __shared__ float k_s[kTileK][kHeadSize + 1];  // +1: the score loop reads k_s[c][d], c = lane
+  __shared__ float v_s[kTileK][kHeadSize];
+  __shared__ float s_s[kTileQ][kTileK + 1];
+  __shared__ float m_s[kTileQ], l_s[kTileQ], corr_s[kTileQ];
+  const CacheT* key_cache = static_cast<const CacheT*>(p.key_cache);
+  const CacheT* value_cache = static_cast<const CacheT*>(p.value_cache);
+
+  // This block's tile: the blockIdx.x-th over the sequences with q_len > 1, in order.
+  int tile = blockIdx.x, seq = -1, q_len = 0;
+  int64_t begin = 0;
+  for (int s = 0; s < p.num_seqs; ++s) {
+    const int64_t b = p.query_start_loc[s], n = p.query_start_loc[s + 1] - b;
+    if (n <= 1) continue;  // decode rows (and bad lengths) are the row kernel's
+    const int64_t tiles = (n + kTileQ - 1) / kTileQ;
+    if (tile < tiles) {
+      seq = s;
+      begin = b;
+      q_len = static_cast<int>(n);
+      break;
+    }
+    tile -= static_cast<int>(tiles);
+  }
+  if (seq < 0) return;
+  const int h = blockIdx.y;
+  const int j0 = tile * kTileQ;
+  const int rows = min(kTileQ, q_len - j0);
+  const int64_t first_pos = static_cast<int64_t>(p.seq_lens[seq]) - q_len + j0;  // p of row 0
+  const int64_t last_pos = first_pos + rows - 1;
+  float* out = p.out + ((begin + j0) * p.num_heads + h) * kHeadSize;  // out[t0][h][:]
+  const int64_t out_row = static_cast<int64_t>(p.num_heads) * kHeadSize;
+  if (first_pos < 0 || last_pos >= INT32_MAX ||
+      last_pos >= static_cast<int64_t>(p.max_blocks) * p.block_size) {
+    for (int e = threadIdx.x; e < rows * kHeadSize; e += kThreads) {
+      out[(e / kHeadSize) * out_row + e % kHeadSize] = NAN;
+    }
+    return;
+  }
+  const int kvh = h / (p.num_heads / p.num_kv_heads);
+  const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks;
+  const float* q = p.query + ((begin + j0) * p.num_heads + h) * kHeadSize;  // q[t0][h][:]
+  for (int e = threadIdx.x; e < kTileQ * kHeadSize; e += kThreads) {
+    const int r = e / kHeadSize, d = e % kHeadSize;
+    q_s[r][d] = r < rows ? q[r * out_row + d] * p.scale : 0.0f;
+  }
+  if (threadIdx.x < kTileQ) {
+    m_s[threadIdx.x] = -INFINITY;
+    l_s[threadIdx.x] = 0.0f;
+  }
+  float o[kOutPerThread];
+#pragma unroll
+  for (int i = 0; i < kOutPerThread; ++i) o[i] = 0.0f;
+
+  for (int64_t k0 = 0; k0 <= last_pos; k0 += kTileK) {
+    __syncthreads();  // the previous tile's reads of k_s, v_s, s_s and corr_s are done
+    for (int e = threadIdx.x; e < kTileK * kHeadSize; e += kThreads) {
+      const int c = e / kHeadSize, d = e % kHeadSize;
+      const int64_t pos = k0 + c;
+      float kv = 0.0f, vv = 0.0f;
+      if (pos <= last_pos) {
+        const int64_t off = CacheOffset<kHeadSize>(p, table, static_cast<int>(pos), kvh);
+        kv = off >= 0 ? cuda_internal::ToFloat(key_cache[off + d]) : NAN;
+        vv = off >= 0 ? cuda_internal::ToFloat(value_cache[off + d]) : NAN;
+      }
+      k_s[c][d] = kv;
+      v_s[c][d] = vv;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < kTileQ * kTileK; e += kThreads) {
+      const int r = e / kTileK, c = e % kTileK;
+      float score = -INFINITY;
+      if (r < rows && k0 + c <= first_pos + r) {
+        score = 0.0f;
+#pragma unroll 8
+        for (int d = 0; d < kHeadSize; ++d) score += q_s[r][d] * k_s[c][d];
+      }
+      s_s[r][c] = score;
+    }
+    __syncthreads();
+    if (threadIdx.x < kTileQ) {
+      const int r = threadIdx.x;
+      float m_new = m_s[r];
+      for (int c = 0; c < kTileK; ++c) m_new = fmaxf(m_new, s_s[r][c]);
+      // A row with no key yet (only padding rows r >= rows) keeps m = -inf and P = 0.
+      const bool none = m_new == -INFINITY;
+      const float corr = none ? 1.0f : expf(m_s[r] - m_new);  // 0 on the first tile
+      float sum = 0.0f;
+      for (int c = 0; c < kTileK; ++c) {
+        const float e = none ? 0.0f : expf(s_s[r][c] - m_new);  // masked: e^-inf = 0
+        s_s[r][c] = e;
+        sum += e;
+      }
+      l_s[r] = l_s[r] * corr + sum;
+      m_s[r] = m_new;
+      corr_s[r] = corr;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kOutPerThread; ++i) {
+      const int e = threadIdx.x + i * kThreads;
+      const int r = e / kHeadSize, d = e % kHeadSize;
+      float acc = o[i] * corr_s[r];
+#pragma unroll 8
+      for (int c = 0; c < kTileK; ++c) acc += s_s[r][c] * v_s[c][d];
+      o[i] = acc;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kOutPerThread; ++i) {
+    const int e = threadIdx.x + i * kThreads;
+    const int r = e / kHeadSize, d = e % kHeadSize;
+    if (r < rows) out[r * out_row + d] = o[i] / l_s[r];
+  }
+}
+
+template <typename CacheT, int kHeadSize>
+OpStatus Launch(cudaStream_t stream, const Params& params, int64_t num_tokens, bool v2) {
+  constexpr const char* kOp = "PagedAttention";
+  const dim3 grid(static_cast<unsigned>(num_tokens), static_cast<unsigned>(params.num_heads),
+                  v2 ? static_cast<unsigned>(params.max_partitions) : 1u);
+  if (!v2) {
+    PagedAttentionKernel<CacheT, kHeadSize, false><<<grid, kThreads, 0, stream>>>(params);
+    LLM_CUDA_OP_CHECK_LAUNCH(kOp);
+  } else {
+    PagedAttentionKernel<CacheT, kHeadSize, true><<<grid, kThreads, 0, stream>>>(params);
+    LLM_CUDA_OP_CHECK_LAUNCH(kOp);
+    const dim3 reduce_grid(grid.x, grid.y);
+    PagedAttentionReduceKernel<kHeadSize><<<reduce_grid, kThreads, 0, stream>>>(params);
+    LLM_CUDA_OP_CHECK_LAUNCH(kOp);
+  }
+  if (params.prefill_tiled) {
+    // At most ceil(q_len / kTileQ) <= q_len / kTileQ + 1 tiles per sequence.
+    const int64_t tiles = (num_tokens + kTileQ - 1) / kTileQ + params.num_seqs;
+    const dim3 tile_grid(static_cast<unsigned>(tiles), grid.y);
+    PrefillAttentionKernel<CacheT, kHeadSize><<<tile_grid, kThreads, 0, stream>>>(params);
+    LLM_CUDA_OP_CHECK_LAUNCH(kOp);
+  }
+  return OpStatus::Ok();
+}
+
+template <typename CacheT>
+OpStatus LaunchForHeadSize(cudaStream_t stream, const Params& params, int64_t num_tokens,
+                           int64_t head_size, bool v2) {
+  if (head_size == 64) return Launch<CacheT, 64>(stream, params, num_tokens, v2);
+  return Launch<CacheT, 128>(stream, params, num_tokens, v2);  // checked by the caller
+}
+
+// The instantiations: cache dtype (f32, f16, bf16) x head size (64, 128) x (v1, v2).
+OpStatus LaunchForDType(cudaStream_t stream, const Params& params, DType cache_dtype,
+                        int64_t num_tokens, int64_t head_size, bool v2) {
+  switch (cache_dtype) {
+    case DType::kF32:
+      return LaunchForHeadSize<float>(stream, params, num_tokens, head_size, v2);
+    case DType::kF16:
+      return LaunchForHeadSize<__half>(stream, params, num_tokens, head_size, v2);
+    case DType::kBF16:
+      return LaunchForHeadSize<__nv_bfloat16>(stream, params, num_tokens, head_size, v2);
+    default:
+      return cuda_internal::Error("PagedAttention", "key_cache: expected f32, f16 or bf16");
+  }
+}
+
+}  // namespace
+
+OpStatus PagedAttention(void* stream, const TensorView& out, const TensorView& query,
+                        const TensorView& key_cache, const TensorView& value_cache,
+                        const AttentionMetadata& metadata, float scale,
+                        PagedAttentionVersion version) {
+  constexpr const char* kOp = "PagedAttention";
+  const int64_t num_tokens = query.shape[0], num_heads = query.shape[1];
+  if (OpStatus st = cuda_internal::CheckCurrentDevice(kOp, query.device); !st.ok()) return st;
+  const int64_t head_size = query.shape[2];
+  const int64_t num_seqs = metadata.seq_lens.shape[0];
+  const int64_t max_blocks = metadata.block_tables.shape[1];
+  if (head_size != 64 && head_size != 128) {
+    return cuda_internal::Error(
+        kOp, "the CUDA kernels take head sizes 64 and 128, got " + std::to_string(head_size));
+  }
+  if (num_tokens == 0 || num_heads == 0) return OpStatus::Ok();
+  if (num_seqs == 0) {
+    return cuda_internal::Error(kOp, std::to_string(num_tokens) + " query tokens but no sequences");
+  }
+  if (num_tokens > cuda_internal::kMaxGridX - num_seqs - 1 ||
+      num_heads > cuda_internal::kMaxGridYZ || num_seqs > INT32_MAX || max_blocks > INT32_MAX) {
+    return cuda_internal::Error(kOp,
+                                "too many tokens, heads, sequences or blocks per sequence "
+                                "for one launch");
+  }
+  const bool long_context = metadata.max_seq_len > kPartitionSize;
+  bool v2 = false;
+  switch (version) {
+    case PagedAttentionVersion::kV1:
+      break;
+    case PagedAttentionVersion::kV2:
+      if (metadata.max_seq_len <= 0) {
+        return cuda_internal::Error(kOp, "v2 needs metadata.max_seq_len > 0 to size its grid");
+      }
+      v2 = true;
+      break;
+    case PagedAttentionVersion::kAuto:
+      // Split the context when there are too few (row, head) blocks to fill the device.
+      v2 = long_context && num_tokens * num_heads <= 512;
+      break;
+  }
+  Params params{};
+  params.out = out.data_as<float>();
+  params.query = query.data_as<const float>();
+  params.key_cache = key_cache.data;
+  params.value_cache = value_cache.data;
+  params.block_tables = metadata.block_tables.data_as<const int32_t>();
+  params.seq_lens = metadata.seq_lens.data_as<const int32_t>();
+  params.query_start_loc = metadata.query_start_loc.data_as<const int32_t>();
+  params.num_seqs = static_cast<int>(num_seqs);
+  params.max_blocks = static_cast<int>(max_blocks);
+  params.num_heads = static_cast<int>(num_heads);
+  params.num_kv_heads = static_cast<int>(key_cache.shape[2]);
+  params.block_size = static_cast<int>(key_cache.shape[1]);
+  params.num_blocks = key_cache.shape[0];
+  params.scale = scale;
+  // kAuto: prefill chunks (q_len > 1) go to the tiled kernel, the other rows to v1 or v2.
+  params.prefill_tiled = version == PagedAttentionVersion::kAuto;
+  const cudaStream_t s = cuda_internal::AsStream(stream);
+  if (!v2) return LaunchForDType(s, params, key_cache.dtype, num_tokens, head_size, false);
+
+  const int64_t max_partitions = (metadata.max_seq_len + kPartitionSize - 1) / kPartitionSize;
+  if (max_partitions > cuda_internal::kMaxGridYZ) {
+    return cuda_internal::Error(kOp, "metadata.max_seq_len " +
+                                         std::to_string(metadata.max_seq_len) +
+                                         " needs more partitions than one launch takes");
+  }
+  params.max_partitions = static_cast<int>(max_partitions);
+  // Workspace: tmp_out, then max_logits, then exp_sums; stream-ordered, freed after use.
+  const size_t parts = static_cast<size_t>(num_tokens * num_heads * max_partitions);
+  const size_t bytes = parts * (head_size + 2) * sizeof(float);
+  void* workspace = nullptr;
+  LLM_CUDA_OP_RETURN_IF_ERROR(kOp, cudaMallocAsync(&workspace, bytes, s));
+  params.tmp_out = static_cast<float*>(workspace);
+  params.max_logits = params.tmp_out + parts * head_size;
+  params.exp_sums = params.max_logits + parts;
+  OpStatus status = LaunchForDType(s, params, key_cache.dtype, num_tokens, head_size, true);
+  const cudaError_t free_err = cudaFreeAsync(workspace, s);
+  if (!status.ok()) return status;
+  LLM_CUDA_OP_RETURN_IF_ERROR(kOp, free_err);
+  return OpStatus::Ok();
+}
+
+}  // namespace llm::ops::cuda

@@ -1,0 +1,35 @@
+// SiLU-and-mul on CUDA: out[t][i] = silu(x[t][i]) * x[t][I + i]. One thread block per token.
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_util.cuh"
+
+namespace llm::ops::cuda {
+namespace {
+
+__global__ void SiluAndMulKernel(float* __restrict__ out, const float* __restrict__ x,
+                                 int64_t inter) {
+  const int64_t t = blockIdx.x;
+  const float* gate = x + t * 2 * inter;  // x[t][0 .. I-1]
+  const float* up = gate + inter;         // x[t][I .. 2I-1]
+  float* o = out + t * inter;
+  for (int64_t i = threadIdx.x; i < inter; i += blockDim.x) {
+    const float g = gate[i];
+    o[i] = g / (1.0f + expf(-g)) * up[i];
+  }
+}
+
+}  // namespace
+
+OpStatus SiluAndMul(void* stream, const TensorView& out, const TensorView& x) {
+  constexpr const char* kOp = "SiluAndMul";
+  if (OpStatus st = cuda_internal::CheckCurrentDevice(kOp, out.device); !st.ok()) return st;
+  const int64_t num_tokens = x.shape[0], inter = x.shape[1] / 2;
+  if (num_tokens == 0 || inter == 0) return OpStatus::Ok();
+  const int threads = cuda_internal::RowThreads(inter > 512 ? 512 : inter);
+  SiluAndMulKernel<<<static_cast<unsigned>(num_tokens), threads, 0,
+                     cuda_internal::AsStream(stream)>>>(out.data_as<float>(),
+                                                        x.data_as<const float>(), inter);
+  LLM_CUDA_OP_CHECK_LAUNCH(kOp);
+  return OpStatus::Ok();
+}
+
+}  // namespace llm::ops::cuda

@@ -1,0 +1,67 @@
+// RmsNorm and FusedAddRmsNorm on CUDA against the CPU ops. Tolerance: atol 1e-5, rtol 1e-5
+// (the GPU sums squares in fp32 in a tree, the CPU in double; inputs in [-1, 1]).
+#include <random>
+
+#include "tests/gpu/gpu_test_util.h"
+
+namespace llm::ops {
+namespace {
+
+using gpu_testing::Clone;
+using gpu_testing::Close;
+using gpu_testing::CudaTest;
+using gpu_testing::DeviceTensor;
+using gpu_testing::Poisoned;
+using gpu_testing::Random;
+
+constexpr double kAtol = 1e-5, kRtol = 1e-5;
+constexpr float kEps = 1e-5f;
+
+class CudaRmsNorm : public CudaTest {};
+
+TEST_F(CudaRmsNorm, MatchesCpuOutOfPlaceAndInPlace) {
+  std::mt19937 rng(201);
+  for (const int64_t hidden : {64, 4096, 5001}) {  // 5001: more than 1024 threads, odd
+    HostTensor weight = Random({hidden}, rng, 0.5f, 1.5f);
+    DeviceTensor d_weight(weight);
+    for (const int64_t num_tokens : gpu_testing::kTokenCounts) {
+      SCOPED_TRACE(::testing::Message() << "hidden " << hidden << ", tokens " << num_tokens);
+      HostTensor x = Random({num_tokens, hidden}, rng);
+      HostTensor want = Poisoned({num_tokens, hidden});
+      ASSERT_TRUE(RmsNorm({}, want.view(), x.view(), weight.view(), kEps).ok());
+      DeviceTensor d_x(x), d_out(want);
+      d_out.Poison();
+      const OpStatus s = RmsNorm({}, d_out.view(), d_x.view(), d_weight.view(), kEps);
+      ASSERT_TRUE(s.ok()) << s.message;
+      ASSERT_EQ(Sync(), "");
+      EXPECT_TRUE(Close(d_out.Download(), want, kAtol, kRtol));
+      // In place: out is x.
+      ASSERT_TRUE(RmsNorm({}, d_x.view(), d_x.view(), d_weight.view(), kEps).ok());
+      ASSERT_EQ(Sync(), "");
+      EXPECT_TRUE(Close(d_x.Download(), want, kAtol, kRtol));
+    }
+  }
+}
+
+TEST_F(CudaRmsNorm, FusedAddMatchesCpuOnBothOutputs) {
+  std::mt19937 rng(202);
+  for (const int64_t hidden : {64, 4096, 5001}) {
+    HostTensor weight = Random({hidden}, rng, 0.5f, 1.5f);
+    DeviceTensor d_weight(weight);
+    for (const int64_t num_tokens : gpu_testing::kTokenCounts) {
+      SCOPED_TRACE(::testing::Message() << "hidden " << hidden << ", tokens " << num_tokens);
+      HostTensor x = Random({num_tokens, hidden}, rng);
+      HostTensor residual = Random({num_tokens, hidden}, rng);
+      DeviceTensor d_x(x), d_residual(residual);
+      ASSERT_TRUE(FusedAddRmsNorm({}, x.view(), residual.view(), weight.view(), kEps).ok());
+      const OpStatus s = FusedAddRmsNorm({}, d_x.view(), d_residual.view(), d_weight.view(), kEps);
+      ASSERT_TRUE(s.ok()) << s.message;
+      ASSERT_EQ(Sync(), "");
+      EXPECT_TRUE(Close(d_residual.Download(), residual, 0.0, 0.0));  // one fp32 add: exact
+      EXPECT_TRUE(Close(d_x.Download(), x, kAtol, kRtol));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace llm::ops
