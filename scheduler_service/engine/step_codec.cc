@@ -225,24 +225,17 @@ absl::Status DecodeStepRequest(const v1::StepRequest& in, const SamplingLimits& 
   for (const v1::ScheduledRequest& r : in.cached_requests()) {
     if (absl::Status s = DecodeRequest(r, /*is_new=*/false, limits, out); !s.ok()) return s;
   }
-  // A slot or a request id listed twice would make a worker apply two diffs to one request.
+  // A slot listed twice would make a worker apply two diffs to one request (its state is
+  // keyed by slot).
   {
-    std::vector<int32_t> slots;
-    std::vector<std::string_view> ids;
+    std::vector<int32_t>& slots = out->scratch_slots;
+    slots.clear();
     for (const auto* list : {&step.new_requests, &step.cached_requests}) {
-      for (const ScheduledRequest& r : *list) {
-        slots.push_back(r.slot);
-        ids.push_back(r.request_id);
-      }
+      for (const ScheduledRequest& r : *list) slots.push_back(r.slot);
     }
     std::sort(slots.begin(), slots.end());
     if (auto it = std::adjacent_find(slots.begin(), slots.end()); it != slots.end()) {
       return absl::InvalidArgumentError(absl::StrCat("slot ", *it, " is scheduled twice"));
-    }
-    std::sort(ids.begin(), ids.end());
-    if (auto it = std::adjacent_find(ids.begin(), ids.end()); it != ids.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("request \"", std::string(*it), "\" is scheduled twice"));
     }
   }
   if (in.finished_request_ids_size() != in.finished_slots_size()) {

@@ -13,7 +13,9 @@
 #ifndef LLM_SCHEDULER_SERVICE_ENGINE_STEP_CODEC_H_
 #define LLM_SCHEDULER_SERVICE_ENGINE_STEP_CODEC_H_
 
+#include <cstdint>
 #include <deque>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -37,6 +39,7 @@ void EncodeStepRequest(const SchedulerOutput& step, v1::StepRequest* out);
 struct DecodedStep {
   SchedulerOutput output;
   std::deque<SamplingParams> sampling_params;  // one per new request; stable addresses
+  std::vector<int32_t> scratch_slots;          // reused by DecodeStepRequest
 };
 
 // Replaces `out` with the decoding of `in`. On error `out` is unspecified.
