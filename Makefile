@@ -53,7 +53,7 @@ MANIFEST ?= deploy/local/tp2-cpu.yaml
 RUN_DIR := $(BUILD_DIR)/run
 run: build
 	@mkdir -p $(RUN_DIR); rm -f $(RUN_DIR)/port; \
-	$(BUILD_DIR)/bin/llm-cluster --manifest=$(MANIFEST) --scheduler-port=0 \
+	$(BUILD_DIR)/bin/llm-cluster --manifest=$(MANIFEST) --scheduler-port=0 --worker-base-port=0 \
 	  --port-file=$(RUN_DIR)/port & cluster=$$!; \
 	trap 'rc=$$?; kill -TERM $$cluster 2>/dev/null || true; wait $$cluster || true; exit $$rc' EXIT; \
 	trap 'exit 130' INT TERM; \

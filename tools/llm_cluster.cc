@@ -10,7 +10,8 @@
 // in their own process group so a terminal's Ctrl-C reaches only llm-cluster. Their output is
 // forwarded to stderr line by line, prefixed "[scheduler] " or "[worker N] ".
 //
-//   llm-cluster --manifest=deploy/local/tp2-cpu.yaml [--scheduler-port=N] [--port-file=PATH]
+//   llm-cluster --manifest=deploy/local/tp2-cpu.yaml [--scheduler-port=N]
+//               [--worker-base-port=N] [--port-file=PATH]
 //
 // --port-file receives the scheduler's port (decimal, newline; written atomically) once the
 // cluster is serving. llm-worker and llm-scheduler are found next to this binary (--bin-dir).
@@ -49,7 +50,8 @@ namespace fs = std::filesystem;
 
 struct Args {
   std::string manifest;
-  int scheduler_port = -1;  // -1: the manifest's
+  int scheduler_port = -1;    // -1: the manifest's
+  int worker_base_port = -1;  // -1: the manifest's
   std::string port_file;
   std::string bin_dir;  // empty: the directory of this binary
   double grace_s = 10;
@@ -358,12 +360,16 @@ std::string SelfDir() {
 int Run(int argc, char** argv) {
   Args args;
   FlagParser flags(
-      "usage: llm-cluster --manifest=FILE [--scheduler-port=N] [--port-file=PATH]\n"
+      "usage: llm-cluster --manifest=FILE [--scheduler-port=N] [--worker-base-port=N] "
+      "[--port-file=PATH]\n"
       "Starts llm-worker (one per tensor-parallel rank) and llm-scheduler on this machine as "
       "the manifest\nsays, waits until they serve, and stops them all on SIGINT/SIGTERM.");
   flags.Add("manifest", &args.manifest, "cluster manifest (deploy/local/tp2-cpu.yaml)");
   flags.Add("scheduler-port", &args.scheduler_port,
             "the scheduler's port, overriding the manifest (0: any free port; -1: the "
+            "manifest's) (-1)");
+  flags.Add("worker-base-port", &args.worker_base_port,
+            "rank r listens on this + r, overriding the manifest (0: any free ports; -1: the "
             "manifest's) (-1)");
   flags.Add("port-file", &args.port_file,
             "write the scheduler's port here once the cluster serves (none)");
@@ -381,6 +387,7 @@ int Run(int argc, char** argv) {
     Log(std::string(manifest.status().message()));
     return 2;
   }
+  if (args.worker_base_port >= 0) manifest->workers_base_port = args.worker_base_port;
 
   // Signals are read from a signalfd by the main thread; every thread inherits the mask.
   sigset_t mask;

@@ -97,9 +97,10 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
   char tmpl[] = "/tmp/llm-cluster-test.XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return absl::InternalError("mkdtemp");
   c->dir_ = tmpl;
-  const std::string manifest = c->dir_ + "/cluster.yaml";
+  const std::string manifest =
+      options.manifest.empty() ? c->dir_ + "/cluster.yaml" : options.manifest;
   const std::string port_file = c->dir_ + "/port";
-  {
+  if (options.manifest.empty()) {
     std::ofstream out(manifest);
     out << "model: " << (options.model.empty() ? DefaultModel() : options.model) << "\n"
         << "tensor_parallel_size: " << options.tensor_parallel_size << "\n"
@@ -116,9 +117,10 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
     for (const auto& [k, v] : options.engine) out << "  " << k << ": " << v << "\n";
     out << "worker: {threads: 1}\n";
   }
-  absl::StatusOr<std::unique_ptr<ChildProcess>> p = ChildProcess::Start(
-      {.argv = {std::string(LLM_BIN_DIR) + "/llm-cluster", "--manifest=" + manifest,
-                "--port-file=" + port_file, "--grace=10"}});
+  absl::StatusOr<std::unique_ptr<ChildProcess>> p =
+      ChildProcess::Start({.argv = {std::string(LLM_BIN_DIR) + "/llm-cluster",
+                                    "--manifest=" + manifest, "--port-file=" + port_file,
+                                    "--grace=10", "--scheduler-port=0", "--worker-base-port=0"}});
   if (!p.ok()) return p.status();
   c->process_ = std::move(*p);
   const absl::Time deadline = absl::Now() + absl::Seconds(120);

@@ -32,6 +32,9 @@ struct ClusterOptions {
   double restart_delay_s = 1;
   // llm-scheduler options (manifest `engine:` keys, underscores), e.g. {"block_size", "16"}.
   std::vector<std::pair<std::string, std::string>> engine;
+  // When set, this existing manifest is used as it is (the fields above are ignored), except
+  // that every port becomes 0 (llm-cluster --scheduler-port=0 --worker-base-port=0).
+  std::string manifest;
 };
 
 class LocalCluster {

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
@@ -384,6 +385,28 @@ TEST(ClusterTest, LlmClientGeneratesAndReportsErrors) {
   std::tie(text, rc) = RunCommand(client + "frobnicate");
   EXPECT_EQ(rc, 2) << text;
   ExpectCleanStop(*c);
+}
+
+// The committed local manifests (deploy/local, what `make run` and `make serve` use) start a
+// cluster that answers Generate with the in-process engine's greedy tokens (ports made free).
+TEST(ClusterTest, TheCommittedLocalManifestsServeGenerate) {
+  // Their model paths are relative to the repository root.
+  ASSERT_EQ(chdir(LLM_SOURCE_DIR), 0);
+  const absl::StatusOr<std::vector<std::vector<int32_t>>> want =
+      ReferenceGreedy("models/fortune-llama", {"Once upon a time"}, 16);
+  ASSERT_TRUE(want.ok()) << want.status();
+  for (const char* name : {"tp1-cpu.yaml", "tp2-cpu.yaml"}) {
+    std::unique_ptr<LocalCluster> c =
+        StartCluster({.manifest = std::string("deploy/local/") + name});
+    ASSERT_NE(c, nullptr) << name;
+    const GenerateResult r = Generate(c->stub(), GreedyRequest("Once upon a time", 16));
+    ASSERT_TRUE(r.status.ok()) << name << ": " << r.status.error_message();
+    EXPECT_EQ(r.token_ids.at(0), want->at(0)) << name;
+    const absl::StatusOr<v1::GetModelInfoResponse> info = GetModelInfo(c->stub());
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(info->model_name(), "fortune-llama") << name;
+    ExpectCleanStop(*c);
+  }
 }
 
 // A manifest error stops llm-cluster before it starts anything: exit 2, file:line and key.
