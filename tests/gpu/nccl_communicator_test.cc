@@ -43,7 +43,9 @@ void WithinOrDie(const char* what, std::chrono::steady_clock::duration limit,
   done.get();
 }
 
-// A device buffer of floats on the current device.
+// A device buffer of floats on the current device. Upload and Poison wait for the device: a
+// pageable cudaMemcpy and a cudaMemset may still be running on the legacy default stream when
+// they return, and a non-blocking stream (the communicator's) does not wait for that stream.
 class DeviceFloats {
  public:
   explicit DeviceFloats(size_t n) : n_(n) {
@@ -57,9 +59,13 @@ class DeviceFloats {
   void Upload(const std::vector<float>& v) {
     ASSERT_EQ(v.size(), n_);
     ASSERT_EQ(cudaMemcpy(data_, v.data(), n_ * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
   // NaN everywhere: whatever a collective does not write shows.
-  void Poison() { ASSERT_EQ(cudaMemset(data_, 0xFF, n_ * sizeof(float)), cudaSuccess); }
+  void Poison() {
+    ASSERT_EQ(cudaMemset(data_, 0xFF, n_ * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
   std::vector<float> Download() const {
     std::vector<float> v(n_);
     EXPECT_EQ(cudaMemcpy(v.data(), data_, n_ * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
