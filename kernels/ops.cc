@@ -194,7 +194,7 @@ OpStatus SiluAndMul(const OpContext& ctx, const TensorView& out, const TensorVie
   return cpu::SiluAndMul(out, x);
 }
 
-OpStatus Linear(const OpContext& /*ctx*/, const TensorView& out, const TensorView& x,
+OpStatus Linear(const OpContext& ctx, const TensorView& out, const TensorView& x,
                 const TensorView& weight, const TensorView& bias) {
   constexpr const char* kOp = "Linear";
   LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "x", x, {kF32}, {kAny, kAny}));
@@ -212,6 +212,9 @@ OpStatus Linear(const OpContext& /*ctx*/, const TensorView& out, const TensorVie
   TensorDevice device;
   LLM_OPS_RETURN_IF_ERROR(CheckSameDevice(
       kOp, {{"out", &out}, {"x", &x}, {"weight", &weight}, {"bias", &bias}}, &device));
+#ifdef LLM_WITH_CUDA
+  if (device.is_cuda()) return cuda::Linear(ctx.stream, ctx.blas_handle, out, x, weight, bias);
+#endif
   if (!device.is_cpu()) return NoBackend(kOp, device);
   return cpu::Linear(out, x, weight, bias);
 }

@@ -2,10 +2,9 @@
 // (where a backend finds its stream and handles), its output(s) first, then its inputs, all as
 // TensorViews; it checks ranks, shapes, dtypes, contiguity and devices, and dispatches on the
 // tensors' device: kernels/cpu/<op>.cc for cpu tensors (the reference), kernels/cuda/<op>.cu for
-// cuda tensors in a build with the CUDA backend (else a cuda tensor gets an error; Linear has
-// no CUDA backend yet). Nothing is thrown and bad
-// arguments never crash: a failure returns an OpStatus whose message names the op, the
-// argument, what was expected and what was given, e.g.
+// cuda tensors in a build with the CUDA backend (else a cuda tensor gets an error). Nothing is
+// thrown and bad arguments never crash: a failure returns an OpStatus whose message names the op,
+// the argument, what was expected and what was given, e.g.
 //   "RmsNorm: weight: expected f32 [4096], got f32 [4095] on cpu".
 //
 // Tensors are fp32 (activations, weights, KV cache) and int32 or int64 (indices) for now, and
@@ -48,9 +47,9 @@ struct [[nodiscard]] OpStatus {
 };
 
 // Per-call backend state. CPU ops ignore it. CUDA ops enqueue their work on `stream`
-// (a cudaStream_t; null = the default stream) and return without waiting for it; GEMMs will
-// use `blas_handle` (a cublasHandle_t). The caller owns both. Kept as void* so that this header
-// needs no CUDA headers.
+// (a cudaStream_t; null = the default stream) and return without waiting for it; GEMMs (Linear)
+// use `blas_handle` (a cublasHandle_t on the tensors' device; required for cuda tensors). The
+// caller owns both. Kept as void* so that this header needs no CUDA headers.
 struct OpContext {
   void* stream = nullptr;
   void* blas_handle = nullptr;
@@ -109,7 +108,8 @@ OpStatus RotaryEmbedding(const OpContext& ctx, const TensorView& positions, cons
 OpStatus SiluAndMul(const OpContext& ctx, const TensorView& out, const TensorView& x);
 
 // A linear layer with HF's weight layout: out[t][n] = sum_k x[t][k] * weight[n][k] + bias[n].
-// x [T, K]; weight [N, K]; bias [N] or absent (data == nullptr); out [T, N].
+// x [T, K]; weight [N, K]; bias [N] or absent (data == nullptr); out [T, N]. On cuda: cuBLAS
+// with fp32 accumulation on ctx.blas_handle (null is an error), which it binds to ctx.stream.
 OpStatus Linear(const OpContext& ctx, const TensorView& out, const TensorView& x,
                 const TensorView& weight, const TensorView& bias);
 

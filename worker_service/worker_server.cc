@@ -14,6 +14,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "scheduler_service/engine/step_codec.h"
 #include "worker_service/cache_engine.h"
+#include "worker_service/kv_cache_sizing.h"
 #include "worker_service/model/llama.h"
 #include "worker_service/model_runner.h"
 #include "worker_service/parallel/gloo_communicator.h"
@@ -86,13 +87,6 @@ absl::Status ParseHostPort(const std::string& address, std::string* host, int* p
   }
   *host = address.substr(0, colon);
   return absl::OkStatus();
-}
-
-// Blocks that fit `gib` GiB, floor, clamped to what the proto carries.
-uint32_t BlocksIn(double gib, uint64_t bytes_per_block) {
-  const double blocks = std::floor(gib * 1073741824.0 / static_cast<double>(bytes_per_block));
-  return static_cast<uint32_t>(
-      std::min(blocks, static_cast<double>(std::numeric_limits<int32_t>::max())));
 }
 
 }  // namespace
@@ -259,8 +253,8 @@ grpc::Status WorkerServer::ProfileMemory(grpc::ServerContext*,
                          static_cast<int>(request->block_size())};
   const uint64_t bytes = CacheEngine::BytesPerBlock(shape);
   response->set_bytes_per_block(bytes);
-  response->set_num_gpu_blocks(BlocksIn(kv, bytes));
-  response->set_num_cpu_blocks(BlocksIn(swap, bytes));
+  response->set_num_gpu_blocks(BlocksInGib(kv, bytes));
+  response->set_num_cpu_blocks(BlocksInGib(swap, bytes));
   return grpc::Status::OK;
 }
 
