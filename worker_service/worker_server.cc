@@ -135,9 +135,8 @@ void WorkerServer::Stop(absl::Duration grace) {
   server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace));
 }
 
-void WorkerServer::SetHealth(bool ready, std::string detail) {
+void WorkerServer::SetHealth(std::string detail) {
   absl::MutexLock lock(&health_mu_);
-  ready_ = ready;
   detail_ = std::move(detail);
 }
 
@@ -155,10 +154,7 @@ grpc::Status WorkerServer::Init(grpc::ServerContext*, const v1::InitRequest* req
   CancelActiveStream();
   absl::MutexLock lock(&mu_);
   const absl::Status s = DoInit(*request, response);
-  if (!s.ok()) {
-    initialized_ = false;
-    SetHealth(false, absl::StrCat("not initialized: Init failed: ", s.message()));
-  }
+  if (!s.ok()) SetHealth(absl::StrCat("not initialized: Init failed: ", s.message()));
   return ToGrpc(s);
 }
 
@@ -168,7 +164,7 @@ absl::Status WorkerServer::DoInit(const v1::InitRequest& request, v1::InitRespon
   runner_.reset();
   cache_.reset();
   if (comm_ != nullptr) comm_->Rebind(nullptr);
-  SetHealth(false, "not initialized: Init in progress");
+  SetHealth("not initialized: Init in progress");
 
   if (absl::Status s = CheckDevice(request.device().empty() ? "cpu" : request.device()); !s.ok()) {
     return s;
@@ -227,7 +223,7 @@ absl::Status WorkerServer::DoInit(const v1::InitRequest& request, v1::InitRespon
   response->set_vocab_size(static_cast<uint32_t>(config->vocab_size));
   response->set_max_position_embeddings(static_cast<uint32_t>(config->max_position_embeddings));
   initialized_ = true;
-  SetHealth(false, "not initialized: no KV cache yet (InitCache)");
+  SetHealth("not initialized: no KV cache yet (InitCache)");
   return absl::OkStatus();
 }
 
@@ -283,7 +279,7 @@ grpc::Status WorkerServer::InitCache(grpc::ServerContext*, const v1::InitCacheRe
     cache_ = std::make_unique<CacheEngine>(shape, static_cast<int>(request->num_gpu_blocks()),
                                            std::max<int>(1, request->num_cpu_blocks()));
   } catch (const std::bad_alloc&) {
-    SetHealth(false, "not initialized: the KV cache did not fit in memory");
+    SetHealth("not initialized: the KV cache did not fit in memory");
     return grpc::Status(
         grpc::StatusCode::RESOURCE_EXHAUSTED,
         absl::StrCat("InitCache: ", request->num_gpu_blocks(), " + ", request->num_cpu_blocks(),
@@ -291,7 +287,7 @@ grpc::Status WorkerServer::InitCache(grpc::ServerContext*, const v1::InitCacheRe
                      " bytes do not fit in memory"));
   }
   runner_ = std::make_unique<ModelRunner>(model_.get(), cache_.get());
-  SetHealth(true, "ready");
+  SetHealth("ready");
   return grpc::Status::OK;
 }
 
@@ -338,15 +334,13 @@ void WorkerServer::RunStep(const v1::StepRequest& request, uint64_t generation,
         initialized_ = false;
         runner_.reset();
         cache_.reset();
-        SetHealth(false, absl::StrCat("not initialized: step ", request.step_id(),
-                                      " failed: ", status.message()));
+        SetHealth(absl::StrCat("not initialized: step ", request.step_id(),
+                               " failed: ", status.message()));
       }
     }
   }
   result->set_step_id(request.step_id());
   if (!status.ok()) {
-    result->clear_sampled_token_ids();
-    result->clear_logprobs();
     result->set_error_code(static_cast<int32_t>(status.code()));
     // Every message names the step (the runner's already do).
     const std::string message(status.message());
@@ -393,7 +387,7 @@ grpc::Status WorkerServer::Health(grpc::ServerContext*, const v1::HealthRequest*
                                   v1::HealthResponse* response) {
   absl::MutexLock lock(&health_mu_);
   response->set_serving(true);
-  response->set_detail(ready_ ? "ready" : detail_);
+  response->set_detail(detail_);
   return grpc::Status::OK;
 }
 

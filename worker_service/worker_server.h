@@ -115,7 +115,7 @@ class WorkerServer final
   // Runs one step of a stream opened in `generation` into `result` (which always echoes the
   // step id). A stream of an earlier generation is refused: its group is gone.
   void RunStep(const v1::StepRequest& request, uint64_t generation, v1::StepResult* result);
-  void SetHealth(bool ready, std::string detail);
+  void SetHealth(std::string detail);
   // Starts a new generation: cancels the active stream, whose steps no longer run.
   void CancelActiveStream();
   // Starts the thread that Stop()s the server (once).
@@ -136,7 +136,6 @@ class WorkerServer final
 
   // The state Health reports, apart from mu_ so that Health never waits for a step.
   absl::Mutex health_mu_;
-  bool ready_ ABSL_GUARDED_BY(health_mu_) = false;
   std::string detail_ ABSL_GUARDED_BY(health_mu_) = "not initialized";
 
   // The one active Step stream.
