@@ -174,7 +174,10 @@ absl::Status WorkerServer::DoInit(const v1::InitRequest& request, v1::InitRespon
     return absl::InvalidArgumentError(absl::StrCat(
         "dtype ", dtype, " is not supported on device cpu (the CPU model computes in float32)"));
   }
-  if (request.world_size() < 1 || request.rank() >= request.world_size()) {
+  // Both become ints below: a world_size past INT_MAX would turn negative (and pass as 1).
+  if (request.world_size() < 1 ||
+      request.world_size() > static_cast<uint32_t>(std::numeric_limits<int>::max()) ||
+      request.rank() >= request.world_size()) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", request.rank(), " of world_size ",
                                                    request.world_size(), " is out of range"));
   }

@@ -7,6 +7,7 @@
 #include "worker_service/worker_server.h"
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -315,6 +316,17 @@ TEST(WorkerServer, LifecycleAnswersFollowTheModelAndTheMemoryFigures) {
   EXPECT_THAT(w.Health().detail(), StartsWith("not initialized"));
   ASSERT_TRUE(w.InitCache(16, 8, 0).ok());
   EXPECT_EQ(w.Health().detail(), "ready");
+}
+
+// world_size and rank are uint32 on the wire: one past INT_MAX must not wrap to a negative
+// int and load the whole model as a single rank.
+TEST(WorkerServer, InitRefusesAWorldSizeBeyondInt) {
+  Worker w;
+  v1::InitRequest init = MakeInit();
+  init.set_world_size(static_cast<uint32_t>(std::numeric_limits<int>::max()) + 2);
+  const grpc::Status s = w.Init(init);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_THAT(w.Health().detail(), StartsWith("not initialized: Init failed"));
 }
 
 TEST(WorkerServer, StepsBeforeInitAnswerFailedPreconditionAndInitEndsTheStream) {
