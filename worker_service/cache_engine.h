@@ -49,6 +49,10 @@ class CacheEngine {
   absl::Status SwapIn(std::span<const BlockPair> pairs);
   // Device -> device (copy-on-write), all layers.
   absl::Status Copy(std::span<const BlockPair> pairs);
+  // INVALID_ARGUMENT, as the three above would answer, when a pair of any of them is out of
+  // range; changes nothing (so that a step can be refused before any of it is applied).
+  absl::Status CheckPairs(std::span<const BlockPair> swap_out, std::span<const BlockPair> swap_in,
+                          std::span<const BlockPair> copy) const;
 
  private:
   static absl::Status Check(std::span<const BlockPair> pairs, int src_blocks, int dst_blocks,

@@ -92,7 +92,9 @@ absl::Status ModelRunner::Validate(const SchedulerOutput& step) const {
   };
   for (const ScheduledRequest& r : step.new_requests) RETURN_IF_ERROR(check(r, true));
   for (const ScheduledRequest& r : step.cached_requests) RETURN_IF_ERROR(check(r, false));
-  return absl::OkStatus();
+  // Execute drops the finished slots and swaps before the copy: a bad pair of any list must
+  // refuse the step before that.
+  return cache_->CheckPairs(step.blocks_to_swap_out, step.blocks_to_swap_in, step.blocks_to_copy);
 }
 
 void ModelRunner::Apply(const SchedulerOutput& step, const ScheduledRequest& r, bool is_new) {

@@ -272,6 +272,47 @@ TEST_F(ModelRunnerTest, MalformedStepsAreRejectedWithoutChangingState) {
   EXPECT_NE(s.message().find("unknown to this worker"), std::string::npos) << s;
 }
 
+// A block pair out of range is refused before anything changes: the finished slots listed
+// with it are still there, and nothing was swapped.
+TEST_F(ModelRunnerTest, ABadBlockPairRejectsTheStepBeforeFinishedSlotsGo) {
+  CacheEngine cache({model_->num_layers(), model_->num_local_kv_heads(), model_->head_dim(), 16}, 8,
+                    1);
+  ModelRunner runner(model_.get(), &cache);
+  SamplingParams params;
+  const std::vector<TokenId> prompt{5, 6, 7};
+  SchedulerOutput step;
+  step.step_id = 1;
+  step.seqs.push_back(
+      {.index = 0, .new_to_workers = true, .replace_block_table = true, .block_ids = {0, 1}});
+  step.block_ids = {2};
+  step.new_requests.push_back({.slot = 0,
+                               .request_id = "r",
+                               .prompt_token_ids = prompt,
+                               .sampling_params = &params,
+                               .num_scheduled_tokens = 3,
+                               .num_samples = 1,
+                               .seqs = {0, 1}});
+  ModelOutput out;
+  ASSERT_TRUE(runner.Execute(step, &out).ok());
+  ASSERT_EQ(runner.num_requests(), 1);
+
+  for (const char* list : {"swap-in", "copy"}) {
+    SchedulerOutput bad;
+    bad.step_id = 2;
+    bad.finished_slots = {0};
+    bad.blocks_to_swap_out = {{.src = 3, .dst = 0}};  // valid on its own
+    if (std::string(list) == "swap-in") {
+      bad.blocks_to_swap_in = {{.src = 5, .dst = 3}};  // the host has 1 block
+    } else {
+      bad.blocks_to_copy = {{.src = 0, .dst = 8}};  // the device has 8
+    }
+    const absl::Status s = runner.Execute(bad, &out);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find(list), std::string::npos) << s;
+    EXPECT_EQ(runner.num_requests(), 1) << list;
+  }
+}
+
 }  // namespace
 }  // namespace llm
 
