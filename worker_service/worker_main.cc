@@ -90,14 +90,20 @@ int Run(int argc, char** argv) {
     server.Stop();
     Fail(1, "cannot write --port-file " + port_file);
   }
-  std::thread([&server, fd = pipe_fds[0]] {
+  // Joined before `server` goes: once the server has stopped (the Shutdown rpc), a 0 byte wakes
+  // it, so that a signal arriving late never reaches a destroyed server.
+  std::thread signal_thread([&server, fd = pipe_fds[0]] {
     unsigned char sig = 0;
     while (read(fd, &sig, 1) < 0 && errno == EINTR) {
     }
+    if (sig == 0) return;
     std::fprintf(stderr, "llm-worker: signal %d, stopping\n", sig);
     server.Stop();
-  }).detach();
+  });
   server.Wait();
+  const unsigned char wake = 0;
+  (void)!write(pipe_fds[1], &wake, 1);
+  signal_thread.join();
   std::fprintf(stderr, "llm-worker: stopped\n");
   return 0;
 }
