@@ -151,12 +151,12 @@ struct NcclCommunicator::Impl {
   }
 
   // Enqueues one collective (`enqueue` returns NCCL's result) and awaits it with the stream.
+  // The caller has made `device` current.
   template <typename Enqueue>
   absl::Status Run(const std::string& what, Enqueue enqueue) {
     if (comm == nullptr) {
       return absl::UnavailableError(absl::StrCat(what, ": the communicator is broken: ", broken));
     }
-    if (absl::Status s = SetDevice(what.c_str(), device); !s.ok()) return s;
     const Clock::time_point deadline = Clock::now() + timeout;
     const ncclResult_t r = enqueue();
     if (r != ncclSuccess && r != ncclInProgress) {
@@ -274,6 +274,7 @@ absl::Status NcclCommunicator::Broadcast(float* data, size_t count, int root) {
 }
 
 absl::Status NcclCommunicator::Barrier() {
+  if (absl::Status s = SetDevice("NCCL Barrier", device_); !s.ok()) return s;
   return impl_->Run("NCCL Barrier", [&] {
     return ncclAllReduce(impl_->scratch, impl_->scratch, 1, ncclFloat32, ncclSum, impl_->comm,
                          impl_->stream);
