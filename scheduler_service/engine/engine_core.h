@@ -21,6 +21,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/sampling_params.h"
 #include "scheduler_service/core/request_output.h"
@@ -93,6 +94,8 @@ class EngineCore {
   };
   void DrainInbox();
   void FailAll(const absl::Status& status);
+  // Frees `id` for reuse: drops it from in_flight_ and drops any abort still queued for it.
+  void Release(absl::string_view id);
   void Loop();
   absl::StatusOr<bool> StepOnce();
   void PublishStats();
