@@ -290,8 +290,7 @@ std::shared_ptr<ServingEngine> LLMService::Detach(const grpc::Status& status) {
   std::vector<std::shared_ptr<GenerateCall>> calls;
   {
     absl::MutexLock lock(&mu_);
-    engine = std::move(engine_);
-    engine_ = nullptr;
+    engine = std::move(engine_);  // leaves engine_ null
     for (auto& [id, call] : calls_) calls.push_back(call);
   }
   for (auto& call : calls) {
