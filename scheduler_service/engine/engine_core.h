@@ -38,9 +38,6 @@ struct EngineRequest {
   std::string cache_salt;
 };
 
-// One update of a request's stream. `output` (with `outputs` for its tokens) is set on
-// success; the last update has output->finished or a non-OK status (the request failed or was
-// aborted: then output is null). Valid during the callback only.
 // What GetStats reports: the scheduler's stats and the free block counts, as of the end of the
 // last step (or of construction).
 struct EngineStats {
@@ -49,6 +46,9 @@ struct EngineStats {
   int num_free_cpu_blocks = 0;
 };
 
+// One update of a request's stream. `output` (with `outputs` for its tokens) is set on
+// success; the last update has output->finished or a non-OK status (the request failed or was
+// aborted: then output is null). Valid during the callback only.
 struct StreamUpdate {
   absl::Status status;
   const RequestOutput* output = nullptr;
