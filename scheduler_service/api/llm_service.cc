@@ -60,7 +60,6 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<v1::Gener
         request_id_(std::move(request_id)),
         stream_(stream),
         logprobs_(logprobs),
-        num_prompt_tokens_(static_cast<int>(prompt.size())),
         prompt_(std::move(prompt)),
         detok_options_(detok) {
     seqs_.resize(n);
@@ -118,7 +117,7 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<v1::Gener
         for (Seq& st : seqs_) *resp.add_outputs() = std::move(st.accumulated);
       }
       v1::Usage* usage = resp.mutable_usage();
-      usage->set_prompt_tokens(num_prompt_tokens_);
+      usage->set_prompt_tokens(static_cast<int>(prompt_.size()));
       usage->set_completion_tokens(num_completion_tokens_);
       usage->set_cached_prompt_tokens(num_cached_prompt_tokens_);
       Enqueue(std::move(resp), grpc::Status::OK);
@@ -234,7 +233,6 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<v1::Gener
   const std::string request_id_;
   const bool stream_;
   const bool logprobs_;  // the request asked for them
-  const int num_prompt_tokens_;
   const std::vector<TokenId> prompt_;
   const DetokenizeOptions detok_options_;
   std::shared_ptr<GenerateCall> self_;
@@ -292,8 +290,7 @@ std::shared_ptr<ServingEngine> LLMService::Detach(const grpc::Status& status) {
   std::vector<std::shared_ptr<GenerateCall>> calls;
   {
     absl::MutexLock lock(&mu_);
-    engine = std::move(engine_);
-    engine_ = nullptr;
+    engine = std::move(engine_);  // leaves engine_ null
     for (auto& [id, call] : calls_) calls.push_back(call);
   }
   for (auto& call : calls) {

@@ -50,10 +50,7 @@ void EngineCore::DrainInbox() {
         scheduler_.AddRequest(r.request_id, std::move(r.prompt_token_ids), r.sampling_params,
                               r.priority, /*arrival_time=*/0, std::move(r.cache_salt));
     if (!s.ok()) {
-      {
-        absl::MutexLock lock(&mu_);
-        in_flight_.erase(r.request_id);
-      }
+      Release(r.request_id);
       p.on_update({.status = s});
       continue;
     }
@@ -66,10 +63,7 @@ void EngineCore::DrainInbox() {
     CHECK(s.ok()) << s;
     StreamCallback cb = std::move(it->second);
     streams_.erase(it);
-    {
-      absl::MutexLock lock(&mu_);
-      in_flight_.erase(id);
-    }
+    Release(id);
     cb({.status = absl::CancelledError(absl::StrCat("request ", id, " aborted"))});
   }
 }
@@ -79,12 +73,17 @@ void EngineCore::FailAll(const absl::Status& status) {
   streams_.clear();
   for (auto& [id, cb] : streams) {
     (void)scheduler_.Abort(id);
-    {
-      absl::MutexLock lock(&mu_);
-      in_flight_.erase(id);
-    }
+    Release(id);
     cb({.status = status});
   }
+}
+
+void EngineCore::Release(absl::string_view id) {
+  absl::MutexLock lock(&mu_);
+  in_flight_.erase(id);
+  // An abort still queued was meant for the request that just ended; left there, it would
+  // abort a new request that reuses the id.
+  std::erase(inbox_aborts_, id);
 }
 
 EngineStats EngineCore::stats_snapshot() const {
@@ -138,10 +137,7 @@ absl::StatusOr<bool> EngineCore::StepOnce() {
     // may reuse it at once.
     StreamCallback cb = std::move(it->second);
     streams_.erase(it);
-    {
-      absl::MutexLock lock(&mu_);
-      in_flight_.erase(id);
-    }
+    Release(id);
     cb({.output = &out, .outputs = *outputs});
   }
   return true;

@@ -21,6 +21,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/sampling_params.h"
 #include "scheduler_service/core/request_output.h"
@@ -37,9 +38,6 @@ struct EngineRequest {
   std::string cache_salt;
 };
 
-// One update of a request's stream. `output` (with `outputs` for its tokens) is set on
-// success; the last update has output->finished or a non-OK status (the request failed or was
-// aborted: then output is null). Valid during the callback only.
 // What GetStats reports: the scheduler's stats and the free block counts, as of the end of the
 // last step (or of construction).
 struct EngineStats {
@@ -48,6 +46,9 @@ struct EngineStats {
   int num_free_cpu_blocks = 0;
 };
 
+// One update of a request's stream. `output` (with `outputs` for its tokens) is set on
+// success; the last update has output->finished or a non-OK status (the request failed or was
+// aborted: then output is null). Valid during the callback only.
 struct StreamUpdate {
   absl::Status status;
   const RequestOutput* output = nullptr;
@@ -93,6 +94,8 @@ class EngineCore {
   };
   void DrainInbox();
   void FailAll(const absl::Status& status);
+  // Frees `id` for reuse: drops it from in_flight_ and drops any abort still queued for it.
+  void Release(absl::string_view id);
   void Loop();
   absl::StatusOr<bool> StepOnce();
   void PublishStats();

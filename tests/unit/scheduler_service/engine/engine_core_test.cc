@@ -1,9 +1,11 @@
 #include "scheduler_service/engine/engine_core.h"
 
+#include <functional>
 #include <map>
 #include <numeric>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -183,6 +185,44 @@ TEST(EngineCore, AnExecutorErrorEndsEveryStreamWithIt) {
   EXPECT_EQ(c.ended["a"].code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(c.ended["b"].code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(engine.scheduler().block_manager().stats().num_free_gpu_blocks, 200);
+}
+
+// Runs a hook inside Execute: what another thread does while a step is on the workers.
+class HookedExecutor : public Executor {
+ public:
+  HookedExecutor(Executor* inner, std::function<void()> hook)
+      : inner_(inner), hook_(std::move(hook)) {}
+  absl::Status Execute(const SchedulerOutput& step, ModelOutput* out) override {
+    if (hook_) std::exchange(hook_, nullptr)();
+    return inner_->Execute(step, out);
+  }
+
+ private:
+  Executor* const inner_;
+  std::function<void()> hook_;
+};
+
+TEST(EngineCore, AnAbortForARequestThatFinishedMeanwhileSparesTheNextOneWithItsId) {
+  FakeExecutor fake(SchedulerHarness::ExecConfig(Cache()));
+  EngineCore* engine_ptr = nullptr;
+  // The client aborts "x" while the step that finishes it runs.
+  HookedExecutor exec(&fake, [&] { ASSERT_TRUE(engine_ptr->Abort("x").ok()); });
+  EngineCore engine(Config(), Cache(), &exec);
+  engine_ptr = &engine;
+  Collector first, second;
+  ASSERT_TRUE(engine.AddRequest({"x", Prompt(4, 1), Params(1)}, first.For("x")).ok());
+  ASSERT_TRUE(engine.Step().ok());
+  {
+    absl::MutexLock lock(&first.mu);
+    ASSERT_TRUE(first.ended.contains("x"));
+    EXPECT_TRUE(first.ended["x"].ok());
+  }
+  // The id is free again; the stale abort must not reach its new owner.
+  ASSERT_TRUE(engine.AddRequest({"x", Prompt(4, 9), Params(3)}, second.For("x")).ok());
+  ASSERT_TRUE(engine.RunUntilIdle().ok());
+  absl::MutexLock lock(&second.mu);
+  EXPECT_TRUE(second.ended["x"].ok()) << second.ended["x"];
+  EXPECT_EQ(second.tokens["x"].size(), 3u);
 }
 
 }  // namespace
