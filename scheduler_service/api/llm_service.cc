@@ -167,8 +167,15 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<v1::Gener
   }
 
   void OnCancel() override {
-    if (std::shared_ptr<ServingEngine> e = engine_.lock()) {
-      (void)e->engine->Abort(request_id_);  // NOT_FOUND when it finished meanwhile
+    // Taken outside mu_: were this the last reference, the engine would stop under it.
+    const std::shared_ptr<ServingEngine> e = engine_.lock();
+    {
+      absl::MutexLock lock(&mu_);
+      // Once Finish is under way the id is no longer this call's (gRPC may cancel after it):
+      // a new call may have taken it, and its request must not be aborted.
+      if (e != nullptr && !finish_called_) {
+        (void)e->engine->Abort(request_id_);  // NOT_FOUND when it finished meanwhile
+      }
     }
     End(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
   }
