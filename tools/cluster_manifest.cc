@@ -324,24 +324,24 @@ absl::StatusOr<ClusterManifest> ParseClusterManifest(std::string_view yaml,
   yaml_parser_set_input_string(&parser, reinterpret_cast<const unsigned char*>(yaml.data()),
                                yaml.size());
   yaml_document_t doc;
-  if (!yaml_parser_load(&parser, &doc)) {
+  auto invalid_yaml = [&] {
     const std::string msg = absl::StrCat(
         file_name, ":", parser.problem_mark.line + 1,
         ": invalid YAML: ", parser.problem != nullptr ? parser.problem : "unknown error",
         parser.context != nullptr ? std::string(" ") + parser.context : "");
     yaml_parser_delete(&parser);
     return absl::InvalidArgumentError(msg);
-  }
+  };
+  if (!yaml_parser_load(&parser, &doc)) return invalid_yaml();
   absl::StatusOr<ClusterManifest> m = Reader(&doc, file_name).Read();
   yaml_document_delete(&doc);
   // One document only: a second one is most likely a mistake.
   if (m.ok()) {
     yaml_document_t next;
-    if (yaml_parser_load(&parser, &next)) {
-      const bool more = yaml_document_get_root_node(&next) != nullptr;
-      yaml_document_delete(&next);
-      if (more) m = absl::InvalidArgumentError(file_name + ": expected one YAML document");
-    }
+    if (!yaml_parser_load(&parser, &next)) return invalid_yaml();
+    const bool more = yaml_document_get_root_node(&next) != nullptr;
+    yaml_document_delete(&next);
+    if (more) m = absl::InvalidArgumentError(file_name + ": expected one YAML document");
   }
   yaml_parser_delete(&parser);
   return m;

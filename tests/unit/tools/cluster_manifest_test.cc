@@ -101,6 +101,14 @@ TEST(ClusterManifestTest, RejectsWithFileLineAndKey) {
   }
 }
 
+// A YAML syntax error in a second document is an error like one in the first, not ignored.
+TEST(ClusterManifestTest, RejectsInvalidYamlInASecondDocument) {
+  absl::StatusOr<ClusterManifest> m = Parse("model: m\n---\nengine: [\n");
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(m.status().message()), HasSubstr("invalid YAML"));
+}
+
 TEST(ClusterManifestTest, TheCommittedManifestsParse) {
   for (const char* name : {"tp1-cpu.yaml", "tp2-cpu.yaml"}) {
     absl::StatusOr<ClusterManifest> m =
