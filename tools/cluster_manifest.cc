@@ -4,6 +4,7 @@
 
 #include <yaml.h>
 
+#include <cmath>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -196,7 +197,7 @@ class Reader {
   absl::Status Double(yaml_node_t* v, const std::string& key, double* out) {
     absl::StatusOr<std::string> s = Scalar(v, key, Type::kDouble);
     if (!s.ok()) return s.status();
-    if (!absl::SimpleAtod(*s, out) || *out < 0) {
+    if (!absl::SimpleAtod(*s, out) || !std::isfinite(*out) || *out < 0) {
       return Error(Line(v), key, "expected a number >= 0, got \"" + *s + "\"");
     }
     return absl::OkStatus();
