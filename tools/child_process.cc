@@ -96,7 +96,7 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(const ChildSpe
     n = read(exec_pipe[0], &err, sizeof(err));
   } while (n < 0 && errno == EINTR);
   close(exec_pipe[0]);
-  auto child = std::unique_ptr<ChildProcess>(new ChildProcess(pid, spec.argv[0], log_pipe[0]));
+  auto child = std::unique_ptr<ChildProcess>(new ChildProcess(pid));
   if (!spec.log_prefix.empty()) {
     child->log_thread_ = std::thread(ForwardLines, log_pipe[0], spec.log_prefix);
   }
@@ -108,8 +108,7 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(const ChildSpe
   return child;
 }
 
-ChildProcess::ChildProcess(pid_t pid, std::string name, int /*log_fd*/)
-    : pid_(pid), name_(std::move(name)) {}
+ChildProcess::ChildProcess(pid_t pid) : pid_(pid) {}
 
 ChildProcess::~ChildProcess() {
   if (running()) Stop(absl::Seconds(5));
