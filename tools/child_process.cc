@@ -59,13 +59,19 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(const ChildSpe
   if (!spec.log_prefix.empty() && pipe2(log_pipe, O_CLOEXEC) != 0) {
     return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
   }
-  int exec_pipe[2];  // the child writes errno here when exec fails; CLOEXEC closes it on success
-  if (pipe2(exec_pipe, O_CLOEXEC) != 0) {
-    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
-  }
+  // The child writes errno here when exec fails; CLOEXEC closes it on success.
+  int exec_pipe[2] = {-1, -1};
+  auto fail = [&](const char* what) {
+    const int err = errno;
+    for (int fd : {log_pipe[0], log_pipe[1], exec_pipe[0], exec_pipe[1]}) {
+      if (fd >= 0) close(fd);
+    }
+    return absl::InternalError(absl::StrCat(what, ": ", std::strerror(err)));
+  };
+  if (pipe2(exec_pipe, O_CLOEXEC) != 0) return fail("pipe");
   const pid_t parent = getpid();
   const pid_t pid = fork();
-  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+  if (pid < 0) return fail("fork");
   if (pid == 0) {
     if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != parent) _exit(127);
     if (spec.new_process_group) setpgid(0, 0);
@@ -90,7 +96,7 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(const ChildSpe
     n = read(exec_pipe[0], &err, sizeof(err));
   } while (n < 0 && errno == EINTR);
   close(exec_pipe[0]);
-  auto child = std::unique_ptr<ChildProcess>(new ChildProcess(pid, spec.argv[0], log_pipe[0]));
+  auto child = std::unique_ptr<ChildProcess>(new ChildProcess(pid));
   if (!spec.log_prefix.empty()) {
     child->log_thread_ = std::thread(ForwardLines, log_pipe[0], spec.log_prefix);
   }
@@ -102,8 +108,7 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(const ChildSpe
   return child;
 }
 
-ChildProcess::ChildProcess(pid_t pid, std::string name, int /*log_fd*/)
-    : pid_(pid), name_(std::move(name)) {}
+ChildProcess::ChildProcess(pid_t pid) : pid_(pid) {}
 
 ChildProcess::~ChildProcess() {
   if (running()) Stop(absl::Seconds(5));

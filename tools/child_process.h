@@ -40,7 +40,6 @@ class ChildProcess {
   ChildProcess& operator=(const ChildProcess&) = delete;
 
   pid_t pid() const { return pid_; }
-  const std::string& name() const { return name_; }
   bool running() const { return !wait_status_.has_value(); }
   // The waitpid status once the child has exited and been reaped.
   std::optional<int> wait_status() const { return wait_status_; }
@@ -58,10 +57,9 @@ class ChildProcess {
   static std::string DescribeStatus(int wait_status);
 
  private:
-  ChildProcess(pid_t pid, std::string name, int log_fd);
+  explicit ChildProcess(pid_t pid);
 
   pid_t pid_;
-  std::string name_;
   std::optional<int> wait_status_;
   std::thread log_thread_;
 };

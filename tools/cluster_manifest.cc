@@ -4,6 +4,7 @@
 
 #include <yaml.h>
 
+#include <cmath>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -196,7 +197,7 @@ class Reader {
   absl::Status Double(yaml_node_t* v, const std::string& key, double* out) {
     absl::StatusOr<std::string> s = Scalar(v, key, Type::kDouble);
     if (!s.ok()) return s.status();
-    if (!absl::SimpleAtod(*s, out) || *out < 0) {
+    if (!absl::SimpleAtod(*s, out) || !std::isfinite(*out) || *out < 0) {
       return Error(Line(v), key, "expected a number >= 0, got \"" + *s + "\"");
     }
     return absl::OkStatus();
@@ -324,24 +325,24 @@ absl::StatusOr<ClusterManifest> ParseClusterManifest(std::string_view yaml,
   yaml_parser_set_input_string(&parser, reinterpret_cast<const unsigned char*>(yaml.data()),
                                yaml.size());
   yaml_document_t doc;
-  if (!yaml_parser_load(&parser, &doc)) {
+  auto invalid_yaml = [&] {
     const std::string msg = absl::StrCat(
         file_name, ":", parser.problem_mark.line + 1,
         ": invalid YAML: ", parser.problem != nullptr ? parser.problem : "unknown error",
         parser.context != nullptr ? std::string(" ") + parser.context : "");
     yaml_parser_delete(&parser);
     return absl::InvalidArgumentError(msg);
-  }
+  };
+  if (!yaml_parser_load(&parser, &doc)) return invalid_yaml();
   absl::StatusOr<ClusterManifest> m = Reader(&doc, file_name).Read();
   yaml_document_delete(&doc);
   // One document only: a second one is most likely a mistake.
   if (m.ok()) {
     yaml_document_t next;
-    if (yaml_parser_load(&parser, &next)) {
-      const bool more = yaml_document_get_root_node(&next) != nullptr;
-      yaml_document_delete(&next);
-      if (more) m = absl::InvalidArgumentError(file_name + ": expected one YAML document");
-    }
+    if (!yaml_parser_load(&parser, &next)) return invalid_yaml();
+    const bool more = yaml_document_get_root_node(&next) != nullptr;
+    yaml_document_delete(&next);
+    if (more) m = absl::InvalidArgumentError(file_name + ": expected one YAML document");
   }
   yaml_parser_delete(&parser);
   return m;

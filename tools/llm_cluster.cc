@@ -132,6 +132,7 @@ class Cluster {
   std::unique_ptr<ChildProcess> scheduler_;
   int scheduler_port_ = 0;
   bool stop_requested_ = false;
+  bool serving_ = false;  // Start() succeeded: from now on a dead worker may be restarted
 };
 
 absl::Status Cluster::StartWorker(Worker& w, int port) {
@@ -177,9 +178,9 @@ std::optional<std::string> Cluster::CheckChildren() {
     }
     const std::string what = absl::StrCat("worker rank ", w.rank, " (pid ", w.process->pid(), ") ",
                                           ChildProcess::DescribeStatus(*w.process->wait_status()));
-    // Restarts only once the group is up: during startup a dying worker is a configuration
-    // error that a restart would only repeat.
-    if (!m_.restart_workers || scheduler_ == nullptr || w.port == 0) return what;
+    // Restarts only once the group is up (Start() returned): during startup a dying worker is
+    // a configuration error that a restart would only repeat, and nothing restarts it there.
+    if (!m_.restart_workers || !serving_) return what;
     Log(absl::StrCat(what, "; restarting it on port ", w.port, " in ", m_.restart_delay_s, " s"));
     w.restart_at = absl::Now() + absl::Seconds(m_.restart_delay_s);
   }
@@ -313,6 +314,7 @@ absl::Status Cluster::Start() {
       "  stop: Ctrl-C or kill -TERM %d\n",
       client.c_str(), address.c_str(), client.c_str(), address.c_str(), getpid());
   std::fflush(stdout);
+  serving_ = true;
   return absl::OkStatus();
 }
 

@@ -424,6 +424,39 @@ TEST(ClusterTest, LlmClusterRejectsABadManifest) {
   std::filesystem::remove_all(dir);
 }
 
+// A worker that dies while the scheduler starts is fatal even with restart_workers (restarts
+// begin once the cluster serves): llm-cluster names it and exits 1 at once rather than waiting
+// out startup_timeout_s. Stand-ins from a --bin-dir: workers that write their port file and
+// exit 3 a second later, a scheduler that writes its port file and never serves.
+TEST(ClusterTest, AWorkerDyingDuringStartupFailsTheStartEvenWithRestartWorkers) {
+  char dir[] = "/tmp/llm-cluster-fake.XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string write_port =
+      "#!/bin/sh\nfor a in \"$@\"; do case $a in --port-file=*) echo 1 > \"${a#--port-file=}\";; "
+      "esac; done\n";
+  const std::pair<const char*, std::string> scripts[] = {
+      {"llm-worker", write_port + "sleep 1\nexit 3\n"},
+      {"llm-scheduler", write_port + "exec sleep 600\n"},
+  };
+  for (const auto& [name, text] : scripts) {
+    const std::string path = std::string(dir) + "/" + name;
+    std::ofstream(path) << text;
+    std::filesystem::permissions(path, std::filesystem::perms::owner_all);
+  }
+  const std::string manifest = std::string(dir) + "/cluster.yaml";
+  std::ofstream(manifest) << "model: " << DefaultModel()
+                          << "\nrestart_workers: true\nstartup_timeout_s: 600\n";
+  // `timeout`: a hang guard; it would stop llm-cluster with SIGTERM (exit 0, so rc 124).
+  auto [text, rc] =
+      RunCommand(absl::StrCat("timeout 60 ", LLM_BIN_DIR, "/llm-cluster --manifest=", manifest,
+                              " --bin-dir=", dir, " --scheduler-port=0 --worker-base-port=0"));
+  EXPECT_EQ(rc, 1) << text;
+  EXPECT_THAT(text, HasSubstr("worker rank 0"));
+  EXPECT_THAT(text, HasSubstr("exited with status 3 while waiting for the scheduler"));
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("restarting it")));
+  std::filesystem::remove_all(dir);
+}
+
 // Ctrl-C (SIGINT) to llm-cluster stops every child and exits 0.
 TEST(ClusterTest, SigintStopsTheWholeCluster) {
   std::unique_ptr<LocalCluster> c = StartCluster({.tensor_parallel_size = 2});

@@ -101,6 +101,24 @@ TEST(ClusterManifestTest, RejectsWithFileLineAndKey) {
   }
 }
 
+// A YAML syntax error in a second document is an error like one in the first, not ignored.
+TEST(ClusterManifestTest, RejectsInvalidYamlInASecondDocument) {
+  absl::StatusOr<ClusterManifest> m = Parse("model: m\n---\nengine: [\n");
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(m.status().message()), HasSubstr("invalid YAML"));
+}
+
+// Numbers are finite: "nan" and "inf" parse as doubles but mean nothing as seconds.
+TEST(ClusterManifestTest, RejectsNonFiniteSeconds) {
+  for (const char* yaml :
+       {"model: m\nstartup_timeout_s: nan\n", "model: m\nrestart_delay_s: inf\n"}) {
+    absl::StatusOr<ClusterManifest> m = Parse(yaml);
+    ASSERT_FALSE(m.ok()) << yaml;
+    EXPECT_THAT(std::string(m.status().message()), HasSubstr("expected a number >= 0")) << yaml;
+  }
+}
+
 TEST(ClusterManifestTest, TheCommittedManifestsParse) {
   for (const char* name : {"tp1-cpu.yaml", "tp2-cpu.yaml"}) {
     absl::StatusOr<ClusterManifest> m =
