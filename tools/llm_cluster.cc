@@ -38,6 +38,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/port_file.h"
 #include "tools/child_process.h"
 #include "tools/cluster_manifest.h"
 #include "tools/flag_parser.h"
@@ -60,31 +61,6 @@ struct Args {
 void Log(const std::string& msg) {
   std::fprintf(stderr, "llm-cluster: %s\n", msg.c_str());
   std::fflush(stderr);
-}
-
-// The port a server wrote to its --port-file, once it has.
-std::optional<int> ReadPortFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  int port = 0;
-  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &port) || port <= 0) {
-    return std::nullopt;
-  }
-  return port;
-}
-
-absl::Status WritePortFile(const std::string& path, int port) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << port << "\n";
-    if (!out.flush()) return absl::InternalError("cannot write " + tmp);
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) return absl::InternalError("cannot rename " + tmp + ": " + ec.message());
-  return absl::OkStatus();
 }
 
 // The address a client on this machine uses for a server listening on `host`.

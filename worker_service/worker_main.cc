@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "cblas.h"
+#include "common/port_file.h"
 #include "kernels/cpu/blas_setup.h"
 #include "tools/flag_parser.h"
 #include "worker_service/worker_server.h"
@@ -36,17 +37,6 @@ void OnStopSignal(int sig) {
 [[noreturn]] void Fail(int code, const std::string& msg) {
   std::fprintf(stderr, "llm-worker: %s\n", msg.c_str());
   std::exit(code);
-}
-
-// Writes "PORT\n" to path.tmp, then renames it to path, so that readers never see a part.
-bool WritePortFile(const std::string& path, int port) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << port << "\n";
-    if (!out.good()) return false;
-  }
-  return std::rename(tmp.c_str(), path.c_str()) == 0;
 }
 
 int Run(int argc, char** argv) {
@@ -86,9 +76,11 @@ int Run(int argc, char** argv) {
   WorkerServer server(options);
   if (absl::Status s = server.Start(); !s.ok()) Fail(1, s.ToString());
   std::fprintf(stderr, "llm-worker: listening on %s:%d\n", options.host.c_str(), server.port());
-  if (!port_file.empty() && !WritePortFile(port_file, server.port())) {
-    server.Stop();
-    Fail(1, "cannot write --port-file " + port_file);
+  if (!port_file.empty()) {
+    if (absl::Status s = WritePortFile(port_file, server.port()); !s.ok()) {
+      server.Stop();
+      Fail(1, "--port-file: " + std::string(s.message()));
+    }
   }
   // Joined before `server` goes: once the server has stopped (the Shutdown rpc), a 0 byte wakes
   // it, so that a signal arriving late never reaches a destroyed server.

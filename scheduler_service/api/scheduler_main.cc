@@ -37,6 +37,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/model_config.h"
+#include "common/port_file.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -240,18 +241,6 @@ Setup Check(const Flags& f, const ModelConfig& model, const Tokenizer& tokenizer
   o.max_concurrent_requests = f.max_concurrent_requests;
   o.sampling_limits = sc.sampling_limits;
   return s;
-}
-
-void WritePortFile(const std::string& path, int port) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << port << "\n";
-    if (!out) Fail("cannot write " + tmp);
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) Fail("cannot rename " + tmp + " to " + path + ": " + ec.message());
 }
 
 // Runs the worker group's lifecycle on its own thread (Run) until Stop().
@@ -471,7 +460,11 @@ int Run(int argc, char** argv) {
   health->SetServingStatus(false);
   health->SetServingStatus("llm.v1.LLMService", false);
   std::fprintf(stderr, "listening on %s:%d\n", flags.host.c_str(), bound_port);
-  if (!flags.port_file.empty()) WritePortFile(flags.port_file, bound_port);
+  if (!flags.port_file.empty()) {
+    if (absl::Status s = WritePortFile(flags.port_file, bound_port); !s.ok()) {
+      Fail(std::string(s.message()));
+    }
+  }
   LOG(INFO) << "model " << setup.service.model_name << ", max_model_len "
             << setup.service.max_model_len << ", " << setup.addresses.size()
             << " worker rank(s); rendezvous store on " << flags.rendezvous_host << ":"

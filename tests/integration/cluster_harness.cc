@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/model_config.h"
+#include "common/port_file.h"
 #include "scheduler_service/api/incremental_detokenizer.h"
 #include "scheduler_service/api/tokenizer.h"
 #include "scheduler_service/engine/engine_core.h"
@@ -60,16 +61,6 @@ bool Alive(pid_t pid) {
   const size_t close = stat.rfind(')');
   if (close == std::string::npos || close + 2 >= stat.size()) return false;
   return stat[close + 2] != 'Z' && stat[close + 2] != 'X';
-}
-
-std::optional<int> ReadPort(const std::string& path) {
-  std::ifstream in(path);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  int port = 0;
-  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &port) || port <= 0) {
-    return std::nullopt;
-  }
-  return port;
 }
 
 }  // namespace
@@ -125,7 +116,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
   c->process_ = std::move(*p);
   const absl::Time deadline = absl::Now() + absl::Seconds(120);
   std::optional<int> port;
-  while (!(port = ReadPort(port_file)).has_value()) {
+  while (!(port = ReadPortFile(port_file)).has_value()) {
     for (const auto& [pid, comm] : ChildrenOf(c->process_->pid())) c->seen_children_.push_back(pid);
     if (c->process_->Poll().has_value()) {
       return absl::UnavailableError(
