@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "scheduler_service/engine/engine_core.h"
 #include "tests/unit/worker_service/model/model_test_util.h"
+#include "tests/unit/worker_service/step_test_util.h"
 
 namespace llm {
 namespace {
@@ -232,18 +233,7 @@ TEST_F(ModelRunnerTest, MalformedStepsAreRejectedWithoutChangingState) {
   ModelRunner runner(model_.get(), &cache);
   SamplingParams params;
   const std::vector<TokenId> prompt{5, 6, 7};
-  SchedulerOutput step;
-  step.step_id = 1;
-  step.seqs.push_back(
-      {.index = 0, .new_to_workers = true, .replace_block_table = true, .block_ids = {0, 1}});
-  step.block_ids = {9};  // outside the 8-block cache
-  step.new_requests.push_back({.slot = 0,
-                               .request_id = "r",
-                               .prompt_token_ids = prompt,
-                               .sampling_params = &params,
-                               .num_scheduled_tokens = 3,
-                               .num_samples = 1,
-                               .seqs = {0, 1}});
+  SchedulerOutput step = OnePrefillStep("r", prompt, params, {9});  // outside the 8-block cache
   ModelOutput out;
   absl::Status s = runner.Execute(step, &out);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
@@ -280,18 +270,7 @@ TEST_F(ModelRunnerTest, ABadBlockPairRejectsTheStepBeforeFinishedSlotsGo) {
   ModelRunner runner(model_.get(), &cache);
   SamplingParams params;
   const std::vector<TokenId> prompt{5, 6, 7};
-  SchedulerOutput step;
-  step.step_id = 1;
-  step.seqs.push_back(
-      {.index = 0, .new_to_workers = true, .replace_block_table = true, .block_ids = {0, 1}});
-  step.block_ids = {2};
-  step.new_requests.push_back({.slot = 0,
-                               .request_id = "r",
-                               .prompt_token_ids = prompt,
-                               .sampling_params = &params,
-                               .num_scheduled_tokens = 3,
-                               .num_samples = 1,
-                               .seqs = {0, 1}});
+  SchedulerOutput step = OnePrefillStep("r", prompt, params, {2});
   ModelOutput out;
   ASSERT_TRUE(runner.Execute(step, &out).ok());
   ASSERT_EQ(runner.num_requests(), 1);
@@ -312,12 +291,6 @@ TEST_F(ModelRunnerTest, ABadBlockPairRejectsTheStepBeforeFinishedSlotsGo) {
     EXPECT_EQ(runner.num_requests(), 1) << list;
   }
 }
-
-}  // namespace
-}  // namespace llm
-
-namespace llm {
-namespace {
 
 TEST_F(ModelRunnerTest, LogprobsReachTheStreamsOfTheRequestsThatAskForThem) {
   CacheEngine cache({model_->num_layers(), model_->num_local_kv_heads(), model_->head_dim(), 16},

@@ -22,6 +22,7 @@
 #include "scheduler_service/engine/step_codec.h"
 #include "tests/testing/grpc_probe.h"
 #include "tests/unit/worker_service/model/model_test_util.h"
+#include "tests/unit/worker_service/step_test_util.h"
 #include "worker_service/cache_engine.h"
 #include "worker_service/model_runner.h"
 #include "worker_service/parallel/tcp_store.h"
@@ -394,16 +395,7 @@ TEST(WorkerServer, BadStepsAnswerInvalidArgumentAndTheStreamGoesOn) {
   params.temperature = 0;
   params.logprobs = 2;
   const std::vector<TokenId> prompt{5, 6, 7};
-  SchedulerOutput step;
-  step.seqs.push_back(
-      {.index = 0, .new_to_workers = true, .replace_block_table = true, .block_ids = {0, 1}});
-  step.new_requests.push_back({.slot = 0,
-                               .request_id = "req-a",
-                               .prompt_token_ids = prompt,
-                               .sampling_params = &params,
-                               .num_scheduled_tokens = 3,
-                               .num_samples = 1,
-                               .seqs = {0, 1}});
+  SchedulerOutput step = OnePrefillStep("req-a", prompt, params, {9});
   v1::StepRequest request;
   v1::StepResult result;
 
@@ -546,18 +538,7 @@ TEST(WorkerServer, AStepStuckOnAMissingPeerEndsAndReInitRecoversTheGroup) {
   Stream stream(w0);
   SamplingParams params;
   const std::vector<TokenId> prompt{5, 6, 7};
-  SchedulerOutput step;
-  step.step_id = 1;
-  step.seqs.push_back(
-      {.index = 0, .new_to_workers = true, .replace_block_table = true, .block_ids = {0, 1}});
-  step.block_ids = {0};
-  step.new_requests.push_back({.slot = 0,
-                               .request_id = "r",
-                               .prompt_token_ids = prompt,
-                               .sampling_params = &params,
-                               .num_scheduled_tokens = 3,
-                               .num_samples = 1,
-                               .seqs = {0, 1}});
+  SchedulerOutput step = OnePrefillStep("r", prompt, params, {0});
   v1::StepRequest request;
   EncodeStepRequest(step, &request);
   v1::StepResult result;
@@ -604,18 +585,7 @@ TEST(WorkerServer, InitWhileStepsRunWaitsAndLeavesAWorkingWorker) {
     Stream stream(w);
     SamplingParams params;
     const std::vector<TokenId> prompt(40, 9);
-    SchedulerOutput step;
-    step.step_id = 1;
-    step.seqs.push_back(
-        {.index = 0, .new_to_workers = true, .replace_block_table = true, .block_ids = {0, 3}});
-    step.block_ids = {0, 1, 2};
-    step.new_requests.push_back({.slot = 0,
-                                 .request_id = "long",
-                                 .prompt_token_ids = prompt,
-                                 .sampling_params = &params,
-                                 .num_scheduled_tokens = 40,
-                                 .num_samples = 1,
-                                 .seqs = {0, 1}});
+    SchedulerOutput step = OnePrefillStep("long", prompt, params, {0, 1, 2});
     v1::StepRequest request;
     EncodeStepRequest(step, &request);
     v1::StepResult result;
