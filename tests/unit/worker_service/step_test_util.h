@@ -4,6 +4,7 @@
 
 #include <span>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/sampling_params.h"
