@@ -1,5 +1,6 @@
 #include "scheduler_service/core/block_space_manager.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/container/flat_hash_set.h"
@@ -70,19 +71,7 @@ const BlockTable* BlockSpaceManager::GetBlockTable(SeqId seq) const {
   return it == tables_.end() ? nullptr : &it->second;
 }
 
-void BlockSpaceManager::Prefetch(SeqId seq, int stage) const {
-  if (stage == 0) {
-    tables_.prefetch(seq);
-    return;
-  }
-  const BlockTable* table = GetBlockTable(seq);
-  if (table == nullptr || table->block_ids_.empty()) return;
-  if (stage == 1) {
-    __builtin_prefetch(&table->block_ids_.back());
-  } else if (table->device() == Device::kGpu) {
-    __builtin_prefetch(&gpu_.block(table->block_ids_.back()));
-  }
-}
+void BlockSpaceManager::Prefetch(SeqId seq) const { tables_.prefetch(seq); }
 
 void BlockSpaceManager::MatchPrefix(std::span<const TokenId> prompt, std::string_view cache_salt,
                                     std::vector<KVCacheBlock*>* hits) {
@@ -173,7 +162,9 @@ bool BlockSpaceManager::CanAppendSlots(std::span<const SeqId> seqs, int num_new_
     needed += table->NumNewBlocksForAppend(num_new_tokens, num_lookahead_slots);
     // Copy-on-write of shared blocks about to be written (counted per sequence: a bound).
     if (num_new_tokens > 0) {
-      for (int i = table->FirstWrittenBlock(); i <= table->LastWrittenBlock(num_new_tokens); ++i) {
+      const int last =
+          std::min(table->LastWrittenBlock(num_new_tokens), table->num_forked_blocks_ - 1);
+      for (int i = table->FirstWrittenBlock(); i <= last; ++i) {
         needed += gpu_.block(table->block_ids_[i]).ref_cnt > 1;
       }
     }
@@ -193,8 +184,11 @@ absl::Status BlockSpaceManager::AppendSlots(SeqId seq, int num_new_tokens, int n
     return absl::FailedPreconditionError(
         absl::StrCat("sequence ", seq, " is swapped out; swap it in before appending"));
   }
+  // Only forked blocks can be shared and written: copy-on-write never reads the others.
   const int first = table->FirstWrittenBlock();
-  const int last = num_new_tokens > 0 ? table->LastWrittenBlock(num_new_tokens) : first - 1;
+  const int last = num_new_tokens > 0 ? std::min(table->LastWrittenBlock(num_new_tokens),
+                                                 table->num_forked_blocks_ - 1)
+                                      : first - 1;
   int num_cow = 0;
   for (int i = first; i <= last; ++i) num_cow += gpu_.block(table->block_ids_[i]).ref_cnt > 1;
   const int num_new_blocks = table->NumNewBlocksForAppend(num_new_tokens, num_lookahead_slots);
@@ -261,6 +255,7 @@ absl::Status BlockSpaceManager::Fork(SeqId parent, SeqId child) {
     return absl::FailedPreconditionError(
         absl::StrCat("fork: parent sequence ", parent, " is swapped out"));
   }
+  from->num_forked_blocks_ = from->num_blocks();
   BlockTable copy = *from;  // `from` may move when the map grows
   for (BlockId id : copy.block_ids_) gpu_.Touch(&gpu_.block(id));
   tables_.emplace(child, std::move(copy));
@@ -420,6 +415,20 @@ absl::Status BlockSpaceManager::CheckInvariants() const {
       if (key.prefix_id == 0 || key.parent_prefix_id != want_parent) {
         return absl::InternalError(absl::StrCat("sequence ", seq, ": hashed block ", i, " (block ",
                                                 table.block_ids()[i], ") breaks the prefix chain"));
+      }
+    }
+  }
+  // Copy-on-write looks only at forked blocks: every block an append can write past them
+  // must belong to its table alone.
+  for (const auto& [seq, table] : tables_) {
+    const std::vector<int>& refs = table.device() == Device::kGpu ? gpu_refs : cpu_refs;
+    const int first_written = std::max(table.num_forked_blocks(), table.FirstWrittenBlock());
+    for (int i = first_written; i < table.num_blocks(); ++i) {
+      if (refs[table.block_ids()[i]] != 1) {
+        return absl::InternalError(
+            absl::StrCat("sequence ", seq, ": block ", i, " (block ", table.block_ids()[i],
+                         ") is held by ", refs[table.block_ids()[i]], " tables but is past the ",
+                         table.num_forked_blocks(), " forked blocks"));
       }
     }
   }

@@ -131,10 +131,8 @@ class BlockSpaceManager {
   const BlockTable* GetBlockTable(SeqId seq) const;
 
   // A performance hint for a caller walking many sequences (the scheduler's step): brings
-  // into cache the sequence's table entry (stage 0), the tail of its block ids (stage 1) and
-  // its last block (stage 2). Each stage assumes the previous one ran some iterations
-  // earlier. Changes nothing.
-  void Prefetch(SeqId seq, int stage) const;
+  // the sequence's table entry into cache. Changes nothing.
+  void Prefetch(SeqId seq) const;
   int num_sequences() const { return static_cast<int>(tables_.size()); }
   const BlockPool& gpu_pool() const { return gpu_; }
   const BlockPool& cpu_pool() const { return cpu_; }

@@ -7,7 +7,8 @@
 // num_tokens counts the slots in use: every token of the sequence, including the last
 // sampled one whose KV is computed in the next step. Blocks past them are lookahead slots.
 // The leading num_hashed_blocks blocks are registered with the prefix cache (full and
-// computed). The table is plain state: the BlockSpaceManager allocates and frees its blocks.
+// computed). The leading num_forked_blocks blocks may be shared with sibling sequences (fork).
+// The table is plain state: the BlockSpaceManager allocates and frees its blocks.
 #ifndef LLM_SCHEDULER_SERVICE_CORE_BLOCK_TABLE_H_
 #define LLM_SCHEDULER_SERVICE_CORE_BLOCK_TABLE_H_
 
@@ -36,6 +37,7 @@ class BlockTable {
   int num_blocks() const { return static_cast<int>(block_ids_.size()); }
   int num_tokens() const { return num_tokens_; }
   int num_hashed_blocks() const { return num_hashed_blocks_; }
+  int num_forked_blocks() const { return num_forked_blocks_; }
   const std::string& cache_salt() const { return cache_salt_; }
 
   // The KV slot of token `token_index` (< num_blocks * block_size) in its device's cache.
@@ -68,6 +70,10 @@ class BlockTable {
   std::vector<BlockId> block_ids_;
   int num_tokens_ = 0;
   int num_hashed_blocks_ = 0;
+  // Leading blocks that a Fork shared with sibling tables: the only blocks an append may
+  // have to copy first (copy-on-write). Every later block was allocated for this table alone,
+  // and the other shared blocks (prefix-cache hits) are full, so never written.
+  int num_forked_blocks_ = 0;
   std::string cache_salt_;
 };
 

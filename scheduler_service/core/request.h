@@ -20,6 +20,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
@@ -29,7 +30,7 @@
 
 namespace llm {
 
-enum class SequenceStatus {
+enum class SequenceStatus : uint8_t {
   kWaiting,
   kRunning,
   kSwapped,
@@ -42,36 +43,57 @@ const char* SequenceStatusName(SequenceStatus s);
 inline bool IsFinished(SequenceStatus s) { return s >= SequenceStatus::kFinishedStopped; }
 
 struct Sequence {
+  // Hot fields first: with the request's first cache line, a step reads only these.
   SeqId id = 0;
-  int index = 0;  // within its request, 0 .. n-1
-  SequenceStatus status = SequenceStatus::kWaiting;
   std::vector<TokenId> tokens;  // prompt + output
   // Tokens with a KV slot in the sequence's block table (the last sampled one gets its slot
   // just before the step that computes it).
   int num_slots = 0;
   // What the workers know of this sequence (the step protocol is a diff).
+  int num_tokens_sent = 0;  // tokens the workers have (prompt counted once known)
+  int num_blocks_sent = 0;  // leading block ids the workers have
+  TokenId last_token = -1;  // tokens.back(), kept here so that a decode step need not read it
+  int index = 0;            // within its request, 0 .. n-1
+  SequenceStatus status = SequenceStatus::kWaiting;
   bool known_to_workers = false;
-  int num_tokens_sent = 0;   // tokens the workers have (prompt counted once known)
-  int num_blocks_sent = 0;   // leading block ids the workers have
   bool resend_table = true;  // the table changed other than by appending (send it whole)
+
   std::unique_ptr<IncrementalDetokenizer> detokenizer;  // stop strings only; made lazily
   std::string stop_string;  // the stop string that finished it, if one did
   TokenId stop_token = -1;  // the EOS or stop token that finished it, if one did
 };
 
-struct Request {
-  enum class State { kWaiting, kRunning, kSwapped, kFinished };
+struct alignas(64) Request {
+  enum class State : uint8_t { kWaiting, kRunning, kSwapped, kFinished };
 
-  // Hot fields first: a scheduling step touches the first few cache lines only.
+  // Pinned (held by pointer): `id_view` views `id`. Aligned to a cache line, so that the hot
+  // fields below and sequence 0's take two lines.
+  Request() = default;
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+
+  // Hot fields first. A decode step of a one-sequence request reads this first cache line and
+  // sequence 0's hot fields (the second), and of the rest only the tail of its tokens (to
+  // append the sampled one); the params only when a stop token id or stop string may apply.
   int32_t slot = 0;  // dense index in the scheduler; reused after the request is gone
   State state = State::kWaiting;
+  bool known_to_workers = false;
+  bool has_stop_lists = false;  // params has stop_token_ids or stop strings
+  int n = 1;                    // params.n
   int num_live = 1;             // sequences not finished
   int num_tokens = 0;           // tokens of each live sequence
   int num_computed_tokens = 0;  // tokens of each live sequence whose KV is computed
   int num_prompt_tokens = 0;
   int num_cached_prompt_tokens = -1;  // prefix-cache hits at first admission (-1: not yet)
-  bool known_to_workers = false;
-  absl::InlinedVector<Sequence, 1> seqs;  // 1 until forked, then params.n; finished ones stay
+  // The stop rules as token counts of a sequence (StopChecker::Prepare): EOS, stop token ids
+  // and stop strings count from min_num_tokens (prompt + min_tokens); the sequence ends at
+  // max_num_tokens (prompt + max_tokens, at most max_model_len).
+  int min_num_tokens = 0;
+  int max_num_tokens = 0;
+  TokenId eos_token_id = -1;  // -1: the model has none, or params.ignore_eos
+  std::string_view id_view;   // views `id`
+
+  absl::InlinedVector<Sequence, 1> seqs;  // 1 until forked, then n; finished ones stay
   std::string id;
   SamplingParams params;
   int priority = 0;          // lower value is served first (vLLM's convention)
@@ -82,7 +104,7 @@ struct Request {
   std::span<const TokenId> prompt() const {
     return std::span<const TokenId>(seqs[0].tokens).first(num_prompt_tokens);
   }
-  bool forked() const { return static_cast<int>(seqs.size()) == params.n; }
+  bool forked() const { return static_cast<int>(seqs.size()) == n; }
   int num_output_tokens() const { return num_tokens - num_prompt_tokens; }
   // Whether scheduling the rest of the tokens samples: all tokens computed after the step.
   int num_uncomputed_tokens() const { return num_tokens - num_computed_tokens; }

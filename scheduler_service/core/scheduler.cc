@@ -98,6 +98,7 @@ absl::Status Scheduler::AddRequest(std::string request_id, std::vector<TokenId> 
   }
   auto req = std::make_unique<Request>();
   req->id = std::move(request_id);
+  req->id_view = req->id;
   req->slot = slot;
   req->arrival_seq = next_arrival_seq_++;
   req->arrival_time = arrival_time;
@@ -106,13 +107,15 @@ absl::Status Scheduler::AddRequest(std::string request_id, std::vector<TokenId> 
   req->cache_salt = std::move(cache_salt);
   req->num_prompt_tokens = len;
   req->num_tokens = len;
+  req->n = params.n;
+  stop_checker_.Prepare(req.get());
   req->seqs.reserve(params.n);
   Sequence& seq = req->seqs.emplace_back();
   seq.id = MakeSeqId(slot, 0);
   seq.tokens = std::move(prompt);
+  seq.last_token = seq.tokens.back();
   // Room for the whole output, so that decoding never reallocates.
-  seq.tokens.reserve(
-      std::min<int64_t>(static_cast<int64_t>(len) + params.max_tokens, config_.max_model_len));
+  seq.tokens.reserve(req->max_num_tokens);
   requests_by_id_.emplace(req->id, slot);
   waiting_.insert(req.get());
   slots_[slot] = std::move(req);
@@ -286,7 +289,7 @@ void Scheduler::AddToOutput(Request* req, int num_tokens, bool resumed) {
       is_new ? output_.new_requests.emplace_back() : output_.cached_requests.emplace_back();
   (is_new ? scheduled_new_ : scheduled_cached_).push_back(req);
   r.slot = req->slot;
-  r.request_id = req->id;
+  r.request_id = req->id_view;
   if (is_new) {
     r.prompt_token_ids = req->prompt();
     r.sampling_params = &req->params;
@@ -295,7 +298,7 @@ void Scheduler::AddToOutput(Request* req, int num_tokens, bool resumed) {
   r.num_computed_tokens = req->num_computed_tokens;
   r.num_scheduled_tokens = num_tokens;
   if (req->num_computed_tokens + num_tokens == req->num_tokens) {
-    r.num_samples = !req->forked() ? req->params.n : req->num_live;
+    r.num_samples = !req->forked() ? req->n : req->num_live;
   }
   r.seqs.begin = static_cast<uint32_t>(output_.seqs.size());
   r.seqs.size = static_cast<uint32_t>(req->num_live);
@@ -307,8 +310,12 @@ void Scheduler::AddToOutput(Request* req, int num_tokens, bool resumed) {
     s.new_to_workers = !seq.known_to_workers;
     const int first_token = seq.known_to_workers ? seq.num_tokens_sent : req->num_prompt_tokens;
     s.new_token_ids.begin = static_cast<uint32_t>(output_.token_ids.size());
-    output_.token_ids.insert(output_.token_ids.end(), seq.tokens.begin() + first_token,
-                             seq.tokens.end());
+    if (first_token + 1 == req->num_tokens) {
+      output_.token_ids.push_back(seq.last_token);  // a decode: no need to read the tokens
+    } else {
+      output_.token_ids.insert(output_.token_ids.end(), seq.tokens.begin() + first_token,
+                               seq.tokens.end());
+    }
     s.new_token_ids.size = static_cast<uint32_t>(output_.token_ids.size()) - s.new_token_ids.begin;
     seq.known_to_workers = true;
     seq.num_tokens_sent = static_cast<int>(seq.tokens.size());
@@ -349,21 +356,17 @@ void Scheduler::PreemptForWaiting() {
 void Scheduler::PrefetchRequest(const Request* req) {
   // The hot fields and the first sequence; see Request.
   const char* p = reinterpret_cast<const char*>(req);
-  for (size_t off = 0; off < offsetof(Request, priority); off += 64) __builtin_prefetch(p + off);
+  __builtin_prefetch(p);
+  __builtin_prefetch(p + 64);
 }
 
 void Scheduler::PrefetchAhead(size_t i, size_t end) const {
-  // A pipeline over the running queue: each stage needs what an earlier one brought in.
+  // A pipeline over the running queue: the request's hot lines, then (needing its sequence
+  // id) its block-table entry. A decode step reads nothing else of them unless the table
+  // grows by a block.
   constexpr size_t d = kPrefetchDistance;
   if (i + 2 * d < end) PrefetchRequest(running_[i + 2 * d]);
-  if (i + d < end) {
-    const Request* r = running_[i + d];
-    const Sequence& seq = r->seqs[0];
-    __builtin_prefetch(seq.tokens.data() + seq.tokens.size() - 1);
-    blocks_.Prefetch(seq.id, 0);
-  }
-  if (i + d / 2 < end) blocks_.Prefetch(running_[i + d / 2]->seqs[0].id, 1);
-  if (i + d / 4 < end) blocks_.Prefetch(running_[i + d / 4]->seqs[0].id, 2);
+  if (i + d < end) blocks_.Prefetch(running_[i + d]->seqs[0].id);
 }
 
 void Scheduler::ScheduleRunning() {
@@ -529,21 +532,22 @@ void Scheduler::ApplySamples(Request* req, std::span<const TokenId> sampled,
                              std::span<const SampleLogprobs> logprobs) {
   if (!req->forked()) {
     Sequence& parent = req->seqs[0];
-    for (int j = 1; j < req->params.n; ++j) {
+    for (int j = 1; j < req->n; ++j) {
       Sequence& child = req->seqs.emplace_back();
       child.id = MakeSeqId(req->slot, j);
       child.index = j;
       child.status = SequenceStatus::kRunning;
       child.tokens.reserve(parent.tokens.capacity());
       child.tokens.assign(parent.tokens.begin(), parent.tokens.end());
+      child.last_token = parent.last_token;
       child.num_slots = parent.num_slots;
       const absl::Status s = blocks_.Fork(parent.id, child.id);
       CHECK(s.ok()) << s;
     }
-    req->num_live = req->params.n;
+    req->num_live = req->n;
   }
   RequestOutput& out = step_outputs_.requests.emplace_back();
-  out.request_id = req->id;
+  out.request_id = req->id_view;
   out.num_cached_prompt_tokens = std::max(0, req->num_cached_prompt_tokens);
   out.seqs.begin = static_cast<uint32_t>(step_outputs_.seqs.size());
   size_t j = 0;
@@ -551,14 +555,14 @@ void Scheduler::ApplySamples(Request* req, std::span<const TokenId> sampled,
     if (IsFinished(seq.status)) continue;
     const TokenId token = sampled[j++];
     seq.tokens.push_back(token);
+    seq.last_token = token;
     SequenceOutput& so = step_outputs_.seqs.emplace_back();
     so.index = seq.index;
     so.new_token_ids = {static_cast<uint32_t>(step_outputs_.token_ids.size()), 1};
     step_outputs_.token_ids.push_back(token);
     if (!logprobs.empty()) step_outputs_.logprobs.push_back(logprobs[j - 1]);
     so.status = SequenceStatus::kRunning;
-    if (std::optional<SequenceStatus> stop =
-            stop_checker_.Check(req->params, req->num_prompt_tokens, &seq)) {
+    if (std::optional<SequenceStatus> stop = stop_checker_.Check(*req, &seq)) {
       FreeSequence(req, &seq, *stop);
       so.status = *stop;
       so.stop_string = seq.stop_string;

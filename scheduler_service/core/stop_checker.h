@@ -24,14 +24,32 @@ class StopChecker {
   StopChecker(TokenId eos_token_id, int max_model_len, const DetokenizerFactory* detokenizers)
       : eos_token_id_(eos_token_id), max_model_len_(max_model_len), detokenizers_(detokenizers) {}
 
-  // The finished status the sequence takes after its last token was appended, or nullopt when
-  // it goes on. Records the stop string or token in the sequence.
-  std::optional<SequenceStatus> Check(const SamplingParams& params, int num_prompt_tokens,
-                                      Sequence* seq) const;
+  // Sets the request's stop fields (min_num_tokens, max_num_tokens, eos_token_id,
+  // has_stop_lists) from its params and prompt, so that Check reads the params only when a
+  // stop token id or stop string may apply.
+  void Prepare(Request* req) const;
+
+  // The finished status the sequence (of `req`) takes after its last token was appended, or
+  // nullopt when it goes on. Records the stop string or token in the sequence.
+  std::optional<SequenceStatus> Check(const Request& req, Sequence* seq) const {
+    const int num_tokens = static_cast<int>(seq->tokens.size());
+    if (num_tokens >= req.min_num_tokens) {
+      if (seq->last_token == req.eos_token_id) {
+        seq->stop_token = req.eos_token_id;
+        return SequenceStatus::kFinishedStopped;
+      }
+      if (req.has_stop_lists && CheckStopLists(req, seq)) return SequenceStatus::kFinishedStopped;
+    }
+    if (num_tokens >= req.max_num_tokens) return SequenceStatus::kFinishedLength;
+    return std::nullopt;
+  }
 
   bool can_check_stop_strings() const { return detokenizers_ != nullptr; }
 
  private:
+  // Stop token ids and stop strings.
+  bool CheckStopLists(const Request& req, Sequence* seq) const;
+
   TokenId eos_token_id_;
   int max_model_len_;
   const DetokenizerFactory* detokenizers_;
