@@ -698,6 +698,11 @@ absl::Status Scheduler::CheckInvariants() const {
         return absl::InternalError(absl::StrCat("sequence ", seq.id, " has ", seq.tokens.size(),
                                                 " tokens; its request has ", req->num_tokens));
       }
+      if (seq.last_token != seq.tokens.back()) {
+        return absl::InternalError(absl::StrCat("sequence ", seq.id, " records last token ",
+                                                seq.last_token, "; its last token is ",
+                                                seq.tokens.back()));
+      }
       const bool has_blocks =
           req->state == Request::State::kRunning || req->state == Request::State::kSwapped;
       if (has_blocks != (table != nullptr)) {

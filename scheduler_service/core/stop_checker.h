@@ -34,7 +34,7 @@ class StopChecker {
   std::optional<SequenceStatus> Check(const Request& req, Sequence* seq) const {
     const int num_tokens = static_cast<int>(seq->tokens.size());
     if (num_tokens >= req.min_num_tokens) {
-      if (seq->last_token == req.eos_token_id) {
+      if (seq->last_token == req.eos_token_id && req.eos_token_id >= 0) {
         seq->stop_token = req.eos_token_id;
         return SequenceStatus::kFinishedStopped;
       }
