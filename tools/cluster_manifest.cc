@@ -60,6 +60,8 @@ const std::vector<KeySpec>& WorkerKeys() {
   static const auto* keys = new std::vector<KeySpec>{
       {"threads", Type::kInt, {}},
       {"peer_host", Type::kString, {}},
+      {"shm_collectives", Type::kBool, {}},
+      {"shm_dir", Type::kString, {}},
   };
   return *keys;
 }

@@ -51,6 +51,11 @@ int Run(int argc, char** argv) {
   flags.Add("peer-host", &options.peer_host,
             "the address other ranks reach this rank at for Gloo collectives (127.0.0.1)");
   flags.Add("device", &options.device, "cpu only for now (cpu)");
+  flags.Add("shm-collectives", &options.shm_collectives,
+            "ranks that can share a segment in --shm-dir (one host) run collectives through it; "
+            "false: always Gloo over TCP (true)");
+  flags.Add("shm-dir", &options.shm_directory,
+            "the tmpfs for the shared-memory segment of the collectives (/dev/shm)");
   flags.Add("threads", &threads, "OpenBLAS threads; 0: leave the default (0)");
   flags.Parse(argc, argv);
   if (options.port < 0 || options.port > 65535) Fail(2, "--port must be in [0, 65535]");

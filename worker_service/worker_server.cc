@@ -18,13 +18,14 @@
 #include "worker_service/model/llama.h"
 #include "worker_service/model_runner.h"
 #include "worker_service/parallel/gloo_communicator.h"
+#include "worker_service/parallel/shm_communicator.h"
 #include "worker_service/parallel/tcp_store.h"
 
 namespace llm {
 
-// The communicator the model holds: a stable address in front of the Gloo communicator of the
-// current group, which Init replaces without reloading the model. One thread at a time (under
-// WorkerServer::mu_).
+// The communicator the model holds: a stable address in front of the communicator of the
+// current group (shared memory or Gloo), which Init replaces without reloading the model. One
+// thread at a time (under WorkerServer::mu_).
 class ReboundCommunicator : public Communicator {
  public:
   ReboundCommunicator(int rank, int world_size) : rank_(rank), world_size_(world_size) {}
@@ -187,8 +188,10 @@ absl::Status WorkerServer::DoInit(const v1::InitRequest& request, v1::InitRespon
   const std::chrono::milliseconds timeout(
       request.collective_timeout_ms() > 0 ? request.collective_timeout_ms() : 30000);
 
-  // The group: a fresh communicator for every Init (world_size 1 needs none).
-  std::unique_ptr<Communicator> gloo;
+  // The group: a fresh communicator for every Init (world_size 1 needs none). Shared memory
+  // when every rank can map one segment (one host), Gloo otherwise; every rank learns the
+  // same outcome from ShmCommunicator::Create, so all take the same path.
+  std::unique_ptr<Communicator> group;
   if (world > 1) {
     std::string host;
     int port = 0;
@@ -197,14 +200,33 @@ absl::Status WorkerServer::DoInit(const v1::InitRequest& request, v1::InitRespon
     }
     absl::StatusOr<std::unique_ptr<TcpStore>> store = TcpStore::Connect(host, port, timeout);
     if (!store.ok()) return store.status();
-    GlooOptions gloo_options;
-    gloo_options.hostname = options_.peer_host;
-    gloo_options.prefix = request.rendezvous_prefix().empty() ? "llm" : request.rendezvous_prefix();
-    gloo_options.timeout = timeout;
-    absl::StatusOr<std::unique_ptr<GlooCommunicator>> created =
-        GlooCommunicator::Create(**store, rank, world, gloo_options);
-    if (!created.ok()) return created.status();
-    gloo = std::move(*created);
+    const std::string prefix =
+        request.rendezvous_prefix().empty() ? "llm" : request.rendezvous_prefix();
+    if (options_.shm_collectives) {
+      ShmOptions shm_options;
+      shm_options.directory = options_.shm_directory;
+      shm_options.prefix = prefix + "/shm";
+      shm_options.timeout = timeout;
+      absl::StatusOr<std::unique_ptr<ShmCommunicator>> shm =
+          ShmCommunicator::Create(**store, rank, world, shm_options);
+      if (shm.ok()) {
+        group = std::move(*shm);
+        response->set_collectives("shm");
+      } else if (!absl::IsFailedPrecondition(shm.status())) {
+        return shm.status();
+      }
+    }
+    if (group == nullptr) {
+      GlooOptions gloo_options;
+      gloo_options.hostname = options_.peer_host;
+      gloo_options.prefix = prefix;
+      gloo_options.timeout = timeout;
+      absl::StatusOr<std::unique_ptr<GlooCommunicator>> created =
+          GlooCommunicator::Create(**store, rank, world, gloo_options);
+      if (!created.ok()) return created.status();
+      group = std::move(*created);
+      response->set_collectives("gloo");
+    }
   }
 
   // The model: reloaded only when what it was loaded for changed.
@@ -220,7 +242,7 @@ absl::Status WorkerServer::DoInit(const v1::InitRequest& request, v1::InitRespon
     model_ = std::move(*model);
     model_key_ = key;
   }
-  if (comm_ != nullptr) comm_->Rebind(std::move(gloo));
+  if (comm_ != nullptr) comm_->Rebind(std::move(group));
 
   max_num_seqs_ = static_cast<int>(request.max_num_seqs());
   response->set_vocab_size(static_cast<uint32_t>(config->vocab_size));

@@ -63,6 +63,10 @@ struct WorkerServerOptions {
   // The address the other ranks reach this rank at for Gloo collectives.
   std::string peer_host = "127.0.0.1";
   std::string device = "cpu";  // only "cpu" is built in
+  // Ranks that can share a segment in shm_directory (one host) run their collectives through
+  // it (ShmCommunicator), the others through Gloo's TCP; false: always Gloo.
+  bool shm_collectives = true;
+  std::string shm_directory = "/dev/shm";
 };
 
 // Shutdown is a callback-API method: the server is stopped once that call is complete (a sync

@@ -377,6 +377,9 @@ class GroupManager {
     init.set_max_num_batched_tokens(setup_.scheduler.max_num_batched_tokens);
     init.set_max_num_seqs(setup_.scheduler.max_num_seqs);
     ASSIGN_OR_RETURN(const std::vector<v1::InitResponse> inits, client->Init(init));
+    if (!inits.empty() && !inits[0].collectives().empty()) {
+      LOG(INFO) << "worker group collectives: " << inits[0].collectives();
+    }
     for (size_t r = 0; r < inits.size(); ++r) {
       if (static_cast<int>(inits[r].vocab_size()) != setup_.service.vocab_size) {
         return absl::FailedPreconditionError(absl::StrCat(

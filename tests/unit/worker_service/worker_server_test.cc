@@ -42,10 +42,11 @@ std::string ModelDir() { return std::string(LLM_TEST_DATA_DIR) + "/models/tiny-l
 
 // One worker in this process with a client of its own.
 struct Worker {
-  Worker() {
+  explicit Worker(bool shm_collectives = true) {
     WorkerServerOptions options;
     options.host = "127.0.0.1";
     options.port = 0;
+    options.shm_collectives = shm_collectives;
     server = std::make_unique<WorkerServer>(options);
     const absl::Status s = server->Start();
     EXPECT_TRUE(s.ok()) << s;
@@ -468,21 +469,29 @@ TEST(WorkerServer, SchedulerDrivenWorkerGeneratesTheInProcessTokens) {
   ExpectSameOutputs(got, want);
 }
 
-TEST(WorkerServer, TwoTensorParallelWorkersGenerateTheTp1Tokens) {
+// Both ways of running the collectives: one shared-memory segment (the default, as the ranks
+// share a host) and Gloo over TCP.
+class TensorParallelWorkers : public ::testing::TestWithParam<bool> {};
+
+TEST_P(TensorParallelWorkers, GenerateTheTp1Tokens) {
+  const bool shm = GetParam();
   const EngineSetup e;
   const Outputs want = RunInProcess(e);
   absl::StatusOr<std::unique_ptr<TcpStoreServer>> store = TcpStoreServer::Start("127.0.0.1", 0);
   ASSERT_TRUE(store.ok()) << store.status();
   const std::string address = "127.0.0.1:" + std::to_string((*store)->port());
-  Worker w0, w1;
+  Worker w0(shm), w1(shm);
   // Two rounds: the second Init rebuilds the group under a fresh prefix, without reloading.
   for (const std::string prefix : {"group-1", "group-2"}) {
     grpc::Status s1;
-    std::thread rank1([&] { s1 = w1.Init(MakeInit(1, 2, address, prefix)); });
-    const grpc::Status s0 = w0.Init(MakeInit(0, 2, address, prefix));
+    v1::InitResponse r0, r1;
+    std::thread rank1([&] { s1 = w1.Init(MakeInit(1, 2, address, prefix), &r1); });
+    const grpc::Status s0 = w0.Init(MakeInit(0, 2, address, prefix), &r0);
     rank1.join();
     ASSERT_TRUE(s0.ok()) << s0.error_message();
     ASSERT_TRUE(s1.ok()) << s1.error_message();
+    EXPECT_EQ(r0.collectives(), shm ? "shm" : "gloo");
+    EXPECT_EQ(r1.collectives(), r0.collectives());
     ASSERT_TRUE(w0.InitCache(e.block_size, e.num_gpu_blocks, e.num_cpu_blocks).ok());
     ASSERT_TRUE(w1.InitCache(e.block_size, e.num_gpu_blocks, e.num_cpu_blocks).ok());
     Outputs got;
@@ -493,6 +502,9 @@ TEST(WorkerServer, TwoTensorParallelWorkersGenerateTheTp1Tokens) {
     ExpectSameOutputs(got, want, /*greedy_only=*/true);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Collectives, TensorParallelWorkers, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Shm" : "Gloo"; });
 
 TEST(WorkerServer, InitFailsWhenAPeerNeverJoinsAndTheWorkerStaysUsable) {
   absl::StatusOr<std::unique_ptr<TcpStoreServer>> store = TcpStoreServer::Start("127.0.0.1", 0);

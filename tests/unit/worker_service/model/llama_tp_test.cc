@@ -1,6 +1,7 @@
-// Tensor parallelism: 2 and 4 ranks (threads of this process, Gloo over loopback TCP) give
-// the logits of one rank within 1e-5 relative, and so the same greedy tokens, for both tiny
-// models, including 4 ranks over 2 or 1 KV heads (KV heads replicated).
+// Tensor parallelism: 2 and 4 ranks (threads of this process; collectives over Gloo's loopback
+// TCP or one shared-memory segment) give the logits of one rank within 1e-5 relative, and so
+// the same greedy tokens, for both tiny models, including 4 ranks over 2 or 1 KV heads (KV
+// heads replicated).
 #include <string>
 #include <thread>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "tests/unit/worker_service/model/model_test_util.h"
 #include "worker_service/model/llama.h"
 #include "worker_service/parallel/gloo_communicator.h"
+#include "worker_service/parallel/shm_communicator.h"
 
 namespace llm {
 namespace {
@@ -18,10 +20,11 @@ auto RandomChunks() {
   return [](std::mt19937& rng) { return std::uniform_int_distribution<int>(1, 7)(rng); };
 }
 
-class LlamaTensorParallelTest : public ::testing::TestWithParam<std::tuple<const char*, int>> {};
+class LlamaTensorParallelTest
+    : public ::testing::TestWithParam<std::tuple<const char*, int, bool>> {};
 
 TEST_P(LlamaTensorParallelTest, RanksAgreeWithOneRankAndTransformers) {
-  const auto [name, world] = GetParam();
+  const auto [name, world, shm] = GetParam();
   const std::string dir = std::string(LLM_TEST_DATA_DIR) + "/models/" + name;
   auto config = ModelConfig::FromModelDir(dir);
   ASSERT_TRUE(config.ok()) << config.status();
@@ -38,7 +41,12 @@ TEST_P(LlamaTensorParallelTest, RanksAgreeWithOneRankAndTransformers) {
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
-      auto comm = GlooCommunicator::Create(store, rank, world);
+      absl::StatusOr<std::unique_ptr<Communicator>> comm;
+      if (shm) {
+        comm = ShmCommunicator::Create(store, rank, world);
+      } else {
+        comm = GlooCommunicator::Create(store, rank, world);
+      }
       if (!comm.ok()) {
         errors[rank] = comm.status().ToString();
         return;
@@ -70,11 +78,12 @@ TEST_P(LlamaTensorParallelTest, RanksAgreeWithOneRankAndTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Models, LlamaTensorParallelTest,
                          ::testing::Combine(::testing::Values("tiny-llama", "tiny-qwen2"),
-                                            ::testing::Values(2, 4)),
+                                            ::testing::Values(2, 4), ::testing::Bool()),
                          [](const auto& info) {
                            std::string n = std::get<0>(info.param);
                            std::replace(n.begin(), n.end(), '-', '_');
-                           return n + "_tp" + std::to_string(std::get<1>(info.param));
+                           return n + "_tp" + std::to_string(std::get<1>(info.param)) +
+                                  (std::get<2>(info.param) ? "_shm" : "_gloo");
                          });
 
 }  // namespace
