@@ -189,8 +189,9 @@ absl::Status WorkerServer::DoInit(const v1::InitRequest& request, v1::InitRespon
       request.collective_timeout_ms() > 0 ? request.collective_timeout_ms() : 30000);
 
   // The group: a fresh communicator for every Init (world_size 1 needs none). Shared memory
-  // when every rank can map one segment (one host), Gloo otherwise; every rank learns the
-  // same outcome from ShmCommunicator::Create, so all take the same path.
+  // when every rank can map one segment (one host) and none declines (--shm-collectives=
+  // false), Gloo otherwise; every rank learns the same outcome from ShmCommunicator::Create,
+  // so all take the same path.
   std::unique_ptr<Communicator> group;
   if (world > 1) {
     std::string host;
@@ -202,11 +203,12 @@ absl::Status WorkerServer::DoInit(const v1::InitRequest& request, v1::InitRespon
     if (!store.ok()) return store.status();
     const std::string prefix =
         request.rendezvous_prefix().empty() ? "llm" : request.rendezvous_prefix();
-    if (options_.shm_collectives) {
+    {
       ShmOptions shm_options;
       shm_options.directory = options_.shm_directory;
       shm_options.prefix = prefix + "/shm";
       shm_options.timeout = timeout;
+      shm_options.enabled = options_.shm_collectives;  // off: decline, for the group's sake
       absl::StatusOr<std::unique_ptr<ShmCommunicator>> shm =
           ShmCommunicator::Create(**store, rank, world, shm_options);
       if (shm.ok()) {

@@ -130,7 +130,11 @@ absl::StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Create(
   try {
     gloo::rendezvous::PrefixStore prefixed(options.prefix, store);
     std::string outcome;  // this rank's: empty when the segment is mapped
-    if (rank == 0) {
+    if (!options.enabled) {
+      outcome = "shared-memory collectives are disabled";
+      prefixed.set(rank == 0 ? "shm" : absl::StrCat("shm/", rank),
+                   Bytes(rank == 0 ? "fail " + outcome : outcome));
+    } else if (rank == 0) {
       std::random_device random;
       const uint64_t token = (static_cast<uint64_t>(random()) << 32) | random();
       const uint64_t name = (static_cast<uint64_t>(random()) << 32) | random();

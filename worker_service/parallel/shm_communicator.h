@@ -15,7 +15,8 @@
 // Create() meets the peers through a rendezvous store: rank 0 makes the segment under a
 // random name, the others open it and check a random token in it, and rank 0 publishes the
 // outcome for all. When any rank cannot open it (ranks on different hosts, or containers that
-// do not share `directory`), every rank gets FAILED_PRECONDITION and should use Gloo instead.
+// do not share `directory`) or declines (ShmOptions::enabled), every rank gets
+// FAILED_PRECONDITION and should use Gloo instead.
 // Rank 0 unlinks the file once every rank has mapped it, so nothing is left behind.
 //
 // A rank that does not post within the timeout (dead or stuck) fails that collective with
@@ -52,6 +53,9 @@ struct ShmOptions {
   std::chrono::milliseconds timeout = std::chrono::seconds(30);
   // Bytes of one rank's buffer in one of the two sets: the chunk of a large collective.
   size_t slot_bytes = size_t{1} << 20;
+  // false: take part in the rendezvous only to decline, so that every rank of a group whose
+  // ranks disagree gets FAILED_PRECONDITION (and all use Gloo) instead of a timeout.
+  bool enabled = true;
 };
 
 class ShmCommunicator : public Communicator {

@@ -506,6 +506,22 @@ TEST_P(TensorParallelWorkers, GenerateTheTp1Tokens) {
 INSTANTIATE_TEST_SUITE_P(Collectives, TensorParallelWorkers, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "Shm" : "Gloo"; });
 
+TEST(WorkerServer, RanksThatDisagreeOnSharedMemoryAllUseGloo) {
+  absl::StatusOr<std::unique_ptr<TcpStoreServer>> store = TcpStoreServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(store.ok()) << store.status();
+  const std::string address = "127.0.0.1:" + std::to_string((*store)->port());
+  Worker w0(/*shm_collectives=*/true), w1(/*shm_collectives=*/false);
+  grpc::Status s1;
+  v1::InitResponse r0, r1;
+  std::thread rank1([&] { s1 = w1.Init(MakeInit(1, 2, address, "mixed"), &r1); });
+  const grpc::Status s0 = w0.Init(MakeInit(0, 2, address, "mixed"), &r0);
+  rank1.join();
+  ASSERT_TRUE(s0.ok()) << s0.error_message();
+  ASSERT_TRUE(s1.ok()) << s1.error_message();
+  EXPECT_EQ(r0.collectives(), "gloo");
+  EXPECT_EQ(r1.collectives(), "gloo");
+}
+
 TEST(WorkerServer, InitFailsWhenAPeerNeverJoinsAndTheWorkerStaysUsable) {
   absl::StatusOr<std::unique_ptr<TcpStoreServer>> store = TcpStoreServer::Start("127.0.0.1", 0);
   ASSERT_TRUE(store.ok()) << store.status();

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "gloo/rendezvous/file_store.h"
 #include "gloo/rendezvous/hash_store.h"
 #include "gmock/gmock.h"
@@ -241,6 +242,30 @@ TEST(ShmCommunicator, RanksThatCannotShareTheSegmentAllGetFailedPrecondition) {
     EXPECT_THAT(status[rank].message(), HasSubstr("rank 1: cannot open " + dir1 + "/llm-shm-"));
   }
   EXPECT_EQ(NumFiles(dir0), 0);
+}
+
+TEST(ShmCommunicator, ARankThatDeclinesMakesEveryRankDecline) {
+  for (int declining : {0, 1}) {
+    const std::string dir = TempDir("shm_declined");
+    gloo::rendezvous::HashStore store;
+    absl::Status status[2];
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < 2; ++rank) {
+      threads.emplace_back([&, rank] {
+        ShmOptions options = Options(dir);
+        options.enabled = rank != declining;
+        status[rank] = ShmCommunicator::Create(store, rank, 2, options).status();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int rank = 0; rank < 2; ++rank) {
+      EXPECT_EQ(status[rank].code(), absl::StatusCode::kFailedPrecondition) << status[rank];
+      EXPECT_THAT(
+          status[rank].message(),
+          HasSubstr(absl::StrCat("rank ", declining, ": shared-memory collectives are disabled")));
+    }
+    EXPECT_EQ(NumFiles(dir), 0);
+  }
 }
 
 TEST(ShmCommunicator, BadArgumentsAreInvalidArgument) {
