@@ -82,30 +82,52 @@ std::string Errno(const std::string& what) { return absl::StrCat(what, ": ", str
 std::vector<char> Bytes(std::string_view s) { return std::vector<char>(s.begin(), s.end()); }
 std::string String(const std::vector<char>& v) { return std::string(v.begin(), v.end()); }
 
-// Maps `path` (created at `bytes` when `create`). Returns the mapping, or an error text.
-absl::StatusOr<void*> MapFile(const std::string& path, size_t bytes, bool create) {
-  const int fd = create ? open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600)
-                        : open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) return absl::FailedPreconditionError(Errno("cannot open " + path));
-  if (create && ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    const std::string error = Errno("cannot size " + path);
-    close(fd);
-    unlink(path.c_str());
-    return absl::FailedPreconditionError(error);
+struct Mapping {
+  void* base = nullptr;
+  int fd = -1;
+};
+
+void Unmap(const Mapping& m, size_t bytes) {
+  if (m.base != nullptr) munmap(m.base, bytes);
+  if (m.fd >= 0) close(m.fd);
+}
+
+// Byte `rank` of the file, write-locked by that rank for as long as its communicator lives:
+// the kernel drops an open file description's lock when its process dies, however it dies,
+// so a waiter can tell a dead peer from a slow one (across PID namespaces too).
+flock RankByte(int rank, short type) {
+  flock lock = {};
+  lock.l_type = type;
+  lock.l_whence = SEEK_SET;
+  lock.l_start = rank;
+  lock.l_len = 1;
+  return lock;
+}
+
+// Maps `path` (created at `bytes` when `create`) and locks byte `rank`.
+absl::StatusOr<Mapping> MapFile(const std::string& path, size_t bytes, bool create, int rank) {
+  Mapping m;
+  m.fd = create ? open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600)
+                : open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (m.fd < 0) return absl::FailedPreconditionError(Errno("cannot open " + path));
+  std::string error;
+  struct stat st;
+  if (create && ftruncate(m.fd, static_cast<off_t>(bytes)) != 0) {
+    error = Errno("cannot size " + path);
+  } else if (!create && fstat(m.fd, &st) == 0 && static_cast<size_t>(st.st_size) != bytes) {
+    error = absl::StrCat(path, " has ", st.st_size, " bytes; ", bytes, " expected");
+  } else if (flock lock = RankByte(rank, F_WRLCK); fcntl(m.fd, F_OFD_SETLK, &lock) != 0) {
+    error = Errno(absl::StrCat("cannot lock byte ", rank, " of ", path));
+  } else if (void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, m.fd, 0);
+             base == MAP_FAILED) {
+    error = Errno("cannot map " + path);
+  } else {
+    m.base = base;
+    return m;
   }
-  if (struct stat st; !create && fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) != bytes) {
-    close(fd);
-    return absl::FailedPreconditionError(
-        absl::StrCat(path, " has ", st.st_size, " bytes; ", bytes, " expected"));
-  }
-  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const std::string error = Errno("cannot map " + path);
-  close(fd);
-  if (base == MAP_FAILED) {
-    if (create) unlink(path.c_str());
-    return absl::FailedPreconditionError(error);
-  }
-  return base;
+  Unmap(m, bytes);
+  if (create) unlink(path.c_str());
+  return absl::FailedPreconditionError(error);
 }
 
 }  // namespace
@@ -125,7 +147,7 @@ absl::StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Create(
                                                    kLine, ", got ", options.slot_bytes));
   }
   const size_t bytes = SegmentBytes(world_size, options.slot_bytes);
-  void* base = nullptr;
+  Mapping mapping;
   std::string path;
   try {
     gloo::rendezvous::PrefixStore prefixed(options.prefix, store);
@@ -140,10 +162,10 @@ absl::StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Create(
       const uint64_t name = (static_cast<uint64_t>(random()) << 32) | random();
       const std::string file = absl::StrCat("llm-shm-", absl::Hex(name, absl::kZeroPad16));
       path = absl::StrCat(options.directory, "/", file);
-      absl::StatusOr<void*> mapped = MapFile(path, bytes, /*create=*/true);
+      absl::StatusOr<Mapping> mapped = MapFile(path, bytes, /*create=*/true, rank);
       if (mapped.ok()) {
-        base = *mapped;
-        Header* header = static_cast<Header*>(base);
+        mapping = *mapped;
+        Header* header = static_cast<Header*>(mapping.base);
         header->token = token;
         header->slot_bytes = options.slot_bytes;
         header->world_size = static_cast<uint32_t>(world_size);
@@ -164,12 +186,13 @@ absl::StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Create(
       if (offer.rfind("fail ", 0) == 0 || space == std::string::npos ||
           !absl::SimpleAtoi(offer.substr(space + 1), &token)) {
         outcome = "rank 0 has no segment";
-      } else if (absl::StatusOr<void*> mapped = MapFile(offered_path, bytes, /*create=*/false);
+      } else if (absl::StatusOr<Mapping> mapped =
+                     MapFile(offered_path, bytes, /*create=*/false, rank);
                  !mapped.ok()) {
         outcome = std::string(mapped.status().message());
       } else {
-        base = *mapped;
-        const Header* header = static_cast<const Header*>(base);
+        mapping = *mapped;
+        const Header* header = static_cast<const Header*>(mapping.base);
         if (header->magic != kMagic || header->token != token ||
             header->world_size != static_cast<uint32_t>(world_size) ||
             header->slot_bytes != options.slot_bytes) {
@@ -196,28 +219,35 @@ absl::StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Create(
       decision = String(prefixed.get("shm/decision"));
     }
     if (decision != "ok") {
-      if (base != nullptr) munmap(base, bytes);
+      Unmap(mapping, bytes);
       return absl::FailedPreconditionError(
           absl::StrCat("the ranks cannot share a segment in ", options.directory, ": ", decision));
     }
   } catch (const std::exception& e) {
-    if (base != nullptr) munmap(base, bytes);
+    Unmap(mapping, bytes);
     if (!path.empty()) unlink(path.c_str());
     return absl::UnavailableError(absl::StrCat("shm rendezvous on rank ", rank, ": ", e.what()));
   }
   return std::unique_ptr<ShmCommunicator>(
-      new ShmCommunicator(rank, world_size, options, base, bytes));
+      new ShmCommunicator(rank, world_size, options, mapping.base, mapping.fd, bytes));
 }
 
 ShmCommunicator::ShmCommunicator(int rank, int world_size, const ShmOptions& options, void* base,
-                                 size_t mapped_bytes)
+                                 int fd, size_t mapped_bytes)
     : rank_(rank),
       world_size_(world_size),
       options_(options),
       base_(base),
+      fd_(fd),
       mapped_bytes_(mapped_bytes) {}
 
-ShmCommunicator::~ShmCommunicator() { munmap(base_, mapped_bytes_); }
+ShmCommunicator::~ShmCommunicator() { Unmap(Mapping{base_, fd_}, mapped_bytes_); }
+
+bool ShmCommunicator::PeerHolds(int rank) const {
+  flock lock = RankByte(rank, F_WRLCK);
+  if (fcntl(fd_, F_OFD_GETLK, &lock) != 0) return true;  // cannot tell: assume alive
+  return lock.l_type != F_UNLCK;
+}
 
 float* ShmCommunicator::Buffer(int set, int rank) const {
   char* buffers = static_cast<char*>(base_) + sizeof(Header) + world_size_ * sizeof(RankState);
@@ -250,15 +280,20 @@ absl::Status ShmCommunicator::PostAndWait(const char* what) {
       const uint32_t seen = peer.posted.load(std::memory_order_seq_cst);
       if (reached(seen)) break;
       const auto now = std::chrono::steady_clock::now();
-      if (now >= deadline) {
+      // A peer that posted and then left is not gone for this collective: look again.
+      const bool gone = !PeerHolds(r) && !reached(peer.posted.load(std::memory_order_seq_cst));
+      if (now >= deadline || gone) {
         peer.sleepers.fetch_sub(1, std::memory_order_seq_cst);
-        broken_ = absl::UnavailableError(absl::StrCat("shm ", what, " on rank ", rank_, ": rank ",
-                                                      r, " did not reach collective ", k,
-                                                      " within ", options_.timeout.count(), " ms"));
+        broken_ = absl::UnavailableError(absl::StrCat(
+            "shm ", what, " on rank ", rank_, ": rank ", r, " did not reach collective ", k,
+            now >= deadline ? absl::StrCat(" within ", options_.timeout.count(), " ms")
+                            : std::string(" and has left the group (its process exited or "
+                                          "closed the group)")));
         return broken_;
       }
+      // Slices of 100 ms: a peer that died is noticed within one.
       FutexWait(&peer.posted, seen,
-                std::min<std::chrono::nanoseconds>(deadline - now, std::chrono::seconds(1)));
+                std::min<std::chrono::nanoseconds>(deadline - now, std::chrono::milliseconds(100)));
     }
     peer.sleepers.fetch_sub(1, std::memory_order_seq_cst);
   }

@@ -19,8 +19,10 @@
 // FAILED_PRECONDITION and should use Gloo instead.
 // Rank 0 unlinks the file once every rank has mapped it, so nothing is left behind.
 //
-// A rank that does not post within the timeout (dead or stuck) fails that collective with
-// UNAVAILABLE naming it; the communicator is then broken, as Communicator says.
+// A rank that does not post within the timeout fails that collective with UNAVAILABLE naming
+// it, and so, within 100 ms, does one that died: each rank holds a lock on its byte of the
+// segment's file, which the kernel drops when its process exits. The communicator is then
+// broken, as Communicator says.
 //
 // Thread-safety: as Communicator (one thread per rank's communicator). Non-copyable.
 #ifndef LLM_WORKER_SERVICE_PARALLEL_SHM_COMMUNICATOR_H_
@@ -80,12 +82,14 @@ class ShmCommunicator : public Communicator {
   absl::Status Barrier() override;
 
  private:
-  ShmCommunicator(int rank, int world_size, const ShmOptions& options, void* base,
+  ShmCommunicator(int rank, int world_size, const ShmOptions& options, void* base, int fd,
                   size_t mapped_bytes);
 
   // Posts the next collective (the caller filled its buffer of next_set() first) and waits
   // until every rank has posted it. After a failure every later call fails the same way.
   absl::Status PostAndWait(const char* what);
+  // Whether `rank` still holds its lock on the segment (its communicator lives).
+  bool PeerHolds(int rank) const;
   int next_set() const { return static_cast<int>((posted_ + 1) & 1); }
   float* Buffer(int set, int rank) const;
   size_t slot_floats() const { return options_.slot_bytes / sizeof(float); }
@@ -94,6 +98,7 @@ class ShmCommunicator : public Communicator {
   const int world_size_;
   const ShmOptions options_;
   void* const base_;
+  const int fd_;  // open for the lock on byte rank_ (see PeerHolds)
   const size_t mapped_bytes_;
   uint32_t posted_ = 0;  // collectives this rank has posted
   absl::Status broken_;  // the failure that broke the group, if one did

@@ -212,6 +212,37 @@ TEST(ShmCommunicator, ARankThatNeverJoinsTheCollectiveIsAnErrorNotAHang) {
   EXPECT_EQ(again, status) << "the group stays broken";
 }
 
+// A peer that dies is noticed by the lock it held, not after the (long) timeout.
+TEST(ShmCommunicator, APeerProcessThatDiesFailsTheCollectiveWithoutWaitingForTheTimeout) {
+  const std::string dir = TempDir("shm_dead_peer");
+  const std::string store_dir = TempDir("shm_dead_peer_store");
+  ShmOptions options = Options(dir);
+  options.timeout = std::chrono::seconds(60);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    gloo::rendezvous::FileStore store(store_dir);
+    auto comm = ShmCommunicator::Create(store, 1, 2, options);
+    if (!comm.ok()) _exit(2);
+    std::vector<float> data(8, 1.0f);
+    if (!(*comm)->AllReduceSum(data.data(), data.size()).ok()) _exit(3);
+    _exit(0);  // dies before the second collective
+  }
+  gloo::rendezvous::FileStore store(store_dir);
+  auto comm = ShmCommunicator::Create(store, 0, 2, options);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  std::vector<float> data(8, 1.0f);
+  ASSERT_TRUE((*comm)->AllReduceSum(data.data(), data.size()).ok());
+  const auto start = std::chrono::steady_clock::now();
+  const absl::Status s = (*comm)->AllReduceSum(data.data(), data.size());
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(s.message(), HasSubstr("rank 1 did not reach collective 2 and has left the group"));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
 TEST(ShmCommunicator, ARankThatNeverArrivesFailsTheRendezvous) {
   const std::string dir = TempDir("shm_no_peer");
   gloo::rendezvous::HashStore store;
