@@ -14,9 +14,11 @@
 #ifndef LLM_WORKER_SERVICE_PARALLEL_COMMUNICATOR_H_
 #define LLM_WORKER_SERVICE_PARALLEL_COMMUNICATOR_H_
 
+#include <chrono>
 #include <cstddef>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 
 namespace llm {
 
@@ -40,6 +42,27 @@ class Communicator {
   // Returns once every rank has entered the barrier.
   virtual absl::Status Barrier() = 0;
 };
+
+// The argument checks every implementation makes: INVALID_ARGUMENT unless 0 <= rank <
+// world_size and the timeout is positive (Create), or 0 <= root < world_size (Broadcast).
+inline absl::Status CheckGroupArgs(int rank, int world_size, std::chrono::milliseconds timeout) {
+  if (world_size <= 0 || rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " is not in a world of size ", world_size));
+  }
+  if (timeout.count() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeout must be > 0, got ", timeout.count(), " ms"));
+  }
+  return absl::OkStatus();
+}
+inline absl::Status CheckRoot(int root, int world_size) {
+  if (root < 0 || root >= world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("broadcast root ", root, " is not in a world of size ", world_size));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace llm
 

@@ -28,14 +28,7 @@ absl::Status Failed(const char* what, int rank, const std::exception& e) {
 
 absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     gloo::rendezvous::Store& store, int rank, int world_size, const GlooOptions& options) {
-  if (world_size <= 0 || rank < 0 || rank >= world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", rank, " is not in a world of size ", world_size));
-  }
-  if (options.timeout.count() <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("timeout must be > 0, got ", options.timeout.count(), " ms"));
-  }
+  if (absl::Status s = CheckGroupArgs(rank, world_size, options.timeout); !s.ok()) return s;
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = options.hostname;
@@ -105,10 +98,7 @@ absl::Status GlooCommunicator::AllGather(const float* in, size_t count, float* o
 }
 
 absl::Status GlooCommunicator::Broadcast(float* data, size_t count, int root) {
-  if (root < 0 || root >= world_size_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("broadcast root ", root, " is not in a world of size ", world_size_));
-  }
+  if (absl::Status s = CheckRoot(root, world_size_); !s.ok()) return s;
   if (count == 0) return absl::OkStatus();
   try {
     gloo::BroadcastOptions opts(context_);

@@ -134,14 +134,7 @@ absl::StatusOr<Mapping> MapFile(const std::string& path, size_t bytes, bool crea
 
 absl::StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Create(
     gloo::rendezvous::Store& store, int rank, int world_size, const ShmOptions& options) {
-  if (world_size <= 0 || rank < 0 || rank >= world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", rank, " is not in a world of size ", world_size));
-  }
-  if (options.timeout.count() <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("timeout must be > 0, got ", options.timeout.count(), " ms"));
-  }
+  if (absl::Status s = CheckGroupArgs(rank, world_size, options.timeout); !s.ok()) return s;
   if (options.slot_bytes < kLine || options.slot_bytes % kLine != 0) {
     return absl::InvalidArgumentError(absl::StrCat("slot_bytes must be a positive multiple of ",
                                                    kLine, ", got ", options.slot_bytes));
@@ -331,10 +324,7 @@ absl::Status ShmCommunicator::AllGather(const float* in, size_t count, float* ou
 }
 
 absl::Status ShmCommunicator::Broadcast(float* data, size_t count, int root) {
-  if (root < 0 || root >= world_size_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("broadcast root ", root, " is not in a world of size ", world_size_));
-  }
+  if (absl::Status s = CheckRoot(root, world_size_); !s.ok()) return s;
   for (size_t done = 0; done < count; done += slot_floats()) {
     const size_t n = std::min(slot_floats(), count - done);
     const int set = next_set();
