@@ -17,7 +17,8 @@
 // outcome for all. When any rank cannot open it (ranks on different hosts, or containers that
 // do not share `directory`) or declines (ShmOptions::enabled), every rank gets
 // FAILED_PRECONDITION and should use Gloo instead.
-// Rank 0 unlinks the file once every rank has mapped it, so nothing is left behind.
+// Rank 0 unlinks the file once every rank has mapped it, or the rendezvous failed; only a
+// rank 0 killed during the rendezvous leaves it (a few MiB under a random name).
 //
 // A rank that does not post within the timeout fails that collective with UNAVAILABLE naming
 // it, and so, within 100 ms, does one that died: each rank holds a lock on its byte of the
