@@ -20,9 +20,7 @@
 #include "scheduler_service/api/tokenizer.h"
 #include "scheduler_service/engine/engine_core.h"
 #include "tools/flag_parser.h"
-#include "worker_service/cache_engine.h"
-#include "worker_service/model/llama.h"
-#include "worker_service/model_runner.h"
+#include "tools/local_engine.h"
 
 namespace llm {
 namespace {
@@ -64,41 +62,21 @@ int Run(int argc, char** argv) {
   const Args args = Parse(argc, argv);
   using Clock = std::chrono::steady_clock;
   const auto t_load = Clock::now();
-  absl::StatusOr<ModelConfig> config = ModelConfig::FromModelDir(args.model);
-  if (!config.ok()) Fail(config.status().ToString());
-  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::FromDirectory(args.model);
-  if (!tokenizer.ok()) Fail(tokenizer.status().ToString());
-  std::shared_ptr<const Tokenizer> tok = std::move(*tokenizer);
-  absl::StatusOr<std::unique_ptr<LlamaModel>> model =
-      LlamaModel::Load(args.model, *config, nullptr);
-  if (!model.ok()) Fail(model.status().ToString());
-
-  const int block_size = 16;
-  const int max_model_len = std::min(config->max_position_embeddings, 1024);
-  const int num_blocks = args.params.n * (max_model_len / block_size + 1);
-  CacheEngine cache(
-      {(*model)->num_layers(), (*model)->num_local_kv_heads(), (*model)->head_dim(), block_size},
-      num_blocks, 1);
-  ModelRunner runner(model->get(), &cache);
-  SchedulerConfig sc;
-  sc.max_model_len = max_model_len;
-  sc.max_num_batched_tokens = max_model_len;
-  if (!config->eos_token_ids.empty()) sc.eos_token_id = config->eos_token_ids[0];
-  const BlockSpaceManagerConfig bc{.block_size = block_size,
-                                   .num_gpu_blocks = num_blocks,
-                                   .num_cpu_blocks = 0,
-                                   .watermark = 0.0,
-                                   .enable_prefix_caching = false};
-  const TokenizerDetokenizerFactory detokenizers(tok);
-  EngineCore engine(sc, bc, &runner, &detokenizers);
+  absl::StatusOr<std::unique_ptr<LocalEngine>> local =
+      LocalEngine::Create(args.model, {.max_model_len = 1024, .max_seqs = args.params.n});
+  if (!local.ok()) Fail(local.status().ToString());
+  const ModelConfig& config = (*local)->config();
+  const Tokenizer& tok = (*local)->tokenizer();
+  const TokenizerDetokenizerFactory& detokenizers = (*local)->detokenizers();
+  EngineCore& engine = (*local)->engine();
   const double load_s = std::chrono::duration<double>(Clock::now() - t_load).count();
 
   EngineRequest req;
   req.request_id = "generate";
-  req.prompt_token_ids = tok->Encode(args.prompt, /*add_special_tokens=*/true);
+  req.prompt_token_ids = tok.Encode(args.prompt, /*add_special_tokens=*/true);
   req.sampling_params = args.params;
   std::printf("model %s (%s, %d layers, vocab %d), loaded in %.2f s\n", args.model.c_str(),
-              config->architecture.c_str(), config->num_hidden_layers, config->vocab_size, load_s);
+              config.architecture.c_str(), config.num_hidden_layers, config.vocab_size, load_s);
   std::printf("prompt: %zu tokens; sampling: temperature %.2f, top_p %.2f, top_k %d, n %d\n\n",
               req.prompt_token_ids.size(), args.params.temperature, args.params.top_p,
               args.params.top_k, args.params.n);

@@ -18,14 +18,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
-#include "common/model_config.h"
 #include "common/port_file.h"
-#include "scheduler_service/api/incremental_detokenizer.h"
-#include "scheduler_service/api/tokenizer.h"
-#include "scheduler_service/engine/engine_core.h"
-#include "worker_service/cache_engine.h"
-#include "worker_service/model/llama.h"
-#include "worker_service/model_runner.h"
+#include "tools/local_engine.h"
 
 namespace llm::testing {
 namespace fs = std::filesystem;
@@ -263,36 +257,14 @@ absl::StatusOr<v1::GetStatsResponse> WaitUntilAllBlocksFree(v1::LLMService::Stub
 absl::StatusOr<std::vector<std::vector<int32_t>>> ReferenceGreedy(
     const std::string& model_dir, const std::vector<std::string>& prompts, int max_tokens,
     bool ignore_eos) {
-  absl::StatusOr<ModelConfig> config = ModelConfig::FromModelDir(model_dir);
-  if (!config.ok()) return config.status();
-  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::FromDirectory(model_dir);
-  if (!tokenizer.ok()) return tokenizer.status();
-  std::shared_ptr<const Tokenizer> tok = std::move(*tokenizer);
-  absl::StatusOr<std::unique_ptr<LlamaModel>> model = LlamaModel::Load(model_dir, *config, nullptr);
-  if (!model.ok()) return model.status();
-  const int block_size = 16;
-  const int max_model_len = config->max_position_embeddings;
-  const int num_blocks = max_model_len / block_size + 1;
-  CacheEngine cache(
-      {(*model)->num_layers(), (*model)->num_local_kv_heads(), (*model)->head_dim(), block_size},
-      num_blocks, 1);
-  ModelRunner runner(model->get(), &cache);
-  SchedulerConfig sc;
-  sc.max_model_len = max_model_len;
-  sc.max_num_batched_tokens = max_model_len;
-  if (!config->eos_token_ids.empty()) sc.eos_token_id = config->eos_token_ids[0];
-  const BlockSpaceManagerConfig bc{.block_size = block_size,
-                                   .num_gpu_blocks = num_blocks,
-                                   .num_cpu_blocks = 0,
-                                   .watermark = 0.0,
-                                   .enable_prefix_caching = false};
-  const TokenizerDetokenizerFactory detokenizers(tok);
-  EngineCore engine(sc, bc, &runner, &detokenizers);
+  absl::StatusOr<std::unique_ptr<LocalEngine>> local = LocalEngine::Create(model_dir, {});
+  if (!local.ok()) return local.status();
+  EngineCore& engine = (*local)->engine();
   std::vector<std::vector<int32_t>> out;
   for (size_t i = 0; i < prompts.size(); ++i) {
     EngineRequest req;
     req.request_id = absl::StrCat("reference-", i);
-    req.prompt_token_ids = tok->Encode(prompts[i], /*add_special_tokens=*/true);
+    req.prompt_token_ids = (*local)->tokenizer().Encode(prompts[i], /*add_special_tokens=*/true);
     req.sampling_params.temperature = 0;
     req.sampling_params.max_tokens = max_tokens;
     req.sampling_params.ignore_eos = ignore_eos;
