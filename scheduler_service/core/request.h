@@ -78,7 +78,7 @@ struct alignas(64) Request {
   int32_t slot = 0;  // dense index in the scheduler; reused after the request is gone
   State state = State::kWaiting;
   bool known_to_workers = false;
-  bool has_stop_lists = false;  // params has stop_token_ids or stop strings
+  bool has_stop_lists = false;  // stop_token_ids, or stop strings to check (StopChecker)
   int n = 1;                    // params.n
   int num_live = 1;             // sequences not finished
   int num_tokens = 0;           // tokens of each live sequence
