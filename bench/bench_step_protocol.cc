@@ -23,7 +23,7 @@
 #include "benchmark/benchmark.h"
 #include "grpcpp/grpcpp.h"
 #include "llm/v1/worker_service.grpc.pb.h"
-#include "scheduler_service/engine/step_codec.h"
+#include "protocol/step_codec.h"
 
 namespace llm {
 namespace {

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "scheduler_service/engine/engine_core.h"
-#include "scheduler_service/engine/fake_executor.h"
+#include "tests/testing/fake_executor.h"
 #include "tools/flag_parser.h"
 
 namespace llm {

@@ -1,4 +1,4 @@
-// The worker side of the step protocol (scheduler_service/core/scheduler_output.h): keeps
+// The worker side of the step protocol (protocol/scheduler_output.h): keeps
 // each request's state across steps from the diffs, applies swaps and copies, builds the
 // batch (token ids, positions, slot_mapping, block tables, sequence lengths, query start
 // offsets), runs the model and samples.
@@ -26,8 +26,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "common/sampling_params.h"
-#include "scheduler_service/core/scheduler_output.h"
-#include "scheduler_service/engine/executor.h"
+#include "protocol/executor.h"
+#include "protocol/scheduler_output.h"
 #include "worker_service/cache_engine.h"
 #include "worker_service/model/llama.h"
 #include "worker_service/sampler.h"

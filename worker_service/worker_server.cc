@@ -12,7 +12,7 @@
 #include "common/model_config.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "scheduler_service/engine/step_codec.h"
+#include "protocol/step_codec.h"
 #include "worker_service/cache_engine.h"
 #include "worker_service/kv_cache_sizing.h"
 #include "worker_service/model/llama.h"

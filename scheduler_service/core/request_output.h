@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "common/types.h"
+#include "protocol/scheduler_output.h"
 #include "scheduler_service/core/request.h"
-#include "scheduler_service/core/scheduler_output.h"
 
 namespace llm {
 

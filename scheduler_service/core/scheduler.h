@@ -46,11 +46,11 @@
 #include "absl/status/status.h"
 #include "common/sampling_params.h"
 #include "common/types.h"
+#include "protocol/scheduler_output.h"
 #include "scheduler_service/core/block_space_manager.h"
 #include "scheduler_service/core/detokenizer.h"
 #include "scheduler_service/core/request.h"
 #include "scheduler_service/core/request_output.h"
-#include "scheduler_service/core/scheduler_output.h"
 #include "scheduler_service/core/stop_checker.h"
 
 namespace llm {

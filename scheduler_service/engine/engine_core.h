@@ -24,9 +24,9 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/sampling_params.h"
+#include "protocol/executor.h"
 #include "scheduler_service/core/request_output.h"
 #include "scheduler_service/core/scheduler.h"
-#include "scheduler_service/engine/executor.h"
 
 namespace llm {
 

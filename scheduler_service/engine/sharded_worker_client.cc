@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
-#include "scheduler_service/engine/step_codec.h"
+#include "protocol/step_codec.h"
 
 namespace llm {
 namespace {

@@ -34,7 +34,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "llm/v1/worker_service.grpc.pb.h"
-#include "scheduler_service/engine/executor.h"
+#include "protocol/executor.h"
 
 namespace llm {
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "common/sampling_params.h"
-#include "scheduler_service/core/scheduler_output.h"
+#include "protocol/scheduler_output.h"
 
 namespace llm {
 

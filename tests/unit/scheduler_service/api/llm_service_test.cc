@@ -19,7 +19,7 @@
 #include "scheduler_service/api/incremental_detokenizer.h"
 #include "scheduler_service/api/tokenizer.h"
 #include "scheduler_service/engine/engine_core.h"
-#include "scheduler_service/engine/fake_executor.h"
+#include "tests/testing/fake_executor.h"
 
 namespace llm {
 namespace {

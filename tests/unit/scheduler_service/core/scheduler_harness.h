@@ -11,7 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "scheduler_service/core/scheduler.h"
-#include "scheduler_service/engine/fake_executor.h"
+#include "tests/testing/fake_executor.h"
 
 namespace llm {
 

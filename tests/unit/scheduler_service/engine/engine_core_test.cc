@@ -14,7 +14,7 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "scheduler_service/engine/fake_executor.h"
+#include "tests/testing/fake_executor.h"
 #include "tests/unit/scheduler_service/core/scheduler_harness.h"
 
 namespace llm {

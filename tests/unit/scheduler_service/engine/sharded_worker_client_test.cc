@@ -18,9 +18,9 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "llm/v1/worker_service.grpc.pb.h"
+#include "protocol/step_codec.h"
 #include "scheduler_service/engine/engine_core.h"
-#include "scheduler_service/engine/fake_executor.h"
-#include "scheduler_service/engine/step_codec.h"
+#include "tests/testing/fake_executor.h"
 #include "tests/unit/scheduler_service/testing/fake_worker.h"
 
 namespace llm {

@@ -14,8 +14,8 @@
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "llm/v1/worker_service.grpc.pb.h"
-#include "scheduler_service/engine/fake_executor.h"
-#include "scheduler_service/engine/step_codec.h"
+#include "protocol/step_codec.h"
+#include "tests/testing/fake_executor.h"
 
 namespace llm {
 

@@ -1,4 +1,4 @@
-#include "scheduler_service/engine/step_codec.h"
+#include "protocol/step_codec.h"
 
 #include <algorithm>
 #include <cstdint>

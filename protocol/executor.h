@@ -1,12 +1,13 @@
 // Runs one planned step on the workers: the boundary between the scheduler and the model.
-// Implementations: FakeExecutor (tests, simulator) and the gRPC client of the GPU workers.
+// Implemented by the scheduler's client of the worker ranks (ShardedWorkerClient), by a worker's
+// ModelRunner (also run in process) and by the tests' FakeExecutor.
 //
 // Called from the engine thread only; an implementation need not be thread-safe.
-#ifndef LLM_SCHEDULER_SERVICE_ENGINE_EXECUTOR_H_
-#define LLM_SCHEDULER_SERVICE_ENGINE_EXECUTOR_H_
+#ifndef LLM_PROTOCOL_EXECUTOR_H_
+#define LLM_PROTOCOL_EXECUTOR_H_
 
 #include "absl/status/status.h"
-#include "scheduler_service/core/scheduler_output.h"
+#include "protocol/scheduler_output.h"
 
 namespace llm {
 
@@ -21,4 +22,4 @@ class Executor {
 
 }  // namespace llm
 
-#endif  // LLM_SCHEDULER_SERVICE_ENGINE_EXECUTOR_H_
+#endif  // LLM_PROTOCOL_EXECUTOR_H_

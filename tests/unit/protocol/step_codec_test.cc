@@ -1,4 +1,4 @@
-#include "scheduler_service/engine/step_codec.h"
+#include "protocol/step_codec.h"
 
 #include <map>
 #include <random>
@@ -8,7 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scheduler_service/engine/engine_core.h"
-#include "scheduler_service/engine/fake_executor.h"
+#include "tests/testing/fake_executor.h"
 
 namespace llm {
 namespace {

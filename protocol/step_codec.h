@@ -10,8 +10,8 @@
 // does not hold, a block id past its cache) is the ModelRunner's check.
 //
 // Thread-compatible: plain functions; a DecodedStep belongs to one thread.
-#ifndef LLM_SCHEDULER_SERVICE_ENGINE_STEP_CODEC_H_
-#define LLM_SCHEDULER_SERVICE_ENGINE_STEP_CODEC_H_
+#ifndef LLM_PROTOCOL_STEP_CODEC_H_
+#define LLM_PROTOCOL_STEP_CODEC_H_
 
 #include <cstdint>
 #include <deque>
@@ -22,7 +22,7 @@
 #include "common/sampling_params.h"
 #include "llm/v1/llm_service.pb.h"
 #include "llm/v1/worker_service.pb.h"
-#include "scheduler_service/core/scheduler_output.h"
+#include "protocol/scheduler_output.h"
 
 namespace llm {
 
@@ -53,4 +53,4 @@ absl::Status DecodeStepResult(const v1::StepResult& in, ModelOutput* out);
 
 }  // namespace llm
 
-#endif  // LLM_SCHEDULER_SERVICE_ENGINE_STEP_CODEC_H_
+#endif  // LLM_PROTOCOL_STEP_CODEC_H_

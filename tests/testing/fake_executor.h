@@ -11,8 +11,8 @@
 // block id out of range, token counts that do not add up) fails Execute with INTERNAL.
 //
 // Not thread-safe (the engine thread).
-#ifndef LLM_SCHEDULER_SERVICE_ENGINE_FAKE_EXECUTOR_H_
-#define LLM_SCHEDULER_SERVICE_ENGINE_FAKE_EXECUTOR_H_
+#ifndef LLM_TESTS_TESTING_FAKE_EXECUTOR_H_
+#define LLM_TESTS_TESTING_FAKE_EXECUTOR_H_
 
 #include <cstdint>
 #include <string>
@@ -21,8 +21,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "common/types.h"
-#include "scheduler_service/core/scheduler_output.h"
-#include "scheduler_service/engine/executor.h"
+#include "protocol/executor.h"
+#include "protocol/scheduler_output.h"
 
 namespace llm {
 
@@ -88,4 +88,4 @@ class FakeExecutor : public Executor {
 
 }  // namespace llm
 
-#endif  // LLM_SCHEDULER_SERVICE_ENGINE_FAKE_EXECUTOR_H_
+#endif  // LLM_TESTS_TESTING_FAKE_EXECUTOR_H_

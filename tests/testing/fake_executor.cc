@@ -1,4 +1,4 @@
-#include "scheduler_service/engine/fake_executor.h"
+#include "tests/testing/fake_executor.h"
 
 #include <algorithm>
 

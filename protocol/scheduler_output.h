@@ -34,8 +34,8 @@
 // The scheduler appends the sampled tokens; the workers learn them from the next diff. Ranges
 // index the output's flat arrays (token_ids, block_ids, seqs), which are reused between steps:
 // a SchedulerOutput is valid until the next Schedule().
-#ifndef LLM_SCHEDULER_SERVICE_CORE_SCHEDULER_OUTPUT_H_
-#define LLM_SCHEDULER_SERVICE_CORE_SCHEDULER_OUTPUT_H_
+#ifndef LLM_PROTOCOL_SCHEDULER_OUTPUT_H_
+#define LLM_PROTOCOL_SCHEDULER_OUTPUT_H_
 
 #include <cstdint>
 #include <span>
@@ -141,4 +141,4 @@ struct ModelOutput {
 
 }  // namespace llm
 
-#endif  // LLM_SCHEDULER_SERVICE_CORE_SCHEDULER_OUTPUT_H_
+#endif  // LLM_PROTOCOL_SCHEDULER_OUTPUT_H_
