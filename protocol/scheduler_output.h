@@ -31,7 +31,9 @@
 //      is n, token j for sequence j (the scheduler forks sequences 1 .. n-1 from sequence 0,
 //      sharing its blocks, and lists them as new_to_workers in the next step).
 //
-// The scheduler appends the sampled tokens; the workers learn them from the next diff. Ranges
+// BatchState (protocol/batch_state.h) is that worker side, run by every worker and by the tests'
+// FakeExecutor. The scheduler appends the sampled tokens; the workers learn them from the next
+// diff. Ranges
 // index the output's flat arrays (token_ids, block_ids, seqs), which are reused between steps:
 // a SchedulerOutput is valid until the next Schedule().
 #ifndef LLM_PROTOCOL_SCHEDULER_OUTPUT_H_

@@ -53,18 +53,11 @@ void EncodeRequest(const SchedulerOutput& step, const ScheduledRequest& r, bool 
 // Values past int range would wrap in the in-process structs; they are never legitimate.
 constexpr uint32_t kMaxCount = static_cast<uint32_t>(std::numeric_limits<int32_t>::max());
 
-absl::Status DecodePairs(const google::protobuf::RepeatedPtrField<v1::BlockPair>& in,
-                         const char* what, std::vector<BlockPair>* out) {
+void DecodePairs(const google::protobuf::RepeatedPtrField<v1::BlockPair>& in,
+                 std::vector<BlockPair>* out) {
   out->clear();
   out->reserve(in.size());
-  for (const v1::BlockPair& p : in) {
-    if (p.src() < 0 || p.dst() < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " has a negative block id (", p.src(), " -> ", p.dst(), ")"));
-    }
-    out->push_back({p.src(), p.dst()});
-  }
-  return absl::OkStatus();
+  for (const v1::BlockPair& p : in) out->push_back({p.src(), p.dst()});
 }
 
 absl::Status DecodeRequest(const v1::ScheduledRequest& in, bool is_new,
@@ -75,16 +68,10 @@ absl::Status DecodeRequest(const v1::ScheduledRequest& in, bool is_new,
     return absl::InvalidArgumentError(
         absl::StrCat("request \"", id, "\" (slot ", in.slot(), "): ", what));
   };
-  if (id.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a request in slot ", in.slot(), " has no request_id"));
-  }
-  if (in.slot() < 0) return bad("negative slot");
   if (in.num_computed_tokens() > kMaxCount || in.num_scheduled_tokens() > kMaxCount ||
       in.num_samples() > kMaxCount) {
     return bad("a token count is out of range");
   }
-  if (in.seqs().empty()) return bad("lists no sequences");
 
   ScheduledRequest r;
   r.slot = in.slot();
@@ -94,40 +81,28 @@ absl::Status DecodeRequest(const v1::ScheduledRequest& in, bool is_new,
   r.num_scheduled_tokens = static_cast<int>(in.num_scheduled_tokens());
   r.num_samples = static_cast<int>(in.num_samples());
   if (is_new) {
-    if (in.prompt_token_ids().empty()) return bad("a new request without prompt_token_ids");
-    if (!in.has_sampling_params()) return bad("a new request without sampling_params");
-    for (const int32_t t : in.prompt_token_ids()) {
-      if (t < 0) return bad(absl::StrCat("prompt token id ", t, " is negative"));
-    }
-    SamplingParams& params =
-        step->sampling_params.emplace_back(SamplingParamsFromProto(in.sampling_params()));
-    if (absl::Status s = params.Validate(limits); !s.ok()) {
-      return bad(absl::StrCat("sampling_params: ", s.message()));
-    }
     r.prompt_token_ids = std::span<const TokenId>(in.prompt_token_ids().data(),
                                                   static_cast<size_t>(in.prompt_token_ids_size()));
-    r.sampling_params = &params;
+    if (in.has_sampling_params()) {
+      SamplingParams& params =
+          step->sampling_params.emplace_back(SamplingParamsFromProto(in.sampling_params()));
+      if (absl::Status s = params.Validate(limits); !s.ok()) {
+        return bad(absl::StrCat("sampling_params: ", s.message()));
+      }
+      r.sampling_params = &params;
+    }
   } else if (!in.prompt_token_ids().empty() || in.has_sampling_params()) {
     return bad("a cached request carries a prompt or sampling_params");
   }
 
   r.seqs.begin = static_cast<uint32_t>(out.seqs.size());
-  int last_index = -1;
   for (const v1::ScheduledSequence& s : in.seqs()) {
-    if (s.index() > kMaxCount || static_cast<int>(s.index()) <= last_index) {
-      return bad(absl::StrCat("sequence index ", s.index(), " is not in increasing order"));
-    }
-    last_index = static_cast<int>(s.index());
+    if (s.index() > kMaxCount)
+      return bad(absl::StrCat("sequence index ", s.index(), " is out of range"));
     ScheduledSequence q;
-    q.index = last_index;
+    q.index = static_cast<int>(s.index());
     q.new_to_workers = s.new_to_workers();
     q.replace_block_table = s.replace_block_table();
-    for (const int32_t t : s.new_token_ids()) {
-      if (t < 0) return bad(absl::StrCat("sequence ", q.index, ": token id ", t, " is negative"));
-    }
-    for (const int32_t b : s.block_ids()) {
-      if (b < 0) return bad(absl::StrCat("sequence ", q.index, ": block id ", b, " is negative"));
-    }
     q.new_token_ids = {static_cast<uint32_t>(out.token_ids.size()),
                        static_cast<uint32_t>(s.new_token_ids_size())};
     out.token_ids.insert(out.token_ids.end(), s.new_token_ids().begin(), s.new_token_ids().end());
@@ -225,19 +200,6 @@ absl::Status DecodeStepRequest(const v1::StepRequest& in, const SamplingLimits& 
   for (const v1::ScheduledRequest& r : in.cached_requests()) {
     if (absl::Status s = DecodeRequest(r, /*is_new=*/false, limits, out); !s.ok()) return s;
   }
-  // A slot listed twice would make a worker apply two diffs to one request (its state is
-  // keyed by slot).
-  {
-    std::vector<int32_t>& slots = out->scratch_slots;
-    slots.clear();
-    for (const auto* list : {&step.new_requests, &step.cached_requests}) {
-      for (const ScheduledRequest& r : *list) slots.push_back(r.slot);
-    }
-    std::sort(slots.begin(), slots.end());
-    if (auto it = std::adjacent_find(slots.begin(), slots.end()); it != slots.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("slot ", *it, " is scheduled twice"));
-    }
-  }
   if (in.finished_request_ids_size() != in.finished_slots_size()) {
     return absl::InvalidArgumentError(absl::StrCat(in.finished_request_ids_size(),
                                                    " finished_request_ids but ",
@@ -245,23 +207,11 @@ absl::Status DecodeStepRequest(const v1::StepRequest& in, const SamplingLimits& 
   }
   step.finished_request_ids.assign(in.finished_request_ids().begin(),
                                    in.finished_request_ids().end());
-  for (const int32_t slot : in.finished_slots()) {
-    if (slot < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("finished slot ", slot, " is negative"));
-    }
-    step.finished_slots.push_back(slot);
-  }
-  if (absl::Status s =
-          DecodePairs(in.blocks_to_swap_in(), "blocks_to_swap_in", &step.blocks_to_swap_in);
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s =
-          DecodePairs(in.blocks_to_swap_out(), "blocks_to_swap_out", &step.blocks_to_swap_out);
-      !s.ok()) {
-    return s;
-  }
-  return DecodePairs(in.blocks_to_copy(), "blocks_to_copy", &step.blocks_to_copy);
+  step.finished_slots.assign(in.finished_slots().begin(), in.finished_slots().end());
+  DecodePairs(in.blocks_to_swap_in(), &step.blocks_to_swap_in);
+  DecodePairs(in.blocks_to_swap_out(), &step.blocks_to_swap_out);
+  DecodePairs(in.blocks_to_copy(), &step.blocks_to_copy);
+  return absl::OkStatus();
 }
 
 void EncodeStepResult(const ModelOutput& output, v1::StepResult* out) {

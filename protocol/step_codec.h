@@ -3,11 +3,14 @@
 // field), and SamplingParams <-> llm.v1.SamplingParams.
 //
 // The scheduler encodes each step once and sends the same message to every rank; a worker
-// decodes it into a SchedulerOutput for its ModelRunner. Decoding checks what a message alone
-// can violate (negative counts or ids, a request listed twice, no sequences, indices out of
-// order, a new request without its prompt, sampling params out of range) and answers
-// INVALID_ARGUMENT naming the request and the field. What needs the worker's state (a slot it
-// does not hold, a block id past its cache) is the ModelRunner's check.
+// decodes it into a SchedulerOutput for its ModelRunner. Decoding checks only what the wire
+// form adds to the in-process types: values past their int range, a step_id past int64, the
+// finished ids and slots of different lengths, a cached request that carries a prompt or
+// params, and the sampling params (SamplingParams::Validate against the worker's limits); it
+// answers INVALID_ARGUMENT naming the request and the field. Everything else about a step
+// (negative or duplicate slots, sequences out of order, ids out of range, a request the worker
+// does not hold, ...) is the BatchState's check, the same for steps from the wire and in
+// process (protocol/batch_state.h).
 //
 // Thread-compatible: plain functions; a DecodedStep belongs to one thread.
 #ifndef LLM_PROTOCOL_STEP_CODEC_H_
@@ -39,7 +42,6 @@ void EncodeStepRequest(const SchedulerOutput& step, v1::StepRequest* out);
 struct DecodedStep {
   SchedulerOutput output;
   std::deque<SamplingParams> sampling_params;  // one per new request; stable addresses
-  std::vector<int32_t> scratch_slots;          // reused by DecodeStepRequest
 };
 
 // Replaces `out` with the decoding of `in`. On error `out` is unspecified.

@@ -47,18 +47,6 @@ absl::Status CacheEngine::Check(std::span<const BlockPair> pairs, int src_blocks
   return absl::OkStatus();
 }
 
-absl::Status CacheEngine::CheckPairs(std::span<const BlockPair> swap_out,
-                                     std::span<const BlockPair> swap_in,
-                                     std::span<const BlockPair> copy) const {
-  if (absl::Status s = Check(swap_out, num_device_blocks_, num_host_blocks_, "swap-out"); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = Check(swap_in, num_host_blocks_, num_device_blocks_, "swap-in"); !s.ok()) {
-    return s;
-  }
-  return Check(copy, num_device_blocks_, num_device_blocks_, "copy");
-}
-
 absl::Status CacheEngine::Swap(std::span<const BlockPair> pairs,
                                const std::vector<HostTensor>& from,
                                const std::vector<HostTensor>& to) {

@@ -43,16 +43,15 @@ class CacheEngine {
   int num_host_blocks() const { return num_host_blocks_; }
   std::span<const LayerKvCache> device_caches() const { return device_layers_; }
 
+  // Each of the three answers INVALID_ARGUMENT, before copying anything, when a pair is out of
+  // range. (A worker's steps are checked whole before, by its BatchState.)
+  //
   // Device -> host, (device block, host block) pairs.
   absl::Status SwapOut(std::span<const BlockPair> pairs);
   // Host -> device, (host block, device block) pairs.
   absl::Status SwapIn(std::span<const BlockPair> pairs);
   // Device -> device (copy-on-write), all layers.
   absl::Status Copy(std::span<const BlockPair> pairs);
-  // INVALID_ARGUMENT, as the three above would answer, when a pair of any of them is out of
-  // range; changes nothing (so that a step can be refused before any of it is applied).
-  absl::Status CheckPairs(std::span<const BlockPair> swap_out, std::span<const BlockPair> swap_in,
-                          std::span<const BlockPair> copy) const;
 
  private:
   static absl::Status Check(std::span<const BlockPair> pairs, int src_blocks, int dst_blocks,

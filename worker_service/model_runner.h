@@ -1,12 +1,12 @@
-// The worker side of the step protocol (protocol/scheduler_output.h): keeps
-// each request's state across steps from the diffs, applies swaps and copies, builds the
-// batch (token ids, positions, slot_mapping, block tables, sequence lengths, query start
-// offsets), runs the model and samples.
+// The worker side of the step protocol (protocol/scheduler_output.h): each step is
+// "batch -> forward -> sample". The BatchState (protocol/batch_state.h) checks the diff
+// against what this worker holds, applies it and lays out the batch; the runner applies the
+// swaps and copies to the CacheEngine, runs the model over the batch and samples each
+// sequence's next token with that sequence's SequenceSampler.
 //
-// Every step is checked before anything changes: an unknown request slot, a block id outside
-// the cache, a sequence whose tokens or blocks cannot cover what is scheduled, a token id
-// outside the vocabulary each give INVALID_ARGUMENT naming the request, and leave the state
-// as it was. (A step that fails inside the model may leave the KV cache written.)
+// A bad step (the checks are BatchState's) gives INVALID_ARGUMENT naming the request and
+// leaves the state as it was. A step that fails inside the model may leave the KV cache
+// written.
 //
 // Non-finite logits fail the step with INTERNAL: they mean a kernel bug or a read of a KV slot
 // that was never written (the caches are poisoned with NaN), never something to sample.
@@ -18,14 +18,13 @@
 #ifndef LLM_WORKER_SERVICE_MODEL_RUNNER_H_
 #define LLM_WORKER_SERVICE_MODEL_RUNNER_H_
 
-#include <map>
 #include <memory>
-#include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
-#include "common/sampling_params.h"
+#include "kernels/tensor.h"
+#include "protocol/batch_state.h"
 #include "protocol/executor.h"
 #include "protocol/scheduler_output.h"
 #include "worker_service/cache_engine.h"
@@ -42,30 +41,26 @@ class ModelRunner : public Executor {
 
   absl::Status Execute(const SchedulerOutput& step, ModelOutput* out) override;
 
-  int num_requests() const { return static_cast<int>(requests_.size()); }
+  int num_requests() const { return batch_.num_requests(); }
 
  private:
-  struct Sequence {
-    std::vector<TokenId> token_ids;  // prompt + output
-    std::vector<BlockId> block_table;
-  };
-  struct Request {
-    std::string request_id;
-    std::vector<TokenId> prompt;
-    SamplingParams params;
-    int num_computed_tokens = 0;
-    std::map<int, Sequence> seqs;  // by sequence index
-    // By sequence index; created at a sequence's first sample (n > 1: before it is forked).
-    std::map<int, std::unique_ptr<SequenceSampler>> samplers;
-  };
-
-  absl::Status Validate(const SchedulerOutput& step) const;
-  void Apply(const SchedulerOutput& step, const ScheduledRequest& r, bool is_new);
-  SequenceSampler* SamplerFor(Request& req, int index);
+  // Keeps the samplers in step with the diff BatchState just applied: a new request's are
+  // reset, and every token appended to a sequence counts as its output (penalties).
+  void TrackSamplers(const SchedulerOutput& step);
+  SequenceSampler* SamplerFor(int32_t slot, int seq_index);
+  absl::Status CheckFinite(int64_t step_id) const;
+  absl::Status Sample(ModelOutput* out);
 
   LlamaModel* model_;
   CacheEngine* cache_;
-  absl::flat_hash_map<int32_t, Request> requests_;  // by slot
+  BatchState batch_;
+  // By slot, then by sequence index (n of them); a sampler is created at the sequence's first
+  // token or sample (n > 1: before it is forked).
+  absl::flat_hash_map<int32_t, std::vector<std::unique_ptr<SequenceSampler>>> samplers_;
+  // Reused each step.
+  HostTensor logits_;
+  std::vector<float> rows_;
+  std::vector<SequenceSampler*> row_samplers_;
 };
 
 }  // namespace llm

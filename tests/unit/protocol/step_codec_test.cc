@@ -7,6 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "protocol/batch_state.h"
 #include "scheduler_service/engine/engine_core.h"
 #include "tests/testing/fake_executor.h"
 
@@ -248,13 +249,19 @@ v1::StepRequest GoodStep() {
   return step;
 }
 
-absl::Status Decode(const v1::StepRequest& step) {
+// What a worker does with a message: decode it, then apply it to its batch state (an empty
+// one with an 8-block cache, a 2-block swap space and a vocabulary of 100).
+absl::Status DecodeAndApply(const v1::StepRequest& step) {
   DecodedStep out;
-  return DecodeStepRequest(step, SamplingLimits{}, &out);
+  if (absl::Status s = DecodeStepRequest(step, SamplingLimits{}, &out); !s.ok()) return s;
+  BatchState batch({.num_gpu_blocks = 8, .num_cpu_blocks = 2, .block_size = 16, .vocab_size = 100});
+  return batch.Apply(out.output);
 }
 
-TEST(StepCodec, DecodeRejectsMalformedStepsNamingTheRequest) {
-  ASSERT_TRUE(Decode(GoodStep()).ok());
+// Each malformed message is refused, by the codec for what only the wire form can carry and by
+// the BatchState for the rest, with a message naming the request and the field.
+TEST(StepCodec, MalformedStepsAreRefusedNamingTheRequest) {
+  ASSERT_TRUE(DecodeAndApply(GoodStep()).ok());
   struct Case {
     const char* what;
     std::function<void(v1::StepRequest&)> corrupt;
@@ -262,17 +269,20 @@ TEST(StepCodec, DecodeRejectsMalformedStepsNamingTheRequest) {
   };
   const std::vector<Case> cases = {
       {"no sequences", [](v1::StepRequest& s) { s.mutable_new_requests(0)->clear_seqs(); },
-       "request \"a\" (slot 0): lists no sequences"},
+       "request \"a\" (slot 0) lists no sequences"},
       {"negative block",
        [](v1::StepRequest& s) { s.mutable_new_requests(0)->mutable_seqs(0)->set_block_ids(0, -2); },
-       "block id -2 is negative"},
+       "block id -2 outside the cache [0, 8)"},
+      {"block past the cache",
+       [](v1::StepRequest& s) { s.mutable_new_requests(0)->mutable_seqs(0)->set_block_ids(0, 8); },
+       "block id 8 outside the cache [0, 8)"},
       {"negative token",
        [](v1::StepRequest& s) { s.mutable_new_requests(0)->set_prompt_token_ids(1, -1); },
-       "prompt token id -1 is negative"},
+       "token id -1 outside the vocabulary [0, 100)"},
       {"no prompt", [](v1::StepRequest& s) { s.mutable_new_requests(0)->clear_prompt_token_ids(); },
-       "a new request without prompt_token_ids"},
+       "comes without a prompt or sampling params"},
       {"no params", [](v1::StepRequest& s) { s.mutable_new_requests(0)->clear_sampling_params(); },
-       "a new request without sampling_params"},
+       "comes without a prompt or sampling params"},
       {"bad params",
        [](v1::StepRequest& s) {
          s.mutable_new_requests(0)->mutable_sampling_params()->set_top_p(2);
@@ -286,7 +296,7 @@ TEST(StepCodec, DecodeRejectsMalformedStepsNamingTheRequest) {
        [](v1::StepRequest& s) {
          *s.mutable_new_requests(0)->add_seqs() = s.new_requests(0).seqs(0);
        },
-       "sequence index 0 is not in increasing order"},
+       "sequence 0 is out of order"},
       {"slot twice",
        [](v1::StepRequest& s) {
          v1::ScheduledRequest copy = s.new_requests(0);
@@ -306,7 +316,7 @@ TEST(StepCodec, DecodeRejectsMalformedStepsNamingTheRequest) {
          v1::BlockPair* p = s.add_blocks_to_swap_in();
          p->set_src(-1);
        },
-       "blocks_to_swap_in has a negative block id"},
+       "swap-in pair (-1, 0) is out of range"},
       {"huge count",
        [](v1::StepRequest& s) { s.mutable_new_requests(0)->set_num_scheduled_tokens(1u << 31); },
        "a token count is out of range"},
@@ -314,7 +324,7 @@ TEST(StepCodec, DecodeRejectsMalformedStepsNamingTheRequest) {
   for (const Case& c : cases) {
     v1::StepRequest step = GoodStep();
     c.corrupt(step);
-    const absl::Status s = Decode(step);
+    const absl::Status s = DecodeAndApply(step);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.what << ": " << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr(c.message)) << c.what;
   }

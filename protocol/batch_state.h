@@ -1,0 +1,137 @@
+// A worker's view of the running batch, kept from the step diffs alone
+// (protocol/scheduler_output.h gives the protocol), and the batch each step runs.
+//
+// Per request (by slot) it holds the prompt, the sampling params, num_computed_tokens and, per
+// live sequence, the token ids and the block table. Apply(step):
+//
+//   1. checks the whole step against that state, changing nothing when a check fails;
+//   2. forgets the finished requests, creates the new ones, applies each listed request's diff
+//      (sequences, tokens, block tables) and advances its num_computed_tokens;
+//   3. lays out the batch: every listed sequence with tokens scheduled, requests in output
+//      order (new_requests, then cached_requests), sequences in list order.
+//
+// Swaps and copies move KV, not state: the caller applies them after Apply returns OK and
+// before the forward pass.
+//
+// Both ends of the protocol run this code: every worker's ModelRunner and the FakeExecutor that
+// the engine's tests and the simulator drive, so the fake tests the state machine that ships.
+//
+// Checks (INVALID_ARGUMENT, naming the step, the request and the field): a slot listed twice or
+// negative; a new request that is already known, or comes without a prompt or sampling params;
+// a cached request the worker does not hold (or holds under another id), or whose
+// num_computed_tokens differs from the worker's without a resume from preemption; a sequence
+// listed out of order, outside [0, n), or unknown without new_to_workers, or known with it; a
+// range outside the step's arrays; a token id outside the vocabulary; a block id outside the
+// cache; live sequences of different lengths; tokens scheduled past a sequence's tokens or
+// blocks; samples that are neither none, one per listed sequence, nor n from one unforked
+// sequence, or that come before the last token is computed; a swap or copy pair out of range.
+// The step codec checks only what the wire form adds (protocol/step_codec.h).
+//
+// Buffers: the BatchInputs arrays are members, cleared and refilled each step (capacity kept),
+// so a steady-state step allocates none of them; a GPU worker uploads them from here.
+//
+// Thread-safety: one thread.
+#ifndef LLM_PROTOCOL_BATCH_STATE_H_
+#define LLM_PROTOCOL_BATCH_STATE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "common/sampling_params.h"
+#include "common/types.h"
+#include "protocol/scheduler_output.h"
+
+namespace llm {
+
+struct BatchStateConfig {
+  int num_gpu_blocks = 0;  // the device cache's blocks: block ids and copy pairs index it
+  int num_cpu_blocks = 0;  // the swap space's blocks
+  int block_size = 16;
+  int vocab_size = 0;  // token ids are in [0, vocab_size)
+};
+
+// The inputs of one step's forward pass and its sampling. T tokens, S batch sequences (listed
+// sequences with tokens scheduled), R sampling rows.
+struct BatchInputs {
+  // A batch sequence: which request (slot) and which of its sequences.
+  struct SeqRef {
+    int32_t slot = 0;
+    int32_t index = 0;
+  };
+  // One token to sample, in ModelOutput::sampled_token_ids' order.
+  struct Sample {
+    int32_t batch_seq = 0;   // the batch sequence whose last token's logits it samples from
+    int32_t logits_row = 0;  // that sequence's row in logits_indices (and in the logits)
+    int32_t seq_index = 0;   // the sequence the token is for (a fork: 0 .. n-1 from one row)
+  };
+
+  std::vector<int32_t> token_ids;     // [T]
+  std::vector<int32_t> positions;     // [T]
+  std::vector<int64_t> slot_mapping;  // [T]: block_table[p / block_size] * block_size + p % ...
+  std::vector<int32_t> block_tables;  // [S, max_blocks] row-major, padded with block 0
+  int max_blocks = 0;
+  std::vector<int32_t> seq_lens;         // [S]: context including this step's tokens
+  std::vector<int32_t> query_start_loc;  // [S + 1]: sequence s has tokens [qsl[s], qsl[s+1])
+  std::vector<int32_t> logits_indices;   // [R]: rows of [T] whose logits are sampled
+  std::vector<SeqRef> seqs;              // [S]
+  std::vector<Sample> samples;           // one per token to sample
+
+  int num_tokens() const { return static_cast<int>(token_ids.size()); }
+  int num_seqs() const { return static_cast<int>(seq_lens.size()); }
+};
+
+class BatchState {
+ public:
+  struct Sequence {
+    bool live = false;               // listed in the last step that listed its request
+    std::vector<TokenId> token_ids;  // prompt + output
+    std::vector<BlockId> block_table;
+  };
+  struct Request {
+    std::string request_id;
+    std::vector<TokenId> prompt;
+    SamplingParams params;
+    int num_computed_tokens = 0;
+    std::vector<Sequence> seqs;  // by index, params.n of them
+  };
+
+  explicit BatchState(const BatchStateConfig& config);
+  BatchState(const BatchState&) = delete;
+  BatchState& operator=(const BatchState&) = delete;
+
+  // Checks `step`, then applies it and lays out inputs(); on error nothing has changed. The
+  // step's arrays need not outlive the call.
+  absl::Status Apply(const SchedulerOutput& step);
+
+  // The batch of the last step applied (valid until the next Apply).
+  const BatchInputs& inputs() const { return inputs_; }
+  // The request in `slot`, or null.
+  const Request* FindRequest(int32_t slot) const;
+  int num_requests() const { return static_cast<int>(requests_.size()); }
+  const BatchStateConfig& config() const { return config_; }
+
+ private:
+  absl::Status Validate(const SchedulerOutput& step);
+  absl::Status ValidateRequest(const SchedulerOutput& step, const ScheduledRequest& r,
+                               bool is_new) const;
+  absl::Status ValidatePairs(const SchedulerOutput& step) const;
+  void ApplyRequest(const SchedulerOutput& step, const ScheduledRequest& r, bool is_new);
+  void AddToBatch(const SchedulerOutput& step, const ScheduledRequest& r);
+  void FillBlockTables();
+
+  const BatchStateConfig config_;
+  absl::flat_hash_map<int32_t, Request> requests_;  // by slot
+  BatchInputs inputs_;
+  // Reused by Validate: the step's finished slots, sorted, and the slots it schedules.
+  std::vector<int32_t> finished_slots_;
+  std::vector<int32_t> scheduled_slots_;
+  // Reused by AddToBatch: the block table of each batch sequence.
+  std::vector<const std::vector<BlockId>*> tables_;
+};
+
+}  // namespace llm
+
+#endif  // LLM_PROTOCOL_BATCH_STATE_H_

@@ -1,0 +1,319 @@
+#include "protocol/batch_state.h"
+
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace llm {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+
+constexpr BatchStateConfig kConfig{
+    .num_gpu_blocks = 16, .num_cpu_blocks = 4, .block_size = 4, .vocab_size = 100};
+
+// Builds a step by hand, as the scheduler would send it: Seq() adds a sequence to the request
+// that the next New() or Cached() adds.
+class StepBuilder {
+ public:
+  explicit StepBuilder(int64_t step_id) { step_.step_id = step_id; }
+  StepBuilder(const StepBuilder&) = delete;
+
+  StepBuilder& Seq(int index, bool new_to_workers, bool replace, std::vector<TokenId> tokens,
+                   std::vector<BlockId> blocks) {
+    ScheduledSequence s{
+        .index = index, .new_to_workers = new_to_workers, .replace_block_table = replace};
+    s.new_token_ids = {static_cast<uint32_t>(step_.token_ids.size()),
+                       static_cast<uint32_t>(tokens.size())};
+    step_.token_ids.insert(step_.token_ids.end(), tokens.begin(), tokens.end());
+    s.block_ids = {static_cast<uint32_t>(step_.block_ids.size()),
+                   static_cast<uint32_t>(blocks.size())};
+    step_.block_ids.insert(step_.block_ids.end(), blocks.begin(), blocks.end());
+    step_.seqs.push_back(s);
+    ++pending_seqs_;
+    return *this;
+  }
+  StepBuilder& New(int32_t slot, const std::string& id, std::vector<TokenId> prompt,
+                   const SamplingParams& params, int computed, int scheduled, int samples) {
+    ids_.push_back(id);
+    prompts_.push_back(std::move(prompt));
+    step_.new_requests.push_back({.slot = slot,
+                                  .request_id = ids_.back(),
+                                  .prompt_token_ids = prompts_.back(),
+                                  .sampling_params = &params,
+                                  .num_computed_tokens = computed,
+                                  .num_scheduled_tokens = scheduled,
+                                  .num_samples = samples,
+                                  .seqs = TakeSeqs()});
+    return *this;
+  }
+  StepBuilder& Cached(int32_t slot, const std::string& id, int computed, int scheduled, int samples,
+                      bool resumed = false) {
+    ids_.push_back(id);
+    step_.cached_requests.push_back({.slot = slot,
+                                     .request_id = ids_.back(),
+                                     .resumed_from_preemption = resumed,
+                                     .num_computed_tokens = computed,
+                                     .num_scheduled_tokens = scheduled,
+                                     .num_samples = samples,
+                                     .seqs = TakeSeqs()});
+    return *this;
+  }
+  StepBuilder& Finished(int32_t slot, const std::string& id) {
+    step_.finished_slots.push_back(slot);
+    step_.finished_request_ids.push_back(id);
+    return *this;
+  }
+  SchedulerOutput& step() { return step_; }
+
+ private:
+  IndexRange TakeSeqs() {
+    const IndexRange r{static_cast<uint32_t>(step_.seqs.size()) - pending_seqs_, pending_seqs_};
+    pending_seqs_ = 0;
+    return r;
+  }
+
+  SchedulerOutput step_;
+  uint32_t pending_seqs_ = 0;
+  std::deque<std::string> ids_;  // deques: the step's views need stable addresses
+  std::deque<std::vector<TokenId>> prompts_;
+};
+
+SamplingParams WithN(int n) {
+  SamplingParams p;
+  p.n = n;
+  p.temperature = n > 1 ? 1.0 : 0.0;
+  return p;
+}
+
+const SamplingParams kOne = WithN(1);
+const SamplingParams kThree = WithN(3);
+
+// Step 1: request "a" (slot 0) prefills 4 of its 6 prompt tokens in blocks 3 and 5; request
+// "b" (slot 1, n = 3) prefills its 3 tokens in block 7 and samples 3 tokens from its one row.
+absl::Status ApplyStep1(BatchState* batch) {
+  StepBuilder b(1);
+  b.Seq(0, true, true, {}, {3, 5}).New(0, "a", {1, 2, 3, 4, 5, 6}, kOne, 0, 4, 0);
+  b.Seq(0, true, true, {}, {7}).New(1, "b", {7, 8, 9}, kThree, 0, 3, 3);
+  return batch->Apply(b.step());
+}
+
+// Step 2: "a" computes its last 2 prompt tokens and samples; "b" has forked: sequence 0 goes on
+// in block 7, sequences 1 and 2 are new with their first token, each in a block of its own.
+void BuildStep2(StepBuilder& b) {
+  b.Seq(0, false, false, {}, {}).Cached(0, "a", 4, 2, 1);
+  b.Seq(0, false, false, {50}, {})
+      .Seq(1, true, true, {51}, {8})
+      .Seq(2, true, true, {52}, {9})
+      .Cached(1, "b", 3, 1, 3);
+}
+
+TEST(BatchState, LaysOutAPrefillChunkAndAForkingFirstSample) {
+  BatchState batch(kConfig);
+  ASSERT_TRUE(ApplyStep1(&batch).ok());
+  const BatchInputs& in = batch.inputs();
+  EXPECT_THAT(in.token_ids, ElementsAre(1, 2, 3, 4, 7, 8, 9));
+  EXPECT_THAT(in.positions, ElementsAre(0, 1, 2, 3, 0, 1, 2));
+  EXPECT_THAT(in.slot_mapping, ElementsAre(12, 13, 14, 15, 28, 29, 30));
+  EXPECT_EQ(in.max_blocks, 2);
+  EXPECT_THAT(in.block_tables, ElementsAre(3, 5, 7, 0));
+  EXPECT_THAT(in.seq_lens, ElementsAre(4, 3));
+  EXPECT_THAT(in.query_start_loc, ElementsAre(0, 4, 7));
+  EXPECT_THAT(in.logits_indices, ElementsAre(6));  // "a" is mid-prompt: no row
+  ASSERT_EQ(in.samples.size(), 3u);                // n = 3 tokens from "b"'s one row
+  for (int j = 0; j < 3; ++j) {
+    EXPECT_EQ(in.samples[j].batch_seq, 1);
+    EXPECT_EQ(in.samples[j].logits_row, 0);
+    EXPECT_EQ(in.samples[j].seq_index, j);
+  }
+  EXPECT_EQ(batch.FindRequest(0)->num_computed_tokens, 4);
+  EXPECT_EQ(batch.FindRequest(1)->num_computed_tokens, 3);
+}
+
+TEST(BatchState, LaysOutDecodesOfForkedSequences) {
+  BatchState batch(kConfig);
+  ASSERT_TRUE(ApplyStep1(&batch).ok());
+  StepBuilder b(2);
+  BuildStep2(b);
+  ASSERT_TRUE(batch.Apply(b.step()).ok());
+  const BatchInputs& in = batch.inputs();
+  EXPECT_THAT(in.token_ids, ElementsAre(5, 6, 50, 51, 52));
+  EXPECT_THAT(in.positions, ElementsAre(4, 5, 3, 3, 3));
+  EXPECT_THAT(in.slot_mapping, ElementsAre(20, 21, 31, 35, 39));
+  EXPECT_THAT(in.block_tables, ElementsAre(3, 5, 7, 0, 8, 0, 9, 0));
+  EXPECT_THAT(in.seq_lens, ElementsAre(6, 4, 4, 4));
+  EXPECT_THAT(in.query_start_loc, ElementsAre(0, 2, 3, 4, 5));
+  EXPECT_THAT(in.logits_indices, ElementsAre(1, 2, 3, 4));
+  ASSERT_EQ(in.samples.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(in.samples[i].batch_seq, i);
+    EXPECT_EQ(in.samples[i].logits_row, i);
+    EXPECT_EQ(in.samples[i].seq_index, i == 0 ? 0 : i - 1);
+  }
+  EXPECT_THAT(in.seqs[3].slot, 1);
+  EXPECT_THAT(in.seqs[3].index, 2);
+  const BatchState::Request& req = *batch.FindRequest(1);
+  EXPECT_THAT(req.seqs[1].token_ids, ElementsAre(7, 8, 9, 51));
+  EXPECT_THAT(req.seqs[1].block_table, ElementsAre(8));
+}
+
+// Every refused step names what is wrong and leaves the state as it was: the good step after
+// them applies as if they never came.
+TEST(BatchState, RefusesAStepItCannotApplyAndChangesNothing) {
+  BatchState batch(kConfig);
+  ASSERT_TRUE(ApplyStep1(&batch).ok());
+  struct Case {
+    const char* what;
+    std::function<void(StepBuilder&)> build;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {"count mismatch",
+       [](StepBuilder& b) { b.Seq(0, false, false, {}, {}).Cached(0, "a", 3, 3, 1); },
+       "3 tokens computed per the step; 4 per this worker"},
+      {"another id", [](StepBuilder& b) { b.Seq(0, false, false, {}, {}).Cached(0, "z", 4, 2, 1); },
+       "request \"z\" (slot 0) is unknown to this worker"},
+      {"finished in the same step",
+       [](StepBuilder& b) {
+         b.Finished(0, "a").Seq(0, false, false, {}, {}).Cached(0, "a", 4, 2, 1);
+       },
+       "is unknown to this worker"},
+      {"new again",
+       [](StepBuilder& b) {
+         b.Seq(0, true, true, {}, {3, 5}).New(0, "a", {1}, kOne, 0, 1, 0);
+       },
+       "is already known"},
+      {"unknown sequence",
+       [](StepBuilder& b) {
+         b.Seq(0, false, false, {50}, {}).Seq(1, false, false, {51}, {8}).Cached(1, "b", 3, 1, 2);
+       },
+       "sequence 1 is unknown and not listed as new"},
+      {"known sequence listed as new",
+       [](StepBuilder& b) { b.Seq(0, true, true, {50}, {7}).Cached(1, "b", 3, 1, 1); },
+       "sequence 0 is known and listed as new"},
+      {"sequence past n",
+       [](StepBuilder& b) { b.Seq(1, true, true, {}, {4}).Cached(0, "a", 4, 2, 1); },
+       "sequence 1 is out of order or outside [0, n = 1)"},
+      {"different lengths",
+       [](StepBuilder& b) {
+         b.Seq(0, false, false, {50}, {}).Seq(1, true, true, {}, {8}).Cached(1, "b", 3, 1, 2);
+       },
+       "live sequences of different lengths (4 and 3)"},
+      {"sample mid-prompt",
+       [](StepBuilder& b) { b.Seq(0, false, false, {}, {}).Cached(0, "a", 4, 1, 1); },
+       "samples with 5 of 6 tokens computed"},
+      {"past the blocks",
+       [](StepBuilder& b) { b.Seq(0, false, true, {}, {3}).Cached(0, "a", 4, 2, 1); },
+       "computing up to token 6 with 6 tokens in 1 blocks of 4"},
+      {"past the tokens",
+       [](StepBuilder& b) { b.Seq(0, false, false, {}, {}).Cached(0, "a", 4, 3, 0); },
+       "computing up to token 7 with 6 tokens"},
+      {"token outside the vocabulary",
+       [](StepBuilder& b) { b.Seq(0, false, false, {100}, {}).Cached(0, "a", 4, 2, 1); },
+       "token id 100 outside the vocabulary [0, 100)"},
+      {"copy out of range",
+       [](StepBuilder& b) {
+         b.Seq(0, false, false, {}, {}).Cached(0, "a", 4, 2, 1);
+         b.step().blocks_to_copy = {{.src = 5, .dst = 16}};
+       },
+       "copy pair (5, 16) is out of range (16, 16 blocks)"},
+      {"swap-out out of range",
+       [](StepBuilder& b) {
+         b.Finished(1, "b").step().blocks_to_swap_out = {{7, 4}};
+       },
+       "swap-out pair (7, 4) is out of range (16, 4 blocks)"},
+  };
+  const std::vector<int32_t> before(batch.inputs().token_ids);
+  for (const Case& c : cases) {
+    StepBuilder b(2);
+    c.build(b);
+    const absl::Status s = batch.Apply(b.step());
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.what << ": " << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.message)) << c.what;
+    EXPECT_EQ(batch.num_requests(), 2) << c.what;
+    EXPECT_EQ(batch.FindRequest(0)->num_computed_tokens, 4) << c.what;
+    EXPECT_EQ(batch.inputs().token_ids, before) << c.what;
+  }
+  StepBuilder good(2);
+  BuildStep2(good);
+  ASSERT_TRUE(batch.Apply(good.step()).ok());
+  EXPECT_THAT(batch.inputs().token_ids, ElementsAre(5, 6, 50, 51, 52));
+}
+
+TEST(BatchState, ASequenceNotListedHasFinished) {
+  BatchState batch(kConfig);
+  ASSERT_TRUE(ApplyStep1(&batch).ok());
+  StepBuilder fork(2);
+  BuildStep2(fork);
+  ASSERT_TRUE(batch.Apply(fork.step()).ok());
+  StepBuilder b(3);  // sequence 1 stopped: only 0 and 2 go on
+  b.Seq(0, false, false, {60}, {10}).Seq(2, false, false, {62}, {11}).Cached(1, "b", 4, 1, 2);
+  ASSERT_TRUE(batch.Apply(b.step()).ok());
+  const BatchState::Request& req = *batch.FindRequest(1);
+  EXPECT_TRUE(req.seqs[0].live);
+  EXPECT_FALSE(req.seqs[1].live);
+  EXPECT_TRUE(req.seqs[1].token_ids.empty());
+  EXPECT_THAT(req.seqs[2].token_ids, ElementsAre(7, 8, 9, 52, 62));
+  EXPECT_THAT(batch.inputs().token_ids, ElementsAre(60, 62));
+  EXPECT_EQ(batch.inputs().samples[1].seq_index, 2);
+
+  StepBuilder again(4);
+  again.Seq(0, false, false, {70}, {}).Seq(1, false, false, {}, {}).Cached(1, "b", 5, 1, 2);
+  EXPECT_THAT(std::string(batch.Apply(again.step()).message()),
+              HasSubstr("sequence 1 is unknown and not listed as new"));
+}
+
+// A request resumed after preemption by recompute gets its count and whole table anew; a slot
+// finished in a step can take a new request in that same step.
+TEST(BatchState, ResumesAfterPreemptionAndReusesAFinishedSlot) {
+  BatchState batch(kConfig);
+  ASSERT_TRUE(ApplyStep1(&batch).ok());
+  StepBuilder b(2);
+  b.Seq(0, false, true, {}, {10, 11}).Cached(0, "a", 0, 6, 1, /*resumed=*/true);
+  b.Finished(1, "b").Seq(0, true, true, {}, {2}).New(1, "c", {40, 41}, kOne, 0, 2, 1);
+  ASSERT_TRUE(batch.Apply(b.step()).ok());
+  const BatchInputs& in = batch.inputs();
+  EXPECT_THAT(in.token_ids, ElementsAre(40, 41, 1, 2, 3, 4, 5, 6));  // new requests first
+  EXPECT_THAT(in.slot_mapping, ElementsAre(8, 9, 40, 41, 42, 43, 44, 45));
+  EXPECT_EQ(batch.FindRequest(0)->num_computed_tokens, 6);
+  EXPECT_EQ(batch.FindRequest(1)->request_id, "c");
+  EXPECT_EQ(batch.num_requests(), 2);
+}
+
+// The arrays a GPU worker uploads stay where they are from step to step: a step no larger than
+// an earlier one allocates none of them.
+TEST(BatchState, TheBatchArraysKeepTheirStorageFromStepToStep) {
+  BatchState batch(kConfig);
+  ASSERT_TRUE(ApplyStep1(&batch).ok());
+  const BatchInputs& in = batch.inputs();
+  const void* tokens = in.token_ids.data();
+  const void* slots = in.slot_mapping.data();
+  const void* tables = in.block_tables.data();
+  const void* qsl = in.query_start_loc.data();
+  StepBuilder b(2);
+  BuildStep2(b);  // 5 tokens, 4 sequences, 8 table entries: tables grow
+  ASSERT_TRUE(batch.Apply(b.step()).ok());
+  EXPECT_EQ(in.token_ids.data(), tokens);
+  EXPECT_EQ(in.slot_mapping.data(), slots);
+  tables = in.block_tables.data();
+  qsl = in.query_start_loc.data();
+  StepBuilder c(3);
+  c.Seq(0, false, false, {61}, {}).Cached(0, "a", 6, 1, 1);
+  c.Seq(0, false, false, {60}, {10}).Seq(1, false, false, {61}, {11});
+  c.Seq(2, false, false, {62}, {12});
+  c.Cached(1, "b", 4, 1, 3);
+  ASSERT_TRUE(batch.Apply(c.step()).ok());
+  EXPECT_THAT(in.token_ids, ElementsAre(61, 60, 61, 62));
+  EXPECT_EQ(in.token_ids.data(), tokens);
+  EXPECT_EQ(in.slot_mapping.data(), slots);
+  EXPECT_EQ(in.block_tables.data(), tables);
+  EXPECT_EQ(in.query_start_loc.data(), qsl);
+}
+
+}  // namespace
+}  // namespace llm
