@@ -15,8 +15,10 @@ bool Contains(const std::vector<int32_t>& sorted, int32_t slot) {
 
 bool InRange(IndexRange range, size_t size) { return size_t{range.begin} + range.size <= size; }
 
-absl::Status CheckPairs(std::span<const BlockPair> pairs, int src_blocks, int dst_blocks,
-                        const char* what) {
+}  // namespace
+
+absl::Status CheckBlockPairs(std::span<const BlockPair> pairs, int src_blocks, int dst_blocks,
+                             const char* what) {
   for (const BlockPair& p : pairs) {
     if (p.src < 0 || p.src >= src_blocks || p.dst < 0 || p.dst >= dst_blocks) {
       return absl::InvalidArgumentError(absl::StrCat(what, " pair (", p.src, ", ", p.dst,
@@ -26,8 +28,6 @@ absl::Status CheckPairs(std::span<const BlockPair> pairs, int src_blocks, int ds
   }
   return absl::OkStatus();
 }
-
-}  // namespace
 
 BatchState::BatchState(const BatchStateConfig& config) : config_(config) {}
 
@@ -85,9 +85,9 @@ absl::Status BatchState::Validate(const SchedulerOutput& step) {
 
 absl::Status BatchState::ValidatePairs(const SchedulerOutput& step) const {
   const int gpu = config_.num_gpu_blocks, cpu = config_.num_cpu_blocks;
-  RETURN_IF_ERROR(CheckPairs(step.blocks_to_swap_out, gpu, cpu, "swap-out"));
-  RETURN_IF_ERROR(CheckPairs(step.blocks_to_swap_in, cpu, gpu, "swap-in"));
-  return CheckPairs(step.blocks_to_copy, gpu, gpu, "copy");
+  RETURN_IF_ERROR(CheckBlockPairs(step.blocks_to_swap_out, gpu, cpu, "swap-out"));
+  RETURN_IF_ERROR(CheckBlockPairs(step.blocks_to_swap_in, cpu, gpu, "swap-in"));
+  return CheckBlockPairs(step.blocks_to_copy, gpu, gpu, "copy");
 }
 
 absl::Status BatchState::ValidateRequest(const SchedulerOutput& step, const ScheduledRequest& r,

@@ -35,6 +35,7 @@
 #define LLM_PROTOCOL_BATCH_STATE_H_
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -82,6 +83,11 @@ struct BatchInputs {
   int num_tokens() const { return static_cast<int>(token_ids.size()); }
   int num_seqs() const { return static_cast<int>(seq_lens.size()); }
 };
+
+// OK, or INVALID_ARGUMENT naming `what` when a pair's source is outside [0, src_blocks) or its
+// destination outside [0, dst_blocks): the check of every swap and copy list.
+absl::Status CheckBlockPairs(std::span<const BlockPair> pairs, int src_blocks, int dst_blocks,
+                             const char* what);
 
 class BatchState {
  public:

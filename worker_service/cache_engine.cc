@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/ops.h"
+#include "protocol/batch_state.h"
 
 namespace llm {
 namespace {
@@ -35,18 +36,6 @@ CacheEngine::CacheEngine(const CacheShape& shape, int num_device_blocks, int num
   }
 }
 
-absl::Status CacheEngine::Check(std::span<const BlockPair> pairs, int src_blocks, int dst_blocks,
-                                const char* what) {
-  for (const BlockPair& p : pairs) {
-    if (p.src < 0 || p.src >= src_blocks || p.dst < 0 || p.dst >= dst_blocks) {
-      return absl::InvalidArgumentError(absl::StrCat(what, " pair (", p.src, ", ", p.dst,
-                                                     ") is out of range (", src_blocks, ", ",
-                                                     dst_blocks, " blocks)"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CacheEngine::Swap(std::span<const BlockPair> pairs,
                                const std::vector<HostTensor>& from,
                                const std::vector<HostTensor>& to) {
@@ -58,21 +47,24 @@ absl::Status CacheEngine::Swap(std::span<const BlockPair> pairs,
 }
 
 absl::Status CacheEngine::SwapOut(std::span<const BlockPair> pairs) {
-  if (absl::Status s = Check(pairs, num_device_blocks_, num_host_blocks_, "swap-out"); !s.ok()) {
+  if (absl::Status s = CheckBlockPairs(pairs, num_device_blocks_, num_host_blocks_, "swap-out");
+      !s.ok()) {
     return s;
   }
   return Swap(pairs, device_, host_);
 }
 
 absl::Status CacheEngine::SwapIn(std::span<const BlockPair> pairs) {
-  if (absl::Status s = Check(pairs, num_host_blocks_, num_device_blocks_, "swap-in"); !s.ok()) {
+  if (absl::Status s = CheckBlockPairs(pairs, num_host_blocks_, num_device_blocks_, "swap-in");
+      !s.ok()) {
     return s;
   }
   return Swap(pairs, host_, device_);
 }
 
 absl::Status CacheEngine::Copy(std::span<const BlockPair> pairs) {
-  if (absl::Status s = Check(pairs, num_device_blocks_, num_device_blocks_, "copy"); !s.ok()) {
+  if (absl::Status s = CheckBlockPairs(pairs, num_device_blocks_, num_device_blocks_, "copy");
+      !s.ok()) {
     return s;
   }
   std::vector<TensorView> keys, values;

@@ -54,8 +54,6 @@ class CacheEngine {
   absl::Status Copy(std::span<const BlockPair> pairs);
 
  private:
-  static absl::Status Check(std::span<const BlockPair> pairs, int src_blocks, int dst_blocks,
-                            const char* what);
   absl::Status Swap(std::span<const BlockPair> pairs, const std::vector<HostTensor>& from,
                     const std::vector<HostTensor>& to);
 
