@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/model_config.h"
+#include "common/tcp_store.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "scheduler_service/engine/step_codec.h"
@@ -19,7 +20,6 @@
 #include "worker_service/model_runner.h"
 #include "worker_service/parallel/gloo_communicator.h"
 #include "worker_service/parallel/shm_communicator.h"
-#include "worker_service/parallel/tcp_store.h"
 
 namespace llm {
 

@@ -39,6 +39,7 @@
 #include "common/model_config.h"
 #include "common/port_file.h"
 #include "common/status_macros.h"
+#include "common/tcp_store.h"
 #include "glog/logging.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
@@ -49,7 +50,6 @@
 #include "scheduler_service/engine/engine_core.h"
 #include "scheduler_service/engine/sharded_worker_client.h"
 #include "tools/flag_parser.h"
-#include "worker_service/parallel/tcp_store.h"
 
 namespace llm {
 namespace {
