@@ -36,6 +36,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/flag_parser.h"
 #include "common/model_config.h"
 #include "common/port_file.h"
 #include "common/status_macros.h"
@@ -49,7 +50,6 @@
 #include "scheduler_service/api/tokenizer.h"
 #include "scheduler_service/engine/engine_core.h"
 #include "scheduler_service/engine/sharded_worker_client.h"
-#include "tools/flag_parser.h"
 
 namespace llm {
 namespace {
