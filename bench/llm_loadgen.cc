@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/flag_parser.h"
 #include "llm/v1/llm_service.grpc.pb.h"
-#include "tools/flag_parser.h"
 
 namespace llm {
 namespace {

@@ -26,8 +26,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "common/flag_parser.h"
 #include "llm/v1/llm_service.grpc.pb.h"
-#include "tools/flag_parser.h"
 #include "tools/health_check.h"
 
 namespace llm {

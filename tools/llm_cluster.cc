@@ -38,10 +38,10 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/flag_parser.h"
 #include "common/port_file.h"
 #include "tools/child_process.h"
 #include "tools/cluster_manifest.h"
-#include "tools/flag_parser.h"
 #include "tools/health_check.h"
 
 namespace llm {

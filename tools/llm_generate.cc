@@ -14,12 +14,12 @@
 #include <string_view>
 #include <vector>
 
+#include "common/flag_parser.h"
 #include "common/model_config.h"
 #include "kernels/cpu/blas_setup.h"
 #include "scheduler_service/api/incremental_detokenizer.h"
 #include "scheduler_service/api/tokenizer.h"
 #include "scheduler_service/engine/engine_core.h"
-#include "tools/flag_parser.h"
 #include "tools/local_engine.h"
 
 namespace llm {

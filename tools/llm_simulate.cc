@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "common/flag_parser.h"
 #include "scheduler_service/engine/engine_core.h"
 #include "tests/testing/fake_executor.h"
-#include "tools/flag_parser.h"
 
 namespace llm {
 namespace {

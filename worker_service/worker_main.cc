@@ -19,9 +19,9 @@
 #include <thread>
 
 #include "cblas.h"
+#include "common/flag_parser.h"
 #include "common/port_file.h"
 #include "kernels/cpu/blas_setup.h"
-#include "tools/flag_parser.h"
 #include "worker_service/worker_server.h"
 
 namespace llm {

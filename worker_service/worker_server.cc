@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/model_config.h"
+#include "common/tcp_store.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "protocol/step_codec.h"
@@ -18,47 +19,10 @@
 #include "worker_service/model/llama.h"
 #include "worker_service/model_runner.h"
 #include "worker_service/parallel/gloo_communicator.h"
+#include "worker_service/parallel/rebound_communicator.h"
 #include "worker_service/parallel/shm_communicator.h"
-#include "worker_service/parallel/tcp_store.h"
 
 namespace llm {
-
-// The communicator the model holds: a stable address in front of the communicator of the
-// current group (shared memory or Gloo), which Init replaces without reloading the model. One
-// thread at a time (under WorkerServer::mu_).
-class ReboundCommunicator : public Communicator {
- public:
-  ReboundCommunicator(int rank, int world_size) : rank_(rank), world_size_(world_size) {}
-
-  void Rebind(std::unique_ptr<Communicator> inner) { inner_ = std::move(inner); }
-
-  int rank() const override { return rank_; }
-  int world_size() const override { return world_size_; }
-  absl::Status AllReduceSum(float* data, size_t count) override {
-    if (inner_ == nullptr) return Unbound();
-    return inner_->AllReduceSum(data, count);
-  }
-  absl::Status AllGather(const float* in, size_t count, float* out) override {
-    if (inner_ == nullptr) return Unbound();
-    return inner_->AllGather(in, count, out);
-  }
-  absl::Status Broadcast(float* data, size_t count, int root) override {
-    if (inner_ == nullptr) return Unbound();
-    return inner_->Broadcast(data, count, root);
-  }
-  absl::Status Barrier() override {
-    if (inner_ == nullptr) return Unbound();
-    return inner_->Barrier();
-  }
-
- private:
-  static absl::Status Unbound() {
-    return absl::FailedPreconditionError("the worker group is not connected (Init)");
-  }
-  const int rank_;
-  const int world_size_;
-  std::unique_ptr<Communicator> inner_;
-};
 
 namespace {
 

@@ -13,7 +13,7 @@
 // (each OnWriteDone starts the next). A client that cancels, or whose deadline passes, has
 // its request aborted in the engine.
 //
-// The engine comes from whoever manages the worker group (llm-scheduler's group manager, or
+// The engine comes from whoever manages the worker group (llm-scheduler's WorkerGroup, or
 // a test): SetReady hands over a ServingEngine; SetNotReady takes it back, ending every call
 // in flight with UNAVAILABLE "the worker group is not ready: <reason>", and the service then
 // answers Generate / GetStats so until the next SetReady. Shutdown ends every call with

@@ -2,14 +2,12 @@
 // of llm-worker ranks. It tokenizes, schedules (EngineCore) and streams; the workers run the
 // model (ShardedWorkerClient drives them, one Step stream per rank).
 //
-// The group manager thread owns the group's lifecycle: connect to every worker (retrying until
-// they answer Health), Init all ranks in parallel (a Gloo rendezvous through the TcpStoreServer
-// this process runs, under a fresh prefix per attempt), ProfileMemory (smallest figures),
-// InitCache, open the Step streams, start the engine; health SERVING. While serving it probes
-// every rank's Health each second. When a step or a probe fails (a rank broke or timed out)
-// every stream ends with UNAVAILABLE naming the rank, health turns NOT_SERVING, the engine is
-// torn down and the manager starts again from the top (backing off 0.5 s to 10 s between
-// failed attempts).
+// This file parses and checks the flags and wires the parts: the rendezvous store the ranks
+// meet at (TcpStoreServer), the service and its gRPC server, and the WorkerGroup, which brings
+// the group up, probes it and re-initializes it after a failure (worker_group.h). Each time the
+// group is up, an EngineCore is started over it and handed to the service, and health turns
+// SERVING; each time it goes down, every stream ends with UNAVAILABLE naming the rank, health
+// turns NOT_SERVING and the engine is torn down.
 //
 // SIGTERM / SIGINT: health NOT_SERVING, every stream ends with UNAVAILABLE "server shutting
 // down", the engine stops, the server shuts down (short deadline) and the process exits 0.
@@ -26,19 +24,16 @@
 #include <fstream>
 #include <memory>
 #include <string>
-#include <thread>
-#include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/flag_parser.h"
 #include "common/model_config.h"
 #include "common/port_file.h"
-#include "common/status_macros.h"
+#include "common/tcp_store.h"
 #include "glog/logging.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
@@ -48,8 +43,7 @@
 #include "scheduler_service/api/tokenizer.h"
 #include "scheduler_service/engine/engine_core.h"
 #include "scheduler_service/engine/sharded_worker_client.h"
-#include "tools/flag_parser.h"
-#include "worker_service/parallel/tcp_store.h"
+#include "scheduler_service/engine/worker_group.h"
 
 namespace llm {
 namespace {
@@ -157,24 +151,23 @@ Flags Parse(int argc, char** argv) {
 }
 
 struct Setup {
-  Flags flags;
-  std::vector<std::string> addresses;
   SchedulerConfig scheduler;
-  BlockSpaceManagerConfig cache;  // num_gpu_blocks / num_cpu_blocks come from the workers
+  // All but rendezvous_address (known once the store listens) and the callbacks (wiring).
+  WorkerGroupOptions group;
   LLMServiceOptions service;
 };
 
 Setup Check(const Flags& f, const ModelConfig& model, const Tokenizer& tokenizer) {
   Setup s;
-  s.flags = f;
   if (f.model.empty()) Usage("--model is required");
   if (f.worker_addresses.empty()) Usage("--worker-addresses is required");
+  WorkerGroupOptions& g = s.group;
   for (absl::string_view a : absl::StrSplit(f.worker_addresses, ',', absl::SkipWhitespace())) {
-    s.addresses.emplace_back(a);
+    g.addresses.emplace_back(a);
   }
-  if (static_cast<int>(s.addresses.size()) != f.tensor_parallel_size) {
+  if (static_cast<int>(g.addresses.size()) != f.tensor_parallel_size) {
     Usage(absl::StrCat("--tensor-parallel-size is ", f.tensor_parallel_size, " but ",
-                       s.addresses.size(), " worker addresses are given"));
+                       g.addresses.size(), " worker addresses are given"));
   }
   if (f.port < 0 || f.port > 65535) Usage(absl::StrCat("--port is ", f.port));
   if (f.worker_timeout <= 0) Usage("--worker-timeout must be positive");
@@ -218,12 +211,26 @@ Setup Check(const Flags& f, const ModelConfig& model, const Tokenizer& tokenizer
   sc.sampling_limits = {.max_n = f.max_n, .max_logprobs = f.max_logprobs};
   if (absl::Status st = sc.Validate(); !st.ok()) Usage(std::string(st.message()));
 
-  s.cache = {.block_size = f.block_size,
+  // num_gpu_blocks / num_cpu_blocks come from the workers.
+  g.cache = {.block_size = f.block_size,
              .num_gpu_blocks = 1,
              .num_cpu_blocks = 0,
              .watermark = f.watermark,
              .enable_prefix_caching = f.enable_prefix_caching};
-  if (absl::Status st = s.cache.Validate(); !st.ok()) Usage(std::string(st.message()));
+  if (absl::Status st = g.cache.Validate(); !st.ok()) Usage(std::string(st.message()));
+  g.worker_timeout = absl::Seconds(f.worker_timeout);
+  g.model_path = f.model;
+  g.dtype = f.dtype;
+  g.device = f.device;
+  g.collective_timeout_ms = static_cast<uint32_t>(f.collective_timeout * 1000);
+  g.max_model_len = sc.max_model_len;
+  g.max_num_batched_tokens = sc.max_num_batched_tokens;
+  g.max_num_seqs = sc.max_num_seqs;
+  g.vocab_size = model.vocab_size;
+  g.gpu_memory_utilization = f.gpu_memory_utilization;
+  g.swap_space_gib = f.swap_space;
+  g.cpu_kv_cache_space_gib = f.cpu_kv_cache_space;
+  g.num_gpu_blocks_override = f.num_gpu_blocks_override;
 
   LLMServiceOptions& o = s.service;
   o.model_name = f.served_model_name;
@@ -243,187 +250,10 @@ Setup Check(const Flags& f, const ModelConfig& model, const Tokenizer& tokenizer
   return s;
 }
 
-// Runs the worker group's lifecycle on its own thread (Run) until Stop().
-class GroupManager {
- public:
-  GroupManager(const Setup& setup, LLMService* service, grpc::HealthCheckServiceInterface* health,
-               const TcpStoreServer* store, const DetokenizerFactory* detokenizers)
-      : setup_(setup),
-        service_(service),
-        health_(health),
-        store_(store),
-        detokenizers_(detokenizers) {}
-
-  void Run() {
-    absl::Duration retry = absl::Milliseconds(500);  // after a failed attempt; doubles to 10 s
-    for (int attempt = 1;; ++attempt) {
-      if (stopping()) return;
-      ShardedWorkerClientOptions opts;
-      opts.addresses = setup_.addresses;
-      opts.worker_timeout = absl::Seconds(setup_.flags.worker_timeout);
-      opts.on_failure = [this](const absl::Status& s) {
-        absl::MutexLock lock(&mu_);
-        if (failure_.ok()) failure_ = s;
-      };
-      absl::StatusOr<std::unique_ptr<ShardedWorkerClient>> client =
-          ShardedWorkerClient::Create(std::move(opts));
-      CHECK(client.ok()) << client.status();  // the flags were checked
-      {
-        absl::MutexLock lock(&mu_);
-        if (stop_) return;
-        client_ = client->get();
-        failure_ = absl::OkStatus();
-      }
-      absl::StatusOr<std::shared_ptr<ServingEngine>> engine = Build(std::move(*client), attempt);
-      if (!engine.ok()) {
-        LOG(WARNING) << "worker group attempt " << attempt << " failed: " << engine.status();
-        last_failure_ = std::string(engine.status().message());
-        (void)service_->SetNotReady(last_failure_);
-        absl::MutexLock lock(&mu_);
-        auto stop = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_; };
-        mu_.AwaitWithTimeout(absl::Condition(&stop), retry);
-        retry = std::min(retry * 2, absl::Seconds(10));
-        continue;
-      }
-      retry = absl::Milliseconds(500);
-      service_->SetReady(*engine);
-      SetServing(true);
-      LOG(INFO) << "worker group ready (attempt " << attempt << "): " << (*engine)->num_gpu_blocks
-                << " device blocks, " << (*engine)->num_cpu_blocks << " host blocks";
-      std::string reason;
-      {
-        absl::MutexLock lock(&mu_);
-        auto done = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_ || !failure_.ok(); };
-        // Probe the ranks while idle too, so that a dead worker turns health NOT_SERVING
-        // before a request finds it.
-        while (!mu_.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(1))) {
-          ShardedWorkerClient* client = client_;
-          mu_.Unlock();
-          (void)client->CheckHealth();  // on failure, on_failure sets failure_
-          mu_.Lock();
-        }
-        reason = stop_ ? "server shutting down" : std::string(failure_.message());
-      }
-      SetServing(false);
-      if (!stopping()) LOG(ERROR) << "worker group failed; re-initializing: " << reason;
-      last_failure_ = reason;
-      (void)service_->SetNotReady(reason);
-      {
-        absl::MutexLock lock(&mu_);
-        client_->Cancel();  // an engine step in flight returns at once
-        client_ = nullptr;
-      }
-      engine->reset();  // stops the engine, then closes the streams
-    }
-  }
-
-  // Thread-safe: cancels whatever the manager waits on; Run() then returns.
-  void Stop() {
-    absl::MutexLock lock(&mu_);
-    stop_ = true;
-    if (client_ != nullptr) client_->Cancel();
-  }
-
- private:
-  bool stopping() {
-    absl::MutexLock lock(&mu_);
-    return stop_;
-  }
-
-  void SetServing(bool serving) {
-    health_->SetServingStatus(serving);
-    health_->SetServingStatus("llm.v1.LLMService", serving);
-  }
-
-  // Brings the group up on `client` (destroyed on failure); the running engine on success.
-  absl::StatusOr<std::shared_ptr<ServingEngine>> Build(std::unique_ptr<ShardedWorkerClient> client,
-                                                       int attempt) {
-    auto forget = [&] {
-      absl::MutexLock lock(&mu_);
-      client_ = nullptr;
-    };
-    absl::Status s = BuildSteps(client.get(), attempt);
-    if (!s.ok()) {
-      forget();
-      return s;
-    }
-    auto engine = std::make_shared<ServingEngine>();
-    engine->num_gpu_blocks = cache_.num_gpu_blocks;
-    engine->num_cpu_blocks = cache_.num_cpu_blocks;
-    engine->executor = std::move(client);
-    engine->engine = std::make_unique<EngineCore>(setup_.scheduler, cache_, engine->executor.get(),
-                                                  detokenizers_);
-    engine->engine->Start();
-    return engine;
-  }
-
-  absl::Status BuildSteps(ShardedWorkerClient* client, int attempt) {
-    const Flags& f = setup_.flags;
-    (void)service_->SetNotReady(
-        absl::StrCat("connecting to the workers (attempt ", attempt, ")",
-                     last_failure_.empty() ? "" : "; the last attempt failed: ", last_failure_));
-    std::string reason;
-    if (absl::Status s = client->WaitUntilHealthy(&reason); !s.ok()) return s;
-    LOG(INFO) << "all " << client->world_size() << " workers answer; initializing (attempt "
-              << attempt << ")";
-    v1::InitRequest init;
-    init.set_model_path(f.model);
-    init.set_dtype(f.dtype);
-    init.set_device(f.device);
-    init.set_rendezvous_address(absl::StrCat(f.rendezvous_host, ":", store_->port()));
-    init.set_rendezvous_prefix(absl::StrCat("group-", attempt));
-    init.set_collective_timeout_ms(static_cast<uint32_t>(f.collective_timeout * 1000));
-    init.set_max_model_len(setup_.scheduler.max_model_len);
-    init.set_max_num_batched_tokens(setup_.scheduler.max_num_batched_tokens);
-    init.set_max_num_seqs(setup_.scheduler.max_num_seqs);
-    ASSIGN_OR_RETURN(const std::vector<v1::InitResponse> inits, client->Init(init));
-    if (!inits.empty() && !inits[0].collectives().empty()) {
-      LOG(INFO) << "worker group collectives: " << inits[0].collectives();
-    }
-    for (size_t r = 0; r < inits.size(); ++r) {
-      if (static_cast<int>(inits[r].vocab_size()) != setup_.service.vocab_size) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "worker rank ", r, " at ", client->address(r), " loaded a model of vocab size ",
-            inits[r].vocab_size(), "; the scheduler's model has ", setup_.service.vocab_size));
-      }
-    }
-    v1::ProfileMemoryRequest prof;
-    prof.set_block_size(f.block_size);
-    prof.set_gpu_memory_utilization(f.gpu_memory_utilization);
-    prof.set_swap_space_gib(f.swap_space);
-    prof.set_cpu_kv_cache_space_gib(f.cpu_kv_cache_space);
-    ASSIGN_OR_RETURN(const v1::ProfileMemoryResponse mem, client->ProfileMemory(prof));
-    cache_ = setup_.cache;
-    cache_.num_gpu_blocks = f.num_gpu_blocks_override > 0 ? f.num_gpu_blocks_override
-                                                          : static_cast<int>(mem.num_gpu_blocks());
-    cache_.num_cpu_blocks = static_cast<int>(mem.num_cpu_blocks());
-    if (cache_.num_gpu_blocks <= 0) {
-      return absl::ResourceExhaustedError(
-          "the workers have no room for a single KV cache block; raise "
-          "--gpu-memory-utilization or --cpu-kv-cache-space");
-    }
-    RETURN_IF_ERROR(cache_.Validate());
-    v1::InitCacheRequest ic;
-    ic.set_block_size(f.block_size);
-    ic.set_num_gpu_blocks(cache_.num_gpu_blocks);
-    ic.set_num_cpu_blocks(cache_.num_cpu_blocks);
-    RETURN_IF_ERROR(client->InitCache(ic));
-    return client->OpenStreams();
-  }
-
-  const Setup& setup_;
-  LLMService* const service_;
-  grpc::HealthCheckServiceInterface* const health_;
-  const TcpStoreServer* const store_;
-  const DetokenizerFactory* const detokenizers_;
-  BlockSpaceManagerConfig cache_;  // Run's thread
-  std::string last_failure_;       // Run's thread: why the last group failed or did not form
-
-  absl::Mutex mu_;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  ShardedWorkerClient* client_ ABSL_GUARDED_BY(mu_) = nullptr;  // the current group's
-  absl::Status failure_ ABSL_GUARDED_BY(mu_);
-};
+void SetServing(grpc::HealthCheckServiceInterface* health, bool serving) {
+  health->SetServingStatus(serving);
+  health->SetServingStatus("llm.v1.LLMService", serving);
+}
 
 int Run(int argc, char** argv) {
   const Flags flags = Parse(argc, argv);
@@ -460,8 +290,7 @@ int Run(int argc, char** argv) {
     Fail(absl::StrCat("cannot listen on ", flags.host, ":", flags.port));
   }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
-  health->SetServingStatus(false);
-  health->SetServingStatus("llm.v1.LLMService", false);
+  SetServing(health, false);
   std::fprintf(stderr, "listening on %s:%d\n", flags.host.c_str(), bound_port);
   if (!flags.port_file.empty()) {
     if (absl::Status s = WritePortFile(flags.port_file, bound_port); !s.ok()) {
@@ -469,21 +298,39 @@ int Run(int argc, char** argv) {
     }
   }
   LOG(INFO) << "model " << setup.service.model_name << ", max_model_len "
-            << setup.service.max_model_len << ", " << setup.addresses.size()
+            << setup.service.max_model_len << ", " << setup.group.addresses.size()
             << " worker rank(s); rendezvous store on " << flags.rendezvous_host << ":"
             << (*store)->port();
 
-  GroupManager manager(setup, &service, health, store->get(), &detokenizers);
-  std::thread manager_thread([&] { manager.Run(); });
+  WorkerGroupOptions group_options = setup.group;
+  group_options.rendezvous_address = absl::StrCat(flags.rendezvous_host, ":", (*store)->port());
+  // Each time the group is up: an engine over it, served from now on.
+  group_options.serve = [&](std::unique_ptr<ShardedWorkerClient> client,
+                            const BlockSpaceManagerConfig& cache) -> std::shared_ptr<void> {
+    auto engine = std::make_shared<ServingEngine>();
+    engine->num_gpu_blocks = cache.num_gpu_blocks;
+    engine->num_cpu_blocks = cache.num_cpu_blocks;
+    engine->executor = std::move(client);
+    engine->engine =
+        std::make_unique<EngineCore>(setup.scheduler, cache, engine->executor.get(), &detokenizers);
+    engine->engine->Start();
+    service.SetReady(engine);
+    SetServing(health, true);
+    return engine;
+  };
+  group_options.not_ready = [&](const std::string& reason) {
+    SetServing(health, false);
+    (void)service.SetNotReady(reason);
+  };
+  WorkerGroup group(std::move(group_options));
+  group.Start();
 
   int sig = 0;
   sigwait(&signals, &sig);
   LOG(INFO) << "signal " << sig << ": shutting down";
-  health->SetServingStatus(false);
-  health->SetServingStatus("llm.v1.LLMService", false);
+  SetServing(health, false);
   std::shared_ptr<ServingEngine> engine = service.Shutdown();
-  manager.Stop();
-  manager_thread.join();
+  group.Stop();
   engine.reset();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return 0;

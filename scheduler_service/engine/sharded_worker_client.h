@@ -1,7 +1,7 @@
 // ShardedWorkerClient: the scheduler's side of a tensor-parallel worker group, one llm-worker
 // per rank (protos/llm/v1/worker_service.proto).
 //
-// Setup (the group manager's thread, in this order): WaitUntilHealthy (retries with backoff
+// Setup (WorkerGroup's thread, in this order): WaitUntilHealthy (retries with backoff
 // until every rank answers Health), Init (every rank in parallel: Gloo's rendezvous blocks
 // until all ranks join), ProfileMemory (the smallest figures over the ranks), InitCache, then
 // OpenStreams (one Step stream per rank). The client is then an Executor: each Execute
@@ -15,7 +15,7 @@
 // on_failure (when set) is called once, on the thread that saw the failure. Nothing waits
 // longer than `worker_timeout` (plus the time gRPC takes to deliver a cancellation).
 //
-// Thread-safety: setup calls and Execute from one thread at a time (the manager, then the
+// Thread-safety: setup calls and Execute from one thread at a time (WorkerGroup's thread, then the
 // engine thread); CheckHealth(), Cancel() and failure() from any thread. Destruction cancels the
 // streams and joins the rank threads.
 #ifndef LLM_SCHEDULER_SERVICE_ENGINE_SHARDED_WORKER_CLIENT_H_

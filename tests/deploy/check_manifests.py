@@ -33,7 +33,7 @@ Every problem is printed as `<file>: document <n> (<kind> <name>)[, container <c
 and the exit status is 1; 0 when all is consistent; 2 for a usage error (a binary that does
 not run, PyYAML missing).
 
-Flags come from `<binary> --help` (tools/flag_parser.h prints each as a line `  --name`).
+Flags come from `<binary> --help` (common/flag_parser.h prints each as a line `  --name`).
 --flags-from-spec uses the flag list of the distributed-system spec instead, for trees where
 the binaries are not built yet.
 

@@ -1,9 +1,11 @@
 // Communicator: the collectives that tensor-parallel ranks run in lockstep (all-reduce of the
 // row-parallel layers' partial sums, all-gather of sharded logits, broadcast, barrier).
-// Implementations: GlooCommunicator (CPU, TCP; gloo_communicator.h), whose buffers are host
-// memory, and NcclCommunicator (GPU; nccl_communicator.h, built with the CUDA backend), whose
-// buffers are DEVICE pointers on its device: the float* below are in the memory of the
-// implementation's device.
+// Implementations: ShmCommunicator (CPU ranks of one host, shared memory; shm_communicator.h)
+// and GlooCommunicator (CPU, TCP; gloo_communicator.h), whose buffers are host memory, and
+// NcclCommunicator (GPU; nccl_communicator.h, built with the CUDA backend), whose buffers are
+// DEVICE pointers on its device: the float* below are in the memory of the implementation's
+// device. ReboundCommunicator (rebound_communicator.h) forwards to one of them, rebound when a
+// worker's group is formed again.
 //
 // Every rank calls the same collectives in the same order with the same counts. A failure (a
 // peer that is gone or too slow past the timeout, a bad argument) returns an error status;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "common/tcp_store.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -25,7 +26,6 @@
 #include "tests/unit/worker_service/step_test_util.h"
 #include "worker_service/cache_engine.h"
 #include "worker_service/model_runner.h"
-#include "worker_service/parallel/tcp_store.h"
 
 namespace llm {
 namespace {

@@ -14,8 +14,8 @@
 // Thread-safety: the server is thread-safe (a thread per connection). A TcpStore client is
 // used by one thread at a time, as Gloo does. As gloo::rendezvous::Store requires, client
 // failures throw (gloo::IoException) with the reason.
-#ifndef LLM_WORKER_SERVICE_PARALLEL_TCP_STORE_H_
-#define LLM_WORKER_SERVICE_PARALLEL_TCP_STORE_H_
+#ifndef LLM_COMMON_TCP_STORE_H_
+#define LLM_COMMON_TCP_STORE_H_
 
 #include <atomic>
 #include <chrono>
@@ -88,4 +88,4 @@ class TcpStore : public gloo::rendezvous::Store {
 
 }  // namespace llm
 
-#endif  // LLM_WORKER_SERVICE_PARALLEL_TCP_STORE_H_
+#endif  // LLM_COMMON_TCP_STORE_H_

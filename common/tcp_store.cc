@@ -1,6 +1,6 @@
 // TcpStoreServer and TcpStore: a key-value rendezvous over TCP sockets (see tcp_store.h for the
 // wire format).
-#include "worker_service/parallel/tcp_store.h"
+#include "common/tcp_store.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>

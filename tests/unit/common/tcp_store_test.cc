@@ -1,6 +1,6 @@
 // TcpStore and TcpStoreServer on loopback: keys set by one client are seen by another, waits
 // time out with an exception, and four Gloo ranks meet through it and all-reduce.
-#include "worker_service/parallel/tcp_store.h"
+#include "common/tcp_store.h"
 
 #include <sys/socket.h>
 #include <unistd.h>

@@ -1,8 +1,9 @@
-// Command-line flags for the tools, spelled as vLLM's (--max-num-seqs=256): each flag is bound
-// to a variable with its help text; Parse() fills them from argv, prints the usage for
-// --help, and fails with a message naming the flag for anything unknown or malformed.
-#ifndef LLM_TOOLS_FLAG_PARSER_H_
-#define LLM_TOOLS_FLAG_PARSER_H_
+// Command-line flags of the binaries (llm-scheduler, llm-worker, the tools and llm-loadgen),
+// spelled as vLLM's (--max-num-seqs=256): each flag is bound to a variable with its help text;
+// Parse() fills them from argv, prints the usage for --help, and fails with a message naming the
+// flag for anything unknown or malformed. Used from main(), on one thread.
+#ifndef LLM_COMMON_FLAG_PARSER_H_
+#define LLM_COMMON_FLAG_PARSER_H_
 
 #include <cstdint>
 #include <cstdio>
@@ -87,4 +88,4 @@ class FlagParser {
 
 }  // namespace llm
 
-#endif  // LLM_TOOLS_FLAG_PARSER_H_
+#endif  // LLM_COMMON_FLAG_PARSER_H_
