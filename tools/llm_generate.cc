@@ -16,9 +16,9 @@
 
 #include "common/model_config.h"
 #include "kernels/cpu/blas_setup.h"
-#include "scheduler_service/api/incremental_detokenizer.h"
-#include "scheduler_service/api/tokenizer.h"
 #include "scheduler_service/engine/engine_core.h"
+#include "scheduler_service/tokenizer/incremental_detokenizer.h"
+#include "scheduler_service/tokenizer/tokenizer.h"
 #include "tools/flag_parser.h"
 #include "tools/local_engine.h"
 

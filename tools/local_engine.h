@@ -11,9 +11,9 @@
 
 #include "absl/status/statusor.h"
 #include "common/model_config.h"
-#include "scheduler_service/api/incremental_detokenizer.h"
-#include "scheduler_service/api/tokenizer.h"
 #include "scheduler_service/engine/engine_core.h"
+#include "scheduler_service/tokenizer/incremental_detokenizer.h"
+#include "scheduler_service/tokenizer/tokenizer.h"
 #include "worker_service/cache_engine.h"
 #include "worker_service/model/llama.h"
 #include "worker_service/model_runner.h"

@@ -10,8 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
-#include "scheduler_service/api/incremental_detokenizer.h"
 #include "scheduler_service/engine/step_codec.h"
+#include "scheduler_service/tokenizer/incremental_detokenizer.h"
 
 namespace llm {
 namespace {

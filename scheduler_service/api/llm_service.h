@@ -36,9 +36,9 @@
 #include "common/sampling_params.h"
 #include "grpcpp/grpcpp.h"
 #include "llm/v1/llm_service.grpc.pb.h"
-#include "scheduler_service/api/tokenizer.h"
 #include "scheduler_service/engine/engine_core.h"
 #include "scheduler_service/engine/executor.h"
+#include "scheduler_service/tokenizer/tokenizer.h"
 
 namespace llm {
 

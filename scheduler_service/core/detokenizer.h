@@ -1,6 +1,7 @@
-// The incremental detokenizer the scheduler's stop checks use, one per sequence. The real
-// implementation (a Hugging Face tokenizer.json) lives in scheduler_service/api; tests may
-// use a fake.
+// The incremental detokenizer the scheduler's stop checks use, one per sequence. The core
+// defines the interface and never links a tokenizer: the real implementation (a Hugging Face
+// tokenizer.json) is scheduler_service/tokenizer's TokenizerDetokenizerFactory; tests may use
+// a fake.
 #ifndef LLM_SCHEDULER_SERVICE_CORE_DETOKENIZER_H_
 #define LLM_SCHEDULER_SERVICE_CORE_DETOKENIZER_H_
 

@@ -16,10 +16,10 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "scheduler_service/api/incremental_detokenizer.h"
-#include "scheduler_service/api/tokenizer.h"
 #include "scheduler_service/engine/engine_core.h"
 #include "scheduler_service/engine/fake_executor.h"
+#include "scheduler_service/tokenizer/incremental_detokenizer.h"
+#include "scheduler_service/tokenizer/tokenizer.h"
 
 namespace llm {
 namespace {
