@@ -21,6 +21,7 @@ TokenizerIncrementalDetokenizer::TokenizerIncrementalDetokenizer(
     const DetokenizeOptions& options)
     : tokenizer_(std::move(tokenizer)),
       skip_special_tokens_(options.skip_special_tokens),
+      min_tokens_(options.min_tokens),
       stops_(options.stop, options.include_stop_str_in_output) {
   std::span<const TokenId> context = prompt_token_ids;
   if (context.size() > kMinPromptContext) {
@@ -65,8 +66,13 @@ IncrementalDetokenizer::Delta TokenizerIncrementalDetokenizer::Append(
   Delta delta;
   if (finished_) return delta;
   for (const TokenId id : new_token_ids) {
+    ++num_tokens_;
     const std::string text = Step(id);
     if (text.empty()) continue;
+    if (num_tokens_ < min_tokens_) {  // stop strings do not count yet
+      delta.text += text;
+      continue;
+    }
     StopStringMatcher::Result r = stops_.Feed(text);
     delta.text += r.text;
     if (r.stopped) {
@@ -85,9 +91,8 @@ std::string TokenizerIncrementalDetokenizer::Flush() {
   finished_ = true;
   std::string out;
   if (ids_.size() > read_index_) {
-    StopStringMatcher::Result r =
-        stops_.Feed(HeldText(tokenizer_->Decode(ids_, skip_special_tokens_)));
-    out = std::move(r.text);
+    std::string held = HeldText(tokenizer_->Decode(ids_, skip_special_tokens_));
+    out = num_tokens_ < min_tokens_ ? std::move(held) : stops_.Feed(held).text;
   }
   out += stops_.Finish();
   output_text_ += out;

@@ -4,8 +4,9 @@
 // last few prompt tokens, so a Metaspace tokenizer's word-initial space comes out right),
 // and text is released only when the window's decode grew and does not end in U+FFFD (an
 // incomplete UTF-8 character). Stop strings are applied to the released text by a
-// StopStringMatcher. Flush releases held tokens as the decoder renders them (U+FFFD for
-// incomplete characters). Not thread-safe: one per sequence. Shares ownership of the Tokenizer.
+// StopStringMatcher, from the options' min_tokens-th token on. Flush releases held tokens as the
+// decoder renders them (U+FFFD for incomplete characters). Not thread-safe: one per sequence.
+// Shares ownership of the Tokenizer.
 #ifndef LLM_SCHEDULER_SERVICE_TOKENIZER_INCREMENTAL_DETOKENIZER_H_
 #define LLM_SCHEDULER_SERVICE_TOKENIZER_INCREMENTAL_DETOKENIZER_H_
 
@@ -39,6 +40,8 @@ class TokenizerIncrementalDetokenizer final : public IncrementalDetokenizer {
 
   std::shared_ptr<const Tokenizer> tokenizer_;
   bool skip_special_tokens_;
+  int min_tokens_;      // stop strings are searched from this many tokens appended on
+  int num_tokens_ = 0;  // tokens appended
   // ids_[0, read_index_) decode to prefix_text_, which has been released; the rest are
   // tokens whose text is still incomplete.
   std::vector<TokenId> ids_;

@@ -1,6 +1,7 @@
 // The incremental detokenizer over the three fixture tokenizers: the deltas add up to the
 // full decode for every prefix of the output, never split a character, put Metaspace
-// spaces right using the prompt, and stop strings split across tokens end the output.
+// spaces right using the prompt, and stop strings split across tokens end the output (from
+// min_tokens on).
 #include "scheduler_service/tokenizer/incremental_detokenizer.h"
 
 #include <memory>
@@ -195,6 +196,38 @@ TEST_P(DetokenizerTest, StopStringAcrossTokensIsCaught) {
     EXPECT_TRUE(d.stopped);
     EXPECT_EQ(d.text, expected);
     EXPECT_TRUE(batch->Append(ids).text.empty());
+  }
+}
+
+// With min_tokens, stop strings are searched only in the text released from the
+// min_tokens-th token on: an earlier occurrence passes as plain text.
+TEST_P(DetokenizerTest, StopStringsCountFromMinTokens) {
+  const std::string stop = "lazy dog";
+  const std::vector<TokenId> ids = tok_->Encode("A lazy dog met another lazy dog today.", false);
+  const std::string full = tok_->Decode(ids, true);
+  const size_t first = full.find(stop);
+  const size_t second = full.find(stop, first + 1);
+  ASSERT_NE(second, std::string::npos);
+  // The tokens that complete the first occurrence.
+  size_t k = 0;
+  while (tok_->Decode(std::span<const TokenId>(ids).first(k), true).size() < first + stop.size()) {
+    ++k;
+  }
+  for (const int min_tokens : {0, static_cast<int>(k) + 1}) {
+    SCOPED_TRACE(min_tokens);
+    DetokenizeOptions options;
+    options.stop = {stop};
+    options.min_tokens = min_tokens;
+    auto detok = Create({}, options);
+    std::string out;
+    bool stopped = false;
+    for (const TokenId id : ids) {
+      auto d = detok->Append({&id, 1});
+      out += d.text;
+      stopped |= d.stopped;
+    }
+    EXPECT_TRUE(stopped);
+    EXPECT_EQ(out, full.substr(0, min_tokens == 0 ? first : second));
   }
 }
 
