@@ -21,10 +21,10 @@
 #include <vector>
 
 #include "nlohmann/json.hpp"
-#include "scheduler_service/api/incremental_detokenizer.h"
-#include "scheduler_service/api/normalizer.h"
-#include "scheduler_service/api/pre_tokenizer.h"
-#include "scheduler_service/api/tokenizer.h"
+#include "scheduler_service/tokenizer/incremental_detokenizer.h"
+#include "scheduler_service/tokenizer/normalizer.h"
+#include "scheduler_service/tokenizer/pre_tokenizer.h"
+#include "scheduler_service/tokenizer/tokenizer.h"
 
 namespace llm {
 namespace {

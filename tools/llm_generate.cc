@@ -17,9 +17,8 @@
 #include "common/flag_parser.h"
 #include "common/model_config.h"
 #include "kernels/cpu/blas_setup.h"
-#include "scheduler_service/api/incremental_detokenizer.h"
-#include "scheduler_service/api/tokenizer.h"
 #include "scheduler_service/engine/engine_core.h"
+#include "scheduler_service/tokenizer/tokenizer.h"
 #include "tools/local_engine.h"
 
 namespace llm {
@@ -67,7 +66,6 @@ int Run(int argc, char** argv) {
   if (!local.ok()) Fail(local.status().ToString());
   const ModelConfig& config = (*local)->config();
   const Tokenizer& tok = (*local)->tokenizer();
-  const TokenizerDetokenizerFactory& detokenizers = (*local)->detokenizers();
   EngineCore& engine = (*local)->engine();
   const double load_s = std::chrono::duration<double>(Clock::now() - t_load).count();
 
@@ -81,9 +79,8 @@ int Run(int argc, char** argv) {
               req.prompt_token_ids.size(), args.params.temperature, args.params.top_p,
               args.params.top_k, args.params.n);
 
-  // One detokenizer per sequence, for display; the engine keeps its own for stop strings.
-  // With n = 1 the text streams as it is produced; with n > 1 each sequence prints at the end.
-  std::map<int, std::unique_ptr<IncrementalDetokenizer>> text;
+  // The engine's text of each sequence (its detokenizer, with the prompt as context). With
+  // n = 1 the text streams as it is produced; with n > 1 each sequence prints at the end.
   std::map<int, std::string> shown;
   int num_tokens = 0;
   double ttft = -1;
@@ -91,12 +88,10 @@ int Run(int argc, char** argv) {
   absl::Status add = engine.AddRequest(std::move(req), [&](const StreamUpdate& u) {
     if (!u.status.ok()) Fail(u.status.ToString());
     for (const SequenceOutput& seq : u.outputs->Seqs(*u.output)) {
-      std::unique_ptr<IncrementalDetokenizer>& d = text[seq.index];
-      if (d == nullptr) d = detokenizers.Create({}, DetokenizeOptions{});
       const auto ids = u.outputs->NewTokenIds(seq);
       num_tokens += static_cast<int>(ids.size());
       if (ttft < 0 && !ids.empty()) ttft = std::chrono::duration<double>(Clock::now() - t0).count();
-      const std::string delta = d->Append(ids).text;
+      const std::string delta(u.outputs->Text(seq));
       shown[seq.index] += delta;
       if (args.params.n == 1) {
         std::fputs(delta.c_str(), stdout);
@@ -109,12 +104,10 @@ int Run(int argc, char** argv) {
   if (const absl::Status s = engine.RunUntilIdle(); !s.ok()) Fail(s.ToString());
   const double total = std::chrono::duration<double>(Clock::now() - t0).count();
   if (args.params.n > 1) {
-    for (auto& [index, d] : text) {
-      shown[index] += d->Flush();
-      std::printf("[%d] %s%s\n\n", index, args.prompt.c_str(), shown[index].c_str());
+    for (const auto& [index, text] : shown) {
+      std::printf("[%d] %s%s\n\n", index, args.prompt.c_str(), text.c_str());
     }
   } else {
-    std::fputs(text[0]->Flush().c_str(), stdout);
     std::printf("\n\n");
   }
   std::printf(

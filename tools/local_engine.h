@@ -1,8 +1,8 @@
 // LocalEngine: the whole system in one process on the CPU backend, over a Hugging Face model
 // directory: the model, a KV cache with room for `max_seqs` sequences of max_model_len tokens,
-// the model runner as the executor, the tokenizer, and an EngineCore (no prefix caching, no
-// swap space). llm-generate (`make demo`) runs on it, and the integration tests take their
-// reference outputs from it.
+// the model runner as the executor, the tokenizer, and an EngineCore that detokenizes with it
+// (its outputs carry text; no prefix caching, no swap space). llm-generate (`make demo`) runs on
+// it, and the integration tests take their reference outputs from it.
 #ifndef LLM_TOOLS_LOCAL_ENGINE_H_
 #define LLM_TOOLS_LOCAL_ENGINE_H_
 
@@ -11,9 +11,9 @@
 
 #include "absl/status/statusor.h"
 #include "common/model_config.h"
-#include "scheduler_service/api/incremental_detokenizer.h"
-#include "scheduler_service/api/tokenizer.h"
 #include "scheduler_service/engine/engine_core.h"
+#include "scheduler_service/tokenizer/incremental_detokenizer.h"
+#include "scheduler_service/tokenizer/tokenizer.h"
 #include "worker_service/cache_engine.h"
 #include "worker_service/model/llama.h"
 #include "worker_service/model_runner.h"
@@ -36,7 +36,6 @@ class LocalEngine {
 
   const ModelConfig& config() const { return config_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
-  const TokenizerDetokenizerFactory& detokenizers() const { return *detokenizers_; }
   EngineCore& engine() { return *engine_; }
 
  private:

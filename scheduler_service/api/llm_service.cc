@@ -11,7 +11,6 @@
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
 #include "protocol/step_codec.h"
-#include "scheduler_service/api/incremental_detokenizer.h"
 
 namespace llm {
 namespace {
@@ -53,17 +52,15 @@ class ErrorWriter final : public grpc::ServerWriteReactor<v1::GenerateResponse> 
 class LLMService::GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
   GenerateCall(LLMService* service, std::weak_ptr<ServingEngine> engine, std::string request_id,
-               bool stream, int n, bool logprobs, std::vector<TokenId> prompt,
-               const DetokenizeOptions& detok)
+               bool stream, int n, bool logprobs, int num_prompt_tokens)
       : service_(service),
         engine_(std::move(engine)),
         request_id_(std::move(request_id)),
         stream_(stream),
         logprobs_(logprobs),
-        prompt_(std::move(prompt)),
-        detok_options_(detok) {
-    seqs_.resize(n);
-    for (int i = 0; i < n; ++i) seqs_[i].accumulated.set_index(i);
+        num_prompt_tokens_(num_prompt_tokens) {
+    accumulated_.resize(n);
+    for (int i = 0; i < n; ++i) accumulated_[i].set_index(i);
   }
 
   void Start(std::shared_ptr<GenerateCall> self) { self_ = std::move(self); }
@@ -80,33 +77,22 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<v1::Gener
     v1::GenerateResponse resp;
     resp.set_request_id(request_id_);
     for (const SequenceOutput& seq : u.outputs->Seqs(out)) {
-      if (seq.index < 0 || seq.index >= static_cast<int>(seqs_.size())) continue;
-      Seq& st = seqs_[seq.index];
-      if (st.detok == nullptr) {
-        st.detok = std::make_unique<TokenizerIncrementalDetokenizer>(service_->tokenizer_, prompt_,
-                                                                     detok_options_);
-      }
+      if (seq.index < 0 || seq.index >= static_cast<int>(accumulated_.size())) continue;
       const std::span<const TokenId> ids = u.outputs->NewTokenIds(seq);
       num_completion_tokens_ += static_cast<int>(ids.size());
-      IncrementalDetokenizer::Delta delta = st.detok->Append(ids);
-      std::string text = std::move(delta.text);
-      const bool finished = IsFinished(seq.status);
-      if (finished && !delta.stopped && seq.stop_string.empty()) text += st.detok->Flush();
-      v1::SequenceOutput* o = stream_ ? resp.add_outputs() : &st.accumulated;
+      v1::SequenceOutput* o = stream_ ? resp.add_outputs() : &accumulated_[seq.index];
       o->set_index(seq.index);
       o->mutable_token_ids()->Add(ids.begin(), ids.end());
-      o->mutable_text()->append(text);
+      o->mutable_text()->append(u.outputs->Text(seq));
       if (logprobs_ && u.outputs->logprobs.size() == u.outputs->token_ids.size()) {
         for (uint32_t i = 0; i < seq.new_token_ids.size; ++i) {
           AddLogprobs(u.outputs->logprobs[seq.new_token_ids.begin + i], ids[i], o);
         }
       }
-      if (finished) {
+      if (IsFinished(seq.status)) {
         o->set_finish_reason(ToFinishReason(seq.status));
         if (!seq.stop_string.empty()) {
           o->set_stop_reason(std::string(seq.stop_string));
-        } else if (delta.stopped) {
-          o->set_stop_reason(delta.stop_string);
         } else if (seq.stop_token >= 0) {
           o->set_stop_reason(absl::StrCat(seq.stop_token));
         }
@@ -114,10 +100,10 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<v1::Gener
     }
     if (out.finished) {
       if (!stream_) {
-        for (Seq& st : seqs_) *resp.add_outputs() = std::move(st.accumulated);
+        for (v1::SequenceOutput& o : accumulated_) *resp.add_outputs() = std::move(o);
       }
       v1::Usage* usage = resp.mutable_usage();
-      usage->set_prompt_tokens(static_cast<int>(prompt_.size()));
+      usage->set_prompt_tokens(num_prompt_tokens_);
       usage->set_completion_tokens(num_completion_tokens_);
       usage->set_cached_prompt_tokens(num_cached_prompt_tokens_);
       Enqueue(std::move(resp), grpc::Status::OK);
@@ -186,10 +172,6 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<v1::Gener
   }
 
  private:
-  struct Seq {
-    std::unique_ptr<IncrementalDetokenizer> detok;
-    v1::SequenceOutput accumulated;  // stream=false
-  };
   // What to do once mu_ is released.
   struct Next {
     enum { kNothing, kWrite, kFinish } what = kNothing;
@@ -240,12 +222,11 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<v1::Gener
   const std::string request_id_;
   const bool stream_;
   const bool logprobs_;  // the request asked for them
-  const std::vector<TokenId> prompt_;
-  const DetokenizeOptions detok_options_;
+  const int num_prompt_tokens_;
   std::shared_ptr<GenerateCall> self_;
 
   // Engine thread only.
-  std::vector<Seq> seqs_;
+  std::vector<v1::SequenceOutput> accumulated_;  // per sequence index (stream=false)
   int num_completion_tokens_ = 0;
   int num_cached_prompt_tokens_ = 0;
 
@@ -401,9 +382,6 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* LLMService::Generate(
   if (request_id.empty()) {
     request_id = absl::StrFormat("req-%06x-%d", id_prefix_, next_id_.fetch_add(1));
   }
-  const DetokenizeOptions detok{.skip_special_tokens = params.skip_special_tokens,
-                                .stop = params.stop,
-                                .include_stop_str_in_output = params.include_stop_str_in_output};
 
   absl::MutexLock lock(&mu_);
   if (absl::Status s = NotServing(); !s.ok()) return new ErrorWriter(ToGrpc(s));
@@ -418,8 +396,9 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* LLMService::Generate(
         absl::StrCat("the server is at its limit of ", options_.max_concurrent_requests,
                      " concurrent requests; retry later")));
   }
-  auto call = std::make_shared<GenerateCall>(this, engine_, request_id, request->stream(), params.n,
-                                             params.logprobs.has_value(), prompt, detok);
+  auto call =
+      std::make_shared<GenerateCall>(this, engine_, request_id, request->stream(), params.n,
+                                     params.logprobs.has_value(), static_cast<int>(prompt.size()));
   EngineRequest er;
   er.request_id = request_id;
   er.prompt_token_ids = std::move(prompt);

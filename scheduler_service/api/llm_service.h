@@ -7,11 +7,14 @@
 // streams the outputs: per step, per sequence, the new token ids and a UTF-8-complete text
 // delta, with each token's logprobs (sampled and top N, with their text) when the request
 // set logprobs and the workers supplied them; finish_reason / stop_reason when a sequence
-// ends; usage on the last response
-// (stream=false: one response at the end with everything). The engine's callbacks run on the
-// engine thread and never block: responses are queued per call and written one at a time
-// (each OnWriteDone starts the next). A client that cancels, or whose deadline passes, has
-// its request aborted in the engine.
+// ends; usage on the last response (stream=false: one response at the end with everything).
+// The text is the engine's (SequenceOutput::text, from the detokenizer its StopChecker runs
+// per sequence, which also finds the stop strings), so the engine must be built with a
+// DetokenizerFactory over the service's tokenizer; the service itself only encodes prompts
+// and decodes the logprobs' tokens. The engine's callbacks run on the engine thread and never
+// block: responses are queued per call and written one at a time (each OnWriteDone starts the
+// next). A client that cancels, or whose deadline passes, has its request aborted in the
+// engine.
 //
 // The engine comes from whoever manages the worker group (llm-scheduler's WorkerGroup, or
 // a test): SetReady hands over a ServingEngine; SetNotReady takes it back, ending every call
@@ -37,8 +40,8 @@
 #include "grpcpp/grpcpp.h"
 #include "llm/v1/llm_service.grpc.pb.h"
 #include "protocol/executor.h"
-#include "scheduler_service/api/tokenizer.h"
 #include "scheduler_service/engine/engine_core.h"
+#include "scheduler_service/tokenizer/tokenizer.h"
 
 namespace llm {
 
@@ -54,7 +57,7 @@ struct LLMServiceOptions {
 };
 
 // A running engine over a ready worker group. The engine is destroyed (stopped) before the
-// executor it drives.
+// executor it drives; it detokenizes with a DetokenizerFactory over the service's tokenizer.
 struct ServingEngine {
   std::unique_ptr<Executor> executor;
   std::unique_ptr<EngineCore> engine;  // started

@@ -1,6 +1,10 @@
-// The incremental detokenizer the scheduler's stop checks use, one per sequence. The real
-// implementation (a Hugging Face tokenizer.json) lives in scheduler_service/api; tests may
-// use a fake.
+// The incremental detokenizer of a sequence's output: the one place output tokens become
+// text. The scheduler's StopChecker runs one per sequence, from its first output token, when
+// it has a DetokenizerFactory; the text it releases is the text the engine's outputs carry
+// (SequenceOutput::text) and the API streams, and the stop strings it finds end the sequence.
+// The core defines the interface and never links a tokenizer: the real implementation (a
+// Hugging Face tokenizer.json) is scheduler_service/tokenizer's TokenizerDetokenizerFactory;
+// tests may use a fake.
 #ifndef LLM_SCHEDULER_SERVICE_CORE_DETOKENIZER_H_
 #define LLM_SCHEDULER_SERVICE_CORE_DETOKENIZER_H_
 
@@ -20,6 +24,10 @@ struct DetokenizeOptions {
   // include_stop_str_in_output; text after it never is.
   std::vector<std::string> stop;
   bool include_stop_str_in_output = false;
+  // Stop strings count only from the min_tokens-th output token on, as EOS and stop token
+  // ids do (StopChecker): they are searched in the text released from that token on; text
+  // released before it is emitted as is (0 and 1: from the first token).
+  int min_tokens = 0;
 };
 
 // Turns one sequence's output tokens into text as they arrive. Not thread-safe.
@@ -49,7 +57,7 @@ class DetokenizerFactory {
  public:
   virtual ~DetokenizerFactory() = default;
   // A detokenizer for the output of a sequence with this prompt (the prompt gives context,
-  // e.g. for a Metaspace tokenizer's leading space).
+  // e.g. for a Metaspace tokenizer's leading space), fed from the first output token on.
   virtual std::unique_ptr<IncrementalDetokenizer> Create(
       std::span<const TokenId> prompt_token_ids, const DetokenizeOptions& options) const = 0;
 };

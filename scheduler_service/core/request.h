@@ -58,7 +58,10 @@ struct Sequence {
   bool known_to_workers = false;
   bool resend_table = true;  // the table changed other than by appending (send it whole)
 
-  std::unique_ptr<IncrementalDetokenizer> detokenizer;  // stop strings only; made lazily
+  // Its output's text and stop strings (StopChecker): made at the first output token when the
+  // scheduler has a DetokenizerFactory; released once the sequence's last text was taken (an
+  // aborted sequence's, with its request).
+  std::unique_ptr<IncrementalDetokenizer> detokenizer;
   std::string stop_string;  // the stop string that finished it, if one did
   TokenId stop_token = -1;  // the EOS or stop token that finished it, if one did
 };
@@ -74,7 +77,8 @@ struct alignas(64) Request {
 
   // Hot fields first. A decode step of a one-sequence request reads this first cache line and
   // sequence 0's hot fields (the second), and of the rest only the tail of its tokens (to
-  // append the sampled one); the params only when a stop token id or stop string may apply.
+  // append the sampled one); the params only when a stop token id or stop string may apply
+  // (and once per sequence, to make its detokenizer).
   int32_t slot = 0;  // dense index in the scheduler; reused after the request is gone
   State state = State::kWaiting;
   bool known_to_workers = false;

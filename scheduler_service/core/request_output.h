@@ -1,10 +1,12 @@
 // What one step produced for the requests' streams: per request that sampled or finished, the
-// new tokens of each sequence and how sequences finished. Flat arrays reused between steps; a
-// StepOutputs is valid until the next UpdateFromOutput() or Abort().
+// new tokens of each sequence, the text they made final and how sequences finished. Flat
+// arrays reused between steps; a StepOutputs is valid until the next UpdateFromOutput() or
+// Abort().
 #ifndef LLM_SCHEDULER_SERVICE_CORE_REQUEST_OUTPUT_H_
 #define LLM_SCHEDULER_SERVICE_CORE_REQUEST_OUTPUT_H_
 
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -17,6 +19,10 @@ namespace llm {
 struct SequenceOutput {
   int index = 0;
   IndexRange new_token_ids;  // into StepOutputs::token_ids; empty when only finishing
+  // Bytes of StepOutputs::text: the UTF-8 text the sequence's detokenizer made final this step
+  // (stop_checker.h); when the sequence ended now, also the text it held back, unless a stop
+  // string ended it. Always empty when the scheduler has no DetokenizerFactory.
+  IndexRange text;
   SequenceStatus status = SequenceStatus::kRunning;  // a finished status when it ended now
   std::string_view stop_string;                      // when a stop string ended it
   TokenId stop_token = -1;                           // when EOS or a stop token id ended it
@@ -33,6 +39,7 @@ struct StepOutputs {
   std::vector<RequestOutput> requests;
   std::vector<SequenceOutput> seqs;
   std::vector<TokenId> token_ids;
+  std::string text;
   // Parallel to token_ids when the step's ModelOutput carried logprobs; empty otherwise.
   std::vector<SampleLogprobs> logprobs;
 
@@ -42,10 +49,14 @@ struct StepOutputs {
   std::span<const TokenId> NewTokenIds(const SequenceOutput& s) const {
     return std::span<const TokenId>(token_ids).subspan(s.new_token_ids.begin, s.new_token_ids.size);
   }
+  std::string_view Text(const SequenceOutput& s) const {
+    return std::string_view(text).substr(s.text.begin, s.text.size);
+  }
   void Clear() {
     requests.clear();
     seqs.clear();
     token_ids.clear();
+    text.clear();
     logprobs.clear();
   }
 };

@@ -160,7 +160,6 @@ void Scheduler::FreeSequence(Request* req, Sequence* seq, SequenceStatus status)
     CHECK(s.ok()) << s;
   }
   seq->status = status;
-  seq->detokenizer.reset();
   --req->num_live;
 }
 
@@ -562,12 +561,14 @@ void Scheduler::ApplySamples(Request* req, std::span<const TokenId> sampled,
     step_outputs_.token_ids.push_back(token);
     if (!logprobs.empty()) step_outputs_.logprobs.push_back(logprobs[j - 1]);
     so.status = SequenceStatus::kRunning;
-    if (std::optional<SequenceStatus> stop = stop_checker_.Check(*req, &seq)) {
+    so.text.begin = static_cast<uint32_t>(step_outputs_.text.size());
+    if (std::optional<SequenceStatus> stop = stop_checker_.Check(*req, &seq, &step_outputs_.text)) {
       FreeSequence(req, &seq, *stop);
       so.status = *stop;
       so.stop_string = seq.stop_string;
       so.stop_token = seq.stop_token;
     }
+    so.text.size = static_cast<uint32_t>(step_outputs_.text.size()) - so.text.begin;
   }
   out.seqs.size = static_cast<uint32_t>(step_outputs_.seqs.size()) - out.seqs.begin;
   ++req->num_tokens;
@@ -606,9 +607,14 @@ absl::StatusOr<const StepOutputs*> Scheduler::UpdateFromOutput(const ModelOutput
     out.finished = true;
     out.num_cached_prompt_tokens = std::max(0, req->num_cached_prompt_tokens);
     out.seqs.begin = static_cast<uint32_t>(step_outputs_.seqs.size());
-    for (const Sequence& seq : req->seqs) {
+    for (Sequence& seq : req->seqs) {
       if (seq.status != SequenceStatus::kFinishedAborted) continue;
-      step_outputs_.seqs.push_back({.index = seq.index, .status = seq.status});
+      SequenceOutput& so = step_outputs_.seqs.emplace_back();
+      so.index = seq.index;
+      so.status = seq.status;
+      so.text.begin = static_cast<uint32_t>(step_outputs_.text.size());
+      stop_checker_.Flush(&seq, &step_outputs_.text);
+      so.text.size = static_cast<uint32_t>(step_outputs_.text.size()) - so.text.begin;
     }
     out.seqs.size = static_cast<uint32_t>(step_outputs_.seqs.size()) - out.seqs.begin;
   }

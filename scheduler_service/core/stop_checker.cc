@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
 namespace llm {
 
@@ -15,27 +16,35 @@ void StopChecker::Prepare(Request* req) const {
       !params.stop_token_ids.empty() || (!params.stop.empty() && detokenizers_ != nullptr);
 }
 
-bool StopChecker::CheckStopLists(const Request& req, Sequence* seq) const {
-  const SamplingParams& params = req.params;
-  const TokenId token = seq->tokens.back();
-  if (std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), token) !=
-      params.stop_token_ids.end()) {
-    seq->stop_token = token;
-    return true;
-  }
-  if (params.stop.empty() || detokenizers_ == nullptr) return false;
-  if (seq->detokenizer == nullptr) {
-    const DetokenizeOptions options{
-        .skip_special_tokens = params.skip_special_tokens,
-        .stop = params.stop,
-        .include_stop_str_in_output = params.include_stop_str_in_output};
-    seq->detokenizer = detokenizers_->Create(
-        std::span<const TokenId>(seq->tokens).first(seq->tokens.size() - 1), options);
-  }
-  IncrementalDetokenizer::Delta delta = seq->detokenizer->Append({&seq->tokens.back(), 1});
-  if (!delta.stopped) return false;
-  seq->stop_string = std::move(delta.stop_string);
+bool StopChecker::CheckStopTokenIds(const Request& req, Sequence* seq) {
+  const std::vector<TokenId>& ids = req.params.stop_token_ids;
+  if (std::find(ids.begin(), ids.end(), seq->last_token) == ids.end()) return false;
+  seq->stop_token = seq->last_token;
   return true;
+}
+
+bool StopChecker::AppendText(const Request& req, Sequence* seq, std::string* text) const {
+  if (seq->detokenizer == nullptr) {
+    const SamplingParams& params = req.params;
+    const DetokenizeOptions options{.skip_special_tokens = params.skip_special_tokens,
+                                    .stop = params.stop,
+                                    .include_stop_str_in_output = params.include_stop_str_in_output,
+                                    .min_tokens = params.min_tokens};
+    seq->detokenizer = detokenizers_->Create(req.prompt(), options);
+  }
+  IncrementalDetokenizer::Delta delta = seq->detokenizer->Append({&seq->last_token, 1});
+  text->append(delta.text);
+  if (!delta.stopped) return false;
+  // Text after a stop string is never released: nothing to flush.
+  seq->stop_string = std::move(delta.stop_string);
+  seq->detokenizer.reset();
+  return true;
+}
+
+void StopChecker::Flush(Sequence* seq, std::string* text) const {
+  if (seq->detokenizer == nullptr) return;
+  text->append(seq->detokenizer->Flush());
+  seq->detokenizer.reset();
 }
 
 }  // namespace llm

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes scheduler_service/api/unicode_nfc_data.inc: the Unicode tables NFC and NFD need
+"""Writes scheduler_service/tokenizer/unicode_nfc_data.inc: the Unicode tables NFC and NFD need
 (canonical combining classes, canonical decompositions, primary composites), from Python's
 unicodedata. Hangul syllables are algorithmic and not listed.
 
@@ -9,7 +9,7 @@ import os
 import unicodedata
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scheduler_service",
-                   "api", "unicode_nfc_data.inc")
+                   "tokenizer", "unicode_nfc_data.inc")
 
 
 def rows(items, per_line):

@@ -16,9 +16,9 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "scheduler_service/api/incremental_detokenizer.h"
-#include "scheduler_service/api/tokenizer.h"
 #include "scheduler_service/engine/engine_core.h"
+#include "scheduler_service/tokenizer/incremental_detokenizer.h"
+#include "scheduler_service/tokenizer/tokenizer.h"
 #include "tests/testing/fake_executor.h"
 
 namespace llm {
@@ -408,6 +408,57 @@ TEST_F(LLMServiceTest, StopStringEndsTheSequenceWithoutItsText) {
   EXPECT_EQ(last.finish_reason(), v1::FINISH_REASON_STOP);
   EXPECT_EQ(last.stop_reason(), stop);
   EXPECT_EQ(AllText(r, 0), text.substr(0, text.find(stop)));
+}
+
+TEST_F(LLMServiceTest, IncludeStopStrInOutputEndsTheTextWithTheStopString) {
+  const CallResult first = Generate(Text("Hello world", 40));
+  ASSERT_TRUE(first.status.ok());
+  const std::string text = AllText(first, 0);
+  const size_t at = text.size() / 2;
+  const std::string stop = text.substr(at, 2);
+  if (stop.size() < 2 || text.find(stop) < at) GTEST_SKIP() << "no unique stop string in text";
+  for (bool stream : {true, false}) {
+    SCOPED_TRACE(stream);
+    v1::GenerateRequest req = Text("Hello world", 40);
+    req.set_stream(stream);
+    req.mutable_sampling_params()->add_stop(stop);
+    req.mutable_sampling_params()->set_include_stop_str_in_output(true);
+    const CallResult r = Generate(req);
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    const v1::SequenceOutput& last = r.responses.back().outputs(0);
+    EXPECT_EQ(last.finish_reason(), v1::FINISH_REASON_STOP);
+    EXPECT_EQ(last.stop_reason(), stop);
+    EXPECT_EQ(AllText(r, 0), text.substr(0, at + stop.size()));
+  }
+}
+
+// A stop string in the text of the first min_tokens tokens neither ends the sequence nor
+// cuts its text.
+TEST_F(LLMServiceTest, StopStringsCountOnlyFromMinTokens) {
+  const CallResult first = Generate(Text("Hello world", 40));
+  ASSERT_TRUE(first.status.ok());
+  const std::vector<TokenId> tokens = AllTokens(first, 0);
+  if (tokens.size() < 40) GTEST_SKIP() << "the seed samples EOS";
+  const std::string text = AllText(first, 0);
+  const std::string early = tokenizer_->Decode(std::span<const TokenId>(tokens).first(4), true);
+  ASSERT_TRUE(text.starts_with(early));
+  // A stop string that occurs once, within the first four tokens' text.
+  std::string stop;
+  for (size_t i = 0; i + 2 <= early.size() && stop.empty(); ++i) {
+    const std::string s = early.substr(i, 2);
+    if (text.find(s) == i && text.find(s, i + 1) == std::string::npos) stop = s;
+  }
+  if (stop.empty()) GTEST_SKIP() << "no unique stop string early in the text";
+  v1::GenerateRequest req = Text("Hello world", 40);
+  req.mutable_sampling_params()->add_stop(stop);
+  req.mutable_sampling_params()->set_min_tokens(8);
+  const CallResult r = Generate(req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(AllTokens(r, 0), tokens);
+  EXPECT_EQ(AllText(r, 0), text);
+  const v1::SequenceOutput& last = r.responses.back().outputs(0);
+  EXPECT_EQ(last.finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(last.stop_reason(), "");
 }
 
 TEST_F(LLMServiceTest, UsageCountsPrefixCachedPromptTokens) {

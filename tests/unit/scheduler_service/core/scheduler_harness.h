@@ -18,6 +18,7 @@ namespace llm {
 struct Stream {
   std::vector<std::vector<TokenId>> tokens;  // per sequence index
   std::vector<SequenceStatus> status;        // per sequence index
+  std::vector<std::string> text;             // per sequence index (with a DetokenizerFactory)
   bool finished = false;
   int num_cached_prompt_tokens = -1;
   int num_updates = 0;
@@ -68,8 +69,10 @@ class SchedulerHarness {
         if (st.tokens.size() <= static_cast<size_t>(s.index)) {
           st.tokens.resize(s.index + 1);
           st.status.resize(s.index + 1, SequenceStatus::kRunning);
+          st.text.resize(s.index + 1);
         }
         for (TokenId t : outputs.NewTokenIds(s)) st.tokens[s.index].push_back(t);
+        st.text[s.index] += outputs.Text(s);
         st.status[s.index] = s.status;
       }
       st.finished = r.finished;

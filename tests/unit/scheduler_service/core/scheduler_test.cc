@@ -432,31 +432,68 @@ TEST(Scheduler, PrefixCacheHitsReduceTheTokensToCompute) {
   h.ExpectAllBlocksFree();
 }
 
-// Text for tests: token t reads "<t>"; stops when the text holds a stop string.
+// Text for tests: token t reads "<t>", released one token late (as a detokenizer holds back
+// an incomplete character) and the rest on Flush. Stop strings are searched in the text from
+// the min_tokens-th token on; at one, the text ends before it (after it with
+// include_stop_str_in_output).
 class FakeDetokenizer : public IncrementalDetokenizer {
  public:
   explicit FakeDetokenizer(DetokenizeOptions options) : options_(std::move(options)) {}
   Delta Append(std::span<const TokenId> ids) override {
     Delta d;
-    if (stopped_) return d;
-    for (TokenId t : ids) d.text += "<" + std::to_string(t) + ">";
-    text_ += d.text;
-    for (const std::string& s : options_.stop) {
-      if (text_.find(s) != std::string::npos) {
-        stopped_ = d.stopped = true;
-        d.stop_string = s;
+    for (TokenId t : ids) {
+      if (done_) break;
+      const std::string piece = "<" + std::to_string(t) + ">";
+      all_ += piece;
+      size_t end = all_.size() - piece.size();  // all but the piece held back
+      if (++num_tokens_ < options_.min_tokens) {
+        search_from_ = all_.size();
+      } else {
+        size_t first = std::string::npos;
+        for (const std::string& s : options_.stop) {
+          const size_t at = all_.find(s, search_from_);
+          if (at >= first) continue;
+          first = at;
+          end = at + (options_.include_stop_str_in_output ? s.size() : 0);
+          d.stopped = done_ = true;
+          d.stop_string = s;
+        }
       }
+      d.text += Release(end);
     }
     return d;
   }
-  std::string Flush() override { return {}; }
+  std::string Flush() override {
+    if (done_) return {};
+    done_ = true;
+    return Release(all_.size());
+  }
   const std::string& output_text() const override { return text_; }
 
  private:
+  std::string Release(size_t end) {
+    if (end <= released_) return {};
+    std::string out = all_.substr(released_, end - released_);
+    released_ = end;
+    text_ += out;
+    return out;
+  }
+
   DetokenizeOptions options_;
+  std::string all_;  // every token's text
+  size_t released_ = 0;
+  size_t search_from_ = 0;
+  int num_tokens_ = 0;
+  bool done_ = false;
   std::string text_;
-  bool stopped_ = false;
 };
+
+// The text FakeDetokenizer gives these tokens.
+std::string FakeText(const std::vector<TokenId>& tokens) {
+  std::string text;
+  for (TokenId t : tokens) text += "<" + std::to_string(t) + ">";
+  return text;
+}
 
 class FakeDetokenizerFactory : public DetokenizerFactory {
  public:
@@ -549,6 +586,67 @@ TEST(Scheduler, StopStringsCountOnlyFromMinTokens) {
   h.RunToCompletion();
   EXPECT_EQ(h.streams["a"].tokens[0], reference);
   EXPECT_EQ(h.streams["a"].status[0], SequenceStatus::kFinishedLength);
+  h.ExpectAllBlocksFree();
+}
+
+// The engine's outputs carry each sequence's text from its own detokenizer (the one that
+// finds stop strings), with what it held back delivered by the output that ends the
+// sequence; without a DetokenizerFactory there is no text.
+TEST(Scheduler, OutputsCarryEachSequencesTextWithWhatWasHeldBackAtTheEnd) {
+  FakeDetokenizerFactory detok;
+  SchedulerHarness h(Config(), Cache(50), SchedulerHarness::ExecConfig(Cache(50)), &detok);
+  const std::vector<TokenId> reference = ExpectedStream(
+      h.executor, SchedulerHarness::ExecConfig(Cache(1)), Prompt(8), Params(10), 0, -1, 2048);
+  SamplingParams by_id = Params(10);
+  by_id.stop_token_ids = {reference[3]};
+  ASSERT_TRUE(h.Add("n2", Prompt(8), Params(10, 2)).ok());
+  ASSERT_TRUE(h.Add("id", Prompt(8), by_id).ok());
+  h.RunToCompletion();
+  ExpectStreams(h, "n2", Prompt(8), Params(10, 2));
+  for (int j : {0, 1}) {
+    EXPECT_EQ(h.streams["n2"].text[j], FakeText(h.streams["n2"].tokens[j])) << j;
+  }
+  EXPECT_EQ(h.streams["id"].status[0], SequenceStatus::kFinishedStopped);
+  EXPECT_EQ(h.streams["id"].text[0], FakeText(h.streams["id"].tokens[0]));
+
+  SchedulerHarness plain(Config(), Cache(50), SchedulerHarness::ExecConfig(Cache(50)));
+  ASSERT_TRUE(plain.Add("a", Prompt(8), Params(10)).ok());
+  plain.RunToCompletion();
+  EXPECT_EQ(plain.streams["a"].tokens[0], reference);
+  EXPECT_EQ(plain.streams["a"].text[0], "");
+}
+
+TEST(Scheduler, AStopStringEndsTheTextBeforeItOrAfterItWhenIncluded) {
+  FakeDetokenizerFactory detok;
+  SchedulerHarness h(Config(), Cache(50), SchedulerHarness::ExecConfig(Cache(50)), &detok);
+  const std::vector<TokenId> reference = ExpectedStream(
+      h.executor, SchedulerHarness::ExecConfig(Cache(1)), Prompt(8), Params(10), 0, -1, 2048);
+  const size_t at = std::find(reference.begin(), reference.end(), reference[4]) - reference.begin();
+  const std::vector<TokenId> before(reference.begin(), reference.begin() + at);
+  SamplingParams cut = Params(10);
+  cut.stop = {FakeText({reference[4]})};
+  SamplingParams keep = cut;
+  keep.include_stop_str_in_output = true;
+  ASSERT_TRUE(h.Add("cut", Prompt(8), cut).ok());
+  ASSERT_TRUE(h.Add("keep", Prompt(8), keep).ok());
+  h.RunToCompletion();
+  for (const char* id : {"cut", "keep"}) {
+    EXPECT_THAT(h.streams[id].tokens[0], SizeIs(at + 1)) << id;
+    EXPECT_EQ(h.streams[id].status[0], SequenceStatus::kFinishedStopped) << id;
+  }
+  EXPECT_EQ(h.streams["cut"].text[0], FakeText(before));
+  EXPECT_EQ(h.streams["keep"].text[0], FakeText(before) + FakeText({reference[4]}));
+}
+
+TEST(Scheduler, ADroppedSequenceEndsWithTheTextItsDetokenizerHeldBack) {
+  FakeDetokenizerFactory detok;
+  SchedulerHarness h(Config(), Cache(11), SchedulerHarness::ExecConfig(Cache(11)), &detok);
+  ASSERT_TRUE(h.Add("a", Prompt(16), Params(300)).ok());
+  h.RunToCompletion();
+  const Stream& st = h.streams["a"];
+  EXPECT_EQ(st.status[0], SequenceStatus::kFinishedAborted);
+  EXPECT_THAT(st.tokens[0], SizeIs(161));
+  EXPECT_EQ(st.text[0], FakeText(st.tokens[0]));
   h.ExpectAllBlocksFree();
 }
 

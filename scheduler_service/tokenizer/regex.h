@@ -1,0 +1,51 @@
+// A compiled PCRE2 pattern in Unicode mode (PCRE2_UTF | PCRE2_UCP), JIT-compiled when the
+// platform allows, for the split patterns of tokenizer.json files (GPT-2, Llama 3, Qwen2
+// use \p{L}, \p{N}, (?i:...) and lookahead, which PCRE2 supports as Oniguruma does).
+// Immutable after Compile; FindAll is thread-safe. Owns the compiled code.
+#ifndef LLM_SCHEDULER_SERVICE_TOKENIZER_REGEX_H_
+#define LLM_SCHEDULER_SERVICE_TOKENIZER_REGEX_H_
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+
+namespace llm {
+
+class Regex {
+ public:
+  // Fails with INVALID_ARGUMENT naming the pattern and PCRE2's message.
+  static absl::StatusOr<std::unique_ptr<Regex>> Compile(std::string_view pattern);
+  // A pattern that matches `literal` exactly (searched with a plain string search).
+  static absl::StatusOr<std::unique_ptr<Regex>> CompileLiteral(std::string_view literal);
+  ~Regex();
+  Regex(const Regex&) = delete;
+  Regex& operator=(const Regex&) = delete;
+
+  // The [start, end) byte ranges of the successive non-overlapping matches in `text`
+  // (valid UTF-8). Like Oniguruma's find_iter, an empty match right after the previous
+  // match is skipped.
+  std::vector<std::pair<size_t, size_t>> FindAll(std::string_view text) const;
+  // The same matches, streamed: `fn(start, end)` for each, in order. `fn` may use other
+  // Regex objects (even this one) on other text.
+  void ForEachMatch(std::string_view text, absl::FunctionRef<void(size_t, size_t)> fn) const;
+
+  const std::string& pattern() const { return pattern_; }
+
+ private:
+  Regex() = default;
+  std::string pattern_;
+  std::optional<std::string> literal_;  // set by CompileLiteral
+  void* code_ = nullptr;                // pcre2_code_8*
+  bool jit_ = false;
+};
+
+}  // namespace llm
+
+#endif  // LLM_SCHEDULER_SERVICE_TOKENIZER_REGEX_H_
