@@ -193,7 +193,7 @@ void BatchState::ApplyRequest(const SchedulerOutput& step, const ScheduledReques
     req.params = *r.sampling_params;
     req.seqs.assign(req.params.n, Sequence{});
   }
-  req.num_computed_tokens = r.num_computed_tokens;
+  req.num_computed_tokens = r.num_computed_tokens + r.num_scheduled_tokens;
   // A sequence not listed has finished. Listed ones are in increasing index order.
   const std::span<const ScheduledSequence> listed = step.Seqs(r);
   auto next = listed.begin();
@@ -217,9 +217,8 @@ void BatchState::ApplyRequest(const SchedulerOutput& step, const ScheduledReques
 }
 
 void BatchState::AddToBatch(const SchedulerOutput& step, const ScheduledRequest& r) {
-  Request& req = requests_.find(r.slot)->second;
-  const int begin = r.num_computed_tokens, end = begin + r.num_scheduled_tokens;
-  req.num_computed_tokens = end;
+  const Request& req = requests_.find(r.slot)->second;
+  const int begin = r.num_computed_tokens, end = req.num_computed_tokens;
   if (end == begin) return;  // Validate: no samples either
   BatchInputs& in = inputs_;
   const int bs = config_.block_size;
