@@ -78,7 +78,8 @@ struct alignas(64) Request {
   // Hot fields first. A decode step of a one-sequence request reads this first cache line and
   // sequence 0's hot fields (the second), and of the rest only the tail of its tokens (to
   // append the sampled one); the params only when a stop token id or stop string may apply
-  // (and once per sequence, to make its detokenizer).
+  // (and once per sequence, to make its detokenizer). The scheduler prefetches these two
+  // lines ahead of use (request_prefetcher.h, whose test checks that the fields stay in them).
   int32_t slot = 0;  // dense index in the scheduler; reused after the request is gone
   State state = State::kWaiting;
   bool known_to_workers = false;

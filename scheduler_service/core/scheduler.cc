@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "scheduler_service/core/request_prefetcher.h"
 
 namespace llm {
 
@@ -352,29 +353,13 @@ void Scheduler::PreemptForWaiting() {
   }
 }
 
-void Scheduler::PrefetchRequest(const Request* req) {
-  // The hot fields and the first sequence; see Request.
-  const char* p = reinterpret_cast<const char*>(req);
-  __builtin_prefetch(p);
-  __builtin_prefetch(p + 64);
-}
-
-void Scheduler::PrefetchAhead(size_t i, size_t end) const {
-  // A pipeline over the running queue: the request's hot lines, then (needing its sequence
-  // id) its block-table entry. A decode step reads nothing else of them unless the table
-  // grows by a block.
-  constexpr size_t d = kPrefetchDistance;
-  if (i + 2 * d < end) PrefetchRequest(running_[i + 2 * d]);
-  if (i + d < end) blocks_.Prefetch(running_[i + d]->seqs[0].id);
-}
-
 void Scheduler::ScheduleRunning() {
   size_t end = running_.size();
   for (size_t i = 0; i < end; ++i) {
     Request* req = running_[i];
     const int chunk = ChunkSize(*req);
     if (chunk == 0) break;  // out of budget
-    if (end >= kPrefetchMinBatch) PrefetchAhead(i, end);
+    PrefetchForScheduling(running_, i, end, blocks_);
     bool preempted_self = false;
     while (!TryGrow(req)) {
       preempted_this_step_ = true;
@@ -624,11 +609,7 @@ absl::StatusOr<const StepOutputs*> Scheduler::UpdateFromOutput(const ModelOutput
   size_t pos = 0;
   auto apply = [&](const std::vector<ScheduledRequest>& list, const std::vector<Request*>& reqs) {
     for (size_t k = 0; k < list.size(); ++k) {
-      if (k + kPrefetchDistance < list.size()) PrefetchRequest(reqs[k + kPrefetchDistance]);
-      if (k + kPrefetchDistance / 2 < list.size()) {
-        const Request* ahead = reqs[k + kPrefetchDistance / 2];
-        __builtin_prefetch(ahead->seqs[0].tokens.data() + ahead->num_tokens, 1);
-      }
+      PrefetchForSampling(reqs, k);
       const ScheduledRequest& r = list[k];
       Request* req = reqs[k];
       const int before = req->num_computed_tokens;

@@ -134,11 +134,6 @@ class Scheduler {
   // manager's own). O(requests + blocks); for tests.
   absl::Status CheckInvariants() const;
 
-  // The running batch size from which a step prefetches request state ahead of use. Below
-  // it the state stays in cache and the prefetch stages (hash lookups of their own) only
-  // cost time.
-  static constexpr size_t kPrefetchMinBatch = 512;
-
   // The SeqId of sequence `index` of the request in dense slot `slot`.
   static constexpr SeqId kSeqIdStride = 1 << 10;
   static SeqId MakeSeqId(int32_t slot, int index) {
@@ -169,9 +164,6 @@ class Scheduler {
   void Grow(Request* req);
   // CanGrow + Grow; false (and nothing changed) when the pool cannot.
   bool TryGrow(Request* req);
-  static void PrefetchRequest(const Request* req);
-  void PrefetchAhead(size_t i, size_t end) const;
-  static constexpr size_t kPrefetchDistance = 8;
   void Preempt(Request* req);
   void PreemptByRecompute(Request* req);
   // Ends a request that can never fit the KV cache (reported as aborted).

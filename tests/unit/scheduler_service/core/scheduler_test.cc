@@ -7,6 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "scheduler_service/core/request_prefetcher.h"
 #include "tests/unit/scheduler_service/core/scheduler_harness.h"
 
 namespace llm {
@@ -553,7 +554,7 @@ TEST(Scheduler, StopsOnStopTokenIdsStopStringsAndMaxModelLen) {
 }
 
 TEST(Scheduler, LargeBatchesTakeThePrefetchingPathWithTheSameResults) {
-  constexpr int kRequests = 2 * static_cast<int>(Scheduler::kPrefetchMinBatch);
+  constexpr int kRequests = 2 * static_cast<int>(kPrefetchMinBatch);
   SchedulerConfig config = Config();
   config.max_num_seqs = kRequests;
   config.max_num_batched_tokens = 32 * kRequests;
