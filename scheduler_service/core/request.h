@@ -110,6 +110,17 @@ struct alignas(64) Request {
     return std::span<const TokenId>(seqs[0].tokens).first(num_prompt_tokens);
   }
   bool forked() const { return static_cast<int>(seqs.size()) == n; }
+  // The first sequence not finished (every request the scheduler holds has one).
+  Sequence& FirstLiveSeq() {
+    Sequence* seq = &seqs[0];
+    while (IsFinished(seq->status)) ++seq;
+    return *seq;
+  }
+  const Sequence& FirstLiveSeq() const {
+    const Sequence* seq = &seqs[0];
+    while (IsFinished(seq->status)) ++seq;
+    return *seq;
+  }
   int num_output_tokens() const { return num_tokens - num_prompt_tokens; }
   // Whether scheduling the rest of the tokens samples: all tokens computed after the step.
   int num_uncomputed_tokens() const { return num_tokens - num_computed_tokens; }

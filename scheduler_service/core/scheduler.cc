@@ -202,17 +202,10 @@ bool Scheduler::TryGrow(Request* req) {
     Grow(req);
     return true;
   }
-  // One sequence: AppendSlots checks and changes nothing when the pool cannot serve it.
-  Sequence* seq = &req->seqs[0];
-  while (IsFinished(seq->status)) ++seq;
-  const int need = req->num_tokens - seq->num_slots;
-  if (need == 0) return true;
-  const size_t copies = output_.blocks_to_copy.size();
-  const absl::Status s = blocks_.AppendSlots(seq->id, need, 0, &output_.blocks_to_copy);
+  // One sequence: AppendSlots checks, and changes nothing when the pool cannot serve it.
+  const absl::Status s = AppendSlots(req->num_tokens, &req->FirstLiveSeq());
   if (absl::IsResourceExhausted(s)) return false;
   CHECK(s.ok()) << s;
-  if (output_.blocks_to_copy.size() != copies) seq->resend_table = true;
-  seq->num_slots += need;
   return true;
 }
 
@@ -230,14 +223,20 @@ bool Scheduler::CanGrow(const Request& req) {
 void Scheduler::Grow(Request* req) {
   for (Sequence& seq : req->seqs) {
     if (IsFinished(seq.status)) continue;
-    const int need = req->num_tokens - seq.num_slots;
-    if (need == 0) continue;
-    const size_t copies = output_.blocks_to_copy.size();
-    const absl::Status s = blocks_.AppendSlots(seq.id, need, 0, &output_.blocks_to_copy);
+    const absl::Status s = AppendSlots(req->num_tokens, &seq);
     CHECK(s.ok()) << s;
-    if (output_.blocks_to_copy.size() != copies) seq.resend_table = true;
-    seq.num_slots += need;
   }
+}
+
+absl::Status Scheduler::AppendSlots(int num_tokens, Sequence* seq) {
+  const int need = num_tokens - seq->num_slots;
+  if (need == 0) return absl::OkStatus();
+  const size_t copies = output_.blocks_to_copy.size();
+  RETURN_IF_ERROR(blocks_.AppendSlots(seq->id, need, 0, &output_.blocks_to_copy));
+  // Copy-on-write replaced a block: the workers need the whole table.
+  if (output_.blocks_to_copy.size() != copies) seq->resend_table = true;
+  seq->num_slots += need;
+  return absl::OkStatus();
 }
 
 static void SetLiveStatus(Request* req, SequenceStatus status) {
@@ -342,8 +341,7 @@ void Scheduler::PreemptForWaiting() {
   if (!by_priority_ || waiting_.empty()) return;
   Request* head = *waiting_.begin();
   if (head->num_live != 1) return;  // a resumed multi-sequence request waits its turn
-  const Sequence& seq = *std::find_if(head->seqs.begin(), head->seqs.end(),
-                                      [](const Sequence& s) { return !IsFinished(s.status); });
+  const Sequence& seq = head->FirstLiveSeq();
   while (!running_.empty() && RankBefore(head, running_.back()) &&
          running_.back()->priority > head->priority &&
          blocks_.CanAllocate(seq.tokens, head->cache_salt) != AllocStatus::kOk) {
@@ -354,28 +352,25 @@ void Scheduler::PreemptForWaiting() {
 }
 
 void Scheduler::ScheduleRunning() {
-  size_t end = running_.size();
+  size_t end = running_.size();  // running_[end..] are preempted
   for (size_t i = 0; i < end; ++i) {
     Request* req = running_[i];
     const int chunk = ChunkSize(*req);
     if (chunk == 0) break;  // out of budget
     PrefetchForScheduling(running_, i, end, blocks_);
-    bool preempted_self = false;
-    while (!TryGrow(req)) {
-      preempted_this_step_ = true;
-      if (end - 1 > i) {
-        Preempt(running_[--end]);  // lowest rank: newest (FCFS) or lowest priority
-      } else {
-        Preempt(req);
-        end = i;
-        preempted_self = true;
-        break;
-      }
-    }
-    if (preempted_self) break;
+    if (!MakeRoom(i, &end)) break;  // it preempted itself
     AddToOutput(req, chunk, /*resumed=*/false);
   }
   running_.resize(end);
+}
+
+bool Scheduler::MakeRoom(size_t i, size_t* end) {
+  while (!TryGrow(running_[i])) {
+    preempted_this_step_ = true;
+    Preempt(running_[--*end]);  // lowest rank: newest (FCFS) or lowest priority
+    if (*end == i) return false;
+  }
+  return true;
 }
 
 bool Scheduler::TrySwapIn(Request* req) {
@@ -418,8 +413,7 @@ bool Scheduler::TryAdmit(Request* req) {
   if (token_budget_ <= 0 || seq_budget_ < req->num_live) return false;
   const int bs = blocks_.block_size();
   if (req->num_live == 1) {
-    Sequence& seq = *std::find_if(req->seqs.begin(), req->seqs.end(),
-                                  [](const Sequence& s) { return !IsFinished(s.status); });
+    const Sequence& seq = req->FirstLiveSeq();
     const AllocStatus can = blocks_.CanAllocate(seq.tokens, req->cache_salt);
     if (can == AllocStatus::kLater) return false;
     if (can == AllocStatus::kNever) {

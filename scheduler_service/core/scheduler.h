@@ -159,11 +159,19 @@ class Scheduler {
   bool TrySwapIn(Request* req);
   bool TryAdmit(Request* req);
   void PreemptForWaiting();
-  // Makes room for each live sequence's unslotted tokens; false when the pool cannot.
+  // Makes room for running_[i]'s new tokens; while the pool cannot, preempts the running
+  // request of lowest rank (running_[*end - 1], then *end is one less). False when that was
+  // running_[i] itself.
+  bool MakeRoom(size_t i, size_t* end);
+  // Gives each live sequence's tokens without a KV slot one; false (and nothing changed) when
+  // the pool cannot.
+  bool TryGrow(Request* req);
+  // TryGrow for a request with several live sequences, in two steps.
   bool CanGrow(const Request& req);
   void Grow(Request* req);
-  // CanGrow + Grow; false (and nothing changed) when the pool cannot.
-  bool TryGrow(Request* req);
+  // Gives the sequence's first num_tokens tokens KV slots: RESOURCE_EXHAUSTED (and nothing
+  // changed) when the pool cannot.
+  absl::Status AppendSlots(int num_tokens, Sequence* seq);
   void Preempt(Request* req);
   void PreemptByRecompute(Request* req);
   // Ends a request that can never fit the KV cache (reported as aborted).
