@@ -122,6 +122,9 @@ struct alignas(64) Request {
     return *seq;
   }
   int num_output_tokens() const { return num_tokens - num_prompt_tokens; }
+  // Tokens of each live sequence without a KV slot (the same for each: they advance in
+  // lockstep); of a running or swapped request, at most the last sampled one.
+  int num_unslotted_tokens() const { return num_tokens - FirstLiveSeq().num_slots; }
   // Whether scheduling the rest of the tokens samples: all tokens computed after the step.
   int num_uncomputed_tokens() const { return num_tokens - num_computed_tokens; }
 };

@@ -210,14 +210,8 @@ bool Scheduler::TryGrow(Request* req) {
 }
 
 bool Scheduler::CanGrow(const Request& req) {
-  int need = 0;
-  seq_ids_.clear();
-  for (const Sequence& seq : req.seqs) {
-    if (IsFinished(seq.status)) continue;
-    need = req.num_tokens - seq.num_slots;
-    seq_ids_.push_back(seq.id);
-  }
-  return need == 0 || blocks_.CanAppendSlots(seq_ids_, need);
+  const int need = req.num_unslotted_tokens();
+  return need == 0 || blocks_.CanAppendSlots(LiveSeqIds(req), need);
 }
 
 void Scheduler::Grow(Request* req) {
@@ -245,27 +239,32 @@ static void SetLiveStatus(Request* req, SequenceStatus status) {
   }
 }
 
+std::span<const SeqId> Scheduler::LiveSeqIds(const Request& req) {
+  seq_ids_.clear();
+  for (const Sequence& seq : req.seqs) {
+    if (!IsFinished(seq.status)) seq_ids_.push_back(seq.id);
+  }
+  return seq_ids_;
+}
+
 void Scheduler::Preempt(Request* req) {
   ++num_preemptions_;
-  if (config_.preemption_mode == PreemptionMode::kSwap) {
-    seq_ids_.clear();
-    for (const Sequence& seq : req->seqs) {
-      if (!IsFinished(seq.status)) seq_ids_.push_back(seq.id);
-    }
-    if (blocks_.CanSwapOut(seq_ids_)) {
-      absl::StatusOr<std::vector<BlockPair>> pairs = blocks_.SwapOut(seq_ids_);
-      CHECK(pairs.ok()) << pairs.status();
-      output_.blocks_to_swap_out.insert(output_.blocks_to_swap_out.end(), pairs->begin(),
-                                        pairs->end());
-      ++num_swap_outs_;
-      req->state = Request::State::kSwapped;
-      SetLiveStatus(req, SequenceStatus::kSwapped);
-      for (Sequence& seq : req->seqs) seq.resend_table = true;
-      swapped_.insert(req);
-      return;
-    }
-  }
+  if (config_.preemption_mode == PreemptionMode::kSwap && TrySwapOut(req)) return;
   PreemptByRecompute(req);
+}
+
+bool Scheduler::TrySwapOut(Request* req) {
+  const std::span<const SeqId> seqs = LiveSeqIds(*req);
+  if (!blocks_.CanSwapOut(seqs)) return false;
+  absl::StatusOr<std::vector<BlockPair>> pairs = blocks_.SwapOut(seqs);
+  CHECK(pairs.ok()) << pairs.status();
+  output_.blocks_to_swap_out.insert(output_.blocks_to_swap_out.end(), pairs->begin(), pairs->end());
+  ++num_swap_outs_;
+  req->state = Request::State::kSwapped;
+  SetLiveStatus(req, SequenceStatus::kSwapped);
+  for (Sequence& seq : req->seqs) seq.resend_table = true;
+  swapped_.insert(req);
+  return true;
 }
 
 void Scheduler::PreemptByRecompute(Request* req) {
@@ -376,29 +375,26 @@ bool Scheduler::MakeRoom(size_t i, size_t* end) {
 bool Scheduler::TrySwapIn(Request* req) {
   const int chunk = ChunkSize(*req);
   if (chunk == 0) return false;
-  seq_ids_.clear();
-  int need = 0;
-  for (const Sequence& seq : req->seqs) {
-    if (IsFinished(seq.status)) continue;
-    seq_ids_.push_back(seq.id);
-    need = req->num_tokens - seq.num_slots;
-  }
-  const AllocStatus can = blocks_.CanSwapIn(seq_ids_, need);
+  const AllocStatus can = blocks_.CanSwapIn(LiveSeqIds(*req), req->num_unslotted_tokens());
   if (can == AllocStatus::kLater) return false;
   swapped_.erase(req);
   if (can == AllocStatus::kNever) {
     Drop(req);
     return true;
   }
-  absl::StatusOr<std::vector<BlockPair>> pairs = blocks_.SwapIn(seq_ids_);
-  CHECK(pairs.ok()) << pairs.status();
-  output_.blocks_to_swap_in.insert(output_.blocks_to_swap_in.end(), pairs->begin(), pairs->end());
-  req->state = Request::State::kRunning;
-  SetLiveStatus(req, SequenceStatus::kRunning);
+  SwapIn(req);
   newly_running_.push_back(req);
   if (!TryGrow(req)) return false;  // back on the GPU; computes from the next step
   AddToOutput(req, chunk, /*resumed=*/true);
   return true;
+}
+
+void Scheduler::SwapIn(Request* req) {
+  absl::StatusOr<std::vector<BlockPair>> pairs = blocks_.SwapIn(LiveSeqIds(*req));
+  CHECK(pairs.ok()) << pairs.status();
+  output_.blocks_to_swap_in.insert(output_.blocks_to_swap_in.end(), pairs->begin(), pairs->end());
+  req->state = Request::State::kRunning;
+  SetLiveStatus(req, SequenceStatus::kRunning);
 }
 
 void Scheduler::Drop(Request* req) {
@@ -411,38 +407,48 @@ void Scheduler::Drop(Request* req) {
 
 bool Scheduler::TryAdmit(Request* req) {
   if (token_budget_ <= 0 || seq_budget_ < req->num_live) return false;
-  const int bs = blocks_.block_size();
-  if (req->num_live == 1) {
-    const Sequence& seq = req->FirstLiveSeq();
-    const AllocStatus can = blocks_.CanAllocate(seq.tokens, req->cache_salt);
-    if (can == AllocStatus::kLater) return false;
-    if (can == AllocStatus::kNever) {
-      waiting_.erase(req);
-      Drop(req);
-      return true;
-    }
-    if (!config_.enable_chunked_prefill) {
-      const int cached = blocks_.CountCachedPrefixTokens(seq.tokens, req->cache_salt);
-      if (req->num_tokens - cached > token_budget_) return false;
-    }
-  } else {
-    int needed = 0;
-    for (const Sequence& seq : req->seqs) {
-      if (!IsFinished(seq.status)) needed += BlockTable::NumRequiredBlocks(req->num_tokens, 0, bs);
-    }
-    const int usable = blocks_.gpu_pool().num_blocks() - blocks_.watermark_blocks();
-    if (needed > usable) {
-      waiting_.erase(req);
-      Drop(req);
-      return true;
-    }
-    if (needed > blocks_.gpu_pool().num_free_blocks() - blocks_.watermark_blocks()) return false;
-    if (!config_.enable_chunked_prefill && !MustChunk(*req) &&
-        req->num_tokens * req->num_live > token_budget_) {
-      return false;
-    }
-  }
+  const AllocStatus can = CanAdmit(*req);
+  if (can == AllocStatus::kLater) return false;
   waiting_.erase(req);
+  if (can == AllocStatus::kNever) {
+    Drop(req);
+    return true;
+  }
+  Allocate(req);
+  newly_running_.push_back(req);
+  const int chunk = ChunkSize(*req);
+  if (chunk > 0) AddToOutput(req, chunk, /*resumed=*/req->known_to_workers);
+  return chunk > 0;
+}
+
+AllocStatus Scheduler::CanAdmit(const Request& req) {
+  if (req.num_live == 1) {
+    const Sequence& seq = req.FirstLiveSeq();
+    const AllocStatus can = blocks_.CanAllocate(seq.tokens, req.cache_salt);
+    if (can != AllocStatus::kOk) return can;
+    if (!config_.enable_chunked_prefill &&
+        req.num_tokens - blocks_.CountCachedPrefixTokens(seq.tokens, req.cache_salt) >
+            token_budget_) {
+      return AllocStatus::kLater;  // the uncached prompt does not fit the step
+    }
+    return AllocStatus::kOk;
+  }
+  // n > 1 sequences resumed after preemption by recompute: no prefix hits counted.
+  const int needed =
+      req.num_live * BlockTable::NumRequiredBlocks(req.num_tokens, 0, blocks_.block_size());
+  const int usable = blocks_.gpu_pool().num_blocks() - blocks_.watermark_blocks();
+  if (needed > usable) return AllocStatus::kNever;
+  if (needed > blocks_.gpu_pool().num_free_blocks() - blocks_.watermark_blocks()) {
+    return AllocStatus::kLater;
+  }
+  if (!config_.enable_chunked_prefill && !MustChunk(req) &&
+      req.num_tokens * req.num_live > token_budget_) {
+    return AllocStatus::kLater;
+  }
+  return AllocStatus::kOk;
+}
+
+void Scheduler::Allocate(Request* req) {
   int computed = req->num_tokens - 1;
   for (Sequence& seq : req->seqs) {
     if (IsFinished(seq.status)) continue;
@@ -456,25 +462,37 @@ bool Scheduler::TryAdmit(Request* req) {
   req->num_computed_tokens = computed;
   if (req->num_cached_prompt_tokens < 0) req->num_cached_prompt_tokens = computed;
   req->state = Request::State::kRunning;
-  newly_running_.push_back(req);
-  const int chunk = ChunkSize(*req);
-  if (chunk > 0) AddToOutput(req, chunk, /*resumed=*/req->known_to_workers);
-  return chunk > 0;
 }
 
 void Scheduler::ScheduleQueued() {
-  if (preempted_this_step_) return;
-  while (true) {
-    Request* s = swapped_.empty() ? nullptr : *swapped_.begin();
-    Request* w = waiting_.empty() ? nullptr : *waiting_.begin();
-    if (s == nullptr && w == nullptr) return;
-    const bool ok = s != nullptr && (w == nullptr || RankBefore(s, w)) ? TrySwapIn(s) : TryAdmit(w);
-    if (!ok) return;
+  while (Request* req = NextQueued()) {
+    const bool go_on = req->state == Request::State::kSwapped ? TrySwapIn(req) : TryAdmit(req);
+    if (!go_on) return;
   }
+}
+
+Request* Scheduler::NextQueued() const {
+  Request* swapped = swapped_.empty() ? nullptr : *swapped_.begin();
+  Request* waiting = waiting_.empty() ? nullptr : *waiting_.begin();
+  if (swapped == nullptr) return waiting;
+  return waiting == nullptr || RankBefore(swapped, waiting) ? swapped : waiting;
 }
 
 const SchedulerOutput& Scheduler::Schedule() {
   CHECK(!awaiting_update_) << "Schedule() twice without UpdateFromOutput()";
+  StartStep();
+  PreemptForWaiting();                          // 0
+  ScheduleRunning();                            // 1
+  if (!preempted_this_step_) ScheduleQueued();  // 2
+  for (Request* req : newly_running_) InsertRunning(req);
+
+  last_step_tokens_ = output_.total_num_scheduled_tokens;
+  total_tokens_ += last_step_tokens_;
+  awaiting_update_ = true;
+  return output_;
+}
+
+void Scheduler::StartStep() {
   output_.Clear();
   scheduled_new_.clear();
   scheduled_cached_.clear();
@@ -491,19 +509,9 @@ const SchedulerOutput& Scheduler::Schedule() {
     free_slots_.push_back(slot);
   }
   finished_pending_.clear();
-
   token_budget_ = config_.max_num_batched_tokens;
   seq_budget_ = config_.max_num_seqs;
   preempted_this_step_ = false;
-  PreemptForWaiting();
-  ScheduleRunning();
-  ScheduleQueued();
-  for (Request* req : newly_running_) InsertRunning(req);
-
-  last_step_tokens_ = output_.total_num_scheduled_tokens;
-  total_tokens_ += last_step_tokens_;
-  awaiting_update_ = true;
-  return output_;
 }
 
 void Scheduler::ApplySamples(Request* req, std::span<const TokenId> sampled,
@@ -690,6 +698,11 @@ absl::Status Scheduler::CheckInvariants() const {
         return absl::InternalError(absl::StrCat("sequence ", seq.id, " of a ",
                                                 has_blocks ? "running/swapped" : "waiting",
                                                 " request holds blocks: ", table != nullptr));
+      }
+      if (seq.num_slots != req->FirstLiveSeq().num_slots) {
+        return absl::InternalError(absl::StrCat("sequence ", seq.id, " has ", seq.num_slots,
+                                                " KV slots; its first live sibling has ",
+                                                req->FirstLiveSeq().num_slots));
       }
       if (table == nullptr) continue;
       ++num_tables;

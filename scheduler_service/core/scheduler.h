@@ -151,18 +151,39 @@ class Scheduler {
   };
 
   bool RankBefore(const Request* a, const Request* b) const { return RankLess{by_priority_}(a, b); }
-  void InsertRunning(Request* req);
-  void ScheduleRunning();
-  // Swapped and waiting requests in rank order; stops at the first that cannot be served.
-  void ScheduleQueued();
-  // Whether to go on with the queues (swapped in or dropped: true; no room: false).
-  bool TrySwapIn(Request* req);
-  bool TryAdmit(Request* req);
+
+  // Schedule(), in the order of the header comment.
+  // A cleared output that lists the requests finished since the last step; full budgets.
+  void StartStep();
+  // 0. (priority) The first waiting request preempts running ones of lower priority.
   void PreemptForWaiting();
+  // 1. The running requests in rank order, while the budgets last.
+  void ScheduleRunning();
   // Makes room for running_[i]'s new tokens; while the pool cannot, preempts the running
   // request of lowest rank (running_[*end - 1], then *end is one less). False when that was
   // running_[i] itself.
   bool MakeRoom(size_t i, size_t* end);
+  // 2. Swapped and waiting requests in rank order; stops at the first that cannot be served.
+  void ScheduleQueued();
+  // The head of swapped_ or of waiting_, whichever ranks first; null when both are empty.
+  Request* NextQueued() const;
+  // Whether to go on with the queues (served or dropped: true; no room: false).
+  bool TrySwapIn(Request* req);
+  bool TryAdmit(Request* req);
+  // Whether the waiting request's live sequences can be allocated now: their blocks above the
+  // watermark and, without chunked prefill, their uncached tokens within the token budget.
+  AllocStatus CanAdmit(const Request& req);
+  // Allocates the live sequences' blocks (prefix hits reused, counted as computed).
+  void Allocate(Request* req);
+  // Moves the swapped request's blocks back to the GPU; it runs again.
+  void SwapIn(Request* req);
+
+  // The tokens to compute this step for each live sequence, or 0 when none fit.
+  int ChunkSize(const Request& req) const;
+  // Without chunked prefill, whether the request can never be computed in one step anyway:
+  // n > 1 live sequences resumed after recompute. It is then computed in chunks.
+  bool MustChunk(const Request& req) const;
+
   // Gives each live sequence's tokens without a KV slot one; false (and nothing changed) when
   // the pool cannot.
   bool TryGrow(Request* req);
@@ -172,21 +193,25 @@ class Scheduler {
   // Gives the sequence's first num_tokens tokens KV slots: RESOURCE_EXHAUSTED (and nothing
   // changed) when the pool cannot.
   absl::Status AppendSlots(int num_tokens, Sequence* seq);
+
+  // Preempts a running request that the caller took off running_ (or past its end), in the
+  // configured mode.
   void Preempt(Request* req);
+  // Preemption by swap; false (and nothing changed) when the CPU pool cannot take the blocks.
+  bool TrySwapOut(Request* req);
   void PreemptByRecompute(Request* req);
+  void InsertRunning(Request* req);
   // Ends a request that can never fit the KV cache (reported as aborted).
   void Drop(Request* req);
-  // Without chunked prefill, whether the request can never be computed in one step anyway:
-  // n > 1 live sequences resumed after recompute. It is then computed in chunks.
-  bool MustChunk(const Request& req) const;
-  // The tokens to compute this step for each live sequence, or 0 when none fit.
-  int ChunkSize(const Request& req) const;
+  // The ids of the request's live sequences, in seq_ids_ (valid until the next call).
+  std::span<const SeqId> LiveSeqIds(const Request& req);
+
   void AddToOutput(Request* req, int num_tokens, bool resumed);
-  void FreeSequence(Request* req, Sequence* seq, SequenceStatus status);
-  void FinishRequest(Request* req);
   // `logprobs` is empty or parallel to `sampled`.
   void ApplySamples(Request* req, std::span<const TokenId> sampled,
                     std::span<const SampleLogprobs> logprobs);
+  void FreeSequence(Request* req, Sequence* seq, SequenceStatus status);
+  void FinishRequest(Request* req);
   void CompactRunning();
 
   const SchedulerConfig config_;
