@@ -202,11 +202,8 @@ bool Scheduler::TryGrow(Request* req) {
     Grow(req);
     return true;
   }
-  // One sequence: AppendSlots checks, and changes nothing when the pool cannot serve it.
-  const absl::Status s = AppendSlots(req->num_tokens, &req->FirstLiveSeq());
-  if (absl::IsResourceExhausted(s)) return false;
-  CHECK(s.ok()) << s;
-  return true;
+  // One sequence: no CanGrow, as AppendSlots checks and changes nothing when the pool cannot.
+  return TryAppendSlots(req->num_tokens, &req->FirstLiveSeq());
 }
 
 bool Scheduler::CanGrow(const Request& req) {
@@ -217,20 +214,23 @@ bool Scheduler::CanGrow(const Request& req) {
 void Scheduler::Grow(Request* req) {
   for (Sequence& seq : req->seqs) {
     if (IsFinished(seq.status)) continue;
-    const absl::Status s = AppendSlots(req->num_tokens, &seq);
-    CHECK(s.ok()) << s;
+    const bool ok = TryAppendSlots(req->num_tokens, &seq);
+    CHECK(ok) << "CanGrow said the pool could serve sequence " << seq.id;
   }
 }
 
-absl::Status Scheduler::AppendSlots(int num_tokens, Sequence* seq) {
+// inline: every decode step of every running request runs it.
+inline bool Scheduler::TryAppendSlots(int num_tokens, Sequence* seq) {
   const int need = num_tokens - seq->num_slots;
-  if (need == 0) return absl::OkStatus();
+  if (need == 0) return true;
   const size_t copies = output_.blocks_to_copy.size();
-  RETURN_IF_ERROR(blocks_.AppendSlots(seq->id, need, 0, &output_.blocks_to_copy));
+  const absl::Status s = blocks_.AppendSlots(seq->id, need, 0, &output_.blocks_to_copy);
+  if (absl::IsResourceExhausted(s)) return false;
+  CHECK(s.ok()) << s;
   // Copy-on-write replaced a block: the workers need the whole table.
   if (output_.blocks_to_copy.size() != copies) seq->resend_table = true;
   seq->num_slots += need;
-  return absl::OkStatus();
+  return true;
 }
 
 static void SetLiveStatus(Request* req, SequenceStatus status) {

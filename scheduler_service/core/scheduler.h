@@ -190,9 +190,9 @@ class Scheduler {
   // TryGrow for a request with several live sequences, in two steps.
   bool CanGrow(const Request& req);
   void Grow(Request* req);
-  // Gives the sequence's first num_tokens tokens KV slots: RESOURCE_EXHAUSTED (and nothing
-  // changed) when the pool cannot.
-  absl::Status AppendSlots(int num_tokens, Sequence* seq);
+  // Gives the sequence's first num_tokens tokens KV slots; false (and nothing changed) when
+  // the pool cannot.
+  bool TryAppendSlots(int num_tokens, Sequence* seq);
 
   // Preempts a running request that the caller took off running_ (or past its end), in the
   // configured mode.
