@@ -64,6 +64,16 @@ struct Sequence {
   std::unique_ptr<IncrementalDetokenizer> detokenizer;
   std::string stop_string;  // the stop string that finished it, if one did
   TokenId stop_token = -1;  // the EOS or stop token that finished it, if one did
+
+  // Appends tokens[first..] to `out`. The last token alone (a decode's) comes from
+  // last_token: the token list, on a page of its own, is not read.
+  void AppendTokensFrom(int first, std::vector<TokenId>* out) const {
+    if (first + 1 == static_cast<int>(tokens.size())) {
+      out->push_back(last_token);
+    } else {
+      out->insert(out->end(), tokens.begin() + first, tokens.end());
+    }
+  }
 };
 
 struct alignas(64) Request {

@@ -281,6 +281,44 @@ void Scheduler::PreemptByRecompute(Request* req) {
   waiting_.insert(req);
 }
 
+namespace {
+
+// The sequence's diff: the tokens and block ids the workers do not have yet (the whole table
+// when it must be resent). Records them as sent.
+void AddSequenceDiff(const Request& req, const BlockSpaceManager& blocks, Sequence* seq,
+                     SchedulerOutput* out) {
+  ScheduledSequence& s = out->seqs.emplace_back();
+  s.index = seq->index;
+  s.new_to_workers = !seq->known_to_workers;
+  s.replace_block_table = seq->resend_table || s.new_to_workers;
+  // A sequence new to the workers is its request's prompt plus these tokens.
+  const int first_token = seq->known_to_workers ? seq->num_tokens_sent : req.num_prompt_tokens;
+  s.new_token_ids.begin = static_cast<uint32_t>(out->token_ids.size());
+  seq->AppendTokensFrom(first_token, &out->token_ids);
+  s.new_token_ids.size = static_cast<uint32_t>(out->token_ids.size()) - s.new_token_ids.begin;
+  seq->known_to_workers = true;
+  seq->num_tokens_sent = static_cast<int>(seq->tokens.size());
+  s.block_ids.begin = static_cast<uint32_t>(out->block_ids.size());
+  // The table holds exactly the blocks its slots need (no lookahead): when the workers have
+  // that many, there is nothing to send, and the table is not read.
+  const int bs = blocks.block_size();
+  if (!s.replace_block_table && seq->num_blocks_sent == (seq->num_slots + bs - 1) / bs) return;
+  const std::span<const BlockId> ids = blocks.GetBlockTable(seq->id)->block_ids();
+  const size_t first_block = s.replace_block_table ? 0 : seq->num_blocks_sent;
+  out->block_ids.insert(out->block_ids.end(), ids.begin() + first_block, ids.end());
+  s.block_ids.size = static_cast<uint32_t>(ids.size() - first_block);
+  seq->num_blocks_sent = static_cast<int>(ids.size());
+  seq->resend_table = false;
+}
+
+}  // namespace
+
+void Scheduler::ScheduleChunk(Request* req, int num_tokens, bool resumed) {
+  token_budget_ -= num_tokens * req->num_live;
+  seq_budget_ -= req->num_live;
+  AddToOutput(req, num_tokens, resumed);
+}
+
 void Scheduler::AddToOutput(Request* req, int num_tokens, bool resumed) {
   const bool is_new = !req->known_to_workers;
   ScheduledRequest& r =
@@ -300,39 +338,11 @@ void Scheduler::AddToOutput(Request* req, int num_tokens, bool resumed) {
   }
   r.seqs.begin = static_cast<uint32_t>(output_.seqs.size());
   r.seqs.size = static_cast<uint32_t>(req->num_live);
-  const int bs = blocks_.block_size();
   for (Sequence& seq : req->seqs) {
-    if (IsFinished(seq.status)) continue;
-    ScheduledSequence& s = output_.seqs.emplace_back();
-    s.index = seq.index;
-    s.new_to_workers = !seq.known_to_workers;
-    const int first_token = seq.known_to_workers ? seq.num_tokens_sent : req->num_prompt_tokens;
-    s.new_token_ids.begin = static_cast<uint32_t>(output_.token_ids.size());
-    if (first_token + 1 == req->num_tokens) {
-      output_.token_ids.push_back(seq.last_token);  // a decode: no need to read the tokens
-    } else {
-      output_.token_ids.insert(output_.token_ids.end(), seq.tokens.begin() + first_token,
-                               seq.tokens.end());
-    }
-    s.new_token_ids.size = static_cast<uint32_t>(output_.token_ids.size()) - s.new_token_ids.begin;
-    seq.known_to_workers = true;
-    seq.num_tokens_sent = static_cast<int>(seq.tokens.size());
-    s.replace_block_table = seq.resend_table || s.new_to_workers;
-    s.block_ids.begin = static_cast<uint32_t>(output_.block_ids.size());
-    // The table holds exactly the blocks its slots need (no lookahead).
-    if (!s.replace_block_table && seq.num_blocks_sent == (seq.num_slots + bs - 1) / bs) continue;
-    const std::span<const BlockId> ids = blocks_.GetBlockTable(seq.id)->block_ids();
-    const size_t first_block = s.replace_block_table ? 0 : seq.num_blocks_sent;
-    output_.block_ids.insert(output_.block_ids.end(), ids.begin() + first_block, ids.end());
-    s.block_ids.size = static_cast<uint32_t>(ids.size() - first_block);
-    seq.num_blocks_sent = static_cast<int>(ids.size());
-    seq.resend_table = false;
+    if (!IsFinished(seq.status)) AddSequenceDiff(*req, blocks_, &seq, &output_);
   }
   req->known_to_workers = true;
-  const int total = num_tokens * req->num_live;
-  token_budget_ -= total;
-  seq_budget_ -= req->num_live;
-  output_.total_num_scheduled_tokens += total;
+  output_.total_num_scheduled_tokens += num_tokens * req->num_live;
   output_.total_num_samples += r.num_samples;
 }
 
@@ -358,7 +368,7 @@ void Scheduler::ScheduleRunning() {
     if (chunk == 0) break;  // out of budget
     PrefetchForScheduling(running_, i, end, blocks_);
     if (!MakeRoom(i, &end)) break;  // it preempted itself
-    AddToOutput(req, chunk, /*resumed=*/false);
+    ScheduleChunk(req, chunk, /*resumed=*/false);
   }
   running_.resize(end);
 }
@@ -385,7 +395,7 @@ bool Scheduler::TrySwapIn(Request* req) {
   SwapIn(req);
   newly_running_.push_back(req);
   if (!TryGrow(req)) return false;  // back on the GPU; computes from the next step
-  AddToOutput(req, chunk, /*resumed=*/true);
+  ScheduleChunk(req, chunk, /*resumed=*/true);
   return true;
 }
 
@@ -417,7 +427,7 @@ bool Scheduler::TryAdmit(Request* req) {
   Allocate(req);
   newly_running_.push_back(req);
   const int chunk = ChunkSize(*req);
-  if (chunk > 0) AddToOutput(req, chunk, /*resumed=*/req->known_to_workers);
+  if (chunk > 0) ScheduleChunk(req, chunk, /*resumed=*/req->known_to_workers);
   return chunk > 0;
 }
 

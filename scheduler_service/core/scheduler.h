@@ -206,6 +206,10 @@ class Scheduler {
   // The ids of the request's live sequences, in seq_ids_ (valid until the next call).
   std::span<const SeqId> LiveSeqIds(const Request& req);
 
+  // Schedules num_tokens of each live sequence of the request this step: spends the budgets
+  // and adds the request to the output.
+  void ScheduleChunk(Request* req, int num_tokens, bool resumed);
+  // The request's entry in the output, and each live sequence's diff.
   void AddToOutput(Request* req, int num_tokens, bool resumed);
   // `logprobs` is empty or parallel to `sampled`.
   void ApplySamples(Request* req, std::span<const TokenId> sampled,
