@@ -524,24 +524,98 @@ void Scheduler::StartStep() {
   preempted_this_step_ = false;
 }
 
+absl::StatusOr<const StepOutputs*> Scheduler::UpdateFromOutput(const ModelOutput& model_output) {
+  RETURN_IF_ERROR(CheckModelOutput(model_output));
+  awaiting_update_ = false;
+  step_outputs_.Clear();
+  ReportDropped();
+  const std::span<const TokenId> sampled = model_output.sampled_token_ids;
+  const std::span<const SampleLogprobs> logprobs = model_output.logprobs;
+  size_t pos = 0;  // of the samples of the next request to sample, in output order
+  ApplyStep(output_.new_requests, scheduled_new_, sampled, logprobs, &pos);
+  ApplyStep(output_.cached_requests, scheduled_cached_, sampled, logprobs, &pos);
+  return &step_outputs_;
+}
+
+absl::Status Scheduler::CheckModelOutput(const ModelOutput& model_output) const {
+  if (!awaiting_update_) {
+    return absl::FailedPreconditionError("UpdateFromOutput() without a Schedule()");
+  }
+  if (model_output.step_id != output_.step_id) {
+    return absl::InvalidArgumentError(absl::StrCat("model output is for step ",
+                                                   model_output.step_id, "; step ", output_.step_id,
+                                                   " is awaited"));
+  }
+  if (static_cast<int>(model_output.sampled_token_ids.size()) != output_.total_num_samples) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step ", output_.step_id, ": ", model_output.sampled_token_ids.size(),
+                     " sampled tokens for ", output_.total_num_samples, " samples"));
+  }
+  if (!model_output.logprobs.empty() &&
+      model_output.logprobs.size() != model_output.sampled_token_ids.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step ", output_.step_id, ": ", model_output.logprobs.size(), " logprobs for ",
+                     model_output.sampled_token_ids.size(), " sampled tokens"));
+  }
+  return absl::OkStatus();
+}
+
+void Scheduler::ReportDropped() {
+  for (Request* req : dropped_) {
+    RequestOutput& out = step_outputs_.requests.emplace_back();
+    out.request_id = req->id;
+    out.finished = true;
+    out.num_cached_prompt_tokens = std::max(0, req->num_cached_prompt_tokens);
+    out.seqs.begin = static_cast<uint32_t>(step_outputs_.seqs.size());
+    for (Sequence& seq : req->seqs) {
+      if (seq.status != SequenceStatus::kFinishedAborted) continue;
+      SequenceOutput& so = step_outputs_.seqs.emplace_back();
+      so.index = seq.index;
+      so.status = seq.status;
+      so.text.begin = static_cast<uint32_t>(step_outputs_.text.size());
+      stop_checker_.Flush(&seq, &step_outputs_.text);
+      so.text.size = static_cast<uint32_t>(step_outputs_.text.size()) - so.text.begin;
+    }
+    out.seqs.size = static_cast<uint32_t>(step_outputs_.seqs.size()) - out.seqs.begin;
+  }
+  dropped_.clear();
+}
+
+void Scheduler::ApplyStep(std::span<const ScheduledRequest> list, std::span<Request* const> reqs,
+                          std::span<const TokenId> sampled,
+                          std::span<const SampleLogprobs> logprobs, size_t* pos) {
+  for (size_t k = 0; k < reqs.size(); ++k) {
+    PrefetchForSampling(reqs, k);
+    Request* req = reqs[k];
+    const ScheduledRequest& r = list[k];
+    AddComputedTokens(req, r.num_scheduled_tokens);
+    if (r.num_samples == 0) continue;  // a prompt chunk short of its last token
+    ApplySamples(req, sampled.subspan(*pos, r.num_samples),
+                 logprobs.empty() ? logprobs : logprobs.subspan(*pos, r.num_samples));
+    *pos += r.num_samples;
+  }
+}
+
+// inline: every request of every step runs it.
+inline void Scheduler::AddComputedTokens(Request* req, int num_tokens) {
+  const int before = req->num_computed_tokens;
+  req->num_computed_tokens += num_tokens;
+  // Only a step that fills a block gives the prefix cache something new.
+  const int bs = blocks_.block_size();
+  if (!blocks_.config().enable_prefix_caching || before / bs == req->num_computed_tokens / bs) {
+    return;
+  }
+  for (const Sequence& seq : req->seqs) {
+    if (IsFinished(seq.status)) continue;
+    const absl::Status s =
+        blocks_.CacheComputedBlocks(seq.id, seq.tokens, req->num_computed_tokens);
+    CHECK(s.ok()) << s;
+  }
+}
+
 void Scheduler::ApplySamples(Request* req, std::span<const TokenId> sampled,
                              std::span<const SampleLogprobs> logprobs) {
-  if (!req->forked()) {
-    Sequence& parent = req->seqs[0];
-    for (int j = 1; j < req->n; ++j) {
-      Sequence& child = req->seqs.emplace_back();
-      child.id = MakeSeqId(req->slot, j);
-      child.index = j;
-      child.status = SequenceStatus::kRunning;
-      child.tokens.reserve(parent.tokens.capacity());
-      child.tokens.assign(parent.tokens.begin(), parent.tokens.end());
-      child.last_token = parent.last_token;
-      child.num_slots = parent.num_slots;
-      const absl::Status s = blocks_.Fork(parent.id, child.id);
-      CHECK(s.ok()) << s;
-    }
-    req->num_live = req->n;
-  }
+  if (!req->forked()) Fork(req);
   RequestOutput& out = step_outputs_.requests.emplace_back();
   out.request_id = req->id_view;
   out.num_cached_prompt_tokens = std::max(0, req->num_cached_prompt_tokens);
@@ -576,75 +650,21 @@ void Scheduler::ApplySamples(Request* req, std::span<const TokenId> sampled,
   }
 }
 
-absl::StatusOr<const StepOutputs*> Scheduler::UpdateFromOutput(const ModelOutput& model_output) {
-  if (!awaiting_update_) {
-    return absl::FailedPreconditionError("UpdateFromOutput() without a Schedule()");
+void Scheduler::Fork(Request* req) {
+  Sequence& parent = req->seqs[0];
+  for (int j = 1; j < req->n; ++j) {
+    Sequence& child = req->seqs.emplace_back();
+    child.id = MakeSeqId(req->slot, j);
+    child.index = j;
+    child.status = SequenceStatus::kRunning;
+    child.tokens.reserve(parent.tokens.capacity());
+    child.tokens.assign(parent.tokens.begin(), parent.tokens.end());
+    child.last_token = parent.last_token;
+    child.num_slots = parent.num_slots;
+    const absl::Status s = blocks_.Fork(parent.id, child.id);
+    CHECK(s.ok()) << s;
   }
-  if (model_output.step_id != output_.step_id) {
-    return absl::InvalidArgumentError(absl::StrCat("model output is for step ",
-                                                   model_output.step_id, "; step ", output_.step_id,
-                                                   " is awaited"));
-  }
-  if (static_cast<int>(model_output.sampled_token_ids.size()) != output_.total_num_samples) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("step ", output_.step_id, ": ", model_output.sampled_token_ids.size(),
-                     " sampled tokens for ", output_.total_num_samples, " samples"));
-  }
-  if (!model_output.logprobs.empty() &&
-      model_output.logprobs.size() != model_output.sampled_token_ids.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("step ", output_.step_id, ": ", model_output.logprobs.size(), " logprobs for ",
-                     model_output.sampled_token_ids.size(), " sampled tokens"));
-  }
-  awaiting_update_ = false;
-  step_outputs_.Clear();
-  for (Request* req : dropped_) {
-    RequestOutput& out = step_outputs_.requests.emplace_back();
-    out.request_id = req->id;
-    out.finished = true;
-    out.num_cached_prompt_tokens = std::max(0, req->num_cached_prompt_tokens);
-    out.seqs.begin = static_cast<uint32_t>(step_outputs_.seqs.size());
-    for (Sequence& seq : req->seqs) {
-      if (seq.status != SequenceStatus::kFinishedAborted) continue;
-      SequenceOutput& so = step_outputs_.seqs.emplace_back();
-      so.index = seq.index;
-      so.status = seq.status;
-      so.text.begin = static_cast<uint32_t>(step_outputs_.text.size());
-      stop_checker_.Flush(&seq, &step_outputs_.text);
-      so.text.size = static_cast<uint32_t>(step_outputs_.text.size()) - so.text.begin;
-    }
-    out.seqs.size = static_cast<uint32_t>(step_outputs_.seqs.size()) - out.seqs.begin;
-  }
-  dropped_.clear();
-  const std::span<const TokenId> sampled = model_output.sampled_token_ids;
-  const std::span<const SampleLogprobs> logprobs = model_output.logprobs;
-  size_t pos = 0;
-  auto apply = [&](const std::vector<ScheduledRequest>& list, const std::vector<Request*>& reqs) {
-    for (size_t k = 0; k < list.size(); ++k) {
-      PrefetchForSampling(reqs, k);
-      const ScheduledRequest& r = list[k];
-      Request* req = reqs[k];
-      const int before = req->num_computed_tokens;
-      req->num_computed_tokens += r.num_scheduled_tokens;
-      // Only a step that fills a block gives the prefix cache something new.
-      if (blocks_.config().enable_prefix_caching &&
-          before / blocks_.block_size() != req->num_computed_tokens / blocks_.block_size()) {
-        for (const Sequence& seq : req->seqs) {
-          if (IsFinished(seq.status)) continue;
-          const absl::Status s =
-              blocks_.CacheComputedBlocks(seq.id, seq.tokens, req->num_computed_tokens);
-          CHECK(s.ok()) << s;
-        }
-      }
-      if (r.num_samples == 0) continue;
-      ApplySamples(req, sampled.subspan(pos, r.num_samples),
-                   logprobs.empty() ? logprobs : logprobs.subspan(pos, r.num_samples));
-      pos += r.num_samples;
-    }
-  };
-  apply(output_.new_requests, scheduled_new_);
-  apply(output_.cached_requests, scheduled_cached_);
-  return &step_outputs_;
+  req->num_live = req->n;
 }
 
 SchedulerStats Scheduler::stats() const {

@@ -35,9 +35,11 @@
 #ifndef LLM_SCHEDULER_SERVICE_CORE_SCHEDULER_H_
 #define LLM_SCHEDULER_SERVICE_CORE_SCHEDULER_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -211,9 +213,28 @@ class Scheduler {
   void ScheduleChunk(Request* req, int num_tokens, bool resumed);
   // The request's entry in the output, and each live sequence's diff.
   void AddToOutput(Request* req, int num_tokens, bool resumed);
-  // `logprobs` is empty or parallel to `sampled`.
+
+  // UpdateFromOutput(), in order.
+  // FAILED_PRECONDITION without a Schedule(); INVALID_ARGUMENT for an answer that does not
+  // match the step.
+  absl::Status CheckModelOutput(const ModelOutput& model_output) const;
+  // Outputs for the requests dropped since the last update (they can never fit the cache).
+  void ReportDropped();
+  // Applies the step to the requests of one of the output's lists (`reqs` parallel to
+  // `list`): their computed tokens, then their samples, from `sampled[*pos]` on.
+  void ApplyStep(std::span<const ScheduledRequest> list, std::span<Request* const> reqs,
+                 std::span<const TokenId> sampled, std::span<const SampleLogprobs> logprobs,
+                 size_t* pos);
+  // Counts the tokens computed; registers blocks they filled with the prefix cache.
+  void AddComputedTokens(Request* req, int num_tokens);
+  // Appends one sampled token to each live sequence and applies the stop rules; the first
+  // sample of a request with n > 1 forks it first. `logprobs` is empty or parallel to
+  // `sampled`.
   void ApplySamples(Request* req, std::span<const TokenId> sampled,
                     std::span<const SampleLogprobs> logprobs);
+  // Sequences 1 .. n-1 as copies of sequence 0, sharing its blocks.
+  void Fork(Request* req);
+
   void FreeSequence(Request* req, Sequence* seq, SequenceStatus status);
   void FinishRequest(Request* req);
   void CompactRunning();
