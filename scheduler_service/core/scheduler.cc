@@ -155,195 +155,40 @@ absl::Status Scheduler::Abort(std::string_view request_id_view) {
   return absl::OkStatus();
 }
 
-void Scheduler::FreeSequence(Request* req, Sequence* seq, SequenceStatus status) {
-  if (req->state == Request::State::kRunning || req->state == Request::State::kSwapped) {
-    const absl::Status s = blocks_.Free(seq->id);
-    CHECK(s.ok()) << s;
+const SchedulerOutput& Scheduler::Schedule() {
+  CHECK(!awaiting_update_) << "Schedule() twice without UpdateFromOutput()";
+  StartStep();
+  PreemptForWaiting();                          // 0
+  ScheduleRunning();                            // 1
+  if (!preempted_this_step_) ScheduleQueued();  // 2
+  for (Request* req : newly_running_) InsertRunning(req);
+
+  last_step_tokens_ = output_.total_num_scheduled_tokens;
+  total_tokens_ += last_step_tokens_;
+  awaiting_update_ = true;
+  return output_;
+}
+
+void Scheduler::StartStep() {
+  output_.Clear();
+  scheduled_new_.clear();
+  scheduled_cached_.clear();
+  newly_running_.clear();
+  output_.step_id = ++step_id_;
+  CompactRunning();  // before the finished requests below are destroyed
+  for (Request* req : finished_pending_) {
+    if (req->known_to_workers) {
+      output_.finished_request_ids.push_back(req->id);
+      output_.finished_slots.push_back(req->slot);
+    }
+    const int32_t slot = req->slot;
+    slots_[slot].reset();
+    free_slots_.push_back(slot);
   }
-  seq->status = status;
-  --req->num_live;
-}
-
-void Scheduler::FinishRequest(Request* req) {
-  req->state = Request::State::kFinished;
-  requests_by_id_.erase(req->id);
-  finished_pending_.push_back(req);
-}
-
-void Scheduler::CompactRunning() {
-  if (num_finished_in_running_ == 0) return;
-  std::erase_if(running_, [](const Request* r) { return r->state == Request::State::kFinished; });
-  num_finished_in_running_ = 0;
-}
-
-void Scheduler::InsertRunning(Request* req) {
-  running_.insert(std::upper_bound(running_.begin(), running_.end(), req, RankLess{by_priority_}),
-                  req);
-}
-
-int Scheduler::ChunkSize(const Request& req) const {
-  if (seq_budget_ < req.num_live) return 0;
-  const int per_seq_budget = token_budget_ / req.num_live;
-  int n = req.num_uncomputed_tokens();
-  if (!config_.enable_chunked_prefill && !MustChunk(req)) return n <= per_seq_budget ? n : 0;
-  if (config_.long_prefill_token_threshold > 0) {
-    n = std::min(n, config_.long_prefill_token_threshold);
-  }
-  return std::min(n, per_seq_budget);
-}
-
-bool Scheduler::MustChunk(const Request& req) const {
-  return req.num_uncomputed_tokens() * req.num_live > config_.max_num_batched_tokens;
-}
-
-bool Scheduler::TryGrow(Request* req) {
-  if (req->num_live > 1) {
-    if (!CanGrow(*req)) return false;
-    Grow(req);
-    return true;
-  }
-  // One sequence: no CanGrow, as AppendSlots checks and changes nothing when the pool cannot.
-  return TryAppendSlots(req->num_tokens, &req->FirstLiveSeq());
-}
-
-bool Scheduler::CanGrow(const Request& req) {
-  const int need = req.num_unslotted_tokens();
-  return need == 0 || blocks_.CanAppendSlots(LiveSeqIds(req), need);
-}
-
-void Scheduler::Grow(Request* req) {
-  for (Sequence& seq : req->seqs) {
-    if (IsFinished(seq.status)) continue;
-    const bool ok = TryAppendSlots(req->num_tokens, &seq);
-    CHECK(ok) << "CanGrow said the pool could serve sequence " << seq.id;
-  }
-}
-
-// inline: every decode step of every running request runs it.
-inline bool Scheduler::TryAppendSlots(int num_tokens, Sequence* seq) {
-  const int need = num_tokens - seq->num_slots;
-  if (need == 0) return true;
-  const size_t copies = output_.blocks_to_copy.size();
-  const absl::Status s = blocks_.AppendSlots(seq->id, need, 0, &output_.blocks_to_copy);
-  if (absl::IsResourceExhausted(s)) return false;
-  CHECK(s.ok()) << s;
-  // Copy-on-write replaced a block: the workers need the whole table.
-  if (output_.blocks_to_copy.size() != copies) seq->resend_table = true;
-  seq->num_slots += need;
-  return true;
-}
-
-static void SetLiveStatus(Request* req, SequenceStatus status) {
-  for (Sequence& seq : req->seqs) {
-    if (!IsFinished(seq.status)) seq.status = status;
-  }
-}
-
-std::span<const SeqId> Scheduler::LiveSeqIds(const Request& req) {
-  seq_ids_.clear();
-  for (const Sequence& seq : req.seqs) {
-    if (!IsFinished(seq.status)) seq_ids_.push_back(seq.id);
-  }
-  return seq_ids_;
-}
-
-void Scheduler::Preempt(Request* req) {
-  ++num_preemptions_;
-  if (config_.preemption_mode == PreemptionMode::kSwap && TrySwapOut(req)) return;
-  PreemptByRecompute(req);
-}
-
-bool Scheduler::TrySwapOut(Request* req) {
-  const std::span<const SeqId> seqs = LiveSeqIds(*req);
-  if (!blocks_.CanSwapOut(seqs)) return false;
-  absl::StatusOr<std::vector<BlockPair>> pairs = blocks_.SwapOut(seqs);
-  CHECK(pairs.ok()) << pairs.status();
-  output_.blocks_to_swap_out.insert(output_.blocks_to_swap_out.end(), pairs->begin(), pairs->end());
-  ++num_swap_outs_;
-  req->state = Request::State::kSwapped;
-  SetLiveStatus(req, SequenceStatus::kSwapped);
-  for (Sequence& seq : req->seqs) seq.resend_table = true;
-  swapped_.insert(req);
-  return true;
-}
-
-void Scheduler::PreemptByRecompute(Request* req) {
-  for (Sequence& seq : req->seqs) {
-    if (IsFinished(seq.status)) continue;
-    const absl::Status s = blocks_.Free(seq.id);
-    CHECK(s.ok()) << s;
-    seq.num_slots = 0;
-    seq.resend_table = true;
-    seq.status = SequenceStatus::kWaiting;
-  }
-  req->num_computed_tokens = 0;
-  req->state = Request::State::kWaiting;
-  waiting_.insert(req);
-}
-
-namespace {
-
-// The sequence's diff: the tokens and block ids the workers do not have yet (the whole table
-// when it must be resent). Records them as sent.
-void AddSequenceDiff(const Request& req, const BlockSpaceManager& blocks, Sequence* seq,
-                     SchedulerOutput* out) {
-  ScheduledSequence& s = out->seqs.emplace_back();
-  s.index = seq->index;
-  s.new_to_workers = !seq->known_to_workers;
-  s.replace_block_table = seq->resend_table || s.new_to_workers;
-  // A sequence new to the workers is its request's prompt plus these tokens.
-  const int first_token = seq->known_to_workers ? seq->num_tokens_sent : req.num_prompt_tokens;
-  s.new_token_ids.begin = static_cast<uint32_t>(out->token_ids.size());
-  seq->AppendTokensFrom(first_token, &out->token_ids);
-  s.new_token_ids.size = static_cast<uint32_t>(out->token_ids.size()) - s.new_token_ids.begin;
-  seq->known_to_workers = true;
-  seq->num_tokens_sent = static_cast<int>(seq->tokens.size());
-  s.block_ids.begin = static_cast<uint32_t>(out->block_ids.size());
-  // The table holds exactly the blocks its slots need (no lookahead): when the workers have
-  // that many, there is nothing to send, and the table is not read.
-  const int bs = blocks.block_size();
-  if (!s.replace_block_table && seq->num_blocks_sent == (seq->num_slots + bs - 1) / bs) return;
-  const std::span<const BlockId> ids = blocks.GetBlockTable(seq->id)->block_ids();
-  const size_t first_block = s.replace_block_table ? 0 : seq->num_blocks_sent;
-  out->block_ids.insert(out->block_ids.end(), ids.begin() + first_block, ids.end());
-  s.block_ids.size = static_cast<uint32_t>(ids.size() - first_block);
-  seq->num_blocks_sent = static_cast<int>(ids.size());
-  seq->resend_table = false;
-}
-
-}  // namespace
-
-void Scheduler::ScheduleChunk(Request* req, int num_tokens, bool resumed) {
-  token_budget_ -= num_tokens * req->num_live;
-  seq_budget_ -= req->num_live;
-  AddToOutput(req, num_tokens, resumed);
-}
-
-void Scheduler::AddToOutput(Request* req, int num_tokens, bool resumed) {
-  const bool is_new = !req->known_to_workers;
-  ScheduledRequest& r =
-      is_new ? output_.new_requests.emplace_back() : output_.cached_requests.emplace_back();
-  (is_new ? scheduled_new_ : scheduled_cached_).push_back(req);
-  r.slot = req->slot;
-  r.request_id = req->id_view;
-  if (is_new) {
-    r.prompt_token_ids = req->prompt();
-    r.sampling_params = &req->params;
-  }
-  r.resumed_from_preemption = resumed;
-  r.num_computed_tokens = req->num_computed_tokens;
-  r.num_scheduled_tokens = num_tokens;
-  if (req->num_computed_tokens + num_tokens == req->num_tokens) {
-    r.num_samples = !req->forked() ? req->n : req->num_live;
-  }
-  r.seqs.begin = static_cast<uint32_t>(output_.seqs.size());
-  r.seqs.size = static_cast<uint32_t>(req->num_live);
-  for (Sequence& seq : req->seqs) {
-    if (!IsFinished(seq.status)) AddSequenceDiff(*req, blocks_, &seq, &output_);
-  }
-  req->known_to_workers = true;
-  output_.total_num_scheduled_tokens += num_tokens * req->num_live;
-  output_.total_num_samples += r.num_samples;
+  finished_pending_.clear();
+  token_budget_ = config_.max_num_batched_tokens;
+  seq_budget_ = config_.max_num_seqs;
+  preempted_this_step_ = false;
 }
 
 void Scheduler::PreemptForWaiting() {
@@ -382,6 +227,20 @@ bool Scheduler::MakeRoom(size_t i, size_t* end) {
   return true;
 }
 
+void Scheduler::ScheduleQueued() {
+  while (Request* req = NextQueued()) {
+    const bool go_on = req->state == Request::State::kSwapped ? TrySwapIn(req) : TryAdmit(req);
+    if (!go_on) return;
+  }
+}
+
+Request* Scheduler::NextQueued() const {
+  Request* swapped = swapped_.empty() ? nullptr : *swapped_.begin();
+  Request* waiting = waiting_.empty() ? nullptr : *waiting_.begin();
+  if (swapped == nullptr) return waiting;
+  return waiting == nullptr || RankBefore(swapped, waiting) ? swapped : waiting;
+}
+
 bool Scheduler::TrySwapIn(Request* req) {
   const int chunk = ChunkSize(*req);
   if (chunk == 0) return false;
@@ -397,22 +256,6 @@ bool Scheduler::TrySwapIn(Request* req) {
   if (!TryGrow(req)) return false;  // back on the GPU; computes from the next step
   ScheduleChunk(req, chunk, /*resumed=*/true);
   return true;
-}
-
-void Scheduler::SwapIn(Request* req) {
-  absl::StatusOr<std::vector<BlockPair>> pairs = blocks_.SwapIn(LiveSeqIds(*req));
-  CHECK(pairs.ok()) << pairs.status();
-  output_.blocks_to_swap_in.insert(output_.blocks_to_swap_in.end(), pairs->begin(), pairs->end());
-  req->state = Request::State::kRunning;
-  SetLiveStatus(req, SequenceStatus::kRunning);
-}
-
-void Scheduler::Drop(Request* req) {
-  for (Sequence& seq : req->seqs) {
-    if (!IsFinished(seq.status)) FreeSequence(req, &seq, SequenceStatus::kFinishedAborted);
-  }
-  FinishRequest(req);
-  dropped_.push_back(req);
 }
 
 bool Scheduler::TryAdmit(Request* req) {
@@ -474,54 +317,190 @@ void Scheduler::Allocate(Request* req) {
   req->state = Request::State::kRunning;
 }
 
-void Scheduler::ScheduleQueued() {
-  while (Request* req = NextQueued()) {
-    const bool go_on = req->state == Request::State::kSwapped ? TrySwapIn(req) : TryAdmit(req);
-    if (!go_on) return;
+static void SetLiveStatus(Request* req, SequenceStatus status) {
+  for (Sequence& seq : req->seqs) {
+    if (!IsFinished(seq.status)) seq.status = status;
   }
 }
 
-Request* Scheduler::NextQueued() const {
-  Request* swapped = swapped_.empty() ? nullptr : *swapped_.begin();
-  Request* waiting = waiting_.empty() ? nullptr : *waiting_.begin();
-  if (swapped == nullptr) return waiting;
-  return waiting == nullptr || RankBefore(swapped, waiting) ? swapped : waiting;
+void Scheduler::SwapIn(Request* req) {
+  absl::StatusOr<std::vector<BlockPair>> pairs = blocks_.SwapIn(LiveSeqIds(*req));
+  CHECK(pairs.ok()) << pairs.status();
+  output_.blocks_to_swap_in.insert(output_.blocks_to_swap_in.end(), pairs->begin(), pairs->end());
+  req->state = Request::State::kRunning;
+  SetLiveStatus(req, SequenceStatus::kRunning);
 }
 
-const SchedulerOutput& Scheduler::Schedule() {
-  CHECK(!awaiting_update_) << "Schedule() twice without UpdateFromOutput()";
-  StartStep();
-  PreemptForWaiting();                          // 0
-  ScheduleRunning();                            // 1
-  if (!preempted_this_step_) ScheduleQueued();  // 2
-  for (Request* req : newly_running_) InsertRunning(req);
-
-  last_step_tokens_ = output_.total_num_scheduled_tokens;
-  total_tokens_ += last_step_tokens_;
-  awaiting_update_ = true;
-  return output_;
-}
-
-void Scheduler::StartStep() {
-  output_.Clear();
-  scheduled_new_.clear();
-  scheduled_cached_.clear();
-  newly_running_.clear();
-  output_.step_id = ++step_id_;
-  CompactRunning();  // before the finished requests below are destroyed
-  for (Request* req : finished_pending_) {
-    if (req->known_to_workers) {
-      output_.finished_request_ids.push_back(req->id);
-      output_.finished_slots.push_back(req->slot);
-    }
-    const int32_t slot = req->slot;
-    slots_[slot].reset();
-    free_slots_.push_back(slot);
+int Scheduler::ChunkSize(const Request& req) const {
+  if (seq_budget_ < req.num_live) return 0;
+  const int per_seq_budget = token_budget_ / req.num_live;
+  int n = req.num_uncomputed_tokens();
+  if (!config_.enable_chunked_prefill && !MustChunk(req)) return n <= per_seq_budget ? n : 0;
+  if (config_.long_prefill_token_threshold > 0) {
+    n = std::min(n, config_.long_prefill_token_threshold);
   }
-  finished_pending_.clear();
-  token_budget_ = config_.max_num_batched_tokens;
-  seq_budget_ = config_.max_num_seqs;
-  preempted_this_step_ = false;
+  return std::min(n, per_seq_budget);
+}
+
+bool Scheduler::MustChunk(const Request& req) const {
+  return req.num_uncomputed_tokens() * req.num_live > config_.max_num_batched_tokens;
+}
+
+bool Scheduler::TryGrow(Request* req) {
+  if (req->num_live > 1) {
+    if (!CanGrow(*req)) return false;
+    Grow(req);
+    return true;
+  }
+  // One sequence: no CanGrow, as AppendSlots checks and changes nothing when the pool cannot.
+  return TryAppendSlots(req->num_tokens, &req->FirstLiveSeq());
+}
+
+bool Scheduler::CanGrow(const Request& req) {
+  const int need = req.num_unslotted_tokens();
+  return need == 0 || blocks_.CanAppendSlots(LiveSeqIds(req), need);
+}
+
+void Scheduler::Grow(Request* req) {
+  for (Sequence& seq : req->seqs) {
+    if (IsFinished(seq.status)) continue;
+    const bool ok = TryAppendSlots(req->num_tokens, &seq);
+    CHECK(ok) << "CanGrow said the pool could serve sequence " << seq.id;
+  }
+}
+
+// inline: every decode step of every running request runs it.
+inline bool Scheduler::TryAppendSlots(int num_tokens, Sequence* seq) {
+  const int need = num_tokens - seq->num_slots;
+  if (need == 0) return true;
+  const size_t copies = output_.blocks_to_copy.size();
+  const absl::Status s = blocks_.AppendSlots(seq->id, need, 0, &output_.blocks_to_copy);
+  if (absl::IsResourceExhausted(s)) return false;
+  CHECK(s.ok()) << s;
+  // Copy-on-write replaced a block: the workers need the whole table.
+  if (output_.blocks_to_copy.size() != copies) seq->resend_table = true;
+  seq->num_slots += need;
+  return true;
+}
+
+void Scheduler::Preempt(Request* req) {
+  ++num_preemptions_;
+  if (config_.preemption_mode == PreemptionMode::kSwap && TrySwapOut(req)) return;
+  PreemptByRecompute(req);
+}
+
+bool Scheduler::TrySwapOut(Request* req) {
+  const std::span<const SeqId> seqs = LiveSeqIds(*req);
+  if (!blocks_.CanSwapOut(seqs)) return false;
+  absl::StatusOr<std::vector<BlockPair>> pairs = blocks_.SwapOut(seqs);
+  CHECK(pairs.ok()) << pairs.status();
+  output_.blocks_to_swap_out.insert(output_.blocks_to_swap_out.end(), pairs->begin(), pairs->end());
+  ++num_swap_outs_;
+  req->state = Request::State::kSwapped;
+  SetLiveStatus(req, SequenceStatus::kSwapped);
+  for (Sequence& seq : req->seqs) seq.resend_table = true;
+  swapped_.insert(req);
+  return true;
+}
+
+void Scheduler::PreemptByRecompute(Request* req) {
+  for (Sequence& seq : req->seqs) {
+    if (IsFinished(seq.status)) continue;
+    const absl::Status s = blocks_.Free(seq.id);
+    CHECK(s.ok()) << s;
+    seq.num_slots = 0;
+    seq.resend_table = true;
+    seq.status = SequenceStatus::kWaiting;
+  }
+  req->num_computed_tokens = 0;
+  req->state = Request::State::kWaiting;
+  waiting_.insert(req);
+}
+
+void Scheduler::InsertRunning(Request* req) {
+  running_.insert(std::upper_bound(running_.begin(), running_.end(), req, RankLess{by_priority_}),
+                  req);
+}
+
+void Scheduler::Drop(Request* req) {
+  for (Sequence& seq : req->seqs) {
+    if (!IsFinished(seq.status)) FreeSequence(req, &seq, SequenceStatus::kFinishedAborted);
+  }
+  FinishRequest(req);
+  dropped_.push_back(req);
+}
+
+std::span<const SeqId> Scheduler::LiveSeqIds(const Request& req) {
+  seq_ids_.clear();
+  for (const Sequence& seq : req.seqs) {
+    if (!IsFinished(seq.status)) seq_ids_.push_back(seq.id);
+  }
+  return seq_ids_;
+}
+
+void Scheduler::ScheduleChunk(Request* req, int num_tokens, bool resumed) {
+  token_budget_ -= num_tokens * req->num_live;
+  seq_budget_ -= req->num_live;
+  AddToOutput(req, num_tokens, resumed);
+}
+
+namespace {
+
+// The sequence's diff: the tokens and block ids the workers do not have yet (the whole table
+// when it must be resent). Records them as sent.
+void AddSequenceDiff(const Request& req, const BlockSpaceManager& blocks, Sequence* seq,
+                     SchedulerOutput* out) {
+  ScheduledSequence& s = out->seqs.emplace_back();
+  s.index = seq->index;
+  s.new_to_workers = !seq->known_to_workers;
+  s.replace_block_table = seq->resend_table || s.new_to_workers;
+  // A sequence new to the workers is its request's prompt plus these tokens.
+  const int first_token = seq->known_to_workers ? seq->num_tokens_sent : req.num_prompt_tokens;
+  s.new_token_ids.begin = static_cast<uint32_t>(out->token_ids.size());
+  seq->AppendTokensFrom(first_token, &out->token_ids);
+  s.new_token_ids.size = static_cast<uint32_t>(out->token_ids.size()) - s.new_token_ids.begin;
+  seq->known_to_workers = true;
+  seq->num_tokens_sent = static_cast<int>(seq->tokens.size());
+  s.block_ids.begin = static_cast<uint32_t>(out->block_ids.size());
+  // The table holds exactly the blocks its slots need (no lookahead): when the workers have
+  // that many, there is nothing to send, and the table is not read.
+  const int bs = blocks.block_size();
+  if (!s.replace_block_table && seq->num_blocks_sent == (seq->num_slots + bs - 1) / bs) return;
+  const std::span<const BlockId> ids = blocks.GetBlockTable(seq->id)->block_ids();
+  const size_t first_block = s.replace_block_table ? 0 : seq->num_blocks_sent;
+  out->block_ids.insert(out->block_ids.end(), ids.begin() + first_block, ids.end());
+  s.block_ids.size = static_cast<uint32_t>(ids.size() - first_block);
+  seq->num_blocks_sent = static_cast<int>(ids.size());
+  seq->resend_table = false;
+}
+
+}  // namespace
+
+void Scheduler::AddToOutput(Request* req, int num_tokens, bool resumed) {
+  const bool is_new = !req->known_to_workers;
+  ScheduledRequest& r =
+      is_new ? output_.new_requests.emplace_back() : output_.cached_requests.emplace_back();
+  (is_new ? scheduled_new_ : scheduled_cached_).push_back(req);
+  r.slot = req->slot;
+  r.request_id = req->id_view;
+  if (is_new) {
+    r.prompt_token_ids = req->prompt();
+    r.sampling_params = &req->params;
+  }
+  r.resumed_from_preemption = resumed;
+  r.num_computed_tokens = req->num_computed_tokens;
+  r.num_scheduled_tokens = num_tokens;
+  if (req->num_computed_tokens + num_tokens == req->num_tokens) {
+    r.num_samples = !req->forked() ? req->n : req->num_live;
+  }
+  r.seqs.begin = static_cast<uint32_t>(output_.seqs.size());
+  r.seqs.size = static_cast<uint32_t>(req->num_live);
+  for (Sequence& seq : req->seqs) {
+    if (!IsFinished(seq.status)) AddSequenceDiff(*req, blocks_, &seq, &output_);
+  }
+  req->known_to_workers = true;
+  output_.total_num_scheduled_tokens += num_tokens * req->num_live;
+  output_.total_num_samples += r.num_samples;
 }
 
 absl::StatusOr<const StepOutputs*> Scheduler::UpdateFromOutput(const ModelOutput& model_output) {
@@ -665,6 +644,27 @@ void Scheduler::Fork(Request* req) {
     CHECK(s.ok()) << s;
   }
   req->num_live = req->n;
+}
+
+void Scheduler::FreeSequence(Request* req, Sequence* seq, SequenceStatus status) {
+  if (req->state == Request::State::kRunning || req->state == Request::State::kSwapped) {
+    const absl::Status s = blocks_.Free(seq->id);
+    CHECK(s.ok()) << s;
+  }
+  seq->status = status;
+  --req->num_live;
+}
+
+void Scheduler::FinishRequest(Request* req) {
+  req->state = Request::State::kFinished;
+  requests_by_id_.erase(req->id);
+  finished_pending_.push_back(req);
+}
+
+void Scheduler::CompactRunning() {
+  if (num_finished_in_running_ == 0) return;
+  std::erase_if(running_, [](const Request* r) { return r->state == Request::State::kFinished; });
+  num_finished_in_running_ = 0;
 }
 
 SchedulerStats Scheduler::stats() const {
