@@ -158,9 +158,9 @@ absl::Status Scheduler::Abort(std::string_view request_id_view) {
 const SchedulerOutput& Scheduler::Schedule() {
   CHECK(!awaiting_update_) << "Schedule() twice without UpdateFromOutput()";
   StartStep();
-  PreemptForWaiting();                          // 0
-  ScheduleRunning();                            // 1
-  if (!preempted_this_step_) ScheduleQueued();  // 2
+  PreemptForWaiting();                          // step 0 of scheduler.h's comment
+  ScheduleRunning();                            // step 1
+  if (!preempted_this_step_) ScheduleQueued();  // step 2
   for (Request* req : newly_running_) InsertRunning(req);
 
   last_step_tokens_ = output_.total_num_scheduled_tokens;

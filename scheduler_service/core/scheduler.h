@@ -29,7 +29,9 @@
 // Schedule() fills a SchedulerOutput (scheduler_output.h documents the protocol); the workers
 // run it; UpdateFromOutput() appends the sampled tokens, applies the stop rules
 // (stop_checker.h), frees finished sequences at once and returns the per-request outputs.
-// Schedule() and UpdateFromOutput() alternate strictly.
+// Schedule() and UpdateFromOutput() alternate strictly. Their passes over the batch
+// prefetch each request's memory some requests ahead (request_prefetcher.h): hints that no
+// decision depends on.
 //
 // Not thread-safe: owned by the engine thread (EngineCore).
 #ifndef LLM_SCHEDULER_SERVICE_CORE_SCHEDULER_H_
