@@ -41,6 +41,7 @@
 #include "llm/v1/llm_service.grpc.pb.h"
 #include "protocol/executor.h"
 #include "scheduler_service/engine/engine_core.h"
+#include "scheduler_service/engine/serving_engine.h"
 #include "scheduler_service/tokenizer/tokenizer.h"
 
 namespace llm {
@@ -54,17 +55,6 @@ struct LLMServiceOptions {
   int max_concurrent_requests = 256;
   SamplingLimits sampling_limits;
   int max_stop_strings = 16;
-};
-
-// A running engine over a ready worker group. The engine is destroyed (stopped) before the
-// executor it drives; it detokenizes with a DetokenizerFactory over the service's tokenizer.
-struct ServingEngine {
-  std::unique_ptr<Executor> executor;
-  std::unique_ptr<EngineCore> engine;  // started
-  int num_gpu_blocks = 0;
-  int num_cpu_blocks = 0;
-
-  ~ServingEngine() { engine.reset(); }
 };
 
 class LLMService final : public v1::LLMService::CallbackService {

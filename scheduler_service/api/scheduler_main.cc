@@ -305,8 +305,9 @@ int Run(int argc, char** argv) {
   WorkerGroupOptions group_options = setup.group;
   group_options.rendezvous_address = absl::StrCat(flags.rendezvous_host, ":", (*store)->port());
   // Each time the group is up: an engine over it, served from now on.
-  group_options.serve = [&](std::unique_ptr<ShardedWorkerClient> client,
-                            const BlockSpaceManagerConfig& cache) -> std::shared_ptr<void> {
+  group_options.serve =
+      [&](std::unique_ptr<ShardedWorkerClient> client,
+          const BlockSpaceManagerConfig& cache) -> std::shared_ptr<ServingEngine> {
     auto engine = std::make_shared<ServingEngine>();
     engine->num_gpu_blocks = cache.num_gpu_blocks;
     engine->num_cpu_blocks = cache.num_cpu_blocks;

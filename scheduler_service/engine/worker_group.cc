@@ -97,7 +97,7 @@ void WorkerGroup::Run() {
     }
     failed_attempts = 0;
     // The engine over the group: it owns the client, which stays valid (client_) while held.
-    std::shared_ptr<void> engine = options_.serve(std::move(*client), cache_);
+    std::shared_ptr<ServingEngine> engine = options_.serve(std::move(*client), cache_);
     LOG(INFO) << "worker group ready (attempt " << attempt << "): " << cache_.num_gpu_blocks
               << " device blocks, " << cache_.num_cpu_blocks << " host blocks";
     const std::string reason = ServeUntilDown();

@@ -49,6 +49,7 @@
 #include "absl/time/time.h"
 #include "llm/v1/worker_service.pb.h"
 #include "scheduler_service/core/block_space_manager.h"
+#include "scheduler_service/engine/serving_engine.h"
 #include "scheduler_service/engine/sharded_worker_client.h"
 
 namespace llm {
@@ -79,10 +80,10 @@ struct WorkerGroupOptions {
   int num_gpu_blocks_override = 0;  // > 0: exactly this many device blocks
 
   // The group is up (initialized, KV cache allocated, Step streams open): start serving on
-  // `client` with `cache` (its block counts filled in) and return what serves, owning `client`.
-  // Opaque to the group, which only holds it (llm-scheduler returns LLMService's ServingEngine).
-  std::function<std::shared_ptr<void>(std::unique_ptr<ShardedWorkerClient> client,
-                                      const BlockSpaceManagerConfig& cache)>
+  // `client` with `cache` (its block counts filled in) and return the engine, owning `client`.
+  // The group only holds it, and drops it when the group goes down.
+  std::function<std::shared_ptr<ServingEngine>(std::unique_ptr<ShardedWorkerClient> client,
+                                               const BlockSpaceManagerConfig& cache)>
       serve;
   // The group is not serving, and why: an attempt under way, an attempt's error, the failure
   // that ended serving, or "server shutting down".

@@ -96,13 +96,14 @@ TEST(WorkerGroupCacheFromProfile, AnInvalidResultIsRefused) {
 // What the group told the server, and the handle it was given to hold.
 class Server {
  public:
-  std::shared_ptr<void> Serve(std::unique_ptr<ShardedWorkerClient> client,
-                              const BlockSpaceManagerConfig& cache) {
+  std::shared_ptr<ServingEngine> Serve(std::unique_ptr<ShardedWorkerClient> client,
+                                       const BlockSpaceManagerConfig& cache) {
     absl::MutexLock lock(&mu_);
     EXPECT_TRUE(client != nullptr);
-    std::shared_ptr<ShardedWorkerClient> engine = std::move(client);
-    world_sizes_.push_back(engine->world_size());
+    world_sizes_.push_back(client->world_size());
     caches_.push_back(cache);
+    auto engine = std::make_shared<ServingEngine>();  // no EngineCore: the client alone
+    engine->executor = std::move(client);
     engine_ = engine;
     return engine;
   }
@@ -143,7 +144,7 @@ class Server {
   absl::Mutex mu_;
   std::vector<BlockSpaceManagerConfig> caches_ ABSL_GUARDED_BY(mu_);
   std::vector<int> world_sizes_ ABSL_GUARDED_BY(mu_);
-  std::weak_ptr<void> engine_ ABSL_GUARDED_BY(mu_);
+  std::weak_ptr<ServingEngine> engine_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> reasons_ ABSL_GUARDED_BY(mu_);
 };
 
