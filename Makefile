@@ -18,7 +18,7 @@ DEB_PACKAGES += python3-yaml
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps configure build test run serve demo bench format clean
+.PHONY: all deps configure build test run serve demo bench sass format clean
 
 all: build
 
@@ -94,6 +94,14 @@ demo: build
 
 bench: build
 	@for b in $(BUILD_DIR)/bench/bench_*; do echo "== $$b"; $$b; done
+
+# Static checks of the device code (README): per CUDA kernel ptxas' registers, spills and shared
+# memory against kernels/cuda/sass_budgets.json, the SASS load widths and tensor-core opcodes,
+# and the decode attention roofline. Installs the disassembler into $(BUILD_DIR)/sass-tools
+# when the toolkit lacks it.
+sass: configure
+	python3 tools/cuda/sass_report.py --build-dir $(BUILD_DIR) --install-tools --loops \
+	  --budgets kernels/cuda/sass_budgets.json
 
 format:
 	@git ls-files '*.h' '*.cc' '*.cu' '*.cuh' | xargs clang-format -i
