@@ -370,9 +370,13 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(Params p) {
     for (int i = 0; i < kOutPerThread; ++i) {
       const int e = threadIdx.x + i * kThreads;
       const int r = e / kHeadSize, d = e % kHeadSize;
+      // Row r sees columns c <= last_c only. A masked column's P is 0, but its V (a slot this
+      // row must not read: unwritten, poisoned, a later token's) may be NaN and 0 x NaN = NaN,
+      // so masked columns are selected away, never multiplied.
+      const int64_t last_c = first_pos + r - k0;
       float acc = o[i] * corr_s[r];
 #pragma unroll 8
-      for (int c = 0; c < kTileK; ++c) acc += s_s[r][c] * v_s[c][d];
+      for (int c = 0; c < kTileK; ++c) acc += c <= last_c ? s_s[r][c] * v_s[c][d] : 0.0f;
       o[i] = acc;
     }
   }

@@ -262,6 +262,50 @@ TEST_F(CudaPagedAttention, V2NeedsMaxSeqLenAndOtherHeadSizesAreRejected) {
             "PagedAttention: the CUDA kernels take head sizes 64 and 128, got 96");
 }
 
+// A NaN key and value at a position of a prefill chunk (an unwritten or poisoned slot): the
+// rows before it do not attend to it and must match the CPU op, in every version. The tiled
+// prefill kernel loads K and V tiles shared by 16 rows, so the rows before the poisoned
+// position see it in their tile, masked; multiplying its value by the masked weight (0 x NaN)
+// made them NaN.
+TEST_F(CudaPagedAttention, NanAtAMaskedPositionDoesNotReachTheRowsBeforeIt) {
+  std::mt19937 rng(608);
+  const Shape shape{8, 2, 64, 16};
+  // Sequence 0: 15 rows after 32 cached (positions 32..46); sequence 1: a decode row.
+  Batch b = MakeBatch({{15, 47}, {1, 40}}, shape, rng);
+  const float scale = 0.125f;
+  const HostTensor want = Reference(b, scale);  // on the clean caches
+  constexpr int64_t kPoisonedPos = 40;          // row j of sequence 0 sits at 32 + j
+  const int64_t slot_numel = shape.num_kv_heads * shape.head_size;
+  const int64_t block = b.block_tables.data<int32_t>()[kPoisonedPos / shape.block_size];
+  const int64_t slot = block * shape.block_size + kPoisonedPos % shape.block_size;
+  for (int64_t i = 0; i < slot_numel; ++i) {
+    b.key_cache.data<float>()[slot * slot_numel + i] = NAN;
+    b.value_cache.data<float>()[slot * slot_numel + i] = NAN;
+  }
+  b.d_key_cache = DeviceTensor(b.key_cache);
+  b.d_value_cache = DeviceTensor(b.value_cache);
+  // Rows 0..7 of sequence 0 (positions 32..39) and sequence 1's row (t = 15) are unaffected.
+  const int64_t row = shape.num_heads * shape.head_size;
+  std::vector<int64_t> clean_rows = {0, 1, 2, 3, 4, 5, 6, 7, 15};
+  DeviceTensor out(want);
+  for (const PagedAttentionVersion v :
+       {PagedAttentionVersion::kV1, PagedAttentionVersion::kV2, PagedAttentionVersion::kAuto}) {
+    SCOPED_TRACE(::testing::Message() << "version " << static_cast<int>(v));
+    out.Poison();
+    ASSERT_TRUE(cuda::PagedAttention(nullptr, out.view(), b.d_query.view(), b.d_key_cache.view(),
+                                     b.d_value_cache.view(), b.DeviceMetadata(), scale, v)
+                    .ok());
+    ASSERT_EQ(Sync(), "");
+    const HostTensor got = out.Download();
+    for (const int64_t t : clean_rows) {
+      SCOPED_TRACE(::testing::Message() << "row " << t);
+      const float* w = want.data<float>() + t * row;
+      EXPECT_TRUE(gpu_testing::AllClose(got.data<float>() + t * row,
+                                        std::vector<double>(w, w + row), kAtol, kRtol));
+    }
+  }
+}
+
 // A block id outside the cache (the CPU op reports it; the device cannot without a
 // synchronization) gives NaN rows for its sequence only; the other sequence is right.
 TEST_F(CudaPagedAttention, BadBlockIdGivesNanRowsOfItsSequenceOnly) {
