@@ -41,9 +41,10 @@ OpStatus RotaryEmbedding(void* stream, const TensorView& positions, const Tensor
 
 OpStatus SiluAndMul(void* stream, const TensorView& out, const TensorView& x);
 
-// cublasGemmEx with fp32 accumulation (CUBLAS_COMPUTE_32F, no TF32) on `blas_handle` (a
-// cublasHandle_t created on the tensors' device, owned by the caller), whose stream it sets to
-// `stream` and whose pointer mode it sets to host. A null handle is an error naming the op.
+// cublasGemmEx with fp32 accumulation (CUBLAS_COMPUTE_32F_PEDANTIC: never TF32, whatever the
+// handle's math mode) on `blas_handle` (a cublasHandle_t created on the tensors' device, owned
+// by the caller), whose stream it sets to `stream` and whose pointer mode it sets to host. A null
+// handle is an error naming the op.
 OpStatus Linear(void* stream, void* blas_handle, const TensorView& out, const TensorView& x,
                 const TensorView& weight, const TensorView& bias);
 
