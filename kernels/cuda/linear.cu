@@ -48,7 +48,7 @@ OpStatus Linear(void* stream, void* blas_handle, const TensorView& out, const Te
     return cuda_internal::Error(
         kOp, "OpContext.blas_handle is null: cuda tensors need a cuBLAS handle (cublasCreate)");
   }
-  if (OpStatus st = cuda_internal::CheckCurrentDevice(kOp, out.device); !st.ok()) return st;
+  if (OpStatus st = cuda_internal::StartOp(kOp, out.device); !st.ok()) return st;
   // ops.cc has checked that every dimension is below 2^31.
   const int64_t m = x.shape[0], k = x.shape[1], n = weight.shape[0];
   if (m == 0 || n == 0) return OpStatus::Ok();

@@ -443,7 +443,7 @@ OpStatus PagedAttention(void* stream, const TensorView& out, const TensorView& q
                         PagedAttentionVersion version) {
   constexpr const char* kOp = "PagedAttention";
   const int64_t num_tokens = query.shape[0], num_heads = query.shape[1];
-  if (OpStatus st = cuda_internal::CheckCurrentDevice(kOp, query.device); !st.ok()) return st;
+  if (OpStatus st = cuda_internal::StartOp(kOp, query.device); !st.ok()) return st;
   const int64_t head_size = query.shape[2];
   const int64_t num_seqs = metadata.seq_lens.shape[0];
   const int64_t max_blocks = metadata.block_tables.shape[1];
