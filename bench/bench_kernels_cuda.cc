@@ -86,7 +86,7 @@ void BM_PagedAttentionDecode(benchmark::State& state) {
   const int64_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
   const int64_t num_blocks = batch * blocks_per_seq;
   const size_t cache_bytes = num_blocks * kBlockSize * kNumKvHeads * kHeadSize * kv_elem;
-  DeviceBuffer kc, vc, q, out, tables, lens, qsl;
+  DeviceBuffer kc, vc, q, out, tables, lens, qsl, workspace;
   if (!Check(cudaMalloc(&kc.p, cache_bytes), "cudaMalloc key cache", &state) ||
       !Check(cudaMalloc(&vc.p, cache_bytes), "cudaMalloc value cache", &state)) {
     return;
@@ -125,6 +125,16 @@ void BM_PagedAttentionDecode(benchmark::State& state) {
   md.seq_lens = TensorView::Contiguous(lens.p, DType::kI32, {batch}, dev);
   md.query_start_loc = TensorView::Contiguous(qsl.p, DType::kI32, {batch + 1}, dev);
   md.max_seq_len = static_cast<int>(context);
+  md.query_start_loc_host = starts;  // decode only: no prefill kernel
+  // v2's workspace, allocated once as a worker would (outside the timed loop).
+  ops::OpContext ctx;
+  ctx.workspace_bytes =
+      ops::cuda::SplitKWorkspaceBytes(batch, kNumHeads, kHeadSize, md.max_seq_len);
+  if (ctx.workspace_bytes > 0 &&
+      !Check(cudaMalloc(&workspace.p, ctx.workspace_bytes), "cudaMalloc workspace", &state)) {
+    return;
+  }
+  ctx.workspace = workspace.p;
   const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadSize));
 
   cudaEvent_t start, stop;
@@ -132,7 +142,7 @@ void BM_PagedAttentionDecode(benchmark::State& state) {
   cudaEventCreate(&stop);
   for (auto _ : state) {
     cudaEventRecord(start);
-    const ops::OpStatus s = ops::cuda::PagedAttention(nullptr, out_view, q_view, kv_shape[0],
+    const ops::OpStatus s = ops::cuda::PagedAttention(ctx, out_view, q_view, kv_shape[0],
                                                       kv_shape[1], md, scale, version);
     cudaEventRecord(stop);
     if (!s.ok()) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/paged_attention_plan.h"  // host-only: the workspace size
 #include "kernels/op_check.h"
 #ifdef LLM_WITH_CUDA
 #include "kernels/cuda/cuda_ops.h"
@@ -279,6 +280,11 @@ OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const Tenso
   LLM_OPS_RETURN_IF_ERROR(
       CheckArg(kOp, "metadata.query_start_loc", metadata.query_start_loc, {kI32}, {num_seqs + 1}));
   if (!std::isfinite(scale)) return Error(kOp, "scale must be finite");
+  const size_t host_qsl = metadata.query_start_loc_host.size();
+  if (host_qsl != 0 && static_cast<int64_t>(host_qsl) != num_seqs + 1) {
+    return Error(kOp, "metadata.query_start_loc_host: expected " + std::to_string(num_seqs + 1) +
+                          " entries (or none), got " + std::to_string(host_qsl));
+  }
   TensorDevice device;
   LLM_OPS_RETURN_IF_ERROR(CheckSameDevice(kOp,
                                           {{"out", &out},
@@ -291,11 +297,16 @@ OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const Tenso
                                           &device));
 #ifdef LLM_WITH_CUDA
   if (device.is_cuda())
-    return cuda::PagedAttention(ctx.stream, out, query, key_cache, value_cache, metadata, scale);
+    return cuda::PagedAttention(ctx, out, query, key_cache, value_cache, metadata, scale);
 #endif
   if (!device.is_cpu()) return NoBackend(kOp, device);
   LLM_OPS_RETURN_IF_ERROR(CheckCpuCache(kOp, "key_cache", key_cache));
   return cpu::PagedAttention(out, query, key_cache, value_cache, metadata, scale);
+}
+
+size_t PagedAttentionWorkspaceBytes(int64_t max_num_tokens, int64_t num_heads, int64_t head_size,
+                                    int64_t max_model_len) {
+  return cuda::PagedAttentionWorkspaceBytes(max_num_tokens, num_heads, head_size, max_model_len);
 }
 
 OpStatus CopyBlocks(const OpContext& ctx, std::span<const TensorView> key_caches,

@@ -28,6 +28,7 @@
 #ifndef LLM_KERNELS_OPS_H_
 #define LLM_KERNELS_OPS_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -48,11 +49,17 @@ struct [[nodiscard]] OpStatus {
 
 // Per-call backend state. CPU ops ignore it. CUDA ops enqueue their work on `stream`
 // (a cudaStream_t; null = the default stream) and return without waiting for it; GEMMs (Linear)
-// use `blas_handle` (a cublasHandle_t on the tensors' device; required for cuda tensors). The
-// caller owns both. Kept as void* so that this header needs no CUDA headers.
+// use `blas_handle` (a cublasHandle_t on the tensors' device; required for cuda tensors).
+// `workspace` is device scratch on the tensors' device for ops that need it (PagedAttention's
+// split-K partials), `workspace_bytes` long: allocated once by the caller (size it with
+// PagedAttentionWorkspaceBytes), so that ops never allocate and memory profiling counts it;
+// ops use it in stream order on `stream`. The caller owns all of them. Kept as void* so that
+// this header needs no CUDA headers.
 struct OpContext {
   void* stream = nullptr;
   void* blas_handle = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 
 // out[t][h] = table[token_ids[t]][h]. token_ids: index [T], each in [0, V); table [V, H];
@@ -131,6 +138,11 @@ struct AttentionMetadata {
   TensorView seq_lens;         // i32 [S]
   TensorView query_start_loc;  // i32 [S + 1]; 0 first, T last, non-decreasing
   int max_seq_len = 0;         // an upper bound of seq_lens for launch sizing; 0 = unknown
+  // Optional: query_start_loc's contents in host memory (the host built them), [S + 1], or
+  // empty. With them the CUDA backend launches only the kernels the batch needs (no prefill
+  // kernel for a decode-only batch, none for decode rows in a prefill-only batch) and sizes the
+  // prefill grid exactly; they must equal the device tensor's contents.
+  std::span<const int32_t> query_start_loc_host = {};
 };
 
 // Attention of this step's queries over the paged KV cache. The j-th query row of sequence s
@@ -142,6 +154,13 @@ struct AttentionMetadata {
 OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const TensorView& query,
                         const TensorView& key_cache, const TensorView& value_cache,
                         const AttentionMetadata& metadata, float scale);
+
+// Bytes of OpContext::workspace that PagedAttention on cuda uses at most, for batches of at
+// most max_num_tokens tokens over contexts of at most max_model_len, with num_heads query heads
+// of head_size (this rank's). 0 when it never needs any; the CPU backend needs none. With less
+// workspace it still runs, without splitting long contexts (slower for small batches).
+size_t PagedAttentionWorkspaceBytes(int64_t max_num_tokens, int64_t num_heads, int64_t head_size,
+                                    int64_t max_model_len);
 
 // Copies whole blocks inside one device's caches, for copy-on-write: for every layer l and
 // pair, key_caches[l][pair.dst] = key_caches[l][pair.src] (and the values). All caches have

@@ -10,7 +10,7 @@ OpStatus CopyBlocks(void* stream, std::span<const TensorView> key_caches,
                     std::span<const TensorView> value_caches, std::span<const BlockPair> pairs) {
   constexpr const char* kOp = "CopyBlocks";
   const TensorView& first = key_caches[0];
-  if (OpStatus st = cuda_internal::CheckCurrentDevice(kOp, first.device); !st.ok()) return st;
+  if (OpStatus st = cuda_internal::StartOp(kOp, first.device); !st.ok()) return st;
   const int64_t num_blocks = first.shape[0];
   const size_t block_bytes = static_cast<size_t>(first.shape[1] * first.shape[2] * first.shape[3]) *
                              cuda_internal::ElementSize(first.dtype);

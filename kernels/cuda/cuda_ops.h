@@ -20,6 +20,7 @@
 
 #include <span>
 
+#include "kernels/cuda/paged_attention_plan.h"
 #include "kernels/ops.h"
 #include "kernels/tensor.h"
 
@@ -41,9 +42,10 @@ OpStatus RotaryEmbedding(void* stream, const TensorView& positions, const Tensor
 
 OpStatus SiluAndMul(void* stream, const TensorView& out, const TensorView& x);
 
-// cublasGemmEx with fp32 accumulation (CUBLAS_COMPUTE_32F, no TF32) on `blas_handle` (a
-// cublasHandle_t created on the tensors' device, owned by the caller), whose stream it sets to
-// `stream` and whose pointer mode it sets to host. A null handle is an error naming the op.
+// cublasGemmEx with fp32 accumulation (CUBLAS_COMPUTE_32F_PEDANTIC: never TF32, whatever the
+// handle's math mode) on `blas_handle` (a cublasHandle_t created on the tensors' device, owned
+// by the caller), whose stream it sets to `stream` and whose pointer mode it sets to host. A null
+// handle is an error naming the op.
 OpStatus Linear(void* stream, void* blas_handle, const TensorView& out, const TensorView& x,
                 const TensorView& weight, const TensorView& bias);
 
@@ -51,22 +53,16 @@ OpStatus ReshapeAndCache(void* stream, const TensorView& key, const TensorView& 
                          const TensorView& key_cache, const TensorView& value_cache,
                          const TensorView& slot_mapping);
 
-// Which paged-attention kernels run. kV1: one thread block per (query head, query row) over
-// the row's whole context. kV2: split-K, one thread block per (query head, query row,
-// partition of kPartitionSize tokens), then a reduction kernel; needs metadata.max_seq_len
-// (> 0) to size the grid. kAuto: v2 when the context is long (max_seq_len > kPartitionSize)
-// and there are too few (head, row) pairs to fill the device, else v1; plus the tiled prefill
-// kernel for the rows of sequences with q_len > 1.
-enum class PagedAttentionVersion { kAuto, kV1, kV2 };
-inline constexpr int kPartitionSize = 512;
-
 // kV1 and kV2 run every query row, prefill and decode alike, through the row kernels: row t of
 // sequence s (found by a binary search of query_start_loc) attends to positions
 // 0 .. seq_lens[s] - q_len + j on its own. kAuto runs the rows of prefill chunks (q_len > 1)
 // through a tiled, flash-attention-style kernel instead (16 query rows per thread block share
-// each K and V load, causal inside the chunk) and the decode rows through v1 or v2. Head sizes
-// 64 and 128; any block size; f32, f16 or bf16 caches.
-OpStatus PagedAttention(void* stream, const TensorView& out, const TensorView& query,
+// each K and V load, causal inside the chunk) and the decode rows through v1 or v2; with
+// metadata.query_start_loc_host it launches only the kernels the batch has rows for. Versions
+// and the launch plan: paged_attention_plan.h. v2 uses ctx.workspace (never allocates); kV2
+// without enough of it is an error, kAuto then runs v1. Head sizes 64 and 128; any block size;
+// f32, f16 or bf16 caches. Runs on ctx.stream.
+OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const TensorView& query,
                         const TensorView& key_cache, const TensorView& value_cache,
                         const AttentionMetadata& metadata, float scale,
                         PagedAttentionVersion version = PagedAttentionVersion::kAuto);

@@ -23,7 +23,9 @@
   } while (0)
 
 // After a <<<...>>> launch: the launch's own error (bad configuration, no kernel image for
-// this device), with file and line.
+// this device), with file and line. cudaGetLastError returns the last error of ANY runtime call
+// of this thread, so a launcher calls StartOp (below) before its first launch: then each check
+// reports the launch it follows (or a sticky error, which fails every call anyway).
 #define LLM_CUDA_OP_CHECK_LAUNCH(op) LLM_CUDA_OP_RETURN_IF_ERROR(op, cudaGetLastError())
 
 namespace llm::ops::cuda_internal {
@@ -34,9 +36,16 @@ inline OpStatus Error(const char* op, const std::string& message) {
   return OpStatus::Error(std::string(op) + ": " + message);
 }
 
-// The calling thread's current device must be the tensors' (launches and copies go to the
-// current device; a kernel reading another device's memory would fault instead of failing).
-inline OpStatus CheckCurrentDevice(const char* op, const TensorDevice& device) {
+// Every launcher's first CUDA step, before any launch:
+// - clears the thread's last error, left by an earlier call (one that already returned it to
+//   its own caller, e.g. a failed cudaMalloc), so that LLM_CUDA_OP_CHECK_LAUNCH reports this
+//   op's launches only. A sticky error (a faulted context) cannot be cleared and fails the
+//   launch itself.
+// - checks that the calling thread's current device is the tensors' (launches and copies go to
+//   the current device; a kernel reading another device's memory would fault instead of
+//   failing).
+inline OpStatus StartOp(const char* op, const TensorDevice& device) {
+  cudaGetLastError();
   int current = -1;
   LLM_CUDA_OP_RETURN_IF_ERROR(op, cudaGetDevice(&current));
   if (current == device.ordinal) return OpStatus::Ok();

@@ -15,6 +15,25 @@ __global__ void SelfTestKernel(int* out, int n) {
   if (i < n) out[i] = 3 * i + 1;
 }
 
+// Restores the calling thread's current device when it goes out of scope.
+class CurrentDeviceGuard {
+ public:
+  CurrentDeviceGuard() {
+    if (cudaGetDevice(&saved_) != cudaSuccess) {
+      cudaGetLastError();
+      saved_ = -1;
+    }
+  }
+  CurrentDeviceGuard(const CurrentDeviceGuard&) = delete;
+  CurrentDeviceGuard& operator=(const CurrentDeviceGuard&) = delete;
+  ~CurrentDeviceGuard() {
+    if (saved_ >= 0 && cudaSetDevice(saved_) != cudaSuccess) cudaGetLastError();
+  }
+
+ private:
+  int saved_ = -1;
+};
+
 }  // namespace
 
 int DeviceCount(std::string* why_none) {
@@ -40,6 +59,7 @@ std::string GetDeviceInfo(int ordinal, DeviceInfo* info) {
 }
 
 std::string SelfTest(int ordinal) {
+  const CurrentDeviceGuard guard;  // the self test runs on `ordinal`; the caller's stays current
   DeviceInfo info;
   if (std::string err = GetDeviceInfo(ordinal, &info); !err.empty()) return err;
   if (info.major < 8) {
@@ -53,6 +73,9 @@ std::string SelfTest(int ordinal) {
   LLM_CUDA_RETURN_IF_ERROR(cudaMalloc(&d_out, kN * sizeof(int)));
   std::string err = ErrorMessage(cudaMemset(d_out, 0xFF, kN * sizeof(int)), "cudaMemset", __FILE__,
                                  __LINE__);  // poison: -1 everywhere
+  // Clear an earlier call's error (already returned to its caller), so that the check after
+  // the launch reports the launch's own.
+  cudaGetLastError();
   if (err.empty()) {
     SelfTestKernel<<<(kN + 255) / 256, 256>>>(d_out, kN);
     err = ErrorMessage(cudaGetLastError(), "SelfTestKernel launch", __FILE__, __LINE__);

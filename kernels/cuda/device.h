@@ -24,7 +24,8 @@ std::string GetDeviceInfo(int ordinal, DeviceInfo* info);
 
 // Empty when device `ordinal` can run the kernels of this build: compute capability 8.0 or
 // newer (the build targets sm_80 and sm_90) and a test kernel that runs and writes what it
-// should into a poisoned buffer. Otherwise what went wrong, with file and line.
+// should into a poisoned buffer. Otherwise what went wrong, with file and line. The calling
+// thread's current device is the same before and after.
 std::string SelfTest(int ordinal);
 
 }  // namespace llm::cuda

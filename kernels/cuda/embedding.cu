@@ -29,7 +29,7 @@ __global__ void EmbeddingKernel(float* __restrict__ out, IndexPtr token_ids,
 OpStatus Embedding(void* stream, const TensorView& out, const TensorView& token_ids,
                    const TensorView& table) {
   constexpr const char* kOp = "Embedding";
-  if (OpStatus st = cuda_internal::CheckCurrentDevice(kOp, out.device); !st.ok()) return st;
+  if (OpStatus st = cuda_internal::StartOp(kOp, out.device); !st.ok()) return st;
   const int64_t num_tokens = token_ids.shape[0];
   const int64_t vocab = table.shape[0], hidden = table.shape[1];
   if (num_tokens == 0 || hidden == 0) return OpStatus::Ok();

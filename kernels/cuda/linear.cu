@@ -7,8 +7,11 @@
 // column-major [K, N] buffer transposed (CUBLAS_OP_T, lda K) and x^T the column-major [K, T]
 // buffer as is (CUBLAS_OP_N, ldb K); ldc N.
 //
-// fp32 in, fp32 out, fp32 accumulation: CUBLAS_COMPUTE_32F (no TF32; the handle's math mode
-// cannot lower it). The bias is broadcast into out first and accumulated with beta = 1.
+// fp32 in, fp32 out, fp32 accumulation: CUBLAS_COMPUTE_32F_PEDANTIC. Plain CUBLAS_COMPUTE_32F
+// is lowered to TF32 tensor-core math (a 10-bit mantissa per product) when the handle's math
+// mode is CUBLAS_TF32_TENSOR_OP_MATH (or NVIDIA_TF32_OVERRIDE says so); the pedantic compute
+// type ignores the math mode, so the caller's handle cannot change our numerics. The bias is
+// broadcast into out first and accumulated with beta = 1.
 #include <cublas_v2.h>
 
 #include "kernels/cuda/cuda_ops.h"
@@ -45,7 +48,7 @@ OpStatus Linear(void* stream, void* blas_handle, const TensorView& out, const Te
     return cuda_internal::Error(
         kOp, "OpContext.blas_handle is null: cuda tensors need a cuBLAS handle (cublasCreate)");
   }
-  if (OpStatus st = cuda_internal::CheckCurrentDevice(kOp, out.device); !st.ok()) return st;
+  if (OpStatus st = cuda_internal::StartOp(kOp, out.device); !st.ok()) return st;
   // ops.cc has checked that every dimension is below 2^31.
   const int64_t m = x.shape[0], k = x.shape[1], n = weight.shape[0];
   if (m == 0 || n == 0) return OpStatus::Ok();
@@ -81,7 +84,7 @@ OpStatus Linear(void* stream, void* blas_handle, const TensorView& out, const Te
                         static_cast<int>(k), &alpha, weight.data_as<const float>(), CUDA_R_32F,
                         static_cast<int>(k), x.data_as<const float>(), CUDA_R_32F,
                         static_cast<int>(k), &beta, o, CUDA_R_32F, static_cast<int>(n),
-                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                        CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
   return OpStatus::Ok();
 }
 

@@ -8,8 +8,9 @@
 // for its sequence): with kV1 / kV2 they take every row, prefill chunks included (each row
 // then reads its causal prefix of the cache on its own). With kAuto they take the rows of
 // sequences with q_len == 1 (decode) and PrefillAttentionKernel (below) the rows of sequences
-// with q_len > 1, in tiles of 16 rows that share each K and V load. Both kernels are launched:
-// the host does not know the q_lens without a synchronization, and each skips the other's rows.
+// with q_len > 1, in tiles of 16 rows that share each K and V load; each skips the other's
+// rows. The host launches only the kernels the batch has rows for when the caller passes the
+// q_lens (metadata.query_start_loc_host), else both (paged_attention_plan.h).
 //
 // v1: one thread block per (row t, query head h) over positions 0 .. ctx - 1.
 // v2 (split-K): one thread block per (row, head, partition z) over positions
@@ -33,6 +34,7 @@
 // max_seq_len's partitions, q_len > seq_len) gives NaN rows; nothing outside the tensors is
 // read.
 #include <cmath>
+#include <string>
 
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_util.cuh"
@@ -254,17 +256,18 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionReduceKernel(Params p)
 }
 
 // The tiled prefill kernel (kAuto): the rows of sequences with q_len > 1, one thread block per
-// (tile of kTileQ consecutive query rows of one sequence, query head), grid
-// (ceil(T / kTileQ) + S, Hq): enough tiles for any split of the T rows into sequences; the
-// surplus blocks exit. Flash-attention style: the tile's queries stay in shared memory while
-// K and V come through the block table kTileK positions at a time, with an online softmax
-// per row and the causal mask key position <= p_r = seq_len - q_len + j0 + r:
+// (tile of kTileQ consecutive query rows of one sequence, query head), grid (tiles, Hq):
+// sum_s ceil(q_len_s / kTileQ) over q_len > 1 when the host knows the q_lens, else
+// ceil(T / kTileQ) + S, enough for any split of the T rows into sequences (surplus blocks exit).
+// Flash-attention style: the tile's queries stay in shared memory while K and V come through the
+// block table kTileK positions at a time, with an online softmax per row and the causal mask key
+// position <= p_r = seq_len - q_len + j0 + r:
 //   s[r][c] = scale q[t0 + r][h][:] . K[k0 + c][kvh][:]   (-inf where masked)
 //   m'[r] = max(m[r], max_c s[r][c]);  P[r][c] = e^(s[r][c] - m'[r]);
 //   l[r] = l[r] e^(m[r] - m'[r]) + sum_c P[r][c];  O[r][:] = O[r][:] e^(m[r] - m'[r]) + P[r] V
 // and out[t0 + r][h][:] = O[r][:] / l[r]. Each K and V is read once per kTileQ rows instead of
 // once per row.
-constexpr int kTileQ = 16, kTileK = 32;
+constexpr int kTileQ = kPrefillTileRows, kTileK = 32;
 
 template <typename CacheT, int kHeadSize>
 __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(Params p) {
@@ -370,9 +373,13 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(Params p) {
     for (int i = 0; i < kOutPerThread; ++i) {
       const int e = threadIdx.x + i * kThreads;
       const int r = e / kHeadSize, d = e % kHeadSize;
+      // Row r sees columns c <= last_c only. A masked column's P is 0, but its V (a slot this
+      // row must not read: unwritten, poisoned, a later token's) may be NaN and 0 x NaN = NaN,
+      // so masked columns are selected away, never multiplied.
+      const int64_t last_c = first_pos + r - k0;
       float acc = o[i] * corr_s[r];
 #pragma unroll 8
-      for (int c = 0; c < kTileK; ++c) acc += s_s[r][c] * v_s[c][d];
+      for (int c = 0; c < kTileK; ++c) acc += c <= last_c ? s_s[r][c] * v_s[c][d] : 0.0f;
       o[i] = acc;
     }
   }
@@ -385,11 +392,15 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(Params p) {
 }
 
 template <typename CacheT, int kHeadSize>
-OpStatus Launch(cudaStream_t stream, const Params& params, int64_t num_tokens, bool v2) {
+OpStatus Launch(cudaStream_t stream, const Params& params, int64_t num_tokens,
+                const PagedAttentionPlan& plan) {
   constexpr const char* kOp = "PagedAttention";
+  const bool v2 = plan.v2;
   const dim3 grid(static_cast<unsigned>(num_tokens), static_cast<unsigned>(params.num_heads),
                   v2 ? static_cast<unsigned>(params.max_partitions) : 1u);
-  if (!v2) {
+  if (!plan.rows) {
+    // No decode rows (kAuto, q_lens known): nothing for the row kernels.
+  } else if (!v2) {
     PagedAttentionKernel<CacheT, kHeadSize, false><<<grid, kThreads, 0, stream>>>(params);
     LLM_CUDA_OP_CHECK_LAUNCH(kOp);
   } else {
@@ -399,9 +410,8 @@ OpStatus Launch(cudaStream_t stream, const Params& params, int64_t num_tokens, b
     PagedAttentionReduceKernel<kHeadSize><<<reduce_grid, kThreads, 0, stream>>>(params);
     LLM_CUDA_OP_CHECK_LAUNCH(kOp);
   }
-  if (params.prefill_tiled) {
-    // At most ceil(q_len / kTileQ) <= q_len / kTileQ + 1 tiles per sequence.
-    const int64_t tiles = (num_tokens + kTileQ - 1) / kTileQ + params.num_seqs;
+  if (plan.prefill_tiles > 0) {
+    const int64_t tiles = plan.prefill_tiles;
     const dim3 tile_grid(static_cast<unsigned>(tiles), grid.y);
     PrefillAttentionKernel<CacheT, kHeadSize><<<tile_grid, kThreads, 0, stream>>>(params);
     LLM_CUDA_OP_CHECK_LAUNCH(kOp);
@@ -411,21 +421,21 @@ OpStatus Launch(cudaStream_t stream, const Params& params, int64_t num_tokens, b
 
 template <typename CacheT>
 OpStatus LaunchForHeadSize(cudaStream_t stream, const Params& params, int64_t num_tokens,
-                           int64_t head_size, bool v2) {
-  if (head_size == 64) return Launch<CacheT, 64>(stream, params, num_tokens, v2);
-  return Launch<CacheT, 128>(stream, params, num_tokens, v2);  // checked by the caller
+                           int64_t head_size, const PagedAttentionPlan& plan) {
+  if (head_size == 64) return Launch<CacheT, 64>(stream, params, num_tokens, plan);
+  return Launch<CacheT, 128>(stream, params, num_tokens, plan);  // checked by the caller
 }
 
 // The instantiations: cache dtype (f32, f16, bf16) x head size (64, 128) x (v1, v2).
 OpStatus LaunchForDType(cudaStream_t stream, const Params& params, DType cache_dtype,
-                        int64_t num_tokens, int64_t head_size, bool v2) {
+                        int64_t num_tokens, int64_t head_size, const PagedAttentionPlan& plan) {
   switch (cache_dtype) {
     case DType::kF32:
-      return LaunchForHeadSize<float>(stream, params, num_tokens, head_size, v2);
+      return LaunchForHeadSize<float>(stream, params, num_tokens, head_size, plan);
     case DType::kF16:
-      return LaunchForHeadSize<__half>(stream, params, num_tokens, head_size, v2);
+      return LaunchForHeadSize<__half>(stream, params, num_tokens, head_size, plan);
     case DType::kBF16:
-      return LaunchForHeadSize<__nv_bfloat16>(stream, params, num_tokens, head_size, v2);
+      return LaunchForHeadSize<__nv_bfloat16>(stream, params, num_tokens, head_size, plan);
     default:
       return cuda_internal::Error("PagedAttention", "key_cache: expected f32, f16 or bf16");
   }
@@ -433,13 +443,13 @@ OpStatus LaunchForDType(cudaStream_t stream, const Params& params, DType cache_d
 
 }  // namespace
 
-OpStatus PagedAttention(void* stream, const TensorView& out, const TensorView& query,
+OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const TensorView& query,
                         const TensorView& key_cache, const TensorView& value_cache,
                         const AttentionMetadata& metadata, float scale,
                         PagedAttentionVersion version) {
   constexpr const char* kOp = "PagedAttention";
   const int64_t num_tokens = query.shape[0], num_heads = query.shape[1];
-  if (OpStatus st = cuda_internal::CheckCurrentDevice(kOp, query.device); !st.ok()) return st;
+  if (OpStatus st = cuda_internal::StartOp(kOp, query.device); !st.ok()) return st;
   const int64_t head_size = query.shape[2];
   const int64_t num_seqs = metadata.seq_lens.shape[0];
   const int64_t max_blocks = metadata.block_tables.shape[1];
@@ -457,21 +467,23 @@ OpStatus PagedAttention(void* stream, const TensorView& out, const TensorView& q
                                 "too many tokens, heads, sequences or blocks per sequence "
                                 "for one launch");
   }
-  const bool long_context = metadata.max_seq_len > kPartitionSize;
-  bool v2 = false;
-  switch (version) {
-    case PagedAttentionVersion::kV1:
-      break;
-    case PagedAttentionVersion::kV2:
-      if (metadata.max_seq_len <= 0) {
-        return cuda_internal::Error(kOp, "v2 needs metadata.max_seq_len > 0 to size its grid");
-      }
-      v2 = true;
-      break;
-    case PagedAttentionVersion::kAuto:
-      // Split the context when there are too few (row, head) blocks to fill the device.
-      v2 = long_context && num_tokens * num_heads <= 512;
-      break;
+  PagedAttentionPlanInput in;
+  in.num_tokens = num_tokens;
+  in.num_heads = num_heads;
+  in.head_size = head_size;
+  in.num_seqs = num_seqs;
+  in.max_seq_len = metadata.max_seq_len;
+  in.version = version;
+  in.query_start_loc_host = metadata.query_start_loc_host;
+  in.workspace_bytes = ctx.workspace != nullptr ? ctx.workspace_bytes : 0;
+  PagedAttentionPlan plan;
+  if (std::string err = PlanPagedAttention(in, &plan); !err.empty()) {
+    return cuda_internal::Error(kOp, err);
+  }
+  if (plan.max_partitions > cuda_internal::kMaxGridYZ) {
+    return cuda_internal::Error(kOp, "metadata.max_seq_len " +
+                                         std::to_string(metadata.max_seq_len) +
+                                         " needs more partitions than one launch takes");
   }
   Params params{};
   params.out = out.data_as<float>();
@@ -489,30 +501,18 @@ OpStatus PagedAttention(void* stream, const TensorView& out, const TensorView& q
   params.num_blocks = key_cache.shape[0];
   params.scale = scale;
   // kAuto: prefill chunks (q_len > 1) go to the tiled kernel, the other rows to v1 or v2.
-  params.prefill_tiled = version == PagedAttentionVersion::kAuto;
-  const cudaStream_t s = cuda_internal::AsStream(stream);
-  if (!v2) return LaunchForDType(s, params, key_cache.dtype, num_tokens, head_size, false);
-
-  const int64_t max_partitions = (metadata.max_seq_len + kPartitionSize - 1) / kPartitionSize;
-  if (max_partitions > cuda_internal::kMaxGridYZ) {
-    return cuda_internal::Error(kOp, "metadata.max_seq_len " +
-                                         std::to_string(metadata.max_seq_len) +
-                                         " needs more partitions than one launch takes");
+  params.prefill_tiled = plan.prefill_tiled;
+  if (plan.v2) {
+    // The caller's workspace: tmp_out, then max_logits, then exp_sums (stream-ordered on
+    // ctx.stream, like every use of it).
+    params.max_partitions = static_cast<int>(plan.max_partitions);
+    const size_t parts = static_cast<size_t>(num_tokens * num_heads * plan.max_partitions);
+    params.tmp_out = static_cast<float*>(ctx.workspace);
+    params.max_logits = params.tmp_out + parts * head_size;
+    params.exp_sums = params.max_logits + parts;
   }
-  params.max_partitions = static_cast<int>(max_partitions);
-  // Workspace: tmp_out, then max_logits, then exp_sums; stream-ordered, freed after use.
-  const size_t parts = static_cast<size_t>(num_tokens * num_heads * max_partitions);
-  const size_t bytes = parts * (head_size + 2) * sizeof(float);
-  void* workspace = nullptr;
-  LLM_CUDA_OP_RETURN_IF_ERROR(kOp, cudaMallocAsync(&workspace, bytes, s));
-  params.tmp_out = static_cast<float*>(workspace);
-  params.max_logits = params.tmp_out + parts * head_size;
-  params.exp_sums = params.max_logits + parts;
-  OpStatus status = LaunchForDType(s, params, key_cache.dtype, num_tokens, head_size, true);
-  const cudaError_t free_err = cudaFreeAsync(workspace, s);
-  if (!status.ok()) return status;
-  LLM_CUDA_OP_RETURN_IF_ERROR(kOp, free_err);
-  return OpStatus::Ok();
+  return LaunchForDType(cuda_internal::AsStream(ctx.stream), params, key_cache.dtype, num_tokens,
+                        head_size, plan);
 }
 
 }  // namespace llm::ops::cuda

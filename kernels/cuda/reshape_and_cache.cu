@@ -48,7 +48,7 @@ OpStatus ReshapeAndCache(void* stream, const TensorView& key, const TensorView& 
                          const TensorView& key_cache, const TensorView& value_cache,
                          const TensorView& slot_mapping) {
   constexpr const char* kOp = "ReshapeAndCache";
-  if (OpStatus st = cuda_internal::CheckCurrentDevice(kOp, key_cache.device); !st.ok()) return st;
+  if (OpStatus st = cuda_internal::StartOp(kOp, key_cache.device); !st.ok()) return st;
   const int64_t num_tokens = slot_mapping.shape[0];
   const int64_t num_slots = key_cache.shape[0] * key_cache.shape[1];
   const int64_t slot_stride = key_cache.shape[2] * key_cache.shape[3];

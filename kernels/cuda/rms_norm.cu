@@ -46,7 +46,7 @@ __global__ void FusedAddRmsNormKernel(float* x, float* residual, const float* __
 OpStatus RmsNorm(void* stream, const TensorView& out, const TensorView& x, const TensorView& weight,
                  float eps) {
   constexpr const char* kOp = "RmsNorm";
-  if (OpStatus st = cuda_internal::CheckCurrentDevice(kOp, x.device); !st.ok()) return st;
+  if (OpStatus st = cuda_internal::StartOp(kOp, x.device); !st.ok()) return st;
   const int64_t num_tokens = x.shape[0], hidden = x.shape[1];
   if (num_tokens == 0 || hidden == 0) return OpStatus::Ok();
   const int threads = cuda_internal::RowThreads(hidden > kMaxThreads ? kMaxThreads : hidden);
@@ -59,7 +59,7 @@ OpStatus RmsNorm(void* stream, const TensorView& out, const TensorView& x, const
 OpStatus FusedAddRmsNorm(void* stream, const TensorView& x, const TensorView& residual,
                          const TensorView& weight, float eps) {
   constexpr const char* kOp = "FusedAddRmsNorm";
-  if (OpStatus st = cuda_internal::CheckCurrentDevice(kOp, x.device); !st.ok()) return st;
+  if (OpStatus st = cuda_internal::StartOp(kOp, x.device); !st.ok()) return st;
   const int64_t num_tokens = x.shape[0], hidden = x.shape[1];
   if (num_tokens == 0 || hidden == 0) return OpStatus::Ok();
   const int threads = cuda_internal::RowThreads(hidden > kMaxThreads ? kMaxThreads : hidden);

@@ -49,7 +49,7 @@ __global__ void RotaryKernel(IndexPtr positions, float* __restrict__ query, floa
 OpStatus RotaryEmbedding(void* stream, const TensorView& positions, const TensorView& query,
                          const TensorView& key, std::span<const double> inv_freq, int rotary_dim) {
   constexpr const char* kOp = "RotaryEmbedding";
-  if (OpStatus st = cuda_internal::CheckCurrentDevice(kOp, query.device); !st.ok()) return st;
+  if (OpStatus st = cuda_internal::StartOp(kOp, query.device); !st.ok()) return st;
   const int64_t num_tokens = positions.shape[0];
   const int64_t num_heads = query.shape[1], num_kv_heads = key.shape[1];
   const int64_t head_size = query.shape[2];

@@ -21,7 +21,7 @@ __global__ void SiluAndMulKernel(float* __restrict__ out, const float* __restric
 
 OpStatus SiluAndMul(void* stream, const TensorView& out, const TensorView& x) {
   constexpr const char* kOp = "SiluAndMul";
-  if (OpStatus st = cuda_internal::CheckCurrentDevice(kOp, out.device); !st.ok()) return st;
+  if (OpStatus st = cuda_internal::StartOp(kOp, out.device); !st.ok()) return st;
   const int64_t num_tokens = x.shape[0], inter = x.shape[1] / 2;
   if (num_tokens == 0 || inter == 0) return OpStatus::Ok();
   const int threads = cuda_internal::RowThreads(inter > 512 ? 512 : inter);

@@ -13,7 +13,7 @@ OpStatus SwapBlocks(void* stream, const TensorView& src, const TensorView& dst,
   constexpr const char* kOp = "SwapBlocks";
   // The cuda side's device (src's when both are cuda; a copy to another device is a peer copy).
   const TensorDevice& device = src.device.is_cuda() ? src.device : dst.device;
-  if (OpStatus st = cuda_internal::CheckCurrentDevice(kOp, device); !st.ok()) return st;
+  if (OpStatus st = cuda_internal::StartOp(kOp, device); !st.ok()) return st;
   const size_t block_bytes = static_cast<size_t>(src.shape[1] * src.shape[2] * src.shape[3]) *
                              cuda_internal::ElementSize(src.dtype);
   for (size_t i = 0; i < pairs.size(); ++i) {

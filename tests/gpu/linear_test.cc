@@ -9,6 +9,7 @@
 #include <cublas_v2.h>
 
 #include <random>
+#include <tuple>
 
 #include "gmock/gmock.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -122,6 +123,20 @@ TEST_F(CudaLinear, RunsOnTheContextStream) {
   // The handle keeps the last stream; the next call on the default stream must still work.
   Check(x, w, &b, /*exact=*/false, nullptr);
   cudaStreamDestroy(stream);
+}
+
+// A handle whose math mode allows TF32 (as a caller may set it for other GEMMs) must not lower
+// Linear to TF32: the fp32 tolerance above fails with TF32 products at these sizes.
+TEST_F(CudaLinear, StaysFp32WhenTheHandleAllowsTf32) {
+  std::mt19937 rng(806);
+  ASSERT_EQ(cublasSetMathMode(handle_, CUBLAS_TF32_TENSOR_OP_MATH), CUBLAS_STATUS_SUCCESS);
+  for (const auto& [m, k, n] : {std::tuple<int64_t, int64_t, int64_t>{17, 256, 64},
+                                std::tuple<int64_t, int64_t, int64_t>{64, 1024, 128}}) {
+    SCOPED_TRACE(::testing::Message() << "rows " << m << ", K " << k << ", N " << n);
+    HostTensor x = Random({m, k}, rng);
+    HostTensor w = Random({n, k}, rng);
+    Check(x, w, nullptr, /*exact=*/false);
+  }
 }
 
 // Runs without a device: the handle is checked before any CUDA call.

@@ -20,6 +20,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/device.h"
+#include "kernels/ops.h"
+#include "kernels/tensor.h"
 
 namespace llm {
 namespace {
@@ -159,6 +161,57 @@ TEST_F(NcclOneDevice, WorldSizeOneCollectives) {
       EXPECT_EQ(data.Download(), values);
       EXPECT_TRUE(c.Barrier().ok());
       EXPECT_TRUE(c.AllReduceSum(data.data(), 0).ok());  // nothing to do
+    });
+  }
+  cudaStreamDestroy(stream);
+}
+
+// One stream for the step: an op run on OpContext{stream = comm.stream()} and a collective
+// enqueued right after it, with no synchronization between, see the op's output. (With the
+// op on the legacy default stream and NCCL on its non-blocking stream, the two were unordered:
+// the gather could copy the poison.)
+TEST_F(NcclOneDevice, OpsOnTheCommunicatorsStreamAreOrderedBeforeItsCollectives) {
+  constexpr int64_t kTokens = 64, kHidden = 256, kVocab = 100;
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  {
+    absl::StatusOr<std::unique_ptr<NcclCommunicator>> comm;
+    WithinOrDie("Create(world_size 1)", seconds(60), [&] {
+      comm = NcclCommunicator::Create(MustNewId(), 0, 1, 0, stream, seconds(20));
+    });
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    NcclCommunicator& c = **comm;
+    EXPECT_EQ(c.stream(), static_cast<void*>(stream));
+    WithinOrDie("an op, then a collective, on one stream", seconds(60), [&] {
+      const std::vector<float> table = Iota(kVocab * kHidden, 0.5f);
+      std::vector<int32_t> ids(kTokens);
+      std::vector<float> want;
+      for (int64_t t = 0; t < kTokens; ++t) {
+        ids[t] = static_cast<int32_t>((t * 37) % kVocab);
+        want.insert(want.end(), table.begin() + ids[t] * kHidden,
+                    table.begin() + (ids[t] + 1) * kHidden);
+      }
+      DeviceFloats d_table(table.size()), d_out(kTokens * kHidden), d_gathered(kTokens * kHidden);
+      d_table.Upload(table);
+      int32_t* d_ids = nullptr;
+      ASSERT_EQ(cudaMalloc(&d_ids, kTokens * sizeof(int32_t)), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(d_ids, ids.data(), kTokens * sizeof(int32_t), cudaMemcpyHostToDevice),
+                cudaSuccess);
+      d_out.Poison();  // also waits for the ids' upload
+      d_gathered.Poison();
+      const TensorDevice dev = TensorDevice::Cuda(0);
+      ops::OpContext ctx;
+      ctx.stream = c.stream();
+      const ops::OpStatus s = ops::Embedding(
+          ctx, TensorView::Contiguous(d_out.data(), DType::kF32, {kTokens, kHidden}, dev),
+          TensorView::Contiguous(d_ids, DType::kI32, {kTokens}, dev),
+          TensorView::Contiguous(d_table.data(), DType::kF32, {kVocab, kHidden}, dev));
+      EXPECT_TRUE(s.ok()) << s.message;
+      const absl::Status g = c.AllGather(d_out.data(), kTokens * kHidden, d_gathered.data());
+      EXPECT_TRUE(g.ok()) << g;
+      EXPECT_EQ(d_gathered.Download(), want);
+      cudaFree(d_ids);
     });
   }
   cudaStreamDestroy(stream);

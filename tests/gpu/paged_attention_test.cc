@@ -43,17 +43,65 @@ struct Shape {
 // A batch on the host and its copy on the device.
 struct Batch {
   HostTensor query, key_cache, value_cache, block_tables, seq_lens, query_start_loc;
+  std::vector<int32_t> qsl_host;  // query_start_loc's contents
   int max_seq_len = 0;
   DeviceTensor d_query, d_key_cache, d_value_cache, d_block_tables, d_seq_lens, d_qsl;
 
   AttentionMetadata HostMetadata() const {
     return {block_tables.view(), seq_lens.view(), query_start_loc.view(), max_seq_len};
   }
-  AttentionMetadata DeviceMetadata(int max_seq_len_override = -1) const {
-    return {d_block_tables.view(), d_seq_lens.view(), d_qsl.view(),
-            max_seq_len_override >= 0 ? max_seq_len_override : max_seq_len};
+  // with_host_qsl: also the q_lens on the host (AttentionMetadata::query_start_loc_host), so
+  // that kAuto launches only the kernels the batch needs.
+  AttentionMetadata DeviceMetadata(int max_seq_len_override = -1,
+                                   bool with_host_qsl = false) const {
+    AttentionMetadata md{d_block_tables.view(), d_seq_lens.view(), d_qsl.view(),
+                         max_seq_len_override >= 0 ? max_seq_len_override : max_seq_len};
+    if (with_host_qsl) md.query_start_loc_host = qsl_host;
+    return md;
   }
+  int64_t num_tokens() const { return query.view().shape[0]; }
 };
+
+// OpContext::workspace on cuda:0, poisoned (0xFF) when made. Move-only.
+class DeviceWorkspace {
+ public:
+  explicit DeviceWorkspace(size_t bytes) : bytes_(bytes) {
+    if (bytes_ == 0) return;
+    EXPECT_EQ(cudaMalloc(&data_, bytes_), cudaSuccess);
+    EXPECT_EQ(cudaMemset(data_, 0xFF, bytes_), cudaSuccess);
+  }
+  DeviceWorkspace(const DeviceWorkspace&) = delete;
+  DeviceWorkspace& operator=(const DeviceWorkspace&) = delete;
+  ~DeviceWorkspace() {
+    if (data_ != nullptr) cudaFree(data_);
+  }
+  OpContext Context(cudaStream_t stream = nullptr) const {
+    OpContext ctx;
+    ctx.stream = stream;
+    ctx.workspace = data_;
+    ctx.workspace_bytes = bytes_;
+    return ctx;
+  }
+  // Whether any byte differs from the poison (after the default stream's work).
+  bool Written() const {
+    std::vector<unsigned char> host(bytes_);
+    if (bytes_ > 0) {
+      EXPECT_EQ(cudaMemcpy(host.data(), data_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
+    }
+    return std::any_of(host.begin(), host.end(), [](unsigned char c) { return c != 0xFF; });
+  }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// The workspace v2 needs for `b` (with max_seq_len `max_seq_len`, or the batch's).
+size_t V2WorkspaceBytes(const Batch& b, int max_seq_len = -1) {
+  const auto& q = b.query.view().shape;
+  return cuda::SplitKWorkspaceBytes(q[0], q[1], q[2],
+                                    max_seq_len >= 0 ? max_seq_len : b.max_seq_len);
+}
 
 // cache_dtype f16 or bf16: the host caches (the CPU reference's) hold the values rounded
 // through that dtype, and the device caches hold them in it.
@@ -98,6 +146,7 @@ Batch MakeBatch(const std::vector<SeqSpec>& seqs, const Shape& shape, std::mt199
   b.block_tables = Indices(table, DType::kI32, {num_seqs, max_blocks});
   b.seq_lens = Indices(lens, DType::kI32);
   b.query_start_loc = Indices(qsl, DType::kI32);
+  b.qsl_host.assign(qsl.begin(), qsl.end());
   b.max_seq_len = max_len;
   b.d_query = DeviceTensor(b.query);
   if (cache_dtype == DType::kF32) {
@@ -127,23 +176,33 @@ class CudaPagedAttention : public CudaTest {
     return want;
   }
 
-  // Runs v1, v2 and the dispatcher's choice into a freshly poisoned output each, and compares
-  // each with `want`.
+  // Runs v1, v2 and the dispatcher's choice (without and with the q_lens on the host) into a
+  // freshly poisoned output each, and compares each with `want`. The workspace holds v2 for
+  // the batch, so kAuto splits where it would.
   static void ExpectAllVersionsMatch(const Batch& b, float scale, const HostTensor& want,
                                      int v2_max_seq_len = -1) {
     DeviceTensor out(want);
-    for (const PagedAttentionVersion v :
-         {PagedAttentionVersion::kV1, PagedAttentionVersion::kV2, PagedAttentionVersion::kAuto}) {
-      SCOPED_TRACE(::testing::Message() << "version " << static_cast<int>(v));
+    const DeviceWorkspace workspace(
+        std::max(V2WorkspaceBytes(b, v2_max_seq_len), V2WorkspaceBytes(b)));
+    const OpContext ctx = workspace.Context();
+    struct Case {
+      PagedAttentionVersion version;
+      bool host_qsl;
+    };
+    for (const Case c :
+         {Case{PagedAttentionVersion::kV1, false}, Case{PagedAttentionVersion::kV2, false},
+          Case{PagedAttentionVersion::kAuto, false}, Case{PagedAttentionVersion::kAuto, true}}) {
+      SCOPED_TRACE(::testing::Message() << "version " << static_cast<int>(c.version)
+                                        << (c.host_qsl ? ", q_lens on the host" : ""));
       out.Poison();
       OpStatus s;
-      if (v == PagedAttentionVersion::kAuto) {
-        s = PagedAttention({}, out.view(), b.d_query.view(), b.d_key_cache.view(),
-                           b.d_value_cache.view(), b.DeviceMetadata(), scale);
+      if (c.version == PagedAttentionVersion::kAuto) {
+        s = PagedAttention(ctx, out.view(), b.d_query.view(), b.d_key_cache.view(),
+                           b.d_value_cache.view(), b.DeviceMetadata(-1, c.host_qsl), scale);
       } else {
-        s = cuda::PagedAttention(nullptr, out.view(), b.d_query.view(), b.d_key_cache.view(),
+        s = cuda::PagedAttention(ctx, out.view(), b.d_query.view(), b.d_key_cache.view(),
                                  b.d_value_cache.view(), b.DeviceMetadata(v2_max_seq_len), scale,
-                                 v);
+                                 c.version);
       }
       ASSERT_TRUE(s.ok()) << s.message;
       ASSERT_EQ(Sync(), "");
@@ -241,9 +300,10 @@ TEST_F(CudaPagedAttention, V2NeedsMaxSeqLenAndOtherHeadSizesAreRejected) {
   std::mt19937 rng(605);
   const Batch b = MakeBatch({{1, 20}}, {4, 1, 64, 16}, rng);
   DeviceTensor out(Poisoned({1, 4, 64}));
-  EXPECT_EQ(cuda::PagedAttention(nullptr, out.view(), b.d_query.view(), b.d_key_cache.view(),
-                                 b.d_value_cache.view(), b.DeviceMetadata(0), 0.125f,
-                                 PagedAttentionVersion::kV2)
+  const DeviceWorkspace workspace(V2WorkspaceBytes(b, 8192));
+  EXPECT_EQ(cuda::PagedAttention(workspace.Context(), out.view(), b.d_query.view(),
+                                 b.d_key_cache.view(), b.d_value_cache.view(), b.DeviceMetadata(0),
+                                 0.125f, PagedAttentionVersion::kV2)
                 .message,
             "PagedAttention: v2 needs metadata.max_seq_len > 0 to size its grid");
   // Unknown max_seq_len: the dispatcher runs v1.
@@ -262,6 +322,52 @@ TEST_F(CudaPagedAttention, V2NeedsMaxSeqLenAndOtherHeadSizesAreRejected) {
             "PagedAttention: the CUDA kernels take head sizes 64 and 128, got 96");
 }
 
+// A NaN key and value at a position of a prefill chunk (an unwritten or poisoned slot): the
+// rows before it do not attend to it and must match the CPU op, in every version. The tiled
+// prefill kernel loads K and V tiles shared by 16 rows, so the rows before the poisoned
+// position see it in their tile, masked; multiplying its value by the masked weight (0 x NaN)
+// made them NaN.
+TEST_F(CudaPagedAttention, NanAtAMaskedPositionDoesNotReachTheRowsBeforeIt) {
+  std::mt19937 rng(608);
+  const Shape shape{8, 2, 64, 16};
+  // Sequence 0: 15 rows after 32 cached (positions 32..46); sequence 1: a decode row.
+  Batch b = MakeBatch({{15, 47}, {1, 40}}, shape, rng);
+  const float scale = 0.125f;
+  const HostTensor want = Reference(b, scale);  // on the clean caches
+  constexpr int64_t kPoisonedPos = 40;          // row j of sequence 0 sits at 32 + j
+  const int64_t slot_numel = shape.num_kv_heads * shape.head_size;
+  const int64_t block = b.block_tables.data<int32_t>()[kPoisonedPos / shape.block_size];
+  const int64_t slot = block * shape.block_size + kPoisonedPos % shape.block_size;
+  for (int64_t i = 0; i < slot_numel; ++i) {
+    b.key_cache.data<float>()[slot * slot_numel + i] = NAN;
+    b.value_cache.data<float>()[slot * slot_numel + i] = NAN;
+  }
+  b.d_key_cache = DeviceTensor(b.key_cache);
+  b.d_value_cache = DeviceTensor(b.value_cache);
+  // Rows 0..7 of sequence 0 (positions 32..39) and sequence 1's row (t = 15) are unaffected.
+  const int64_t row = shape.num_heads * shape.head_size;
+  std::vector<int64_t> clean_rows = {0, 1, 2, 3, 4, 5, 6, 7, 15};
+  DeviceTensor out(want);
+  const DeviceWorkspace workspace(V2WorkspaceBytes(b));
+  for (const PagedAttentionVersion v :
+       {PagedAttentionVersion::kV1, PagedAttentionVersion::kV2, PagedAttentionVersion::kAuto}) {
+    SCOPED_TRACE(::testing::Message() << "version " << static_cast<int>(v));
+    out.Poison();
+    ASSERT_TRUE(cuda::PagedAttention(workspace.Context(), out.view(), b.d_query.view(),
+                                     b.d_key_cache.view(), b.d_value_cache.view(),
+                                     b.DeviceMetadata(), scale, v)
+                    .ok());
+    ASSERT_EQ(Sync(), "");
+    const HostTensor got = out.Download();
+    for (const int64_t t : clean_rows) {
+      SCOPED_TRACE(::testing::Message() << "row " << t);
+      const float* w = want.data<float>() + t * row;
+      EXPECT_TRUE(gpu_testing::AllClose(got.data<float>() + t * row,
+                                        std::vector<double>(w, w + row), kAtol, kRtol));
+    }
+  }
+}
+
 // A block id outside the cache (the CPU op reports it; the device cannot without a
 // synchronization) gives NaN rows for its sequence only; the other sequence is right.
 TEST_F(CudaPagedAttention, BadBlockIdGivesNanRowsOfItsSequenceOnly) {
@@ -274,10 +380,12 @@ TEST_F(CudaPagedAttention, BadBlockIdGivesNanRowsOfItsSequenceOnly) {
   b.block_tables.data<int32_t>()[0 * max_blocks + 1] = 1 << 20;  // sequence 0, block 1
   b.d_block_tables = DeviceTensor(b.block_tables);
   DeviceTensor out(want);
+  const DeviceWorkspace workspace(V2WorkspaceBytes(b));
   for (const PagedAttentionVersion v : {PagedAttentionVersion::kV1, PagedAttentionVersion::kV2}) {
     out.Poison();
-    ASSERT_TRUE(cuda::PagedAttention(nullptr, out.view(), b.d_query.view(), b.d_key_cache.view(),
-                                     b.d_value_cache.view(), b.DeviceMetadata(), scale, v)
+    ASSERT_TRUE(cuda::PagedAttention(workspace.Context(), out.view(), b.d_query.view(),
+                                     b.d_key_cache.view(), b.d_value_cache.view(),
+                                     b.DeviceMetadata(), scale, v)
                     .ok());
     ASSERT_EQ(Sync(), "");
     const HostTensor got = out.Download();
@@ -288,6 +396,132 @@ TEST_F(CudaPagedAttention, BadBlockIdGivesNanRowsOfItsSequenceOnly) {
                   kAtol + kRtol * std::abs(want.data<float>()[i]));
     }
   }
+}
+
+// v2 runs in the caller's workspace (OpContext::workspace) instead of allocating one per call:
+// kV2 writes its partials there, says how much it needs when given too little, and kAuto with
+// the workspace sized by ops::PagedAttentionWorkspaceBytes splits a long context in it.
+TEST_F(CudaPagedAttention, V2RunsInTheCallersWorkspace) {
+  std::mt19937 rng(609);
+  const Shape shape{8, 2, 64, 16};
+  const Batch b = MakeBatch({{1, 1300}, {1, 40}}, shape, rng);  // T * Hq = 16: kAuto splits
+  const float scale = 0.125f;
+  const HostTensor want = Reference(b, scale);
+  DeviceTensor out(want);
+
+  const DeviceWorkspace small(V2WorkspaceBytes(b) - 4);
+  out.Poison();
+  EXPECT_EQ(cuda::PagedAttention(small.Context(), out.view(), b.d_query.view(),
+                                 b.d_key_cache.view(), b.d_value_cache.view(), b.DeviceMetadata(),
+                                 scale, PagedAttentionVersion::kV2)
+                .message,
+            "PagedAttention: v2 needs a workspace of " + std::to_string(V2WorkspaceBytes(b)) +
+                " bytes (OpContext::workspace), got " + std::to_string(V2WorkspaceBytes(b) - 4));
+  // kAuto with too little workspace runs v1 instead, and leaves the workspace alone.
+  ASSERT_TRUE(PagedAttention(small.Context(), out.view(), b.d_query.view(), b.d_key_cache.view(),
+                             b.d_value_cache.view(), b.DeviceMetadata(), scale)
+                  .ok());
+  ASSERT_EQ(Sync(), "");
+  EXPECT_TRUE(Close(out.Download(), want, kAtol, kRtol));
+  EXPECT_FALSE(small.Written());
+
+  for (const PagedAttentionVersion v : {PagedAttentionVersion::kV2, PagedAttentionVersion::kAuto}) {
+    SCOPED_TRACE(::testing::Message() << "version " << static_cast<int>(v));
+    const DeviceWorkspace workspace(
+        v == PagedAttentionVersion::kV2
+            ? V2WorkspaceBytes(b)
+            : PagedAttentionWorkspaceBytes(/*max_num_tokens=*/2, shape.num_heads, shape.head_size,
+                                           /*max_model_len=*/2048));
+    out.Poison();
+    ASSERT_TRUE(cuda::PagedAttention(workspace.Context(), out.view(), b.d_query.view(),
+                                     b.d_key_cache.view(), b.d_value_cache.view(),
+                                     b.DeviceMetadata(), scale, v)
+                    .ok());
+    ASSERT_EQ(Sync(), "");
+    EXPECT_TRUE(Close(out.Download(), want, kAtol, kRtol));
+    EXPECT_TRUE(workspace.Written());
+  }
+}
+
+// With the q_lens on the host, kAuto launches only the kernels the batch has rows for: the row
+// kernel for decode rows, the tiled prefill kernel (over exactly the tiles of the chunks) for
+// prefill chunks. Counted as kernel nodes of a CUDA graph captured from the op's stream, then
+// replayed and compared with the CPU op. Without the host q_lens both kernels run.
+TEST_F(CudaPagedAttention, LaunchesOnlyTheKernelsTheBatchNeeds) {
+  std::mt19937 rng(610);
+  const Shape shape{8, 2, 64, 16};
+  const float scale = 0.125f;
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  struct Case {
+    std::vector<SeqSpec> seqs;
+    bool host_qsl;
+    size_t kernels;
+  };
+  const Case cases[] = {
+      {{{1, 40}, {1, 300}, {1, 7}}, true, 1},             // decode only: v1
+      {{{1, 40}, {1, 300}, {1, 7}}, false, 2},            // ... q_lens unknown: v1 + prefill
+      {{{17, 17}, {15, 47}, {0, 9}}, true, 1},            // prefill only: the tiled kernel
+      {{{1, 40}, {33, 100}, {1, 5}, {16, 16}}, true, 2},  // mixed: both
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << c.seqs.size() << " sequences, first q_len "
+                                      << c.seqs[0].q_len << (c.host_qsl ? ", host q_lens" : ""));
+    const Batch b = MakeBatch(c.seqs, shape, rng);
+    const HostTensor want = Reference(b, scale);
+    DeviceTensor out(want);
+    out.Poison();
+    ASSERT_EQ(Sync(), "");  // the uploads and the poison ran on the legacy default stream
+    OpContext ctx;
+    ctx.stream = stream;
+    cudaGraph_t graph = nullptr;
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    const OpStatus s =
+        PagedAttention(ctx, out.view(), b.d_query.view(), b.d_key_cache.view(),
+                       b.d_value_cache.view(), b.DeviceMetadata(-1, c.host_qsl), scale);
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    ASSERT_TRUE(s.ok()) << s.message;
+    size_t num_nodes = 0;
+    ASSERT_EQ(cudaGraphGetNodes(graph, nullptr, &num_nodes), cudaSuccess);
+    std::vector<cudaGraphNode_t> nodes(num_nodes);
+    ASSERT_EQ(cudaGraphGetNodes(graph, nodes.data(), &num_nodes), cudaSuccess);
+    size_t kernels = 0;
+    for (cudaGraphNode_t node : nodes) {
+      cudaGraphNodeType type{};
+      ASSERT_EQ(cudaGraphNodeGetType(node, &type), cudaSuccess);
+      if (type == cudaGraphNodeTypeKernel) ++kernels;
+    }
+    EXPECT_EQ(kernels, c.kernels);
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_TRUE(Close(out.Download(), want, kAtol, kRtol));
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  cudaStreamDestroy(stream);
+}
+
+// The host q_lens must describe the device tensor: a wrong count or a decreasing one is an
+// error (checked on the host, for free), not rows left unwritten.
+TEST_F(CudaPagedAttention, InconsistentHostQueryStartLocIsAnError) {
+  std::mt19937 rng(611);
+  const Batch b = MakeBatch({{1, 20}, {3, 30}}, {4, 1, 64, 16}, rng);
+  DeviceTensor out(Poisoned({4, 4, 64}));
+  AttentionMetadata md = b.DeviceMetadata();
+  const std::vector<int32_t> short_qsl = {0, 4};
+  md.query_start_loc_host = short_qsl;
+  EXPECT_EQ(PagedAttention({}, out.view(), b.d_query.view(), b.d_key_cache.view(),
+                           b.d_value_cache.view(), md, 0.125f)
+                .message,
+            "PagedAttention: metadata.query_start_loc_host: expected 3 entries (or none), got 2");
+  const std::vector<int32_t> decreasing = {0, 5, 4};
+  md.query_start_loc_host = decreasing;
+  EXPECT_EQ(PagedAttention({}, out.view(), b.d_query.view(), b.d_key_cache.view(),
+                           b.d_value_cache.view(), md, 0.125f)
+                .message,
+            "PagedAttention: query_start_loc_host decreases at sequence 1 (5 then 4)");
 }
 
 }  // namespace

@@ -63,5 +63,24 @@ TEST_F(CudaRmsNorm, FusedAddMatchesCpuOnBothOutputs) {
   }
 }
 
+// An earlier, unrelated CUDA call's error (a failed cudaMalloc, already returned to its
+// caller and left as the thread's last error) is not this op's: the op runs and reports its
+// own success. The launch check used to pick it up with cudaGetLastError and fail the op.
+TEST_F(CudaRmsNorm, AnEarlierCallsErrorIsNotReportedByTheLaunch) {
+  std::mt19937 rng(203);
+  HostTensor weight = Random({64}, rng, 0.5f, 1.5f);
+  HostTensor x = Random({17, 64}, rng);
+  HostTensor want = Poisoned({17, 64});
+  ASSERT_TRUE(RmsNorm({}, want.view(), x.view(), weight.view(), kEps).ok());
+  DeviceTensor d_weight(weight), d_x(x), d_out(want);
+  d_out.Poison();
+  void* p = nullptr;
+  ASSERT_NE(cudaMalloc(&p, size_t{1} << 62), cudaSuccess);  // 4 EiB: out of memory
+  const OpStatus s = RmsNorm({}, d_out.view(), d_x.view(), d_weight.view(), kEps);
+  EXPECT_TRUE(s.ok()) << s.message;
+  ASSERT_EQ(Sync(), "");
+  EXPECT_TRUE(Close(d_out.Download(), want, kAtol, kRtol));
+}
+
 }  // namespace
 }  // namespace llm::ops

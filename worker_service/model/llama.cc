@@ -214,7 +214,10 @@ absl::Status LlamaModel::AllReduce(const TensorView& t) {
 
 absl::Status LlamaModel::Forward(const ForwardInput& in, std::span<const LayerKvCache> caches,
                                  HostTensor* logits) {
-  const ops::OpContext ctx;
+  // The ops run on the communicator's stream (null for host communicators and for world size
+  // 1 without one): one ordered stream for kernels, copies and collectives.
+  ops::OpContext ctx;
+  ctx.stream = comm_ != nullptr ? comm_->stream() : nullptr;
   const int64_t t = static_cast<int64_t>(in.token_ids.size());
   const int64_t s = static_cast<int64_t>(in.seq_lens.size());
   const int64_t h = config_.hidden_size, d = config_.head_dim;

@@ -43,6 +43,13 @@ class Communicator {
 
   // Returns once every rank has entered the barrier.
   virtual absl::Status Barrier() = 0;
+
+  // The device stream the collectives are enqueued on (a cudaStream_t), or null for host
+  // communicators. A GPU worker has ONE stream for its step: it passes this one as
+  // OpContext::stream to every op (kernels, cache copies) of the model, so that kernels, copies
+  // and collectives are a single ordered sequence (a collective reads what the kernels before
+  // it wrote, with no event or synchronization between them).
+  virtual void* stream() const { return nullptr; }
 };
 
 // The argument checks every implementation makes: INVALID_ARGUMENT unless 0 <= rank <

@@ -238,6 +238,8 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<Impl> impl, int rank, int wor
 
 NcclCommunicator::~NcclCommunicator() = default;
 
+void* NcclCommunicator::stream() const { return impl_->stream; }
+
 absl::Status NcclCommunicator::AllReduceSum(float* data, size_t count) {
   constexpr const char* kWhat = "NCCL AllReduceSum";
   if (count == 0) return absl::OkStatus();  // every rank passes the same count

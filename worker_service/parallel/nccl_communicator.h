@@ -6,10 +6,11 @@
 //
 // Buffers are DEVICE pointers on this communicator's device (Communicator's float* are host
 // pointers for Gloo): each collective checks that, and fails with INVALID_ARGUMENT otherwise.
-// Collectives are enqueued on the stream given to Create() (the compute stream, so they are
-// ordered after the kernels that produced their inputs) and then waited for: a call returns
-// once the stream has drained, i.e. the collective and everything enqueued before it on that
-// stream are done. That wait is what gives each call a deadline: the communicator runs in
+// Collectives are enqueued on the stream given to Create(), which stream() returns: the
+// worker's one stream, which its ops run on too (OpContext::stream = stream()), so that the
+// collectives are ordered after the kernels that produced their inputs and then waited for: a call
+// returns once the stream has drained, i.e. the collective and everything enqueued before it on
+// that stream are done. That wait is what gives each call a deadline: the communicator runs in
 // NCCL's non-blocking mode (ncclConfig_t.blocking = 0), and Create() and every collective poll
 // ncclCommGetAsyncError and cudaStreamQuery until done, an error, or the timeout. On an error
 // or the timeout the communicator is aborted (ncclCommAbort, which also stops the collective's
@@ -68,6 +69,8 @@ class NcclCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
   int device() const { return device_; }
+  // The stream given to Create(): the worker's one stream (see Communicator::stream).
+  void* stream() const override;
 
   // As Communicator, with device pointers; each waits for the stream (see the top).
   absl::Status AllReduceSum(float* data, size_t count) override;

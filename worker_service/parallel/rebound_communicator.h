@@ -41,6 +41,8 @@ class ReboundCommunicator : public Communicator {
   absl::Status AllGather(const float* in, size_t count, float* out) override;
   absl::Status Broadcast(float* data, size_t count, int root) override;
   absl::Status Barrier() override;
+  // The bound communicator's stream; null while none is bound.
+  void* stream() const override { return inner_ != nullptr ? inner_->stream() : nullptr; }
 
  private:
   const int rank_;

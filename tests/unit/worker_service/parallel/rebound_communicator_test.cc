@@ -97,6 +97,32 @@ TEST(ReboundCommunicator, ForwardsToTheBoundCommunicatorAndItsErrors) {
   EXPECT_EQ(destroyed, 0);
 }
 
+// A GPU worker's ops run on its communicator's stream; through the rebound front it is the bound
+// communicator's, and null while none is bound.
+TEST(ReboundCommunicator, ForwardsTheBoundCommunicatorsStream) {
+  class StreamCommunicator : public TaggingCommunicator {
+   public:
+    StreamCommunicator(void* stream, int* destroyed)
+        : TaggingCommunicator(0.0f, destroyed), stream_(stream) {}
+    void* stream() const override { return stream_; }
+
+   private:
+    void* const stream_;
+  };
+  int destroyed = 0;
+  int stream_a = 0, stream_b = 0;  // any distinct addresses stand for two streams
+  ReboundCommunicator rebound(1, 2);
+  EXPECT_EQ(rebound.stream(), nullptr);
+  rebound.Rebind(std::make_unique<StreamCommunicator>(&stream_a, &destroyed));
+  EXPECT_EQ(rebound.stream(), &stream_a);
+  rebound.Rebind(std::make_unique<StreamCommunicator>(&stream_b, &destroyed));
+  EXPECT_EQ(rebound.stream(), &stream_b);
+  rebound.Rebind(std::make_unique<TaggingCommunicator>(1.0f, &destroyed));
+  EXPECT_EQ(rebound.stream(), nullptr);  // a host communicator
+  rebound.Rebind(nullptr);
+  EXPECT_EQ(rebound.stream(), nullptr);
+}
+
 TEST(ReboundCommunicator, RebindReplacesAndDestroysTheOldGroup) {
   int destroyed = 0;
   ReboundCommunicator comm(1, 2);
