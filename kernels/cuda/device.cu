@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace llm::cuda {
 namespace {
@@ -54,7 +55,7 @@ std::string SelfTest(int ordinal) {
   std::string err = ErrorMessage(cudaMemset(d_out, 0xFF, kN * sizeof(int)), "cudaMemset", __FILE__,
                                  __LINE__);  // poison: -1 everywhere
   if (err.empty()) {
-    SelfTestKernel<<<(kN + 255) / 256, 256>>>(d_out, kN);
+    Launch(SelfTestKernel, (kN + 255) / 256, 256, 0, nullptr, d_out, kN);
     err = ErrorMessage(cudaGetLastError(), "SelfTestKernel launch", __FILE__, __LINE__);
   }
   std::vector<int> out(kN);

@@ -390,20 +390,24 @@ OpStatus Launch(cudaStream_t stream, const Params& params, int64_t num_tokens, b
   const dim3 grid(static_cast<unsigned>(num_tokens), static_cast<unsigned>(params.num_heads),
                   v2 ? static_cast<unsigned>(params.max_partitions) : 1u);
   if (!v2) {
-    PagedAttentionKernel<CacheT, kHeadSize, false><<<grid, kThreads, 0, stream>>>(params);
+    ::llm::cuda::Launch(PagedAttentionKernel<CacheT, kHeadSize, false>, grid, kThreads, 0, stream,
+                        params);
     LLM_CUDA_OP_CHECK_LAUNCH(kOp);
   } else {
-    PagedAttentionKernel<CacheT, kHeadSize, true><<<grid, kThreads, 0, stream>>>(params);
+    ::llm::cuda::Launch(PagedAttentionKernel<CacheT, kHeadSize, true>, grid, kThreads, 0, stream,
+                        params);
     LLM_CUDA_OP_CHECK_LAUNCH(kOp);
     const dim3 reduce_grid(grid.x, grid.y);
-    PagedAttentionReduceKernel<kHeadSize><<<reduce_grid, kThreads, 0, stream>>>(params);
+    ::llm::cuda::Launch(PagedAttentionReduceKernel<kHeadSize>, reduce_grid, kThreads, 0, stream,
+                        params);
     LLM_CUDA_OP_CHECK_LAUNCH(kOp);
   }
   if (params.prefill_tiled) {
     // At most ceil(q_len / kTileQ) <= q_len / kTileQ + 1 tiles per sequence.
     const int64_t tiles = (num_tokens + kTileQ - 1) / kTileQ + params.num_seqs;
     const dim3 tile_grid(static_cast<unsigned>(tiles), grid.y);
-    PrefillAttentionKernel<CacheT, kHeadSize><<<tile_grid, kThreads, 0, stream>>>(params);
+    ::llm::cuda::Launch(PrefillAttentionKernel<CacheT, kHeadSize>, tile_grid, kThreads, 0, stream,
+                        params);
     LLM_CUDA_OP_CHECK_LAUNCH(kOp);
   }
   return OpStatus::Ok();
