@@ -97,7 +97,8 @@ std::string Site(const std::source_location& where) {
 }
 
 bool SameSite(const std::source_location& a, const std::source_location& b) {
-  return a.line() == b.line() && std::strcmp(a.file_name(), b.file_name()) == 0;
+  return a.line() == b.line() &&
+         (a.file_name() == b.file_name() || std::strcmp(a.file_name(), b.file_name()) == 0);
 }
 
 const char* OpName(WarpOp op) {
@@ -426,15 +427,18 @@ uint64_t WarpCollective(WarpOp op, unsigned mask, uint64_t value, int arg, int w
                         const std::source_location& where) {
   Block* b = CurrentBlock(OpName(op));
   Fiber* f = t_fiber;
-  const std::string what = std::string(OpName(op)) + " at " + Site(where) + " (mask " + Hex(mask) +
-                           ", lane " + std::to_string(f->lane) + ")";
-  if (!(mask >> f->lane & 1u)) Fault(what + ": the mask does not name the calling lane");
+  // The message is built only on a fault: this is the hot path of every shuffle.
+  auto what = [&] {
+    return std::string(OpName(op)) + " at " + Site(where) + " (mask " + Hex(mask) + ", lane " +
+           std::to_string(f->lane) + ")";
+  };
+  if (!(mask >> f->lane & 1u)) Fault(what() + ": the mask does not name the calling lane");
   if (width < 1 || width > 32 || (width & (width - 1)) != 0) {
-    Fault(what + ": width " + std::to_string(width) + " is not a power of 2 in [1, 32]");
+    Fault(what() + ": width " + std::to_string(width) + " is not a power of 2 in [1, 32]");
   }
-  if (mask & ~b->valid_lanes[f->warp]) Fault(what + ": the mask names lanes the block lacks");
+  if (mask & ~b->valid_lanes[f->warp]) Fault(what() + ": the mask names lanes the block lacks");
   if (mask & b->exited_lanes[f->warp]) {
-    Fault(what + ": the mask names exited lanes " + Hex(mask & b->exited_lanes[f->warp]));
+    Fault(what() + ": the mask names exited lanes " + Hex(mask & b->exited_lanes[f->warp]));
   }
   std::vector<PendingCollective>& pending = b->pending[f->warp];
   PendingCollective* p = nullptr;
@@ -442,7 +446,7 @@ uint64_t WarpCollective(WarpOp op, unsigned mask, uint64_t value, int arg, int w
     if (q.mask == mask) {
       p = &q;
     } else if (q.mask & mask) {
-      Fault(what + ": overlaps " + OpName(q.op) + " at " + Site(q.where) + " with mask " +
+      Fault(what() + ": overlaps " + OpName(q.op) + " at " + Site(q.where) + " with mask " +
             Hex(q.mask));
     }
   }
@@ -450,7 +454,7 @@ uint64_t WarpCollective(WarpOp op, unsigned mask, uint64_t value, int arg, int w
     pending.push_back(PendingCollective{op, mask, 0, width, where, {}, {}});
     p = &pending.back();
   } else if (p->op != op) {
-    Fault(what + ": other lanes of the mask wait in " + OpName(p->op) + " at " + Site(p->where));
+    Fault(what() + ": other lanes of the mask wait in " + OpName(p->op) + " at " + Site(p->where));
   }
   p->value[f->lane] = value;
   p->arg[f->lane] = arg;
