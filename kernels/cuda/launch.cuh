@@ -29,7 +29,10 @@ void Launch(void (*kernel)(Params...), ::llm::cuda_emu::GridArg grid, dim3 block
 template <typename... Params, typename... Args>
 void Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
             cudaStream_t stream, Args&&... args) {
-  kernel<<<grid, block, shared_bytes, stream> > >(std::forward<Args>(args)...);
+  // clang-format formats a .cuh as C++ and would split the >>>.
+  // clang-format off
+  kernel<<<grid, block, shared_bytes, stream>>>(std::forward<Args>(args)...);
+  // clang-format on
 }
 #endif
 
