@@ -11,7 +11,8 @@ CMAKE_ARGS ?=
 DEB_PACKAGES := build-essential cmake ninja-build pkg-config ccache \
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev libabsl-dev \
   libgoogle-glog-dev libgflags-dev libgtest-dev libgmock-dev libbenchmark-dev \
-  libopenblas-dev libgloo-dev nlohmann-json3-dev libpcre2-dev libxxhash-dev libyaml-dev
+  libopenblas-dev libgloo-dev nlohmann-json3-dev libpcre2-dev libxxhash-dev libyaml-dev \
+  libboost-context-dev
 
 # tests/deploy/check_manifests.py (the deployment manifests checked against the binaries).
 DEB_PACKAGES += python3-yaml

@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace llm::cuda {
 namespace {
@@ -77,7 +78,7 @@ std::string SelfTest(int ordinal) {
   // the launch reports the launch's own.
   cudaGetLastError();
   if (err.empty()) {
-    SelfTestKernel<<<(kN + 255) / 256, 256>>>(d_out, kN);
+    Launch(SelfTestKernel, (kN + 255) / 256, 256, 0, nullptr, d_out, kN);
     err = ErrorMessage(cudaGetLastError(), "SelfTestKernel launch", __FILE__, __LINE__);
   }
   std::vector<int> out(kN);

@@ -34,10 +34,10 @@ OpStatus Embedding(void* stream, const TensorView& out, const TensorView& token_
   const int64_t vocab = table.shape[0], hidden = table.shape[1];
   if (num_tokens == 0 || hidden == 0) return OpStatus::Ok();
   const int threads = cuda_internal::RowThreads(hidden > 256 ? 256 : hidden);
-  EmbeddingKernel<<<static_cast<unsigned>(num_tokens), threads, 0,
-                    cuda_internal::AsStream(stream)>>>(out.data_as<float>(),
-                                                       cuda_internal::AsIndex(token_ids),
-                                                       table.data_as<const float>(), vocab, hidden);
+  ::llm::cuda::Launch(EmbeddingKernel, static_cast<unsigned>(num_tokens), threads, 0,
+                      cuda_internal::AsStream(stream), out.data_as<float>(),
+                      cuda_internal::AsIndex(token_ids), table.data_as<const float>(), vocab,
+                      hidden);
   LLM_CUDA_OP_CHECK_LAUNCH(kOp);
   return OpStatus::Ok();
 }

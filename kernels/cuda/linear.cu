@@ -59,8 +59,8 @@ OpStatus Linear(void* stream, void* blas_handle, const TensorView& out, const Te
   float* o = out.data_as<float>();
   if (bias.present()) {
     const int threads = cuda_internal::RowThreads(n > 256 ? 256 : n);
-    BroadcastBiasKernel<<<static_cast<unsigned>(m), threads, 0, s>>>(o, bias.data_as<const float>(),
-                                                                     n);
+    ::llm::cuda::Launch(BroadcastBiasKernel, static_cast<unsigned>(m), threads, 0, s, o,
+                        bias.data_as<const float>(), n);
     LLM_CUDA_OP_CHECK_LAUNCH(kOp);
   }
   if (k == 0) {

@@ -401,19 +401,23 @@ OpStatus Launch(cudaStream_t stream, const Params& params, int64_t num_tokens,
   if (!plan.rows) {
     // No decode rows (kAuto, q_lens known): nothing for the row kernels.
   } else if (!v2) {
-    PagedAttentionKernel<CacheT, kHeadSize, false><<<grid, kThreads, 0, stream>>>(params);
+    ::llm::cuda::Launch(PagedAttentionKernel<CacheT, kHeadSize, false>, grid, kThreads, 0, stream,
+                        params);
     LLM_CUDA_OP_CHECK_LAUNCH(kOp);
   } else {
-    PagedAttentionKernel<CacheT, kHeadSize, true><<<grid, kThreads, 0, stream>>>(params);
+    ::llm::cuda::Launch(PagedAttentionKernel<CacheT, kHeadSize, true>, grid, kThreads, 0, stream,
+                        params);
     LLM_CUDA_OP_CHECK_LAUNCH(kOp);
     const dim3 reduce_grid(grid.x, grid.y);
-    PagedAttentionReduceKernel<kHeadSize><<<reduce_grid, kThreads, 0, stream>>>(params);
+    ::llm::cuda::Launch(PagedAttentionReduceKernel<kHeadSize>, reduce_grid, kThreads, 0, stream,
+                        params);
     LLM_CUDA_OP_CHECK_LAUNCH(kOp);
   }
   if (plan.prefill_tiles > 0) {
     const int64_t tiles = plan.prefill_tiles;
     const dim3 tile_grid(static_cast<unsigned>(tiles), grid.y);
-    PrefillAttentionKernel<CacheT, kHeadSize><<<tile_grid, kThreads, 0, stream>>>(params);
+    ::llm::cuda::Launch(PrefillAttentionKernel<CacheT, kHeadSize>, tile_grid, kThreads, 0, stream,
+                        params);
     LLM_CUDA_OP_CHECK_LAUNCH(kOp);
   }
   return OpStatus::Ok();

@@ -35,11 +35,10 @@ void Launch(cudaStream_t stream, const TensorView& key, const TensorView& value,
             const TensorView& key_cache, const TensorView& value_cache,
             const TensorView& slot_mapping, int64_t num_slots, int64_t slot_stride) {
   const int threads = cuda_internal::RowThreads(slot_stride > 512 ? 512 : slot_stride);
-  ReshapeAndCacheKernel<CacheT>
-      <<<static_cast<unsigned>(slot_mapping.shape[0]), threads, 0, stream>>>(
-          key.data_as<const float>(), value.data_as<const float>(), key_cache.data_as<CacheT>(),
-          value_cache.data_as<CacheT>(), cuda_internal::AsIndex(slot_mapping), num_slots,
-          slot_stride);
+  ::llm::cuda::Launch(ReshapeAndCacheKernel<CacheT>, static_cast<unsigned>(slot_mapping.shape[0]),
+                      threads, 0, stream, key.data_as<const float>(), value.data_as<const float>(),
+                      key_cache.data_as<CacheT>(), value_cache.data_as<CacheT>(),
+                      cuda_internal::AsIndex(slot_mapping), num_slots, slot_stride);
 }
 
 }  // namespace

@@ -50,8 +50,9 @@ OpStatus RmsNorm(void* stream, const TensorView& out, const TensorView& x, const
   const int64_t num_tokens = x.shape[0], hidden = x.shape[1];
   if (num_tokens == 0 || hidden == 0) return OpStatus::Ok();
   const int threads = cuda_internal::RowThreads(hidden > kMaxThreads ? kMaxThreads : hidden);
-  RmsNormKernel<<<static_cast<unsigned>(num_tokens), threads, 0, cuda_internal::AsStream(stream)>>>(
-      out.data_as<float>(), x.data_as<const float>(), weight.data_as<const float>(), hidden, eps);
+  ::llm::cuda::Launch(RmsNormKernel, static_cast<unsigned>(num_tokens), threads, 0,
+                      cuda_internal::AsStream(stream), out.data_as<float>(),
+                      x.data_as<const float>(), weight.data_as<const float>(), hidden, eps);
   LLM_CUDA_OP_CHECK_LAUNCH(kOp);
   return OpStatus::Ok();
 }
@@ -63,9 +64,9 @@ OpStatus FusedAddRmsNorm(void* stream, const TensorView& x, const TensorView& re
   const int64_t num_tokens = x.shape[0], hidden = x.shape[1];
   if (num_tokens == 0 || hidden == 0) return OpStatus::Ok();
   const int threads = cuda_internal::RowThreads(hidden > kMaxThreads ? kMaxThreads : hidden);
-  FusedAddRmsNormKernel<<<static_cast<unsigned>(num_tokens), threads, 0,
-                          cuda_internal::AsStream(stream)>>>(
-      x.data_as<float>(), residual.data_as<float>(), weight.data_as<const float>(), hidden, eps);
+  ::llm::cuda::Launch(FusedAddRmsNormKernel, static_cast<unsigned>(num_tokens), threads, 0,
+                      cuda_internal::AsStream(stream), x.data_as<float>(),
+                      residual.data_as<float>(), weight.data_as<const float>(), hidden, eps);
   LLM_CUDA_OP_CHECK_LAUNCH(kOp);
   return OpStatus::Ok();
 }

@@ -62,9 +62,10 @@ OpStatus RotaryEmbedding(void* stream, const TensorView& positions, const Tensor
   if (num_tokens == 0 || num_heads + num_kv_heads == 0) return OpStatus::Ok();
   InvFreq freq{};
   std::memcpy(freq.v, inv_freq.data(), half * sizeof(double));
-  RotaryKernel<<<static_cast<unsigned>(num_tokens), 128, 0, cuda_internal::AsStream(stream)>>>(
-      cuda_internal::AsIndex(positions), query.data_as<float>(), key.data_as<float>(), freq, half,
-      num_heads, num_kv_heads, head_size);
+  ::llm::cuda::Launch(RotaryKernel, static_cast<unsigned>(num_tokens), 128, 0,
+                      cuda_internal::AsStream(stream), cuda_internal::AsIndex(positions),
+                      query.data_as<float>(), key.data_as<float>(), freq, half, num_heads,
+                      num_kv_heads, head_size);
   LLM_CUDA_OP_CHECK_LAUNCH(kOp);
   return OpStatus::Ok();
 }

@@ -25,9 +25,9 @@ OpStatus SiluAndMul(void* stream, const TensorView& out, const TensorView& x) {
   const int64_t num_tokens = x.shape[0], inter = x.shape[1] / 2;
   if (num_tokens == 0 || inter == 0) return OpStatus::Ok();
   const int threads = cuda_internal::RowThreads(inter > 512 ? 512 : inter);
-  SiluAndMulKernel<<<static_cast<unsigned>(num_tokens), threads, 0,
-                     cuda_internal::AsStream(stream)>>>(out.data_as<float>(),
-                                                        x.data_as<const float>(), inter);
+  ::llm::cuda::Launch(SiluAndMulKernel, static_cast<unsigned>(num_tokens), threads, 0,
+                      cuda_internal::AsStream(stream), out.data_as<float>(),
+                      x.data_as<const float>(), inter);
   LLM_CUDA_OP_CHECK_LAUNCH(kOp);
   return OpStatus::Ok();
 }

@@ -1,0 +1,151 @@
+// Emulated CUDA runtime (LLM_CUDA_EMU): the subset of cuda_runtime_api.h this project calls,
+// with a GPU's discipline on the CPU.
+//
+// - Devices: LLM_CUDA_EMU_DEVICES (default 2) H100-like devices (132 SMs, compute capability
+//   9.0); LLM_CUDA_EMU_MEMORY_BYTES sets each one's memory (default 80 GiB), so out-of-memory
+//   paths are testable. The current device is per host thread, as in CUDA.
+// - Device memory: one mmap'ed arena per device, PROT_NONE except while a kernel or a copy
+//   runs, so host code that dereferences a device pointer dies with "host code dereferenced
+//   device pointer 0x... (emulated CUDA)".
+// - Streams are lazy: work queued on a stream runs only when something forces it (a stream,
+//   event or device synchronization, an event or stream query, a blocking copy to pageable
+//   host memory, cudaFree), in stream order, honouring cudaStreamWaitEvent and the legacy
+//   default stream's implicit ordering with blocking streams. A missing synchronization is
+//   therefore observable: pinned host memory read before the sync still holds the old bytes.
+// - Errors: a failing call returns its error and records it for cudaGetLastError /
+//   cudaPeekAtLastError; a kernel fault (a barrier only part of a block reaches, a shuffle
+//   naming an exited lane) is sticky on its device, as on a GPU: every later call returns it
+//   until cudaDeviceReset. cudaGetErrorString of it names the kernel and the source line.
+//
+// Not emulated (calls fail to compile, since they are not declared): graphs and capture,
+// dynamic shared memory, peer access, managed memory, the per-thread default stream.
+// Thread-safety: every call may be made from any host thread (one lock serializes them).
+#ifndef LLM_KERNELS_CUDA_EMU_RUNTIME_H_
+#define LLM_KERNELS_CUDA_EMU_RUNTIME_H_
+
+#include <cstddef>
+
+enum cudaError_t {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorInitializationError = 3,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorInvalidDevicePointer = 17,
+  cudaErrorInvalidMemcpyDirection = 21,
+  cudaErrorNoDevice = 100,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorInvalidResourceHandle = 400,
+  cudaErrorNotReady = 600,
+  cudaErrorIllegalAddress = 700,
+  cudaErrorLaunchFailure = 719,
+  cudaErrorNotSupported = 801,
+  cudaErrorUnknown = 999,
+};
+using cudaError = cudaError_t;
+
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+  cudaMemcpyDefault = 4,
+};
+
+struct CUstream_st;
+struct CUevent_st;
+using cudaStream_t = CUstream_st*;
+using cudaEvent_t = CUevent_st*;
+
+#define cudaStreamLegacy (reinterpret_cast<cudaStream_t>(0x1))
+inline constexpr unsigned cudaStreamDefault = 0x0;
+inline constexpr unsigned cudaStreamNonBlocking = 0x1;
+inline constexpr unsigned cudaEventDefault = 0x0;
+inline constexpr unsigned cudaEventBlockingSync = 0x1;
+inline constexpr unsigned cudaEventDisableTiming = 0x2;
+inline constexpr unsigned cudaHostAllocDefault = 0x0;
+inline constexpr unsigned cudaHostAllocPortable = 0x1;
+inline constexpr unsigned cudaHostAllocMapped = 0x2;
+inline constexpr unsigned cudaHostRegisterDefault = 0x0;
+
+struct cudaDeviceProp {
+  char name[256];
+  size_t totalGlobalMem;
+  size_t sharedMemPerBlock;
+  int regsPerBlock;
+  int warpSize;
+  int maxThreadsPerBlock;
+  int maxThreadsDim[3];
+  int maxGridSize[3];
+  int major;
+  int minor;
+  int multiProcessorCount;
+  int maxThreadsPerMultiProcessor;
+  size_t sharedMemPerMultiprocessor;
+  int memoryBusWidth;
+  int l2CacheSize;
+};
+
+cudaError_t cudaGetDeviceCount(int* count);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetDevice(int* device);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
+cudaError_t cudaDeviceSynchronize();
+cudaError_t cudaDeviceReset();
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total);
+
+cudaError_t cudaGetLastError();
+cudaError_t cudaPeekAtLastError();
+const char* cudaGetErrorString(cudaError_t error);
+const char* cudaGetErrorName(cudaError_t error);
+
+cudaError_t cudaMalloc(void** ptr, size_t size);
+cudaError_t cudaFree(void* ptr);
+cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t stream);
+cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream);
+cudaError_t cudaMallocHost(void** ptr, size_t size);
+cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned flags);
+cudaError_t cudaFreeHost(void* ptr);
+cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned flags);
+cudaError_t cudaHostUnregister(void* ptr);
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
+                            cudaStream_t stream = nullptr);
+cudaError_t cudaMemset(void* ptr, int value, size_t count);
+cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream = nullptr);
+
+cudaError_t cudaStreamCreate(cudaStream_t* stream);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaStreamQuery(cudaStream_t stream);
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags = 0);
+
+cudaError_t cudaEventCreate(cudaEvent_t* event);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = nullptr);
+cudaError_t cudaEventQuery(cudaEvent_t event);
+cudaError_t cudaEventSynchronize(cudaEvent_t event);
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
+
+// The typed overloads of cuda_runtime.h.
+template <typename T>
+cudaError_t cudaMalloc(T** ptr, size_t size) {
+  return cudaMalloc(reinterpret_cast<void**>(ptr), size);
+}
+template <typename T>
+cudaError_t cudaMallocAsync(T** ptr, size_t size, cudaStream_t stream) {
+  return cudaMallocAsync(reinterpret_cast<void**>(ptr), size, stream);
+}
+template <typename T>
+cudaError_t cudaMallocHost(T** ptr, size_t size) {
+  return cudaMallocHost(reinterpret_cast<void**>(ptr), size);
+}
+template <typename T>
+cudaError_t cudaHostAlloc(T** ptr, size_t size, unsigned flags) {
+  return cudaHostAlloc(reinterpret_cast<void**>(ptr), size, flags);
+}
+
+#endif  // LLM_KERNELS_CUDA_EMU_RUNTIME_H_
