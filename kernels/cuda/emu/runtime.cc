@@ -32,8 +32,26 @@ struct Task {
   std::vector<std::pair<CUstream_st*, uint64_t>> deps;
 };
 
+// A captured operation: what it is, and the work it queues when the graph is launched.
+struct CUgraphNode_st {
+  cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
+  std::function<cudaError_t()> run;
+};
+
+struct CUgraph_st {
+  int device = 0;
+  std::vector<std::unique_ptr<CUgraphNode_st>> nodes;  // in capture order
+};
+
+struct CUgraphExec_st {
+  int device = 0;
+  std::vector<CUgraphNode_st> nodes;  // a copy: the graph may be destroyed before a launch
+};
+
 struct CUstream_st {
   int device = 0;
+  CUgraph_st* capture = nullptr;  // capturing into it (cudaStreamBeginCapture)
+  bool capture_invalidated = false;
   bool blocking = true;  // synchronizes with the legacy default stream
   bool legacy = false;
   bool destroyed = false;
@@ -144,6 +162,12 @@ std::vector<Device>& Devices() {
 cudaError_t Fail(cudaError_t e) {
   if (e != cudaSuccess) t_last_error = e;
   return e;
+}
+
+// A call a capture cannot record: the capture is invalidated (EndCapture then fails).
+cudaError_t InvalidateCapture(CUstream_st* s) {
+  s->capture_invalidated = true;
+  return Fail(cudaErrorStreamCaptureUnsupported);
 }
 
 Device& Current() { return Devices()[t_device]; }
@@ -273,8 +297,15 @@ void DrainDevice(Device& d) {
   for (CUstream_st* s : d.streams) Drain(s);
 }
 
-// Queues `run` on `s` with the legacy default stream's implicit ordering.
-void Enqueue(CUstream_st* s, std::function<cudaError_t()> run) {
+// Queues `run` on `s` with the legacy default stream's implicit ordering; on a capturing stream,
+// records it as a node of type `type` instead.
+void Enqueue(CUstream_st* s, std::function<cudaError_t()> run,
+             cudaGraphNodeType type = cudaGraphNodeTypeEmpty) {
+  if (s->capture != nullptr) {
+    s->capture->nodes.push_back(
+        std::make_unique<CUgraphNode_st>(CUgraphNode_st{type, std::move(run)}));
+    return;
+  }
   Device& d = (*g_devices)[s->device];
   Task task{std::move(run), {}};
   if (s->legacy) {
@@ -338,6 +369,15 @@ cudaError_t Copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, CUst
     std::memmove(dst, src, n);
     return cudaSuccess;
   };
+  if (s->capture != nullptr) {
+    // Only an asynchronous copy that needs no host staging can become a graph node.
+    const bool async = !sync && kind != cudaMemcpyHostToHost &&
+                       (kind != cudaMemcpyHostToDevice || IsPinned(src, n)) &&
+                       (kind != cudaMemcpyDeviceToHost || IsPinned(dst, n));
+    if (!async) return InvalidateCapture(s);
+    Enqueue(s, copy, cudaGraphNodeTypeMemcpy);
+    return cudaSuccess;
+  }
   switch (kind) {
     case cudaMemcpyHostToDevice:
       if (IsPinned(src, n)) {
@@ -402,6 +442,12 @@ const char* ErrorText(cudaError_t e) {
       return "unspecified launch failure";
     case cudaErrorNotSupported:
       return "operation not supported";
+    case cudaErrorIllegalState:
+      return "operation not valid in the stream's capture state";
+    case cudaErrorStreamCaptureUnsupported:
+      return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated:
+      return "operation failed due to a previous error during capture";
     default:
       return "unknown error";
   }
@@ -428,20 +474,23 @@ void EnqueueKernel(const void* kernel, const GridArg& grid, dim3 block, size_t s
   auto launch = std::make_shared<GridLaunch>(
       GridLaunch{KernelName(kernel, grid), g, block, std::move(body), ++g_launches});
   const int device = s->device;
-  Enqueue(s, [launch, device] {
-    std::string fault;
-    {
-      DeviceAccess access;
-      fault = RunGrid(*launch);
-    }
-    if (fault.empty()) return cudaSuccess;
-    const std::string message =
-        "unspecified launch failure (emulated CUDA, cuda:" + std::to_string(device) +
-        ", schedule seed " + std::to_string(ScheduleSeed()) + "): " + fault;
-    std::fprintf(stderr, "%s\n", message.c_str());
-    *g_fault = message;
-    return cudaErrorLaunchFailure;
-  });
+  Enqueue(
+      s,
+      [launch, device] {
+        std::string fault;
+        {
+          DeviceAccess access;
+          fault = RunGrid(*launch);
+        }
+        if (fault.empty()) return cudaSuccess;
+        const std::string message =
+            "unspecified launch failure (emulated CUDA, cuda:" + std::to_string(device) +
+            ", schedule seed " + std::to_string(ScheduleSeed()) + "): " + fault;
+        std::fprintf(stderr, "%s\n", message.c_str());
+        *g_fault = message;
+        return cudaErrorLaunchFailure;
+      },
+      cudaGraphNodeTypeKernel);
 }
 
 const char* LastFaultMessage() {
@@ -599,6 +648,7 @@ cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
   CUstream_st* s = Resolve(stream);
   if (s->destroyed) return Fail(cudaErrorInvalidResourceHandle);
   if (ptr == nullptr) return cudaSuccess;
+  if (s->capture != nullptr) return InvalidateCapture(s);
   Device* d = DeviceOf(ptr, 0);
   const uintptr_t a = reinterpret_cast<uintptr_t>(ptr);
   if (d == nullptr || !d->allocations.contains(a)) return Fail(cudaErrorInvalidValue);
@@ -669,11 +719,14 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t str
   if (count == 0) return cudaSuccess;
   if (DeviceOf(ptr, count) == nullptr) return Fail(cudaErrorInvalidValue);
   if ((*g_devices)[s->device].sticky != cudaSuccess) return (*g_devices)[s->device].sticky;
-  Enqueue(s, [ptr, value, count] {
-    DeviceAccess access;
-    std::memset(ptr, value, count);
-    return cudaSuccess;
-  });
+  Enqueue(
+      s,
+      [ptr, value, count] {
+        DeviceAccess access;
+        std::memset(ptr, value, count);
+        return cudaSuccess;
+      },
+      cudaGraphNodeTypeMemset);
   return cudaSuccess;
 }
 
@@ -711,6 +764,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   EMU_LOCK;
   CUstream_st* s = Resolve(stream);
   if (s->destroyed) return Fail(cudaErrorInvalidResourceHandle);
+  if (s->capture != nullptr) return InvalidateCapture(s);
   Drain(s);
   return (*g_devices)[s->device].sticky;
 }
@@ -721,6 +775,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   EMU_LOCK;
   CUstream_st* s = Resolve(stream);
   if (s->destroyed || event == nullptr) return Fail(cudaErrorInvalidResourceHandle);
+  if (s->capture != nullptr) return InvalidateCapture(s);
   if (event->record == nullptr) return cudaSuccess;  // never recorded: nothing to wait for
   std::shared_ptr<EventRecord> rec = event->record;
   Device& d = (*g_devices)[s->device];
@@ -752,6 +807,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   EMU_LOCK;
   CUstream_st* s = Resolve(stream);
   if (s->destroyed || event == nullptr) return Fail(cudaErrorInvalidResourceHandle);
+  if (s->capture != nullptr) return InvalidateCapture(s);
   auto rec = std::make_shared<EventRecord>();
   rec->stream = s;
   Enqueue(s, [rec] {
@@ -784,5 +840,96 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   const EventRecord &a = *start->record, &b = *end->record;
   if (a.stream->done < a.seq || b.stream->done < b.seq) return Fail(cudaErrorNotReady);
   *ms = static_cast<float>(b.ms - a.ms);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
+  EMU_LOCK;
+  // The legacy default stream cannot be captured (it synchronizes with every blocking stream).
+  if (stream == nullptr || stream == cudaStreamLegacy) {
+    return Fail(cudaErrorStreamCaptureUnsupported);
+  }
+  if (stream->destroyed) return Fail(cudaErrorInvalidResourceHandle);
+  if (stream->capture != nullptr) return Fail(cudaErrorIllegalState);
+  stream->capture = new CUgraph_st{stream->device, {}};
+  stream->capture_invalidated = false;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  EMU_LOCK;
+  if (stream == nullptr || stream == cudaStreamLegacy || stream->destroyed || graph == nullptr) {
+    return Fail(cudaErrorInvalidValue);
+  }
+  if (stream->capture == nullptr) return Fail(cudaErrorIllegalState);
+  std::unique_ptr<CUgraph_st> captured(stream->capture);
+  stream->capture = nullptr;
+  if (stream->capture_invalidated) {
+    *graph = nullptr;
+    return Fail(cudaErrorStreamCaptureInvalidated);
+  }
+  *graph = captured.release();
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  EMU_LOCK;
+  if (status == nullptr) return Fail(cudaErrorInvalidValue);
+  CUstream_st* s = Resolve(stream);
+  *status = s->capture == nullptr    ? cudaStreamCaptureStatusNone
+            : s->capture_invalidated ? cudaStreamCaptureStatusInvalidated
+                                     : cudaStreamCaptureStatusActive;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t* nodes, size_t* num_nodes) {
+  EMU_LOCK;
+  if (graph == nullptr || num_nodes == nullptr) return Fail(cudaErrorInvalidValue);
+  if (nodes == nullptr) {
+    *num_nodes = graph->nodes.size();
+    return cudaSuccess;
+  }
+  const size_t n = std::min(*num_nodes, graph->nodes.size());
+  for (size_t i = 0; i < n; ++i) nodes[i] = graph->nodes[i].get();
+  *num_nodes = n;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphNodeGetType(cudaGraphNode_t node, cudaGraphNodeType* type) {
+  EMU_LOCK;
+  if (node == nullptr || type == nullptr) return Fail(cudaErrorInvalidValue);
+  *type = node->type;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  EMU_LOCK;
+  if (exec == nullptr || graph == nullptr) return Fail(cudaErrorInvalidValue);
+  auto* e = new CUgraphExec_st{graph->device, {}};
+  for (const auto& node : graph->nodes) e->nodes.push_back(*node);
+  *exec = e;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  EMU_LOCK;
+  if (exec == nullptr) return Fail(cudaErrorInvalidValue);
+  CUstream_st* s = Resolve(stream);
+  if (s->destroyed || s->device != exec->device) return Fail(cudaErrorInvalidResourceHandle);
+  Device& d = (*g_devices)[s->device];
+  if (d.sticky != cudaSuccess) return d.sticky;
+  for (const CUgraphNode_st& node : exec->nodes) Enqueue(s, node.run, node.type);
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  EMU_LOCK;
+  delete exec;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  EMU_LOCK;
+  delete graph;
   return cudaSuccess;
 }

@@ -17,8 +17,14 @@
 //   naming an exited lane) is sticky on its device, as on a GPU: every later call returns it
 //   until cudaDeviceReset. cudaGetErrorString of it names the kernel and the source line.
 //
-// Not emulated (calls fail to compile, since they are not declared): graphs and capture,
-// dynamic shared memory, peer access, managed memory, the per-thread default stream.
+// - Graphs: stream capture records the kernels, async copies and memsets queued on a stream
+//   (cudaStreamBeginCapture .. cudaStreamEndCapture) as the nodes of a graph, in order, and
+//   cudaGraphLaunch queues them again on a stream. Capture supports one stream: a synchronizing
+//   call, an event record or wait, or a free on a capturing stream fails with
+//   cudaErrorStreamCaptureUnsupported and invalidates the capture.
+//
+// Not emulated (calls fail to compile, since they are not declared): dynamic shared memory,
+// peer access, managed memory, the per-thread default stream, graphs built node by node.
 // Thread-safety: every call may be made from any host thread (one lock serializes them).
 #ifndef LLM_KERNELS_CUDA_EMU_RUNTIME_H_
 #define LLM_KERNELS_CUDA_EMU_RUNTIME_H_
@@ -36,10 +42,13 @@ enum cudaError_t {
   cudaErrorNoDevice = 100,
   cudaErrorInvalidDevice = 101,
   cudaErrorInvalidResourceHandle = 400,
+  cudaErrorIllegalState = 401,
   cudaErrorNotReady = 600,
   cudaErrorIllegalAddress = 700,
   cudaErrorLaunchFailure = 719,
   cudaErrorNotSupported = 801,
+  cudaErrorStreamCaptureUnsupported = 900,
+  cudaErrorStreamCaptureInvalidated = 901,
   cudaErrorUnknown = 999,
 };
 using cudaError = cudaError_t;
@@ -56,6 +65,31 @@ struct CUstream_st;
 struct CUevent_st;
 using cudaStream_t = CUstream_st*;
 using cudaEvent_t = CUevent_st*;
+struct CUgraph_st;
+struct CUgraphNode_st;
+struct CUgraphExec_st;
+using cudaGraph_t = CUgraph_st*;
+using cudaGraphNode_t = CUgraphNode_st*;
+using cudaGraphExec_t = CUgraphExec_st*;
+
+enum cudaStreamCaptureMode {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1,
+  cudaStreamCaptureModeRelaxed = 2,
+};
+enum cudaStreamCaptureStatus {
+  cudaStreamCaptureStatusNone = 0,
+  cudaStreamCaptureStatusActive = 1,
+  cudaStreamCaptureStatusInvalidated = 2,
+};
+enum cudaGraphNodeType {
+  cudaGraphNodeTypeKernel = 0x00,
+  cudaGraphNodeTypeMemcpy = 0x01,
+  cudaGraphNodeTypeMemset = 0x02,
+  cudaGraphNodeTypeHost = 0x03,
+  cudaGraphNodeTypeGraph = 0x04,
+  cudaGraphNodeTypeEmpty = 0x05,
+};
 
 #define cudaStreamLegacy (reinterpret_cast<cudaStream_t>(0x1))
 inline constexpr unsigned cudaStreamDefault = 0x0;
@@ -121,6 +155,17 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 cudaError_t cudaStreamQuery(cudaStream_t stream);
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags = 0);
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status);
+cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t* nodes, size_t* num_nodes);
+cudaError_t cudaGraphNodeGetType(cudaGraphNode_t node, cudaGraphNodeType* type);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph,
+                                 unsigned long long flags = 0);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
 
 cudaError_t cudaEventCreate(cudaEvent_t* event);
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags);

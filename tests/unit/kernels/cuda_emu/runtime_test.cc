@@ -74,6 +74,85 @@ TEST_F(EmuRuntimeTest, MissingStreamSyncIsObservable) {
   cudaStreamDestroy(stream);
 }
 
+// Stream capture records a kernel, a memset and copies as a graph's nodes without running them;
+// each launch of the graph runs them again, in order, on the launch stream.
+TEST_F(EmuRuntimeTest, CapturedWorkRunsOnlyWhenTheGraphIsLaunched) {
+  constexpr int kN = 256;
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  int *a = nullptr, *b = nullptr, *h = nullptr;
+  ASSERT_EQ(cudaMalloc(&a, kN * sizeof(int)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&b, kN * sizeof(int)), cudaSuccess);
+  ASSERT_EQ(cudaMallocHost(&h, kN * sizeof(int)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(b, 0, kN * sizeof(int)), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(a, 0xff, kN * sizeof(int), stream), cudaSuccess);
+  cuda::Launch(FillKernel, (kN + 127) / 128, 128, 0, stream, a, kN / 2, 5);
+  ASSERT_EQ(cudaMemcpyAsync(b, a, kN * sizeof(int), cudaMemcpyDeviceToDevice, stream), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(h, b, kN * sizeof(int), cudaMemcpyDeviceToHost, stream), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+
+  size_t num_nodes = 0;
+  ASSERT_EQ(cudaGraphGetNodes(graph, nullptr, &num_nodes), cudaSuccess);
+  ASSERT_EQ(num_nodes, 4u);
+  std::vector<cudaGraphNode_t> nodes(num_nodes);
+  ASSERT_EQ(cudaGraphGetNodes(graph, nodes.data(), &num_nodes), cudaSuccess);
+  std::vector<cudaGraphNodeType> types;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    ASSERT_EQ(cudaGraphNodeGetType(node, &type), cudaSuccess);
+    types.push_back(type);
+  }
+  EXPECT_EQ(types,
+            (std::vector<cudaGraphNodeType>{cudaGraphNodeTypeMemset, cudaGraphNodeTypeKernel,
+                                            cudaGraphNodeTypeMemcpy, cudaGraphNodeTypeMemcpy}));
+  // Captured, not run: b still holds its zeros.
+  ASSERT_EQ(cudaMemcpy(h, b, kN * sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(h[0], 0);
+
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);  // the executable graph keeps its nodes
+  for (int launch = 0; launch < 2; ++launch) {
+    for (int i = 0; i < kN; ++i) h[i] = 9;
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    EXPECT_EQ(h[0], 9);  // launched, not yet synchronized
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(h[0], 5) << "launch " << launch;
+    EXPECT_EQ(h[kN / 2 - 1], 5);
+    EXPECT_EQ(h[kN / 2], -1);  // the memset's 0xff bytes
+  }
+  cudaGraphExecDestroy(exec);
+  cudaFreeHost(h);
+  cudaFree(b);
+  cudaFree(a);
+  cudaStreamDestroy(stream);
+}
+
+// What a capture cannot record fails, and the capture with it; the legacy stream is not
+// capturable.
+TEST_F(EmuRuntimeTest, ASynchronizingCallInvalidatesTheCapture) {
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  EXPECT_EQ(cudaStreamBeginCapture(nullptr, cudaStreamCaptureModeGlobal),
+            cudaErrorStreamCaptureUnsupported);
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  cudaStreamCaptureStatus status{};
+  ASSERT_EQ(cudaStreamIsCapturing(stream, &status), cudaSuccess);
+  EXPECT_EQ(status, cudaStreamCaptureStatusActive);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaErrorStreamCaptureUnsupported);
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaErrorStreamCaptureInvalidated);
+  EXPECT_EQ(graph, nullptr);
+  ASSERT_EQ(cudaStreamIsCapturing(stream, &status), cudaSuccess);
+  EXPECT_EQ(status, cudaStreamCaptureStatusNone);
+  cudaGetLastError();
+  cudaStreamDestroy(stream);
+}
+
 // Two non-blocking streams: the consumer sees the producer's write only through an event.
 TEST_F(EmuRuntimeTest, CrossStreamDependencyNeedsAnEvent) {
   cudaStream_t producer, consumer;
