@@ -1,10 +1,12 @@
-# llm_add_test(NAME name SOURCES ... [LIBS ...] [LABEL unit|integration|gpu])
-# One GoogleTest binary whose cases are registered with ctest under the given label.
+# llm_add_test(NAME name SOURCES ... [LIBS ...] [LABEL unit|integration|gpu|...] [PREFIX p])
+# One GoogleTest binary whose cases are registered with ctest under the given label. PREFIX goes
+# before each case's ctest name: the same sources built twice (tests/gpu on a device and under
+# the CUDA emulation) must not register the same names, or their labels merge.
 enable_testing()
 include(GoogleTest)
 
 function(llm_add_test)
-  cmake_parse_arguments(T "" "NAME;LABEL" "SOURCES;LIBS" ${ARGN})
+  cmake_parse_arguments(T "" "NAME;LABEL;PREFIX" "SOURCES;LIBS" ${ARGN})
   if(NOT T_LABEL)
     set(T_LABEL unit)
   endif()
@@ -13,5 +15,6 @@ function(llm_add_test)
   # Committed test data (models, tokenizers, fixtures) is read from the source tree.
   target_compile_definitions(${T_NAME} PRIVATE
                              LLM_TEST_DATA_DIR="${PROJECT_SOURCE_DIR}/tests/data")
-  gtest_discover_tests(${T_NAME} PROPERTIES LABELS ${T_LABEL} DISCOVERY_TIMEOUT 60)
+  gtest_discover_tests(${T_NAME} TEST_PREFIX "${T_PREFIX}" PROPERTIES LABELS ${T_LABEL}
+                       DISCOVERY_TIMEOUT 60)
 endfunction()
