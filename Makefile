@@ -16,6 +16,8 @@ DEB_PACKAGES := build-essential cmake ninja-build pkg-config ccache \
 
 # tests/deploy/check_manifests.py (the deployment manifests checked against the binaries).
 DEB_PACKAGES += python3-yaml
+# tests/sass (tools/cuda/sass_report.py pip-installs PyPI's CUDA disassembler into the build).
+DEB_PACKAGES += python3-pip
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
