@@ -30,6 +30,7 @@ struct Stream;
 struct Task {
   std::function<cudaError_t()> run;
   std::vector<std::pair<CUstream_st*, uint64_t>> deps;
+  std::shared_ptr<llm::cuda_emu::StreamGate> gate;  // null: runs once its deps have
 };
 
 // A captured operation: what it is, and the work it queues when the graph is launched.
@@ -96,6 +97,22 @@ std::string* g_fault = nullptr;  // the last kernel fault's message
 uint64_t g_launches = 0;
 std::map<uintptr_t, size_t>* g_pinned = nullptr;
 thread_local int t_device = 0;
+thread_local int t_lock_depth = 0;  // how many times this thread holds g_mu
+
+// Holds g_mu and counts it, so that a wait at a closed gate can release it (Force).
+class Locked {
+ public:
+  Locked() {
+    g_mu.lock();
+    ++t_lock_depth;
+  }
+  ~Locked() {
+    --t_lock_depth;
+    g_mu.unlock();
+  }
+  Locked(const Locked&) = delete;
+  Locked& operator=(const Locked&) = delete;
+};
 thread_local cudaError_t t_last_error = cudaSuccess;
 
 std::mutex g_prot_mu;  // the arenas' protection
@@ -273,41 +290,63 @@ CUstream_st* Resolve(cudaStream_t s) {
   return s;
 }
 
-void Force(CUstream_st* s, uint64_t upto);
-
-// Runs every task of `s` queued so far.
-void Drain(CUstream_st* s) { Force(s, s->enqueued); }
-
-void Force(CUstream_st* s, uint64_t upto) {
+// Runs the tasks of `s` up to its `upto`th, in order, and returns true; at a closed gate
+// (EnqueueHostWork) it returns false if !wait, and otherwise waits for the gate with g_mu
+// released (so that the thread that opens it can run the runtime), which lets other threads
+// run and queue work meanwhile: hence every step re-reads the queue.
+bool Force(CUstream_st* s, uint64_t upto, bool wait = true) {
   Device& d = (*g_devices)[s->device];
   while (s->done < upto) {
-    Task task = std::move(s->queue.front());
+    const std::vector<std::pair<CUstream_st*, uint64_t>> deps = s->queue.front().deps;
+    for (const auto& [dep, seq] : deps) {
+      if (!Force(dep, seq, wait)) return false;
+    }
+    if (s->done >= upto) break;
+    Task& head = s->queue.front();
+    bool deps_done = true;
+    for (const auto& [dep, seq] : head.deps) deps_done = deps_done && dep->done >= seq;
+    if (!deps_done) continue;
+    if (head.gate != nullptr && !head.gate->Open()) {
+      if (!wait) return false;
+      const std::shared_ptr<StreamGate> gate = head.gate;
+      const int depth = t_lock_depth;
+      for (int i = 0; i < depth; ++i) g_mu.unlock();
+      gate->Wait();
+      for (int i = 0; i < depth; ++i) g_mu.lock();
+      continue;
+    }
+    Task task = std::move(head);
     s->queue.pop_front();
-    for (const auto& [dep, seq] : task.deps) Force(dep, seq);
     if (d.sticky == cudaSuccess) {
       const cudaError_t e = task.run();
       if (e != cudaSuccess) d.sticky = e;
     }
     ++s->done;
   }
+  return true;
 }
+
+// Runs every task of `s` queued so far.
+void Drain(CUstream_st* s) { Force(s, s->enqueued); }
 
 void DrainDevice(Device& d) {
   Drain(d.legacy);
-  for (CUstream_st* s : d.streams) Drain(s);
+  const std::vector<CUstream_st*> streams = d.streams;  // Force may let others create streams
+  for (CUstream_st* s : streams) Drain(s);
 }
 
 // Queues `run` on `s` with the legacy default stream's implicit ordering; on a capturing stream,
 // records it as a node of type `type` instead.
 void Enqueue(CUstream_st* s, std::function<cudaError_t()> run,
-             cudaGraphNodeType type = cudaGraphNodeTypeEmpty) {
+             cudaGraphNodeType type = cudaGraphNodeTypeEmpty,
+             std::shared_ptr<StreamGate> gate = nullptr) {
   if (s->capture != nullptr) {
     s->capture->nodes.push_back(
         std::make_unique<CUgraphNode_st>(CUgraphNode_st{type, std::move(run)}));
     return;
   }
   Device& d = (*g_devices)[s->device];
-  Task task{std::move(run), {}};
+  Task task{std::move(run), {}, std::move(gate)};
   if (s->legacy) {
     for (CUstream_st* other : d.streams) {
       if (other->blocking) task.deps.emplace_back(other, other->enqueued);
@@ -457,7 +496,7 @@ const char* ErrorText(cudaError_t e) {
 
 void EnqueueKernel(const void* kernel, const GridArg& grid, dim3 block, size_t shared_bytes,
                    cudaStream_t stream, std::function<void()> body) {
-  std::lock_guard<std::recursive_mutex> lock(g_mu);
+  Locked lock;
   CUstream_st* s = Resolve(stream);
   if (s->destroyed || s->device != t_device) {
     Fail(cudaErrorInvalidResourceHandle);
@@ -493,8 +532,31 @@ void EnqueueKernel(const void* kernel, const GridArg& grid, dim3 block, size_t s
       cudaGraphNodeTypeKernel);
 }
 
+cudaError_t EnqueueHostWork(int device, cudaStream_t stream, std::function<cudaError_t()> run,
+                            std::shared_ptr<StreamGate> gate) {
+  Locked lock;
+  InitLocked();
+  if (device < 0 || device >= static_cast<int>(Devices().size())) {
+    return Fail(cudaErrorInvalidDevice);
+  }
+  CUstream_st* s =
+      stream == nullptr || stream == cudaStreamLegacy ? Devices()[device].legacy : stream;
+  if (s->destroyed || s->device != device) return Fail(cudaErrorInvalidResourceHandle);
+  if (s->capture != nullptr) return InvalidateCapture(s);
+  Device& d = Devices()[device];
+  if (d.sticky != cudaSuccess) return d.sticky;
+  Enqueue(
+      s,
+      [run = std::move(run)] {
+        DeviceAccess access;
+        return run();
+      },
+      cudaGraphNodeTypeHost, std::move(gate));
+  return cudaSuccess;
+}
+
 const char* LastFaultMessage() {
-  std::lock_guard<std::recursive_mutex> lock(g_mu);
+  Locked lock;
   InitLocked();
   return g_fault->c_str();
 }
@@ -503,8 +565,8 @@ const char* LastFaultMessage() {
 
 using namespace llm::cuda_emu;  // NOLINT: the C API below is global, as CUDA's
 
-#define EMU_LOCK                                    \
-  std::lock_guard<std::recursive_mutex> lock(g_mu); \
+#define EMU_LOCK \
+  Locked lock;   \
   InitLocked()
 
 cudaError_t cudaGetDeviceCount(int* count) {
@@ -699,6 +761,29 @@ cudaError_t cudaHostUnregister(void* ptr) {
   return cudaSuccess;
 }
 
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* ptr) {
+  EMU_LOCK;
+  if (attributes == nullptr) return Fail(cudaErrorInvalidValue);
+  *attributes = cudaPointerAttributes{};
+  attributes->device = -2;
+  if (InArena(ptr)) {
+    Device* d = DeviceOf(ptr, 0);
+    if (d == nullptr) return Fail(cudaErrorInvalidValue);  // arena, but no live allocation
+    attributes->type = cudaMemoryTypeDevice;
+    attributes->device = d->ordinal;
+    attributes->devicePointer = const_cast<void*>(ptr);
+  } else if (ptr != nullptr && IsPinned(ptr, 0)) {
+    attributes->type = cudaMemoryTypeHost;
+    attributes->device = t_device;
+    attributes->hostPointer = const_cast<void*>(ptr);
+    attributes->devicePointer = const_cast<void*>(ptr);
+  } else {
+    attributes->type = cudaMemoryTypeUnregistered;
+    attributes->hostPointer = const_cast<void*>(ptr);
+  }
+  return cudaSuccess;
+}
+
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
   EMU_LOCK;
   return Copy(dst, src, count, kind, Current().legacy, /*sync=*/true);
@@ -769,7 +854,16 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   return (*g_devices)[s->device].sticky;
 }
 
-cudaError_t cudaStreamQuery(cudaStream_t stream) { return cudaStreamSynchronize(stream); }
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  EMU_LOCK;
+  CUstream_st* s = Resolve(stream);
+  if (s->destroyed) return Fail(cudaErrorInvalidResourceHandle);
+  if (s->capture != nullptr) return InvalidateCapture(s);
+  // Runs what can run; work behind a closed gate (a collective waiting for its peers) is not
+  // done yet.
+  if (!Force(s, s->enqueued, /*wait=*/false)) return cudaErrorNotReady;
+  return (*g_devices)[s->device].sticky;
+}
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
   EMU_LOCK;
@@ -827,7 +921,13 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   return (*g_devices)[event->record->stream->device].sticky;
 }
 
-cudaError_t cudaEventQuery(cudaEvent_t event) { return cudaEventSynchronize(event); }
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  EMU_LOCK;
+  if (event == nullptr) return Fail(cudaErrorInvalidResourceHandle);
+  if (event->record == nullptr) return cudaSuccess;
+  if (!Force(event->record->stream, event->record->seq, /*wait=*/false)) return cudaErrorNotReady;
+  return (*g_devices)[event->record->stream->device].sticky;
+}
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   EMU_LOCK;

@@ -23,6 +23,10 @@
 //   call, an event record or wait, or a free on a capturing stream fails with
 //   cudaErrorStreamCaptureUnsupported and invalidates the capture.
 //
+// - Host work (EnqueueHostWork, below) lets an emulated library queue work on a stream, e.g.
+//   NCCL's collectives, which wait at a gate for their peers: a stream query returns
+//   cudaErrorNotReady there instead of blocking.
+//
 // Not emulated (calls fail to compile, since they are not declared): dynamic shared memory,
 // peer access, managed memory, the per-thread default stream, graphs built node by node.
 // Thread-safety: every call may be made from any host thread (one lock serializes them).
@@ -30,6 +34,8 @@
 #define LLM_KERNELS_CUDA_EMU_RUNTIME_H_
 
 #include <cstddef>
+#include <functional>
+#include <memory>
 
 enum cudaError_t {
   cudaSuccess = 0,
@@ -143,6 +149,21 @@ cudaError_t cudaFreeHost(void* ptr);
 cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned flags);
 cudaError_t cudaHostUnregister(void* ptr);
 
+enum cudaMemoryType {
+  cudaMemoryTypeUnregistered = 0,
+  cudaMemoryTypeHost = 1,
+  cudaMemoryTypeDevice = 2,
+  cudaMemoryTypeManaged = 3,
+};
+struct cudaPointerAttributes {
+  cudaMemoryType type;
+  int device;
+  void* devicePointer;
+  void* hostPointer;
+};
+// As CUDA 11+: host memory that is not pinned is cudaMemoryTypeUnregistered (not an error).
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* ptr);
+
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind);
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
                             cudaStream_t stream = nullptr);
@@ -192,5 +213,34 @@ template <typename T>
 cudaError_t cudaHostAlloc(T** ptr, size_t size, unsigned flags) {
   return cudaHostAlloc(reinterpret_cast<void**>(ptr), size, flags);
 }
+
+namespace llm::cuda_emu {
+
+// Internal hook for the emulated libraries built on this runtime (nccl.cc), not CUDA's API.
+//
+// A gate holds back the work queued behind it on its stream: Open() says whether it may run
+// (called with the runtime's lock held; it must not call the runtime), Wait() blocks until
+// Open() would return true (called with the runtime's lock released, so that other host
+// threads, e.g. the peer ranks of a collective, can run their streams meanwhile).
+class StreamGate {
+ public:
+  virtual ~StreamGate() = default;
+  virtual bool Open() = 0;
+  virtual void Wait() = 0;
+};
+
+// Queues `run` on `stream` (null or cudaStreamLegacy: the legacy default stream of `device`;
+// otherwise a stream of `device`) as a kernel would be queued: it runs in stream order when the
+// stream is forced, inside DeviceAccess (device memory may be touched), with the runtime's lock
+// held (it must not call the runtime); an error it returns is sticky on the device, as a
+// kernel fault. With a `gate`, it runs only once the gate is open: cudaStreamQuery and
+// cudaEventQuery then answer cudaErrorNotReady at a closed gate, and synchronizing calls wait
+// for it (with the runtime's lock released). Errors: cudaErrorInvalidDevice, -ResourceHandle
+// (a destroyed stream or one of another device), cudaErrorStreamCaptureUnsupported (a capturing
+// stream: the capture is invalidated), or the device's sticky error.
+cudaError_t EnqueueHostWork(int device, cudaStream_t stream, std::function<cudaError_t()> run,
+                            std::shared_ptr<StreamGate> gate = nullptr);
+
+}  // namespace llm::cuda_emu
 
 #endif  // LLM_KERNELS_CUDA_EMU_RUNTIME_H_
