@@ -2,6 +2,7 @@
 // collectives, and the OS threads that run a grid's blocks.
 #include "kernels/cuda/emu/block_runner.h"
 
+#include <link.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -15,6 +16,13 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+// The bounds of the kernels' __shared__ section (shared.ld), and its anchor: initialized TLS,
+// so that the section is a TLS one even in an executable without kernels.
+extern "C" char __llm_cuda_shared_begin[] __attribute__((weak));
+extern "C" char __llm_cuda_shared_end[] __attribute__((weak));
+__attribute__((section("llm_cuda_shared_anchor"), used)) static thread_local char g_shared_anchor =
+    1;
 
 namespace llm::cuda_emu {
 namespace {
@@ -258,6 +266,51 @@ uint64_t Mix(uint64_t x) {  // splitmix64
   return x ^ (x >> 31);
 }
 
+// The kernels' __shared__ variables: the TLS section llm_cuda_shared (shared.ld), this OS
+// thread's copy of it, found through the PT_TLS segment that holds the section's link-time
+// addresses. Empty when the executable links no kernel library.
+struct SharedRegion {
+  char* data = nullptr;
+  size_t size = 0;
+};
+
+SharedRegion FindSharedRegion() {
+  SharedRegion r;
+  if (__llm_cuda_shared_begin == nullptr || __llm_cuda_shared_end <= __llm_cuda_shared_begin) {
+    return r;
+  }
+  r.size = static_cast<size_t>(__llm_cuda_shared_end - __llm_cuda_shared_begin);
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        auto* region = static_cast<SharedRegion*>(data);
+        const auto begin = reinterpret_cast<uintptr_t>(__llm_cuda_shared_begin);
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+          const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+          if (ph.p_type != PT_TLS) continue;
+          const uintptr_t lo = info->dlpi_addr + ph.p_vaddr;
+          if (begin < lo || begin + region->size > lo + ph.p_memsz) continue;
+          if (info->dlpi_tls_data == nullptr) return 0;
+          region->data = static_cast<char*>(info->dlpi_tls_data) + (begin - lo);
+          return 1;
+        }
+        return 0;
+      },
+      &r);
+  if (r.data == nullptr) {
+    std::fprintf(stderr, "emulated CUDA: the __shared__ section is not in a TLS segment\n");
+    std::abort();
+  }
+  return r;
+}
+
+// Fills this OS thread's __shared__ variables with 0x7f bytes, so that a read before any
+// thread of the block wrote is visible: as float 3.39e38 (finite, so fmaxf takes it; a sum or
+// a softmax with it goes to inf, 0 or NaN), as half NaN, as int 2139062143.
+void PoisonShared() {
+  thread_local const SharedRegion region = FindSharedRegion();
+  if (region.size != 0) std::memset(region.data, 0x7f, region.size);
+}
+
 // Runs block `index` (x fastest) of the launch on this OS thread: "" or the fault.
 std::string RunBlock(const GridLaunch& launch, uint64_t index) {
   thread_local std::vector<Fiber> fibers;
@@ -267,6 +320,7 @@ std::string RunBlock(const GridLaunch& launch, uint64_t index) {
                        static_cast<unsigned>(index / (static_cast<uint64_t>(g.x) * g.y))};
   t_block.block_dim = bd;
   t_block.grid_dim = g;
+  PoisonShared();
   const int n = static_cast<int>(bd.x * bd.y * bd.z);
   const int num_warps = (n + 31) / 32;
   Block b;

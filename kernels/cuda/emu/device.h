@@ -6,8 +6,8 @@
 // order in which the runnable fibers go next is shuffled at every such point (seeded by
 // LLM_CUDA_EMU_SEED: unset = seed 1, "0" = no shuffling). Blocks of a grid run on up to 4 OS
 // threads at once, so races between blocks are real. `__shared__` is `static thread_local`:
-// the fibers of a block share it, blocks on other OS threads have their own (it is not
-// poisoned at block start: a read before a write sees an earlier block's bytes).
+// the fibers of a block share it, blocks on other OS threads have their own; it is filled
+// with 0x7f bytes at every block start (shared.ld), so a read before a write sees poison.
 //
 // Faults, reported as a sticky launch error naming the kernel's launch site and the source
 // line (and printed to stderr): a __syncthreads that only part of the block reaches (others
