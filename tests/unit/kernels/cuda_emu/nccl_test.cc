@@ -2,14 +2,20 @@
 // emulated devices; collectives queued on streams behind gates (runtime.h EnqueueHostWork).
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <bit>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -209,8 +215,8 @@ TEST(EmuNccl, InitRejectsForeignIdsDuplicateDevicesAndHostPointers) {
   ncclUniqueId foreign = id;
   foreign.internal[16] ^= 1;  // another process's id
   ncclComm_t comm = nullptr;
-  EXPECT_EQ(ncclCommInitRank(&comm, 1, foreign, 0), ncclInvalidUsage);
-  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("one process only"), std::string::npos);
+  ASSERT_EQ(ncclCommInitRank(&comm, 1, foreign, 0), ncclSuccess);  // joins through shared memory
+  EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
   ncclUniqueId zeros{};
   EXPECT_EQ(ncclCommInitRank(&comm, 1, zeros, 0), ncclInvalidArgument);
 
@@ -229,6 +235,163 @@ TEST(EmuNccl, InitRejectsForeignIdsDuplicateDevicesAndHostPointers) {
             ncclInvalidArgument);
   EXPECT_EQ(ncclCommFinalize(comm), ncclSuccess);
   EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+}
+
+// ---- Ranks in separate processes: this binary runs itself as rank 1 (EmuNcclChild.Rank1). ----
+
+constexpr char kChildEnv[] = "LLM_EMU_NCCL_CHILD";  // "<mode>:<id as hex>"
+constexpr size_t kBig = 300000;                     // floats: more than one 1 MiB round
+
+std::string Hex(const ncclUniqueId& id) {
+  std::string s;
+  for (char c : id.internal) {
+    s += "0123456789abcdef"[static_cast<unsigned char>(c) >> 4];
+    s += "0123456789abcdef"[static_cast<unsigned char>(c) & 15];
+  }
+  return s;
+}
+
+pid_t SpawnRank1(const std::string& mode, const ncclUniqueId& id) {
+  const std::string env = std::string(kChildEnv) + "=" + mode + ":" + Hex(id);
+  std::string filter = "--gtest_filter=EmuNcclChild.Rank1";
+  char* argv[] = {const_cast<char*>("/proc/self/exe"), filter.data(), nullptr};
+  char* envp[] = {const_cast<char*>(env.c_str()), nullptr};
+  pid_t pid = -1;
+  EXPECT_EQ(posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, envp), 0);
+  return pid;
+}
+
+// The child's exit status (-1: not within `seconds`, then it is killed).
+int Reap(pid_t pid, double seconds) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > end) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Non-blocking init on cuda:0, polled to completion (or a failure) within a few seconds.
+ncclResult_t JoinOnDevice0(ncclComm_t* comm, const ncclUniqueId& id, int rank) {
+  EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclResult_t res = ncclCommInitRankConfig(comm, 2, id, rank, &config);
+  if (res != ncclSuccess && res != ncclInProgress) return res;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  ncclResult_t state = ncclInProgress;
+  while (state == ncclInProgress && std::chrono::steady_clock::now() < end) {
+    EXPECT_EQ(ncclCommGetAsyncError(*comm, &state), ncclSuccess);
+    if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return state;
+}
+
+// Both ranks run this: all-reduce, all-gather and broadcast (root 1) with rank-specific inputs;
+// the expected values are the rank-order sums, so both ranks must see these exact bits.
+void RunCollectives(ncclComm_t comm, int rank) {
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  std::vector<float> in[2];
+  for (int r = 0; r < 2; ++r) {
+    in[r].resize(kBig);
+    for (size_t i = 0; i < kBig; ++i) in[r][i] = 0.1f * static_cast<float>(i % 97) + 1.7f * r;
+  }
+  float* send = Upload(in[rank]);
+  float* sum = nullptr;
+  float* gathered = nullptr;
+  float* bcast = nullptr;
+  ASSERT_EQ(cudaMalloc(&sum, kBig * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&gathered, 2 * kBig * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&bcast, kBig * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(ncclAllReduce(send, sum, kBig, ncclFloat, ncclSum, comm, stream), ncclSuccess);
+  ASSERT_EQ(ncclAllGather(send, gathered, kBig, ncclFloat, comm, stream), ncclSuccess);
+  ASSERT_EQ(ncclBroadcast(send, bcast, kBig, ncclFloat, 1, comm, stream), ncclSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  ncclResult_t state = ncclSuccess;
+  ASSERT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
+  ASSERT_EQ(state, ncclSuccess);
+  const std::vector<float> s = Download(sum, kBig);
+  const std::vector<float> g = Download(gathered, 2 * kBig);
+  const std::vector<float> b = Download(bcast, kBig);
+  size_t bad = 0;
+  for (size_t i = 0; i < kBig; ++i) {
+    bad += std::bit_cast<uint32_t>(s[i]) != std::bit_cast<uint32_t>(in[0][i] + in[1][i]);
+    bad += g[i] != in[0][i] || g[kBig + i] != in[1][i] || b[i] != in[1][i];
+  }
+  EXPECT_EQ(bad, 0u) << "rank " << rank;
+  EXPECT_EQ(ncclCommFinalize(comm), ncclSuccess);
+  EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+  cudaFree(send);
+  cudaFree(sum);
+  cudaFree(gathered);
+  cudaFree(bcast);
+  cudaStreamDestroy(stream);
+}
+
+// Rank 1 in a child process (skipped unless a parent test spawned it).
+TEST(EmuNcclChild, Rank1) {
+  const char* env = std::getenv(kChildEnv);
+  if (env == nullptr) GTEST_SKIP() << "runs as a child of the EmuNcclProcesses tests";
+  const std::string arg(env);
+  const std::string mode = arg.substr(0, arg.find(':'));
+  const std::string hex = arg.substr(arg.find(':') + 1);
+  ASSERT_EQ(hex.size(), 2 * sizeof(ncclUniqueId::internal));
+  ncclUniqueId id;
+  for (size_t i = 0; i < sizeof(id.internal); ++i) {
+    id.internal[i] = static_cast<char>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+  }
+  ncclComm_t comm = nullptr;
+  ASSERT_EQ(JoinOnDevice0(&comm, id, 1), ncclSuccess);
+  if (mode == "die") {  // leaves without a collective once the parent has seen the init done
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    _exit(0);
+  }
+  RunCollectives(comm, 1);
+}
+
+TEST(EmuNcclProcesses, TwoProcessesGetIdenticalAllReduceAllGatherAndBroadcast) {
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  const pid_t child = SpawnRank1("run", id);
+  ASSERT_GT(child, 0);
+  ncclComm_t comm = nullptr;
+  ASSERT_EQ(JoinOnDevice0(&comm, id, 0), ncclSuccess);
+  RunCollectives(comm, 0);
+  EXPECT_EQ(Reap(child, 20), 0) << "rank 1's process failed";
+}
+
+TEST(EmuNcclProcesses, ADeadPeerProcessFailsTheCollectiveInBoundedTime) {
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  const pid_t child = SpawnRank1("die", id);
+  ASSERT_GT(child, 0);
+  ncclComm_t comm = nullptr;
+  ASSERT_EQ(JoinOnDevice0(&comm, id, 0), ncclSuccess);
+  EXPECT_EQ(Reap(child, 20), 0);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  float* buf = Upload(std::vector<float>(16, 1.0f));
+  const auto start = std::chrono::steady_clock::now();
+  const ncclResult_t res = ncclAllReduce(buf, buf, 16, ncclFloat, ncclSum, comm, stream);
+  ncclResult_t state = res == ncclSuccess ? ncclInProgress : res;
+  while (state == ncclSuccess || state == ncclInProgress) {  // NcclCommunicator's polling
+    ASSERT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << "hangs";
+    EXPECT_EQ(cudaStreamQuery(stream), cudaErrorNotReady);
+    ASSERT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(state, ncclRemoteError);
+  EXPECT_NE(std::string(ncclGetLastError(comm)).find("exited"), std::string::npos);
+  EXPECT_EQ(ncclCommAbort(comm), ncclSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);  // the abort released the stream
+  cudaFree(buf);
+  cudaStreamDestroy(stream);
 }
 
 }  // namespace
