@@ -92,10 +92,12 @@ absl::Status BatchState::ValidatePairs(const SchedulerOutput& step) const {
 
 absl::Status BatchState::ValidateRequest(const SchedulerOutput& step, const ScheduledRequest& r,
                                          bool is_new) const {
-  const std::string who = absl::StrCat("step ", step.step_id, ": request \"",
-                                       std::string(r.request_id), "\" (slot ", r.slot, ")");
+  // The message names the step and the request; built only on failure (this runs per request
+  // per step).
   auto bad = [&](auto&&... parts) {
-    return absl::InvalidArgumentError(absl::StrCat(who, parts...));
+    return absl::InvalidArgumentError(absl::StrCat("step ", step.step_id, ": request \"",
+                                                   std::string(r.request_id), "\" (slot ", r.slot,
+                                                   ")", parts...));
   };
   if (r.slot < 0) return bad(": negative slot");
   if (r.request_id.empty()) return bad(" has no request_id");
