@@ -1,0 +1,1 @@
+// Placeholder for the GQA-shared split-KV decode kernel (issue 17).

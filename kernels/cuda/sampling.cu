@@ -1,0 +1,1 @@
+// Placeholder for the device sampler's kernels (issue 16).
