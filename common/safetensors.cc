@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/half.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -40,21 +42,6 @@ absl::Status Invalid(absl::string_view file, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("safetensors ", file, ": ", what));
 }
 
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  const uint32_t exp = (h >> 10) & 0x1F;
-  const uint32_t mant = h & 0x3FF;
-  if (exp == 0) {
-    // Zero or subnormal: mant * 2^-24.
-    const float v = static_cast<float>(mant) * 5.9604644775390625e-8f;
-    return sign ? -v : v;
-  }
-  if (exp == 0x1F) return std::bit_cast<float>(sign | 0x7F800000u | (mant << 13));  // inf/nan
-  return std::bit_cast<float>(sign | ((exp + 112) << 23) | (mant << 13));
-}
-
-float Bf16ToFloat(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
-
 // Converts n elements starting at element `first` of a tensor's bytes.
 void Convert(StDType dtype, const std::byte* src, int64_t first, int64_t n, float* out) {
   switch (dtype) {
@@ -73,6 +60,31 @@ void Convert(StDType dtype, const std::byte* src, int64_t first, int64_t n, floa
     }
     default:
       return;
+  }
+}
+
+// Converts n elements starting at element `first` of a tensor's bytes into `out_dtype` (F32,
+// F16 or BF16) at out: a copy when the dtypes match.
+void ConvertTo(StDType dtype, const std::byte* src, int64_t first, int64_t n, StDType out_dtype,
+               std::byte* out) {
+  if (dtype == out_dtype) {
+    const size_t size = StDTypeSize(dtype);
+    std::memcpy(out, src + first * size, n * size);
+    return;
+  }
+  if (out_dtype == StDType::kF32) {
+    Convert(dtype, src, first, n, reinterpret_cast<float*>(out));
+    return;
+  }
+  constexpr int64_t kChunk = 1024;
+  float buf[kChunk];
+  for (int64_t i = 0; i < n; i += kChunk) {
+    const int64_t m = std::min(kChunk, n - i);
+    Convert(dtype, src, first + i, m, buf);
+    for (int64_t j = 0; j < m; ++j) {
+      const uint16_t bits = out_dtype == StDType::kBF16 ? FloatToBf16(buf[j]) : FloatToHalf(buf[j]);
+      std::memcpy(out + (i + j) * 2, &bits, 2);
+    }
   }
 }
 
@@ -278,7 +290,17 @@ absl::Status ReadAsF32(const SafetensorsFile& file, const StTensorInfo& t, std::
 
 absl::Status ReadSliceAsF32(const SafetensorsFile& file, const StTensorInfo& t, int dim,
                             int64_t begin, int64_t end, std::span<float> out) {
+  return ReadSlice(file, t, dim, begin, end, StDType::kF32,
+                   std::as_writable_bytes(std::span<float>(out)));
+}
+
+absl::Status ReadSlice(const SafetensorsFile& file, const StTensorInfo& t, int dim, int64_t begin,
+                       int64_t end, StDType out_dtype, std::span<std::byte> out) {
   RETURN_IF_ERROR(CheckFloat(file, t));
+  if (out_dtype != StDType::kF32 && out_dtype != StDType::kF16 && out_dtype != StDType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, ": cannot be read as ",
+                                                   std::string(StDTypeName(out_dtype))));
+  }
   const int rank = static_cast<int>(t.shape.size());
   if (rank < 1 || rank > 2 || dim < 0 || dim >= rank) {
     return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, " of rank ", rank,
@@ -292,17 +314,19 @@ absl::Status ReadSliceAsF32(const SafetensorsFile& file, const StTensorInfo& t, 
                                                    ") of dimension ", dim, " (size ", extent, ")"));
   }
   const int64_t other = dim == 0 ? cols : rows;
-  if (static_cast<int64_t>(out.size()) != (end - begin) * other) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, ": slice has ",
-                                                   (end - begin) * other,
-                                                   " elements; the buffer holds ", out.size()));
+  const size_t out_size = StDTypeSize(out_dtype);
+  if (out.size() != static_cast<size_t>((end - begin) * other) * out_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", t.name, ": slice has ", (end - begin) * other,
+                     " elements; the buffer holds ", out.size() / out_size));
   }
   const std::byte* src = file.Bytes(t).data();
   if (dim == 0) {
-    Convert(t.dtype, src, begin * cols, (end - begin) * cols, out.data());
+    ConvertTo(t.dtype, src, begin * cols, (end - begin) * cols, out_dtype, out.data());
   } else {
     for (int64_t r = 0; r < rows; ++r) {
-      Convert(t.dtype, src, r * cols + begin, end - begin, out.data() + r * (end - begin));
+      ConvertTo(t.dtype, src, r * cols + begin, end - begin, out_dtype,
+                out.data() + r * (end - begin) * out_size);
     }
   }
   return absl::OkStatus();
@@ -395,6 +419,12 @@ std::vector<std::string> SafetensorsModel::TensorNames() const {
 absl::Status SafetensorsModel::ReadAsF32(std::string_view name, std::span<float> out) const {
   ASSIGN_OR_RETURN(Entry e, Find(name));
   return llm::ReadAsF32(*e.file, *e.info, out);
+}
+
+absl::Status SafetensorsModel::ReadSlice(std::string_view name, int dim, int64_t begin, int64_t end,
+                                         StDType out_dtype, std::span<std::byte> out) const {
+  ASSIGN_OR_RETURN(Entry e, Find(name));
+  return llm::ReadSlice(*e.file, *e.info, dim, begin, end, out_dtype, out);
 }
 
 absl::Status SafetensorsModel::ReadSliceAsF32(std::string_view name, int dim, int64_t begin,

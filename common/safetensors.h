@@ -88,6 +88,13 @@ absl::Status ReadAsF32(const SafetensorsFile& file, const StTensorInfo& t, std::
 absl::Status ReadSliceAsF32(const SafetensorsFile& file, const StTensorInfo& t, int dim,
                             int64_t begin, int64_t end, std::span<float> out);
 
+// The same slice in `out_dtype` (F32, F16 or BF16): a byte copy when it is the tensor's dtype
+// (a BF16 checkpoint goes to a BF16 device without a trip through fp32), else converted
+// (narrowing rounds to nearest even). `out` holds exactly the slice's bytes in out_dtype.
+// A whole 1-D or 2-D tensor is the slice [0, shape[0]) of dimension 0.
+absl::Status ReadSlice(const SafetensorsFile& file, const StTensorInfo& t, int dim, int64_t begin,
+                       int64_t end, StDType out_dtype, std::span<std::byte> out);
+
 // All weights of a Hugging Face model directory: model.safetensors, or the shards named by
 // model.safetensors.index.json ("weight_map": {tensor: file}).
 class SafetensorsModel {
@@ -107,6 +114,8 @@ class SafetensorsModel {
   absl::Status ReadAsF32(std::string_view name, std::span<float> out) const;
   absl::Status ReadSliceAsF32(std::string_view name, int dim, int64_t begin, int64_t end,
                               std::span<float> out) const;
+  absl::Status ReadSlice(std::string_view name, int dim, int64_t begin, int64_t end,
+                         StDType out_dtype, std::span<std::byte> out) const;
 
  private:
   std::string dir_;

@@ -6,9 +6,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/half.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
 #include "worker_service/parallel/communicator.h"
+
+#ifdef LLM_WITH_CUDA
+#include "kernels/cuda/runtime_api.h"
+#endif
 
 namespace llm {
 namespace {
@@ -17,25 +22,84 @@ absl::Status FromOp(ops::OpStatus s) {
   return s.ok() ? absl::OkStatus() : absl::InternalError(s.message);
 }
 
-TensorView View(float* data, std::initializer_list<int64_t> shape) {
-  return TensorView::Contiguous(data, DType::kF32, shape);
-}
-
 template <typename T>
 TensorView ConstView(std::span<const T> v, DType dtype) {
   return TensorView::Contiguous(const_cast<T*>(v.data()), dtype, {static_cast<int64_t>(v.size())});
 }
 
-HostTensor Zeros(std::initializer_list<int64_t> shape) {
-  HostTensor t(DType::kF32, shape);
-  std::memset(t.data<float>(), 0, t.view().nbytes());
-  return t;
+StDType ToStDType(DType d) {
+  return d == DType::kBF16 ? StDType::kBF16 : d == DType::kF16 ? StDType::kF16 : StDType::kF32;
 }
+
+// dst row r = src row r for `height` rows of `width` bytes (pitches in bytes), on the
+// tensors' device; cuda: enqueued on `stream`.
+absl::Status Copy2D(const TensorDevice& device, void* stream, void* dst, size_t dpitch,
+                    const void* src, size_t spitch, size_t width, size_t height) {
+  if (device.is_cpu()) {
+    for (size_t r = 0; r < height; ++r) {
+      std::memcpy(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch,
+                  width);
+    }
+    return absl::OkStatus();
+  }
+#ifdef LLM_WITH_CUDA
+  return CudaStatus(cuda::Copy2DAsync(dst, dpitch, src, spitch, width, height, stream));
+#else
+  (void)stream;
+  return absl::InternalError("cuda tensors in a build without CUDA");
+#endif
+}
+
+absl::Status Copy(const TensorDevice& device, void* dst, const void* src, size_t bytes,
+                  void* stream) {
+  return CudaStatus(CopyBytes(device, dst, src, bytes, stream));
+}
+
+absl::Status Memset(const TensorDevice& device, void* stream, void* ptr, int value, size_t bytes) {
+  if (device.is_cpu()) {
+    std::memset(ptr, value, bytes);
+    return absl::OkStatus();
+  }
+#ifdef LLM_WITH_CUDA
+  return CudaStatus(cuda::MemsetAsync(ptr, value, bytes, stream));
+#else
+  (void)stream;
+  return absl::InternalError("cuda tensors in a build without CUDA");
+#endif
+}
+
+// Rounds a byte offset up to 256 (each input array starts aligned).
+size_t Align(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 }  // namespace
 
-LlamaModel::LlamaModel(const ModelConfig& config, Communicator* comm)
-    : config_(config), comm_(comm) {
+absl::StatusOr<DType> ParseModelDType(const std::string& name, const TensorDevice& device) {
+  DType d;
+  if (name.empty() || name == "auto") {
+    d = device.is_cuda() ? DType::kBF16 : DType::kF32;
+  } else if (name == "float32" || name == "float" || name == "fp32") {
+    d = DType::kF32;
+  } else if (name == "bfloat16" || name == "bf16") {
+    d = DType::kBF16;
+  } else if (name == "float16" || name == "half" || name == "fp16") {
+    d = DType::kF16;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dtype \"", name, "\" is not known (auto, float32, bfloat16 or float16)"));
+  }
+  if (device.is_cpu() && d != DType::kF32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dtype ", name, " is not supported on device cpu (the CPU model computes in float32)"));
+  }
+  return d;
+}
+
+LlamaModel::LlamaModel(const ModelConfig& config, Communicator* comm, const ModelOptions& options)
+    : config_(config),
+      comm_(comm),
+      context_(options.context),
+      device_(options.context != nullptr ? options.context->device() : TensorDevice::Cpu()),
+      dtype_(options.dtype) {
   if (comm != nullptr) {
     rank_ = comm->rank();
     world_ = comm->world_size();
@@ -44,30 +108,43 @@ LlamaModel::LlamaModel(const ModelConfig& config, Communicator* comm)
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& model_dir,
                                                              const ModelConfig& config,
-                                                             Communicator* comm) {
+                                                             Communicator* comm,
+                                                             const ModelOptions& options) {
   ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsModel> weights, SafetensorsModel::Open(model_dir));
-  return Load(*weights, config, comm);
+  return Load(*weights, config, comm, options);
 }
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const SafetensorsModel& weights,
                                                              const ModelConfig& config,
-                                                             Communicator* comm) {
-  ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> m, Make(config, comm));
+                                                             Communicator* comm,
+                                                             const ModelOptions& options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> m, Make(config, comm, options));
   RETURN_IF_ERROR(m->LoadWeights(&weights, 0));
   return m;
 }
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::CreateRandom(const ModelConfig& config,
                                                                      uint64_t seed,
-                                                                     Communicator* comm) {
-  ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> m, Make(config, comm));
+                                                                     Communicator* comm,
+                                                                     const ModelOptions& options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> m, Make(config, comm, options));
   RETURN_IF_ERROR(m->LoadWeights(nullptr, seed));
   return m;
 }
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Make(const ModelConfig& config,
-                                                             Communicator* comm) {
-  std::unique_ptr<LlamaModel> m(new LlamaModel(config, comm));
+                                                             Communicator* comm,
+                                                             const ModelOptions& options) {
+  std::unique_ptr<LlamaModel> m(new LlamaModel(config, comm, options));
+  if (m->device_.is_cpu() && m->dtype_ != DType::kF32) {
+    return absl::InvalidArgumentError(absl::StrCat("dtype ", DTypeName(m->dtype_),
+                                                   " is not supported on device cpu (the CPU "
+                                                   "model computes in float32)"));
+  }
+  if (m->dtype_ != DType::kF32 && m->dtype_ != DType::kBF16 && m->dtype_ != DType::kF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model dtype ", DTypeName(m->dtype_), ": expected f32, bf16 or f16"));
+  }
   const int w = m->world_, hq = config.num_attention_heads, hkv = config.num_key_value_heads;
   if (hq % w != 0) {
     return absl::InvalidArgumentError(absl::StrCat("num_attention_heads (", hq,
@@ -108,63 +185,111 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Make(const ModelConfig& 
   return m;
 }
 
+absl::Status LlamaModel::AllocateOnDevice(DType dtype, std::initializer_list<int64_t> shape,
+                                          Tensor* t) {
+  if (std::string err = Tensor::Allocate(dtype, shape, device_, t); !err.empty()) {
+    return absl::ResourceExhaustedError(err);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status LlamaModel::LoadWeights(const SafetensorsModel* weights, uint64_t seed) {
   const int64_t h = config_.hidden_size, d = config_.head_dim, i_local = local_intermediate_;
+  const size_t esize = DTypeSize(dtype_);
   uint64_t state = seed * 0x9e3779b97f4a7c15ULL + 1;
-  // Reads rows [begin, end) (dim 0) or columns (dim 1) of a 2-D weight, or a 1-D slice; or
-  // fills them with uniform values in [-0.05, 0.05) when there are no weights.
+  void* stream = context_ != nullptr ? context_->stream() : nullptr;
+  std::vector<std::byte> staging;  // cuda: one slice on its way up
+  std::vector<float> random;
+  // Reads rows [begin, end) (dim 0) or columns (dim 1) of a 2-D weight, or a 1-D slice (begin
+  // < 0: the whole tensor), in the model's dtype, into `dst` at element `offset`; or fills
+  // them with uniform values in [-0.05, 0.05) when there are no weights.
   auto read = [&](const std::string& name, int dim, int64_t begin, int64_t end,
-                  std::initializer_list<int64_t> shape, float* out) -> absl::Status {
+                  std::initializer_list<int64_t> shape, Tensor* dst,
+                  int64_t offset) -> absl::Status {
     int64_t numel = 1;
-    for (int64_t s : shape) numel *= s;
+    for (int64_t x : shape) numel *= x;
+    const size_t bytes = static_cast<size_t>(numel) * esize;
+    std::byte* out = static_cast<std::byte*>(dst->view().data) + offset * esize;
+    std::byte* host = out;
+    if (device_.is_cuda()) {
+      staging.resize(bytes);
+      host = staging.data();
+    }
     if (weights == nullptr) {
+      random.resize(numel);
       for (int64_t i = 0; i < numel; ++i) {
         state ^= state << 13, state ^= state >> 7, state ^= state << 17;  // xorshift64
-        out[i] = static_cast<float>(static_cast<double>(state >> 11) * 0x1.0p-53 - 0.5) * 0.1f;
+        random[i] = static_cast<float>(static_cast<double>(state >> 11) * 0x1.0p-53 - 0.5) * 0.1f;
       }
-      return absl::OkStatus();
+      for (int64_t i = 0; i < numel; ++i) {
+        if (dtype_ == DType::kF32) {
+          std::memcpy(host + i * 4, &random[i], 4);
+        } else {
+          const uint16_t b =
+              dtype_ == DType::kBF16 ? FloatToBf16(random[i]) : FloatToHalf(random[i]);
+          std::memcpy(host + i * 2, &b, 2);
+        }
+      }
+    } else {
+      ASSIGN_OR_RETURN(SafetensorsModel::Entry e, weights->Find(name));
+      if (begin < 0) {
+        if (e.info->shape.empty() || e.info->numel() != numel) {
+          return absl::InvalidArgumentError(absl::StrCat(name, " has an unexpected shape"));
+        }
+        begin = 0;
+        end = e.info->shape[0];
+        dim = 0;
+      } else if (e.info->shape.empty() || (dim == 1 && e.info->shape.size() != 2)) {
+        return absl::InvalidArgumentError(absl::StrCat(name, " has an unexpected shape"));
+      }
+      RETURN_IF_ERROR(weights->ReadSlice(name, dim, begin, end, ToStDType(dtype_),
+                                         std::span<std::byte>(host, bytes)));
     }
-    ASSIGN_OR_RETURN(SafetensorsModel::Entry e, weights->Find(name));
-    if (begin < 0) return weights->ReadAsF32(name, std::span<float>(out, numel));
-    if (e.info->shape.empty() || (dim == 1 && e.info->shape.size() != 2)) {
-      return absl::InvalidArgumentError(absl::StrCat(name, " has an unexpected shape"));
+    if (device_.is_cuda()) {
+      RETURN_IF_ERROR(Copy(device_, out, host, bytes, stream));
+      RETURN_IF_ERROR(context_->Synchronize());  // `staging` is reused by the next slice
     }
-    return weights->ReadSliceAsF32(name, dim, begin, end, std::span<float>(out, numel));
+    return absl::OkStatus();
+  };
+  auto alloc = [&](std::initializer_list<int64_t> shape, Tensor* t) -> absl::Status {
+    RETURN_IF_ERROR(AllocateOnDevice(dtype_, shape, t));
+    weight_bytes_ += t->view().nbytes();
+    return absl::OkStatus();
   };
   auto whole = [&](const std::string& name, std::initializer_list<int64_t> shape,
-                   HostTensor* t) -> absl::Status {
-    *t = HostTensor(DType::kF32, shape);
-    if (weights == nullptr) return read(name, 0, -1, -1, shape, t->data<float>());
-    ASSIGN_OR_RETURN(SafetensorsModel::Entry e, weights->Find(name));
-    if (e.info->shape != std::vector<int64_t>(shape)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, " has shape [", absl::StrJoin(e.info->shape, ", "),
-                       "]; the config implies [", absl::StrJoin(shape, ", "), "]"));
+                   Tensor* t) -> absl::Status {
+    RETURN_IF_ERROR(alloc(shape, t));
+    if (weights != nullptr) {
+      ASSIGN_OR_RETURN(SafetensorsModel::Entry e, weights->Find(name));
+      if (e.info->shape != std::vector<int64_t>(shape)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, " has shape [", absl::StrJoin(e.info->shape, ", "),
+                         "]; the config implies [", absl::StrJoin(shape, ", "), "]"));
+      }
     }
-    return read(name, 0, -1, -1, shape, t->data<float>());
+    return read(name, 0, -1, -1, shape, t, 0);
   };
 
   // Vocab-parallel embedding: this rank's rows, then zeros (padding and the "other rank" row).
   const int64_t vp = vocab_per_rank_;
   const int64_t v0 = static_cast<int64_t>(rank_) * vp;
   const int64_t v1 = std::min<int64_t>(v0 + vp, config_.vocab_size);
-  embed_ = Zeros({vp + 1, h});
+  RETURN_IF_ERROR(alloc({vp + 1, h}, &embed_));
+  RETURN_IF_ERROR(Memset(device_, stream, embed_.view().data, 0, embed_.view().nbytes()));
   if (v1 > v0) {
-    RETURN_IF_ERROR(
-        read("model.embed_tokens.weight", 0, v0, v1, {v1 - v0, h}, embed_.data<float>()));
+    RETURN_IF_ERROR(read("model.embed_tokens.weight", 0, v0, v1, {v1 - v0, h}, &embed_, 0));
   }
   if (!config_.tie_word_embeddings) {
-    lm_head_ = Zeros({vp, h});
-    if (v1 > v0) {
-      RETURN_IF_ERROR(read("lm_head.weight", 0, v0, v1, {v1 - v0, h}, lm_head_.data<float>()));
-    }
+    RETURN_IF_ERROR(alloc({vp, h}, &lm_head_));
+    RETURN_IF_ERROR(Memset(device_, stream, lm_head_.view().data, 0, lm_head_.view().nbytes()));
+    if (v1 > v0) RETURN_IF_ERROR(read("lm_head.weight", 0, v0, v1, {v1 - v0, h}, &lm_head_, 0));
   }
   RETURN_IF_ERROR(whole("model.norm.weight", {h}, &final_norm_));
 
-  const int64_t q0 = static_cast<int64_t>(rank_) * local_q_heads_ * d;
-  const int64_t q1 = q0 + local_q_heads_ * d;
-  const int64_t k0 = static_cast<int64_t>(first_kv_head_) * d;
-  const int64_t k1 = k0 + local_kv_heads_ * d;
+  const int64_t qd = static_cast<int64_t>(local_q_heads_) * d;
+  const int64_t kd = static_cast<int64_t>(local_kv_heads_) * d;
+  const int64_t q0 = static_cast<int64_t>(rank_) * qd, q1 = q0 + qd;
+  const int64_t k0 = static_cast<int64_t>(first_kv_head_) * d, k1 = k0 + kd;
   const int64_t m0 = static_cast<int64_t>(rank_) * i_local;
   layers_.resize(config_.num_hidden_layers);
   for (int l = 0; l < config_.num_hidden_layers; ++l) {
@@ -172,57 +297,136 @@ absl::Status LlamaModel::LoadWeights(const SafetensorsModel* weights, uint64_t s
     const std::string p = absl::StrCat("model.layers.", l, ".");
     RETURN_IF_ERROR(whole(p + "input_layernorm.weight", {h}, &L.input_norm));
     RETURN_IF_ERROR(whole(p + "post_attention_layernorm.weight", {h}, &L.post_norm));
-    L.q_proj = HostTensor(DType::kF32, {q1 - q0, h});
-    L.k_proj = HostTensor(DType::kF32, {k1 - k0, h});
-    L.v_proj = HostTensor(DType::kF32, {k1 - k0, h});
+    RETURN_IF_ERROR(alloc({qd + 2 * kd, h}, &L.qkv_proj));
+    RETURN_IF_ERROR(read(p + "self_attn.q_proj.weight", 0, q0, q1, {qd, h}, &L.qkv_proj, 0));
+    RETURN_IF_ERROR(read(p + "self_attn.k_proj.weight", 0, k0, k1, {kd, h}, &L.qkv_proj, qd * h));
     RETURN_IF_ERROR(
-        read(p + "self_attn.q_proj.weight", 0, q0, q1, {q1 - q0, h}, L.q_proj.data<float>()));
-    RETURN_IF_ERROR(
-        read(p + "self_attn.k_proj.weight", 0, k0, k1, {k1 - k0, h}, L.k_proj.data<float>()));
-    RETURN_IF_ERROR(
-        read(p + "self_attn.v_proj.weight", 0, k0, k1, {k1 - k0, h}, L.v_proj.data<float>()));
+        read(p + "self_attn.v_proj.weight", 0, k0, k1, {kd, h}, &L.qkv_proj, (qd + kd) * h));
     if (config_.attention_bias) {
-      L.q_bias = HostTensor(DType::kF32, {q1 - q0});
-      L.k_bias = HostTensor(DType::kF32, {k1 - k0});
-      L.v_bias = HostTensor(DType::kF32, {k1 - k0});
-      RETURN_IF_ERROR(
-          read(p + "self_attn.q_proj.bias", 0, q0, q1, {q1 - q0}, L.q_bias.data<float>()));
-      RETURN_IF_ERROR(
-          read(p + "self_attn.k_proj.bias", 0, k0, k1, {k1 - k0}, L.k_bias.data<float>()));
-      RETURN_IF_ERROR(
-          read(p + "self_attn.v_proj.bias", 0, k0, k1, {k1 - k0}, L.v_bias.data<float>()));
+      RETURN_IF_ERROR(alloc({qd + 2 * kd}, &L.qkv_bias));
+      RETURN_IF_ERROR(read(p + "self_attn.q_proj.bias", 0, q0, q1, {qd}, &L.qkv_bias, 0));
+      RETURN_IF_ERROR(read(p + "self_attn.k_proj.bias", 0, k0, k1, {kd}, &L.qkv_bias, qd));
+      RETURN_IF_ERROR(read(p + "self_attn.v_proj.bias", 0, k0, k1, {kd}, &L.qkv_bias, qd + kd));
     }
-    L.o_proj = HostTensor(DType::kF32, {h, q1 - q0});
+    RETURN_IF_ERROR(alloc({h, qd}, &L.o_proj));
+    RETURN_IF_ERROR(read(p + "self_attn.o_proj.weight", 1, q0, q1, {h, qd}, &L.o_proj, 0));
+    RETURN_IF_ERROR(alloc({2 * i_local, h}, &L.gate_up_proj));
     RETURN_IF_ERROR(
-        read(p + "self_attn.o_proj.weight", 1, q0, q1, {h, q1 - q0}, L.o_proj.data<float>()));
-    L.gate_up_proj = HostTensor(DType::kF32, {2 * i_local, h});
-    RETURN_IF_ERROR(read(p + "mlp.gate_proj.weight", 0, m0, m0 + i_local, {i_local, h},
-                         L.gate_up_proj.data<float>()));
+        read(p + "mlp.gate_proj.weight", 0, m0, m0 + i_local, {i_local, h}, &L.gate_up_proj, 0));
     RETURN_IF_ERROR(read(p + "mlp.up_proj.weight", 0, m0, m0 + i_local, {i_local, h},
-                         L.gate_up_proj.data<float>() + i_local * h));
-    L.down_proj = HostTensor(DType::kF32, {h, i_local});
-    RETURN_IF_ERROR(read(p + "mlp.down_proj.weight", 1, m0, m0 + i_local, {h, i_local},
-                         L.down_proj.data<float>()));
+                         &L.gate_up_proj, i_local * h));
+    RETURN_IF_ERROR(alloc({h, i_local}, &L.down_proj));
+    RETURN_IF_ERROR(
+        read(p + "mlp.down_proj.weight", 1, m0, m0 + i_local, {h, i_local}, &L.down_proj, 0));
   }
+  if (context_ != nullptr) RETURN_IF_ERROR(context_->Synchronize());
   return absl::OkStatus();
 }
 
 absl::Status LlamaModel::AllReduce(const TensorView& t) {
   if (world_ == 1) return absl::OkStatus();
-  return comm_->AllReduceSum(t.data_as<float>(), static_cast<size_t>(t.numel()));
+  if (t.dtype == DType::kF32) {
+    return comm_->AllReduceSum(t.data_as<float>(), static_cast<size_t>(t.numel()));
+  }
+  return comm_->AllReduceSum16(t.data, static_cast<size_t>(t.numel()), t.dtype == DType::kBF16);
+}
+
+ops::OpContext LlamaModel::OpContextFor() const {
+  ops::OpContext ctx;
+  if (context_ != nullptr) ctx = context_->op_context();
+  // The ops run on the one stream of the rank: its kernels, copies and collectives in order.
+  if (ctx.stream == nullptr && comm_ != nullptr) ctx.stream = comm_->stream();
+  if (buf_.attention_workspace.allocated()) {
+    ctx.workspace = buf_.attention_workspace.view().data;
+    ctx.workspace_bytes = buf_.attention_workspace.capacity_bytes();
+  }
+  return ctx;
+}
+
+absl::Status LlamaModel::Reserve(int64_t max_tokens, int64_t max_seqs, int64_t max_model_len) {
+  if (max_tokens < 1 || max_seqs < 1 || max_model_len < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("Reserve(", max_tokens, ", ", max_seqs, ", ",
+                                                   max_model_len, "): each must be >= 1"));
+  }
+  if (device_.is_cuda() && max_model_len > buf_.max_model_len) {
+    const size_t bytes = ops::PagedAttentionWorkspaceBytes(max_tokens, local_q_heads_,
+                                                           config_.head_dim, max_model_len);
+    if (bytes > 0) {
+      RETURN_IF_ERROR(AllocateOnDevice(DType::kI32, {static_cast<int64_t>((bytes + 3) / 4)},
+                                       &buf_.attention_workspace));
+    }
+    buf_.max_model_len = max_model_len;
+  }
+  const int64_t blocks_per_seq = max_model_len;  // an upper bound for any block size >= 1
+  return Grow(max_tokens, std::min(max_tokens, max_seqs), std::min(max_tokens, max_seqs),
+              std::min(max_seqs * blocks_per_seq, int64_t{1} << 20));
+}
+
+absl::Status LlamaModel::Grow(int64_t tokens, int64_t rows, int64_t seqs, int64_t table) {
+  Buffers& b = buf_;
+  const int64_t h = config_.hidden_size, d = config_.head_dim;
+  const int64_t qh = local_q_heads_, kvh = local_kv_heads_, il = local_intermediate_;
+  const int64_t vp = vocab_per_rank_;
+  const bool inputs_stale = tokens > b.tokens || rows > b.rows || seqs > b.seqs ||
+                            table > b.table || !b.inputs.allocated();
+  if (tokens > b.tokens) {
+    tokens = std::max<int64_t>(tokens, 1);
+    RETURN_IF_ERROR(AllocateOnDevice(dtype_, {tokens, h}, &b.x));
+    RETURN_IF_ERROR(AllocateOnDevice(dtype_, {tokens, h}, &b.residual));
+    RETURN_IF_ERROR(AllocateOnDevice(dtype_, {tokens, (qh + 2 * kvh) * d}, &b.qkv));
+    RETURN_IF_ERROR(AllocateOnDevice(dtype_, {tokens, qh, d}, &b.q));
+    RETURN_IF_ERROR(AllocateOnDevice(dtype_, {tokens, kvh, d}, &b.k));
+    RETURN_IF_ERROR(AllocateOnDevice(dtype_, {tokens, kvh, d}, &b.v));
+    RETURN_IF_ERROR(AllocateOnDevice(dtype_, {tokens, qh, d}, &b.attn));
+    RETURN_IF_ERROR(AllocateOnDevice(dtype_, {tokens, 2 * il}, &b.gate_up));
+    RETURN_IF_ERROR(AllocateOnDevice(dtype_, {tokens, il}, &b.act));
+    b.tokens = tokens;
+  }
+  if (rows > b.rows) {
+    RETURN_IF_ERROR(AllocateOnDevice(dtype_, {rows, h}, &b.selected));
+    RETURN_IF_ERROR(AllocateOnDevice(DType::kF32, {rows, vp}, &b.local_logits));
+    if (world_ > 1) {
+      RETURN_IF_ERROR(AllocateOnDevice(DType::kF32, {world_, rows, vp}, &b.gathered));
+      RETURN_IF_ERROR(AllocateOnDevice(DType::kF32, {rows, config_.vocab_size}, &b.logits));
+    }
+    b.rows = rows;
+  }
+  if (device_.is_cuda() && inputs_stale) {
+    b.seqs = std::max(b.seqs, seqs);
+    b.table = std::max(b.table, table);
+    // ids, positions (i32), slots (i64) per token; tables; lens and qsl per sequence; rows.
+    const size_t bytes = Align(b.tokens * 4) * 2 + Align(b.tokens * 8) + Align(b.table * 4) +
+                         Align(b.seqs * 4) + Align((b.seqs + 1) * 4) + Align(b.rows * 4);
+    const int64_t words = static_cast<int64_t>(bytes / 4);
+    if (std::string err = Tensor::Allocate(DType::kI32, {words}, TensorDevice::Cpu(), &b.staging,
+                                           HostMemory::kPinned);
+        !err.empty()) {
+      return absl::ResourceExhaustedError(err);
+    }
+    RETURN_IF_ERROR(AllocateOnDevice(DType::kI32, {words}, &b.inputs));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status LlamaModel::Forward(const ForwardInput& in, std::span<const LayerKvCache> caches,
                                  HostTensor* logits) {
-  // The ops run on the communicator's stream (null for host communicators and for world size
-  // 1 without one): one ordered stream for kernels, copies and collectives.
-  ops::OpContext ctx;
-  ctx.stream = comm_ != nullptr ? comm_->stream() : nullptr;
+  TensorView view;
+  RETURN_IF_ERROR(Forward(in, caches, &view));
+  *logits = HostTensor(DType::kF32, {view.shape[0], view.shape[1]});
+  RETURN_IF_ERROR(Copy(device_, logits->view().data, view.data, view.nbytes(),
+                       context_ != nullptr ? context_->stream() : nullptr));
+  if (context_ != nullptr) RETURN_IF_ERROR(context_->Synchronize());
+  return comm_ != nullptr ? comm_->WaitForCollectives() : absl::OkStatus();
+}
+
+absl::Status LlamaModel::Forward(const ForwardInput& in, std::span<const LayerKvCache> caches,
+                                 TensorView* logits) {
   const int64_t t = static_cast<int64_t>(in.token_ids.size());
   const int64_t s = static_cast<int64_t>(in.seq_lens.size());
+  const int64_t n = static_cast<int64_t>(in.logits_indices.size());
   const int64_t h = config_.hidden_size, d = config_.head_dim;
   const int64_t qh = local_q_heads_, kvh = local_kv_heads_, il = local_intermediate_;
-  const int64_t vp = vocab_per_rank_;
+  const int64_t vp = vocab_per_rank_, vocab = config_.vocab_size;
   if (static_cast<int>(caches.size()) != config_.num_hidden_layers) {
     return absl::InvalidArgumentError(
         absl::StrCat(caches.size(), " KV caches for ", config_.num_hidden_layers, " layers"));
@@ -240,103 +444,126 @@ absl::Status LlamaModel::Forward(const ForwardInput& in, std::span<const LayerKv
           "token id ", id, " is outside the vocabulary [0, ", config_.vocab_size, ")"));
     }
   }
+  for (int32_t r : in.logits_indices) {
+    if (r < 0 || r >= t) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("logits row ", r, " is outside the step's ", t, " tokens"));
+    }
+  }
+  RETURN_IF_ERROR(Grow(t, n, s, s * in.max_blocks));
+  const ops::OpContext ctx = OpContextFor();
+  void* stream = ctx.stream;
 
   // Vocab-parallel lookup: ids outside this rank's range read the zero row vp.
-  std::vector<int32_t> local_ids(t);
+  local_ids_.resize(t);
   const int64_t v0 = static_cast<int64_t>(rank_) * vp;
   for (int64_t i = 0; i < t; ++i) {
     const int64_t id = in.token_ids[i] - v0;
-    local_ids[i] = (id >= 0 && id < vp) ? static_cast<int32_t>(id) : static_cast<int32_t>(vp);
+    local_ids_[i] = (id >= 0 && id < vp) ? static_cast<int32_t>(id) : static_cast<int32_t>(vp);
   }
-  HostTensor x(DType::kF32, {t, h}), residual(DType::kF32, {t, h});
-  RETURN_IF_ERROR(FromOp(
-      ops::Embedding(ctx, x.view(), ConstView<int32_t>(local_ids, DType::kI32), embed_.view())));
-  RETURN_IF_ERROR(AllReduce(x.view()));
-
-  const TensorView positions = ConstView(in.positions, DType::kI32);
-  const TensorView slots = ConstView(in.slot_mapping, DType::kI64);
+  // The integer inputs: read in place on cpu; on cuda packed into pinned memory and sent up in
+  // one copy (the previous step's copy is complete: the caller waited for that step).
+  TensorView ids = ConstView<int32_t>(local_ids_, DType::kI32);
+  TensorView positions = ConstView(in.positions, DType::kI32);
+  TensorView slots = ConstView(in.slot_mapping, DType::kI64);
   ops::AttentionMetadata meta;
   meta.block_tables = TensorView::Contiguous(const_cast<int32_t*>(in.block_tables.data()),
                                              DType::kI32, {s, in.max_blocks});
   meta.seq_lens = ConstView(in.seq_lens, DType::kI32);
   meta.query_start_loc = ConstView(in.query_start_loc, DType::kI32);
+  TensorView rows = ConstView(in.logits_indices, DType::kI32);
+  if (device_.is_cuda()) {
+    char* host = static_cast<char*>(buf_.staging.view().data);
+    char* dev = static_cast<char*>(buf_.inputs.view().data);
+    size_t offset = 0;
+    auto put = [&](const void* src, size_t bytes, TensorView* view) {
+      std::memcpy(host + offset, src, bytes);
+      view->data = dev + offset;
+      view->device = device_;
+      offset += Align(bytes);
+    };
+    put(local_ids_.data(), t * 4, &ids);
+    put(in.positions.data(), t * 4, &positions);
+    put(in.slot_mapping.data(), t * 8, &slots);
+    put(in.block_tables.data(), in.block_tables.size() * 4, &meta.block_tables);
+    put(in.seq_lens.data(), s * 4, &meta.seq_lens);
+    put(in.query_start_loc.data(), (s + 1) * 4, &meta.query_start_loc);
+    put(in.logits_indices.data(), n * 4, &rows);
+    RETURN_IF_ERROR(Copy(device_, dev, host, offset, stream));
+  }
   meta.max_seq_len = s == 0 ? 0 : *std::max_element(in.seq_lens.begin(), in.seq_lens.end());
+  meta.query_start_loc_host = in.query_start_loc;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const size_t esize = DTypeSize(dtype_);
 
-  HostTensor q(DType::kF32, {t, qh, d}), k(DType::kF32, {t, kvh, d}), v(DType::kF32, {t, kvh, d});
-  HostTensor attn(DType::kF32, {t, qh, d}), gate_up(DType::kF32, {t, 2 * il});
-  HostTensor act(DType::kF32, {t, il});
-  const TensorView q2 = View(q.data<float>(), {t, qh * d});
-  const TensorView k2 = View(k.data<float>(), {t, kvh * d});
-  const TensorView v2 = View(v.data<float>(), {t, kvh * d});
-  const TensorView attn2 = View(attn.data<float>(), {t, qh * d});
+  const TensorView x = buf_.x.Prefix({t, h}), residual = buf_.residual.Prefix({t, h});
+  const TensorView qkv = buf_.qkv.Prefix({t, (qh + 2 * kvh) * d});
+  const TensorView q = buf_.q.Prefix({t, qh, d}), k = buf_.k.Prefix({t, kvh, d});
+  const TensorView v = buf_.v.Prefix({t, kvh, d}), attn = buf_.attn.Prefix({t, qh, d});
+  const TensorView attn2 = buf_.attn.Prefix({t, qh * d});
+  const TensorView gate_up = buf_.gate_up.Prefix({t, 2 * il}), act = buf_.act.Prefix({t, il});
   const TensorView none;
+  // q, k and v out of the fused projection's rows [q | k | v].
+  const size_t qkv_pitch = static_cast<size_t>((qh + 2 * kvh) * d) * esize;
+  auto split_qkv = [&]() -> absl::Status {
+    const char* src = static_cast<const char*>(qkv.data);
+    RETURN_IF_ERROR(
+        Copy2D(device_, stream, q.data, qh * d * esize, src, qkv_pitch, qh * d * esize, t));
+    RETURN_IF_ERROR(Copy2D(device_, stream, k.data, kvh * d * esize, src + qh * d * esize,
+                           qkv_pitch, kvh * d * esize, t));
+    return Copy2D(device_, stream, v.data, kvh * d * esize, src + (qh + kvh) * d * esize, qkv_pitch,
+                  kvh * d * esize, t);
+  };
 
+  RETURN_IF_ERROR(FromOp(ops::Embedding(ctx, x, ids, embed_.view())));
+  RETURN_IF_ERROR(AllReduce(x));
   for (int l = 0; l < config_.num_hidden_layers; ++l) {
     const Layer& L = layers_[l];
     if (l == 0) {
-      std::memcpy(residual.data<float>(), x.data<float>(), x.view().nbytes());
-      RETURN_IF_ERROR(FromOp(ops::RmsNorm(ctx, x.view(), x.view(), L.input_norm.view(),
-                                          static_cast<float>(config_.rms_norm_eps))));
+      RETURN_IF_ERROR(Copy(device_, residual.data, x.data, x.nbytes(), stream));
+      RETURN_IF_ERROR(FromOp(ops::RmsNorm(ctx, x, x, L.input_norm.view(), eps)));
     } else {
-      RETURN_IF_ERROR(
-          FromOp(ops::FusedAddRmsNorm(ctx, x.view(), residual.view(), L.input_norm.view(),
-                                      static_cast<float>(config_.rms_norm_eps))));
+      RETURN_IF_ERROR(FromOp(ops::FusedAddRmsNorm(ctx, x, residual, L.input_norm.view(), eps)));
     }
-    const bool bias = config_.attention_bias;
+    RETURN_IF_ERROR(FromOp(ops::Linear(ctx, qkv, x, L.qkv_proj.view(),
+                                       L.qkv_bias.allocated() ? L.qkv_bias.view() : none)));
+    RETURN_IF_ERROR(split_qkv());
+    RETURN_IF_ERROR(FromOp(ops::RotaryEmbedding(ctx, positions, q, k, rope_)));
+    RETURN_IF_ERROR(FromOp(ops::ReshapeAndCache(ctx, k, v, caches[l].key, caches[l].value, slots)));
     RETURN_IF_ERROR(
-        FromOp(ops::Linear(ctx, q2, x.view(), L.q_proj.view(), bias ? L.q_bias.view() : none)));
-    RETURN_IF_ERROR(
-        FromOp(ops::Linear(ctx, k2, x.view(), L.k_proj.view(), bias ? L.k_bias.view() : none)));
-    RETURN_IF_ERROR(
-        FromOp(ops::Linear(ctx, v2, x.view(), L.v_proj.view(), bias ? L.v_bias.view() : none)));
-    RETURN_IF_ERROR(FromOp(ops::RotaryEmbedding(ctx, positions, q.view(), k.view(), rope_)));
-    RETURN_IF_ERROR(FromOp(
-        ops::ReshapeAndCache(ctx, k.view(), v.view(), caches[l].key, caches[l].value, slots)));
-    RETURN_IF_ERROR(FromOp(ops::PagedAttention(ctx, attn.view(), q.view(), caches[l].key,
-                                               caches[l].value, meta, scale)));
-    RETURN_IF_ERROR(FromOp(ops::Linear(ctx, x.view(), attn2, L.o_proj.view(), none)));
-    RETURN_IF_ERROR(AllReduce(x.view()));
-    RETURN_IF_ERROR(FromOp(ops::FusedAddRmsNorm(ctx, x.view(), residual.view(), L.post_norm.view(),
-                                                static_cast<float>(config_.rms_norm_eps))));
-    RETURN_IF_ERROR(
-        FromOp(ops::Linear(ctx, gate_up.view(), x.view(), L.gate_up_proj.view(), none)));
-    RETURN_IF_ERROR(FromOp(ops::SiluAndMul(ctx, act.view(), gate_up.view())));
-    RETURN_IF_ERROR(FromOp(ops::Linear(ctx, x.view(), act.view(), L.down_proj.view(), none)));
-    RETURN_IF_ERROR(AllReduce(x.view()));
+        FromOp(ops::PagedAttention(ctx, attn, q, caches[l].key, caches[l].value, meta, scale)));
+    RETURN_IF_ERROR(FromOp(ops::Linear(ctx, x, attn2, L.o_proj.view(), none)));
+    RETURN_IF_ERROR(AllReduce(x));
+    RETURN_IF_ERROR(FromOp(ops::FusedAddRmsNorm(ctx, x, residual, L.post_norm.view(), eps)));
+    RETURN_IF_ERROR(FromOp(ops::Linear(ctx, gate_up, x, L.gate_up_proj.view(), none)));
+    RETURN_IF_ERROR(FromOp(ops::SiluAndMul(ctx, act, gate_up)));
+    RETURN_IF_ERROR(FromOp(ops::Linear(ctx, x, act, L.down_proj.view(), none)));
+    RETURN_IF_ERROR(AllReduce(x));
   }
-  RETURN_IF_ERROR(FromOp(ops::FusedAddRmsNorm(ctx, x.view(), residual.view(), final_norm_.view(),
-                                              static_cast<float>(config_.rms_norm_eps))));
+  RETURN_IF_ERROR(FromOp(ops::FusedAddRmsNorm(ctx, x, residual, final_norm_.view(), eps)));
 
-  // The rows that sample, then this rank's slice of the vocabulary, then all of it.
-  const int64_t n = static_cast<int64_t>(in.logits_indices.size());
-  HostTensor selected(DType::kF32, {n, h});
-  RETURN_IF_ERROR(FromOp(
-      ops::Embedding(ctx, selected.view(), ConstView(in.logits_indices, DType::kI32), x.view())));
-  const TensorView head =
-      config_.tie_word_embeddings ? View(embed_.data<float>(), {vp, h}) : lm_head_.view();
-  HostTensor local(DType::kF32, {n, vp});
-  RETURN_IF_ERROR(FromOp(ops::Linear(ctx, local.view(), selected.view(), head, none)));
-  const int64_t vocab = config_.vocab_size;
-  *logits = HostTensor(DType::kF32, {n, vocab});
+  // The rows that sample, then this rank's slice of the vocabulary (fp32), then all of it.
+  const TensorView selected = buf_.selected.Prefix({n, h});
+  RETURN_IF_ERROR(FromOp(ops::Embedding(ctx, selected, rows, x)));
+  const TensorView head = config_.tie_word_embeddings ? embed_.Prefix({vp, h}) : lm_head_.view();
+  const TensorView local = buf_.local_logits.Prefix(DType::kF32, {n, vp});
+  RETURN_IF_ERROR(FromOp(ops::Linear(ctx, local, selected, head, none)));
   if (world_ == 1) {
-    for (int64_t r = 0; r < n; ++r) {
-      std::memcpy(logits->data<float>() + r * vocab, local.data<float>() + r * vp,
-                  vocab * sizeof(float));
-    }
+    *logits = local;  // vp == vocab
     return absl::OkStatus();
   }
-  HostTensor gathered(DType::kF32, {world_, n, vp});
-  RETURN_IF_ERROR(
-      comm_->AllGather(local.data<float>(), static_cast<size_t>(n * vp), gathered.data<float>()));
-  for (int64_t r = 0; r < n; ++r) {
-    for (int w = 0; w < world_; ++w) {
-      const int64_t begin = w * vp, count = std::min(vp, vocab - begin);
-      if (count <= 0) continue;
-      std::memcpy(logits->data<float>() + r * vocab + begin,
-                  gathered.data<float>() + (w * n + r) * vp, count * sizeof(float));
-    }
+  const TensorView gathered = buf_.gathered.Prefix(DType::kF32, {world_, n, vp});
+  RETURN_IF_ERROR(comm_->AllGather(local.data_as<float>(), static_cast<size_t>(n * vp),
+                                   gathered.data_as<float>()));
+  const TensorView all = buf_.logits.Prefix(DType::kF32, {n, vocab});
+  for (int w = 0; w < world_; ++w) {
+    const int64_t begin = w * vp, count = std::min(vp, vocab - begin);
+    if (count <= 0 || n == 0) continue;
+    RETURN_IF_ERROR(Copy2D(device_, stream, all.data_as<float>() + begin, vocab * 4,
+                           gathered.data_as<float>() + w * n * vp, vp * 4, count * 4, n));
   }
+  *logits = all;
   return absl::OkStatus();
 }
 

@@ -14,9 +14,20 @@
 //                              read)
 // Each rank reads only its own slices of the weights (SafetensorsModel slices).
 //
+// q/k/v_proj are one fused weight [(q_heads + 2 kv_heads) * D, H] (one GEMM; its output split
+// into q, k and v), gate/up_proj one [2 I_local, H] (one GEMM into SiluAndMul).
+//
+// Device and dtype (ModelOptions): on cpu everything is fp32; on cuda weights and activations
+// are bf16 (the default there), f16 or f32, with fp32 accumulation inside every op and fp32
+// logits. Weights are read in the model's dtype (a BF16 checkpoint is copied, not converted
+// through fp32) and each rank uploads only its slices.
+//
 // Forward() runs one engine step: the tokens of every scheduled sequence in one batch (prefill
 // chunks and decode tokens mixed), writing their K and V into the cache and returning the
-// logits of the rows asked for (the last token of each sequence that samples).
+// logits of the rows asked for (the last token of each sequence that samples). On cuda it only
+// enqueues work on the context's stream (inputs go up in one copy from pinned memory); the
+// caller waits once per step. Activation buffers are allocated for the largest step seen (or
+// reserved, Reserve) and reused: a step allocates nothing once they are large enough.
 //
 // Thread-safety: Forward() mutates the KV cache; one thread at a time.
 #ifndef LLM_WORKER_SERVICE_MODEL_LLAMA_H_
@@ -30,8 +41,10 @@
 
 #include "absl/status/statusor.h"
 #include "common/model_config.h"
+#include "kernels/device_tensor.h"
 #include "kernels/ops.h"
 #include "kernels/tensor.h"
+#include "worker_service/model/device_context.h"
 
 namespace llm {
 
@@ -56,24 +69,48 @@ struct LayerKvCache {
   TensorView value;
 };
 
+// Where the model computes. `context` (not owned, outlives the model) is the rank's device
+// and stream; null = cpu.
+struct ModelOptions {
+  DeviceContext* context = nullptr;
+  DType dtype = DType::kF32;  // weights and activations: f32; on cuda also bf16 or f16
+};
+
+// "float32" / "bfloat16" / "float16" (also "auto": bf16 on cuda, f32 on cpu) for `device`:
+// the model's dtype, or INVALID_ARGUMENT naming what the device takes.
+absl::StatusOr<DType> ParseModelDType(const std::string& name, const TensorDevice& device);
+
 class LlamaModel {
  public:
   // Reads rank `comm->rank()` of `comm->world_size()`'s shard (rank 0 of 1 when comm is
   // null). INVALID_ARGUMENT when the heads or the intermediate size do not split over the
-  // ranks; the loader's errors when a tensor is missing or malformed.
+  // ranks, or the dtype does not suit the device; the loader's errors when a tensor is missing
+  // or malformed; RESOURCE_EXHAUSTED when the weights do not fit the device.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const std::string& model_dir,
                                                           const ModelConfig& config,
-                                                          Communicator* comm);
+                                                          Communicator* comm,
+                                                          const ModelOptions& options = {});
   // The same from an already open weights directory.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const SafetensorsModel& weights,
                                                           const ModelConfig& config,
-                                                          Communicator* comm);
+                                                          Communicator* comm,
+                                                          const ModelOptions& options = {});
 
   // A shard with random weights (uniform, small), for benchmarks of a model's shape without
   // its files. Same sharding and checks as Load.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> CreateRandom(const ModelConfig& config,
-                                                                  uint64_t seed,
-                                                                  Communicator* comm);
+                                                                  uint64_t seed, Communicator* comm,
+                                                                  const ModelOptions& options = {});
+
+  const TensorDevice& device() const { return device_; }
+  DType dtype() const { return dtype_; }
+  // Bytes of this rank's weights on the device.
+  size_t weight_bytes() const { return weight_bytes_; }
+
+  // Allocates the activation buffers for steps of up to max_tokens tokens, max_seqs sequences
+  // and contexts of max_model_len (the attention workspace), so that no step allocates and
+  // memory profiling sees them. Forward grows them when a step is larger.
+  absl::Status Reserve(int64_t max_tokens, int64_t max_seqs, int64_t max_model_len);
 
   const ModelConfig& config() const { return config_; }
   int num_layers() const { return config_.num_hidden_layers; }
@@ -82,33 +119,54 @@ class LlamaModel {
   int head_dim() const { return config_.head_dim; }
   int vocab_size() const { return config_.vocab_size; }
 
-  // Runs the step; `logits` becomes [logits_indices.size(), vocab_size] (full vocabulary on
-  // every rank). `caches` has num_layers() entries.
+  // Runs the step; `logits` becomes an f32 view [logits_indices.size(), vocab_size] on the
+  // model's device (full vocabulary on every rank), valid until the next Forward. On cuda the
+  // work is only enqueued on the context's stream. `caches` has num_layers() entries.
+  absl::Status Forward(const ForwardInput& input, std::span<const LayerKvCache> caches,
+                       TensorView* logits);
+  // The same, then the logits copied into a host tensor (waits for the device): for tests.
   absl::Status Forward(const ForwardInput& input, std::span<const LayerKvCache> caches,
                        HostTensor* logits);
 
  private:
   struct Layer {
-    HostTensor input_norm;  // [H]
-    HostTensor q_proj;      // [q_heads * D, H]
-    HostTensor k_proj;      // [kv_heads * D, H]
-    HostTensor v_proj;
-    HostTensor q_bias, k_bias, v_bias;  // empty unless attention_bias
-    HostTensor o_proj;                  // [H, q_heads * D]
-    HostTensor post_norm;               // [H]
-    HostTensor gate_up_proj;            // [2 * I_local, H]: this rank's gate rows, then its up rows
-    HostTensor down_proj;               // [H, I_local]
+    Tensor input_norm;    // [H]
+    Tensor qkv_proj;      // [(q_heads + 2 kv_heads) * D, H]: this rank's q rows, k rows, v rows
+    Tensor qkv_bias;      // [(q_heads + 2 kv_heads) * D]; unallocated unless attention_bias
+    Tensor o_proj;        // [H, q_heads * D]
+    Tensor post_norm;     // [H]
+    Tensor gate_up_proj;  // [2 * I_local, H]: this rank's gate rows, then its up rows
+    Tensor down_proj;     // [H, I_local]
+  };
+  // Activation and input buffers, sized for the largest step so far.
+  struct Buffers {
+    int64_t tokens = 0, rows = 0, seqs = 0, table = 0;     // capacities
+    Tensor x, residual, qkv, q, k, v, attn, gate_up, act;  // [tokens, ...], model dtype
+    Tensor selected;                                       // [rows, H]
+    Tensor local_logits, gathered, logits;  // f32 [rows, Vp], [W, rows, Vp], [rows, V]
+    // The step's integer inputs: on cpu they are read where the caller has them; on cuda they
+    // are packed into `staging` (pinned) and go up in one copy into `inputs`.
+    Tensor staging, inputs;
+    Tensor attention_workspace;  // PagedAttention's split-K partials (cuda)
+    int64_t max_model_len = 0;
   };
 
-  LlamaModel(const ModelConfig& config, Communicator* comm);
+  LlamaModel(const ModelConfig& config, Communicator* comm, const ModelOptions& options);
   // From `weights`, or random (seeded) when it is null.
   absl::Status LoadWeights(const SafetensorsModel* weights, uint64_t seed);
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Make(const ModelConfig& config,
-                                                          Communicator* comm);
+                                                          Communicator* comm,
+                                                          const ModelOptions& options);
   absl::Status AllReduce(const TensorView& t);
+  absl::Status Grow(int64_t tokens, int64_t rows, int64_t seqs, int64_t table);
+  absl::Status AllocateOnDevice(DType dtype, std::initializer_list<int64_t> shape, Tensor* t);
+  ops::OpContext OpContextFor() const;
 
   ModelConfig config_;
   Communicator* comm_;
+  DeviceContext* context_;
+  TensorDevice device_;
+  DType dtype_;
   int rank_ = 0;
   int world_ = 1;
   int local_q_heads_ = 0;
@@ -116,11 +174,14 @@ class LlamaModel {
   int first_kv_head_ = 0;
   int local_intermediate_ = 0;
   int vocab_per_rank_ = 0;  // Vp
+  size_t weight_bytes_ = 0;
   ops::RopeConfig rope_;
-  HostTensor embed_;    // [Vp + 1, H]; rows past this rank's vocabulary are zero
-  HostTensor lm_head_;  // [Vp, H]; empty when tied to embed_
-  HostTensor final_norm_;
+  Tensor embed_;    // [Vp + 1, H]; rows past this rank's vocabulary are zero
+  Tensor lm_head_;  // [Vp, H]; unallocated when tied to embed_
+  Tensor final_norm_;
   std::vector<Layer> layers_;
+  Buffers buf_;
+  std::vector<int32_t> local_ids_;  // cpu: this step's ids in the local vocabulary
 };
 
 }  // namespace llm

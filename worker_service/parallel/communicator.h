@@ -34,6 +34,13 @@ class Communicator {
   // data[i] = sum over ranks of data[i], in place, on every rank.
   virtual absl::Status AllReduceSum(float* data, size_t count) = 0;
 
+  // The same for 16-bit floats (`bf16`: bfloat16, else IEEE half), summed in fp32 and rounded
+  // once; `data` as the float overload's. Host communicators: UNIMPLEMENTED (CPU models are
+  // fp32).
+  virtual absl::Status AllReduceSum16(void* data, size_t count, bool bf16) {
+    (void)data, (void)count, (void)bf16;
+    return absl::UnimplementedError("this communicator reduces fp32 only");
+  }
   // out[r * count + i] = rank r's in[i] (rank-major), on every rank. out holds
   // world_size() * count floats and does not overlap in.
   virtual absl::Status AllGather(const float* in, size_t count, float* out) = 0;
@@ -44,6 +51,10 @@ class Communicator {
   // Returns once every rank has entered the barrier.
   virtual absl::Status Barrier() = 0;
 
+  // Waits until every collective called so far has completed, within the communicator's
+  // timeout (UNAVAILABLE naming the peer or the collective otherwise). A no-op for
+  // communicators whose calls complete before they return (all but NCCL's deferred mode).
+  virtual absl::Status WaitForCollectives() { return absl::OkStatus(); }
   // The device stream the collectives are enqueued on (a cudaStream_t), or null for host
   // communicators. A GPU worker has ONE stream for its step: it passes this one as
   // OpContext::stream to every op (kernels, cache copies) of the model, so that kernels, copies

@@ -76,7 +76,8 @@ struct NcclCommunicator::Impl {
   float* scratch = nullptr;  // one device float, for Barrier
   int device = 0;
   std::chrono::milliseconds timeout{0};
-  std::string broken;  // why the communicator was aborted; empty while it works
+  std::string broken;     // why the communicator was aborted; empty while it works
+  bool deferred = false;  // collectives return once enqueued; WaitForCollectives awaits them
 
   Impl() = default;
   Impl(const Impl&) = delete;
@@ -162,7 +163,7 @@ struct NcclCommunicator::Impl {
     if (r != ncclSuccess && r != ncclInProgress) {
       return Fail(absl::StrCat(what, " failed: ", NcclError(r, comm)));
     }
-    return Await(what, /*wait_stream=*/true, deadline);
+    return Await(what, /*wait_stream=*/!deferred, deadline);
   }
 };
 
@@ -248,6 +249,29 @@ absl::Status NcclCommunicator::AllReduceSum(float* data, size_t count) {
   return impl_->Run(absl::StrCat(kWhat, " of ", count, " floats"), [&] {
     return ncclAllReduce(data, data, count, ncclFloat32, ncclSum, impl_->comm, impl_->stream);
   });
+}
+
+absl::Status NcclCommunicator::AllReduceSum16(void* data, size_t count, bool bf16) {
+  constexpr const char* kWhat = "NCCL AllReduceSum";
+  if (count == 0) return absl::OkStatus();
+  if (absl::Status s = SetDevice(kWhat, device_); !s.ok()) return s;
+  if (absl::Status s = CheckDevicePointer(kWhat, "data", data, device_); !s.ok()) return s;
+  return impl_->Run(absl::StrCat(kWhat, " of ", count, bf16 ? " bf16" : " f16"), [&] {
+    return ncclAllReduce(data, data, count, bf16 ? ncclBfloat16 : ncclFloat16, ncclSum, impl_->comm,
+                         impl_->stream);
+  });
+}
+
+void NcclCommunicator::SetDeferredWait(bool deferred) { impl_->deferred = deferred; }
+
+absl::Status NcclCommunicator::WaitForCollectives() {
+  constexpr const char* kWhat = "NCCL collectives of the step";
+  if (impl_->comm == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat(kWhat, ": the communicator is broken: ", impl_->broken));
+  }
+  if (absl::Status s = SetDevice(kWhat, device_); !s.ok()) return s;
+  return impl_->Await(kWhat, /*wait_stream=*/true, Clock::now() + impl_->timeout);
 }
 
 absl::Status NcclCommunicator::AllGather(const float* in, size_t count, float* out) {

@@ -18,9 +18,9 @@
 // never hangs a worker; every later call returns UNAVAILABLE too, and every rank must be
 // rebuilt (the peers' collectives fail within their own timeouts).
 //
-// Cost: the host waits for the stream at every collective, so the CPU cannot run ahead of
-// the GPU across a collective, and collectives cannot be captured into a CUDA graph. A worker
-// that needs either must wait elsewhere (a watchdog thread, as PyTorch has); not done yet.
+// Cost: by default the host waits for the stream at every collective, so the CPU cannot run
+// ahead of the GPU across a collective, and collectives cannot be captured into a CUDA graph.
+// A GPU worker turns on the deferred mode (SetDeferredWait) and waits once per step instead.
 //
 // Thread-safety: as Communicator (one thread per rank's communicator). Create() and every call
 // make `device` the calling thread's current CUDA device. Owns the NCCL communicator (and a
@@ -74,10 +74,20 @@ class NcclCommunicator : public Communicator {
 
   // As Communicator, with device pointers; each waits for the stream (see the top).
   absl::Status AllReduceSum(float* data, size_t count) override;
+  absl::Status AllReduceSum16(void* data, size_t count, bool bf16) override;
   absl::Status AllGather(const float* in, size_t count, float* out) override;
   absl::Status Broadcast(float* data, size_t count, int root) override;
   // An all-reduce of one float.
   absl::Status Barrier() override;
+
+  // Deferred mode (off by default): each collective returns once NCCL has enqueued it on the
+  // stream, without waiting for the stream, so the host runs ahead of the GPU through a whole
+  // forward pass and collectives can be captured into a CUDA graph; errors of NCCL's enqueue
+  // still fail the call at once. WaitForCollectives() then awaits the stream (everything on
+  // it) with the same deadline, polling ncclCommGetAsyncError: a dead or stuck peer aborts the
+  // communicator within the timeout and gives UNAVAILABLE naming it.
+  void SetDeferredWait(bool deferred);
+  absl::Status WaitForCollectives() override;
 
  private:
   struct Impl;

@@ -18,6 +18,16 @@ absl::Status ReboundCommunicator::AllReduceSum(float* data, size_t count) {
   return inner_->AllReduceSum(data, count);
 }
 
+absl::Status ReboundCommunicator::AllReduceSum16(void* data, size_t count, bool bf16) {
+  if (inner_ == nullptr) return Unbound();
+  return inner_->AllReduceSum16(data, count, bf16);
+}
+
+absl::Status ReboundCommunicator::WaitForCollectives() {
+  if (inner_ == nullptr) return Unbound();
+  return inner_->WaitForCollectives();
+}
+
 absl::Status ReboundCommunicator::AllGather(const float* in, size_t count, float* out) {
   if (inner_ == nullptr) return Unbound();
   return inner_->AllGather(in, count, out);

@@ -38,6 +38,8 @@ class ReboundCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
   absl::Status AllReduceSum(float* data, size_t count) override;
+  absl::Status AllReduceSum16(void* data, size_t count, bool bf16) override;
+  absl::Status WaitForCollectives() override;
   absl::Status AllGather(const float* in, size_t count, float* out) override;
   absl::Status Broadcast(float* data, size_t count, int root) override;
   absl::Status Barrier() override;

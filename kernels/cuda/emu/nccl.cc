@@ -31,9 +31,11 @@
 // inputs are never overwritten before every rank has read them. ncclCommGetAsyncError reports
 // a dead peer as ncclRemoteError, so a caller's deadline + ncclCommAbort works as in-process.
 //
-// Not emulated: ncclFloat16/ncclBfloat16 reductions, ncclAvg, communicator splits,
-// point-to-point calls. A non-blocking init never times out by itself: the caller polls and
+// f16 and bf16 reductions accumulate in fp32 (ReduceHalf). Not emulated: ncclAvg, communicator
+// splits, point-to-point calls. A non-blocking init never times out by itself: the caller polls and
 // aborts (a blocking one waits, as NCCL's, until every rank has joined or one aborted).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <nccl.h>
@@ -163,6 +165,48 @@ void ReduceAs(const Op& op) {
   Reduce(op, acc);
 }
 
+// f16 / bf16 reductions as NCCL's pairwise ones would round them at best: accumulated in fp32
+// in rank order and rounded once to nearest (real NCCL may round after each step of its ring,
+// so its sums can differ from these in the last bit).
+void ReduceHalf(const Op& op) {
+  const size_t n = op.count;
+  const bool bf16 = op.type == ncclBfloat16;
+  auto load = [bf16](const void* p, size_t i) {
+    return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i])
+                : __half2float(static_cast<const __half*>(p)[i]);
+  };
+  std::vector<float> acc(n);
+  for (size_t i = 0; i < n; ++i) acc[i] = load(op.send[0], i);
+  for (size_t r = 1; r < op.send.size(); ++r) {
+    for (size_t i = 0; i < n; ++i) {
+      const float v = load(op.send[r], i);
+      switch (op.red) {
+        case ncclSum:
+          acc[i] += v;
+          break;
+        case ncclProd:
+          acc[i] *= v;
+          break;
+        case ncclMax:
+          acc[i] = std::max(acc[i], v);
+          break;
+        default:
+          acc[i] = std::min(acc[i], v);
+          break;
+      }
+    }
+  }
+  for (void* out : op.recv) {
+    for (size_t i = 0; i < n; ++i) {
+      if (bf16) {
+        static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(acc[i]);
+      } else {
+        static_cast<__half*>(out)[i] = __float2half_rn(acc[i]);
+      }
+    }
+  }
+}
+
 // Every rank has arrived: writes every rank's output (device memory is accessible: this runs
 // inside the runtime's host work). Inputs are staged first, since outputs may alias them.
 void Combine(const Op& op) {
@@ -190,6 +234,10 @@ void Combine(const Op& op) {
           break;
         case ncclFloat32:
           ReduceAs<float>(op);
+          break;
+        case ncclFloat16:
+        case ncclBfloat16:
+          ReduceHalf(op);
           break;
         default:
           ReduceAs<double>(op);
@@ -478,6 +526,17 @@ void ShmFinish(const Shm& s, uint64_t round, const RoundDesc& d, size_t offset, 
         case ncclFloat32:
           ReduceInto<float>(in, red, n, recv + offset);
           break;
+        case ncclFloat16:
+        case ncclBfloat16: {
+          Op op;
+          op.red = red;
+          op.count = n;
+          op.type = static_cast<ncclDataType_t>(d.type);
+          for (const char* p : in) op.send.push_back(p);
+          op.recv.push_back(recv + offset);
+          ReduceHalf(op);
+          break;
+        }
         default:
           ReduceInto<double>(in, red, n, recv + offset);
           break;
@@ -600,11 +659,9 @@ ncclResult_t Enqueue(Kind kind, const void* send, void* recv, size_t count, nccl
                      ncclRedOp_t red, int root, ncclComm_t comm, cudaStream_t stream) {
   const char* what = KindName(kind);
   if (comm == nullptr) return Error(ncclInvalidArgument, std::string(what) + ": comm is null");
-  if (TypeSize(type) == 0 ||
-      (kind == Kind::kAllReduce && (type == ncclFloat16 || type == ncclBfloat16))) {
+  if (TypeSize(type) == 0) {
     return Error(ncclInvalidArgument,
-                 std::string(what) + ": data type " + std::to_string(type) +
-                     " is not supported (emulated NCCL: integer, float32 and float64)");
+                 std::string(what) + ": data type " + std::to_string(type) + " is not supported");
   }
   if (kind == Kind::kAllReduce && (red < ncclSum || red > ncclMin)) {
     return Error(ncclInvalidArgument, std::string(what) + ": reduction " + std::to_string(red) +
