@@ -29,7 +29,8 @@ struct KeySpec {
 const std::vector<KeySpec>& EngineKeys() {
   static const auto* keys = new std::vector<KeySpec>{
       {"served_model_name", Type::kString, {}},
-      {"dtype", Type::kString, {"float32"}},
+      {"dtype", Type::kString, {"auto", "float32", "bfloat16", "float16"}},
+      {"kv_cache_dtype", Type::kString, {"auto", "float32", "bfloat16", "float16"}},
       {"block_size", Type::kInt, {}},
       {"max_num_seqs", Type::kInt, {}},
       {"max_num_batched_tokens", Type::kInt, {}},

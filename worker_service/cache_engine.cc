@@ -2,45 +2,125 @@
 
 #include <algorithm>
 #include <limits>
+#include <new>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/ops.h"
 #include "protocol/batch_state.h"
 
+#ifdef LLM_WITH_CUDA
+#include "kernels/cuda/runtime_api.h"
+#endif
+
 namespace llm {
-namespace {
-
-HostTensor Poisoned(const CacheShape& s, int num_blocks) {
-  HostTensor t(DType::kF32, {num_blocks, s.block_size, s.num_kv_heads, s.head_dim});
-  std::fill_n(t.data<float>(), t.numel(), std::numeric_limits<float>::quiet_NaN());
-  return t;
-}
-
-}  // namespace
 
 size_t CacheEngine::BytesPerBlock(const CacheShape& s) {
   return 2 * static_cast<size_t>(s.num_layers) * s.block_size * s.num_kv_heads * s.head_dim *
-         sizeof(float);
+         DTypeSize(s.dtype);
+}
+
+absl::StatusOr<std::unique_ptr<CacheEngine>> CacheEngine::Create(const CacheShape& shape,
+                                                                 int num_device_blocks,
+                                                                 int num_host_blocks,
+                                                                 DeviceContext* context) {
+  const bool cuda = context != nullptr && context->is_cuda();
+  if (num_device_blocks < 1 || num_host_blocks < 1 || shape.num_layers < 1 ||
+      shape.block_size < 1 || shape.num_kv_heads < 1 || shape.head_dim < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache: ", num_device_blocks, " device and ", num_host_blocks,
+                     " host blocks of ", shape.num_layers, " layers: every count must be >= 1"));
+  }
+  if (!(shape.dtype == DType::kF32 ||
+        (cuda && (shape.dtype == DType::kBF16 || shape.dtype == DType::kF16)))) {
+    return absl::InvalidArgumentError(absl::StrCat("KV cache dtype ", DTypeName(shape.dtype),
+                                                   " is not supported on ", cuda ? "cuda" : "cpu",
+                                                   cuda ? " (f32, f16, bf16)" : " (f32)"));
+  }
+  std::unique_ptr<CacheEngine> engine(
+      new CacheEngine(shape, num_device_blocks, num_host_blocks, context, true));
+  if (absl::Status s = engine->Allocate(); !s.ok()) return s;
+  return engine;
 }
 
 CacheEngine::CacheEngine(const CacheShape& shape, int num_device_blocks, int num_host_blocks)
-    : shape_(shape), num_device_blocks_(num_device_blocks), num_host_blocks_(num_host_blocks) {
-  for (int l = 0; l < shape.num_layers; ++l) {
-    for (int kv = 0; kv < 2; ++kv) {
-      device_.push_back(Poisoned(shape, num_device_blocks));
-      host_.push_back(Poisoned(shape, num_host_blocks));
+    : CacheEngine(shape, num_device_blocks, num_host_blocks, nullptr, true) {
+  if (!Allocate().ok()) throw std::bad_alloc();
+}
+
+CacheEngine::CacheEngine(const CacheShape& shape, int num_device_blocks, int num_host_blocks,
+                         DeviceContext* context, bool)
+    : shape_(shape),
+      num_device_blocks_(num_device_blocks),
+      num_host_blocks_(num_host_blocks),
+      context_(context) {}
+
+absl::Status CacheEngine::Allocate() {
+  const CacheShape& s = shape_;
+  const TensorDevice device = context_ != nullptr ? context_->device() : TensorDevice::Cpu();
+  const int64_t caches = 2 * static_cast<int64_t>(s.num_layers);
+  auto allocate = [&](TensorDevice where, int64_t blocks, HostMemory host,
+                      Tensor* arena) -> absl::Status {
+    if (std::string err =
+            Tensor::Allocate(s.dtype, {caches, blocks, s.block_size, s.num_kv_heads, s.head_dim},
+                             where, arena, host);
+        !err.empty()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("KV cache: ", blocks, " blocks of ", BytesPerBlock(s), " bytes on ",
+                       where.is_cpu() ? "the host" : where.ToString(), " do not fit: ", err));
     }
+    // Poison: all-ones bytes are NaN in every float dtype.
+    if (where.is_cuda()) {
+#ifdef LLM_WITH_CUDA
+      return CudaStatus(
+          cuda::MemsetAsync(arena->view().data, 0xFF, arena->view().nbytes(), context_->stream()));
+#endif
+    }
+    if (s.dtype == DType::kF32) {
+      std::fill_n(arena->data<float>(), arena->view().numel(),
+                  std::numeric_limits<float>::quiet_NaN());
+    } else {
+      std::fill_n(static_cast<unsigned char*>(arena->view().data), arena->view().nbytes(), 0xFF);
+    }
+    return absl::OkStatus();
+  };
+  const bool cuda = device.is_cuda();
+  if (absl::Status st = allocate(device, num_device_blocks_, HostMemory::kPageable, &device_arena_);
+      !st.ok()) {
+    return st;
   }
-  for (int l = 0; l < shape.num_layers; ++l) {
-    device_layers_.push_back({device_[2 * l].view(), device_[2 * l + 1].view()});
+  if (absl::Status st = allocate(TensorDevice::Cpu(), num_host_blocks_,
+                                 cuda ? HostMemory::kPinned : HostMemory::kPageable, &host_arena_);
+      !st.ok()) {
+    return st;
   }
+  const size_t esize = DTypeSize(s.dtype);
+  const int64_t per_block = static_cast<int64_t>(s.block_size) * s.num_kv_heads * s.head_dim;
+  for (int64_t c = 0; c < caches; ++c) {
+    device_.push_back(TensorView::Contiguous(
+        static_cast<char*>(device_arena_.view().data) + c * num_device_blocks_ * per_block * esize,
+        s.dtype, {num_device_blocks_, s.block_size, s.num_kv_heads, s.head_dim}, device));
+    host_.push_back(TensorView::Contiguous(
+        static_cast<char*>(host_arena_.view().data) + c * num_host_blocks_ * per_block * esize,
+        s.dtype, {num_host_blocks_, s.block_size, s.num_kv_heads, s.head_dim}));
+  }
+  for (int l = 0; l < s.num_layers; ++l) {
+    device_layers_.push_back({device_[2 * l], device_[2 * l + 1]});
+  }
+  if (context_ != nullptr) return context_->Synchronize();
+  return absl::OkStatus();
+}
+
+ops::OpContext CacheEngine::OpContextFor() const {
+  return context_ != nullptr ? context_->op_context() : ops::OpContext{};
 }
 
 absl::Status CacheEngine::Swap(std::span<const BlockPair> pairs,
-                               const std::vector<HostTensor>& from,
-                               const std::vector<HostTensor>& to) {
+                               const std::vector<TensorView>& from,
+                               const std::vector<TensorView>& to) {
+  if (pairs.empty()) return absl::OkStatus();
+  const ops::OpContext ctx = OpContextFor();
   for (size_t i = 0; i < from.size(); ++i) {
-    const ops::OpStatus s = ops::SwapBlocks({}, from[i].view(), to[i].view(), pairs);
+    const ops::OpStatus s = ops::SwapBlocks(ctx, from[i], to[i], pairs);
     if (!s.ok()) return absl::InternalError(s.message);
   }
   return absl::OkStatus();
@@ -67,12 +147,13 @@ absl::Status CacheEngine::Copy(std::span<const BlockPair> pairs) {
       !s.ok()) {
     return s;
   }
+  if (pairs.empty()) return absl::OkStatus();
   std::vector<TensorView> keys, values;
   for (const LayerKvCache& l : device_layers_) {
     keys.push_back(l.key);
     values.push_back(l.value);
   }
-  const ops::OpStatus s = ops::CopyBlocks({}, keys, values, pairs);
+  const ops::OpStatus s = ops::CopyBlocks(OpContextFor(), keys, values, pairs);
   return s.ok() ? absl::OkStatus() : absl::InternalError(s.message);
 }
 

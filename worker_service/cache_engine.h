@@ -1,22 +1,30 @@
 // The KV cache of one worker rank: K and V per layer on the device, and a swap space of the
-// same block shape in host memory.
+// same block shape in host memory (page-locked when the device is a GPU).
 //
 // Layout per layer and per K or V (kernels/ops.h):
 //   cache[block_id][slot_in_block][kv_head][d]   [num_blocks, block_size, num_kv_heads, head_dim]
-// For the CPU backend "the device" is host memory too. Every cache is allocated once, here,
-// and poisoned with NaN so that a kernel reading a slot nobody wrote shows at once.
+// For the CPU backend "the device" is host memory too. On cuda the 2 * num_layers caches are
+// views of ONE device allocation (layer l's K at index 2l, V at 2l + 1), so that CopyBlocks and
+// SwapBlocks move a block of every layer in a few launches or copies. Every cache is allocated
+// once, here, and poisoned with NaN (all-ones bytes, NaN in f32, f16 and bf16) so that a kernel
+// reading a slot nobody wrote shows at once. The cache dtype (CacheShape::dtype) is f32 on cpu;
+// f32, f16 or bf16 on cuda.
 //
 // Thread-safety: one thread (the worker's step loop).
 #ifndef LLM_WORKER_SERVICE_CACHE_ENGINE_H_
 #define LLM_WORKER_SERVICE_CACHE_ENGINE_H_
 
 #include <cstddef>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/types.h"
+#include "kernels/device_tensor.h"
 #include "kernels/tensor.h"
+#include "worker_service/model/device_context.h"
 #include "worker_service/model/llama.h"
 
 namespace llm {
@@ -26,14 +34,22 @@ struct CacheShape {
   int num_kv_heads = 0;  // this rank's
   int head_dim = 0;
   int block_size = 16;
+  DType dtype = DType::kF32;
 };
 
 class CacheEngine {
  public:
-  // Bytes one block takes over all layers, K and V, fp32: what the scheduler's pools are
-  // sized with (num_blocks = memory budget / BytesPerBlock).
+  // Bytes one block takes over all layers, K and V, in the cache dtype: what the scheduler's
+  // pools are sized with (num_blocks = memory budget / BytesPerBlock).
   static size_t BytesPerBlock(const CacheShape& shape);
 
+  // On `context`'s device (null: cpu). RESOURCE_EXHAUSTED naming the bytes when the caches do
+  // not fit; INVALID_ARGUMENT for a dtype the device does not take or counts < 1.
+  static absl::StatusOr<std::unique_ptr<CacheEngine>> Create(const CacheShape& shape,
+                                                             int num_device_blocks,
+                                                             int num_host_blocks,
+                                                             DeviceContext* context = nullptr);
+  // cpu only; throws std::bad_alloc when the memory is not there (prefer Create).
   CacheEngine(const CacheShape& shape, int num_device_blocks, int num_host_blocks);
   CacheEngine(const CacheEngine&) = delete;
   CacheEngine& operator=(const CacheEngine&) = delete;
@@ -54,14 +70,21 @@ class CacheEngine {
   absl::Status Copy(std::span<const BlockPair> pairs);
 
  private:
-  absl::Status Swap(std::span<const BlockPair> pairs, const std::vector<HostTensor>& from,
-                    const std::vector<HostTensor>& to);
+  CacheEngine(const CacheShape& shape, int num_device_blocks, int num_host_blocks,
+              DeviceContext* context, bool);
+  absl::Status Allocate();
+  absl::Status Swap(std::span<const BlockPair> pairs, const std::vector<TensorView>& from,
+                    const std::vector<TensorView>& to);
+  ops::OpContext OpContextFor() const;
 
   CacheShape shape_;
   int num_device_blocks_;
   int num_host_blocks_;
-  std::vector<HostTensor> device_;  // 2 per layer: K, V
-  std::vector<HostTensor> host_;
+  DeviceContext* context_;  // null: cpu
+  Tensor device_arena_;     // [2 * num_layers, num_device_blocks, block_size, heads, head_dim]
+  Tensor host_arena_;       // [2 * num_layers, num_host_blocks, ...]
+  std::vector<TensorView> device_;  // 2 per layer: K, V
+  std::vector<TensorView> host_;
   std::vector<LayerKvCache> device_layers_;
 };
 

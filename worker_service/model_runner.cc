@@ -31,8 +31,31 @@ absl::Status ModelRunner::Execute(const SchedulerOutput& step, ModelOutput* out)
   const ForwardInput input{in.token_ids,  in.positions, in.slot_mapping,    in.block_tables,
                            in.max_blocks, in.seq_lens,  in.query_start_loc, in.logits_indices};
   RETURN_IF_ERROR(model_->Forward(input, cache_->device_caches(), &logits_));
+  RETURN_IF_ERROR(FetchLogits());
   RETURN_IF_ERROR(CheckFinite(step.step_id));
   return Sample(out);
+}
+
+absl::Status ModelRunner::FetchLogits() {
+  if (logits_.device.is_cpu()) return model_->Synchronize();
+  if (host_logits_.capacity_bytes() < logits_.nbytes()) {
+    if (std::string err = Tensor::Allocate(DType::kF32, {logits_.numel()}, TensorDevice::Cpu(),
+                                           &host_logits_, HostMemory::kPinned);
+        !err.empty()) {
+      return absl::ResourceExhaustedError(err);
+    }
+  }
+  if (std::string err = CopyBytes(logits_.device, host_logits_.view().data, logits_.data,
+                                  logits_.nbytes(), model_->context()->stream());
+      !err.empty()) {
+    return absl::InternalError(err);
+  }
+  RETURN_IF_ERROR(model_->Synchronize());
+  TensorView host = logits_;
+  host.data = host_logits_.view().data;
+  host.device = TensorDevice::Cpu();
+  logits_ = host;
+  return absl::OkStatus();
 }
 
 void ModelRunner::TrackSamplers(const SchedulerOutput& step) {
@@ -64,7 +87,7 @@ SequenceSampler* ModelRunner::SamplerFor(int32_t slot, int seq_index) {
 // Non-finite logits mean a kernel or model bug (or KV read from a slot never written): fail
 // the step rather than sample garbage.
 absl::Status ModelRunner::CheckFinite(int64_t step_id) const {
-  const float* logits = logits_.data<float>();
+  const float* logits = logits_.data_as<float>();
   for (int64_t i = 0; i < logits_.numel(); ++i) {
     if (!std::isfinite(logits[i])) {
       return absl::InternalError(absl::StrCat("step ", step_id, ": logit ",
@@ -83,7 +106,7 @@ absl::Status ModelRunner::Sample(ModelOutput* out) {
   bool any_logprobs = false;
   for (size_t i = 0; i < in.samples.size(); ++i) {
     const BatchInputs::Sample& s = in.samples[i];
-    const float* src = logits_.data<float>() + static_cast<size_t>(s.logits_row) * vocab;
+    const float* src = logits_.data_as<float>() + static_cast<size_t>(s.logits_row) * vocab;
     std::copy(src, src + vocab, rows_.begin() + i * vocab);
     SequenceSampler* sampler = SamplerFor(in.seqs[s.batch_seq].slot, s.seq_index);
     any_logprobs |= sampler->params().logprobs.has_value();

@@ -23,6 +23,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "kernels/device_tensor.h"
 #include "kernels/tensor.h"
 #include "protocol/batch_state.h"
 #include "protocol/executor.h"
@@ -48,6 +49,8 @@ class ModelRunner : public Executor {
   // reset, and every token appended to a sequence counts as its output (penalties).
   void TrackSamplers(const SchedulerOutput& step);
   SequenceSampler* SamplerFor(int32_t slot, int seq_index);
+  // Brings the logits to the host (cuda: one copy, then the step's one wait).
+  absl::Status FetchLogits();
   absl::Status CheckFinite(int64_t step_id) const;
   absl::Status Sample(ModelOutput* out);
 
@@ -57,8 +60,10 @@ class ModelRunner : public Executor {
   // By slot, then by sequence index (n of them); a sampler is created at the sequence's first
   // token or sample (n > 1: before it is forked).
   absl::flat_hash_map<int32_t, std::vector<std::unique_ptr<SequenceSampler>>> samplers_;
-  // Reused each step.
-  HostTensor logits_;
+  // Reused each step. logits_: the model's, on its device; host_logits_: their copy in pinned
+  // memory when that is a GPU.
+  TensorView logits_;
+  Tensor host_logits_;
   std::vector<float> rows_;
   std::vector<SequenceSampler*> row_samplers_;
 };

@@ -3,7 +3,10 @@
 // ProfileMemory, InitCache, then one Step stream (worker_server.h has the lifecycle).
 //
 //   llm-worker [--host=0.0.0.0] [--port=50061] [--port-file=PATH] [--peer-host=127.0.0.1]
-//              [--device=cpu] [--threads=0]                    (--help lists them)
+//              [--device=cpu|cuda|cuda:N] [--threads=0]        (--help lists them)
+//
+// llm-worker-emu is the same program built against the CUDA emulation (kernels/cuda/emu):
+// --device=cuda runs the real CUDA sources on the CPU, for tests.
 //
 // Logs "listening on HOST:PORT" to stderr once serving; with --port-file writes the bound port
 // there (PATH.tmp, then renamed). SIGTERM / SIGINT (or the Shutdown rpc) stop it: rpcs in
@@ -22,6 +25,7 @@
 #include "common/flag_parser.h"
 #include "common/port_file.h"
 #include "kernels/cpu/blas_setup.h"
+#include "worker_service/model/device_context.h"
 #include "worker_service/worker_server.h"
 
 namespace llm {
@@ -50,7 +54,8 @@ int Run(int argc, char** argv) {
   flags.Add("port-file", &port_file, "write the bound port here once serving (none)");
   flags.Add("peer-host", &options.peer_host,
             "the address other ranks reach this rank at for Gloo collectives (127.0.0.1)");
-  flags.Add("device", &options.device, "cpu only for now (cpu)");
+  flags.Add("device", &options.device,
+            "cpu, or cuda / cuda:N where the build has the CUDA backend (cpu)");
   flags.Add("shm-collectives", &options.shm_collectives,
             "ranks that can share a segment in --shm-dir (one host) run collectives through it; "
             "false: always Gloo over TCP (true)");
@@ -60,10 +65,13 @@ int Run(int argc, char** argv) {
   flags.Parse(argc, argv);
   if (options.port < 0 || options.port > 65535) Fail(2, "--port must be in [0, 65535]");
   if (threads < 0) Fail(2, "--threads must be >= 0");
-  if (options.device != "cpu") {
-    Fail(2, options.device.rfind("cuda", 0) == 0
-                ? "device cuda is not built into this worker"
-                : "--device=" + options.device + " is not known; this worker serves cpu");
+  absl::StatusOr<TensorDevice> device = ParseWorkerDevice(options.device);
+  if (!device.ok()) Fail(2, "--device: " + std::string(device.status().message()));
+  if (device->is_cuda()) {
+    // Fail at start, as vLLM does, rather than at the scheduler's first Init.
+    absl::StatusOr<std::unique_ptr<DeviceContext>> context = DeviceContext::Create(*device);
+    if (!context.ok())
+      Fail(1, "--device=" + options.device + ": " + std::string(context.status().message()));
   }
   if (threads > 0) openblas_set_num_threads(threads);
 

@@ -21,6 +21,9 @@
 #include "worker_service/parallel/gloo_communicator.h"
 #include "worker_service/parallel/rebound_communicator.h"
 #include "worker_service/parallel/shm_communicator.h"
+#ifdef LLM_WITH_CUDA
+#include "worker_service/parallel/nccl_communicator.h"
+#endif
 
 namespace llm {
 
@@ -33,13 +36,38 @@ grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
-absl::Status CheckDevice(const std::string& device) {
-  if (device == "cpu") return absl::OkStatus();
+}  // namespace
+
+absl::StatusOr<TensorDevice> ParseWorkerDevice(const std::string& device) {
+  if (device == "cpu") return TensorDevice::Cpu();
   if (device == "cuda" || device.rfind("cuda:", 0) == 0) {
-    return absl::InvalidArgumentError("device cuda is not built into this worker");
+#ifndef LLM_WITH_CUDA
+    return absl::InvalidArgumentError(
+        "device cuda is not built into this worker (no CUDA toolkit at build time)");
+#endif
+    int ordinal = 0;
+    if (device.size() > 4 &&
+        (!absl::SimpleAtoi(device.substr(5), &ordinal) || ordinal < 0 || ordinal > 1023)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("device \"", device, "\": expected cuda or cuda:N"));
+    }
+    return TensorDevice::Cuda(ordinal);
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("device \"", device, "\" is not known; this worker serves \"cpu\""));
+      absl::StrCat("device \"", device, "\" is not known (cpu, cuda or cuda:N)"));
+}
+
+namespace {
+
+// The KV cache's dtype from InitRequest.kv_cache_dtype for a model of `model` dtype.
+absl::StatusOr<DType> ParseKvCacheDType(const std::string& name, DType model,
+                                        const TensorDevice& device) {
+  if (name.empty() || name == "auto") return model;
+  absl::StatusOr<DType> d = ParseModelDType(name, device);
+  if (!d.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_cache_dtype: ", d.status().message()));
+  }
+  return d;
 }
 
 // "host:port" -> (host, port).
@@ -65,7 +93,9 @@ WorkerServer::~WorkerServer() {
 }
 
 absl::Status WorkerServer::Start() {
-  if (absl::Status s = CheckDevice(options_.device); !s.ok()) return s;
+  absl::StatusOr<TensorDevice> device = ParseWorkerDevice(options_.device);
+  if (!device.ok()) return device.status();
+  device_ = *device;
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -131,13 +161,28 @@ absl::Status WorkerServer::DoInit(const v1::InitRequest& request, v1::InitRespon
   if (comm_ != nullptr) comm_->Rebind(nullptr);
   SetHealth("not initialized: Init in progress");
 
-  if (absl::Status s = CheckDevice(request.device().empty() ? "cpu" : request.device()); !s.ok()) {
-    return s;
+  // The worker's --device decides the device; the scheduler's must be of the same kind.
+  const std::string asked = request.device().empty() ? options_.device : request.device();
+  absl::StatusOr<TensorDevice> asked_device = ParseWorkerDevice(asked);
+  if (!asked_device.ok()) return asked_device.status();
+  if (asked_device->type != device_.type) {
+    return absl::InvalidArgumentError(absl::StrCat("the scheduler asks for device ", asked,
+                                                   "; this worker serves ", options_.device,
+                                                   " (its --device)"));
   }
-  const std::string dtype = request.dtype().empty() ? "float32" : request.dtype();
-  if (dtype != "float32") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dtype ", dtype, " is not supported on device cpu (the CPU model computes in float32)"));
+  const std::string dtype = request.dtype().empty() ? "auto" : request.dtype();
+  absl::StatusOr<DType> model_dtype = ParseModelDType(dtype, device_);
+  if (!model_dtype.ok()) return model_dtype.status();
+  absl::StatusOr<DType> kv_dtype =
+      ParseKvCacheDType(request.kv_cache_dtype(), *model_dtype, device_);
+  if (!kv_dtype.ok()) return kv_dtype.status();
+  if (device_.is_cuda() && context_ == nullptr) {
+    absl::StatusOr<std::unique_ptr<DeviceContext>> context = DeviceContext::Create(device_);
+    if (!context.ok()) return context.status();
+    context_ = std::move(*context);
+  }
+  if (context_ != nullptr) {
+    if (absl::Status s = context_->MakeCurrent(); !s.ok()) return s;
   }
   // Both become ints below: a world_size past INT_MAX would turn negative (and pass as 1).
   if (request.world_size() < 1 ||
@@ -167,7 +212,12 @@ absl::Status WorkerServer::DoInit(const v1::InitRequest& request, v1::InitRespon
     if (!store.ok()) return store.status();
     const std::string prefix =
         request.rendezvous_prefix().empty() ? "llm" : request.rendezvous_prefix();
-    {
+    if (device_.is_cuda()) {
+      absl::StatusOr<std::unique_ptr<Communicator>> nccl =
+          JoinNcclGroup(**store, prefix, rank, world, timeout, response);
+      if (!nccl.ok()) return nccl.status();
+      group = std::move(*nccl);
+    } else {
       ShmOptions shm_options;
       shm_options.directory = options_.shm_directory;
       shm_options.prefix = prefix + "/shm";
@@ -182,7 +232,7 @@ absl::Status WorkerServer::DoInit(const v1::InitRequest& request, v1::InitRespon
         return shm.status();
       }
     }
-    if (group == nullptr) {
+    if (group == nullptr && device_.is_cpu()) {
       GlooOptions gloo_options;
       gloo_options.hostname = options_.peer_host;
       gloo_options.prefix = prefix;
@@ -196,25 +246,135 @@ absl::Status WorkerServer::DoInit(const v1::InitRequest& request, v1::InitRespon
   }
 
   // The model: reloaded only when what it was loaded for changed.
-  const ModelKey key{request.model_path(), dtype, rank, world};
+  const ModelKey key{request.model_path(), DTypeName(*model_dtype), rank, world};
   absl::StatusOr<ModelConfig> config = ModelConfig::FromModelDir(request.model_path());
   if (!config.ok()) return config.status();
   if (model_ == nullptr || !(model_key_ == key)) {
     model_.reset();
     comm_ = world > 1 ? std::make_unique<ReboundCommunicator>(rank, world) : nullptr;
-    absl::StatusOr<std::unique_ptr<LlamaModel>> model =
-        LlamaModel::Load(request.model_path(), *config, comm_.get());
+    absl::StatusOr<std::unique_ptr<LlamaModel>> model = LlamaModel::Load(
+        request.model_path(), *config, comm_.get(), {context_.get(), *model_dtype});
     if (!model.ok()) return model.status();
     model_ = std::move(*model);
     model_key_ = key;
   }
   if (comm_ != nullptr) comm_->Rebind(std::move(group));
+  kv_cache_dtype_ = *kv_dtype;
+  max_model_len_ = static_cast<int>(std::min<uint32_t>(
+      request.max_model_len() > 0 ? request.max_model_len() : config->max_position_embeddings,
+      1u << 24));
+  max_num_batched_tokens_ = static_cast<int>(std::min<uint32_t>(
+      request.max_num_batched_tokens() > 0 ? request.max_num_batched_tokens() : 2048, 1u << 24));
+  if (device_.is_cuda()) {
+    // The activation buffers of the largest step, before memory is profiled.
+    if (absl::Status s = model_->Reserve(
+            max_num_batched_tokens_, std::max<uint32_t>(1, request.max_num_seqs()), max_model_len_);
+        !s.ok()) {
+      return s;
+    }
+  }
 
   max_num_seqs_ = static_cast<int>(request.max_num_seqs());
   response->set_vocab_size(static_cast<uint32_t>(config->vocab_size));
   response->set_max_position_embeddings(static_cast<uint32_t>(config->max_position_embeddings));
   initialized_ = true;
   SetHealth("not initialized: no KV cache yet (InitCache)");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> WorkerServer::JoinNcclGroup(
+    gloo::rendezvous::Store& store, const std::string& prefix, int rank, int world,
+    std::chrono::milliseconds timeout, v1::InitResponse* response) {
+#ifdef LLM_WITH_CUDA
+  // Rank 0 makes the group's id (its process hosts NCCL's bootstrap root) and publishes it
+  // under this group's prefix; the others read it there.
+  const std::string key = prefix + "/nccl_unique_id";
+  std::string id;
+  try {
+    if (rank == 0) {
+      absl::StatusOr<std::string> made = NcclCommunicator::NewUniqueId();
+      if (!made.ok()) return made.status();
+      id = *made;
+      store.set(key, std::vector<char>(id.begin(), id.end()));
+      response->set_nccl_unique_id(id);
+    } else {
+      const std::vector<char> got = store.get(key);
+      id.assign(got.begin(), got.end());
+    }
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("rank ", rank, ": the NCCL id under \"", key,
+                                               "\" did not arrive: ", e.what()));
+  }
+  absl::StatusOr<std::unique_ptr<NcclCommunicator>> nccl =
+      NcclCommunicator::Create(id, rank, world, device_.ordinal, context_->stream(), timeout);
+  if (!nccl.ok()) return nccl.status();
+  // One wait per step (the model's Synchronize), not one per collective.
+  (*nccl)->SetDeferredWait(true);
+  response->set_collectives("nccl");
+  return std::unique_ptr<Communicator>(std::move(*nccl));
+#else
+  (void)store, (void)prefix, (void)rank, (void)world, (void)timeout, (void)response;
+  return absl::InvalidArgumentError("device cuda is not built into this worker");
+#endif
+}
+
+absl::Status WorkerServer::ProfileCuda(const v1::ProfileMemoryRequest& request,
+                                       v1::ProfileMemoryResponse* response) {
+  const double utilization = request.gpu_memory_utilization();
+  if (!std::isfinite(utilization) || utilization <= 0 || utilization > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gpu_memory_utilization must be in (0, 1], got ", utilization));
+  }
+  const int block_size = static_cast<int>(request.block_size());
+  const CacheShape shape{model_->num_layers(), model_->num_local_kv_heads(), model_->head_dim(),
+                         block_size, kv_cache_dtype_};
+  const uint64_t bytes_per_block = CacheEngine::BytesPerBlock(shape);
+  // As vLLM: one forward pass over a batch of max_num_batched_tokens dummy tokens (spread over
+  // up to max_num_seqs sequences), with a one-block cache that no token writes (slot -1) and
+  // every table entry points at; then the memory in use is the peak of everything but the KV
+  // cache. The worker allocates nothing per step (activations are reserved at Init), so what
+  // is in use after the pass is its peak.
+  const int tokens = max_num_batched_tokens_;
+  const int seqs = std::max(1, std::min(tokens, std::max(1, max_num_seqs_)));
+  std::vector<int32_t> ids(tokens, 0), positions(tokens), seq_lens(seqs), qsl(seqs + 1, 0),
+      rows(seqs);
+  std::vector<int64_t> slots(tokens, -1);
+  int longest = 0;
+  for (int i = 0; i < seqs; ++i) {
+    seq_lens[i] = tokens / seqs + (i < tokens % seqs ? 1 : 0);
+    qsl[i + 1] = qsl[i] + seq_lens[i];
+    rows[i] = qsl[i + 1] - 1;
+    for (int p = 0; p < seq_lens[i]; ++p) positions[qsl[i] + p] = p;
+    longest = std::max(longest, seq_lens[i]);
+  }
+  const int max_blocks = (longest + block_size - 1) / block_size;
+  std::vector<int32_t> tables(static_cast<size_t>(seqs) * max_blocks, 0);
+  {
+    absl::StatusOr<std::unique_ptr<CacheEngine>> scratch =
+        CacheEngine::Create(shape, 1, 1, context_.get());
+    if (!scratch.ok()) return scratch.status();
+    const ForwardInput input{ids, positions, slots, tables, max_blocks, seq_lens, qsl, rows};
+    TensorView logits;
+    if (absl::Status s = model_->Forward(input, (*scratch)->device_caches(), &logits); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("the profiling pass failed: ", s.message()));
+    }
+    if (absl::Status s = model_->Synchronize(); !s.ok()) return s;
+  }
+  size_t free_bytes = 0, total_bytes = 0;
+  if (absl::Status s = context_->MemoryInfo(&free_bytes, &total_bytes); !s.ok()) return s;
+  KvCacheSizingInput sizing;
+  sizing.total_device_memory = total_bytes;
+  sizing.gpu_memory_utilization = utilization;
+  sizing.peak_memory = total_bytes - free_bytes;
+  sizing.bytes_per_block = bytes_per_block;
+  sizing.block_size = block_size;
+  sizing.max_model_len = max_model_len_;
+  sizing.swap_space_gib = request.swap_space_gib();
+  absl::StatusOr<KvCacheSizing> sized = SizeKvCache(sizing);
+  if (!sized.ok()) return sized.status();
+  response->set_bytes_per_block(bytes_per_block);
+  response->set_num_gpu_blocks(sized->num_gpu_blocks);
+  response->set_num_cpu_blocks(sized->num_cpu_blocks);
   return absl::OkStatus();
 }
 
@@ -236,8 +396,12 @@ grpc::Status WorkerServer::ProfileMemory(grpc::ServerContext*,
                         absl::StrCat("cpu_kv_cache_space_gib (", kv, ") and swap_space_gib (", swap,
                                      ") must be finite and >= 0"));
   }
+  if (device_.is_cuda()) {
+    if (absl::Status s = context_->MakeCurrent(); !s.ok()) return ToGrpc(s);
+    return ToGrpc(ProfileCuda(*request, response));
+  }
   const CacheShape shape{model_->num_layers(), model_->num_local_kv_heads(), model_->head_dim(),
-                         static_cast<int>(request->block_size())};
+                         static_cast<int>(request->block_size()), kv_cache_dtype_};
   const uint64_t bytes = CacheEngine::BytesPerBlock(shape);
   response->set_bytes_per_block(bytes);
   response->set_num_gpu_blocks(BlocksInGib(kv, bytes));
@@ -264,19 +428,23 @@ grpc::Status WorkerServer::InitCache(grpc::ServerContext*, const v1::InitCacheRe
   runner_.reset();
   cache_.reset();
   const CacheShape shape{model_->num_layers(), model_->num_local_kv_heads(), model_->head_dim(),
-                         static_cast<int>(request->block_size())};
-  try {
-    // CacheEngine needs at least one host block; an unused one costs one block of memory.
-    cache_ = std::make_unique<CacheEngine>(shape, static_cast<int>(request->num_gpu_blocks()),
-                                           std::max<int>(1, request->num_cpu_blocks()));
-  } catch (const std::bad_alloc&) {
+                         static_cast<int>(request->block_size()), kv_cache_dtype_};
+  if (context_ != nullptr) {
+    if (absl::Status s = context_->MakeCurrent(); !s.ok()) return ToGrpc(s);
+  }
+  // CacheEngine needs at least one host block; an unused one costs one block of memory.
+  absl::StatusOr<std::unique_ptr<CacheEngine>> cache =
+      CacheEngine::Create(shape, static_cast<int>(request->num_gpu_blocks()),
+                          std::max<int>(1, request->num_cpu_blocks()), context_.get());
+  if (!cache.ok()) {
     SetHealth("not initialized: the KV cache did not fit in memory");
     return grpc::Status(
-        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        static_cast<grpc::StatusCode>(cache.status().code()),
         absl::StrCat("InitCache: ", request->num_gpu_blocks(), " + ", request->num_cpu_blocks(),
                      " blocks of ", CacheEngine::BytesPerBlock(shape),
-                     " bytes do not fit in memory"));
+                     " bytes: ", cache.status().message()));
   }
+  cache_ = std::move(*cache);
   runner_ = std::make_unique<ModelRunner>(model_.get(), cache_.get());
   SetHealth("ready");
   return grpc::Status::OK;
@@ -301,6 +469,9 @@ void WorkerServer::RunStep(const v1::StepRequest& request, uint64_t generation,
     } else if (!initialized_ || runner_ == nullptr) {
       status = absl::FailedPreconditionError(absl::StrCat(
           "step ", request.step_id(), ": the worker is not initialized (Init, then InitCache)"));
+    } else if (absl::Status s = context_ != nullptr ? context_->MakeCurrent() : absl::OkStatus();
+               !s.ok()) {
+      status = s;
     } else {
       SamplingLimits limits;
       limits.max_n = std::max(1, max_num_seqs_);

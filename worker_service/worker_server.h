@@ -38,6 +38,7 @@
 #ifndef LLM_WORKER_SERVICE_WORKER_SERVER_H_
 #define LLM_WORKER_SERVICE_WORKER_SERVER_H_
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -45,14 +46,19 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "gloo/rendezvous/store.h"
 #include "grpcpp/grpcpp.h"
+#include "kernels/tensor.h"
 #include "llm/v1/worker_service.grpc.pb.h"
 
 namespace llm {
 
 class CacheEngine;
+class Communicator;
+class DeviceContext;
 class LlamaModel;
 class ModelRunner;
 class ReboundCommunicator;
@@ -62,12 +68,18 @@ struct WorkerServerOptions {
   int port = 0;                  // 0: any free port (see WorkerServer::port())
   // The address the other ranks reach this rank at for Gloo collectives.
   std::string peer_host = "127.0.0.1";
-  std::string device = "cpu";  // only "cpu" is built in
+  // "cpu", or "cuda" / "cuda:N" (a build with the CUDA backend): where the model, its
+  // activations and the KV cache live. The scheduler's Init must ask for the same kind.
+  std::string device = "cpu";
   // Ranks that can share a segment in shm_directory (one host) run their collectives through
   // it (ShmCommunicator), the others through Gloo's TCP; false: always Gloo.
   bool shm_collectives = true;
   std::string shm_directory = "/dev/shm";
 };
+
+// --device's value as a device: "cpu", "cuda" (cuda:0) or "cuda:N"; INVALID_ARGUMENT for any
+// other, or for cuda in a build without the CUDA backend.
+absl::StatusOr<TensorDevice> ParseWorkerDevice(const std::string& device);
 
 // Shutdown is a callback-API method: the server is stopped once that call is complete (a sync
 // handler cannot know that, and a Shutdown() begun while it runs waits out the whole grace).
@@ -116,6 +128,16 @@ class WorkerServer final
 
   absl::Status DoInit(const v1::InitRequest& request, v1::InitResponse* response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The NCCL group of a cuda worker: rank 0's unique id through `store` under `prefix`.
+  absl::StatusOr<std::unique_ptr<Communicator>> JoinNcclGroup(gloo::rendezvous::Store& store,
+                                                              const std::string& prefix, int rank,
+                                                              int world,
+                                                              std::chrono::milliseconds timeout,
+                                                              v1::InitResponse* response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ProfileMemory on cuda: a profiling pass, then kv_cache_sizing.
+  absl::Status ProfileCuda(const v1::ProfileMemoryRequest& request,
+                           v1::ProfileMemoryResponse* response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs one step of a stream opened in `generation` into `result` (which always echoes the
   // step id). A stream of an earlier generation is refused: its group is gone.
   void RunStep(const v1::StepRequest& request, uint64_t generation, v1::StepResult* result);
@@ -126,9 +148,13 @@ class WorkerServer final
   void StopSoon();
 
   const WorkerServerOptions options_;
+  TensorDevice device_;  // options_.device, parsed by Start()
 
   // The model, the group and the cache: Init, ProfileMemory, InitCache and steps.
   absl::Mutex mu_;
+  // cuda: the stream and handles, created at the first Init and kept (the model's weights
+  // stay on the device across Inits that keep the model).
+  std::unique_ptr<DeviceContext> context_ ABSL_GUARDED_BY(mu_);
   ModelKey model_key_ ABSL_GUARDED_BY(mu_);
   // Stable address the model keeps; Init swaps the Gloo communicator behind it.
   std::unique_ptr<ReboundCommunicator> comm_ ABSL_GUARDED_BY(mu_);
@@ -137,6 +163,9 @@ class WorkerServer final
   std::unique_ptr<ModelRunner> runner_ ABSL_GUARDED_BY(mu_);
   bool initialized_ ABSL_GUARDED_BY(mu_) = false;  // Init succeeded (and nothing broke since)
   int max_num_seqs_ ABSL_GUARDED_BY(mu_) = 0;
+  int max_num_batched_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  int max_model_len_ ABSL_GUARDED_BY(mu_) = 0;
+  DType kv_cache_dtype_ ABSL_GUARDED_BY(mu_) = DType::kF32;
 
   // The state Health reports, apart from mu_ so that Health never waits for a step.
   absl::Mutex health_mu_;

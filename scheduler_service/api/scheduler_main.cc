@@ -57,7 +57,8 @@ struct Flags {
   std::string worker_addresses;
   int tensor_parallel_size = 1;
   std::string device = "cpu";
-  std::string dtype = "float32";
+  std::string dtype = "auto";
+  std::string kv_cache_dtype = "auto";
   int block_size = 16;
   int max_num_seqs = 256;
   int max_num_batched_tokens = 0;
@@ -109,7 +110,11 @@ Flags Parse(int argc, char** argv) {
   p.Add("tensor-parallel-size", &f.tensor_parallel_size,
         "ranks; must equal the number of worker addresses (1)");
   p.Add("device", &f.device, "device the workers run on, sent to them (cpu)");
-  p.Add("dtype", &f.dtype, "weight and activation type, sent to the workers (float32)");
+  p.Add("dtype", &f.dtype,
+        "weight and activation type, sent to the workers: auto (bfloat16 on cuda, float32 on "
+        "cpu), float32, bfloat16, float16 (auto)");
+  p.Add("kv-cache-dtype", &f.kv_cache_dtype,
+        "KV cache element type: auto (the model's dtype), bfloat16, float16, float32 (auto)");
   p.Add("block-size", &f.block_size, "tokens per KV cache block (16)");
   p.Add("max-num-seqs", &f.max_num_seqs, "sequences scheduled per step at most (256)");
   p.Add("max-num-batched-tokens", &f.max_num_batched_tokens,
@@ -221,6 +226,7 @@ Setup Check(const Flags& f, const ModelConfig& model, const Tokenizer& tokenizer
   g.worker_timeout = absl::Seconds(f.worker_timeout);
   g.model_path = f.model;
   g.dtype = f.dtype;
+  g.kv_cache_dtype = f.kv_cache_dtype;
   g.device = f.device;
   g.collective_timeout_ms = static_cast<uint32_t>(f.collective_timeout * 1000);
   g.max_model_len = sc.max_model_len;

@@ -61,7 +61,8 @@ struct WorkerGroupOptions {
 
   // Sent in every rank's Init.
   std::string model_path;  // the same path on every host
-  std::string dtype = "float32";
+  std::string dtype = "auto";
+  std::string kv_cache_dtype = "auto";
   std::string device = "cpu";
   std::string rendezvous_address;  // host:port of the TcpStoreServer the ranks meet at
   uint32_t collective_timeout_ms = 30000;

@@ -323,6 +323,11 @@ absl::Status LlamaModel::LoadWeights(const SafetensorsModel* weights, uint64_t s
   return absl::OkStatus();
 }
 
+absl::Status LlamaModel::Synchronize() {
+  if (world_ > 1) return comm_->WaitForCollectives();
+  return context_ != nullptr ? context_->Synchronize() : absl::OkStatus();
+}
+
 absl::Status LlamaModel::AllReduce(const TensorView& t) {
   if (world_ == 1) return absl::OkStatus();
   if (t.dtype == DType::kF32) {
@@ -415,8 +420,7 @@ absl::Status LlamaModel::Forward(const ForwardInput& in, std::span<const LayerKv
   *logits = HostTensor(DType::kF32, {view.shape[0], view.shape[1]});
   RETURN_IF_ERROR(Copy(device_, logits->view().data, view.data, view.nbytes(),
                        context_ != nullptr ? context_->stream() : nullptr));
-  if (context_ != nullptr) RETURN_IF_ERROR(context_->Synchronize());
-  return comm_ != nullptr ? comm_->WaitForCollectives() : absl::OkStatus();
+  return Synchronize();
 }
 
 absl::Status LlamaModel::Forward(const ForwardInput& in, std::span<const LayerKvCache> caches,

@@ -103,6 +103,10 @@ class LlamaModel {
                                                                   const ModelOptions& options = {});
 
   const TensorDevice& device() const { return device_; }
+  DeviceContext* context() const { return context_; }
+  // Waits for everything this rank enqueued (cuda: the stream, through the communicator's
+  // deadline when there is a group, so that a dead peer fails the wait instead of hanging it).
+  absl::Status Synchronize();
   DType dtype() const { return dtype_; }
   // Bytes of this rank's weights on the device.
   size_t weight_bytes() const { return weight_bytes_; }

@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "common/safetensors.h"
 #include "gtest/gtest.h"
+#include "worker_service/cache_engine.h"
 #include "worker_service/model/llama.h"
 
 namespace llm {
@@ -52,10 +53,22 @@ inline Golden LoadGolden(const std::string& dir, int vocab) {
   return g;
 }
 
-// A KV cache for all layers, poisoned.
+// A KV cache for all layers, poisoned: host tensors for a cpu model, a CacheEngine (kv_dtype)
+// on the model's device otherwise.
 struct Cache {
-  Cache(const LlamaModel& m, int num_blocks, int block_size) : block_size(block_size) {
-    for (int l = 0; l < m.num_layers(); ++l) {
+  Cache(const LlamaModel& m, int num_blocks, int block_size, DType kv_dtype = DType::kF32)
+      : block_size(block_size) {
+    if (m.device().is_cuda()) {
+      absl::StatusOr<std::unique_ptr<CacheEngine>> created = CacheEngine::Create(
+          {m.num_layers(), m.num_local_kv_heads(), m.head_dim(), block_size, kv_dtype}, num_blocks,
+          1, m.context());
+      EXPECT_TRUE(created.ok()) << created.status();
+      if (created.ok()) {
+        engine = std::move(*created);
+        layers.assign(engine->device_caches().begin(), engine->device_caches().end());
+      }
+    }
+    for (int l = 0; l < m.num_layers() && engine == nullptr; ++l) {
       for (int kv = 0; kv < 2; ++kv) {
         HostTensor t(DType::kF32, {num_blocks, block_size, m.num_local_kv_heads(), m.head_dim()});
         std::fill_n(t.data<float>(), t.numel(), std::numeric_limits<float>::quiet_NaN());
@@ -69,6 +82,7 @@ struct Cache {
     std::shuffle(free.begin(), free.end(), std::mt19937(7));
   }
   int block_size;
+  std::unique_ptr<CacheEngine> engine;
   std::vector<HostTensor> tensors;
   std::vector<LayerKvCache> layers;
   std::vector<int32_t> free;
@@ -94,11 +108,13 @@ inline double RowError(const float* a, const float* b, int n) {
 // chunk(rng) tokens from every unfinished sequence (so prefill chunks and single decode
 // tokens mix), and checks every row's logits against transformers'. Returns the worst error.
 // When `all_logits` is given, every row's logits are appended to it in step order.
+// `tolerance` bounds each row's RowError; kv_dtype is the cache's (device models).
 template <typename ChunkFn>
 double RunAndCompare(LlamaModel& model, const Golden& g, int block_size, ChunkFn chunk,
-                     std::vector<float>* all_logits = nullptr) {
+                     std::vector<float>* all_logits = nullptr, double tolerance = 1e-4,
+                     DType kv_dtype = DType::kF32) {
   const int vocab = model.vocab_size();
-  Cache cache(model, 256, block_size);
+  Cache cache(model, 256, block_size, kv_dtype);
   std::vector<Seq> seqs;
   for (const auto& ids : g.ids) seqs.push_back({&ids});
   std::mt19937 rng(42);
@@ -152,17 +168,19 @@ double RunAndCompare(LlamaModel& model, const Golden& g, int block_size, ChunkFn
       const double err = RowError(logits.data<float>() + r * vocab,
                                   g.logits[s].data() + static_cast<size_t>(pos) * vocab, vocab);
       worst = std::max(worst, err);
-      EXPECT_LT(err, 1e-4) << "prompt " << s << " position " << pos;
+      EXPECT_LT(err, tolerance) << "prompt " << s << " position " << pos;
     }
   }
   return worst;
 }
 
 // Loads the model in `dir` at one rank into *model; fails the test (fatally) on an error.
-inline void LoadTestModel(const std::string& dir, std::unique_ptr<LlamaModel>* model) {
+inline void LoadTestModel(const std::string& dir, std::unique_ptr<LlamaModel>* model,
+                          const ModelOptions& options = {}) {
   absl::StatusOr<ModelConfig> config = ModelConfig::FromModelDir(dir);
   ASSERT_TRUE(config.ok()) << config.status();
-  absl::StatusOr<std::unique_ptr<LlamaModel>> loaded = LlamaModel::Load(dir, *config, nullptr);
+  absl::StatusOr<std::unique_ptr<LlamaModel>> loaded =
+      LlamaModel::Load(dir, *config, nullptr, options);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   *model = std::move(*loaded);
 }
