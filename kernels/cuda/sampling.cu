@@ -144,13 +144,32 @@ __device__ Bound SelectPrefix(int n, unsigned long long target, KeyFn key, PredF
     }
     if (shift == 24 && threadIdx.x == 0) sh.above = 0;
     __syncthreads();
+    // Each thread adds runs of equal digits at once: the first passes see few distinct
+    // digits (logits share their sign and exponent), where an atomic per token would
+    // serialize the whole block on one or two bins.
+    int run_digit = -1;
+    unsigned int run_count = 0;
+    unsigned long long run_weight = 0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
       if (!pred(i)) continue;
       const uint32_t k = key(i);
       if ((k & mask) != prefix) continue;
       const int d = (k >> shift) & 255;
-      atomicAdd(&sh.weight[d], static_cast<unsigned long long>(weight(i)));
-      atomicAdd(&sh.count[d], 1u);
+      if (d != run_digit) {
+        if (run_count > 0) {
+          atomicAdd(&sh.weight[run_digit], run_weight);
+          atomicAdd(&sh.count[run_digit], run_count);
+        }
+        run_digit = d;
+        run_count = 0;
+        run_weight = 0;
+      }
+      ++run_count;
+      run_weight += static_cast<unsigned long long>(weight(i));
+    }
+    if (run_count > 0) {
+      atomicAdd(&sh.weight[run_digit], run_weight);
+      atomicAdd(&sh.count[run_digit], run_count);
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -219,7 +238,7 @@ struct KernelShared {
   int top_n;
 };
 
-__global__ void __launch_bounds__(kMaxThreads)
+__global__ void __launch_bounds__(kMaxThreads, 1)
     SampleKernel(const float* __restrict__ logits, const RowParams* __restrict__ params,
                  float* scaled_all, int32_t* counts_all, const uint32_t* __restrict__ masks_all,
                  char* results, size_t result_stride, int vocab, int mask_words) {
