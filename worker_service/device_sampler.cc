@@ -45,6 +45,13 @@ absl::Status DeviceSampler::Sample(const ops::OpContext& ctx, const TensorView& 
     return absl::InvalidArgumentError(absl::StrCat(
         "DeviceSampler::Sample: ", n, " rows; the sampler holds at most ", options_.max_rows));
   }
+  if (logits.dtype != DType::kF32 || logits.ndim != 2 || logits.shape[0] != n ||
+      logits.shape[1] != options_.vocab_size ||
+      !(logits.device == TensorDevice::Cuda(options_.device))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DeviceSampler::Sample: logits: expected f32 [", n, ", ", options_.vocab_size,
+                     "] on cuda:", options_.device, ", got ", logits.ToString()));
+  }
   ops::sampling::RowParams* params = ops::sampling::HostParams(ws_);
   const int words = (options_.vocab_size + 31) / 32;
   for (int r = 0; r < n; ++r) {
@@ -72,7 +79,7 @@ absl::Status DeviceSampler::Sample(const ops::OpContext& ctx, const TensorView& 
       if (!st.ok()) return absl::InternalError(st.message);
     }
     ops::sampling::RowParams& rp = params[r];
-    rp.temperature = static_cast<float>(p.temperature);
+    rp.temperature = Sampler::IsGreedy(p) ? 0.0f : static_cast<float>(p.temperature);
     rp.log_min_p = Sampler::LogMinP(p);
     rp.top_k = p.top_k;
     rp.top_p = p.top_p;
@@ -85,13 +92,7 @@ absl::Status DeviceSampler::Sample(const ops::OpContext& ctx, const TensorView& 
     rp.num_logprobs = p.logprobs.has_value() ? *p.logprobs : -1;
   }
   ops::OpStatus st = ops::sampling::Sample(ctx, ws_, logits, n);
-  if (!st.ok()) {
-    if (st.message.find("logits:") != std::string::npos ||
-        st.message.find("rows is") != std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("DeviceSampler::", st.message));
-    }
-    return absl::InternalError(absl::StrCat("DeviceSampler::", st.message));
-  }
+  if (!st.ok()) return absl::InternalError(absl::StrCat("DeviceSampler::", st.message));
   for (int r = 0; r < n; ++r) {
     const ops::sampling::RowResult& res = ops::sampling::Result(ws_, r);
     if (res.flags & ops::sampling::kNonFinite) {

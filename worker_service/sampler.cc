@@ -108,6 +108,8 @@ void Sampler::ApplyPenalties(const SequenceSampler& seq, std::span<float> row) {
   }
 }
 
+bool Sampler::IsGreedy(const SamplingParams& p) { return p.temperature < kGreedyBelow; }
+
 float Sampler::LogMinP(const SamplingParams& p) {
   return p.min_p > 0 ? std::log(static_cast<float>(p.min_p))
                      : -std::numeric_limits<float>::infinity();
@@ -140,10 +142,11 @@ std::vector<SampledToken> Sampler::Sample(std::span<float> logits, int vocab_siz
     std::vector<double> raw_logprobs;
     if (p.logprobs.has_value()) raw_logprobs = LogSoftmax(row);
     ApplyPenalties(seq, row);
-    TokenId token;
-    if (p.greedy()) {
-      token = static_cast<TokenId>(std::max_element(row.begin(), row.end()) - row.begin());
-    } else {
+    // The argmax: greedy's token, and the fallback should nothing survive the filters (logits
+    // that overflow to inf when scaled).
+    TokenId token = static_cast<TokenId>(std::max_element(row.begin(), row.end()) - row.begin());
+    if (!IsGreedy(p)) {
+      const TokenId argmax = token;
       std::vector<float> s;
       const float m = Scale(p, row, &s);
       token = -1;
@@ -156,6 +159,7 @@ std::vector<SampledToken> Sampler::Sample(std::span<float> logits, int vocab_siz
           best = score;
         }
       }
+      if (token < 0) token = argmax;
     }
     ++seq.num_samples_;
     out[r].token = token;

@@ -3,9 +3,10 @@
 //   1. penalties on the logits: repetition (HF style: a logit of a token seen in the prompt or
 //      the output is divided by the penalty when positive, multiplied when negative), then
 //      frequency (- f * count in the output) and presence (- p if in the output);
-//   2. greedy (temperature 0): the argmax; otherwise logits / temperature, then min-p (drop
-//      tokens whose probability is below min_p * the largest), top-k, top-p (the smallest
-//      set of most likely tokens whose mass reaches top_p), and one draw from what is left,
+//   2. greedy (temperature below 1e-5, as vLLM: smaller ones would overflow the scaled
+//      logits): the argmax, lowest token id on ties; otherwise logits / temperature, then min-p
+//      (drop tokens whose probability is below min_p * the largest), top-k, top-p (the smallest set
+//      of most likely tokens whose mass reaches top_p), and one draw from what is left,
 //      renormalized: the exponential race of kernels/philox.h;
 //   3. logprobs, when asked: of the sampled token and the top N, from the model's raw
 //      distribution (log_softmax of the logits before penalties and temperature: vLLM v1's
@@ -86,6 +87,9 @@ class Sampler {
                                            std::span<const float> row);
   // The tokens that survive min-p, top-k and top-p (not for greedy), for tests.
   static std::vector<TokenId> KeptTokens(const SamplingParams& params, std::span<const float> row);
+  // Temperatures below this sample greedily.
+  static constexpr double kGreedyBelow = 1e-5;
+  static bool IsGreedy(const SamplingParams& params);
   // log(min_p) as the samplers compare with it (-inf when min-p is off).
   static float LogMinP(const SamplingParams& params);
 };

@@ -287,6 +287,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
       p.slot >= 0 ? masks_all + static_cast<int64_t>(p.slot) * mask_words : nullptr;
   const bool repetition = p.repetition_penalty != 1.0f;
   float best = -INFINITY;
+  float s_max = -INFINITY;
   int best_id = INT_MAX;
   for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
     float z = x[i];
@@ -298,17 +299,20 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
     }
     const float v = greedy ? z : z / p.temperature + 0.0f;
     s[i] = v;
-    if (v > best || (v == best && i < best_id)) {
-      best = v;
+    s_max = fmaxf(s_max, v);
+    if (z > best || (z == best && i < best_id)) {
+      best = z;
       best_id = i;
     }
   }
+  // The argmax of the penalized logits: greedy's token, and the fallback should nothing
+  // survive the filters (scaled logits that overflow to inf), as on the host.
   BlockArgMax(best, best_id, sh.fv, sh.fi);
   int token = best_id;
 
   if (!greedy) {
     // 3. min-p, top-k, top-p.
-    const float m = best;
+    const float m = ::llm::ops::cuda_internal::BlockMax(s_max, sh.fv);
     const float log_min_p = p.log_min_p;
     auto key = [&](int i) { return OrderKey(s[i]); };
     auto min_p_ok = [&](int i) { return s[i] - m >= log_min_p; };
@@ -353,7 +357,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
       }
     }
     BlockArgMax(win, win_id, sh.fv, sh.fi);
-    token = win_id;
+    if (win_id != INT_MAX) token = win_id;  // else nothing survived: the argmax, as the host
   }
 
   // 5. Logprobs, counts.

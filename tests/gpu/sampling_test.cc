@@ -2,6 +2,7 @@
 // reference, on random logits: the same tokens, draw for draw (same seeds, same Philox
 // counters), the same top-N logprob ids with values within 1e-4 (the device's log-sum-exp is
 // fp32, the host's double), and the error of a non-finite row.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -118,6 +119,30 @@ TEST_F(CudaSampling, GreedyIsTheHostsArgmaxIncludingTies) {
       const StepResult r = Step(*ds, rows, logits);
       ExpectSame(r, rows);
       EXPECT_EQ(r.device[3].token, 0);
+    }
+  }
+}
+
+TEST_F(CudaSampling, TinyTemperaturesAndOverflowingLogitsFallBackToTheArgmax) {
+  std::mt19937 rng(10);
+  const int vocab = 500;
+  auto ds = MakeSampler(2, vocab);
+  ASSERT_NE(ds, nullptr);
+  // Below 1e-5: greedy on both sides. 1e-4 with logits near 1e35: the scaled logits overflow
+  // to inf, min-p's s - max is NaN for every token, nothing survives: the argmax.
+  SamplingParams overflow = Params(1e-4, 2);
+  overflow.min_p = 0.5;
+  Twin a(Params(1e-6, 1), 0), b(overflow, 0);
+  std::vector<Twin*> rows{&a, &b};
+  for (int step = 0; step < 3; ++step) {
+    HostTensor logits = Logits(2, vocab, rng);
+    float* row1 = logits.data<float>() + vocab;
+    for (int i = 0; i < vocab; ++i) row1[i] *= 1e34f;
+    const StepResult r = Step(*ds, rows, logits);
+    ExpectSame(r, rows);
+    for (int row = 0; row < 2; ++row) {
+      const float* x = logits.data<float>() + row * vocab;
+      EXPECT_EQ(r.device[row].token, std::max_element(x, x + vocab) - x) << "row " << row;
     }
   }
 }
