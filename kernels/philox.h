@@ -65,25 +65,27 @@ LLM_HOST_DEVICE uint32_t DrawBits(uint64_t key, uint64_t k, uint32_t token) {
   return DrawBits4(key, k, token >> 2).v[token & 3];
 }
 
-// A uniform in (0, 1) from 23 bits: ((bits >> 9) + 0.5) / 2^23, exact in float (24 bits of
-// mantissa), so never 0 or 1.
-LLM_HOST_DEVICE float Uniform(uint32_t bits) {
-  return (static_cast<float>(bits >> 9) + 0.5f) * (1.0f / 8388608.0f);
+// A uniform in (0, 1) from 32 bits: (bits + 0.5) / 2^32, exact in double, never 0 or 1.
+LLM_HOST_DEVICE double Uniform(uint32_t bits) {
+  return (static_cast<double>(bits) + 0.5) * (1.0 / 4294967296.0);
 }
 
 // The race score of a token with scaled logit `s` and random bits `bits`: s - log(q),
-// q = -log(u) ~ Exponential(1). The largest score wins.
-LLM_HOST_DEVICE float RaceScore(float s, uint32_t bits) {
-  const float q = -logf(Uniform(bits));
-  return s - logf(q);
+// q = -log(u) ~ Exponential(1). The largest score wins. In double: the device's and the host's
+// log differ by at most an ulp of a double, so that they pick different winners only when two
+// scores agree to ~1e-16 (in float, ~1e-7 would do).
+LLM_HOST_DEVICE double RaceScore(float s, uint32_t bits) {
+  const double q = -log(Uniform(bits));
+  return static_cast<double>(s) - log(q);
 }
 
 // The rest of the sampler's arithmetic that the host and the device must do alike.
 
-// top-p works on fixed-point probabilities, exp(s - max) * 2^40 rounded down, summed as
-// integers: the sums are exact and do not depend on the order of the additions.
+// top-p works on fixed-point probabilities, exp(s - max) * 2^40 rounded down (exp in double,
+// so that the device and the host agree but for an ulp of a double), summed as integers: the
+// sums are exact and do not depend on the order of the additions.
 LLM_HOST_DEVICE uint64_t MassFixed(float s_minus_max) {
-  return static_cast<uint64_t>(expf(s_minus_max) * 1099511627776.0f);
+  return static_cast<uint64_t>(exp(static_cast<double>(s_minus_max)) * 1099511627776.0);
 }
 
 // The number of the top_p share of `total` (at least 1): the prefix of the kept tokens, most

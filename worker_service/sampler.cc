@@ -150,9 +150,9 @@ std::vector<SampledToken> Sampler::Sample(std::span<float> logits, int vocab_siz
       std::vector<float> s;
       const float m = Scale(p, row, &s);
       token = -1;
-      float best = 0;
+      double best = 0;
       for (TokenId t : Kept(p, s, m)) {
-        const float score =
+        const double score =
             philox::RaceScore(s[t], philox::DrawBits(seq.key_, seq.num_samples_, t));
         if (token < 0 || score > best || (score == best && t < token)) {
           token = t;

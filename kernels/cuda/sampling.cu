@@ -64,9 +64,10 @@ struct Bound {
   }
 };
 
-__device__ __forceinline__ void WarpArgMax(float& v, int& id) {
+template <typename T>
+__device__ __forceinline__ void WarpArgMax(T& v, int& id) {
   for (int offset = 16; offset > 0; offset >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, offset);
+    const T ov = __shfl_xor_sync(0xffffffffu, v, offset);
     const int oid = __shfl_xor_sync(0xffffffffu, id, offset);
     if (ov > v || (ov == v && oid < id)) {
       v = ov;
@@ -77,7 +78,8 @@ __device__ __forceinline__ void WarpArgMax(float& v, int& id) {
 
 // The largest v over the block (lowest id among equal ones), to every thread. Threads with
 // nothing pass -INFINITY, INT_MAX.
-__device__ void BlockArgMax(float& v, int& id, float* sv, int* si) {
+template <typename T>
+__device__ void BlockArgMax(T& v, int& id, T* sv, int* si) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   WarpArgMax(v, id);
   if (lane == 0) {
@@ -86,7 +88,7 @@ __device__ void BlockArgMax(float& v, int& id, float* sv, int* si) {
   }
   __syncthreads();
   const int num_warps = blockDim.x / 32;
-  v = lane < num_warps ? sv[lane] : -INFINITY;
+  v = lane < num_warps ? sv[lane] : static_cast<T>(-INFINITY);
   id = lane < num_warps ? si[lane] : INT_MAX;
   WarpArgMax(v, id);
   __syncthreads();
@@ -230,6 +232,7 @@ __device__ Bound SelectPrefix(int n, unsigned long long target, KeyFn key, PredF
 struct KernelShared {
   SelectShared select;
   float fv[32];
+  double dv[32];
   int fi[32];
   unsigned long long u64[32];
   float top_val[kMaxLogprobs];
@@ -340,7 +343,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
                            sh.select);
     }
     // 4. The race.
-    float win = -INFINITY;
+    double win = -INFINITY;
     int win_id = INT_MAX;
     const int groups = (vocab + 3) / 4;
     for (int g = threadIdx.x; g < groups; g += blockDim.x) {
@@ -349,14 +352,14 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
       for (int j = 0; j < 4; ++j) {
         const int i = 4 * g + j;
         if (i >= vocab || !kept_k(i) || !top_p.Keeps(key(i), i)) continue;
-        const float score = ::llm::philox::RaceScore(s[i], bits.v[j]);
+        const double score = ::llm::philox::RaceScore(s[i], bits.v[j]);
         if (win_id == INT_MAX || score > win || (score == win && i < win_id)) {
           win = score;
           win_id = i;
         }
       }
     }
-    BlockArgMax(win, win_id, sh.fv, sh.fi);
+    BlockArgMax(win, win_id, sh.dv, sh.fi);
     if (win_id != INT_MAX) token = win_id;  // else nothing survived: the argmax, as the host
   }
 

@@ -68,8 +68,8 @@ TEST(Philox, MatchesRandom123KnownAnswers) {
 }
 
 TEST(Philox, UniformsAreInTheOpenUnitIntervalAndUnbiased) {
-  EXPECT_GT(philox::Uniform(0), 0.0f);
-  EXPECT_LT(philox::Uniform(0xffffffffu), 1.0f);
+  EXPECT_GT(philox::Uniform(0), 0.0);
+  EXPECT_LT(philox::Uniform(0xffffffffu), 1.0);
   double sum = 0;
   const int n = 100000;
   for (int i = 0; i < n; ++i) sum += philox::Uniform(philox::DrawBits(42, 7, i));
