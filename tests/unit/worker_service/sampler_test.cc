@@ -84,6 +84,20 @@ TEST(Sampler, UnseededSequencesDrawDifferentStreams) {
   EXPECT_NE(a.key(), b.key());
 }
 
+TEST(Sampler, TiesAtTheTopKAndTopPBoundariesKeepTheLowestIds) {
+  // Scaled logits: 2 (ids 4, 6), 1 (ids 1, 3, 7), 0 (others).
+  const std::vector<float> logits{0, 1, 0, 1, 2, 0, 2, 1};
+  SamplingParams p = Params(1.0, 1);
+  p.top_k = 3;
+  std::vector<TokenId> kept = Sampler::KeptTokens(p, logits);
+  EXPECT_EQ(kept, (std::vector<TokenId>{4, 6, 1}));
+  // top_p: the two 2s hold 2e^2 / (2e^2 + 3e + 3) = 0.57 of the mass; 0.6 needs one more.
+  p.top_k = -1;
+  p.top_p = 0.6;
+  kept = Sampler::KeptTokens(p, logits);
+  EXPECT_EQ(kept, (std::vector<TokenId>{4, 6, 1}));
+}
+
 TEST(Sampler, GreedyIsTheArgmaxAfterPenalties) {
   std::vector<float> logits{1.0f, 3.0f, 2.5f, -1.0f};
   SamplingParams p = Params(0.0, 1);
