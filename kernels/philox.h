@@ -79,6 +79,21 @@ LLM_HOST_DEVICE double RaceScore(float s, uint32_t bits) {
   return static_cast<double>(s) - log(q);
 }
 
+// An upper bound of RaceScore(s, bits) - s = -log(q) without a logarithm, so that most tokens
+// of a race are ruled out cheaply: q = -log(u) >= 1 - u = (n + 0.5) / 2^32 with
+// n = 2^32 - 1 - bits, >= 2^(floor(log2(n)) - 32) (2^-33 for n = 0); plus a margin for the
+// rounding of the exact score. kMaxRaceBound: the bound over all bits (33 ln 2).
+LLM_HOST_DEVICE double RaceBound(uint32_t bits) {
+  const uint32_t n = 0xffffffffu - bits;
+#ifdef __CUDA_ARCH__
+  const int fl = n == 0 ? -1 : 31 - __clz(static_cast<int>(n));
+#else
+  const int fl = n == 0 ? -1 : 31 - __builtin_clz(n);
+#endif
+  return (32 - fl) * 0.6931471805599453 + 1e-9;
+}
+inline constexpr double kMaxRaceBound = 33 * 0.6931471805599453 + 1e-9;
+
 // The rest of the sampler's arithmetic that the host and the device must do alike.
 
 // top-p works on fixed-point probabilities, exp(s - max) * 2^40 rounded down (exp in double,

@@ -73,17 +73,8 @@ std::vector<TokenId> Kept(const SamplingParams& p, const std::vector<float>& s, 
   return kept;
 }
 
-// An upper bound of -log(q) = RaceScore(s, bits) - s without a logarithm: q = -log(u) >=
-// 1 - u = (n + 0.5) / 2^32 with n = 2^32 - 1 - bits, >= 2^(floor(log2(n)) - 32) (2^-33 for
-// n = 0); plus a margin for the rounding of the exact score.
-double RaceBound(uint32_t bits) {
-  const uint32_t n = 0xffffffffu - bits;
-  const int fl = n == 0 ? -1 : 31 - __builtin_clz(n);
-  return (32 - fl) * 0.6931471805599453 + 1e-9;
-}
-
 // The exponential race (philox::RaceScore) over `kept`, exactly: most tokens are ruled out by
-// RaceBound against the best score so far (starting from the most likely token's), without
+// philox::RaceBound against the best score so far (starting from the most likely token's), without
 // their logarithms. -1 when `kept` is empty.
 TokenId Race(const std::vector<float>& s, const std::vector<TokenId>& kept, uint64_t key,
              uint64_t k) {
@@ -93,17 +84,16 @@ TokenId Race(const std::vector<float>& s, const std::vector<TokenId>& kept, uint
     if (s[t] > s[token] || (s[t] == s[token] && t < token)) token = t;
   }
   double best = philox::RaceScore(s[token], philox::DrawBits(key, k, token));
-  const double max_bound = RaceBound(0xffffffffu);
   uint32_t group = 0xffffffffu;
   philox::U32x4 bits4{};
   for (TokenId t : kept) {
-    if (static_cast<double>(s[t]) + max_bound < best) continue;
+    if (static_cast<double>(s[t]) + philox::kMaxRaceBound < best) continue;
     if (static_cast<uint32_t>(t) >> 2 != group) {
       group = static_cast<uint32_t>(t) >> 2;
       bits4 = philox::DrawBits4(key, k, group);
     }
     const uint32_t bits = bits4.v[t & 3];
-    if (static_cast<double>(s[t]) + RaceBound(bits) < best) continue;
+    if (static_cast<double>(s[t]) + philox::RaceBound(bits) < best) continue;
     const double score = philox::RaceScore(s[t], bits);
     if (score > best || (score == best && t < token)) {
       token = t;

@@ -346,12 +346,26 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
     double win = -INFINITY;
     int win_id = INT_MAX;
     const int groups = (vocab + 3) / 4;
+    // Exact, with most tokens ruled out by the thread's own best score so far (the block's
+    // winner beats it), first without their random bits, then without their logarithms.
+    auto kept = [&](int i) { return i < vocab && kept_k(i) && top_p.Keeps(key(i), i); };
     for (int g = threadIdx.x; g < groups; g += blockDim.x) {
+      bool any = false;
+      for (int j = 0; j < 4; ++j) {
+        const int i = 4 * g + j;
+        any |= kept(i) && (win_id == INT_MAX ||
+                           static_cast<double>(s[i]) + ::llm::philox::kMaxRaceBound >= win);
+      }
+      if (!any) continue;
       const ::llm::philox::U32x4 bits =
           ::llm::philox::DrawBits4(p.key, p.sample_index, static_cast<uint32_t>(g));
       for (int j = 0; j < 4; ++j) {
         const int i = 4 * g + j;
-        if (i >= vocab || !kept_k(i) || !top_p.Keeps(key(i), i)) continue;
+        if (!kept(i)) continue;
+        if (win_id != INT_MAX &&
+            static_cast<double>(s[i]) + ::llm::philox::RaceBound(bits.v[j]) < win) {
+          continue;
+        }
         const double score = ::llm::philox::RaceScore(s[i], bits.v[j]);
         if (win_id == INT_MAX || score > win || (score == win && i < win_id)) {
           win = score;
