@@ -3,10 +3,11 @@
 //
 // A Workspace owns everything the ops use, allocated once by CreateWorkspace for at most
 // max_rows rows of vocab_size logits: the per-row parameters (pinned host staging + device),
-// the scaled logits [max_rows, vocab_size] (device), the results (device + pinned host), and
-// the penalty slots: `num_slots` rows of output-token counts (i32 [vocab_size]) and prompt
-// token bitmaps (u32 [ceil(vocab_size / 32)]) on the device, for the sequences that have
-// penalties (most requests have none, so only they pay 4 bytes per vocabulary entry).
+// the scaled logits [max_rows, vocab_size] (device, 4 bytes each: 131 MB for 256 rows of
+// 128256), the results (device + pinned host), and the penalty slots: `num_slots` rows of
+// output-token counts (i32 [vocab_size]) and prompt token bitmaps (u32 [ceil(vocab_size /
+// 32)]) on the device plus a pinned staging bitmap each, for the sequences that have penalties
+// (most requests have none, so only they pay the 4.1 bytes per vocabulary entry).
 //
 // Thread-compatible: one workspace per thread at a time.
 #ifndef LLM_KERNELS_SAMPLING_H_
@@ -54,15 +55,15 @@ OpStatus CreateWorkspace(int ordinal, int max_rows, int vocab_size, int max_logp
 // Frees it (after synchronizing the device's work on it). Null is fine.
 void DestroyWorkspace(Workspace* ws);
 
-// Pinned host staging, valid until the next Sample: the parameters of rows [0, rows), and
-// `max_rows` prompt bitmaps of ceil(vocab_size / 32) words each (PromptStaging(ws, i)).
+// Pinned host staging: the parameters of rows [0, rows) for the next Sample, and per slot a
+// prompt bitmap of ceil(vocab_size / 32) words for InitSlot.
 RowParams* HostParams(Workspace* ws);
-uint32_t* PromptStaging(Workspace* ws, int i);
+uint32_t* PromptStaging(Workspace* ws, int slot);
 
 // Stream-ordered on ctx.stream: slot `slot`'s counts set to zero and its prompt bitmap to
-// PromptStaging(ws, staging) (staging -1: all zero). The staging buffer must stay untouched
-// until the next Sample returns.
-OpStatus InitSlot(const OpContext& ctx, Workspace* ws, int slot, int staging);
+// PromptStaging(ws, slot) (with_prompt) or to zero. The staging stays untouched until the
+// stream has run the copy (the next Sample synchronizes it).
+OpStatus InitSlot(const OpContext& ctx, Workspace* ws, int slot, bool with_prompt);
 // Stream-ordered: slot `to` becomes a copy of slot `from` (counts and prompt bitmap).
 OpStatus CopySlot(const OpContext& ctx, Workspace* ws, int from, int to);
 

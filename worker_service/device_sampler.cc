@@ -26,7 +26,7 @@ DeviceSampler::DeviceSampler(const Options& options, ops::sampling::Workspace* w
 
 DeviceSampler::~DeviceSampler() { ops::sampling::DestroyWorkspace(ws_); }
 
-absl::StatusOr<int> DeviceSampler::AcquireSlot(const SequenceSampler& seq) {
+absl::StatusOr<int> DeviceSampler::AcquireSlot() {
   if (free_slots_.empty()) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "DeviceSampler: no free penalty slot for a sequence with penalties (all ",
@@ -52,30 +52,32 @@ absl::Status DeviceSampler::Sample(const ops::OpContext& ctx, const TensorView& 
         absl::StrCat("DeviceSampler::Sample: logits: expected f32 [", n, ", ", options_.vocab_size,
                      "] on cuda:", options_.device, ", got ", logits.ToString()));
   }
-  ops::sampling::RowParams* params = ops::sampling::HostParams(ws_);
-  const int words = (options_.vocab_size + 31) / 32;
   for (int r = 0; r < n; ++r) {
-    SequenceSampler& seq = *rows[r];
-    const SamplingParams& p = seq.params();
+    const SamplingParams& p = rows[r]->params();
     if (p.logprobs.has_value() && *p.logprobs > options_.max_logprobs) {
       return absl::InvalidArgumentError(
           absl::StrCat("DeviceSampler::Sample: row ", r, " asks for ", *p.logprobs,
                        " top logprobs; the sampler serves at most ", options_.max_logprobs));
     }
+  }
+  ops::sampling::RowParams* params = ops::sampling::HostParams(ws_);
+  const int words = (options_.vocab_size + 31) / 32;
+  for (int r = 0; r < n; ++r) {
+    SequenceSampler& seq = *rows[r];
+    const SamplingParams& p = seq.params();
     if (seq.has_penalties() && seq.device_slot_ < 0) {
-      absl::StatusOr<int> slot = AcquireSlot(seq);
+      absl::StatusOr<int> slot = AcquireSlot();
       if (!slot.ok()) return slot.status();
       seq.device_slot_ = *slot;
-      int staging = -1;
-      if (!seq.prompt_tokens().empty()) {
-        uint32_t* bits = ops::sampling::PromptStaging(ws_, r);
+      const bool with_prompt = !seq.prompt_tokens().empty();
+      if (with_prompt) {
+        uint32_t* bits = ops::sampling::PromptStaging(ws_, *slot);
         std::memset(bits, 0, words * sizeof(uint32_t));
         for (TokenId t : seq.prompt_tokens()) {
           if (t >= 0 && t < options_.vocab_size) bits[t >> 5] |= 1u << (t & 31);
         }
-        staging = r;
       }
-      ops::OpStatus st = ops::sampling::InitSlot(ctx, ws_, *slot, staging);
+      ops::OpStatus st = ops::sampling::InitSlot(ctx, ws_, *slot, with_prompt);
       if (!st.ok()) return absl::InternalError(st.message);
     }
     ops::sampling::RowParams& rp = params[r];
@@ -129,7 +131,7 @@ absl::Status DeviceSampler::Fork(const ops::OpContext& ctx, const SequenceSample
                                  SequenceSampler* child) {
   if (parent.device_slot_ < 0) return absl::OkStatus();
   if (child->device_slot_ < 0) {
-    absl::StatusOr<int> slot = AcquireSlot(*child);
+    absl::StatusOr<int> slot = AcquireSlot();
     if (!slot.ok()) return slot.status();
     child->device_slot_ = *slot;
   }

@@ -71,7 +71,7 @@ class DeviceSampler {
 
  private:
   DeviceSampler(const Options& options, ops::sampling::Workspace* ws);
-  absl::StatusOr<int> AcquireSlot(const SequenceSampler& seq);
+  absl::StatusOr<int> AcquireSlot();
 
   Options options_;
   ops::sampling::Workspace* ws_;

@@ -464,8 +464,8 @@ OpStatus CreateWorkspace(int ordinal, int max_rows, int vocab_size, int max_logp
   LLM_SAMPLING_ALLOC(cudaMalloc(&ws->d_scaled, rows * vocab_size * sizeof(float)));
   LLM_SAMPLING_ALLOC(cudaMalloc(&ws->d_results, rows * ws->result_stride));
   LLM_SAMPLING_ALLOC(cudaMallocHost(&ws->h_results, rows * ws->result_stride));
-  LLM_SAMPLING_ALLOC(cudaMallocHost(&ws->h_prompt, rows * ws->mask_words * sizeof(uint32_t)));
   if (slots > 0) {
+    LLM_SAMPLING_ALLOC(cudaMallocHost(&ws->h_prompt, slots * ws->mask_words * sizeof(uint32_t)));
     LLM_SAMPLING_ALLOC(cudaMalloc(&ws->d_counts, slots * vocab_size * sizeof(int32_t)));
     LLM_SAMPLING_ALLOC(cudaMalloc(&ws->d_masks, slots * ws->mask_words * sizeof(uint32_t)));
   }
@@ -495,19 +495,15 @@ void DestroyWorkspace(Workspace* ws) {
 
 RowParams* HostParams(Workspace* ws) { return ws->h_params; }
 
-uint32_t* PromptStaging(Workspace* ws, int i) {
-  return ws->h_prompt + static_cast<size_t>(i) * ws->mask_words;
+uint32_t* PromptStaging(Workspace* ws, int slot) {
+  return ws->h_prompt + static_cast<size_t>(slot) * ws->mask_words;
 }
 
-OpStatus InitSlot(const OpContext& ctx, Workspace* ws, int slot, int staging) {
+OpStatus InitSlot(const OpContext& ctx, Workspace* ws, int slot, bool with_prompt) {
   constexpr const char* kOp = "sampling::InitSlot";
   if (slot < 0 || slot >= ws->num_slots) {
     return Fail(kOp, "slot " + std::to_string(slot) + " is not in [0, " +
                          std::to_string(ws->num_slots) + ")");
-  }
-  if (staging < -1 || staging >= ws->max_rows) {
-    return Fail(kOp, "staging " + std::to_string(staging) + " is not in [-1, " +
-                         std::to_string(ws->max_rows) + ")");
   }
   if (OpStatus st = cuda_internal::StartOp(kOp, TensorDevice::Cuda(ws->ordinal)); !st.ok()) {
     return st;
@@ -517,10 +513,10 @@ OpStatus InitSlot(const OpContext& ctx, Workspace* ws, int slot, int staging) {
   int32_t* counts = ws->d_counts + static_cast<size_t>(slot) * ws->vocab;
   uint32_t* mask = ws->d_masks + static_cast<size_t>(slot) * ws->mask_words;
   LLM_CUDA_OP_RETURN_IF_ERROR(kOp, cudaMemsetAsync(counts, 0, ws->vocab * sizeof(int32_t), stream));
-  if (staging < 0) {
+  if (!with_prompt) {
     LLM_CUDA_OP_RETURN_IF_ERROR(kOp, cudaMemsetAsync(mask, 0, mask_bytes, stream));
   } else {
-    LLM_CUDA_OP_RETURN_IF_ERROR(kOp, cudaMemcpyAsync(mask, PromptStaging(ws, staging), mask_bytes,
+    LLM_CUDA_OP_RETURN_IF_ERROR(kOp, cudaMemcpyAsync(mask, PromptStaging(ws, slot), mask_bytes,
                                                      cudaMemcpyHostToDevice, stream));
   }
   return OpStatus::Ok();
