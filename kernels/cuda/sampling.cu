@@ -8,7 +8,8 @@
 //      "s descending, then token id ascending", found by radix selection over order-preserving
 //      32-bit keys of s (4 passes of 8-bit digits, histograms of counts or of fixed-point
 //      masses in shared memory) and, for ties at the boundary, the lowest ids;
-//   4. the exponential race (kernels/philox.h) over the kept tokens: the argmax of the scores;
+//   4. the exponential race (kernels/philox.h) over the kept tokens: the argmax of the scores
+//      (in double), most tokens ruled out by philox::RaceBound before their logarithms;
 //   5. the sampled token's raw logprob and the top N (a radix selection of the N largest raw
 //      logits, then a rank sort of those N), and the slot's count of the token incremented.
 // Nothing runs on the host beyond the one copy of the parameters in and of the results out.
