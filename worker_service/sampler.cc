@@ -4,15 +4,17 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <random>
+
+#include "kernels/philox.h"
 
 namespace llm {
 namespace {
 
-uint64_t SeedFor(const SamplingParams& params, int seq_index) {
-  if (!params.seed.has_value())
-    return std::random_device{}() ^ (uint64_t{std::random_device{}()} << 32);
-  // Sequence i of a seeded request gets its own stream; sequence 0 uses the seed as given.
-  return *params.seed + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(seq_index);
+uint64_t SeedFor(const SamplingParams& params) {
+  if (params.seed.has_value()) return *params.seed;
+  std::random_device rd;
+  return (uint64_t{rd()} << 32) ^ rd();
 }
 
 // log_softmax of a row, in double.
@@ -26,11 +28,86 @@ std::vector<double> LogSoftmax(std::span<const float> row) {
   return out;
 }
 
+// The temperature-scaled logits (-0 made +0, so that equal values compare equal as bits too)
+// and their maximum.
+float Scale(const SamplingParams& p, std::span<const float> row, std::vector<float>* s) {
+  const float t = static_cast<float>(p.temperature);
+  s->resize(row.size());
+  float m = -std::numeric_limits<float>::infinity();
+  for (size_t i = 0; i < row.size(); ++i) {
+    (*s)[i] = row[i] / t + 0.0f;
+    m = std::max(m, (*s)[i]);
+  }
+  return m;
+}
+
+std::vector<TokenId> Kept(const SamplingParams& p, const std::vector<float>& s, float m) {
+  const float log_min_p = Sampler::LogMinP(p);
+  std::vector<TokenId> kept;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] - m >= log_min_p) kept.push_back(static_cast<TokenId>(i));
+  }
+  const bool top_k = p.top_k > 0 && p.top_k < static_cast<int>(kept.size());
+  const bool top_p = p.top_p < 1.0;
+  if (!top_k && !top_p) return kept;
+  // Most likely first: s descending, then token id ascending.
+  auto more_likely = [&](TokenId a, TokenId b) { return s[a] > s[b] || (s[a] == s[b] && a < b); };
+  if (top_k) {
+    std::partial_sort(kept.begin(), kept.begin() + p.top_k, kept.end(), more_likely);
+    kept.resize(p.top_k);
+  } else {
+    std::sort(kept.begin(), kept.end(), more_likely);
+  }
+  if (top_p) {
+    uint64_t total = 0;
+    for (TokenId t : kept) total += philox::MassFixed(s[t] - m);
+    const uint64_t target = philox::TopPTarget(p.top_p, total);
+    uint64_t cum = 0;
+    size_t n = 0;
+    while (n < kept.size()) {
+      cum += philox::MassFixed(s[kept[n++]] - m);
+      if (cum >= target) break;
+    }
+    kept.resize(n);
+  }
+  return kept;
+}
+
+// The exponential race (philox::RaceScore) over `kept`, exactly: most tokens are ruled out by
+// philox::RaceBound against the best score so far (starting from the most likely token's), without
+// their logarithms. -1 when `kept` is empty.
+TokenId Race(const std::vector<float>& s, const std::vector<TokenId>& kept, uint64_t key,
+             uint64_t k) {
+  if (kept.empty()) return -1;
+  TokenId token = kept[0];
+  for (TokenId t : kept) {
+    if (s[t] > s[token] || (s[t] == s[token] && t < token)) token = t;
+  }
+  double best = philox::RaceScore(s[token], philox::DrawBits(key, k, token));
+  uint32_t group = 0xffffffffu;
+  philox::U32x4 bits4{};
+  for (TokenId t : kept) {
+    if (static_cast<double>(s[t]) + philox::kMaxRaceBound < best) continue;
+    if (static_cast<uint32_t>(t) >> 2 != group) {
+      group = static_cast<uint32_t>(t) >> 2;
+      bits4 = philox::DrawBits4(key, k, group);
+    }
+    const uint32_t bits = bits4.v[t & 3];
+    if (static_cast<double>(s[t]) + philox::RaceBound(bits) < best) continue;
+    const double score = philox::RaceScore(s[t], bits);
+    if (score > best || (score == best && t < token)) {
+      token = t;
+      best = score;
+    }
+  }
+  return token;
+}
+
 }  // namespace
 
 SequenceSampler::SequenceSampler(const SamplingParams& params, int seq_index,
                                  std::span<const TokenId> prompt_token_ids)
-    : params_(params), rng_(SeedFor(params, seq_index)) {
+    : params_(params), key_(philox::SequenceKey(SeedFor(params), seq_index)) {
   if (params.repetition_penalty != 1.0) {
     prompt_tokens_.insert(prompt_token_ids.begin(), prompt_token_ids.end());
   }
@@ -38,74 +115,50 @@ SequenceSampler::SequenceSampler(const SamplingParams& params, int seq_index,
 
 void SequenceSampler::AddOutputToken(TokenId token) { ++output_counts_[token]; }
 
+bool SequenceSampler::has_penalties() const {
+  return params_.repetition_penalty != 1.0 || params_.frequency_penalty != 0.0 ||
+         params_.presence_penalty != 0.0;
+}
+
 void Sampler::ApplyPenalties(const SequenceSampler& seq, std::span<float> row) {
   const SamplingParams& p = seq.params_;
   const int vocab = static_cast<int>(row.size());
-  if (p.repetition_penalty != 1.0) {
-    const float rp = static_cast<float>(p.repetition_penalty);
-    auto penalize = [&](TokenId t) {
-      if (t < 0 || t >= vocab) return;
-      row[t] = row[t] > 0 ? row[t] / rp : row[t] * rp;
-    };
-    for (TokenId t : seq.prompt_tokens_) penalize(t);
-    for (const auto& [t, count] : seq.output_counts_) {
-      if (!seq.prompt_tokens_.contains(t)) penalize(t);
+  const float rp = static_cast<float>(p.repetition_penalty);
+  const bool repetition = p.repetition_penalty != 1.0;
+  if (repetition) {
+    for (TokenId t : seq.prompt_tokens_) {
+      if (t < 0 || t >= vocab || seq.output_counts_.contains(t)) continue;
+      row[t] = philox::Penalize(row[t], true, 0, rp, 0, 0);
     }
   }
-  if (p.frequency_penalty != 0.0 || p.presence_penalty != 0.0) {
-    for (const auto& [t, count] : seq.output_counts_) {
-      if (t < 0 || t >= vocab) continue;
-      row[t] -= static_cast<float>(p.frequency_penalty * count + p.presence_penalty);
-    }
+  for (const auto& [t, count] : seq.output_counts_) {
+    if (t < 0 || t >= vocab) continue;
+    row[t] =
+        philox::Penalize(row[t], repetition, count, rp, p.frequency_penalty, p.presence_penalty);
   }
 }
 
+bool Sampler::IsGreedy(const SamplingParams& p) { return p.temperature < kGreedyBelow; }
+
+float Sampler::LogMinP(const SamplingParams& p) {
+  return p.min_p > 0 ? std::log(static_cast<float>(p.min_p))
+                     : -std::numeric_limits<float>::infinity();
+}
+
+std::vector<TokenId> Sampler::KeptTokens(const SamplingParams& p, std::span<const float> row) {
+  std::vector<float> s;
+  const float m = Scale(p, row, &s);
+  return Kept(p, s, m);
+}
+
 std::vector<double> Sampler::FilteredProbs(const SamplingParams& p, std::span<const float> row) {
-  const int vocab = static_cast<int>(row.size());
-  // Temperature, then softmax.
-  const double inv_t = 1.0 / p.temperature;
-  double mx = -std::numeric_limits<double>::infinity();
-  for (float x : row) mx = std::max(mx, x * inv_t);
-  std::vector<double> probs(vocab);
+  std::vector<float> s;
+  const float m = Scale(p, row, &s);
+  std::vector<double> probs(row.size());
   double sum = 0;
-  for (int i = 0; i < vocab; ++i) sum += probs[i] = std::exp(row[i] * inv_t - mx);
-  for (double& q : probs) q /= sum;
-  // min-p: relative to the most likely token (whose probability is exp(0) / sum).
-  if (p.min_p > 0) {
-    const double floor = p.min_p * (1.0 / sum);
-    for (double& q : probs) {
-      if (q < floor) q = 0;
-    }
-  }
-  const bool top_k = p.top_k > 0 && p.top_k < vocab;
-  const bool top_p = p.top_p < 1.0;
-  if (!top_k && !top_p) return probs;
-  // Candidates most likely first (ties by token id, so the result is deterministic).
-  std::vector<int> order(vocab);
-  std::iota(order.begin(), order.end(), 0);
-  auto more_likely = [&](int a, int b) {
-    return probs[a] > probs[b] || (probs[a] == probs[b] && a < b);
-  };
-  int keep = vocab;
-  if (top_k) {
-    std::nth_element(order.begin(), order.begin() + p.top_k, order.end(), more_likely);
-    keep = p.top_k;
-  }
-  std::sort(order.begin(), order.begin() + keep, more_likely);
-  if (top_p) {
-    double kept_mass = 0;
-    for (int i = 0; i < keep; ++i) kept_mass += probs[order[i]];
-    // The smallest prefix whose share of the kept mass reaches top_p (at least one token).
-    double cum = 0;
-    int n = 0;
-    while (n < keep) {
-      cum += probs[order[n++]];
-      if (cum >= p.top_p * kept_mass) break;
-    }
-    keep = n;
-  }
-  std::vector<double> filtered(vocab, 0.0);
-  for (int i = 0; i < keep; ++i) filtered[order[i]] = probs[order[i]];
+  for (size_t i = 0; i < row.size(); ++i) sum += probs[i] = std::exp(double{s[i]} - m);
+  std::vector<double> filtered(row.size(), 0.0);
+  for (TokenId t : Kept(p, s, m)) filtered[t] = probs[t] / sum;
   return filtered;
 }
 
@@ -119,22 +172,17 @@ std::vector<SampledToken> Sampler::Sample(std::span<float> logits, int vocab_siz
     std::vector<double> raw_logprobs;
     if (p.logprobs.has_value()) raw_logprobs = LogSoftmax(row);
     ApplyPenalties(seq, row);
-    TokenId token;
-    if (p.greedy()) {
-      token = static_cast<TokenId>(std::max_element(row.begin(), row.end()) - row.begin());
-    } else {
-      const std::vector<double> probs = FilteredProbs(p, row);
-      const double total = std::accumulate(probs.begin(), probs.end(), 0.0);
-      const double u = std::uniform_real_distribution<double>(0.0, total)(seq.rng_);
-      double cum = 0;
-      token = -1;
-      for (int i = 0; i < vocab_size; ++i) {
-        if (probs[i] == 0) continue;
-        cum += probs[i];
-        token = i;  // the last possible token, should rounding leave u beyond the sum
-        if (u < cum) break;
-      }
+    // The argmax: greedy's token, and the fallback should nothing survive the filters (logits
+    // that overflow to inf when scaled).
+    TokenId token = static_cast<TokenId>(std::max_element(row.begin(), row.end()) - row.begin());
+    if (!IsGreedy(p)) {
+      const TokenId argmax = token;
+      std::vector<float> s;
+      const float m = Scale(p, row, &s);
+      token = Race(s, Kept(p, s, m), seq.key_, seq.num_samples_);
+      if (token < 0) token = argmax;
     }
+    ++seq.num_samples_;
     out[r].token = token;
     if (p.logprobs.has_value()) {
       out[r].logprob = static_cast<float>(raw_logprobs[token]);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/philox.h"
 
 namespace llm {
 namespace {
@@ -39,6 +40,62 @@ SamplingParams Params(double temperature, uint64_t seed) {
   p.temperature = temperature;
   p.seed = seed;
   return p;
+}
+
+// Random123's known-answer vectors for Philox4x32-10.
+TEST(Philox, MatchesRandom123KnownAnswers) {
+  using philox::U32x4;
+  struct Kat {
+    U32x4 ctr;
+    uint32_t k0, k1;
+    U32x4 want;
+  };
+  const Kat kats[] = {
+      {{{0, 0, 0, 0}}, 0, 0, {{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}}},
+      {{{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}},
+       0xffffffff,
+       0xffffffff,
+       {{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}}},
+      {{{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}},
+       0xa4093822,
+       0x299f31d0,
+       {{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}}},
+  };
+  for (const Kat& k : kats) {
+    const U32x4 got = philox::Philox4x32_10(k.ctr, k.k0, k.k1);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(got.v[i], k.want.v[i]) << "word " << i;
+  }
+}
+
+TEST(Philox, UniformsAreInTheOpenUnitIntervalAndUnbiased) {
+  EXPECT_GT(philox::Uniform(0), 0.0);
+  EXPECT_LT(philox::Uniform(0xffffffffu), 1.0);
+  double sum = 0;
+  const int n = 100000;
+  for (int i = 0; i < n; ++i) sum += philox::Uniform(philox::DrawBits(42, 7, i));
+  EXPECT_NEAR(sum / n, 0.5, 0.005);  // sd of the mean: 0.29 / sqrt(n) = 0.0009
+}
+
+TEST(Sampler, UnseededSequencesDrawDifferentStreams) {
+  const std::vector<float> logits = RandomLogits(64, 3, 1.0f);
+  SamplingParams p;
+  EXPECT_NE(Draw(p, logits, 50), Draw(p, logits, 50));
+  SequenceSampler a(p, 0, {}), b(p, 0, {});
+  EXPECT_NE(a.key(), b.key());
+}
+
+TEST(Sampler, TiesAtTheTopKAndTopPBoundariesKeepTheLowestIds) {
+  // Scaled logits: 2 (ids 4, 6), 1 (ids 1, 3, 7), 0 (others).
+  const std::vector<float> logits{0, 1, 0, 1, 2, 0, 2, 1};
+  SamplingParams p = Params(1.0, 1);
+  p.top_k = 3;
+  std::vector<TokenId> kept = Sampler::KeptTokens(p, logits);
+  EXPECT_EQ(kept, (std::vector<TokenId>{4, 6, 1}));
+  // top_p: the two 2s hold 2e^2 / (2e^2 + 3e + 3) = 0.57 of the mass; 0.6 needs one more.
+  p.top_k = -1;
+  p.top_p = 0.6;
+  kept = Sampler::KeptTokens(p, logits);
+  EXPECT_EQ(kept, (std::vector<TokenId>{4, 6, 1}));
 }
 
 TEST(Sampler, GreedyIsTheArgmaxAfterPenalties) {
@@ -147,6 +204,9 @@ TEST(Sampler, TopKTopPAndMinPNeverEmitExcludedTokens) {
     for (uint32_t s = 0; s < 5; ++s) {
       const std::vector<float> logits = RandomLogits(50, s, 2.0f);
       const std::vector<bool> ok = Allowed(p, logits);
+      const std::vector<TokenId> kept = Sampler::KeptTokens(p, logits);
+      EXPECT_EQ(static_cast<int>(kept.size()), std::count(ok.begin(), ok.end(), true));
+      for (TokenId t : kept) EXPECT_TRUE(ok[t]) << "kept token " << t;
       std::map<TokenId, int> seen;
       for (TokenId t : Draw(p, logits, 2000)) {
         ASSERT_TRUE(ok[t]) << "token " << t << " excluded (top_k " << c.top_k << ", top_p "

@@ -1,0 +1,412 @@
+// The device sampler (worker_service/device_sampler.h) against the host Sampler, its
+// reference, on random logits: the same tokens, draw for draw (same seeds, same Philox
+// counters), the same top-N logprob ids with values within 1e-4 (the device's log-sum-exp is
+// fp32, the host's double), and the error of a non-finite row.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tests/gpu/gpu_test_util.h"
+#include "worker_service/device_sampler.h"
+#include "worker_service/sampler.h"
+
+namespace llm {
+namespace {
+
+using ops::gpu_testing::CudaTest;
+using ops::gpu_testing::DeviceTensor;
+
+// Logits [rows, vocab]: normal with sd `scale`; with `quantum` > 0 rounded to multiples of it
+// (many exact ties).
+HostTensor Logits(int rows, int vocab, std::mt19937& rng, float scale = 3.0f,
+                  float quantum = 0.0f) {
+  HostTensor t(DType::kF32, {rows, vocab});
+  std::normal_distribution<float> d(0.0f, scale);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    float v = d(rng);
+    if (quantum > 0) v = std::round(v / quantum) * quantum;
+    t.data<float>()[i] = v;
+  }
+  return t;
+}
+
+// A sequence sampled on both sides: `host` by Sampler, `device` by DeviceSampler.
+struct Twin {
+  std::unique_ptr<SequenceSampler> host, device;
+  Twin(const SamplingParams& p, int seq_index, const std::vector<TokenId>& prompt = {})
+      : host(std::make_unique<SequenceSampler>(p, seq_index, prompt)),
+        device(std::make_unique<SequenceSampler>(p, seq_index, prompt)) {}
+};
+
+struct StepResult {
+  std::vector<SampledToken> host, device;
+};
+
+class CudaSampling : public CudaTest {
+ protected:
+  std::unique_ptr<DeviceSampler> MakeSampler(int max_rows, int vocab, int max_logprobs = 20) {
+    absl::StatusOr<std::unique_ptr<DeviceSampler>> s = DeviceSampler::Create(
+        {.device = 0, .max_rows = max_rows, .vocab_size = vocab, .max_logprobs = max_logprobs});
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+
+  // One step of every twin in `rows` (in that order) on `logits`; the host side is given its
+  // own sampled tokens as output tokens (the device counts its own).
+  static StepResult Step(DeviceSampler& ds, const std::vector<Twin*>& rows,
+                         const HostTensor& logits) {
+    const int vocab = static_cast<int>(logits.view().shape[1]);
+    std::vector<SequenceSampler*> host, device;
+    for (Twin* t : rows) {
+      host.push_back(t->host.get());
+      device.push_back(t->device.get());
+    }
+    StepResult r;
+    std::vector<float> copy(logits.data<float>(), logits.data<float>() + logits.numel());
+    r.host = Sampler::Sample(copy, vocab, host);
+    for (size_t i = 0; i < rows.size(); ++i) rows[i]->host->AddOutputToken(r.host[i].token);
+    DeviceTensor d_logits(logits);
+    const absl::Status s = ds.Sample({}, d_logits.view(), device, &r.device);
+    EXPECT_TRUE(s.ok()) << s;
+    // The logits are read only (the penalized, scaled ones live in the sampler's workspace).
+    EXPECT_TRUE(ops::gpu_testing::BitEqual(d_logits.Download(), logits));
+    if (!s.ok()) r.device.assign(rows.size(), SampledToken{-1});
+    return r;
+  }
+
+  // Tokens equal; logprobs (when asked) within 1e-4 with the same top ids.
+  static void ExpectSame(const StepResult& r, const std::vector<Twin*>& rows) {
+    ASSERT_EQ(r.device.size(), r.host.size());
+    for (size_t i = 0; i < r.host.size(); ++i) {
+      SCOPED_TRACE(::testing::Message() << "row " << i);
+      EXPECT_EQ(r.device[i].token, r.host[i].token);
+      if (!rows[i]->host->params().logprobs.has_value()) continue;
+      EXPECT_NEAR(r.device[i].logprob, r.host[i].logprob, 1e-4);
+      ASSERT_EQ(r.device[i].top_logprobs.size(), r.host[i].top_logprobs.size());
+      for (size_t j = 0; j < r.host[i].top_logprobs.size(); ++j) {
+        EXPECT_EQ(r.device[i].top_logprobs[j].first, r.host[i].top_logprobs[j].first) << j;
+        EXPECT_NEAR(r.device[i].top_logprobs[j].second, r.host[i].top_logprobs[j].second, 1e-4)
+            << j;
+      }
+    }
+  }
+};
+
+SamplingParams Params(double temperature, uint64_t seed) {
+  SamplingParams p;
+  p.temperature = temperature;
+  p.seed = seed;
+  return p;
+}
+
+TEST_F(CudaSampling, GreedyIsTheHostsArgmaxIncludingTies) {
+  std::mt19937 rng(1);
+  for (const int vocab : {100, 32000}) {
+    SCOPED_TRACE(::testing::Message() << "vocab " << vocab);
+    auto ds = MakeSampler(4, vocab);
+    ASSERT_NE(ds, nullptr);
+    SamplingParams p = Params(0.0, 1);
+    p.logprobs = 5;
+    Twin a(p, 0), b(p, 0), c(Params(0.0, 2), 0), d(p, 0);
+    std::vector<Twin*> rows{&a, &b, &c, &d};
+    for (int step = 0; step < 4; ++step) {
+      // Coarse quanta: the maximum is tied in many rows; lowest id wins on both sides.
+      HostTensor logits = Logits(4, vocab, rng, 2.0f, step % 2 == 0 ? 1.0f : 0.0f);
+      // Row 3: every logit equal.
+      for (int i = 0; i < vocab; ++i) logits.data<float>()[3 * vocab + i] = 0.5f;
+      const StepResult r = Step(*ds, rows, logits);
+      ExpectSame(r, rows);
+      EXPECT_EQ(r.device[3].token, 0);
+    }
+  }
+}
+
+TEST_F(CudaSampling, TinyTemperaturesAndOverflowingLogitsFallBackToTheArgmax) {
+  std::mt19937 rng(10);
+  const int vocab = 500;
+  auto ds = MakeSampler(2, vocab);
+  ASSERT_NE(ds, nullptr);
+  // Below 1e-5: greedy on both sides. 1e-4 with logits near 1e35: the scaled logits overflow
+  // to inf, min-p's s - max is NaN for every token, nothing survives: the argmax.
+  SamplingParams overflow = Params(1e-4, 2);
+  overflow.min_p = 0.5;
+  Twin a(Params(1e-6, 1), 0), b(overflow, 0);
+  std::vector<Twin*> rows{&a, &b};
+  for (int step = 0; step < 3; ++step) {
+    HostTensor logits = Logits(2, vocab, rng);
+    float* row1 = logits.data<float>() + vocab;
+    for (int i = 0; i < vocab; ++i) row1[i] *= 1e34f;
+    const StepResult r = Step(*ds, rows, logits);
+    ExpectSame(r, rows);
+    for (int row = 0; row < 2; ++row) {
+      const float* x = logits.data<float>() + row * vocab;
+      EXPECT_EQ(r.device[row].token, std::max_element(x, x + vocab) - x) << "row " << row;
+    }
+  }
+}
+
+TEST_F(CudaSampling, SeededDrawsMatchTheHostTokenForToken) {
+  std::mt19937 rng(2);
+  for (const int vocab : {100, 32000}) {
+    struct Case {
+      double temperature;
+      int top_k;
+      double top_p, min_p;
+    };
+    std::vector<Case> cases;
+    for (double t : {0.1, 1.0, 100.0}) {
+      for (int k : {-1, 1, 5, vocab}) cases.push_back({t, k, 1.0, 0.0});
+      for (double tp : {0.1, 0.9}) cases.push_back({t, -1, tp, 0.0});
+      cases.push_back({t, -1, 1.0, 0.1});
+      cases.push_back({t, 20, 0.9, 0.05});
+    }
+    auto ds = MakeSampler(static_cast<int>(cases.size()), vocab);
+    ASSERT_NE(ds, nullptr);
+    std::vector<std::unique_ptr<Twin>> twins;
+    std::vector<Twin*> rows;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      SamplingParams p = Params(cases[i].temperature, 1000 + i);
+      p.top_k = cases[i].top_k;
+      p.top_p = cases[i].top_p;
+      p.min_p = cases[i].min_p;
+      twins.push_back(std::make_unique<Twin>(p, static_cast<int>(i % 3)));
+      rows.push_back(twins.back().get());
+    }
+    const int steps = vocab > 1000 ? 6 : 100;
+    for (int step = 0; step < steps; ++step) {
+      SCOPED_TRACE(::testing::Message() << "vocab " << vocab << ", step " << step);
+      // Every other step ties (quantized logits), at the top-k and top-p boundaries too.
+      const StepResult r = Step(
+          *ds, rows,
+          Logits(static_cast<int>(rows.size()), vocab, rng, 3.0f, step % 2 == 1 ? 0.5f : 0.0f));
+      for (size_t i = 0; i < rows.size(); ++i) {
+        EXPECT_EQ(r.device[i].token, r.host[i].token)
+            << "row " << i << ": temperature " << cases[i].temperature << ", top_k "
+            << cases[i].top_k << ", top_p " << cases[i].top_p << ", min_p " << cases[i].min_p;
+      }
+    }
+  }
+}
+
+TEST_F(CudaSampling, PenaltiesMatchTheHostAfterOutputTokens) {
+  std::mt19937 rng(3);
+  const int vocab = 100;
+  auto ds = MakeSampler(4, vocab);
+  ASSERT_NE(ds, nullptr);
+  SamplingParams rep = Params(0.0, 1);  // greedy: the penalties alone decide
+  rep.repetition_penalty = 1.8;
+  SamplingParams freq = Params(0.7, 2);
+  freq.frequency_penalty = 1.5;
+  freq.presence_penalty = 0.5;
+  SamplingParams all = Params(1.0, 3);
+  all.repetition_penalty = 0.6;
+  all.frequency_penalty = -0.5;
+  all.presence_penalty = 1.0;
+  all.logprobs = 3;
+  Twin a(rep, 0, {1, 2, 3, 50, 99}), b(freq, 0, {7}), c(all, 0, {4, 4, 5}), d(Params(1.0, 4), 0);
+  std::vector<Twin*> rows{&a, &b, &c, &d};
+  // Few distinct logits, so that the penalized tokens matter step after step.
+  const HostTensor base = Logits(4, vocab, rng, 1.0f);
+  for (int step = 0; step < 30; ++step) {
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    ExpectSame(Step(*ds, rows, base), rows);
+  }
+  EXPECT_EQ(ds->free_penalty_slots(), 1);  // three penalized sequences of four slots
+  ds->Drop(a.device.get());
+  EXPECT_EQ(ds->free_penalty_slots(), 2);
+}
+
+TEST_F(CudaSampling, ForkedChildStartsFromTheParentsCounts) {
+  std::mt19937 rng(4);
+  const int vocab = 64;
+  auto ds = MakeSampler(2, vocab);
+  ASSERT_NE(ds, nullptr);
+  SamplingParams p = Params(0.0, 9);
+  p.frequency_penalty = 2.0;
+  p.repetition_penalty = 1.3;
+  const std::vector<TokenId> prompt{3, 4};
+  Twin parent(p, 0, prompt);
+  std::vector<Twin*> rows{&parent};
+  const HostTensor logits = Logits(1, vocab, rng, 1.0f);
+  std::vector<TokenId> parent_tokens;
+  for (int step = 0; step < 5; ++step) {
+    const StepResult r = Step(*ds, rows, logits);
+    ExpectSame(r, rows);
+    parent_tokens.push_back(r.host[0].token);
+  }
+  Twin child(p, 1, prompt);
+  for (TokenId t : parent_tokens) child.host->AddOutputToken(t);
+  ASSERT_TRUE(ds->Fork({}, *parent.device, child.device.get()).ok());
+  std::vector<Twin*> both{&parent, &child};
+  HostTensor two(DType::kF32, {2, vocab});
+  for (int r = 0; r < 2; ++r) {
+    std::copy(logits.data<float>(), logits.data<float>() + vocab, two.data<float>() + r * vocab);
+  }
+  for (int step = 0; step < 5; ++step) ExpectSame(Step(*ds, both, two), both);
+}
+
+TEST_F(CudaSampling, LogprobsAreTheRawDistributionsTopN) {
+  std::mt19937 rng(5);
+  for (const int vocab : {100, 32000}) {
+    auto ds = MakeSampler(3, vocab);
+    ASSERT_NE(ds, nullptr);
+    SamplingParams p0 = Params(0.8, 1);
+    p0.logprobs = 20;
+    p0.repetition_penalty = 1.5;  // changes the sampling, not the logprobs
+    SamplingParams p1 = Params(0.0, 2);
+    p1.logprobs = 0;  // the sampled token's only
+    SamplingParams p2 = Params(1.0, 3);
+    p2.logprobs = 7;
+    p2.top_k = 3;
+    Twin a(p0, 0, {1, 2}), b(p1, 0), c(p2, 0);
+    std::vector<Twin*> rows{&a, &b, &c};
+    for (int step = 0; step < 3; ++step) {
+      SCOPED_TRACE(::testing::Message() << "vocab " << vocab << ", step " << step);
+      const StepResult r = Step(*ds, rows, Logits(3, vocab, rng, 2.0f, step == 1 ? 0.25f : 0.0f));
+      ExpectSame(r, rows);
+      EXPECT_EQ(r.device[0].top_logprobs.size(), 20u);
+      EXPECT_TRUE(r.device[1].top_logprobs.empty());
+    }
+  }
+}
+
+TEST_F(CudaSampling, SeededRowIsIndependentOfItsBatch) {
+  std::mt19937 rng(6);
+  const int vocab = 1000;
+  auto ds = MakeSampler(5, vocab);
+  ASSERT_NE(ds, nullptr);
+  SamplingParams p = Params(1.0, 77);
+  p.top_p = 0.95;
+  const HostTensor row = Logits(1, vocab, rng, 2.0f);
+  auto draw = [&](int batch, int position) {
+    SequenceSampler seq(p, 0, {});
+    std::vector<std::unique_ptr<SequenceSampler>> others;
+    std::vector<SequenceSampler*> rows;
+    for (int i = 0; i < batch; ++i) {
+      if (i == position) {
+        rows.push_back(&seq);
+      } else {
+        SamplingParams o = Params(0.5 + i, 100 + i);
+        if (i % 2 == 0) o.seed.reset();
+        others.push_back(std::make_unique<SequenceSampler>(o, i, std::vector<TokenId>{}));
+        rows.push_back(others.back().get());
+      }
+    }
+    std::vector<TokenId> tokens;
+    for (int step = 0; step < 20; ++step) {
+      HostTensor logits = Logits(batch, vocab, rng, 2.0f);
+      std::copy(row.data<float>(), row.data<float>() + vocab,
+                logits.data<float>() + position * vocab);
+      DeviceTensor d(logits);
+      std::vector<SampledToken> out;
+      const absl::Status s = ds->Sample({}, d.view(), rows, &out);
+      EXPECT_TRUE(s.ok()) << s;
+      if (!s.ok()) return tokens;
+      tokens.push_back(out[position].token);
+    }
+    return tokens;
+  };
+  const std::vector<TokenId> alone = draw(1, 0);
+  EXPECT_EQ(draw(3, 1), alone);
+  EXPECT_EQ(draw(5, 4), alone);
+  std::vector<TokenId> host;
+  SequenceSampler seq(p, 0, {});
+  SequenceSampler* rows[] = {&seq};
+  for (int step = 0; step < 20; ++step) {
+    std::vector<float> copy(row.data<float>(), row.data<float>() + vocab);
+    host.push_back(Sampler::Sample(copy, vocab, rows)[0].token);
+  }
+  EXPECT_EQ(host, alone);
+}
+
+TEST_F(CudaSampling, NonFiniteRowFailsTheStepNamingIt) {
+  std::mt19937 rng(7);
+  const int vocab = 300;
+  auto ds = MakeSampler(4, vocab);
+  ASSERT_NE(ds, nullptr);
+  std::vector<std::unique_ptr<SequenceSampler>> seqs;
+  std::vector<SequenceSampler*> rows;
+  for (int i = 0; i < 4; ++i) {
+    seqs.push_back(std::make_unique<SequenceSampler>(Params(1.0, i), 0, std::vector<TokenId>{}));
+    rows.push_back(seqs.back().get());
+  }
+  struct Case {
+    float value;
+    const char* want;
+  };
+  for (const Case c :
+       {Case{std::numeric_limits<float>::quiet_NaN(), "logit 17 of row 2 is NaN"},
+        Case{-std::numeric_limits<float>::infinity(), "logit 17 of row 2 is infinite"}}) {
+    HostTensor logits = Logits(4, vocab, rng);
+    logits.data<float>()[2 * vocab + 17] = c.value;
+    logits.data<float>()[2 * vocab + 250] = c.value;
+    DeviceTensor d(logits);
+    std::vector<SampledToken> out;
+    const absl::Status s = ds->Sample({}, d.view(), rows, &out);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+    EXPECT_NE(s.message().find(c.want), std::string::npos) << s;
+  }
+}
+
+TEST_F(CudaSampling, BadArgumentsAreErrors) {
+  auto ds = MakeSampler(2, 50, 4);
+  ASSERT_NE(ds, nullptr);
+  std::mt19937 rng(8);
+  SamplingParams p = Params(1.0, 1);
+  SequenceSampler a(p, 0, {}), b(p, 0, {});
+  std::vector<SequenceSampler*> rows{&a, &b};
+  std::vector<SampledToken> out;
+  DeviceTensor wrong(Logits(2, 51, rng));
+  absl::Status s = ds->Sample({}, wrong.view(), rows, &out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("logits: expected f32 [2, 50]"), std::string::npos) << s;
+  p.logprobs = 5;
+  SequenceSampler c(p, 0, {});
+  std::vector<SequenceSampler*> one{&c};
+  DeviceTensor ok(Logits(1, 50, rng));
+  s = ds->Sample({}, ok.view(), one, &out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(c.num_samples(), 0u);
+  // Penalty slots run out: max_rows (2) by default.
+  SamplingParams pen = Params(1.0, 1);
+  pen.presence_penalty = 1.0;
+  SequenceSampler x(pen, 0, {}), y(pen, 0, {}), z(pen, 0, {});
+  for (SequenceSampler* seq : {&x, &y}) {
+    std::vector<SequenceSampler*> r{seq};
+    ASSERT_TRUE(ds->Sample({}, ok.view(), r, &out).ok());
+  }
+  std::vector<SequenceSampler*> r{&z};
+  s = ds->Sample({}, ok.view(), r, &out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  ds->Drop(&x);
+  EXPECT_TRUE(ds->Sample({}, ok.view(), r, &out).ok());
+  ds->Drop(&y);
+  ds->Drop(&z);
+}
+
+TEST_F(CudaSampling, LargeVocabulary) {
+  std::mt19937 rng(9);
+  const int vocab = 128256;
+  auto ds = MakeSampler(3, vocab);
+  ASSERT_NE(ds, nullptr);
+  SamplingParams g = Params(0.0, 1);
+  g.logprobs = 5;
+  SamplingParams t = Params(0.9, 2);
+  t.top_k = 50;
+  t.top_p = 0.9;
+  SamplingParams pen = Params(1.0, 3);
+  pen.repetition_penalty = 1.2;
+  Twin a(g, 0), b(t, 0), c(pen, 0, {5, 6, 7});
+  std::vector<Twin*> rows{&a, &b, &c};
+  for (int step = 0; step < 2; ++step) {
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    ExpectSame(Step(*ds, rows, Logits(3, vocab, rng)), rows);
+  }
+}
+
+}  // namespace
+}  // namespace llm

@@ -1,0 +1,143 @@
+#include "worker_service/device_sampler.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/sampling.h"
+
+namespace llm {
+
+absl::StatusOr<std::unique_ptr<DeviceSampler>> DeviceSampler::Create(const Options& options) {
+  Options o = options;
+  if (o.max_penalty_slots < 0) o.max_penalty_slots = o.max_rows;
+  ops::sampling::Workspace* ws = nullptr;
+  ops::OpStatus st = ops::sampling::CreateWorkspace(o.device, o.max_rows, o.vocab_size,
+                                                    o.max_logprobs, o.max_penalty_slots, &ws);
+  if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat("DeviceSampler: ", st.message));
+  return std::unique_ptr<DeviceSampler>(new DeviceSampler(o, ws));
+}
+
+DeviceSampler::DeviceSampler(const Options& options, ops::sampling::Workspace* ws)
+    : options_(options), ws_(ws) {
+  for (int s = options.max_penalty_slots - 1; s >= 0; --s) free_slots_.push_back(s);
+}
+
+DeviceSampler::~DeviceSampler() { ops::sampling::DestroyWorkspace(ws_); }
+
+absl::StatusOr<int> DeviceSampler::AcquireSlot() {
+  if (free_slots_.empty()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "DeviceSampler: no free penalty slot for a sequence with penalties (all ",
+        options_.max_penalty_slots, " in use; raise max_penalty_slots or Drop finished ones)"));
+  }
+  const int slot = free_slots_.back();
+  free_slots_.pop_back();
+  return slot;
+}
+
+absl::Status DeviceSampler::Sample(const ops::OpContext& ctx, const TensorView& logits,
+                                   std::span<SequenceSampler* const> rows,
+                                   std::vector<SampledToken>* out) {
+  const int n = static_cast<int>(rows.size());
+  if (n > options_.max_rows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DeviceSampler::Sample: ", n, " rows; the sampler holds at most ", options_.max_rows));
+  }
+  if (logits.dtype != DType::kF32 || logits.ndim != 2 || logits.shape[0] != n ||
+      logits.shape[1] != options_.vocab_size ||
+      !(logits.device == TensorDevice::Cuda(options_.device))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DeviceSampler::Sample: logits: expected f32 [", n, ", ", options_.vocab_size,
+                     "] on cuda:", options_.device, ", got ", logits.ToString()));
+  }
+  for (int r = 0; r < n; ++r) {
+    const SamplingParams& p = rows[r]->params();
+    if (p.logprobs.has_value() && *p.logprobs > options_.max_logprobs) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("DeviceSampler::Sample: row ", r, " asks for ", *p.logprobs,
+                       " top logprobs; the sampler serves at most ", options_.max_logprobs));
+    }
+  }
+  ops::sampling::RowParams* params = ops::sampling::HostParams(ws_);
+  const int words = (options_.vocab_size + 31) / 32;
+  for (int r = 0; r < n; ++r) {
+    SequenceSampler& seq = *rows[r];
+    const SamplingParams& p = seq.params();
+    if (seq.has_penalties() && seq.device_slot_ < 0) {
+      absl::StatusOr<int> slot = AcquireSlot();
+      if (!slot.ok()) return slot.status();
+      seq.device_slot_ = *slot;
+      const bool with_prompt = !seq.prompt_tokens().empty();
+      if (with_prompt) {
+        uint32_t* bits = ops::sampling::PromptStaging(ws_, *slot);
+        std::memset(bits, 0, words * sizeof(uint32_t));
+        for (TokenId t : seq.prompt_tokens()) {
+          if (t >= 0 && t < options_.vocab_size) bits[t >> 5] |= 1u << (t & 31);
+        }
+      }
+      ops::OpStatus st = ops::sampling::InitSlot(ctx, ws_, *slot, with_prompt);
+      if (!st.ok()) return absl::InternalError(st.message);
+    }
+    ops::sampling::RowParams& rp = params[r];
+    rp.temperature = Sampler::IsGreedy(p) ? 0.0f : static_cast<float>(p.temperature);
+    rp.log_min_p = Sampler::LogMinP(p);
+    rp.top_k = p.top_k;
+    rp.top_p = p.top_p;
+    rp.repetition_penalty = static_cast<float>(p.repetition_penalty);
+    rp.frequency_penalty = p.frequency_penalty;
+    rp.presence_penalty = p.presence_penalty;
+    rp.key = seq.key();
+    rp.sample_index = seq.num_samples();
+    rp.slot = seq.device_slot_;
+    rp.num_logprobs = p.logprobs.has_value() ? *p.logprobs : -1;
+  }
+  ops::OpStatus st = ops::sampling::Sample(ctx, ws_, logits, n);
+  if (!st.ok()) return absl::InternalError(absl::StrCat("DeviceSampler::", st.message));
+  for (int r = 0; r < n; ++r) {
+    const ops::sampling::RowResult& res = ops::sampling::Result(ws_, r);
+    if (res.flags & ops::sampling::kNonFinite) {
+      return absl::InternalError(
+          absl::StrCat("DeviceSampler::Sample: logit ", res.bad_column, " of row ", r, " is ",
+                       (res.flags & ops::sampling::kNan) ? "NaN" : "infinite"));
+    }
+  }
+  out->assign(n, SampledToken{});
+  for (int r = 0; r < n; ++r) {
+    SequenceSampler& seq = *rows[r];
+    const ops::sampling::RowResult& res = ops::sampling::Result(ws_, r);
+    SampledToken& s = (*out)[r];
+    s.token = res.token;
+    ++seq.num_samples_;
+    if (!seq.params().logprobs.has_value()) continue;
+    s.logprob = res.logprob;
+    const int top = std::min(*seq.params().logprobs, options_.vocab_size);
+    const int32_t* ids = ops::sampling::TopLogprobIds(ws_, r);
+    const float* values = ops::sampling::TopLogprobValues(ws_, r);
+    s.top_logprobs.reserve(top);
+    for (int i = 0; i < top; ++i) s.top_logprobs.emplace_back(ids[i], values[i]);
+  }
+  return absl::OkStatus();
+}
+
+void DeviceSampler::Drop(SequenceSampler* seq) {
+  if (seq->device_slot_ < 0) return;
+  free_slots_.push_back(seq->device_slot_);
+  seq->device_slot_ = -1;
+}
+
+absl::Status DeviceSampler::Fork(const ops::OpContext& ctx, const SequenceSampler& parent,
+                                 SequenceSampler* child) {
+  if (parent.device_slot_ < 0) return absl::OkStatus();
+  if (child->device_slot_ < 0) {
+    absl::StatusOr<int> slot = AcquireSlot();
+    if (!slot.ok()) return slot.status();
+    child->device_slot_ = *slot;
+  }
+  ops::OpStatus st = ops::sampling::CopySlot(ctx, ws_, parent.device_slot_, child->device_slot_);
+  if (!st.ok()) return absl::InternalError(absl::StrCat("DeviceSampler::Fork: ", st.message));
+  return absl::OkStatus();
+}
+
+}  // namespace llm

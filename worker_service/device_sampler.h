@@ -1,0 +1,83 @@
+// The sampler on the device: Sampler's step (worker_service/sampler.h) for f32 logits that are
+// already on the device, with the same arithmetic and the same Philox draws, so that a seeded
+// sequence samples the same tokens as on the host, whatever shares its batch. Only the sampled
+// tokens, the requested logprobs and per-row flags come back to the host: one small
+// device-to-host copy and one stream synchronization per step.
+//
+// Penalty state: a sequence with any penalty gets a slot of the device's penalty table at its
+// first Sample (or at Fork): a row of output-token counts (i32 [vocab]) and a bitmap of its
+// prompt's tokens (uploaded once, then). Sample increments the count of each sampled token on
+// the device, so nothing crosses per step. Slots are dense rows rather than sparse lists so
+// that the penalty pass is one coalesced read per vocabulary entry with no sort or hash; they
+// are allocated (with everything else) once, for `max_penalty_slots` sequences, and only
+// penalized sequences take one, since most requests have no penalties. The device counts
+// start at the sequence's first device Sample: tokens added with AddOutputToken before it
+// (host sampling) are not carried over.
+//
+// Thread-compatible. The calling thread's current device must be options.device.
+#ifndef LLM_WORKER_SERVICE_DEVICE_SAMPLER_H_
+#define LLM_WORKER_SERVICE_DEVICE_SAMPLER_H_
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/ops.h"
+#include "kernels/tensor.h"
+#include "worker_service/sampler.h"
+
+namespace llm {
+
+namespace ops::sampling {
+struct Workspace;
+}
+
+class DeviceSampler {
+ public:
+  struct Options {
+    int device = 0;    // CUDA ordinal
+    int max_rows = 1;  // rows per Sample
+    int vocab_size = 0;
+    int max_logprobs = 20;       // the largest SamplingParams::logprobs served; <= 1024
+    int max_penalty_slots = -1;  // sequences with penalties at once; -1: max_rows
+  };
+
+  // Allocates every device and pinned host buffer the sampler uses.
+  static absl::StatusOr<std::unique_ptr<DeviceSampler>> Create(const Options& options);
+  ~DeviceSampler();
+  DeviceSampler(const DeviceSampler&) = delete;
+  DeviceSampler& operator=(const DeviceSampler&) = delete;
+
+  // Samples one token per row of `logits` (f32 [rows.size(), vocab_size] on the device, read in
+  // stream order on ctx.stream) for the sequence rows[r]; advances each sequence's sample
+  // counter. Returns after synchronizing ctx.stream. Errors: INVALID_ARGUMENT for bad shapes
+  // or logprobs above max_logprobs, RESOURCE_EXHAUSTED when a penalized sequence finds no
+  // free slot, INTERNAL naming the row (and column) of a non-finite logit, or a CUDA error.
+  absl::Status Sample(const ops::OpContext& ctx, const TensorView& logits,
+                      std::span<SequenceSampler* const> rows, std::vector<SampledToken>* out);
+
+  // Releases the sequence's device state (its request finished or was aborted). Must be
+  // called before a SequenceSampler that has a slot is destroyed; a no-op without one.
+  void Drop(SequenceSampler* seq);
+
+  // n > 1: `child` starts from `parent`'s penalty state (a copy of its counts and prompt
+  // bitmap, stream-ordered on ctx.stream). A no-op when the parent has none.
+  absl::Status Fork(const ops::OpContext& ctx, const SequenceSampler& parent,
+                    SequenceSampler* child);
+
+  int free_penalty_slots() const { return static_cast<int>(free_slots_.size()); }
+
+ private:
+  DeviceSampler(const Options& options, ops::sampling::Workspace* ws);
+  absl::StatusOr<int> AcquireSlot();
+
+  Options options_;
+  ops::sampling::Workspace* ws_;
+  std::vector<int> free_slots_;
+};
+
+}  // namespace llm
+
+#endif  // LLM_WORKER_SERVICE_DEVICE_SAMPLER_H_
