@@ -257,8 +257,7 @@ OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const Tenso
                         const AttentionMetadata& metadata, float scale) {
   constexpr const char* kOp = "PagedAttention";
   // f32 query and out with f32, f16 or bf16 caches, or everything bf16 or everything f16.
-  LLM_OPS_RETURN_IF_ERROR(
-      CheckArg(kOp, "query", query, {kF32, kF16, kBF16}, {kAny, kAny, kAny}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "query", query, {kF32, kF16, kBF16}, {kAny, kAny, kAny}));
   const int64_t num_tokens = query.shape[0], num_heads = query.shape[1];
   const int64_t head_size = query.shape[2];
   LLM_OPS_RETURN_IF_ERROR(

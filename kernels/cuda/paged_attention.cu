@@ -467,8 +467,8 @@ OpStatus PagedAttention16(const OpContext& ctx, const TensorView& out, const Ten
   }
   for (const TensorView* t : {&out, &query, &key_cache, &value_cache}) {
     if (reinterpret_cast<uintptr_t>(t->data) % 16 != 0) {
-      return cuda_internal::Error(kOp, "16-bit tensors must be 16-byte aligned, got " +
-                                           t->ToString());
+      return cuda_internal::Error(kOp,
+                                  "16-bit tensors must be 16-byte aligned, got " + t->ToString());
     }
   }
   const int64_t num_tokens = query.shape[0], num_seqs = metadata.seq_lens.shape[0];

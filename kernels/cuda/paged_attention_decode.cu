@@ -231,7 +231,6 @@ __device__ __forceinline__ void Tile(const DecodeParams& p, const int32_t* table
       for (int d = 0; d < kVec; ++d) st.acc[h][d] = fmaf(s[j][h], v[d], st.acc[h][d]);
     }
   }
-
 }
 
 // m and l of two states merged into (m, l); returns the weights of each (0 for an empty one).
@@ -245,10 +244,10 @@ __device__ __forceinline__ void MergeWeights(float m_a, float m_b, float* m, flo
 
 template <typename T, int kHeadSize, int kGroup>
 __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(DecodeParams p) {
-  constexpr int kLanes = kHeadSize / kVec;             // lanes per key row
-  constexpr int kGroupsPerWarp = 32 / kLanes;          // key groups per warp
-  constexpr int kKeys = kGroup >= 8 ? 2 : 4;           // positions per key group per tile
-  constexpr int kWarpTile = kKeys * kGroupsPerWarp;    // positions per warp per tile
+  constexpr int kLanes = kHeadSize / kVec;           // lanes per key row
+  constexpr int kGroupsPerWarp = 32 / kLanes;        // key groups per warp
+  constexpr int kKeys = kGroup >= 8 ? 2 : 4;         // positions per key group per tile
+  constexpr int kWarpTile = kKeys * kGroupsPerWarp;  // positions per warp per tile
   __shared__ float m_s[kWarps][kGroup], l_s[kWarps][kGroup];
   __shared__ float acc_s[kWarps][kGroup][kHeadSize];
 
@@ -272,9 +271,9 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(DecodeParams p
     return;
   }
   const int start = p.num_splits > 1 ? z * p.split_keys : 0;
-  const int end =
-      p.num_splits > 1 ? static_cast<int>(min(ctx, static_cast<int64_t>(start) + p.split_keys))
-                       : static_cast<int>(ctx);
+  const int end = p.num_splits > 1
+                      ? static_cast<int>(min(ctx, static_cast<int64_t>(start) + p.split_keys))
+                      : static_cast<int>(ctx);
   if (start >= end) return;  // past this sequence's context; the reduction skips it
 
   // This lane's query slices, pre-scaled into the log2 domain; heads past `heads` are 0.
@@ -303,8 +302,8 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(DecodeParams p
   const int full = len / kWarpTile;  // warp tiles with every position < end
   int tile = warp;
   for (; tile < full; tile += kWarps) {
-    Tile<T, kHeadSize, kGroup, kKeys, false>(p, table, kv_base, start + tile * kWarpTile + sub,
-                                             end, q, st);
+    Tile<T, kHeadSize, kGroup, kKeys, false>(p, table, kv_base, start + tile * kWarpTile + sub, end,
+                                             q, st);
   }
   if (tile == full && len % kWarpTile != 0) {  // the last, partial warp tile: one warp
     Tile<T, kHeadSize, kGroup, kKeys, true>(p, table, kv_base, start + tile * kWarpTile + sub, end,
@@ -405,8 +404,7 @@ OpStatus LaunchDecode(cudaStream_t stream, const DecodeParams& params, const Dec
   if (plan.num_splits > 1) {
     const dim3 reduce_grid(static_cast<unsigned>(params.num_seqs),
                            static_cast<unsigned>(params.num_heads));
-    ::llm::cuda::Launch(DecodeReduceKernel<T, kHeadSize>, reduce_grid, kThreads, 0, stream,
-                        params);
+    ::llm::cuda::Launch(DecodeReduceKernel<T, kHeadSize>, reduce_grid, kThreads, 0, stream, params);
     LLM_CUDA_OP_CHECK_LAUNCH(kOp);
   }
   return OpStatus::Ok();
@@ -442,12 +440,11 @@ OpStatus DecodeAttention(const OpContext& ctx, const TensorView& out, const Tens
   constexpr const char* kOp = "PagedAttention";
   if (!plan.launch) return OpStatus::Ok();
   const int64_t head_size = query.shape[2];
-  if (plan.num_splits > 1 && (ctx.workspace == nullptr || ctx.workspace_bytes <
-                                                              plan.workspace_bytes)) {
-    return cuda_internal::Error(kOp, "the decode plan needs " +
-                                         std::to_string(plan.workspace_bytes) +
-                                         " bytes of workspace, got " +
-                                         std::to_string(ctx.workspace_bytes));
+  if (plan.num_splits > 1 &&
+      (ctx.workspace == nullptr || ctx.workspace_bytes < plan.workspace_bytes)) {
+    return cuda_internal::Error(
+        kOp, "the decode plan needs " + std::to_string(plan.workspace_bytes) +
+                 " bytes of workspace, got " + std::to_string(ctx.workspace_bytes));
   }
   DecodeParams params{};
   params.out = out.data;

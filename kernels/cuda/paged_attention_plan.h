@@ -107,8 +107,8 @@ struct DecodePlanInput {
   int64_t num_heads = 0;     // Hq > 0
   int64_t num_kv_heads = 0;  // Hkv > 0, divides Hq
   int64_t head_size = 0;
-  int num_sms = 0;          // the device's SM count (<= 0: unknown, no split)
-  int max_seq_len = 0;      // metadata.max_seq_len (0 = unknown)
+  int num_sms = 0;                                // the device's SM count (<= 0: unknown, no split)
+  int max_seq_len = 0;                            // metadata.max_seq_len (0 = unknown)
   std::span<const int32_t> query_start_loc_host;  // [S + 1] or empty (unknown)
   std::span<const int32_t> seq_lens_host;         // [S] or empty (unknown)
   size_t workspace_bytes = 0;                     // OpContext::workspace_bytes

@@ -635,8 +635,8 @@ TEST_F(CudaPagedAttention16, DecodeMatchesCpu) {
         if (bi == 2) {  // the split boundaries are at multiples of 256 keys
           for (const bool with_lens : {false, true}) {
             const cuda::DecodePlan plan =
-                PlanFor(b, shape, ws_bytes, with_lens ? std::span<const int32_t>(lens)
-                                                      : std::span<const int32_t>());
+                PlanFor(b, shape, ws_bytes,
+                        with_lens ? std::span<const int32_t>(lens) : std::span<const int32_t>());
             EXPECT_GT(plan.num_splits, 1);
             EXPECT_EQ(plan.split_keys, 256);
           }
@@ -697,18 +697,17 @@ TEST_F(CudaPagedAttention16, BadMetadataGivesNanRowsOfItsSequenceOnly) {
     b.d_block_tables = DeviceTensor(b.block_tables);
     b.seq_lens.data<int32_t>()[2] = static_cast<int32_t>(max_blocks * shape.block_size + 1);
     b.d_seq_lens = DeviceTensor(b.seq_lens);
-    const DeviceWorkspace workspace(PagedAttentionWorkspaceBytes(4, shape.num_heads,
-                                                                 shape.head_size, 4096));
+    const DeviceWorkspace workspace(
+        PagedAttentionWorkspaceBytes(4, shape.num_heads, shape.head_size, 4096));
     const int64_t row = shape.num_heads * shape.head_size;
     for (const int max_seq_len : {-1, 0}) {  // the batch's (split), unknown (not split)
       SCOPED_TRACE(::testing::Message() << "max_seq_len " << max_seq_len);
-      const HostTensor got =
-          Run(b, dtype, scale, workspace.Context(), false, true, max_seq_len);
+      const HostTensor got = Run(b, dtype, scale, workspace.Context(), false, true, max_seq_len);
       for (int64_t i = 0; i < 3 * row; ++i) ASSERT_TRUE(std::isnan(got.data<float>()[i])) << i;
       EXPECT_TRUE(gpu_testing::AllClose(
           got.data<float>() + 3 * row,
-          std::vector<double>(want.data<float>() + 3 * row, want.data<float>() + 4 * row),
-          kAtol16, Rtol16(dtype)));
+          std::vector<double>(want.data<float>() + 3 * row, want.data<float>() + 4 * row), kAtol16,
+          Rtol16(dtype)));
     }
     // max_seq_len below the truth when split: sequence 3 (520) past 2 splits of 256 is NaN.
     const HostTensor got = Run(b, dtype, scale, workspace.Context(), false, true, 500);
