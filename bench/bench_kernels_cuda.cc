@@ -50,8 +50,9 @@ bool Check(cudaError_t err, const char* what, benchmark::State* state = nullptr)
 
 // The static roofline of DecodeAttentionKernel<__nv_bfloat16, 128, 4>'s main loop, as
 // tools/cuda/sass_report.py measures it (bytes of K and V per warp-instruction, each byte
-// counted once per GQA group): sm_90, 950 warp-instructions per 4096 B. Update with the kernel.
-constexpr double kDecodeRooflineBytesPerInst = 4.31;
+// counted once per GQA group): sm_90, 4096 B per 821 warp-instructions in the worse of its two
+// main loops (662 in the one power-of-two block sizes run: 6.19). Update with the kernel.
+constexpr double kDecodeRooflineBytesPerInst = 4.99;
 constexpr double kH100IssueRate = 132 * 4 * 1.755e9;  // warp-instructions per second
 
 struct DeviceBuffer {

@@ -14,7 +14,8 @@
 // kKeys x (32 / kLanes) consecutive positions, warp w taking tiles w, w + 4, ...; key group g
 // of the warp takes kKeys consecutive positions of it. Per tile, each lane
 //   1. looks up the block table once for its kKeys positions (a power-of-two block size of at
-//      least kKeys, so that they lie in one page; else once per position),
+//      least kKeys, so that they lie in one page; else once per position: a second copy of
+//      the loop),
 //   2. loads the kKeys K row slices and computes, for each of the kGroup query heads, its part
 //      of q . k (8 FMAs per key and head; q pre-scaled by scale x log2(e)), summed over the key
 //      group's lanes by xor shuffles: the log2-domain scores s[j][h],
@@ -103,6 +104,18 @@ __device__ __forceinline__ void Unpack(const Pack16& p, float (&f)[kVec]) {
   f[7] = Hi(p.w, T{});
 }
 
+// 2^x: one MUFU.EX2 on the device (ex2.approx.ftz: relative error 2^-22, results below 2^-126
+// flushed to 0, which a softmax weight may lose); the host's exp2 under the emulation.
+__device__ __forceinline__ float Exp2(float x) {
+#ifdef LLM_CUDA_EMU
+  return std::exp2(x);
+#else
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#endif
+}
+
 __device__ __forceinline__ Pack16 Load16(const void* p) {
   return __ldg(static_cast<const Pack16*>(p));
 }
@@ -126,7 +139,7 @@ struct State {
 // One tile of kKeys positions pos0 .. pos0 + kKeys - 1 of one key group (see the file
 // comment). kMasked: positions at or past `end` are skipped (the last tile of a CTA's range);
 // else all are < end.
-template <typename T, int kHeadSize, int kGroup, int kKeys, bool kMasked>
+template <typename T, int kHeadSize, int kGroup, int kKeys, bool kOnePage, bool kMasked>
 __device__ __forceinline__ void Tile(const DecodeParams& p, const int32_t* table, int64_t kv_base,
                                      int pos0, int end, const float (&q)[kGroup][kVec],
                                      State<kGroup>& st) {
@@ -136,7 +149,7 @@ __device__ __forceinline__ void Tile(const DecodeParams& p, const int32_t* table
   //    score.
   int64_t off[kKeys];
   bool bad[kKeys];
-  if (p.block_shift >= 0 && p.block_size >= kKeys) {  // the tile lies in one page
+  if constexpr (kOnePage) {  // a power-of-two block size >= kKeys: the tile lies in one page
     const bool any = !kMasked || pos0 < end;
     const int32_t block = any ? __ldg(table + (pos0 >> p.block_shift)) : 0;
     const bool ok = block >= 0 && block < p.num_blocks;
@@ -205,11 +218,11 @@ __device__ __forceinline__ void Tile(const DecodeParams& p, const int32_t* table
 #pragma unroll
     for (int j = 0; j < kKeys; ++j) m_new = fmaxf(m_new, s[j][h]);
     const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // nothing seen yet: all 0
-    const float corr = exp2f(st.m[h] - m_use);
+    const float corr = Exp2(st.m[h] - m_use);
     float sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < kKeys; ++j) {
-      s[j][h] = exp2f(s[j][h] - m_use);
+      s[j][h] = Exp2(s[j][h] - m_use);
       sum += s[j][h];
     }
     st.l[h] = st.l[h] * corr + sum;
@@ -238,8 +251,8 @@ __device__ __forceinline__ void MergeWeights(float m_a, float m_b, float* m, flo
                                              float* w_b) {
   *m = fmaxf(m_a, m_b);
   const float m_use = *m == -INFINITY ? 0.0f : *m;
-  *w_a = exp2f(m_a - m_use);
-  *w_b = exp2f(m_b - m_use);
+  *w_a = Exp2(m_a - m_use);
+  *w_b = Exp2(m_b - m_use);
 }
 
 template <typename T, int kHeadSize, int kGroup>
@@ -300,14 +313,27 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(DecodeParams p
   const int sub = (lane / kLanes) * kKeys;  // this key group's first position in a warp tile
   const int len = end - start;
   const int full = len / kWarpTile;  // warp tiles with every position < end
-  int tile = warp;
-  for (; tile < full; tile += kWarps) {
-    Tile<T, kHeadSize, kGroup, kKeys, false>(p, table, kv_base, start + tile * kWarpTile + sub, end,
-                                             q, st);
-  }
-  if (tile == full && len % kWarpTile != 0) {  // the last, partial warp tile: one warp
-    Tile<T, kHeadSize, kGroup, kKeys, true>(p, table, kv_base, start + tile * kWarpTile + sub, end,
-                                            q, st);
+  // Two copies of the loop, so that the hot one has only its own page lookup.
+  if (p.block_shift >= 0 && p.block_size >= kKeys) {
+    int tile = warp;
+    for (; tile < full; tile += kWarps) {
+      Tile<T, kHeadSize, kGroup, kKeys, true, false>(p, table, kv_base,
+                                                     start + tile * kWarpTile + sub, end, q, st);
+    }
+    if (tile == full && len % kWarpTile != 0) {  // the last, partial warp tile: one warp
+      Tile<T, kHeadSize, kGroup, kKeys, true, true>(p, table, kv_base,
+                                                    start + tile * kWarpTile + sub, end, q, st);
+    }
+  } else {
+    int tile = warp;
+    for (; tile < full; tile += kWarps) {
+      Tile<T, kHeadSize, kGroup, kKeys, false, false>(p, table, kv_base,
+                                                      start + tile * kWarpTile + sub, end, q, st);
+    }
+    if (tile == full && len % kWarpTile != 0) {
+      Tile<T, kHeadSize, kGroup, kKeys, false, true>(p, table, kv_base,
+                                                     start + tile * kWarpTile + sub, end, q, st);
+    }
   }
 
   // Merge the key groups of the warp (xor over the lanes above kLanes), then the warps.
@@ -348,7 +374,7 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(DecodeParams p
     float l = 0.0f, o = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
-      const float c = exp2f(m_s[w][h] - m_use);
+      const float c = Exp2(m_s[w][h] - m_use);
       l += l_s[w][h] * c;
       o += acc_s[w][h][d] * c;
     }
@@ -385,7 +411,7 @@ __global__ void __launch_bounds__(kThreads) DecodeReduceKernel(DecodeParams p) {
   const float m_use = m == -INFINITY ? 0.0f : m;
   float l = 0.0f, o = 0.0f;
   for (int z = 0; z < n; ++z) {
-    const float c = exp2f(p.part_ml[2 * (base + z)] - m_use);
+    const float c = Exp2(p.part_ml[2 * (base + z)] - m_use);
     l += p.part_ml[2 * (base + z) + 1] * c;
     o += p.part_out[(base + z) * kHeadSize + d] * c;
   }

@@ -65,7 +65,9 @@ PagedAttentionKernel (the fp32 path's row kernels, one block per query head) gro
 The roofline figure is B/inst / loads. The decode kernel is --roofline-kernel, by default
 DecodeAttentionKernel<__nv_bfloat16, 128, 4>: bf16 cache, head size 128, 4 query heads per
 CTA; its main loop (the full tiles; the masked last tile runs once per CTA) loads 4 K and 4 V
-row slices per key group, 8 x LDG.E.128 = 4096 B per warp-iteration, used by all 4 heads.
+row slices per key group, 8 x LDG.E.128 = 4096 B per warp-iteration, used by all 4 heads. It
+has two copies of that loop, alternatives (one block-table lookup per tile for power-of-two
+block sizes, one per position else): its figure is the worse of the two, not combined.
 The fp32 path's PagedAttentionKernel<__nv_bfloat16, 128, false> is 2.91 / 4 = 0.73 (the issue
 quoted ~0.72). The target: an H100 SXM issues at most 132 SMs x 4 schedulers x 1.755 GHz =
 0.93 T warp-instructions/s; to read K/V at 80% of 3.35 TB/s while issuing at 80% of that peak a
@@ -492,9 +494,24 @@ def group_loads(name, group):
     return 1
 
 
+def alternative_loops(name):
+    """Whether the kernel's streaming loops are alternatives, each reading K and V (the decode
+    kernel's copies of its main loop: one page lookup per tile, or one per position), rather
+    than successive loops that each read one of them per position."""
+    return name.startswith("DecodeAttentionKernel<")
+
+
+def loaded_bytes_per_inst(k):
+    """B/inst as the kernel loads: alternative loops by the worst of them, else combined."""
+    loops = [lp for lp in (k.loops or []) if lp.bytes > 0]
+    if loops and alternative_loops(k.name):
+        return min(lp.bytes_per_inst for lp in loops)
+    return k.bytes_per_inst
+
+
 def roofline_bytes_per_inst(k, group):
     """B/inst counting each K/V byte once per GQA group; None without a streaming loop."""
-    bpi = k.bytes_per_inst
+    bpi = loaded_bytes_per_inst(k)
     return None if bpi is None else bpi / group_loads(k.name, group)
 
 
@@ -757,7 +774,7 @@ def fmt_table(kernels, markdown):
             "tensor", "B/inst"]
     rows = []
     for k in kernels:
-        bpi = k.bytes_per_inst
+        bpi = loaded_bytes_per_inst(k)
         rows.append([k.name, k.arch, str(k.res.registers),
                      f"{k.res.spill_stores}/{k.res.spill_loads}", str(k.res.stack_bytes),
                      str(k.res.smem_bytes), k.widths_text(),
@@ -786,14 +803,18 @@ def fmt_loops(k):
 
 
 def fmt_roofline(k, group=ROOFLINE_GROUP):
-    loaded = k.bytes_per_inst
+    loaded = loaded_bytes_per_inst(k)
     if loaded is None:
         return [f"decode roofline: {k.name} ({k.arch}) has no streaming loop"]
     loads = group_loads(k.name, group)
     bpi = loaded / loads
     lines = [f"decode attention inner loops: {k.name} ({k.arch})"] + fmt_loops(k)
-    lines.append(f"  combined (each loop streams one row, K or V, per position): "
-                 f"{loaded:.2f} bytes loaded per warp-instruction")
+    if alternative_loops(k.name):
+        lines.append(f"  the worst of the alternative main loops (each streams K and V): "
+                     f"{loaded:.2f} bytes loaded per warp-instruction")
+    else:
+        lines.append(f"  combined (each loop streams one row, K or V, per position): "
+                     f"{loaded:.2f} bytes loaded per warp-instruction")
     lines.append(f"  each K/V byte of a GQA group of {group} query heads loaded {loads} time(s): "
                  f"{bpi:.2f} bytes per warp-instruction")
     bound = bpi * ISSUE_RATE
@@ -897,7 +918,7 @@ def main(argv):
         args.json.write_text(json.dumps([{
             "kernel": k.name, "arch": k.arch, **dataclasses.asdict(k.res),
             "global_loads": {str(w): n for w, n in (k.loads or {}).items()},
-            "tensor": k.tensor, "bytes_per_warp_inst": k.bytes_per_inst,
+            "tensor": k.tensor, "bytes_per_warp_inst": loaded_bytes_per_inst(k),
         } for k in kernels], indent=1) + "\n")
     if args.write_budgets:
         old = json.loads(args.write_budgets.read_text()) if args.write_budgets.exists() else {}
@@ -1001,6 +1022,13 @@ def self_test():
     expect("group loads: a block per query head",
            group_loads("PagedAttentionKernel<__nv_bfloat16, 128, false>", 4), 4)
     expect("group loads: other", group_loads("RmsNormKernel", 4), 1)
+    alt = Kernel("DecodeAttentionKernel<__nv_bfloat16, 128, 4>", "sm_90", None,
+                 loops=[Loop(0, 1, 800, [128] * 8, 4), Loop(2, 3, 640, [128] * 8, 1)])
+    expect("alternative loops: the worse", loaded_bytes_per_inst(alt), 4096 / 800)
+    seq = Kernel("PagedAttentionKernel<__nv_bfloat16, 128, false>", "sm_90", None,
+                 loops=[Loop(0, 1, 100, [16] * 8, 2), Loop(2, 3, 156, [16] * 8, 2)])
+    expect("successive loops: combined", loaded_bytes_per_inst(seq), 2 / (100 / 512 + 156 / 512))
+    expect("roofline per group", roofline_bytes_per_inst(seq, 4), 2 / (100 / 512 + 156 / 512) / 4)
     expect("short_name plain", short_name(
         "llm::ops::cuda::(anonymous namespace)::RotaryKernel(float*, int)"), "RotaryKernel")
     res = parse_ptxas(SAMPLE_PTXAS)
