@@ -787,6 +787,66 @@ TEST_F(CudaPagedAttention16, CacheLargerThan2To31Elements) {
   cudaFree(big[1]);
 }
 
+// A decode-only 16-bit batch is one kernel, or two with a split (the decode kernel and its
+// reduction): no prefill launch, with or without the host q_lens (T == S). Counted as kernel
+// nodes of a CUDA graph captured from the op's stream, then replayed and compared with the CPU.
+TEST_F(CudaPagedAttention16, DecodeOnlyBatchesLaunchTheDecodeKernelAndItsReductionOnly) {
+  std::mt19937 rng(1707);
+  const Shape shape{8, 2, 64, 16};
+  const DType dtype = DType::kF16;
+  const float scale = 0.125f;
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  struct Case {
+    std::vector<SeqSpec> seqs;
+    bool host_qsl;
+    size_t kernels;
+  };
+  const Case cases[] = {
+      {{{1, 40}, {1, 200}, {1, 7}}, true, 1},  // contexts <= 256: never split
+      {{{1, 40}, {1, 900}, {1, 7}}, true, 2},  // split: + the reduction
+      {{{1, 40}, {1, 900}, {1, 7}}, false, 2},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message()
+                 << "longest " << c.seqs[1].seq_len << (c.host_qsl ? ", host q_lens" : ""));
+    const Batch b = MakeBatch16(c.seqs, shape, rng, dtype);
+    const HostTensor want = Reference(b, scale);
+    const DeviceWorkspace workspace(
+        PagedAttentionWorkspaceBytes(3, shape.num_heads, shape.head_size, 1024));
+    const auto& qs = b.query.view().shape;
+    DeviceTensor out(HostTensor(dtype, std::span<const int64_t>(qs.data(), 3)));
+    out.Poison();
+    ASSERT_EQ(Sync(), "");
+    cudaGraph_t graph = nullptr;
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    const OpStatus s = PagedAttention(workspace.Context(stream), out.view(), b.d_query.view(),
+                                      b.d_key_cache.view(), b.d_value_cache.view(),
+                                      b.DeviceMetadata(-1, c.host_qsl), scale);
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    ASSERT_TRUE(s.ok()) << s.message;
+    size_t num_nodes = 0;
+    ASSERT_EQ(cudaGraphGetNodes(graph, nullptr, &num_nodes), cudaSuccess);
+    std::vector<cudaGraphNode_t> nodes(num_nodes);
+    ASSERT_EQ(cudaGraphGetNodes(graph, nodes.data(), &num_nodes), cudaSuccess);
+    size_t kernels = 0;
+    for (cudaGraphNode_t node : nodes) {
+      cudaGraphNodeType type{};
+      ASSERT_EQ(cudaGraphNodeGetType(node, &type), cudaSuccess);
+      if (type == cudaGraphNodeTypeKernel) ++kernels;
+    }
+    EXPECT_EQ(kernels, c.kernels);
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_TRUE(Close(FromHalf(out.Download()), want, kAtol16, Rtol16(dtype)));
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  cudaStreamDestroy(stream);
+}
+
 // Wrong dtypes and versions are errors naming the argument.
 TEST_F(CudaPagedAttention16, MixedDtypesAndRowVersionsAreErrors) {
   std::mt19937 rng(1705);
