@@ -256,12 +256,19 @@ OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const Tenso
                         const TensorView& key_cache, const TensorView& value_cache,
                         const AttentionMetadata& metadata, float scale) {
   constexpr const char* kOp = "PagedAttention";
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "query", query, {kF32}, {kAny, kAny, kAny}));
+  // f32 query and out with f32, f16 or bf16 caches, or everything bf16 or everything f16.
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "query", query, {kF32, kF16, kBF16}, {kAny, kAny, kAny}));
   const int64_t num_tokens = query.shape[0], num_heads = query.shape[1];
   const int64_t head_size = query.shape[2];
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "out", out, {kF32}, {num_tokens, num_heads, head_size}));
   LLM_OPS_RETURN_IF_ERROR(
-      CheckArg(kOp, "key_cache", key_cache, {kF32, kF16, kBF16}, {kAny, kAny, kAny, head_size}));
+      CheckArg(kOp, "out", out, {query.dtype}, {num_tokens, num_heads, head_size}));
+  if (query.dtype == kF32) {
+    LLM_OPS_RETURN_IF_ERROR(
+        CheckArg(kOp, "key_cache", key_cache, {kF32, kF16, kBF16}, {kAny, kAny, kAny, head_size}));
+  } else {
+    LLM_OPS_RETURN_IF_ERROR(
+        CheckArg(kOp, "key_cache", key_cache, {query.dtype}, {kAny, kAny, kAny, head_size}));
+  }
   const int64_t num_blocks = key_cache.shape[0], block_size = key_cache.shape[1];
   const int64_t num_kv_heads = key_cache.shape[2];
   LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "value_cache", value_cache, {key_cache.dtype},
@@ -285,6 +292,11 @@ OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const Tenso
     return Error(kOp, "metadata.query_start_loc_host: expected " + std::to_string(num_seqs + 1) +
                           " entries (or none), got " + std::to_string(host_qsl));
   }
+  const size_t host_lens = metadata.seq_lens_host.size();
+  if (host_lens != 0 && static_cast<int64_t>(host_lens) != num_seqs) {
+    return Error(kOp, "metadata.seq_lens_host: expected " + std::to_string(num_seqs) +
+                          " entries (or none), got " + std::to_string(host_lens));
+  }
   TensorDevice device;
   LLM_OPS_RETURN_IF_ERROR(CheckSameDevice(kOp,
                                           {{"out", &out},
@@ -300,6 +312,9 @@ OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const Tenso
     return cuda::PagedAttention(ctx, out, query, key_cache, value_cache, metadata, scale);
 #endif
   if (!device.is_cpu()) return NoBackend(kOp, device);
+  if (query.dtype != kF32) {
+    return Error(kOp, "query: the CPU backend takes f32 queries, got " + query.ToString());
+  }
   LLM_OPS_RETURN_IF_ERROR(CheckCpuCache(kOp, "key_cache", key_cache));
   return cpu::PagedAttention(out, query, key_cache, value_cache, metadata, scale);
 }

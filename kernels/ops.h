@@ -143,6 +143,11 @@ struct AttentionMetadata {
   // kernel for a decode-only batch, none for decode rows in a prefill-only batch) and sizes the
   // prefill grid exactly; they must equal the device tensor's contents.
   std::span<const int32_t> query_start_loc_host = {};
+  // Optional: seq_lens' contents in host memory, [S], or empty. With them the CUDA 16-bit
+  // decode kernel plans its split of long contexts from the true lengths, else from
+  // max_seq_len. They must equal the device tensor's contents (a length above them gives a
+  // NaN row on cuda, never a read outside the cache).
+  std::span<const int32_t> seq_lens_host = {};
 };
 
 // Attention of this step's queries over the paged KV cache. The j-th query row of sequence s
@@ -151,14 +156,19 @@ struct AttentionMetadata {
 // h / (Hq / Hkv) (GQA; MQA when Hkv = 1; Hq % Hkv == 0):
 //   out[t][h] = sum_{k<=p} softmax_k(scale * q[t][h] . K[k][kvh]) V[k][kvh]
 // query, out [T, Hq, D]; key_cache, value_cache [num_blocks, block_size, Hkv, D].
+// Dtypes: f32 query and out with f32 caches (and on cuda f16 or bf16 caches, read into fp32);
+// on cuda also the 16-bit path: query, out and both caches all bf16 or all f16 (fp32
+// accumulation, the output rounded to nearest), head sizes 64 and 128.
 OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const TensorView& query,
                         const TensorView& key_cache, const TensorView& value_cache,
                         const AttentionMetadata& metadata, float scale);
 
 // Bytes of OpContext::workspace that PagedAttention on cuda uses at most, for batches of at
-// most max_num_tokens tokens over contexts of at most max_model_len, with num_heads query heads
-// of head_size (this rank's). 0 when it never needs any; the CPU backend needs none. With less
-// workspace it still runs, without splitting long contexts (slower for small batches).
+// most max_num_tokens tokens (and sequences) over contexts of at most max_model_len, with
+// num_heads query heads of head_size (this rank's): the f32 path's split-K partials or the
+// 16-bit decode kernel's split-KV partials, whichever is larger. 0 when it never needs any; the
+// CPU backend needs none. With less workspace it still runs, splitting long contexts less or
+// not at all (slower for small batches).
 size_t PagedAttentionWorkspaceBytes(int64_t max_num_tokens, int64_t num_heads, int64_t head_size,
                                     int64_t max_model_len);
 

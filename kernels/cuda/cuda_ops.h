@@ -14,7 +14,8 @@
 // outside the cache or the block table gives NaN rows of PagedAttention. The CPU backend
 // reports the same inputs as errors.
 //
-// fp32 only, like the CPU reference. Internal to kernels/: callers use kernels/ops.h.
+// fp32, like the CPU reference, but for the KV caches (f16, bf16) and PagedAttention's 16-bit
+// path. Internal to kernels/: callers use kernels/ops.h.
 #ifndef LLM_KERNELS_CUDA_CUDA_OPS_H_
 #define LLM_KERNELS_CUDA_CUDA_OPS_H_
 
@@ -53,15 +54,23 @@ OpStatus ReshapeAndCache(void* stream, const TensorView& key, const TensorView& 
                          const TensorView& key_cache, const TensorView& value_cache,
                          const TensorView& slot_mapping);
 
-// kV1 and kV2 run every query row, prefill and decode alike, through the row kernels: row t of
-// sequence s (found by a binary search of query_start_loc) attends to positions
-// 0 .. seq_lens[s] - q_len + j on its own. kAuto runs the rows of prefill chunks (q_len > 1)
-// through a tiled, flash-attention-style kernel instead (16 query rows per thread block share
-// each K and V load, causal inside the chunk) and the decode rows through v1 or v2; with
-// metadata.query_start_loc_host it launches only the kernels the batch has rows for. Versions
-// and the launch plan: paged_attention_plan.h. v2 uses ctx.workspace (never allocates); kV2
-// without enough of it is an error, kAuto then runs v1. Head sizes 64 and 128; any block size;
-// f32, f16 or bf16 caches. Runs on ctx.stream.
+// Two paths, by the query's dtype (paged_attention.cu):
+// - 16-bit (query, out and both caches all bf16 or all f16; kAuto only): the rows of sequences
+//   with q_len == 1 go to the GQA-shared split-KV decode kernel (paged_attention_decode.cu; its
+//   split planned by PlanDecode from the SM count and metadata.seq_lens_host or max_seq_len,
+//   its partials in ctx.workspace: less workspace splits less), the rows of sequences with
+//   q_len > 1 to PrefillAttentionMma (launched only when the batch has such rows; without
+//   metadata.query_start_loc_host, whenever T > S).
+// - fp32 (f32 query and out; f32, f16 or bf16 caches): kV1 and kV2 run every query row, prefill
+//   and decode alike, through the row kernels: row t of sequence s (found by a binary search of
+//   query_start_loc) attends to positions 0 .. seq_lens[s] - q_len + j on its own. kAuto runs
+//   the rows of prefill chunks (q_len > 1) through a tiled, flash-attention-style kernel instead
+//   (16 query rows per thread block share each K and V load, causal inside the chunk) and the
+//   decode rows through v1 or v2; with metadata.query_start_loc_host it launches only the
+//   kernels the batch has rows for. Versions and the launch plan: paged_attention_plan.h. v2
+//   uses ctx.workspace (never allocates); kV2 without enough of it is an error, kAuto then runs
+//   v1.
+// Head sizes 64 and 128; any block size. Runs on ctx.stream.
 OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const TensorView& query,
                         const TensorView& key_cache, const TensorView& value_cache,
                         const AttentionMetadata& metadata, float scale,

@@ -1,4 +1,13 @@
-// Paged attention on CUDA for a batch that mixes prefill chunks and decode tokens.
+// Paged attention on CUDA for a batch that mixes prefill chunks and decode tokens: the
+// dispatcher (PagedAttention, at the end) and the fp32 path's kernels.
+//
+// 16-bit path (query, out and both caches bf16, or all f16): the rows of sequences with
+// q_len == 1 go to the GQA-shared split-KV decode kernel (paged_attention_decode.cu, planned by
+// PlanDecode), the rows of sequences with q_len > 1 to the tensor-core prefill
+// (PrefillAttentionMma, paged_attention_prefill.cu), launched only when the batch has such rows
+// (with query_start_loc_host absent: whenever T > S).
+//
+// fp32 path (f32 query and out; f32, f16 or bf16 caches): the kernels below.
 //
 // Query row t belongs to sequence s with query_start_loc[s] <= t < query_start_loc[s + 1], is
 // its j-th query token, sits at position p = seq_lens[s] - q_len + j and attends to the
@@ -38,6 +47,8 @@
 
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_util.cuh"
+#include "kernels/cuda/paged_attention_decode.h"
+#include "kernels/cuda/paged_attention_prefill.h"
 
 namespace llm::ops::cuda {
 namespace {
@@ -445,6 +456,55 @@ OpStatus LaunchForDType(cudaStream_t stream, const Params& params, DType cache_d
   }
 }
 
+// The 16-bit path (see the file comment).
+OpStatus PagedAttention16(const OpContext& ctx, const TensorView& out, const TensorView& query,
+                          const TensorView& key_cache, const TensorView& value_cache,
+                          const AttentionMetadata& metadata, float scale,
+                          PagedAttentionVersion version) {
+  constexpr const char* kOp = "PagedAttention";
+  if (version != PagedAttentionVersion::kAuto) {
+    return cuda_internal::Error(kOp, "v1 and v2 take f32 queries, got " + query.ToString());
+  }
+  for (const TensorView* t : {&out, &query, &key_cache, &value_cache}) {
+    if (reinterpret_cast<uintptr_t>(t->data) % 16 != 0) {
+      return cuda_internal::Error(kOp,
+                                  "16-bit tensors must be 16-byte aligned, got " + t->ToString());
+    }
+  }
+  const int64_t num_tokens = query.shape[0], num_seqs = metadata.seq_lens.shape[0];
+  int device = 0, num_sms = 0;
+  LLM_CUDA_OP_RETURN_IF_ERROR(kOp, cudaGetDevice(&device));
+  LLM_CUDA_OP_RETURN_IF_ERROR(
+      kOp, cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  DecodePlanInput in;
+  in.num_seqs = num_seqs;
+  in.num_heads = query.shape[1];
+  in.num_kv_heads = key_cache.shape[2];
+  in.head_size = query.shape[2];
+  in.num_sms = num_sms;
+  in.max_seq_len = metadata.max_seq_len;
+  in.query_start_loc_host = metadata.query_start_loc_host;
+  in.seq_lens_host = metadata.seq_lens_host;
+  in.workspace_bytes = ctx.workspace != nullptr ? ctx.workspace_bytes : 0;
+  DecodePlan plan;
+  if (std::string err = PlanDecode(in, &plan); !err.empty()) {
+    return cuda_internal::Error(kOp, err);
+  }
+  if (OpStatus st = DecodeAttention(ctx, out, query, key_cache, value_cache, metadata, scale, plan);
+      !st.ok()) {
+    return st;
+  }
+  // Prefill rows: some q_len > 1 (known), or more rows than sequences (unknown).
+  bool prefill = num_tokens > num_seqs;
+  const std::span<const int32_t> qsl = metadata.query_start_loc_host;
+  if (!qsl.empty()) {
+    prefill = false;
+    for (int64_t s = 0; s < num_seqs; ++s) prefill = prefill || qsl[s + 1] - qsl[s] > 1;
+  }
+  if (!prefill) return OpStatus::Ok();
+  return PrefillAttentionMma(ctx, out, query, key_cache, value_cache, metadata, scale);
+}
+
 }  // namespace
 
 OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const TensorView& query,
@@ -470,6 +530,9 @@ OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const Tenso
     return cuda_internal::Error(kOp,
                                 "too many tokens, heads, sequences or blocks per sequence "
                                 "for one launch");
+  }
+  if (query.dtype != DType::kF32) {
+    return PagedAttention16(ctx, out, query, key_cache, value_cache, metadata, scale, version);
   }
   PagedAttentionPlanInput in;
   in.num_tokens = num_tokens;

@@ -8,12 +8,19 @@
 // before each launch: a read past a context or an unwritten output fails the comparison.
 // Tolerance: atol 1e-5, rtol 1e-4 (fp32; the GPU sums scores and values in another order than
 // the CPU, over up to a few thousand keys; inputs in [-1, 1]).
+//
+// The 16-bit path (query, out and caches all bf16 or all f16; decode-only batches here, the
+// prefill kernel's batches are tested with it) against the CPU op on f32 tensors holding the
+// same 16-bit values: |got - want| <= 1e-5 + rtol |want| with rtol 2^-8 (bf16) or 2^-11 (f16),
+// the rounding of the output to the dtype (half an ulp), plus 1e-4 for the fp32 sums in
+// another order (and exp2 with log2(e) folded into the scale).
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <random>
 
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/paged_attention_plan.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace llm::ops {
@@ -529,6 +536,348 @@ TEST_F(CudaPagedAttention, InconsistentHostQueryStartLocIsAnError) {
                            b.d_value_cache.view(), md, 0.125f)
                 .message,
             "PagedAttention: query_start_loc_host decreases at sequence 1 (5 then 4)");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The 16-bit path: decode rows through the GQA-shared split-KV kernel.
+
+// f16 or bf16 `t` as f32.
+HostTensor FromHalf(const HostTensor& t) {
+  HostTensor f(DType::kF32, std::span<const int64_t>(t.view().shape.data(), t.view().ndim));
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    f.data<float>()[i] = t.view().dtype == DType::kF16
+                             ? __half2float(t.data<__half>()[i])
+                             : __bfloat162float(t.data<__nv_bfloat16>()[i]);
+  }
+  return f;
+}
+
+double Rtol16(DType dtype) { return (dtype == DType::kF16 ? 1.0 / 2048 : 1.0 / 256) + 1e-4; }
+constexpr double kAtol16 = 1e-5;
+
+// A decode batch whose query and caches hold dtype's values: the host tensors (the CPU
+// reference's) as f32, the device ones in dtype.
+Batch MakeBatch16(const std::vector<SeqSpec>& seqs, const Shape& shape, std::mt19937& rng,
+                  DType dtype) {
+  Batch b = MakeBatch(seqs, shape, rng, 1.0f, dtype);
+  b.query = RoundedThroughHalf(b.query, dtype);
+  b.d_query = DeviceTensor(ToHalf(b.query, dtype));
+  return b;
+}
+
+std::vector<int32_t> SeqLensHost(const Batch& b) {
+  const int32_t* p = b.seq_lens.data<int32_t>();
+  return std::vector<int32_t>(p, p + b.seq_lens.numel());
+}
+
+// The decode plan the dispatcher makes for `b` on the emulated or real device 0.
+cuda::DecodePlan PlanFor(const Batch& b, const Shape& shape, size_t workspace_bytes,
+                         std::span<const int32_t> lens_host) {
+  int num_sms = 0;
+  EXPECT_EQ(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  cuda::DecodePlanInput in;
+  in.num_seqs = b.seq_lens.numel();
+  in.num_heads = shape.num_heads;
+  in.num_kv_heads = shape.num_kv_heads;
+  in.head_size = shape.head_size;
+  in.num_sms = num_sms;
+  in.max_seq_len = b.max_seq_len;
+  in.query_start_loc_host = b.qsl_host;
+  in.seq_lens_host = lens_host;
+  in.workspace_bytes = workspace_bytes;
+  cuda::DecodePlan plan;
+  EXPECT_EQ(cuda::PlanDecode(in, &plan), "");
+  return plan;
+}
+
+class CudaPagedAttention16 : public CudaPagedAttention {
+ public:
+  using CudaPagedAttention::Reference;
+
+  // Runs ops::PagedAttention on `b` into a freshly poisoned 16-bit output; returns it as f32.
+  static HostTensor Run(const Batch& b, DType dtype, float scale, const OpContext& ctx,
+                        bool with_lens, bool with_qsl = true, int max_seq_len = -1) {
+    const auto& qs = b.query.view().shape;
+    DeviceTensor out(HostTensor(dtype, std::span<const int64_t>(qs.data(), 3)));
+    out.Poison();
+    const std::vector<int32_t> lens = SeqLensHost(b);
+    AttentionMetadata md = b.DeviceMetadata(max_seq_len, with_qsl);
+    if (with_lens) md.seq_lens_host = lens;
+    const OpStatus s = PagedAttention(ctx, out.view(), b.d_query.view(), b.d_key_cache.view(),
+                                      b.d_value_cache.view(), md, scale);
+    EXPECT_TRUE(s.ok()) << s.message;
+    EXPECT_EQ(Sync(), "");
+    return FromHalf(out.Download());
+  }
+};
+
+// Decode batches at every shape, bf16 and f16, with and without the host seq_lens (and q_lens),
+// with the workspace PagedAttentionWorkspaceBytes gives: contexts of 1, 15, 17 and 1000 tokens,
+// ending inside a block, on a block boundary, and on and around the split boundaries (the plan
+// is checked to split at 256 keys).
+void ExpectDecodeMatchesCpu(DType dtype, std::mt19937& rng) {
+  const std::vector<std::vector<SeqSpec>> batches = {
+      {{1, 1}},
+      {{1, 1000}},
+      {{1, 15}, {1, 17}, {1, 256}, {1, 512}, {1, 513}, {1, 255}, {1, 32}, {1, 767}},
+  };
+  {
+    for (const Shape& shape : kShapes) {
+      for (size_t bi = 0; bi < batches.size(); ++bi) {
+        SCOPED_TRACE(std::string(DTypeName(dtype)) + ", " + Describe(shape) + ", batch " +
+                     std::to_string(bi));
+        const Batch b = MakeBatch16(batches[bi], shape, rng, dtype);
+        const float scale = 1.0f / std::sqrt(static_cast<float>(shape.head_size));
+        const HostTensor want = CudaPagedAttention16::Reference(b, scale);
+        const size_t ws_bytes = PagedAttentionWorkspaceBytes(
+            static_cast<int64_t>(batches[bi].size()), shape.num_heads, shape.head_size, 2048);
+        const DeviceWorkspace workspace(ws_bytes);
+        const std::vector<int32_t> lens = SeqLensHost(b);
+        if (bi == 2) {  // the split boundaries are at multiples of 256 keys
+          for (const bool with_lens : {false, true}) {
+            const cuda::DecodePlan plan =
+                PlanFor(b, shape, ws_bytes,
+                        with_lens ? std::span<const int32_t>(lens) : std::span<const int32_t>());
+            EXPECT_GT(plan.num_splits, 1);
+            EXPECT_EQ(plan.split_keys, 256);
+          }
+        }
+        for (const bool with_lens : {false, true}) {
+          SCOPED_TRACE(with_lens ? "host seq_lens" : "no host seq_lens");
+          EXPECT_TRUE(
+              Close(CudaPagedAttention16::Run(b, dtype, scale, workspace.Context(), with_lens),
+                    want, kAtol16, Rtol16(dtype)));
+        }
+        // Without host q_lens: the same decode kernel (no prefill rows: T == S).
+        if (bi == 2) {
+          EXPECT_TRUE(
+              Close(CudaPagedAttention16::Run(b, dtype, scale, workspace.Context(), true, false),
+                    want, kAtol16, Rtol16(dtype)));
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaPagedAttention16, Bf16DecodeMatchesCpu) {
+  std::mt19937 rng(1701);
+  ExpectDecodeMatchesCpu(DType::kBF16, rng);
+}
+
+TEST_F(CudaPagedAttention16, F16DecodeMatchesCpu) {
+  std::mt19937 rng(1706);
+  ExpectDecodeMatchesCpu(DType::kF16, rng);
+}
+
+// Enough sequences to fill the device: no split (and no workspace needed); with no workspace a
+// long context is not split either, and both are still right.
+TEST_F(CudaPagedAttention16, NoSplitWhenTheBatchFillsTheDeviceOrWithoutWorkspace) {
+  std::mt19937 rng(1702);
+  const Shape shape{32, 8, 128, 16};
+  const DType dtype = DType::kBF16;
+  const float scale = 0.0883883f;
+  std::vector<SeqSpec> many;
+  for (int s = 0; s < 140; ++s) many.push_back({1, 1 + s % 23});
+  many.push_back({1, 600});
+  const Batch b = MakeBatch16(many, shape, rng, dtype);
+  const size_t ws_bytes = PagedAttentionWorkspaceBytes(141, 32, 128, 2048);
+  const std::vector<int32_t> lens = SeqLensHost(b);
+  EXPECT_EQ(PlanFor(b, shape, ws_bytes, lens).num_splits, 1);  // 141 x 8 CTAs >= two waves
+  const DeviceWorkspace workspace(ws_bytes);
+  EXPECT_TRUE(Close(Run(b, dtype, scale, workspace.Context(), true), Reference(b, scale), kAtol16,
+                    Rtol16(dtype)));
+  EXPECT_FALSE(workspace.Written());
+
+  const Batch one = MakeBatch16({{1, 1000}}, shape, rng, dtype);
+  EXPECT_EQ(PlanFor(one, shape, 0, {}).num_splits, 1);
+  EXPECT_TRUE(Close(Run(one, dtype, scale, OpContext{}, false), Reference(one, scale), kAtol16,
+                    Rtol16(dtype)));
+}
+
+// Bad metadata gives NaN rows of its sequence only, split or not: a block id outside the
+// cache, a context longer than the block table, and (split) a context longer than max_seq_len
+// said; the other sequences are right. Group sizes 3 and 12 (CTAs with idle heads, two head
+// chunks) and block size 7 (a page lookup per position) on the way.
+TEST_F(CudaPagedAttention16, BadMetadataGivesNanRowsOfItsSequenceOnly) {
+  std::mt19937 rng(1703);
+  for (const Shape& shape : {Shape{12, 4, 64, 16}, Shape{12, 1, 128, 7}}) {
+    SCOPED_TRACE(Describe(shape));
+    const DType dtype = DType::kBF16;
+    Batch b = MakeBatch16({{1, 40}, {1, 700}, {1, 300}, {1, 520}}, shape, rng, dtype);
+    const float scale = 0.125f;
+    const HostTensor want = Reference(b, scale);
+    const int64_t max_blocks = b.block_tables.view().shape[1];
+    b.block_tables.data<int32_t>()[0 * max_blocks + 1] = 1 << 20;  // sequence 0, block 1
+    b.block_tables.data<int32_t>()[1 * max_blocks + 2] = -5;       // sequence 1, block 2
+    b.d_block_tables = DeviceTensor(b.block_tables);
+    b.seq_lens.data<int32_t>()[2] = static_cast<int32_t>(max_blocks * shape.block_size + 1);
+    b.d_seq_lens = DeviceTensor(b.seq_lens);
+    const DeviceWorkspace workspace(
+        PagedAttentionWorkspaceBytes(4, shape.num_heads, shape.head_size, 4096));
+    const int64_t row = shape.num_heads * shape.head_size;
+    for (const int max_seq_len : {-1, 0}) {  // the batch's (split), unknown (not split)
+      SCOPED_TRACE(::testing::Message() << "max_seq_len " << max_seq_len);
+      const HostTensor got = Run(b, dtype, scale, workspace.Context(), false, true, max_seq_len);
+      for (int64_t i = 0; i < 3 * row; ++i) ASSERT_TRUE(std::isnan(got.data<float>()[i])) << i;
+      EXPECT_TRUE(gpu_testing::AllClose(
+          got.data<float>() + 3 * row,
+          std::vector<double>(want.data<float>() + 3 * row, want.data<float>() + 4 * row), kAtol16,
+          Rtol16(dtype)));
+    }
+    // max_seq_len below the truth when split: sequence 3 (520) past 2 splits of 256 is NaN.
+    const HostTensor got = Run(b, dtype, scale, workspace.Context(), false, true, 500);
+    for (int64_t i = 3 * row; i < 4 * row; ++i) ASSERT_TRUE(std::isnan(got.data<float>()[i])) << i;
+  }
+}
+
+// A cache of more than 2^31 elements (two 4.3 GB caches, sparse: only the pages the sequences
+// own are written) whose sequences live in its last blocks: 64-bit offsets all the way.
+TEST_F(CudaPagedAttention16, CacheLargerThan2To31Elements) {
+  std::mt19937 rng(1704);
+  const Shape shape{32, 8, 128, 16};
+  const DType dtype = DType::kBF16;
+  const int64_t slot_numel = shape.num_kv_heads * shape.head_size;
+  const int64_t block_numel = shape.block_size * slot_numel;
+  const int64_t num_blocks = (int64_t{1} << 31) / block_numel + 64;  // > 2^31 elements
+  Batch b = MakeBatch16({{1, 300}, {1, 33}}, shape, rng, dtype);
+  const float scale = 0.0883883f;
+  const HostTensor want = Reference(b, scale);
+  // The same blocks at the end of a large cache: block id i becomes num_blocks - 1 - i.
+  const int64_t small_blocks = b.key_cache.view().shape[0];
+  void* big[2] = {nullptr, nullptr};
+  const size_t bytes = static_cast<size_t>(num_blocks * block_numel) * 2;
+  ASSERT_EQ(cudaMalloc(&big[0], bytes), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&big[1], bytes), cudaSuccess);
+  const HostTensor k16 = ToHalf(b.key_cache, dtype), v16 = ToHalf(b.value_cache, dtype);
+  for (int64_t i = 0; i < small_blocks; ++i) {
+    const size_t dst = static_cast<size_t>((num_blocks - 1 - i) * block_numel) * 2;
+    const size_t src = static_cast<size_t>(i * block_numel) * 2;
+    ASSERT_EQ(cudaMemcpy(static_cast<char*>(big[0]) + dst,
+                         static_cast<const char*>(k16.view().data) + src, block_numel * 2,
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(static_cast<char*>(big[1]) + dst,
+                         static_cast<const char*>(v16.view().data) + src, block_numel * 2,
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  int32_t* table = b.block_tables.data<int32_t>();
+  for (int64_t i = 0; i < b.block_tables.numel(); ++i) {
+    if (table[i] >= 0) table[i] = static_cast<int32_t>(num_blocks - 1 - table[i]);
+  }
+  b.d_block_tables = DeviceTensor(b.block_tables);
+  TensorView kc = b.d_key_cache.view(), vc = b.d_value_cache.view();
+  kc.data = big[0];
+  vc.data = big[1];
+  kc.shape[0] = vc.shape[0] = num_blocks;
+  ASSERT_GT(kc.numel(), int64_t{1} << 31);
+  const DeviceWorkspace workspace(PagedAttentionWorkspaceBytes(2, 32, 128, 2048));
+  const auto& qs = b.query.view().shape;
+  DeviceTensor out(HostTensor(dtype, std::span<const int64_t>(qs.data(), 3)));
+  out.Poison();
+  const std::vector<int32_t> lens = SeqLensHost(b);
+  AttentionMetadata md = b.DeviceMetadata(-1, true);
+  md.seq_lens_host = lens;
+  const OpStatus s =
+      PagedAttention(workspace.Context(), out.view(), b.d_query.view(), kc, vc, md, scale);
+  EXPECT_TRUE(s.ok()) << s.message;
+  ASSERT_EQ(Sync(), "");
+  EXPECT_TRUE(Close(FromHalf(out.Download()), want, kAtol16, Rtol16(dtype)));
+  cudaFree(big[0]);
+  cudaFree(big[1]);
+}
+
+// A decode-only 16-bit batch is one kernel, or two with a split (the decode kernel and its
+// reduction): no prefill launch, with or without the host q_lens (T == S). Counted as kernel
+// nodes of a CUDA graph captured from the op's stream, then replayed and compared with the CPU.
+TEST_F(CudaPagedAttention16, DecodeOnlyBatchesLaunchTheDecodeKernelAndItsReductionOnly) {
+  std::mt19937 rng(1707);
+  const Shape shape{8, 2, 64, 16};
+  const DType dtype = DType::kF16;
+  const float scale = 0.125f;
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  struct Case {
+    std::vector<SeqSpec> seqs;
+    bool host_qsl;
+    size_t kernels;
+  };
+  const Case cases[] = {
+      {{{1, 40}, {1, 200}, {1, 7}}, true, 1},  // contexts <= 256: never split
+      {{{1, 40}, {1, 900}, {1, 7}}, true, 2},  // split: + the reduction
+      {{{1, 40}, {1, 900}, {1, 7}}, false, 2},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message()
+                 << "longest " << c.seqs[1].seq_len << (c.host_qsl ? ", host q_lens" : ""));
+    const Batch b = MakeBatch16(c.seqs, shape, rng, dtype);
+    const HostTensor want = Reference(b, scale);
+    const DeviceWorkspace workspace(
+        PagedAttentionWorkspaceBytes(3, shape.num_heads, shape.head_size, 1024));
+    const auto& qs = b.query.view().shape;
+    DeviceTensor out(HostTensor(dtype, std::span<const int64_t>(qs.data(), 3)));
+    out.Poison();
+    ASSERT_EQ(Sync(), "");
+    cudaGraph_t graph = nullptr;
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    const OpStatus s = PagedAttention(workspace.Context(stream), out.view(), b.d_query.view(),
+                                      b.d_key_cache.view(), b.d_value_cache.view(),
+                                      b.DeviceMetadata(-1, c.host_qsl), scale);
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    ASSERT_TRUE(s.ok()) << s.message;
+    size_t num_nodes = 0;
+    ASSERT_EQ(cudaGraphGetNodes(graph, nullptr, &num_nodes), cudaSuccess);
+    std::vector<cudaGraphNode_t> nodes(num_nodes);
+    ASSERT_EQ(cudaGraphGetNodes(graph, nodes.data(), &num_nodes), cudaSuccess);
+    size_t kernels = 0;
+    for (cudaGraphNode_t node : nodes) {
+      cudaGraphNodeType type{};
+      ASSERT_EQ(cudaGraphNodeGetType(node, &type), cudaSuccess);
+      if (type == cudaGraphNodeTypeKernel) ++kernels;
+    }
+    EXPECT_EQ(kernels, c.kernels);
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_TRUE(Close(FromHalf(out.Download()), want, kAtol16, Rtol16(dtype)));
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  cudaStreamDestroy(stream);
+}
+
+// Wrong dtypes and versions are errors naming the argument.
+TEST_F(CudaPagedAttention16, MixedDtypesAndRowVersionsAreErrors) {
+  std::mt19937 rng(1705);
+  const Shape shape{4, 1, 64, 16};
+  const Batch b = MakeBatch16({{1, 20}}, shape, rng, DType::kBF16);
+  const Batch f = MakeBatch({{1, 20}}, shape, rng);  // f32 caches
+  DeviceTensor out(HostTensor(DType::kBF16, {1, 4, 64}));
+  DeviceTensor out32(Poisoned({1, 4, 64}));
+  // bf16 query with f32 caches.
+  EXPECT_EQ(PagedAttention({}, out.view(), b.d_query.view(), f.d_key_cache.view(),
+                           f.d_value_cache.view(), b.DeviceMetadata(), 0.125f)
+                .message,
+            "PagedAttention: key_cache: expected bf16 [?, ?, ?, 64], got f32 [4, 16, 1, 64] on "
+            "cuda:0");
+  // bf16 query into an f32 output.
+  EXPECT_EQ(PagedAttention({}, out32.view(), b.d_query.view(), b.d_key_cache.view(),
+                           b.d_value_cache.view(), b.DeviceMetadata(), 0.125f)
+                .message,
+            "PagedAttention: out: expected bf16 [1, 4, 64], got f32 [1, 4, 64] on cuda:0");
+  EXPECT_EQ(cuda::PagedAttention({}, out.view(), b.d_query.view(), b.d_key_cache.view(),
+                                 b.d_value_cache.view(), b.DeviceMetadata(), 0.125f,
+                                 PagedAttentionVersion::kV1)
+                .message,
+            "PagedAttention: v1 and v2 take f32 queries, got bf16 [1, 4, 64] on cuda:0");
+  AttentionMetadata md = b.DeviceMetadata();
+  const std::vector<int32_t> lens = {20, 20};
+  md.seq_lens_host = lens;
+  EXPECT_EQ(PagedAttention({}, out.view(), b.d_query.view(), b.d_key_cache.view(),
+                           b.d_value_cache.view(), md, 0.125f)
+                .message,
+            "PagedAttention: metadata.seq_lens_host: expected 1 entries (or none), got 2");
 }
 
 }  // namespace

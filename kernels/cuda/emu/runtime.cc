@@ -616,6 +616,20 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   return cudaSuccess;
 }
 
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  EMU_LOCK;
+  if (device < 0 || device >= static_cast<int>(Devices().size())) {
+    return Fail(cudaErrorInvalidDevice);
+  }
+  if (value == nullptr) return Fail(cudaErrorInvalidValue);
+  switch (attr) {
+    case cudaDevAttrMultiProcessorCount:
+      *value = 132;  // as cudaGetDeviceProperties' multiProcessorCount
+      return cudaSuccess;
+  }
+  return Fail(cudaErrorInvalidValue);
+}
+
 cudaError_t cudaDeviceSynchronize() {
   EMU_LOCK;
   DrainDevice(Current());

@@ -130,6 +130,11 @@ cudaError_t cudaGetDeviceCount(int* count);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDevice(int* device);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
+// The attributes this project reads (values as cudaGetDeviceProperties reports them).
+enum cudaDeviceAttr {
+  cudaDevAttrMultiProcessorCount = 16,
+};
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
 cudaError_t cudaDeviceSynchronize();
 cudaError_t cudaDeviceReset();
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total);
