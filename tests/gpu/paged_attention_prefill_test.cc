@@ -10,10 +10,11 @@
 // and the output is NaN-poisoned (0xFFFF) before each launch: rows of sequences with
 // q_len > 1 must match the reference, rows with q_len == 1 must still be poison bit for bit.
 //
-// Tolerance |got - want| <= atol + rtol |want|: bf16 atol 1e-2, rtol 1e-2; f16 atol 2e-3,
-// rtol 2e-3. The kernel rounds P (softmax numerators, in [0, 1]) to the dtype before P V
+// Tolerance |got - want| <= atol + rtol |want|: bf16 atol 8e-3, rtol 8e-3; f16 atol 1.5e-3,
+// rtol 1.5e-3. The kernel rounds P (softmax numerators, in [0, 1]) to the dtype before P V
 // (bf16: 2^-9 relative, f16: 2^-12) and rounds the output to it (the same again); scores and
-// sums are f32. Inputs in [-1, 1].
+// sums are f32. Inputs in [-1, 1]. Measured under the emulation (f32 sums of exact products,
+// as HMMA): largest error 2.9e-3 (bf16) and 3.8e-4 (f16) over this file's cases.
 #include "kernels/cuda/paged_attention_prefill.h"
 
 #include <algorithm>
@@ -156,7 +157,7 @@ class CudaPrefillAttention : public CudaTest {
     const auto& shape = b.query.view().shape;
     const int64_t row_numel = shape[1] * shape[2];
     const bool bf16 = b.dtype == DType::kBF16;
-    const double atol = bf16 ? 1e-2 : 2e-3, rtol = bf16 ? 1e-2 : 2e-3;
+    const double atol = bf16 ? 8e-3 : 1.5e-3, rtol = bf16 ? 8e-3 : 1.5e-3;
     DeviceTensor out(ToHalf(want, b.dtype));
     for (const bool host_qsl : {false, true}) {
       SCOPED_TRACE(host_qsl ? "q_lens on the host" : "q_lens on the device only");
