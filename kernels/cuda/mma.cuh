@@ -103,19 +103,25 @@ inline void LdMatrix(uint32_t* r, const void* row, std::source_location where) {
   const uint64_t p = reinterpret_cast<uintptr_t>(row);
   const uint32_t mine[2] = {static_cast<uint32_t>(p), static_cast<uint32_t>(p >> 32)};
   const auto all = ::llm::cuda_emu::WarpExchange(mine, where);
+  const uint16_t* rows[32];
+  for (int i = 0; i < 32; ++i) {
+    rows[i] = reinterpret_cast<const uint16_t*>(static_cast<uintptr_t>(all[i][0]) |
+                                                static_cast<uintptr_t>(all[i][1]) << 32);
+  }
   const int l = Lane();
-  auto elem = [&](int matrix, int mrow, int mcol) -> uint32_t {
-    const uint32_t* w = all[matrix * 8 + mrow];
-    const auto* base = reinterpret_cast<const uint16_t*>(static_cast<uintptr_t>(w[0]) |
-                                                         static_cast<uintptr_t>(w[1]) << 32);
-    return base[mcol];
-  };
   for (int j = 0; j < kNum; ++j) {
+    const uint16_t *r0, *r1;  // the rows of matrix j this lane reads, and the columns
+    int c0, c1;
     if constexpr (kTrans) {
-      r[j] = elem(j, 2 * (l % 4), l / 4) | elem(j, 2 * (l % 4) + 1, l / 4) << 16;
+      r0 = rows[8 * j + 2 * (l % 4)];
+      r1 = rows[8 * j + 2 * (l % 4) + 1];
+      c0 = c1 = l / 4;
     } else {
-      r[j] = elem(j, l / 4, 2 * (l % 4)) | elem(j, l / 4, 2 * (l % 4) + 1) << 16;
+      r0 = r1 = rows[8 * j + l / 4];
+      c0 = 2 * (l % 4);
+      c1 = c0 + 1;
     }
+    r[j] = static_cast<uint32_t>(r0[c0]) | static_cast<uint32_t>(r1[c1]) << 16;
   }
 }
 
