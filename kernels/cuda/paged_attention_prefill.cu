@@ -12,9 +12,10 @@
 // Row r of the tile (query row t = begin + j0 + r, chunk index j = j0 + r) sits at position
 // p_r = seq_len - q_len + j and sees the keys at positions 0 .. p_r. Per CTA, over key tiles of
 // kTileKeys positions k0 .. k0 + 63 up to the tile's last position:
-//   1. all threads gather K and V of the key tile through the block table into shared memory,
-//      16 bytes per load (positions past the tile's last one are zeros; a bad block id fills
-//      NaN);
+//   1. one thread per key looks up its block (one block-table load and divide per key) and
+//      writes the key's cache offset to shared memory; then all threads gather K and V of the
+//      key tile into shared memory, 16 bytes per load (positions past the tile's last one are
+//      zeros; a bad block id fills NaN);
 //   2. each warp (unless all its rows end before k0): S = Q K^T by mma.sync m16n8k16 (Q as A
 //      fragments in registers, loaded once; K as B fragments by ldmatrix), s = S scale log2(e)
 //      with the positions a row must not see selected to -inf (never computed with), then the
@@ -45,6 +46,7 @@ constexpr int kTileRows = kWarps * kRowsPerWarp;  // 64
 constexpr int kTileKeys = 64;
 constexpr int kMaxListedSeqs = 64;
 constexpr float kLog2E = 1.4426950408889634f;
+constexpr int64_t kPastEnd = -1, kBadBlock = -2;  // Smem::offset's non-offsets
 
 #ifdef LLM_CUDA_EMU
 struct alignas(16) Vec16 {
@@ -132,6 +134,7 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionMmaKernel(const Para
   struct alignas(16) Smem {
     uint16_t k[kTileKeys][kStride];
     uint16_t v[kTileKeys][kStride];
+    int64_t offset[kTileKeys];  // per key of the tile: its cache offset, kPastEnd or kBadBlock
   };
   __shared__ Smem smem;
 
@@ -193,22 +196,33 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionMmaKernel(const Para
 
   for (int64_t k0 = 0; k0 <= last_pos; k0 += kTileKeys) {
     __syncthreads();  // the previous key tile's reads of smem are done
-    // 1. Gather K and V: piece e is row e / kVecsPerRow, 16 bytes e % kVecsPerRow.
-    for (int e = threadIdx.x; e < kTileKeys * kVecsPerRow; e += kThreads) {
-      const int c = e / kVecsPerRow, part = e % kVecsPerRow;
-      const int64_t pos = k0 + c;
-      Vec16 kv{0u, 0u, 0u, 0u}, vv{0u, 0u, 0u, 0u};
+    // 1a. One block-table lookup per key: the element offset of (pos, kvh) in the caches,
+    // kPastEnd past the tile's last position, kBadBlock for a block id outside the cache.
+    if (threadIdx.x < kTileKeys) {
+      const int64_t pos = k0 + threadIdx.x;
+      int64_t off = kPastEnd;
       if (pos <= last_pos) {
         const int32_t block = table[pos / p.block_size];
-        if (block >= 0 && block < p.num_blocks) {
-          const int64_t off =
-              (static_cast<int64_t>(block) * p.block_size + pos % p.block_size) * kv_slot_stride +
-              static_cast<int64_t>(kvh) * kHeadSize + part * 8;
-          kv = *reinterpret_cast<const Vec16*>(static_cast<const T*>(p.key_cache) + off);
-          vv = *reinterpret_cast<const Vec16*>(static_cast<const T*>(p.value_cache) + off);
-        } else {
-          kv = vv = Vec16{~0u, ~0u, ~0u, ~0u};  // NaN in bf16 and f16
-        }
+        off = block >= 0 && block < p.num_blocks
+                  ? (static_cast<int64_t>(block) * p.block_size + pos % p.block_size) *
+                            kv_slot_stride +
+                        static_cast<int64_t>(kvh) * kHeadSize
+                  : kBadBlock;
+      }
+      smem.offset[threadIdx.x] = off;
+    }
+    __syncthreads();
+    // 1b. Gather K and V: piece e is key e / kVecsPerRow, 16 bytes e % kVecsPerRow.
+#pragma unroll
+    for (int e = threadIdx.x; e < kTileKeys * kVecsPerRow; e += kThreads) {
+      const int c = e / kVecsPerRow, part = e % kVecsPerRow;
+      const int64_t off = smem.offset[c];
+      Vec16 kv{0u, 0u, 0u, 0u}, vv{0u, 0u, 0u, 0u};
+      if (off >= 0) {
+        kv = *reinterpret_cast<const Vec16*>(static_cast<const T*>(p.key_cache) + off + part * 8);
+        vv = *reinterpret_cast<const Vec16*>(static_cast<const T*>(p.value_cache) + off + part * 8);
+      } else if (off == kBadBlock) {
+        kv = vv = Vec16{~0u, ~0u, ~0u, ~0u};  // NaN in bf16 and f16
       }
       *reinterpret_cast<Vec16*>(&smem.k[c][part * 8]) = kv;
       *reinterpret_cast<Vec16*>(&smem.v[c][part * 8]) = vv;
