@@ -246,16 +246,30 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionMmaKernel(const Para
         cuda_mma::MmaM16N8K16<T>(s[n], qa[2 * kp + 1], b1, s[n]);
       }
     }
-    // 2b. Scale, mask (select, never compute with a masked score) and the row maxima.
+    // 2b. Scale, mask (select, never compute with a masked score) and the row maxima. Key
+    // column c of the tile is visible to a row at position q when c <= q - k0; only the key
+    // tiles that reach past the warp's first row need the compare (warp-uniform).
     float tile_max[2] = {-INFINITY, -INFINITY};
+    if (k0 + kTileKeys - 1 > first_pos + wrow0) {
+      const int limit[2] = {static_cast<int>(pos_row[0] - k0), static_cast<int>(pos_row[1] - k0)};
 #pragma unroll
-    for (int n = 0; n < kKeyTiles8; ++n) {
+      for (int n = 0; n < kKeyTiles8; ++n) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int64_t pos = k0 + 8 * n + 2 * tq + (i & 1);
-        const float v = pos <= pos_row[i >> 1] ? s[n][i] * p.scale_log2 : -INFINITY;
-        s[n][i] = v;
-        tile_max[i >> 1] = fmaxf(tile_max[i >> 1], v);
+        for (int i = 0; i < 4; ++i) {
+          const int c = 8 * n + 2 * tq + (i & 1);
+          const float v = c <= limit[i >> 1] ? s[n][i] * p.scale_log2 : -INFINITY;
+          s[n][i] = v;
+          tile_max[i >> 1] = fmaxf(tile_max[i >> 1], v);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int n = 0; n < kKeyTiles8; ++n) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          s[n][i] *= p.scale_log2;
+          tile_max[i >> 1] = fmaxf(tile_max[i >> 1], s[n][i]);
+        }
       }
     }
     float corr[2];
