@@ -31,6 +31,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/cuda/mma.cuh"
@@ -123,10 +124,45 @@ __device__ __forceinline__ Tile FindTile(const Params& p, int block) {
   return tile;
 }
 
+// Whether all 8 16-bit T of v are finite (exponent bits not all ones).
+template <typename T>
+__device__ __forceinline__ bool IsFinite(const Vec16& v) {
+  constexpr uint32_t kExp = std::is_same_v<T, __half> ? 0x7c00u : 0x7f80u;
+  auto finite2 = [](uint32_t w) { return (w & kExp) != kExp && (w >> 16 & kExp) != kExp; };
+  return finite2(v.x) && finite2(v.y) && finite2(v.z) && finite2(v.w);
+}
+
+// Step 1b: K and V of the key tile into shared memory, piece e (of all threads) being key
+// e / (D / 8), 16 bytes e % (D / 8). kCheckV: a V row that is not finite is stored as zeros
+// and flagged in v_bad.
+template <typename T, int kHeadSize, bool kCheckV>
+__device__ __forceinline__ void GatherKeyTile(const Params& p, const int64_t* offset,
+                                              uint16_t (*k)[kHeadSize + 8],
+                                              uint16_t (*v)[kHeadSize + 8], int32_t* v_bad) {
+  constexpr int kVecsPerRow = kHeadSize / 8;
+#pragma unroll
+  for (int e = threadIdx.x; e < kTileKeys * kVecsPerRow; e += kThreads) {
+    const int c = e / kVecsPerRow, part = e % kVecsPerRow;
+    const int64_t off = offset[c];
+    Vec16 kv{0u, 0u, 0u, 0u}, vv{0u, 0u, 0u, 0u};
+    if (off >= 0) {
+      kv = *reinterpret_cast<const Vec16*>(static_cast<const T*>(p.key_cache) + off + part * 8);
+      vv = *reinterpret_cast<const Vec16*>(static_cast<const T*>(p.value_cache) + off + part * 8);
+    } else if (off == kBadBlock) {
+      kv = vv = Vec16{~0u, ~0u, ~0u, ~0u};  // NaN in bf16 and f16
+    }
+    if (kCheckV && !IsFinite<T>(vv)) {
+      vv = Vec16{0u, 0u, 0u, 0u};
+      v_bad[c] = 1;
+    }
+    *reinterpret_cast<Vec16*>(&k[c][part * 8]) = kv;
+    *reinterpret_cast<Vec16*>(&v[c][part * 8]) = vv;
+  }
+}
+
 template <typename T, int kHeadSize>
 __global__ void __launch_bounds__(kThreads) PrefillAttentionMmaKernel(const Params p) {
   constexpr int kStride = kHeadSize + 8;      // shared row, 16-bit elements: +16 bytes
-  constexpr int kVecsPerRow = kHeadSize / 8;  // 16-byte pieces of a K or V row
   constexpr int kDimSteps = kHeadSize / 16;   // k-steps of S = Q K^T
   constexpr int kKeyTiles8 = kTileKeys / 8;   // n-tiles of S
   constexpr int kKeySteps = kTileKeys / 16;   // k-steps of O += P V
@@ -135,6 +171,10 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionMmaKernel(const Para
     uint16_t k[kTileKeys][kStride];
     uint16_t v[kTileKeys][kStride];
     int64_t offset[kTileKeys];  // per key of the tile: its cache offset, kPastEnd or kBadBlock
+    // Per key of a diagonal key tile: its V row held a NaN or an infinity, replaced by zeros
+    // (P V sums over masked keys too, with P = 0, and 0 x NaN is NaN): the rows that see the
+    // key come out NaN instead.
+    int32_t v_bad[kTileKeys];
   };
   __shared__ Smem smem;
 
@@ -193,6 +233,7 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionMmaKernel(const Para
   }
   float m[2] = {-INFINITY, -INFINITY};  // running max (base 2) of rows g, g + 8
   float l[2] = {0.0f, 0.0f};            // this lane's part of the running sums
+  bool row_nan[2] = {false, false};     // the row sees a non-finite V (v_bad)
 
   for (int64_t k0 = 0; k0 <= last_pos; k0 += kTileKeys) {
     __syncthreads();  // the previous key tile's reads of smem are done
@@ -210,22 +251,17 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionMmaKernel(const Para
                   : kBadBlock;
       }
       smem.offset[threadIdx.x] = off;
+      smem.v_bad[threadIdx.x] = 0;
     }
     __syncthreads();
-    // 1b. Gather K and V: piece e is key e / kVecsPerRow, 16 bytes e % kVecsPerRow.
-#pragma unroll
-    for (int e = threadIdx.x; e < kTileKeys * kVecsPerRow; e += kThreads) {
-      const int c = e / kVecsPerRow, part = e % kVecsPerRow;
-      const int64_t off = smem.offset[c];
-      Vec16 kv{0u, 0u, 0u, 0u}, vv{0u, 0u, 0u, 0u};
-      if (off >= 0) {
-        kv = *reinterpret_cast<const Vec16*>(static_cast<const T*>(p.key_cache) + off + part * 8);
-        vv = *reinterpret_cast<const Vec16*>(static_cast<const T*>(p.value_cache) + off + part * 8);
-      } else if (off == kBadBlock) {
-        kv = vv = Vec16{~0u, ~0u, ~0u, ~0u};  // NaN in bf16 and f16
-      }
-      *reinterpret_cast<Vec16*>(&smem.k[c][part * 8]) = kv;
-      *reinterpret_cast<Vec16*>(&smem.v[c][part * 8]) = vv;
+    // Whether some row of the tile does not see some key of this key tile (CTA-uniform).
+    const bool diagonal = k0 + kTileKeys - 1 > first_pos;
+    // 1b. Gather K and V; only a diagonal key tile checks V (a loop of its own, so that the
+    // others' stays short).
+    if (diagonal) {
+      GatherKeyTile<T, kHeadSize, true>(p, smem.offset, smem.k, smem.v, smem.v_bad);
+    } else {
+      GatherKeyTile<T, kHeadSize, false>(p, smem.offset, smem.k, smem.v, smem.v_bad);
     }
     __syncthreads();
     if (!warp_active || k0 > warp_last_pos) continue;  // warp-uniform
@@ -244,6 +280,20 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionMmaKernel(const Para
         const uint32_t b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
         cuda_mma::MmaM16N8K16<T>(s[n], qa[2 * kp], b0, s[n]);
         cuda_mma::MmaM16N8K16<T>(s[n], qa[2 * kp + 1], b1, s[n]);
+      }
+    }
+    if (diagonal) {
+      // The rows that see a key whose V was not finite (v_bad) are NaN at the end.
+      const uint64_t bad = __ballot_sync(0xffffffffu, smem.v_bad[lane]) |
+                           static_cast<uint64_t>(__ballot_sync(0xffffffffu, smem.v_bad[lane + 32]))
+                               << 32;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int64_t last_c = pos_row[r] - k0;  // the row sees key columns 0 .. last_c
+        const uint64_t seen = last_c < 0                ? 0ull
+                              : last_c >= kTileKeys - 1 ? ~0ull
+                                                        : (2ull << last_c) - 1;
+        row_nan[r] = row_nan[r] || (bad & seen) != 0;
       }
     }
     // 2b. Scale, mask (select, never compute with a masked score) and the row maxima. Key
@@ -328,7 +378,7 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionMmaKernel(const Para
     float sum = l[r];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    inv[r] = 1.0f / sum;
+    inv[r] = row_nan[r] ? NAN : 1.0f / sum;
   }
   uint32_t* out32 = static_cast<uint32_t*>(p.out);
 #pragma unroll

@@ -265,6 +265,59 @@ TEST_F(CudaPrefillAttention, DecodeOnlyBatchIsUntouched) {
   ExpectMatches(b, 0.125f);
 }
 
+// A NaN key and value at a position inside a prefill chunk (a poisoned slot): the rows before
+// it do not attend to it and must match the CPU op on the clean cache; the rows at and after
+// it see it and are NaN. P V sums over the masked keys of a tile too (P = 0), so the kernel
+// must keep 0 x NaN out of the earlier rows. Positions: 70 rows after 30 cached (30..99),
+// the NaN at 77 and at 40 (keys 0..63 and 64..127 are the two key tiles; rows 30..63 of the
+// first row tile see tile 0 masked where their positions end).
+TEST_F(CudaPrefillAttention, NanAtAMaskedPositionDoesNotReachTheRowsBeforeIt) {
+  std::mt19937 rng(8);
+  for (const DType dtype : kDTypes) {
+    for (const int64_t poisoned : {77, 40}) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " NaN at " << poisoned);
+      const Shape shape{2, 1, 64, 16};
+      Batch b = MakeBatch({{70, 100}}, shape, dtype, rng);
+      const float scale = 0.125f;
+      const HostTensor want = Reference(b, scale);  // on the clean caches
+      const int64_t slot_numel = shape.num_kv_heads * shape.head_size;
+      const int64_t block = b.block_tables.data<int32_t>()[poisoned / shape.block_size];
+      const int64_t slot = block * shape.block_size + poisoned % shape.block_size;
+      HostTensor key = gpu_testing::Clone(b.key_cache), value = gpu_testing::Clone(b.value_cache);
+      for (int64_t i = 0; i < slot_numel; ++i) {
+        key.data<float>()[slot * slot_numel + i] = NAN;
+        value.data<float>()[slot * slot_numel + i] = NAN;
+      }
+      b.d_key_cache = DeviceTensor(ToHalf(key, dtype));
+      b.d_value_cache = DeviceTensor(ToHalf(value, dtype));
+      DeviceTensor out(ToHalf(want, dtype));
+      for (const bool host_qsl : {false, true}) {
+        out.Poison();
+        ASSERT_TRUE(PrefillAttentionMma({}, out.view(), b.d_query.view(), b.d_key_cache.view(),
+                                        b.d_value_cache.view(), b.DeviceMetadata(host_qsl), scale)
+                        .ok());
+        ASSERT_EQ(Sync(), "");
+        const HostTensor got = out.Download();
+        const int64_t row_numel = shape.num_heads * shape.head_size;
+        const double tol = dtype == DType::kBF16 ? 8e-3 : 1.5e-3;
+        int64_t bad = 0;
+        for (int64_t t = 0; t < 70; ++t) {
+          const bool sees = 30 + t >= poisoned;
+          for (int64_t e = t * row_numel; e < (t + 1) * row_numel; ++e) {
+            const double g = Widen(got, e), w = want.data<float>()[e];
+            const bool ok = sees ? std::isnan(g) : std::fabs(g - w) <= tol + tol * std::fabs(w);
+            if (!ok && bad++ < 5) {
+              ADD_FAILURE() << "row " << t << (sees ? " (sees the NaN)" : "") << ": got " << g
+                            << ", want " << (sees ? NAN : w);
+            }
+          }
+        }
+        EXPECT_EQ(bad, 0);
+      }
+    }
+  }
+}
+
 // Bad metadata gives NaN rows (and no read outside the tensors, which the emulation's guarded
 // arenas would report): q_len > seq_len, and a block id outside the cache.
 TEST_F(CudaPrefillAttention, BadMetadataGivesNanRows) {
