@@ -24,8 +24,12 @@
 //        O = O 2^(m - m') + P V
 //      with P rounded to 16 bits as A fragments and V as B fragments by ldmatrix.trans;
 //   3. out[t][h] = O / l, rounded to the dtype.
-// A masked position's P is exactly 0 and its V is either the chunk's own later token (finite)
-// or a zero written in step 1, so a NaN in an unused cache slot never reaches an output.
+// A masked key's score is selected to -inf and its P is exactly 0, but P V sums over the masked
+// keys of a tile too and 0 x NaN is NaN: so keys past the tile's last position are zeros, and in
+// a diagonal key tile (one with a key that some row of the tile must not see) a V row that is
+// not finite is stored as zeros and flags the rows that see its key, which come out NaN. A NaN
+// in K or V at a masked or unused position never reaches an output (an infinite V that a row
+// sees gives NaN where the CPU op may give an infinity).
 // Bad metadata (q_len > seq_len, a context longer than the block table, a block id outside the
 // cache, query_start_loc outside [0, T]) gives NaN rows; nothing outside the tensors is read.
 #include <cmath>
@@ -162,11 +166,11 @@ __device__ __forceinline__ void GatherKeyTile(const Params& p, const int64_t* of
 
 template <typename T, int kHeadSize>
 __global__ void __launch_bounds__(kThreads) PrefillAttentionMmaKernel(const Params p) {
-  constexpr int kStride = kHeadSize + 8;      // shared row, 16-bit elements: +16 bytes
-  constexpr int kDimSteps = kHeadSize / 16;   // k-steps of S = Q K^T
-  constexpr int kKeyTiles8 = kTileKeys / 8;   // n-tiles of S
-  constexpr int kKeySteps = kTileKeys / 16;   // k-steps of O += P V
-  constexpr int kDimTiles8 = kHeadSize / 8;   // n-tiles of O
+  constexpr int kStride = kHeadSize + 8;     // shared row, 16-bit elements: +16 bytes
+  constexpr int kDimSteps = kHeadSize / 16;  // k-steps of S = Q K^T
+  constexpr int kKeyTiles8 = kTileKeys / 8;  // n-tiles of S
+  constexpr int kKeySteps = kTileKeys / 16;  // k-steps of O += P V
+  constexpr int kDimTiles8 = kHeadSize / 8;  // n-tiles of O
   struct alignas(16) Smem {
     uint16_t k[kTileKeys][kStride];
     uint16_t v[kTileKeys][kStride];
