@@ -25,6 +25,10 @@ OpStatus FusedAddRmsNorm(const TensorView& x, const TensorView& residual, const 
 OpStatus RotaryEmbedding(const TensorView& positions, const TensorView& query,
                          const TensorView& key, std::span<const double> inv_freq, int rotary_dim);
 
+// cos_sin_cache f32 [max_position, rotary_dim]; a position outside it is an error.
+OpStatus RotaryEmbeddingCached(const TensorView& positions, const TensorView& query,
+                               const TensorView& key, const TensorView& cos_sin_cache);
+
 OpStatus SiluAndMul(const TensorView& out, const TensorView& x);
 
 OpStatus Linear(const TensorView& out, const TensorView& x, const TensorView& weight,
