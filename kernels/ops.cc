@@ -428,22 +428,49 @@ OpStatus CopyBlocks(const OpContext& ctx, std::span<const TensorView> key_caches
   return cpu::CopyBlocks(key_caches, value_caches, pairs);
 }
 
-OpStatus SwapBlocks(const OpContext& ctx, const TensorView& src, const TensorView& dst,
-                    std::span<const BlockPair> pairs) {
+OpStatus SwapBlocks(const OpContext& ctx, std::span<const TensorView> src,
+                    std::span<const TensorView> dst, std::span<const BlockPair> pairs) {
   constexpr const char* kOp = "SwapBlocks";
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "src", src, {kF32, kF16, kBF16}, {kAny, kAny, kAny, kAny}));
+  if (src.size() != dst.size()) {
+    return Error(kOp, "src has " + std::to_string(src.size()) + " caches but dst has " +
+                          std::to_string(dst.size()));
+  }
+  if (src.empty()) return OpStatus::Ok();
+  const TensorView& s0 = src[0];
   LLM_OPS_RETURN_IF_ERROR(
-      CheckArg(kOp, "dst", dst, {src.dtype}, {kAny, src.shape[1], src.shape[2], src.shape[3]}));
+      CheckArg(kOp, "src[0]", s0, {kF32, kF16, kBF16}, {kAny, kAny, kAny, kAny}));
+  LLM_OPS_RETURN_IF_ERROR(
+      CheckArg(kOp, "dst[0]", dst[0], {s0.dtype}, {kAny, s0.shape[1], s0.shape[2], s0.shape[3]}));
+  const TensorView& d0 = dst[0];
+  for (size_t i = 0; i < src.size(); ++i) {
+    const std::string src_name = "src[" + std::to_string(i) + "]";
+    const std::string dst_name = "dst[" + std::to_string(i) + "]";
+    LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, src_name.c_str(), src[i], {s0.dtype},
+                                     {s0.shape[0], s0.shape[1], s0.shape[2], s0.shape[3]}));
+    LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, dst_name.c_str(), dst[i], {s0.dtype},
+                                     {d0.shape[0], d0.shape[1], d0.shape[2], d0.shape[3]}));
+    TensorDevice device;
+    LLM_OPS_RETURN_IF_ERROR(
+        CheckSameDevice(kOp, {{"src[0]", &s0}, {src_name.c_str(), &src[i]}}, &device));
+    LLM_OPS_RETURN_IF_ERROR(
+        CheckSameDevice(kOp, {{"dst[0]", &d0}, {dst_name.c_str(), &dst[i]}}, &device));
+  }
 #ifdef LLM_WITH_CUDA
   // Swap out (cuda -> cpu), swap in (cpu -> cuda) or between devices.
-  if (src.device.is_cuda() || dst.device.is_cuda()) {
+  if (s0.device.is_cuda() || d0.device.is_cuda()) {
     return cuda::SwapBlocks(ctx.stream, src, dst, pairs);
   }
 #endif
-  if (!src.device.is_cpu()) return NoBackend(kOp, src.device);
-  if (!dst.device.is_cpu()) return NoBackend(kOp, dst.device);
-  LLM_OPS_RETURN_IF_ERROR(CheckCpuCache(kOp, "src", src));
+  if (!s0.device.is_cpu()) return NoBackend(kOp, s0.device);
+  if (!d0.device.is_cpu()) return NoBackend(kOp, d0.device);
+  LLM_OPS_RETURN_IF_ERROR(CheckCpuCache(kOp, "src[0]", s0));
   return cpu::SwapBlocks(src, dst, pairs);
+}
+
+OpStatus SwapBlocks(const OpContext& ctx, const TensorView& src, const TensorView& dst,
+                    std::span<const BlockPair> pairs) {
+  return SwapBlocks(ctx, std::span<const TensorView>(&src, 1), std::span<const TensorView>(&dst, 1),
+                    pairs);
 }
 
 }  // namespace llm::ops

@@ -198,14 +198,25 @@ size_t PagedAttentionWorkspaceBytes(int64_t max_num_tokens, int64_t num_heads, i
                                     int64_t max_model_len);
 
 // Copies whole blocks inside one device's caches, for copy-on-write: for every layer l and
-// pair, key_caches[l][pair.dst] = key_caches[l][pair.src] (and the values). All caches have
-// the same shape, dtype and device. One layer: pass spans of one.
+// pair, key_caches[l][pair.dst] = key_caches[l][pair.src] (and the values), pairs in order. All
+// caches have the same shape, dtype and device. One layer: pass spans of one. On cuda: one
+// kernel launch per 256 pairs over every layer's K and V cache when the caches are views of one
+// arena at a uniform stride (else a launch per cache per 256 pairs).
 OpStatus CopyBlocks(const OpContext& ctx, std::span<const TensorView> key_caches,
                     std::span<const TensorView> value_caches, std::span<const BlockPair> pairs);
 
-// Copies blocks between two caches of the same block shape, usually on different devices
-// (swap out: device -> host; swap in: host -> device): dst[pair.dst] = src[pair.src].
-// src, dst [num_blocks, ...] (num_blocks may differ); call once per K and V cache per layer.
+// Copies blocks between caches of the same block shape, usually on different devices (swap out:
+// device -> host; swap in: host -> device): for every i and pair, src[i][pair.dst] =
+// src[i][pair.src]... precisely dst[i][pair.dst] = src[i][pair.src]. src and dst hold the same
+// number of caches (every layer's K and V, in any order but the same one), all src caches one
+// shape and device, all dst caches one shape and device, [num_blocks, ...] with the same block
+// shape and dtype (num_blocks may differ between src and dst). On cuda: one cudaMemcpyAsync per
+// run of consecutive (src, dst) block ids per cache (pairs sorted by src first when src and dst
+// are on different devices); asynchronous only when the host caches are pinned.
+OpStatus SwapBlocks(const OpContext& ctx, std::span<const TensorView> src,
+                    std::span<const TensorView> dst, std::span<const BlockPair> pairs);
+
+// One cache: SwapBlocks over spans of one (kept for existing callers).
 OpStatus SwapBlocks(const OpContext& ctx, const TensorView& src, const TensorView& dst,
                     std::span<const BlockPair> pairs);
 

@@ -39,10 +39,14 @@ CacheEngine::CacheEngine(const CacheShape& shape, int num_device_blocks, int num
 absl::Status CacheEngine::Swap(std::span<const BlockPair> pairs,
                                const std::vector<HostTensor>& from,
                                const std::vector<HostTensor>& to) {
+  // Every layer's K and V caches in one call.
+  std::vector<TensorView> src, dst;
   for (size_t i = 0; i < from.size(); ++i) {
-    const ops::OpStatus s = ops::SwapBlocks({}, from[i].view(), to[i].view(), pairs);
-    if (!s.ok()) return absl::InternalError(s.message);
+    src.push_back(from[i].view());
+    dst.push_back(to[i].view());
   }
+  const ops::OpStatus s = ops::SwapBlocks({}, src, dst, pairs);
+  if (!s.ok()) return absl::InternalError(s.message);
   return absl::OkStatus();
 }
 

@@ -45,7 +45,8 @@ OpStatus PagedAttention(const TensorView& out, const TensorView& query, const Te
 OpStatus CopyBlocks(std::span<const TensorView> key_caches,
                     std::span<const TensorView> value_caches, std::span<const BlockPair> pairs);
 
-OpStatus SwapBlocks(const TensorView& src, const TensorView& dst, std::span<const BlockPair> pairs);
+OpStatus SwapBlocks(std::span<const TensorView> src, std::span<const TensorView> dst,
+                    std::span<const BlockPair> pairs);
 
 }  // namespace llm::ops::cpu
 

@@ -78,13 +78,19 @@ OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const Tenso
                         const AttentionMetadata& metadata, float scale,
                         PagedAttentionVersion version = PagedAttentionVersion::kAuto);
 
-// cudaMemcpyAsync device to device per (layer, pair, K or V).
+// One CopyBlocksKernel launch per chunk of up to 256 pairs (block ids by value in the kernel
+// parameters) over all 2L caches when they are equal-shaped views at a uniform address stride
+// (one arena), else one per cache per chunk; 16-byte loads and stores when blocks and bases are
+// 16-byte aligned. Pairs that depend on each other (a block written twice, or written and read)
+// fall back to a cudaMemcpyAsync per (pair, cache), in order.
 OpStatus CopyBlocks(void* stream, std::span<const TensorView> key_caches,
                     std::span<const TensorView> value_caches, std::span<const BlockPair> pairs);
 
-// cudaMemcpyAsync per pair between a cuda cache and a host (pinned for an asynchronous copy)
-// or cuda cache.
-OpStatus SwapBlocks(void* stream, const TensorView& src, const TensorView& dst,
+// Between a cuda side and a host (pinned for an asynchronous copy) or cuda side, every cache:
+// the pairs (sorted by src when src and dst are on different devices, so that the order cannot
+// matter) are coalesced into runs of consecutive src and dst block ids, and each run is one
+// cudaMemcpyAsync per cache (cudaMemcpyDefault: direction from the pointers).
+OpStatus SwapBlocks(void* stream, std::span<const TensorView> src, std::span<const TensorView> dst,
                     std::span<const BlockPair> pairs);
 
 }  // namespace llm::ops::cuda
