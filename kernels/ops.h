@@ -206,13 +206,13 @@ OpStatus CopyBlocks(const OpContext& ctx, std::span<const TensorView> key_caches
                     std::span<const TensorView> value_caches, std::span<const BlockPair> pairs);
 
 // Copies blocks between caches of the same block shape, usually on different devices (swap out:
-// device -> host; swap in: host -> device): for every i and pair, src[i][pair.dst] =
-// src[i][pair.src]... precisely dst[i][pair.dst] = src[i][pair.src]. src and dst hold the same
-// number of caches (every layer's K and V, in any order but the same one), all src caches one
-// shape and device, all dst caches one shape and device, [num_blocks, ...] with the same block
-// shape and dtype (num_blocks may differ between src and dst). On cuda: one cudaMemcpyAsync per
-// run of consecutive (src, dst) block ids per cache (pairs sorted by src first when src and dst
-// are on different devices); asynchronous only when the host caches are pinned.
+// device -> host; swap in: host -> device): for every i and pair, dst[i][pair.dst] =
+// src[i][pair.src]. src and dst hold the same number of caches (every layer's K and V, in any
+// order but the same one); all src caches one shape and device, all dst caches one shape and
+// device, with the same block shape and dtype ([num_blocks, ...]; num_blocks may differ between
+// src and dst). On cuda: one cudaMemcpyAsync per run of consecutive (src, dst) block ids per
+// cache (pairs sorted by src first when src and dst are on different devices); asynchronous
+// only when the host caches are pinned.
 OpStatus SwapBlocks(const OpContext& ctx, std::span<const TensorView> src,
                     std::span<const TensorView> dst, std::span<const BlockPair> pairs);
 
