@@ -2,9 +2,11 @@
 // device tensors uploaded from / downloaded to host tensors, NaN poisoning before each launch,
 // and comparisons against the CPU reference op.
 //
-// Tolerances (fp32, the only dtype of both backends): data movement (embedding, cache writes,
-// block copies) must be bit-exact; arithmetic ops are compared with |got - want| <= atol +
-// rtol |want|, the bounds stated in each test next to the reason for them.
+// Tolerances: data movement (embedding, cache writes, block copies) must be bit-exact;
+// arithmetic ops are compared with |got - want| <= atol + rtol |want|, the bounds stated in each
+// test next to the reason for them. 16-bit (bf16 / f16) activations exist on cuda only: their
+// tests run the CPU op (f32) on the same values (RoundedThroughHalf) and allow the one output
+// rounding on top (HalfRtol).
 #ifndef LLM_TESTS_GPU_GPU_TEST_UTIL_H_
 #define LLM_TESTS_GPU_GPU_TEST_UTIL_H_
 
