@@ -43,6 +43,15 @@ __global__ void FillRowsKernel(T* __restrict__ out, const T* __restrict__ bias, 
   }
 }
 
+// The largest power of two (at most 256, cuBLASLt's default assumption) dividing p's address:
+// the heuristic must not pick an algorithm that needs more (views may start anywhere in a buffer).
+uint32_t Alignment(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  uint32_t alignment = 256;
+  while (alignment > 1 && a % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
 cudaDataType_t CudaType(DType dtype) {
   switch (dtype) {
     case DType::kBF16:
@@ -138,6 +147,20 @@ OpStatus Linear(const OpContext& ctx, const TensorView& out, const TensorView& x
   LLM_CUBLAS_OP_RETURN_IF_ERROR(kOp, cublasLtMatmulPreferenceSetAttribute(
                                          descs.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                          &max_workspace, sizeof(max_workspace)));
+  const uint32_t align_a = Alignment(weight.data), align_b = Alignment(x.data);
+  const uint32_t align_d = Alignment(out.data);
+  LLM_CUBLAS_OP_RETURN_IF_ERROR(
+      kOp, cublasLtMatmulPreferenceSetAttribute(
+               descs.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a)));
+  LLM_CUBLAS_OP_RETURN_IF_ERROR(
+      kOp, cublasLtMatmulPreferenceSetAttribute(
+               descs.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b)));
+  LLM_CUBLAS_OP_RETURN_IF_ERROR(
+      kOp, cublasLtMatmulPreferenceSetAttribute(
+               descs.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof(align_d)));
+  LLM_CUBLAS_OP_RETURN_IF_ERROR(
+      kOp, cublasLtMatmulPreferenceSetAttribute(
+               descs.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof(align_d)));
   cublasLtMatmulHeuristicResult_t heuristic{};
   int num_results = 0;
   LLM_CUBLAS_OP_RETURN_IF_ERROR(

@@ -13,6 +13,7 @@
 // rounding's relative error applying to a value within 1e-6 * K of want.
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <random>
 #include <tuple>
 
@@ -230,6 +231,38 @@ TEST_F(CudaLinear, Bf16ExactOnSmallIntegers) {
   ASSERT_TRUE(s.ok()) << s.message;
   ASSERT_EQ(Sync(), "");
   EXPECT_TRUE(Close(d_out.Download(), want, 0.0, 0.0));
+}
+
+// Views that start off a 256-byte boundary (a row of a larger buffer, a slice of a fused weight):
+// cuBLASLt's heuristic assumes 256-byte aligned matrices unless told otherwise, and an algorithm
+// chosen for aligned data rejects them; Linear passes each pointer's actual alignment.
+TEST_F(CudaLinear, UnalignedViews) {
+  std::mt19937 rng(809);
+  const int64_t m = 3, k = 33, n = 17;
+  HostTensor x = gpu_testing::RoundedThroughHalf(Random({m + 1, k}, rng), DType::kBF16);
+  HostTensor w = gpu_testing::RoundedThroughHalf(Random({n + 1, k}, rng), DType::kBF16);
+  // Row 1 on: offsets of 66 bytes (bf16 rows of 33).
+  HostTensor x_tail(kF32, {m, k}), w_tail(kF32, {n, k});
+  std::copy(x.data<float>() + k, x.data<float>() + (m + 1) * k, x_tail.data<float>());
+  std::copy(w.data<float>() + k, w.data<float>() + (n + 1) * k, w_tail.data<float>());
+  HostTensor want = Poisoned({m, n});
+  ASSERT_TRUE(Linear({}, want.view(), x_tail.view(), w_tail.view(), TensorView()).ok());
+  DeviceTensor d_x(gpu_testing::ToHalf(x, DType::kBF16)), d_w(gpu_testing::ToHalf(w, DType::kBF16));
+  DeviceTensor d_out(Poisoned({m * n + 1}));
+  d_out.Poison();
+  TensorView vx = d_x.view(), vw = d_w.view(), vo = d_out.view();
+  vx.data = static_cast<char*>(vx.data) + k * 2;
+  vx.shape[0] = m;
+  vw.data = static_cast<char*>(vw.data) + k * 2;
+  vw.shape[0] = n;
+  vo = TensorView::Contiguous(static_cast<float*>(vo.data) + 1, kF32, {m, n}, vo.device);
+  const OpStatus s = Linear(Context(), vo, vx, vw, TensorView());
+  ASSERT_TRUE(s.ok()) << s.message;
+  ASSERT_EQ(Sync(), "");
+  HostTensor got_all = d_out.Download();
+  HostTensor got(kF32, {m, n});
+  std::copy(got_all.data<float>() + 1, got_all.data<float>() + 1 + m * n, got.data<float>());
+  EXPECT_TRUE(Close(got, want, 1e-6 * k, 1e-5));
 }
 
 // Runs without a device: the handle is checked before any CUDA call.

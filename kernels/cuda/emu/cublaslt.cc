@@ -34,6 +34,7 @@ struct cublasLtMatrixLayoutOpaque_t {
 
 struct cublasLtMatmulPreferenceOpaque_t {
   uint64_t max_workspace_bytes = 0;
+  uint32_t min_alignment[4] = {256, 256, 256, 256};  // A, B, C, D
 };
 
 namespace llm::cuda_emu {
@@ -299,6 +300,12 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
       uint32_t mode = 0;
       return ReadAttr(buf, size_in_bytes, &mode);
     }
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES:
+      return ReadAttr(buf, size_in_bytes,
+                      &pref->min_alignment[attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES]);
   }
   return CUBLAS_STATUS_NOT_SUPPORTED;
 }
@@ -318,6 +325,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
   if (s != CUBLAS_STATUS_SUCCESS) return s;
   cublasLtMatmulHeuristicResult_t r{};
   r.algo.data[0] = llm::cuda_emu::kAlgoMagic;
+  // The alignments the algorithm assumes (A, B, C, D).
+  for (int i = 0; i < 4; ++i) r.algo.data[1 + i] = preference->min_alignment[i];
   r.workspaceSize = 0;
   r.state = CUBLAS_STATUS_SUCCESS;
   r.wavesCount = 1.0f;
@@ -342,6 +351,17 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t light_handle, cublasLtMatmulDesc_
     return CUBLAS_STATUS_INVALID_VALUE;  // not one the heuristic returned
   }
   if (workspace == nullptr && workspace_size_in_bytes > 0) return CUBLAS_STATUS_INVALID_VALUE;
+  if (algo != nullptr) {
+    // A pointer less aligned than the algorithm was chosen for.
+    const void* ptrs[4] = {A, B, C, D};
+    for (int i = 0; i < 4; ++i) {
+      const uint64_t alignment = algo->data[1 + i];
+      if (ptrs[i] != nullptr && alignment > 1 &&
+          reinterpret_cast<uintptr_t>(ptrs[i]) % alignment != 0) {
+        return CUBLAS_STATUS_INVALID_VALUE;
+      }
+    }
+  }
   // C and D may be the same matrix only with the same layout (in place).
   if (C == D && (c_desc->ld != d_desc->ld || c_desc->type != d_desc->type)) {
     return CUBLAS_STATUS_INVALID_VALUE;

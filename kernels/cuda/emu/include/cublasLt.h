@@ -5,10 +5,14 @@
 // - Descriptors: cublasLtMatmulDescCreate(compute type, scale type) with TRANSA, TRANSB (int32_t),
 //   EPILOGUE (uint32_t: DEFAULT or BIAS), BIAS_POINTER (const void*) and BIAS_DATA_TYPE (int32_t,
 //   -1 = D's type) settable; cublasLtMatrixLayoutCreate(type, rows, cols, ld), column-major;
-//   cublasLtMatmulPreferenceCreate with MAX_WORKSPACE_BYTES (uint64_t). A SetAttribute whose
+//   cublasLtMatmulPreferenceCreate with MAX_WORKSPACE_BYTES (uint64_t) and MIN_ALIGNMENT_{A,B,C,D}
+//   _BYTES (uint32_t, default 256, as cuBLASLt's). A SetAttribute whose
 //   sizeInBytes is not the attribute's size, or an attribute the emulation lacks, is
 //   CUBLAS_STATUS_INVALID_VALUE (resp. NOT_SUPPORTED).
-// - cublasLtMatmulAlgoGetHeuristic: one algorithm (workspace 0) for a supported problem.
+// - cublasLtMatmulAlgoGetHeuristic: one algorithm (workspace 0) for a supported problem; it
+//   assumes the preference's minimum alignments of A, B, C and D, as a real algorithm may, and
+//   cublasLtMatmul with that algorithm and a pointer less aligned is CUBLAS_STATUS_INVALID_VALUE
+//   (a null algo assumes nothing).
 // - cublasLtMatmul: D = alpha op(A) op(B) + beta C (+ bias[row] with CUBLASLT_EPILOGUE_BIAS),
 //   column-major, op N or T, on `stream` as an emulated kernel (ordered and lazy like every
 //   kernel; a null algo runs the heuristic's). Type combinations (A = B; C = D; scale f32):
@@ -88,6 +92,10 @@ enum cublasLtEpilogue_t {
 enum cublasLtMatmulPreferenceAttributes_t {
   CUBLASLT_MATMUL_PREF_SEARCH_MODE = 0,
   CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8,
 };
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t* light_handle);

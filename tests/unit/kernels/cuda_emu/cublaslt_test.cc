@@ -170,6 +170,24 @@ TEST_F(EmuCublasLtTest, ArgumentChecks) {
   EXPECT_EQ(cublasLtMatmul(handle_, d.op, &alpha, buf, d.a, buf, d.b, &beta, buf, d.c, buf, d.c,
                            &result.algo, nullptr, 0, nullptr),
             CUBLAS_STATUS_SUCCESS);
+  // The heuristic's algorithm assumes 256-byte aligned matrices (the default preference): a
+  // pointer 4 bytes in is rejected; one chosen for 4-byte alignment takes it.
+  EXPECT_EQ(cublasLtMatmul(handle_, d.op, &alpha, buf + 1, d.a, buf, d.b, &beta, buf, d.c, buf, d.c,
+                           &result.algo, nullptr, 0, nullptr),
+            CUBLAS_STATUS_INVALID_VALUE);
+  const uint32_t four = 4;
+  for (const auto attr :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    ASSERT_EQ(cublasLtMatmulPreferenceSetAttribute(pref, attr, &four, sizeof(four)),
+              CUBLAS_STATUS_SUCCESS);
+  }
+  ASSERT_EQ(
+      cublasLtMatmulAlgoGetHeuristic(handle_, d.op, d.a, d.b, d.c, d.c, pref, 1, &result, &count),
+      CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasLtMatmul(handle_, d.op, &alpha, buf + 1, d.a, buf + 17, d.b, &beta, buf + 33, d.c,
+                           buf + 33, d.c, &result.algo, nullptr, 0, nullptr),
+            CUBLAS_STATUS_SUCCESS);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   cublasLtMatrixLayoutDestroy(bad_b);
   cublasLtMatrixLayoutDestroy(bad_ld);
