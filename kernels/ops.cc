@@ -45,17 +45,33 @@ OpStatus CheckCpuCache(const char* op, const char* arg, const TensorView& cache)
                std::string(arg) + ": the CPU backend takes f32 caches, got " + cache.ToString());
 }
 
+// Activations may be f32, bf16 or f16 on cuda; the CPU backend takes f32 only. Checked once
+// the device is known, for every present tensor of `args`.
+OpStatus CheckCpuF32(const char* op, const TensorDevice& device,
+                     std::initializer_list<internal::NamedView> args) {
+  if (!device.is_cpu()) return OpStatus::Ok();
+  for (const internal::NamedView& a : args) {
+    if (a.view->present() && a.view->dtype != kF32) {
+      return Error(
+          op, std::string(a.name) + ": the CPU backend takes f32 only, got " + a.view->ToString());
+    }
+  }
+  return OpStatus::Ok();
+}
+
 }  // namespace
 
 OpStatus Embedding(const OpContext& ctx, const TensorView& out, const TensorView& token_ids,
                    const TensorView& table) {
   constexpr const char* kOp = "Embedding";
   LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "token_ids", token_ids, {kI32, kI64}, {kAny}));
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "table", table, {kF32}, {kAny, kAny}));
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "out", out, {kF32}, {token_ids.shape[0], table.shape[1]}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "table", table, {kF32, kBF16, kF16}, {kAny, kAny}));
+  LLM_OPS_RETURN_IF_ERROR(
+      CheckArg(kOp, "out", out, {table.dtype}, {token_ids.shape[0], table.shape[1]}));
   TensorDevice device;
   LLM_OPS_RETURN_IF_ERROR(
       CheckSameDevice(kOp, {{"out", &out}, {"token_ids", &token_ids}, {"table", &table}}, &device));
+  LLM_OPS_RETURN_IF_ERROR(CheckCpuF32(kOp, device, {{"table", &table}}));
 #ifdef LLM_WITH_CUDA
   if (device.is_cuda()) return cuda::Embedding(ctx.stream, out, token_ids, table);
 #endif
@@ -66,13 +82,14 @@ OpStatus Embedding(const OpContext& ctx, const TensorView& out, const TensorView
 OpStatus RmsNorm(const OpContext& ctx, const TensorView& out, const TensorView& x,
                  const TensorView& weight, float eps) {
   constexpr const char* kOp = "RmsNorm";
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "x", x, {kF32}, {kAny, kAny}));
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "weight", weight, {kF32}, {x.shape[1]}));
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "out", out, {kF32}, {x.shape[0], x.shape[1]}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "x", x, {kF32, kBF16, kF16}, {kAny, kAny}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "weight", weight, {x.dtype}, {x.shape[1]}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "out", out, {x.dtype}, {x.shape[0], x.shape[1]}));
   if (!(eps > 0.0f)) return Error(kOp, "eps must be > 0, got " + std::to_string(eps));
   TensorDevice device;
   LLM_OPS_RETURN_IF_ERROR(
       CheckSameDevice(kOp, {{"out", &out}, {"x", &x}, {"weight", &weight}}, &device));
+  LLM_OPS_RETURN_IF_ERROR(CheckCpuF32(kOp, device, {{"x", &x}}));
 #ifdef LLM_WITH_CUDA
   if (device.is_cuda()) return cuda::RmsNorm(ctx.stream, out, x, weight, eps);
 #endif
@@ -83,13 +100,14 @@ OpStatus RmsNorm(const OpContext& ctx, const TensorView& out, const TensorView& 
 OpStatus FusedAddRmsNorm(const OpContext& ctx, const TensorView& x, const TensorView& residual,
                          const TensorView& weight, float eps) {
   constexpr const char* kOp = "FusedAddRmsNorm";
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "x", x, {kF32}, {kAny, kAny}));
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "residual", residual, {kF32}, {x.shape[0], x.shape[1]}));
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "weight", weight, {kF32}, {x.shape[1]}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "x", x, {kF32, kBF16, kF16}, {kAny, kAny}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "residual", residual, {x.dtype}, {x.shape[0], x.shape[1]}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "weight", weight, {x.dtype}, {x.shape[1]}));
   if (!(eps > 0.0f)) return Error(kOp, "eps must be > 0, got " + std::to_string(eps));
   TensorDevice device;
   LLM_OPS_RETURN_IF_ERROR(
       CheckSameDevice(kOp, {{"x", &x}, {"residual", &residual}, {"weight", &weight}}, &device));
+  LLM_OPS_RETURN_IF_ERROR(CheckCpuF32(kOp, device, {{"x", &x}}));
 #ifdef LLM_WITH_CUDA
   if (device.is_cuda()) return cuda::FusedAddRmsNorm(ctx.stream, x, residual, weight, eps);
 #endif
@@ -154,9 +172,10 @@ OpStatus RotaryEmbedding(const OpContext& ctx, const TensorView& positions, cons
   constexpr const char* kOp = "RotaryEmbedding";
   LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "positions", positions, {kI32, kI64}, {kAny}));
   const int64_t num_tokens = positions.shape[0];
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "query", query, {kF32}, {num_tokens, kAny, kAny}));
+  LLM_OPS_RETURN_IF_ERROR(
+      CheckArg(kOp, "query", query, {kF32, kBF16, kF16}, {num_tokens, kAny, kAny}));
   const int64_t head_size = query.shape[2];
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "key", key, {kF32}, {num_tokens, kAny, head_size}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "key", key, {query.dtype}, {num_tokens, kAny, head_size}));
   const int64_t rotary_dim = config.rotary_dim == 0 ? head_size : config.rotary_dim;
   if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > head_size) {
     return Error(kOp, "rotary_dim must be even, > 0 and <= head size " + std::to_string(head_size) +
@@ -166,6 +185,7 @@ OpStatus RotaryEmbedding(const OpContext& ctx, const TensorView& positions, cons
   LLM_OPS_RETURN_IF_ERROR(
       CheckSameDevice(kOp, {{"positions", &positions}, {"query", &query}, {"key", &key}}, &device));
   if (!device.is_cpu() && !device.is_cuda()) return NoBackend(kOp, device);
+  LLM_OPS_RETURN_IF_ERROR(CheckCpuF32(kOp, device, {{"query", &query}}));
   std::vector<double> inv_freq(rotary_dim / 2);
   LLM_OPS_RETURN_IF_ERROR(ComputeRopeInvFreq(config, inv_freq));
   if (device.is_cuda()) {
@@ -179,15 +199,79 @@ OpStatus RotaryEmbedding(const OpContext& ctx, const TensorView& positions, cons
   return cpu::RotaryEmbedding(positions, query, key, inv_freq, static_cast<int>(rotary_dim));
 }
 
+OpStatus ComputeRopeCosSinCache(const RopeConfig& config, int64_t max_position,
+                                std::span<float> out) {
+  constexpr const char* kOp = "ComputeRopeCosSinCache";
+  const int64_t rotary_dim = config.rotary_dim;
+  if (rotary_dim <= 0 || rotary_dim % 2 != 0) {
+    return Error(kOp, "config.rotary_dim must be even and > 0, got " + std::to_string(rotary_dim));
+  }
+  if (max_position < 0) {
+    return Error(kOp, "max_position must be >= 0, got " + std::to_string(max_position));
+  }
+  if (static_cast<int64_t>(out.size()) != max_position * rotary_dim) {
+    return Error(kOp, "out: expected max_position * rotary_dim = " +
+                          std::to_string(max_position * rotary_dim) + " floats, got " +
+                          std::to_string(out.size()));
+  }
+  const int64_t half = rotary_dim / 2;
+  std::vector<double> inv_freq(half);
+  LLM_OPS_RETURN_IF_ERROR(ComputeRopeInvFreq(config, inv_freq));
+  for (int64_t p = 0; p < max_position; ++p) {
+    float* row = out.data() + p * rotary_dim;  // [cos_0 .. cos_{half-1}, sin_0 .. sin_{half-1}]
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(p) * inv_freq[i];
+      row[i] = static_cast<float>(std::cos(angle));
+      row[half + i] = static_cast<float>(std::sin(angle));
+    }
+  }
+  return OpStatus::Ok();
+}
+
+OpStatus RotaryEmbeddingCached(const OpContext& ctx, const TensorView& positions,
+                               const TensorView& query, const TensorView& key,
+                               const TensorView& cos_sin_cache) {
+  constexpr const char* kOp = "RotaryEmbeddingCached";
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "positions", positions, {kI32, kI64}, {kAny}));
+  const int64_t num_tokens = positions.shape[0];
+  LLM_OPS_RETURN_IF_ERROR(
+      CheckArg(kOp, "query", query, {kF32, kBF16, kF16}, {num_tokens, kAny, kAny}));
+  const int64_t head_size = query.shape[2];
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "key", key, {query.dtype}, {num_tokens, kAny, head_size}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "cos_sin_cache", cos_sin_cache, {kF32}, {kAny, kAny}));
+  const int64_t rotary_dim = cos_sin_cache.shape[1];
+  if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > head_size) {
+    return Error(kOp,
+                 "cos_sin_cache: rotary_dim (its second dim) must be even, > 0 and <= head "
+                 "size " +
+                     std::to_string(head_size) + ", got " + cos_sin_cache.ToString());
+  }
+  TensorDevice device;
+  LLM_OPS_RETURN_IF_ERROR(CheckSameDevice(kOp,
+                                          {{"positions", &positions},
+                                           {"query", &query},
+                                           {"key", &key},
+                                           {"cos_sin_cache", &cos_sin_cache}},
+                                          &device));
+#ifdef LLM_WITH_CUDA
+  if (device.is_cuda())
+    return cuda::RotaryEmbeddingCached(ctx.stream, positions, query, key, cos_sin_cache);
+#endif
+  if (!device.is_cpu()) return NoBackend(kOp, device);
+  LLM_OPS_RETURN_IF_ERROR(CheckCpuF32(kOp, device, {{"query", &query}}));
+  return cpu::RotaryEmbeddingCached(positions, query, key, cos_sin_cache);
+}
+
 OpStatus SiluAndMul(const OpContext& ctx, const TensorView& out, const TensorView& x) {
   constexpr const char* kOp = "SiluAndMul";
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "x", x, {kF32}, {kAny, kAny}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "x", x, {kF32, kBF16, kF16}, {kAny, kAny}));
   if (x.shape[1] % 2 != 0) {
     return Error(kOp, "x: expected an even last dim [T, 2 * I], got " + x.ToString());
   }
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "out", out, {kF32}, {x.shape[0], x.shape[1] / 2}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "out", out, {x.dtype}, {x.shape[0], x.shape[1] / 2}));
   TensorDevice device;
   LLM_OPS_RETURN_IF_ERROR(CheckSameDevice(kOp, {{"out", &out}, {"x", &x}}, &device));
+  LLM_OPS_RETURN_IF_ERROR(CheckCpuF32(kOp, device, {{"x", &x}}));
 #ifdef LLM_WITH_CUDA
   if (device.is_cuda()) return cuda::SiluAndMul(ctx.stream, out, x);
 #endif
@@ -198,12 +282,13 @@ OpStatus SiluAndMul(const OpContext& ctx, const TensorView& out, const TensorVie
 OpStatus Linear(const OpContext& ctx, const TensorView& out, const TensorView& x,
                 const TensorView& weight, const TensorView& bias) {
   constexpr const char* kOp = "Linear";
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "x", x, {kF32}, {kAny, kAny}));
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "weight", weight, {kF32}, {kAny, x.shape[1]}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "x", x, {kF32, kBF16, kF16}, {kAny, kAny}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "weight", weight, {x.dtype}, {kAny, x.shape[1]}));
+  LLM_OPS_RETURN_IF_ERROR(
+      CheckArg(kOp, "out", out, {x.dtype, kF32}, {x.shape[0], weight.shape[0]}));
   if (bias.present()) {
-    LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "bias", bias, {kF32}, {weight.shape[0]}));
+    LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "bias", bias, {out.dtype}, {weight.shape[0]}));
   }
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "out", out, {kF32}, {x.shape[0], weight.shape[0]}));
   // BLAS takes 32-bit sizes.
   constexpr int64_t kMaxDim = std::numeric_limits<int32_t>::max();
   if (x.shape[0] > kMaxDim || x.shape[1] > kMaxDim || weight.shape[0] > kMaxDim) {
@@ -213,8 +298,9 @@ OpStatus Linear(const OpContext& ctx, const TensorView& out, const TensorView& x
   TensorDevice device;
   LLM_OPS_RETURN_IF_ERROR(CheckSameDevice(
       kOp, {{"out", &out}, {"x", &x}, {"weight", &weight}, {"bias", &bias}}, &device));
+  LLM_OPS_RETURN_IF_ERROR(CheckCpuF32(kOp, device, {{"x", &x}, {"out", &out}}));
 #ifdef LLM_WITH_CUDA
-  if (device.is_cuda()) return cuda::Linear(ctx.stream, ctx.blas_handle, out, x, weight, bias);
+  if (device.is_cuda()) return cuda::Linear(ctx, out, x, weight, bias);
 #endif
   if (!device.is_cpu()) return NoBackend(kOp, device);
   return cpu::Linear(out, x, weight, bias);
@@ -232,9 +318,10 @@ OpStatus ReshapeAndCache(const OpContext& ctx, const TensorView& key, const Tens
   const int64_t num_kv_heads = key_cache.shape[2], head_size = key_cache.shape[3];
   LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "value_cache", value_cache, {key_cache.dtype},
                                    {num_blocks, block_size, num_kv_heads, head_size}));
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "key", key, {kF32}, {num_tokens, num_kv_heads, head_size}));
   LLM_OPS_RETURN_IF_ERROR(
-      CheckArg(kOp, "value", value, {kF32}, {num_tokens, num_kv_heads, head_size}));
+      CheckArg(kOp, "key", key, {kF32, kBF16, kF16}, {num_tokens, num_kv_heads, head_size}));
+  LLM_OPS_RETURN_IF_ERROR(
+      CheckArg(kOp, "value", value, {key.dtype}, {num_tokens, num_kv_heads, head_size}));
   TensorDevice device;
   LLM_OPS_RETURN_IF_ERROR(CheckSameDevice(kOp,
                                           {{"key", &key},
@@ -248,6 +335,7 @@ OpStatus ReshapeAndCache(const OpContext& ctx, const TensorView& key, const Tens
     return cuda::ReshapeAndCache(ctx.stream, key, value, key_cache, value_cache, slot_mapping);
 #endif
   if (!device.is_cpu()) return NoBackend(kOp, device);
+  LLM_OPS_RETURN_IF_ERROR(CheckCpuF32(kOp, device, {{"key", &key}}));
   LLM_OPS_RETURN_IF_ERROR(CheckCpuCache(kOp, "key_cache", key_cache));
   return cpu::ReshapeAndCache(key, value, key_cache, value_cache, slot_mapping);
 }
@@ -355,22 +443,49 @@ OpStatus CopyBlocks(const OpContext& ctx, std::span<const TensorView> key_caches
   return cpu::CopyBlocks(key_caches, value_caches, pairs);
 }
 
-OpStatus SwapBlocks(const OpContext& ctx, const TensorView& src, const TensorView& dst,
-                    std::span<const BlockPair> pairs) {
+OpStatus SwapBlocks(const OpContext& ctx, std::span<const TensorView> src,
+                    std::span<const TensorView> dst, std::span<const BlockPair> pairs) {
   constexpr const char* kOp = "SwapBlocks";
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "src", src, {kF32, kF16, kBF16}, {kAny, kAny, kAny, kAny}));
+  if (src.size() != dst.size()) {
+    return Error(kOp, "src has " + std::to_string(src.size()) + " caches but dst has " +
+                          std::to_string(dst.size()));
+  }
+  if (src.empty()) return OpStatus::Ok();
+  const TensorView& s0 = src[0];
   LLM_OPS_RETURN_IF_ERROR(
-      CheckArg(kOp, "dst", dst, {src.dtype}, {kAny, src.shape[1], src.shape[2], src.shape[3]}));
+      CheckArg(kOp, "src[0]", s0, {kF32, kF16, kBF16}, {kAny, kAny, kAny, kAny}));
+  LLM_OPS_RETURN_IF_ERROR(
+      CheckArg(kOp, "dst[0]", dst[0], {s0.dtype}, {kAny, s0.shape[1], s0.shape[2], s0.shape[3]}));
+  const TensorView& d0 = dst[0];
+  for (size_t i = 0; i < src.size(); ++i) {
+    const std::string src_name = "src[" + std::to_string(i) + "]";
+    const std::string dst_name = "dst[" + std::to_string(i) + "]";
+    LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, src_name.c_str(), src[i], {s0.dtype},
+                                     {s0.shape[0], s0.shape[1], s0.shape[2], s0.shape[3]}));
+    LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, dst_name.c_str(), dst[i], {s0.dtype},
+                                     {d0.shape[0], d0.shape[1], d0.shape[2], d0.shape[3]}));
+    TensorDevice device;
+    LLM_OPS_RETURN_IF_ERROR(
+        CheckSameDevice(kOp, {{"src[0]", &s0}, {src_name.c_str(), &src[i]}}, &device));
+    LLM_OPS_RETURN_IF_ERROR(
+        CheckSameDevice(kOp, {{"dst[0]", &d0}, {dst_name.c_str(), &dst[i]}}, &device));
+  }
 #ifdef LLM_WITH_CUDA
   // Swap out (cuda -> cpu), swap in (cpu -> cuda) or between devices.
-  if (src.device.is_cuda() || dst.device.is_cuda()) {
+  if (s0.device.is_cuda() || d0.device.is_cuda()) {
     return cuda::SwapBlocks(ctx.stream, src, dst, pairs);
   }
 #endif
-  if (!src.device.is_cpu()) return NoBackend(kOp, src.device);
-  if (!dst.device.is_cpu()) return NoBackend(kOp, dst.device);
-  LLM_OPS_RETURN_IF_ERROR(CheckCpuCache(kOp, "src", src));
+  if (!s0.device.is_cpu()) return NoBackend(kOp, s0.device);
+  if (!d0.device.is_cpu()) return NoBackend(kOp, d0.device);
+  LLM_OPS_RETURN_IF_ERROR(CheckCpuCache(kOp, "src[0]", s0));
   return cpu::SwapBlocks(src, dst, pairs);
+}
+
+OpStatus SwapBlocks(const OpContext& ctx, const TensorView& src, const TensorView& dst,
+                    std::span<const BlockPair> pairs) {
+  return SwapBlocks(ctx, std::span<const TensorView>(&src, 1), std::span<const TensorView>(&dst, 1),
+                    pairs);
 }
 
 }  // namespace llm::ops

@@ -7,12 +7,14 @@
 // the argument, what was expected and what was given, e.g.
 //   "RmsNorm: weight: expected f32 [4096], got f32 [4095] on cpu".
 //
-// Tensors are fp32 (activations, weights, KV cache) and int32 or int64 (indices) for now, and
-// contiguous. On cuda the KV caches may also be f16 or bf16 (both caches the same dtype): the
-// cache ops round f32 keys and values to nearest when writing and PagedAttention reads them
-// into fp32; the CPU backend takes f32 caches only. Index tensors named below as "i32" must be i32;
-// "index" tensors may be i32 or i64. An op's output must not overlap its inputs unless the op says
-// it may.
+// Dtypes. Activations (hidden states, query, key, value, MLP activations, logits) are f32 on
+// every backend, and on cuda may also be bf16 or f16: every CUDA kernel loads 16-bit values,
+// does its math in fp32 and rounds its results to nearest even when storing. The CPU backend
+// (the fp32 reference) takes f32 only: a 16-bit tensor on cpu is an error naming the argument.
+// Per op, the tensors that must share one dtype are listed with the op. KV caches may be f32,
+// f16 or bf16 on cuda (both caches the same dtype; PagedAttention reads them into fp32); f32 on
+// cpu. Index tensors named below as "i32" must be i32; "index" tensors may be i32 or i64. An
+// op's output must not overlap its inputs unless the op says it may.
 //
 // Layouts, by index (T tokens of this step, S sequences, H hidden size, D head size):
 //   hidden states        x[t][h]                                   [T, H]
@@ -48,33 +50,41 @@ struct [[nodiscard]] OpStatus {
 };
 
 // Per-call backend state. CPU ops ignore it. CUDA ops enqueue their work on `stream`
-// (a cudaStream_t; null = the default stream) and return without waiting for it; GEMMs (Linear)
-// use `blas_handle` (a cublasHandle_t on the tensors' device; required for cuda tensors).
+// (a cudaStream_t; null = the default stream) and return without waiting for it. Linear runs
+// through cuBLASLt on `blaslt_handle` (a cublasLtHandle_t; required for cuda tensors) with
+// `blas_workspace` (device memory on the tensors' device, `blas_workspace_bytes` long, 256-byte
+// aligned; null / 0 = none, cuBLASLt then picks algorithms that need none) as its workspace.
+// `blas_handle` (a cublasHandle_t) is kept for callers' own cuBLAS calls; no op uses it.
 // `workspace` is device scratch on the tensors' device for ops that need it (PagedAttention's
 // split-K partials), `workspace_bytes` long: allocated once by the caller (size it with
 // PagedAttentionWorkspaceBytes), so that ops never allocate and memory profiling counts it;
-// ops use it in stream order on `stream`. The caller owns all of them. Kept as void* so that
-// this header needs no CUDA headers.
+// ops use it in stream order on `stream` (and Linear uses blas_workspace likewise). The caller
+// owns all of them. Kept as void* so that this header needs no CUDA headers.
 struct OpContext {
   void* stream = nullptr;
   void* blas_handle = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  void* blaslt_handle = nullptr;
+  void* blas_workspace = nullptr;
+  size_t blas_workspace_bytes = 0;
 };
 
 // out[t][h] = table[token_ids[t]][h]. token_ids: index [T], each in [0, V); table [V, H];
-// out [T, H]. A token id out of range is an error naming it.
+// out [T, H]; table and out the same dtype. A token id out of range is an error naming it (on
+// cpu; a NaN row on cuda, see kernels/cuda/cuda_ops.h).
 OpStatus Embedding(const OpContext& ctx, const TensorView& out, const TensorView& token_ids,
                    const TensorView& table);
 
 // out[t][h] = x[t][h] / sqrt(mean_h(x[t][h]^2) + eps) * weight[h]. x, out [T, H]; weight [H].
-// out may be x (in place).
+// x, out and weight the same dtype. out may be x (in place).
 OpStatus RmsNorm(const OpContext& ctx, const TensorView& out, const TensorView& x,
                  const TensorView& weight, float eps);
 
 // The pre-norm residual step of a decoder layer, both in place:
 //   residual[t][h] += x[t][h];  x[t][h] = rmsnorm(residual[t])[h] * weight[h].
-// x, residual [T, H]; weight [H].
+// x, residual [T, H]; weight [H]; all three the same dtype (residual is kept in the activation
+// dtype, as vLLM does: with 16-bit activations each layer's sum is rounded to it).
 OpStatus FusedAddRmsNorm(const OpContext& ctx, const TensorView& x, const TensorView& residual,
                          const TensorView& weight, float eps);
 
@@ -106,17 +116,40 @@ OpStatus ComputeRopeInvFreq(const RopeConfig& config, std::span<double> inv_freq
 //   x'[i]        = x[i] * cos(a) - x[i + half] * sin(a)
 //   x'[i + half] = x[i + half] * cos(a) + x[i] * sin(a)
 // and dims >= r unchanged. positions: index [T]; query [T, Hq, D]; key [T, Hkv, D];
-// rotary_dim even and <= D.
+// rotary_dim even and <= D; query and key the same dtype. Angles are computed in double per
+// call (see RotaryEmbeddingCached for the table lookup the model runner uses).
 OpStatus RotaryEmbedding(const OpContext& ctx, const TensorView& positions, const TensorView& query,
                          const TensorView& key, const RopeConfig& config);
 
-// The gated MLP activation: x [T, 2I], out [T, I],
+// The cos / sin table of RotaryEmbeddingCached, vLLM's layout: row p (position p) holds the
+// rotary_dim / 2 values cos(p * inv_freq[i]) then the rotary_dim / 2 values sin(p * inv_freq[i]),
+// angles in double from ComputeRopeInvFreq, rounded once to f32. out: max_position * rotary_dim
+// floats (rotary_dim = config.rotary_dim, which must be set: > 0 and even); a size mismatch is
+// an error.
+OpStatus ComputeRopeCosSinCache(const RopeConfig& config, int64_t max_position,
+                                std::span<float> out);
+
+// RotaryEmbedding with the angles looked up in cos_sin_cache (f32 [max_position, rotary_dim],
+// from ComputeRopeCosSinCache, on the tensors' device) instead of computed: the rotation
+// above with cos(a) = cache[positions[t]][i], sin(a) = cache[positions[t]][half + i].
+// rotary_dim is the cache's second dim (even, <= D). positions: index [T]; query [T, Hq, D];
+// key [T, Hkv, D], the same dtype. A position outside [0, max_position) is an error on cpu and
+// a NaN row (every head of query and key of that token) on cuda.
+OpStatus RotaryEmbeddingCached(const OpContext& ctx, const TensorView& positions,
+                               const TensorView& query, const TensorView& key,
+                               const TensorView& cos_sin_cache);
+
+// The gated MLP activation: x [T, 2I], out [T, I] (the same dtype),
 //   out[t][i] = silu(x[t][i]) * x[t][I + i],  silu(v) = v / (1 + exp(-v)).
 OpStatus SiluAndMul(const OpContext& ctx, const TensorView& out, const TensorView& x);
 
 // A linear layer with HF's weight layout: out[t][n] = sum_k x[t][k] * weight[n][k] + bias[n].
-// x [T, K]; weight [N, K]; bias [N] or absent (data == nullptr); out [T, N]. On cuda: cuBLAS
-// with fp32 accumulation on ctx.blas_handle (null is an error), which it binds to ctx.stream.
+// x [T, K]; weight [N, K]; bias [N] or absent (data == nullptr); out [T, N]. x and weight the
+// same dtype (f32, bf16 or f16); out x's dtype or f32 (e.g. f32 logits from a bf16 LM head);
+// bias in out's dtype. Products summed in fp32, then bias added, then rounded to out's dtype.
+// On cuda: cuBLASLt (cublasLtMatmul, CUBLAS_COMPUTE_32F; CUBLAS_COMPUTE_32F_PEDANTIC for f32,
+// so never TF32) on ctx.blaslt_handle (null is an error) and ctx.stream, bias fused with
+// CUBLASLT_EPILOGUE_BIAS, ctx.blas_workspace as its workspace.
 OpStatus Linear(const OpContext& ctx, const TensorView& out, const TensorView& x,
                 const TensorView& weight, const TensorView& bias);
 
@@ -124,7 +157,9 @@ OpStatus Linear(const OpContext& ctx, const TensorView& out, const TensorView& x
 //   key_cache[slot / block_size][slot % block_size][h][d] = key[t][h][d], slot = slot_mapping[t]
 // (the same for value). A slot of -1 is padding and is skipped; any other slot outside
 // [0, num_blocks * block_size) is an error. key, value [T, Hkv, D]; key_cache, value_cache
-// [num_blocks, block_size, Hkv, D]; slot_mapping: index [T].
+// [num_blocks, block_size, Hkv, D]; slot_mapping: index [T]. key and value the same dtype
+// (f32, bf16 or f16), the caches the same dtype as each other (f32, bf16 or f16), converted
+// with round to nearest even (on cpu: all f32).
 OpStatus ReshapeAndCache(const OpContext& ctx, const TensorView& key, const TensorView& value,
                          const TensorView& key_cache, const TensorView& value_cache,
                          const TensorView& slot_mapping);
@@ -173,14 +208,25 @@ size_t PagedAttentionWorkspaceBytes(int64_t max_num_tokens, int64_t num_heads, i
                                     int64_t max_model_len);
 
 // Copies whole blocks inside one device's caches, for copy-on-write: for every layer l and
-// pair, key_caches[l][pair.dst] = key_caches[l][pair.src] (and the values). All caches have
-// the same shape, dtype and device. One layer: pass spans of one.
+// pair, key_caches[l][pair.dst] = key_caches[l][pair.src] (and the values), pairs in order. All
+// caches have the same shape, dtype and device. One layer: pass spans of one. On cuda: one
+// kernel launch per 256 pairs over every layer's K and V cache when the caches are views of one
+// arena at a uniform stride (else a launch per cache per 256 pairs).
 OpStatus CopyBlocks(const OpContext& ctx, std::span<const TensorView> key_caches,
                     std::span<const TensorView> value_caches, std::span<const BlockPair> pairs);
 
-// Copies blocks between two caches of the same block shape, usually on different devices
-// (swap out: device -> host; swap in: host -> device): dst[pair.dst] = src[pair.src].
-// src, dst [num_blocks, ...] (num_blocks may differ); call once per K and V cache per layer.
+// Copies blocks between caches of the same block shape, usually on different devices (swap out:
+// device -> host; swap in: host -> device): for every i and pair, dst[i][pair.dst] =
+// src[i][pair.src]. src and dst hold the same number of caches (every layer's K and V, in any
+// order but the same one); all src caches one shape and device, all dst caches one shape and
+// device, with the same block shape and dtype ([num_blocks, ...]; num_blocks may differ between
+// src and dst). On cuda: one cudaMemcpyAsync per run of consecutive (src, dst) block ids per
+// cache (pairs sorted by src first when src and dst are on different devices); asynchronous
+// only when the host caches are pinned.
+OpStatus SwapBlocks(const OpContext& ctx, std::span<const TensorView> src,
+                    std::span<const TensorView> dst, std::span<const BlockPair> pairs);
+
+// One cache: SwapBlocks over spans of one (kept for existing callers).
 OpStatus SwapBlocks(const OpContext& ctx, const TensorView& src, const TensorView& dst,
                     std::span<const BlockPair> pairs);
 

@@ -118,12 +118,9 @@ absl::Status CacheEngine::Swap(std::span<const BlockPair> pairs,
                                const std::vector<TensorView>& from,
                                const std::vector<TensorView>& to) {
   if (pairs.empty()) return absl::OkStatus();
-  const ops::OpContext ctx = OpContextFor();
-  for (size_t i = 0; i < from.size(); ++i) {
-    const ops::OpStatus s = ops::SwapBlocks(ctx, from[i], to[i], pairs);
-    if (!s.ok()) return absl::InternalError(s.message);
-  }
-  return absl::OkStatus();
+  // Every layer's K and V caches in one call: a copy per run of consecutive blocks per cache.
+  const ops::OpStatus s = ops::SwapBlocks(OpContextFor(), from, to, pairs);
+  return s.ok() ? absl::OkStatus() : absl::InternalError(s.message);
 }
 
 absl::Status CacheEngine::SwapOut(std::span<const BlockPair> pairs) {

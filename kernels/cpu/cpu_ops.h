@@ -25,6 +25,10 @@ OpStatus FusedAddRmsNorm(const TensorView& x, const TensorView& residual, const 
 OpStatus RotaryEmbedding(const TensorView& positions, const TensorView& query,
                          const TensorView& key, std::span<const double> inv_freq, int rotary_dim);
 
+// cos_sin_cache f32 [max_position, rotary_dim]; a position outside it is an error.
+OpStatus RotaryEmbeddingCached(const TensorView& positions, const TensorView& query,
+                               const TensorView& key, const TensorView& cos_sin_cache);
+
 OpStatus SiluAndMul(const TensorView& out, const TensorView& x);
 
 OpStatus Linear(const TensorView& out, const TensorView& x, const TensorView& weight,
@@ -41,7 +45,8 @@ OpStatus PagedAttention(const TensorView& out, const TensorView& query, const Te
 OpStatus CopyBlocks(std::span<const TensorView> key_caches,
                     std::span<const TensorView> value_caches, std::span<const BlockPair> pairs);
 
-OpStatus SwapBlocks(const TensorView& src, const TensorView& dst, std::span<const BlockPair> pairs);
+OpStatus SwapBlocks(std::span<const TensorView> src, std::span<const TensorView> dst,
+                    std::span<const BlockPair> pairs);
 
 }  // namespace llm::ops::cpu
 

@@ -1,5 +1,6 @@
 // Rotary position embedding (NeoX style: rotate halves) on the CPU, in place on q and k.
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
@@ -43,6 +44,34 @@ OpStatus RotaryEmbedding(const TensorView& positions, const TensorView& query,
                 cos.data(), sin.data());
     RotateHeads(key.data_as<float>() + t * num_kv_heads * head_size, num_kv_heads, head_size, half,
                 cos.data(), sin.data());
+  }
+  return OpStatus::Ok();
+}
+
+OpStatus RotaryEmbeddingCached(const TensorView& positions, const TensorView& query,
+                               const TensorView& key, const TensorView& cos_sin_cache) {
+  const int64_t num_tokens = positions.shape[0];
+  const int64_t num_heads = query.shape[1], num_kv_heads = key.shape[1];
+  const int64_t head_size = query.shape[2];
+  const int64_t max_position = cos_sin_cache.shape[0], rotary_dim = cos_sin_cache.shape[1];
+  const int64_t half = rotary_dim / 2;
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const int64_t pos = internal::IndexAt(positions, t);
+    if (pos < 0 || pos >= max_position) {
+      return internal::Error("RotaryEmbeddingCached", "positions[" + std::to_string(t) +
+                                                          "] = " + std::to_string(pos) +
+                                                          " is outside the cos_sin_cache's [0, " +
+                                                          std::to_string(max_position) + ")");
+    }
+  }
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    // cache[pos][0 .. half-1] = cos, cache[pos][half .. rotary_dim-1] = sin
+    const float* row =
+        cos_sin_cache.data_as<const float>() + internal::IndexAt(positions, t) * rotary_dim;
+    RotateHeads(query.data_as<float>() + t * num_heads * head_size, num_heads, head_size, half, row,
+                row + half);
+    RotateHeads(key.data_as<float>() + t * num_kv_heads * head_size, num_kv_heads, head_size, half,
+                row, row + half);
   }
   return OpStatus::Ok();
 }

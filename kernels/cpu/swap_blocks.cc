@@ -1,4 +1,4 @@
-// Copies KV blocks from one cache to another (swap in / swap out), host to host on the CPU.
+// Copies KV blocks between caches (swap in / swap out), every cache, host to host on the CPU.
 #include <cstring>
 #include <string>
 
@@ -7,8 +7,10 @@
 
 namespace llm::ops::cpu {
 
-OpStatus SwapBlocks(const TensorView& src, const TensorView& dst,
+OpStatus SwapBlocks(std::span<const TensorView> srcs, std::span<const TensorView> dsts,
                     std::span<const BlockPair> pairs) {
+  const TensorView& src = srcs[0];
+  const TensorView& dst = dsts[0];
   const int64_t block_numel = src.shape[1] * src.shape[2] * src.shape[3];
   for (size_t i = 0; i < pairs.size(); ++i) {
     const BlockPair& p = pairs[i];
@@ -23,10 +25,13 @@ OpStatus SwapBlocks(const TensorView& src, const TensorView& dst,
                                  " is outside [0, " + std::to_string(dst.shape[0]) + ")");
     }
   }
-  for (const BlockPair& p : pairs) {
-    // dst[p.dst][:][:][:] = src[p.src][:][:][:]; memmove: src and dst may be one cache.
-    std::memmove(dst.data_as<float>() + p.dst * block_numel,
-                 src.data_as<const float>() + p.src * block_numel, block_numel * sizeof(float));
+  for (size_t i = 0; i < srcs.size(); ++i) {
+    for (const BlockPair& p : pairs) {
+      // dst[p.dst][:][:][:] = src[p.src][:][:][:]; memmove: src and dst may be one cache.
+      std::memmove(dsts[i].data_as<float>() + p.dst * block_numel,
+                   srcs[i].data_as<const float>() + p.src * block_numel,
+                   block_numel * sizeof(float));
+    }
   }
   return OpStatus::Ok();
 }

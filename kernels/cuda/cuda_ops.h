@@ -11,11 +11,15 @@
 // host cannot check them without a synchronization. The kernels never read or write outside
 // the tensors for any such value: an out-of-range token id gives a NaN row of Embedding, an
 // out-of-range slot is skipped by ReshapeAndCache (as -1 padding is), and a block id or length
-// outside the cache or the block table gives NaN rows of PagedAttention. The CPU backend
-// reports the same inputs as errors.
+// outside the cache or the block table gives NaN rows of PagedAttention, and a position outside
+// the cos_sin_cache gives NaN rows (all heads of that token) of RotaryEmbeddingCached. The CPU
+// backend reports the same inputs as errors.
 //
-// fp32, like the CPU reference, but for the KV caches (f16, bf16) and PagedAttention's 16-bit
-// path. Internal to kernels/: callers use kernels/ops.h.
+// Dtypes: activations f32, bf16 or f16 (kernels/ops.h says which tensors share one). Every
+// kernel is templated on the element type (one instantiation per dtype), loads with
+// cuda_internal::ToFloat, computes in fp32 and stores with cuda_internal::FromFloat (round to
+// nearest even). PagedAttention has a 16-bit path of its own (paged_attention_plan.h).
+// Internal to kernels/: callers use kernels/ops.h.
 #ifndef LLM_KERNELS_CUDA_CUDA_OPS_H_
 #define LLM_KERNELS_CUDA_CUDA_OPS_H_
 
@@ -41,13 +45,20 @@ inline constexpr int kMaxRotaryHalf = 256;
 OpStatus RotaryEmbedding(void* stream, const TensorView& positions, const TensorView& query,
                          const TensorView& key, std::span<const double> inv_freq, int rotary_dim);
 
+// One thread block per token; cos and sin read from cos_sin_cache (f32 [max_position,
+// rotary_dim], any rotary_dim the op allows).
+OpStatus RotaryEmbeddingCached(void* stream, const TensorView& positions, const TensorView& query,
+                               const TensorView& key, const TensorView& cos_sin_cache);
+
 OpStatus SiluAndMul(void* stream, const TensorView& out, const TensorView& x);
 
-// cublasGemmEx with fp32 accumulation (CUBLAS_COMPUTE_32F_PEDANTIC: never TF32, whatever the
-// handle's math mode) on `blas_handle` (a cublasHandle_t created on the tensors' device, owned
-// by the caller), whose stream it sets to `stream` and whose pointer mode it sets to host. A null
-// handle is an error naming the op.
-OpStatus Linear(void* stream, void* blas_handle, const TensorView& out, const TensorView& x,
+// cublasLtMatmul on ctx.blaslt_handle (a cublasLtHandle_t created with the tensors' device
+// current, owned by the caller; null is an error naming the op) and ctx.stream, with fp32
+// accumulation: CUBLAS_COMPUTE_32F_PEDANTIC for f32 (never TF32), CUBLAS_COMPUTE_32F for bf16 /
+// f16; bias fused as CUBLASLT_EPILOGUE_BIAS; the heuristic's best algorithm within
+// ctx.blas_workspace_bytes of ctx.blas_workspace. K = 0: out = bias (or 0) by a small kernel.
+// Descriptors are created and destroyed per call (host-only work, no synchronization).
+OpStatus Linear(const OpContext& ctx, const TensorView& out, const TensorView& x,
                 const TensorView& weight, const TensorView& bias);
 
 OpStatus ReshapeAndCache(void* stream, const TensorView& key, const TensorView& value,
@@ -76,13 +87,19 @@ OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const Tenso
                         const AttentionMetadata& metadata, float scale,
                         PagedAttentionVersion version = PagedAttentionVersion::kAuto);
 
-// cudaMemcpyAsync device to device per (layer, pair, K or V).
+// One CopyBlocksKernel launch per chunk of up to 256 pairs (block ids by value in the kernel
+// parameters) over all 2L caches when they are equal-shaped views at a uniform address stride
+// (one arena), else one per cache per chunk; 16-byte loads and stores when blocks and bases are
+// 16-byte aligned. Pairs that depend on each other (a block written twice, or written and read)
+// fall back to a cudaMemcpyAsync per (pair, cache), in order.
 OpStatus CopyBlocks(void* stream, std::span<const TensorView> key_caches,
                     std::span<const TensorView> value_caches, std::span<const BlockPair> pairs);
 
-// cudaMemcpyAsync per pair between a cuda cache and a host (pinned for an asynchronous copy)
-// or cuda cache.
-OpStatus SwapBlocks(void* stream, const TensorView& src, const TensorView& dst,
+// Between a cuda side and a host (pinned for an asynchronous copy) or cuda side, every cache:
+// the pairs (sorted by src when src and dst are on different devices, so that the order cannot
+// matter) are coalesced into runs of consecutive src and dst block ids, and each run is one
+// cudaMemcpyAsync per cache (cudaMemcpyDefault: direction from the pointers).
+OpStatus SwapBlocks(void* stream, std::span<const TensorView> src, std::span<const TensorView> dst,
                     std::span<const BlockPair> pairs);
 
 }  // namespace llm::ops::cuda

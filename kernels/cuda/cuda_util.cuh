@@ -80,7 +80,8 @@ inline size_t ElementSize(DType dtype) {
   }
 }
 
-// KV-cache elements: f32, f16 or bf16 in memory, f32 in registers. Stores round to nearest.
+// Activation and KV-cache elements: f32, f16 or bf16 in memory, f32 in registers. Stores round
+// to nearest even.
 __device__ __forceinline__ float ToFloat(float v) { return v; }
 __device__ __forceinline__ float ToFloat(__half v) { return __half2float(v); }
 __device__ __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
@@ -98,6 +99,26 @@ __device__ __forceinline__ __half FromFloat<__half>(float v) {
 template <>
 __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
+}
+
+// Calls f(T()) with T the element type of a floating dtype: float (f32), __nv_bfloat16 (bf16) or
+// __half (f16), so that a launcher instantiates its kernel once per activation dtype. Returns
+// false (f not called) for any other dtype.
+template <typename F>
+bool DispatchFloat(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kF32:
+      f(float());
+      return true;
+    case DType::kBF16:
+      f(__nv_bfloat16());
+      return true;
+    case DType::kF16:
+      f(__half());
+      return true;
+    default:
+      return false;
+  }
 }
 
 __device__ __forceinline__ float WarpSum(float v) {

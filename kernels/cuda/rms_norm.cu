@@ -1,44 +1,59 @@
-// RMSNorm and the fused residual add + RMSNorm on CUDA. One thread block per token row; the
-// sum of squares is a block reduction in fp32 (the CPU reference sums in double).
+// RMSNorm and the fused residual add + RMSNorm on CUDA, f32 / bf16 / f16 in memory, fp32 math.
+// One thread block per token row; the sum of squares is a block reduction in fp32 (the CPU
+// reference sums in double).
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_util.cuh"
 
 namespace llm::ops::cuda {
 namespace {
 
+using cuda_internal::FromFloat;
+using cuda_internal::ToFloat;
+
 constexpr int kMaxThreads = 1024;
 
 // out[t][h] = x[t][h] * rsqrt(mean_h(x[t][h]^2) + eps) * w[h]. out may be x: each thread
 // writes only the elements it read, after the reduction.
-__global__ void RmsNormKernel(float* out, const float* x, const float* __restrict__ w,
-                              int64_t hidden, float eps) {
+template <typename T>
+__global__ void RmsNormKernel(T* out, const T* x, const T* __restrict__ w, int64_t hidden,
+                              float eps) {
   __shared__ float scratch[32];
   const int64_t t = blockIdx.x;
-  const float* xr = x + t * hidden;
-  float sum_sq = 0.0f;
-  for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) sum_sq += xr[h] * xr[h];
-  sum_sq = cuda_internal::BlockSum(sum_sq, scratch);
-  const float inv_rms = rsqrtf(sum_sq / static_cast<float>(hidden) + eps);
-  float* o = out + t * hidden;
-  for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) o[h] = xr[h] * inv_rms * w[h];
-}
-
-// residual[t][h] += x[t][h]; x[t][h] = rmsnorm(residual[t])[h] * w[h].
-__global__ void FusedAddRmsNormKernel(float* x, float* residual, const float* __restrict__ w,
-                                      int64_t hidden, float eps) {
-  __shared__ float scratch[32];
-  const int64_t t = blockIdx.x;
-  float* xr = x + t * hidden;
-  float* rr = residual + t * hidden;
+  const T* xr = x + t * hidden;
   float sum_sq = 0.0f;
   for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
-    const float r = rr[h] + xr[h];
+    const float v = ToFloat(xr[h]);
+    sum_sq += v * v;
+  }
+  sum_sq = cuda_internal::BlockSum(sum_sq, scratch);
+  const float inv_rms = rsqrtf(sum_sq / static_cast<float>(hidden) + eps);
+  T* o = out + t * hidden;
+  for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
+    o[h] = FromFloat<T>(ToFloat(xr[h]) * inv_rms * ToFloat(w[h]));
+  }
+}
+
+// residual[t][h] += x[t][h] (rounded to T and stored); x[t][h] = rmsnorm(residual[t])[h] * w[h],
+// the norm over the stored (rounded) residual, as vLLM's fused_add_rms_norm does.
+template <typename T>
+__global__ void FusedAddRmsNormKernel(T* x, T* residual, const T* __restrict__ w, int64_t hidden,
+                                      float eps) {
+  __shared__ float scratch[32];
+  const int64_t t = blockIdx.x;
+  T* xr = x + t * hidden;
+  T* rr = residual + t * hidden;
+  float sum_sq = 0.0f;
+  for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
+    const T r = FromFloat<T>(ToFloat(rr[h]) + ToFloat(xr[h]));
     rr[h] = r;
-    sum_sq += r * r;
+    const float rf = ToFloat(r);
+    sum_sq += rf * rf;
   }
   sum_sq = cuda_internal::BlockSum(sum_sq, scratch);  // also orders the writes above
   const float inv_rms = rsqrtf(sum_sq / static_cast<float>(hidden) + eps);
-  for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) xr[h] = rr[h] * inv_rms * w[h];
+  for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
+    xr[h] = FromFloat<T>(ToFloat(rr[h]) * inv_rms * ToFloat(w[h]));
+  }
 }
 
 }  // namespace
@@ -50,9 +65,13 @@ OpStatus RmsNorm(void* stream, const TensorView& out, const TensorView& x, const
   const int64_t num_tokens = x.shape[0], hidden = x.shape[1];
   if (num_tokens == 0 || hidden == 0) return OpStatus::Ok();
   const int threads = cuda_internal::RowThreads(hidden > kMaxThreads ? kMaxThreads : hidden);
-  ::llm::cuda::Launch(RmsNormKernel, static_cast<unsigned>(num_tokens), threads, 0,
-                      cuda_internal::AsStream(stream), out.data_as<float>(),
-                      x.data_as<const float>(), weight.data_as<const float>(), hidden, eps);
+  const bool known = cuda_internal::DispatchFloat(x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    ::llm::cuda::Launch(RmsNormKernel<T>, static_cast<unsigned>(num_tokens), threads, 0,
+                        cuda_internal::AsStream(stream), out.data_as<T>(), x.data_as<const T>(),
+                        weight.data_as<const T>(), hidden, eps);
+  });
+  if (!known) return cuda_internal::Error(kOp, "x: expected f32, bf16 or f16");
   LLM_CUDA_OP_CHECK_LAUNCH(kOp);
   return OpStatus::Ok();
 }
@@ -64,9 +83,13 @@ OpStatus FusedAddRmsNorm(void* stream, const TensorView& x, const TensorView& re
   const int64_t num_tokens = x.shape[0], hidden = x.shape[1];
   if (num_tokens == 0 || hidden == 0) return OpStatus::Ok();
   const int threads = cuda_internal::RowThreads(hidden > kMaxThreads ? kMaxThreads : hidden);
-  ::llm::cuda::Launch(FusedAddRmsNormKernel, static_cast<unsigned>(num_tokens), threads, 0,
-                      cuda_internal::AsStream(stream), x.data_as<float>(),
-                      residual.data_as<float>(), weight.data_as<const float>(), hidden, eps);
+  const bool known = cuda_internal::DispatchFloat(x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    ::llm::cuda::Launch(FusedAddRmsNormKernel<T>, static_cast<unsigned>(num_tokens), threads, 0,
+                        cuda_internal::AsStream(stream), x.data_as<T>(), residual.data_as<T>(),
+                        weight.data_as<const T>(), hidden, eps);
+  });
+  if (!known) return cuda_internal::Error(kOp, "x: expected f32, bf16 or f16");
   LLM_CUDA_OP_CHECK_LAUNCH(kOp);
   return OpStatus::Ok();
 }

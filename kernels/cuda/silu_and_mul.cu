@@ -1,19 +1,20 @@
-// SiLU-and-mul on CUDA: out[t][i] = silu(x[t][i]) * x[t][I + i]. One thread block per token.
+// SiLU-and-mul on CUDA: out[t][i] = silu(x[t][i]) * x[t][I + i], f32 / bf16 / f16 in memory,
+// fp32 math. One thread block per token.
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_util.cuh"
 
 namespace llm::ops::cuda {
 namespace {
 
-__global__ void SiluAndMulKernel(float* __restrict__ out, const float* __restrict__ x,
-                                 int64_t inter) {
+template <typename T>
+__global__ void SiluAndMulKernel(T* __restrict__ out, const T* __restrict__ x, int64_t inter) {
   const int64_t t = blockIdx.x;
-  const float* gate = x + t * 2 * inter;  // x[t][0 .. I-1]
-  const float* up = gate + inter;         // x[t][I .. 2I-1]
-  float* o = out + t * inter;
+  const T* gate = x + t * 2 * inter;  // x[t][0 .. I-1]
+  const T* up = gate + inter;         // x[t][I .. 2I-1]
+  T* o = out + t * inter;
   for (int64_t i = threadIdx.x; i < inter; i += blockDim.x) {
-    const float g = gate[i];
-    o[i] = g / (1.0f + expf(-g)) * up[i];
+    const float g = cuda_internal::ToFloat(gate[i]);
+    o[i] = cuda_internal::FromFloat<T>(g / (1.0f + expf(-g)) * cuda_internal::ToFloat(up[i]));
   }
 }
 
@@ -25,9 +26,13 @@ OpStatus SiluAndMul(void* stream, const TensorView& out, const TensorView& x) {
   const int64_t num_tokens = x.shape[0], inter = x.shape[1] / 2;
   if (num_tokens == 0 || inter == 0) return OpStatus::Ok();
   const int threads = cuda_internal::RowThreads(inter > 512 ? 512 : inter);
-  ::llm::cuda::Launch(SiluAndMulKernel, static_cast<unsigned>(num_tokens), threads, 0,
-                      cuda_internal::AsStream(stream), out.data_as<float>(),
-                      x.data_as<const float>(), inter);
+  const bool known = cuda_internal::DispatchFloat(x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    ::llm::cuda::Launch(SiluAndMulKernel<T>, static_cast<unsigned>(num_tokens), threads, 0,
+                        cuda_internal::AsStream(stream), out.data_as<T>(), x.data_as<const T>(),
+                        inter);
+  });
+  if (!known) return cuda_internal::Error(kOp, "x: expected f32, bf16 or f16");
   LLM_CUDA_OP_CHECK_LAUNCH(kOp);
   return OpStatus::Ok();
 }

@@ -1,4 +1,7 @@
-// CopyBlocks on CUDA against the CPU op, two layers: bit-equal caches.
+// CopyBlocks on CUDA against the CPU op: bit-equal caches, two layers and many (one arena: one
+// launch per 256 pairs, observed as graph nodes).
+#include <algorithm>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -8,6 +11,7 @@ namespace llm::ops {
 namespace {
 
 using gpu_testing::BitEqual;
+using gpu_testing::Clone;
 using gpu_testing::CudaTest;
 using gpu_testing::DeviceTensor;
 using gpu_testing::Random;
@@ -69,6 +73,149 @@ TEST_F(CudaCopyBlocks, BlockOutsideTheCacheIsAnError) {
   const std::vector<BlockPair> pairs = {{0, 1}, {2, 4}};
   EXPECT_EQ(CopyBlocks({}, ks, vs, pairs).message,
             "CopyBlocks: pairs[1] = (2, 4) is outside [0, 4)");
+}
+
+// Captures what `enqueue` queues on a fresh non-blocking stream into a graph, counts its kernel
+// and memcpy nodes, then runs the graph and waits for it.
+struct NodeCounts {
+  size_t kernels = 0, memcpys = 0;
+};
+template <typename F>
+NodeCounts CaptureAndRun(F enqueue) {
+  NodeCounts counts;
+  cudaStream_t stream = nullptr;
+  EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // uploads on the legacy default stream
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  enqueue(stream);
+  EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  size_t num_nodes = 0;
+  EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &num_nodes), cudaSuccess);
+  std::vector<cudaGraphNode_t> nodes(num_nodes);
+  EXPECT_EQ(cudaGraphGetNodes(graph, nodes.data(), &num_nodes), cudaSuccess);
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    EXPECT_EQ(cudaGraphNodeGetType(node, &type), cudaSuccess);
+    if (type == cudaGraphNodeTypeKernel) ++counts.kernels;
+    if (type == cudaGraphNodeTypeMemcpy) ++counts.memcpys;
+  }
+  cudaGraphExec_t exec = nullptr;
+  EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  return counts;
+}
+
+// All layers' caches as views of one device allocation, cache i at `offsets[i]` bytes.
+struct Arena {
+  void* data = nullptr;
+  std::vector<TensorView> keys, values;
+  Arena(const std::vector<HostTensor>& caches, const std::vector<size_t>& offsets, size_t bytes) {
+    EXPECT_EQ(cudaMalloc(&data, bytes), cudaSuccess);
+    for (size_t i = 0; i < caches.size(); ++i) {
+      TensorView v = caches[i].view();
+      v.data = static_cast<char*>(data) + offsets[i];
+      v.device = TensorDevice::Cuda(0);
+      EXPECT_EQ(cudaMemcpy(v.data, caches[i].view().data, v.nbytes(), cudaMemcpyHostToDevice),
+                cudaSuccess);
+      (i % 2 == 0 ? keys : values).push_back(v);  // K0, V0, K1, V1, ...
+    }
+  }
+  ~Arena() { cudaFree(data); }
+  HostTensor Download(const TensorView& v) const {
+    HostTensor h(v.dtype, std::span<const int64_t>(v.shape.data(), v.ndim));
+    EXPECT_EQ(cudaMemcpy(h.view().data, v.data, v.nbytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  }
+};
+
+// 16 layers, 300 pairs (two chunks of at most 256): caches in one arena at a uniform stride take
+// one launch per chunk for all 32 caches; at irregular offsets, one per cache per chunk. Either
+// way every cache matches the CPU op bit for bit (f32 with 16-byte words; bf16 blocks of 30
+// bytes, copied in 2-byte words).
+TEST_F(CudaCopyBlocks, ManyLayersInOneLaunchPerChunkFromAnArena) {
+  std::mt19937 rng(704);
+  constexpr int kLayers = 16;
+  constexpr int64_t kBlocks = 700;
+  std::vector<int64_t> ids(kBlocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::vector<BlockPair> pairs;
+  for (int i = 0; i < 300; ++i) pairs.push_back({ids[i], ids[300 + i]});  // distinct blocks
+  pairs.push_back({ids[650], ids[650]});                                  // a no-op
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    const std::vector<int64_t> shape = dtype == DType::kF32
+                                           ? std::vector<int64_t>{kBlocks, 4, 1, 8}
+                                           : std::vector<int64_t>{kBlocks, 3, 1, 5};
+    for (const bool uniform : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << ", uniform " << uniform);
+      std::vector<HostTensor> host;
+      std::vector<TensorView> hk, hv;
+      for (int i = 0; i < 2 * kLayers; ++i) {
+        HostTensor t = Random({shape[0], shape[1], shape[2], shape[3]}, rng);
+        host.push_back(dtype == DType::kF32 ? std::move(t)
+                                            : ToHalf(RoundedThroughHalf(t, dtype), dtype));
+        (i % 2 == 0 ? hk : hv).push_back(host.back().view());
+      }
+      const size_t cache_bytes = host[0].view().nbytes();
+      std::vector<size_t> offsets;
+      size_t end = 0;
+      for (int i = 0; i < 2 * kLayers; ++i) {
+        offsets.push_back(uniform ? i * (cache_bytes + 64) : end);
+        end = offsets.back() + cache_bytes + (uniform ? 64 : 32 * (i % 3 + 1));
+      }
+      Arena arena(host, offsets, end + 64);
+      // The CPU reference on f32 values (the bf16 caches through f32).
+      std::vector<HostTensor> want;
+      std::vector<TensorView> wk, wv;
+      for (int i = 0; i < 2 * kLayers; ++i) {
+        want.push_back(dtype == DType::kF32 ? Clone(host[i]) : gpu_testing::HalfToF32(host[i]));
+        (i % 2 == 0 ? wk : wv).push_back(want.back().view());
+      }
+      ASSERT_TRUE(CopyBlocks({}, wk, wv, pairs).ok());
+      const NodeCounts counts = CaptureAndRun([&](cudaStream_t stream) {
+        OpContext ctx;
+        ctx.stream = stream;
+        const OpStatus s = CopyBlocks(ctx, arena.keys, arena.values, pairs);
+        EXPECT_TRUE(s.ok()) << s.message;
+      });
+      EXPECT_EQ(counts.kernels, uniform ? 2u : 2u * 2 * kLayers);
+      EXPECT_EQ(counts.memcpys, 0u);
+      for (int l = 0; l < kLayers; ++l) {
+        for (int kv = 0; kv < 2; ++kv) {
+          const TensorView& got = kv == 0 ? arena.keys[l] : arena.values[l];
+          const HostTensor& w = want[2 * l + kv];
+          HostTensor expected = dtype == DType::kF32 ? Clone(w) : ToHalf(w, dtype);
+          EXPECT_TRUE(BitEqual(arena.Download(got), expected)) << "layer " << l << ", kv " << kv;
+        }
+      }
+    }
+  }
+}
+
+// A block written by one pair and read by a later one: the pairs run in order, as on the CPU
+// (a cudaMemcpyAsync per pair and cache instead of the concurrent kernel).
+TEST_F(CudaCopyBlocks, DependentPairsRunInOrder) {
+  std::mt19937 rng(705);
+  HostTensor k = Random({6, 16, 1, 64}, rng), v = Random({6, 16, 1, 64}, rng);
+  DeviceTensor dk(k), dv(v);
+  const std::vector<BlockPair> pairs = {{0, 1}, {1, 2}, {3, 1}};
+  const std::vector<TensorView> hks = {k.view()}, hvs = {v.view()};
+  const std::vector<TensorView> dks = {dk.view()}, dvs = {dv.view()};
+  ASSERT_TRUE(CopyBlocks({}, hks, hvs, pairs).ok());
+  const NodeCounts counts = CaptureAndRun([&](cudaStream_t stream) {
+    OpContext ctx;
+    ctx.stream = stream;
+    EXPECT_TRUE(CopyBlocks(ctx, dks, dvs, pairs).ok());
+  });
+  EXPECT_EQ(counts.kernels, 0u);
+  EXPECT_EQ(counts.memcpys, 6u);
+  EXPECT_TRUE(BitEqual(dk.Download(), k));
+  EXPECT_TRUE(BitEqual(dv.Download(), v));
 }
 
 }  // namespace

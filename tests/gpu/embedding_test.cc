@@ -75,5 +75,49 @@ TEST_F(CudaEmbedding, TensorsOnAnotherDeviceThanTheCurrentOneAreAnError) {
             "(cudaSetDevice first)");
 }
 
+// bf16 / f16 tables: still a gather, bit for bit the CPU op's f32 rows rounded (exactly
+// representable, so the rounding is the identity); an out-of-range id gives a 16-bit NaN row.
+TEST_F(CudaEmbedding, HalfTablesAreCopiedBitForBit) {
+  std::mt19937 rng(104);
+  constexpr int64_t kVocab = 300;
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    for (const int64_t hidden : {64, 4097}) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << ", hidden " << hidden);
+      HostTensor table = gpu_testing::RoundedThroughHalf(Random({kVocab, hidden}, rng), dtype);
+      HostTensor ids = Indices({0, kVocab - 1, 17, kVocab, 5}, DType::kI32);
+      std::vector<int64_t> good = {0, kVocab - 1, 17, 17, 5};  // row 3 checked separately
+      HostTensor good_ids = Indices(good, DType::kI32);
+      HostTensor want = Poisoned({5, hidden});
+      ASSERT_TRUE(Embedding({}, want.view(), good_ids.view(), table.view()).ok());
+      DeviceTensor d_table(gpu_testing::ToHalf(table, dtype)), d_ids(ids);
+      DeviceTensor d_out(gpu_testing::ToHalf(want, dtype));
+      d_out.Poison();
+      const OpStatus s = Embedding({}, d_out.view(), d_ids.view(), d_table.view());
+      ASSERT_TRUE(s.ok()) << s.message;
+      ASSERT_EQ(Sync(), "");
+      HostTensor got = gpu_testing::HalfToF32(d_out.Download());
+      for (int64_t t : {0, 1, 2, 4}) {
+        for (int64_t h = 0; h < hidden; ++h) {
+          ASSERT_EQ(got.data<float>()[t * hidden + h], want.data<float>()[t * hidden + h])
+              << "token " << t << ", h " << h;
+        }
+      }
+      for (int64_t h = 0; h < hidden; ++h)
+        ASSERT_TRUE(std::isnan(got.data<float>()[3 * hidden + h]));
+    }
+  }
+}
+
+TEST(CudaEmbeddingArgs, DtypesAreCheckedAndTheCpuBackendIsF32Only) {
+  HostTensor table(DType::kBF16, {10, 4}), out32(DType::kF32, {2, 4}), out(DType::kBF16, {2, 4});
+  HostTensor ids = gpu_testing::Indices({1, 2}, DType::kI32);
+  TensorView ct = table.view(), co = out32.view(), ci = ids.view();
+  ct.device = co.device = ci.device = TensorDevice::Cuda(0);
+  EXPECT_EQ(Embedding({}, co, ci, ct).message,
+            "Embedding: out: expected bf16 [2, 4], got f32 [2, 4] on cuda:0");
+  EXPECT_EQ(Embedding({}, out.view(), ids.view(), table.view()).message,
+            "Embedding: table: the CPU backend takes f32 only, got bf16 [10, 4] on cpu");
+}
+
 }  // namespace
 }  // namespace llm::ops

@@ -2,9 +2,11 @@
 // device tensors uploaded from / downloaded to host tensors, NaN poisoning before each launch,
 // and comparisons against the CPU reference op.
 //
-// Tolerances (fp32, the only dtype of both backends): data movement (embedding, cache writes,
-// block copies) must be bit-exact; arithmetic ops are compared with |got - want| <= atol +
-// rtol |want|, the bounds stated in each test next to the reason for them.
+// Tolerances: data movement (embedding, cache writes, block copies) must be bit-exact;
+// arithmetic ops are compared with |got - want| <= atol + rtol |want|, the bounds stated in each
+// test next to the reason for them. 16-bit (bf16 / f16) activations exist on cuda only: their
+// tests run the CPU op (f32) on the same values (RoundedThroughHalf) and allow the one output
+// rounding on top (HalfRtol).
 #ifndef LLM_TESTS_GPU_GPU_TEST_UTIL_H_
 #define LLM_TESTS_GPU_GPU_TEST_UTIL_H_
 
@@ -175,6 +177,24 @@ inline HostTensor RoundedThroughHalf(const HostTensor& t, DType dtype) {
   }
   return r;
 }
+
+// A f16 or bf16 tensor's values as f32 (exact), e.g. a downloaded 16-bit output to compare with
+// the CPU reference.
+inline HostTensor HalfToF32(const HostTensor& h) {
+  HostTensor f(DType::kF32, std::span<const int64_t>(h.view().shape.data(), h.view().ndim));
+  for (int64_t i = 0; i < h.numel(); ++i) {
+    f.data<float>()[i] = h.view().dtype == DType::kF16
+                             ? __half2float(h.data<__half>()[i])
+                             : __bfloat162float(h.data<__nv_bfloat16>()[i]);
+  }
+  return f;
+}
+
+// Tolerances of a 16-bit output against the fp32 CPU op on the same (16-bit) inputs: the
+// kernels compute in fp32 and round once when storing, to nearest even, a relative error of at
+// most 2^-8 (bf16: 8 significant bits) or 2^-11 (f16: 11). Ops that round an intermediate they
+// store and reuse (FusedAddRmsNorm's residual) double it.
+inline double HalfRtol(DType dtype) { return dtype == DType::kBF16 ? 1.0 / 256 : 1.0 / 2048; }
 
 // The row counts every op is tried with: one token, odd sizes around a 16-wide tile, many.
 inline constexpr int64_t kTokenCounts[] = {1, 15, 17, 1000};

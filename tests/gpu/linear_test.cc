@@ -1,13 +1,19 @@
-// Linear on CUDA (cuBLAS) against the CPU op (OpenBLAS).
+// Linear on CUDA (cuBLASLt) against the CPU op (OpenBLAS).
 //
-// Tolerance: |got - want| <= 1e-6 * K + 1e-5 |want| for inputs in [-1, 1]. Both sides
+// Tolerance (f32): |got - want| <= 1e-6 * K + 1e-5 |want| for inputs in [-1, 1]. Both sides
 // accumulate in fp32 in different orders; the rounding error of a K-term dot product of such
 // values stays well below 1e-6 * K (a few ulp of sums of magnitude ~sqrt(K)). TF32 (10-bit
 // mantissa, a relative error of ~1e-3 per product) would fail it at every K tried here.
 // Small integer inputs, whose products and sums fp32 holds exactly, must match exactly
 // (tolerance 0; +0 and -0 compare equal).
-#include <cublas_v2.h>
+//
+// bf16 / f16 inputs: the CPU op runs on the same values (the 16-bit inputs as f32), so the only
+// differences are the order of the fp32 sums (the bound above) and, for a 16-bit out, the one
+// rounding of the result: |got - want| <= 2e-6 * K + 2^-8 |want| (bf16; 2^-11 for f16), the
+// rounding's relative error applying to a value within 1e-6 * K of want.
+#include <cublasLt.h>
 
+#include <algorithm>
 #include <random>
 #include <tuple>
 
@@ -17,6 +23,7 @@
 namespace llm::ops {
 namespace {
 
+using gpu_testing::Clone;
 using gpu_testing::Close;
 using gpu_testing::CudaTest;
 using gpu_testing::DeviceTensor;
@@ -24,17 +31,28 @@ using gpu_testing::Poisoned;
 using gpu_testing::Random;
 using ::testing::HasSubstr;
 
+constexpr DType kF32 = DType::kF32;
+
 class CudaLinear : public CudaTest {
  protected:
   void SetUp() override {
     CudaTest::SetUp();
     if (IsSkipped()) return;
-    ASSERT_EQ(cublasCreate(&handle_), CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(cublasLtCreate(&handle_), CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(cudaMalloc(&workspace_, kWorkspaceBytes), cudaSuccess);
   }
   void TearDown() override {
-    if (handle_ != nullptr) cublasDestroy(handle_);
+    if (handle_ != nullptr) cublasLtDestroy(handle_);
+    if (workspace_ != nullptr) cudaFree(workspace_);
   }
-  OpContext Context(cudaStream_t stream = nullptr) const { return {stream, handle_}; }
+  OpContext Context(cudaStream_t stream = nullptr) const {
+    OpContext ctx;
+    ctx.stream = stream;
+    ctx.blaslt_handle = handle_;
+    ctx.blas_workspace = workspace_;
+    ctx.blas_workspace_bytes = kWorkspaceBytes;
+    return ctx;
+  }
 
   // Runs Linear on both backends with out poisoned and compares; `exact`: tolerance 0.
   void Check(const HostTensor& x, const HostTensor& weight, const HostTensor* bias, bool exact,
@@ -60,7 +78,45 @@ class CudaLinear : public CudaTest {
     EXPECT_TRUE(Close(d_out.Download(), want, atol, exact ? 0.0 : 1e-5));
   }
 
-  cublasHandle_t handle_ = nullptr;
+  // Runs Linear with x and weight (and bias) converted to `in` (bf16 or f16) and out in
+  // `out_dtype` (`in` or f32) against the CPU op on the converted values.
+  void CheckHalf(const HostTensor& x, const HostTensor& weight, const HostTensor* bias, DType in,
+                 DType out_dtype) {
+    const int64_t m = x.view().shape[0], k = x.view().shape[1], n = weight.view().shape[0];
+    const TensorView no_bias;
+    // The CPU reference on the values the GPU sees.
+    HostTensor x_r = gpu_testing::RoundedThroughHalf(x, in);
+    HostTensor w_r = gpu_testing::RoundedThroughHalf(weight, in);
+    HostTensor b_r = bias == nullptr ? HostTensor() : Clone(*bias);
+    if (bias != nullptr && out_dtype != kF32) b_r = gpu_testing::RoundedThroughHalf(*bias, in);
+    HostTensor want = Poisoned({m, n});
+    const OpStatus cpu =
+        Linear({}, want.view(), x_r.view(), w_r.view(), bias != nullptr ? b_r.view() : no_bias);
+    ASSERT_TRUE(cpu.ok()) << cpu.message;
+    DeviceTensor d_x(gpu_testing::ToHalf(x, in)), d_w(gpu_testing::ToHalf(weight, in));
+    DeviceTensor d_b;
+    if (bias != nullptr) {
+      d_b = out_dtype == kF32 ? DeviceTensor(*bias) : DeviceTensor(gpu_testing::ToHalf(*bias, in));
+    }
+    DeviceTensor d_out =
+        out_dtype == kF32 ? DeviceTensor(want) : DeviceTensor(gpu_testing::ToHalf(want, in));
+    d_out.Poison();
+    const OpStatus s = Linear(Context(), d_out.view(), d_x.view(), d_w.view(),
+                              bias != nullptr ? d_b.view() : no_bias);
+    ASSERT_TRUE(s.ok()) << s.message;
+    ASSERT_EQ(Sync(), "");
+    const double sum_tol = 1e-6 * static_cast<double>(k);
+    if (out_dtype == kF32) {
+      EXPECT_TRUE(Close(d_out.Download(), want, sum_tol, 1e-5));
+    } else {
+      EXPECT_TRUE(Close(gpu_testing::HalfToF32(d_out.Download()), want, 2 * sum_tol,
+                        gpu_testing::HalfRtol(in)));
+    }
+  }
+
+  static constexpr size_t kWorkspaceBytes = size_t{4} << 20;
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
 };
 
 // Uniform integers in [-4, 4] as f32.
@@ -125,11 +181,10 @@ TEST_F(CudaLinear, RunsOnTheContextStream) {
   cudaStreamDestroy(stream);
 }
 
-// A handle whose math mode allows TF32 (as a caller may set it for other GEMMs) must not lower
-// Linear to TF32: the fp32 tolerance above fails with TF32 products at these sizes.
-TEST_F(CudaLinear, StaysFp32WhenTheHandleAllowsTf32) {
+// f32 Linear is never lowered to TF32 (CUBLAS_COMPUTE_32F_PEDANTIC): the fp32 tolerance above
+// fails with TF32 products at these sizes.
+TEST_F(CudaLinear, StaysFp32AtLargeK) {
   std::mt19937 rng(806);
-  ASSERT_EQ(cublasSetMathMode(handle_, CUBLAS_TF32_TENSOR_OP_MATH), CUBLAS_STATUS_SUCCESS);
   for (const auto& [m, k, n] : {std::tuple<int64_t, int64_t, int64_t>{17, 256, 64},
                                 std::tuple<int64_t, int64_t, int64_t>{64, 1024, 128}}) {
     SCOPED_TRACE(::testing::Message() << "rows " << m << ", K " << k << ", N " << n);
@@ -139,14 +194,105 @@ TEST_F(CudaLinear, StaysFp32WhenTheHandleAllowsTf32) {
   }
 }
 
+TEST_F(CudaLinear, HalfInputsMatchCpuOnTheRoundedValues) {
+  std::mt19937 rng(807);
+  // (M, K, N): one token; odd sizes; a wide N (an LM head's shape, f32 logits).
+  const std::tuple<int64_t, int64_t, int64_t> shapes[] = {
+      {1, 64, 96}, {1, 257, 33}, {17, 127, 129}, {15, 1000, 7}, {3, 96, 4097}};
+  for (const DType in : {DType::kBF16, DType::kF16}) {
+    for (const DType out : {in, kF32}) {
+      for (const auto& [m, k, n] : shapes) {
+        for (const bool with_bias : {false, true}) {
+          SCOPED_TRACE(::testing::Message()
+                       << DTypeName(in) << " -> " << DTypeName(out) << ", rows " << m << ", K " << k
+                       << ", N " << n << ", bias " << with_bias);
+          HostTensor x = Random({m, k}, rng);
+          HostTensor w = Random({n, k}, rng);
+          HostTensor b = Random({n}, rng);
+          CheckHalf(x, w, with_bias ? &b : nullptr, in, out);
+        }
+      }
+    }
+  }
+}
+
+// Integers small enough for bf16 (8 significant bits) and for every fp32 sum: exact.
+TEST_F(CudaLinear, Bf16ExactOnSmallIntegers) {
+  std::mt19937 rng(808);
+  HostTensor x = SmallIntegers({17, 65}, rng);
+  HostTensor w = SmallIntegers({9, 65}, rng);
+  HostTensor b = SmallIntegers({9}, rng);
+  HostTensor want = Poisoned({17, 9});
+  ASSERT_TRUE(Linear({}, want.view(), x.view(), w.view(), b.view()).ok());
+  DeviceTensor d_x(gpu_testing::ToHalf(x, DType::kBF16)), d_w(gpu_testing::ToHalf(w, DType::kBF16));
+  DeviceTensor d_b(b), d_out(want);
+  d_out.Poison();
+  const OpStatus s = Linear(Context(), d_out.view(), d_x.view(), d_w.view(), d_b.view());
+  ASSERT_TRUE(s.ok()) << s.message;
+  ASSERT_EQ(Sync(), "");
+  EXPECT_TRUE(Close(d_out.Download(), want, 0.0, 0.0));
+}
+
+// Views that start off a 256-byte boundary (a row of a larger buffer, a slice of a fused weight):
+// cuBLASLt's heuristic assumes 256-byte aligned matrices unless told otherwise, and an algorithm
+// chosen for aligned data rejects them; Linear passes each pointer's actual alignment.
+TEST_F(CudaLinear, UnalignedViews) {
+  std::mt19937 rng(809);
+  const int64_t m = 3, k = 33, n = 17;
+  HostTensor x = gpu_testing::RoundedThroughHalf(Random({m + 1, k}, rng), DType::kBF16);
+  HostTensor w = gpu_testing::RoundedThroughHalf(Random({n + 1, k}, rng), DType::kBF16);
+  // Row 1 on: offsets of 66 bytes (bf16 rows of 33).
+  HostTensor x_tail(kF32, {m, k}), w_tail(kF32, {n, k});
+  std::copy(x.data<float>() + k, x.data<float>() + (m + 1) * k, x_tail.data<float>());
+  std::copy(w.data<float>() + k, w.data<float>() + (n + 1) * k, w_tail.data<float>());
+  HostTensor want = Poisoned({m, n});
+  ASSERT_TRUE(Linear({}, want.view(), x_tail.view(), w_tail.view(), TensorView()).ok());
+  DeviceTensor d_x(gpu_testing::ToHalf(x, DType::kBF16)), d_w(gpu_testing::ToHalf(w, DType::kBF16));
+  DeviceTensor d_out(Poisoned({m * n + 1}));
+  d_out.Poison();
+  TensorView vx = d_x.view(), vw = d_w.view(), vo = d_out.view();
+  vx.data = static_cast<char*>(vx.data) + k * 2;
+  vx.shape[0] = m;
+  vw.data = static_cast<char*>(vw.data) + k * 2;
+  vw.shape[0] = n;
+  vo = TensorView::Contiguous(static_cast<float*>(vo.data) + 1, kF32, {m, n}, vo.device);
+  const OpStatus s = Linear(Context(), vo, vx, vw, TensorView());
+  ASSERT_TRUE(s.ok()) << s.message;
+  ASSERT_EQ(Sync(), "");
+  HostTensor got_all = d_out.Download();
+  HostTensor got(kF32, {m, n});
+  std::copy(got_all.data<float>() + 1, got_all.data<float>() + 1 + m * n, got.data<float>());
+  EXPECT_TRUE(Close(got, want, 1e-6 * k, 1e-5));
+}
+
 // Runs without a device: the handle is checked before any CUDA call.
-TEST(CudaLinearArgs, NullBlasHandleIsAnErrorNamingTheOp) {
+TEST(CudaLinearArgs, NullBlasLtHandleIsAnErrorNamingTheOp) {
   std::mt19937 rng(805);
   HostTensor x = Random({2, 3}, rng), w = Random({4, 3}, rng), out = Poisoned({2, 4});
   TensorView cx = x.view(), cw = w.view(), co = out.view();
   cx.device = cw.device = co.device = TensorDevice::Cuda(0);
   const OpStatus s = Linear({}, co, cx, cw, TensorView());
-  EXPECT_THAT(s.message, HasSubstr("Linear: OpContext.blas_handle is null"));
+  EXPECT_THAT(s.message, HasSubstr("Linear: OpContext.blaslt_handle is null"));
+}
+
+TEST(CudaLinearArgs, DtypeMismatchesNameTheArgument) {
+  HostTensor x(DType::kBF16, {2, 3}), w32(kF32, {4, 3}), w(DType::kBF16, {4, 3});
+  HostTensor out16(DType::kF16, {2, 4}), out(kF32, {2, 4}), b16(DType::kBF16, {4});
+  auto on_cuda = [](const HostTensor& t) {
+    TensorView v = t.view();
+    v.device = TensorDevice::Cuda(0);
+    return v;
+  };
+  EXPECT_THAT(Linear({}, on_cuda(out), on_cuda(x), on_cuda(w32), TensorView()).message,
+              HasSubstr("Linear: weight: expected bf16 [?, 3], got f32 [4, 3]"));
+  EXPECT_THAT(Linear({}, on_cuda(out16), on_cuda(x), on_cuda(w), TensorView()).message,
+              HasSubstr("Linear: out: expected bf16|f32 [2, 4], got f16 [2, 4]"));
+  // bias in out's dtype: f32 out takes an f32 bias.
+  EXPECT_THAT(Linear({}, on_cuda(out), on_cuda(x), on_cuda(w), on_cuda(b16)).message,
+              HasSubstr("Linear: bias: expected f32 [4], got bf16 [4]"));
+  // The CPU backend is f32 only.
+  EXPECT_THAT(Linear({}, out.view(), x.view(), w.view(), TensorView()).message,
+              HasSubstr("Linear: x: the CPU backend takes f32 only, got bf16 [2, 3] on cpu"));
 }
 
 }  // namespace

@@ -115,5 +115,61 @@ TEST_F(CudaReshapeAndCache, OutOfRangeSlotIsSkipped) {
   EXPECT_TRUE(BitEqual(d_vc.Download(), value_cache));
 }
 
+// 16-bit keys and values into caches of every dtype: each element converted once (exactly, to an
+// f32 cache; rounded to nearest even, to a 16-bit one), bit for bit the CPU op's f32 caches
+// converted likewise; untouched slots keep their contents.
+TEST_F(CudaReshapeAndCache, HalfKeysAndValuesIntoEveryCacheDtype) {
+  std::mt19937 rng(504);
+  constexpr int64_t kBlockSize = 16, kKvHeads = 2, kHeadSize = 64, kNumTokens = 17;
+  for (const DType in : {DType::kBF16, DType::kF16}) {
+    for (const DType cache : {DType::kF32, DType::kF16, DType::kBF16}) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(in) << " into " << DTypeName(cache));
+      const int64_t num_blocks = 4;
+      std::vector<int64_t> slots(num_blocks * kBlockSize);
+      std::iota(slots.begin(), slots.end(), 0);
+      std::shuffle(slots.begin(), slots.end(), rng);
+      slots.resize(kNumTokens);
+      slots[3] = -1;
+      HostTensor slot_mapping = Indices(slots, DType::kI32);
+      HostTensor key =
+          RoundedThroughHalf(Random({kNumTokens, kKvHeads, kHeadSize}, rng, -3, 3), in);
+      HostTensor value =
+          RoundedThroughHalf(Random({kNumTokens, kKvHeads, kHeadSize}, rng, -3, 3), in);
+      HostTensor key_cache = Random({num_blocks, kBlockSize, kKvHeads, kHeadSize}, rng);
+      HostTensor value_cache = Random({num_blocks, kBlockSize, kKvHeads, kHeadSize}, rng);
+      if (cache != DType::kF32) {
+        key_cache = RoundedThroughHalf(key_cache, cache);
+        value_cache = RoundedThroughHalf(value_cache, cache);
+      }
+      auto as_cache = [&](const HostTensor& t) {
+        return cache == DType::kF32 ? gpu_testing::Clone(t) : ToHalf(t, cache);
+      };
+      DeviceTensor d_key(ToHalf(key, in)), d_value(ToHalf(value, in)), d_slots(slot_mapping);
+      DeviceTensor d_kc(as_cache(key_cache)), d_vc(as_cache(value_cache));
+      ASSERT_TRUE(ReshapeAndCache({}, key.view(), value.view(), key_cache.view(),
+                                  value_cache.view(), slot_mapping.view())
+                      .ok());
+      const OpStatus s = ReshapeAndCache({}, d_key.view(), d_value.view(), d_kc.view(), d_vc.view(),
+                                         d_slots.view());
+      ASSERT_TRUE(s.ok()) << s.message;
+      ASSERT_EQ(Sync(), "");
+      EXPECT_TRUE(BitEqual(d_kc.Download(), as_cache(key_cache)));
+      EXPECT_TRUE(BitEqual(d_vc.Download(), as_cache(value_cache)));
+    }
+  }
+}
+
+TEST(CudaReshapeAndCacheArgs, KeyAndValueShareADtypeAndTheCpuBackendIsF32Only) {
+  HostTensor key(DType::kBF16, {2, 1, 4}), value(DType::kF16, {2, 1, 4});
+  HostTensor cache(DType::kF32, {1, 2, 1, 4}), cache2(DType::kF32, {1, 2, 1, 4});
+  HostTensor slots = Indices({0, 1}, DType::kI32);
+  EXPECT_EQ(ReshapeAndCache({}, key.view(), value.view(), cache.view(), cache2.view(), slots.view())
+                .message,
+            "ReshapeAndCache: value: expected bf16 [2, 1, 4], got f16 [2, 1, 4] on cpu");
+  EXPECT_EQ(ReshapeAndCache({}, key.view(), key.view(), cache.view(), cache2.view(), slots.view())
+                .message,
+            "ReshapeAndCache: key: the CPU backend takes f32 only, got bf16 [2, 1, 4] on cpu");
+}
+
 }  // namespace
 }  // namespace llm::ops

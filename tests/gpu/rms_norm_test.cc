@@ -82,5 +82,57 @@ TEST_F(CudaRmsNorm, AnEarlierCallsErrorIsNotReportedByTheLaunch) {
   EXPECT_TRUE(Close(d_out.Download(), want, kAtol, kRtol));
 }
 
+// bf16 / f16 against the CPU op on the same 16-bit inputs as f32. RmsNorm rounds once: rtol
+// 2^-8 (bf16) / 2^-11 (f16) over the fp32 bound. FusedAddRmsNorm stores the residual rounded
+// (bit for bit the CPU's f32 sum rounded: one rounding of the same fp32 add) and normalizes
+// the rounded residual, as vLLM does, so x's error is that rounding plus the output's: 2 rtol.
+TEST_F(CudaRmsNorm, HalfMatchesCpuOnTheRoundedInputs) {
+  std::mt19937 rng(204);
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    const double rtol = gpu_testing::HalfRtol(dtype);
+    for (const int64_t hidden : {64, 5001}) {
+      HostTensor weight = gpu_testing::RoundedThroughHalf(Random({hidden}, rng, 0.5f, 1.5f), dtype);
+      DeviceTensor d_weight(gpu_testing::ToHalf(weight, dtype));
+      for (const int64_t num_tokens : {int64_t{1}, int64_t{17}}) {
+        SCOPED_TRACE(::testing::Message()
+                     << DTypeName(dtype) << ", hidden " << hidden << ", tokens " << num_tokens);
+        HostTensor x = gpu_testing::RoundedThroughHalf(Random({num_tokens, hidden}, rng), dtype);
+        HostTensor want = Poisoned({num_tokens, hidden});
+        ASSERT_TRUE(RmsNorm({}, want.view(), x.view(), weight.view(), kEps).ok());
+        DeviceTensor d_x(gpu_testing::ToHalf(x, dtype)), d_out(gpu_testing::ToHalf(want, dtype));
+        d_out.Poison();
+        OpStatus s = RmsNorm({}, d_out.view(), d_x.view(), d_weight.view(), kEps);
+        ASSERT_TRUE(s.ok()) << s.message;
+        ASSERT_EQ(Sync(), "");
+        EXPECT_TRUE(Close(gpu_testing::HalfToF32(d_out.Download()), want, kAtol, rtol + kRtol));
+
+        HostTensor residual =
+            gpu_testing::RoundedThroughHalf(Random({num_tokens, hidden}, rng), dtype);
+        DeviceTensor d_residual(gpu_testing::ToHalf(residual, dtype));
+        ASSERT_TRUE(FusedAddRmsNorm({}, x.view(), residual.view(), weight.view(), kEps).ok());
+        s = FusedAddRmsNorm({}, d_x.view(), d_residual.view(), d_weight.view(), kEps);
+        ASSERT_TRUE(s.ok()) << s.message;
+        ASSERT_EQ(Sync(), "");
+        EXPECT_TRUE(
+            gpu_testing::BitEqual(d_residual.Download(), gpu_testing::ToHalf(residual, dtype)));
+        EXPECT_TRUE(Close(gpu_testing::HalfToF32(d_x.Download()), x, kAtol, 2 * rtol + kRtol));
+      }
+    }
+  }
+}
+
+TEST(CudaRmsNormArgs, DtypesMustMatchAndTheCpuBackendIsF32Only) {
+  HostTensor x(DType::kBF16, {2, 8}), w32(DType::kF32, {8}), r16(DType::kF16, {2, 8});
+  TensorView cx = x.view(), cw = w32.view(), cr = r16.view();
+  cx.device = cw.device = cr.device = TensorDevice::Cuda(0);
+  EXPECT_EQ(RmsNorm({}, cx, cx, cw, kEps).message,
+            "RmsNorm: weight: expected bf16 [8], got f32 [8] on cuda:0");
+  EXPECT_EQ(FusedAddRmsNorm({}, cx, cr, cw, kEps).message,
+            "FusedAddRmsNorm: residual: expected bf16 [2, 8], got f16 [2, 8] on cuda:0");
+  HostTensor w(DType::kBF16, {8});
+  EXPECT_EQ(RmsNorm({}, x.view(), x.view(), w.view(), kEps).message,
+            "RmsNorm: x: the CPU backend takes f32 only, got bf16 [2, 8] on cpu");
+}
+
 }  // namespace
 }  // namespace llm::ops

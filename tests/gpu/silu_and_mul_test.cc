@@ -33,5 +33,41 @@ TEST_F(CudaSiluAndMul, MatchesCpu) {
   }
 }
 
+// bf16 / f16: the CPU op on the same 16-bit inputs as f32; the GPU computes in fp32 and rounds
+// once: rtol 2^-8 (bf16) or 2^-11 (f16) plus the fp32 bound above.
+TEST_F(CudaSiluAndMul, HalfMatchesCpuOnTheRoundedInputs) {
+  std::mt19937 rng(302);
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    for (const int64_t inter : {1, 3583}) {
+      for (const int64_t num_tokens : {int64_t{1}, int64_t{17}}) {
+        SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << ", intermediate " << inter
+                                          << ", tokens " << num_tokens);
+        HostTensor x = gpu_testing::RoundedThroughHalf(
+            Random({num_tokens, 2 * inter}, rng, -4.0f, 4.0f), dtype);
+        HostTensor want = Poisoned({num_tokens, inter});
+        ASSERT_TRUE(SiluAndMul({}, want.view(), x.view()).ok());
+        DeviceTensor d_x(gpu_testing::ToHalf(x, dtype)), d_out(gpu_testing::ToHalf(want, dtype));
+        d_out.Poison();
+        const OpStatus s = SiluAndMul({}, d_out.view(), d_x.view());
+        ASSERT_TRUE(s.ok()) << s.message;
+        ASSERT_EQ(Sync(), "");
+        EXPECT_TRUE(Close(gpu_testing::HalfToF32(d_out.Download()), want, 1e-6,
+                          gpu_testing::HalfRtol(dtype) + 1e-5));
+      }
+    }
+  }
+}
+
+TEST(CudaSiluAndMulArgs, OutMustHaveXsDtype) {
+  HostTensor x(DType::kBF16, {2, 8}), out(DType::kF16, {2, 4});
+  TensorView cx = x.view(), co = out.view();
+  cx.device = co.device = TensorDevice::Cuda(0);
+  EXPECT_EQ(SiluAndMul({}, co, cx).message,
+            "SiluAndMul: out: expected bf16 [2, 4], got f16 [2, 4] on cuda:0");
+  HostTensor out16(DType::kBF16, {2, 4});
+  EXPECT_EQ(SiluAndMul({}, out16.view(), x.view()).message,
+            "SiluAndMul: x: the CPU backend takes f32 only, got bf16 [2, 8] on cpu");
+}
+
 }  // namespace
 }  // namespace llm::ops

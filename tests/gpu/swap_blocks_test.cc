@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -125,6 +126,102 @@ TEST_F(CudaSwapBlocks, BlockOutsideEitherCacheIsAnError) {
   const std::vector<BlockPair> bad_src = {{4, 0}};
   EXPECT_EQ(SwapBlocks({}, d_gpu.view(), host.view(), bad_src).message,
             "SwapBlocks: pairs[0].src = 4 is outside [0, 4)");
+}
+
+// Captures what `enqueue` queues on a fresh non-blocking stream into a graph, counts its kernel
+// and memcpy nodes, then runs the graph and waits for it.
+struct NodeCounts {
+  size_t kernels = 0, memcpys = 0;
+};
+template <typename F>
+NodeCounts CaptureAndRun(F enqueue) {
+  NodeCounts counts;
+  cudaStream_t stream = nullptr;
+  EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // uploads on the legacy default stream
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  enqueue(stream);
+  EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  size_t num_nodes = 0;
+  EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &num_nodes), cudaSuccess);
+  std::vector<cudaGraphNode_t> nodes(num_nodes);
+  EXPECT_EQ(cudaGraphGetNodes(graph, nodes.data(), &num_nodes), cudaSuccess);
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    EXPECT_EQ(cudaGraphNodeGetType(node, &type), cudaSuccess);
+    if (type == cudaGraphNodeTypeKernel) ++counts.kernels;
+    if (type == cudaGraphNodeTypeMemcpy) ++counts.memcpys;
+  }
+  cudaGraphExec_t exec = nullptr;
+  EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  return counts;
+}
+
+// 8 layers' K and V caches (16) swapped out to pinned host caches and back in, in one call each:
+// the 6 pairs form 3 runs of consecutive block ids once sorted, so 3 copies per cache; every
+// cache bit-equal to the CPU op's.
+TEST_F(CudaSwapBlocks, AllCachesInOneCallWithRunsCoalesced) {
+  std::mt19937 rng(803);
+  constexpr int kCaches = 16;
+  const std::vector<BlockPair> out_pairs = {{10, 7}, {4, 1}, {0, 11}, {3, 0}, {11, 8}, {5, 2}};
+  const std::vector<BlockPair> in_pairs = {{7, 15}, {8, 16}, {11, 19}, {0, 1}, {1, 2}, {2, 3}};
+  std::vector<HostTensor> gpu_want, cpu_want;
+  std::vector<DeviceTensor> d_gpu;
+  std::vector<std::unique_ptr<PinnedTensor>> pinned;
+  std::vector<TensorView> gw, cw, dg, pc;
+  for (int i = 0; i < kCaches; ++i) {
+    gpu_want.push_back(Random({20, 4, 1, 8}, rng));
+    cpu_want.push_back(Random({12, 4, 1, 8}, rng));
+    d_gpu.emplace_back(gpu_want.back());
+    pinned.push_back(std::make_unique<PinnedTensor>(cpu_want.back()));
+  }
+  for (int i = 0; i < kCaches; ++i) {
+    gw.push_back(gpu_want[i].view());
+    cw.push_back(cpu_want[i].view());
+    dg.push_back(d_gpu[i].view());
+    pc.push_back(pinned[i]->view());
+  }
+  ASSERT_TRUE(SwapBlocks({}, gw, cw, out_pairs).ok());
+  NodeCounts counts = CaptureAndRun([&](cudaStream_t stream) {
+    OpContext ctx;
+    ctx.stream = stream;
+    const OpStatus s = SwapBlocks(ctx, dg, pc, out_pairs);
+    EXPECT_TRUE(s.ok()) << s.message;
+  });
+  EXPECT_EQ(counts.memcpys, 3u * kCaches);
+  EXPECT_EQ(counts.kernels, 0u);
+  for (int i = 0; i < kCaches; ++i) EXPECT_TRUE(BitEqual(pinned[i]->Copy(), cpu_want[i])) << i;
+  // Back in: runs 7-8 -> 15-16, 11 -> 19, 0-2 -> 1-3.
+  ASSERT_TRUE(SwapBlocks({}, cw, gw, in_pairs).ok());
+  counts = CaptureAndRun([&](cudaStream_t stream) {
+    OpContext ctx;
+    ctx.stream = stream;
+    const OpStatus s = SwapBlocks(ctx, pc, dg, in_pairs);
+    EXPECT_TRUE(s.ok()) << s.message;
+  });
+  EXPECT_EQ(counts.memcpys, 3u * kCaches);
+  for (int i = 0; i < kCaches; ++i) EXPECT_TRUE(BitEqual(d_gpu[i].Download(), gpu_want[i])) << i;
+}
+
+TEST_F(CudaSwapBlocks, SpansMustMatch) {
+  std::mt19937 rng(804);
+  DeviceTensor a(Random({4, 4, 1, 8}, rng)), b(Random({4, 4, 1, 8}, rng));
+  HostTensor h = Random({4, 4, 1, 8}, rng);
+  HostTensor h16 = ToHalf(h, DType::kBF16);
+  const std::vector<TensorView> two = {a.view(), b.view()}, one = {h.view()};
+  EXPECT_EQ(SwapBlocks({}, two, one, {}).message, "SwapBlocks: src has 2 caches but dst has 1");
+  const std::vector<TensorView> mixed = {h.view(), h16.view()};
+  EXPECT_EQ(SwapBlocks({}, two, mixed, {}).message,
+            "SwapBlocks: dst[1]: expected f32 [4, 4, 1, 8], got bf16 [4, 4, 1, 8] on cpu");
+  const std::vector<TensorView> devices = {h.view(), a.view()};
+  EXPECT_EQ(SwapBlocks({}, two, devices, {}).message,
+            "SwapBlocks: dst[1]: on cuda:0 but dst[0] is on cpu");
 }
 
 }  // namespace

@@ -107,9 +107,9 @@ TEST(KvCacheDTypes, HalfCachesAreRejectedByTheCpuBackendAndMustMatch) {
             "CopyBlocks: key_caches[0]: the CPU backend takes f32 caches, got bf16 [5, 4, 2, 3] "
             "on cpu");
   EXPECT_EQ(SwapBlocks({}, bf16_k.view(), bf16_v.view(), pairs).message,
-            "SwapBlocks: src: the CPU backend takes f32 caches, got bf16 [5, 4, 2, 3] on cpu");
+            "SwapBlocks: src[0]: the CPU backend takes f32 caches, got bf16 [5, 4, 2, 3] on cpu");
   EXPECT_EQ(SwapBlocks({}, bf16_k.view(), f32_cache.view(), pairs).message,
-            "SwapBlocks: dst: expected bf16 [?, 4, 2, 3], got f32 [5, 4, 2, 3] on cpu");
+            "SwapBlocks: dst[0]: expected bf16 [?, 4, 2, 3], got f32 [5, 4, 2, 3] on cpu");
 
   HostTensor query = Random({1, 2, kHeadSize}, rng), out = Random({1, 2, kHeadSize}, rng);
   HostTensor tables = Indices({0}, DType::kI32, {1, 1});

@@ -1,5 +1,6 @@
 // RotaryEmbedding against the rotation written out directly, with no, linear and llama3
 // scaling; the llama3 frequencies are recomputed here as transformers' masks do.
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <random>
@@ -157,6 +158,64 @@ TEST(RotaryEmbedding, ErrorsNameTheArgument) {
   RopeConfig bad_llama3{500000.0, 0, {RopeScaling::Type::kLlama3, 8.0, 4.0, 1.0, 8192}};
   EXPECT_THAT(RotaryEmbedding({}, pos.view(), q.view(), k.view(), bad_llama3).message,
               HasSubstr("high_freq_factor > low_freq_factor"));
+}
+
+// The cos / sin table: vLLM's layout, each entry the double angle's cos / sin rounded once.
+TEST(RotaryEmbeddingCached, TableHoldsCosThenSinPerPosition) {
+  RopeConfig config{500000.0, 8, {}};
+  std::vector<float> table(5 * 8);
+  ASSERT_TRUE(ComputeRopeCosSinCache(config, 5, table).ok());
+  std::vector<double> inv_freq(4);
+  ASSERT_TRUE(ComputeRopeInvFreq(config, inv_freq).ok());
+  for (int p = 0; p < 5; ++p) {
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(table[p * 8 + i], static_cast<float>(std::cos(p * inv_freq[i]))) << p << " " << i;
+      EXPECT_EQ(table[p * 8 + 4 + i], static_cast<float>(std::sin(p * inv_freq[i])))
+          << p << " " << i;
+    }
+  }
+}
+
+// The lookup equals the computed rotation: the same f32 cos / sin, the same f32 arithmetic.
+TEST(RotaryEmbeddingCached, MatchesRotaryEmbeddingExactly) {
+  std::mt19937 rng(42);
+  RopeConfig config{500000.0, 64, {RopeScaling::Type::kLlama3, 8.0, 1.0, 4.0, 8192}};
+  const int64_t max_position = 70000;
+  std::vector<float> table(max_position * 64);
+  ASSERT_TRUE(ComputeRopeCosSinCache(config, max_position, table).ok());
+  HostTensor cache(DType::kF32, {max_position, 64});
+  std::copy(table.begin(), table.end(), cache.data<float>());
+  HostTensor pos = Indices({0, 1, 69999, 12345}, DType::kI32);
+  HostTensor q = Random({4, 4, 128}, rng), k = Random({4, 2, 128}, rng);
+  HostTensor q2 = Random({4, 4, 128}, rng), k2 = Random({4, 2, 128}, rng);
+  std::copy(q.data<float>(), q.data<float>() + q.numel(), q2.data<float>());
+  std::copy(k.data<float>(), k.data<float>() + k.numel(), k2.data<float>());
+  ASSERT_TRUE(RotaryEmbedding({}, pos.view(), q.view(), k.view(), config).ok());
+  ASSERT_TRUE(RotaryEmbeddingCached({}, pos.view(), q2.view(), k2.view(), cache.view()).ok());
+  for (int64_t i = 0; i < q.numel(); ++i) ASSERT_EQ(q.data<float>()[i], q2.data<float>()[i]) << i;
+  for (int64_t i = 0; i < k.numel(); ++i) ASSERT_EQ(k.data<float>()[i], k2.data<float>()[i]) << i;
+}
+
+TEST(RotaryEmbeddingCached, ErrorsNameTheArgument) {
+  std::mt19937 rng(43);
+  HostTensor cache(DType::kF32, {4, 64});
+  std::vector<float> table(4 * 64);
+  ASSERT_TRUE(ComputeRopeCosSinCache({10000.0, 64, {}}, 4, table).ok());
+  std::copy(table.begin(), table.end(), cache.data<float>());
+  HostTensor pos = Indices({0, 4}, DType::kI64);
+  HostTensor q = Random({2, 4, 64}, rng), k = Random({2, 2, 64}, rng);
+  EXPECT_EQ(RotaryEmbeddingCached({}, pos.view(), q.view(), k.view(), cache.view()).message,
+            "RotaryEmbeddingCached: positions[1] = 4 is outside the cos_sin_cache's [0, 4)");
+  HostTensor neg = Indices({-1, 0}, DType::kI64);
+  EXPECT_THAT(RotaryEmbeddingCached({}, neg.view(), q.view(), k.view(), cache.view()).message,
+              HasSubstr("positions[0] = -1 is outside"));
+  HostTensor k_bad = Random({2, 2, 32}, rng);
+  EXPECT_EQ(RotaryEmbeddingCached({}, pos.view(), q.view(), k_bad.view(), cache.view()).message,
+            "RotaryEmbeddingCached: key: expected f32 [2, ?, 64], got f32 [2, 2, 32] on cpu");
+  HostTensor q16(DType::kBF16, {2, 4, 64}), k16(DType::kBF16, {2, 2, 64});
+  EXPECT_EQ(RotaryEmbeddingCached({}, pos.view(), q16.view(), k16.view(), cache.view()).message,
+            "RotaryEmbeddingCached: query: the CPU backend takes f32 only, got bf16 [2, 4, 64] on "
+            "cpu");
 }
 
 }  // namespace

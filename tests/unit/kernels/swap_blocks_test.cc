@@ -57,7 +57,7 @@ TEST(SwapBlocks, ErrorsNameTheArgument) {
             "SwapBlocks: pairs[1].src = 8 is outside [0, 8)");
   HostTensor other = Random({3, kBlockSize, kKvHeads, kHeadSize + 1}, rng);
   EXPECT_EQ(SwapBlocks({}, src.view(), other.view(), bad_dst).message,
-            "SwapBlocks: dst: expected f32 [?, 16, 2, 4], got f32 [3, 16, 2, 5] on cpu");
+            "SwapBlocks: dst[0]: expected f32 [?, 16, 2, 4], got f32 [3, 16, 2, 5] on cpu");
 #ifndef LLM_WITH_CUDA  // with the CUDA backend, tests/gpu/swap_blocks_test covers cuda tensors
   TensorView cuda_dst = dst.view();
   cuda_dst.device = TensorDevice::Cuda(1);
@@ -65,6 +65,42 @@ TEST(SwapBlocks, ErrorsNameTheArgument) {
             "SwapBlocks: no backend for tensors on cuda:1 in this build (built without the CUDA "
             "backend: no nvcc, or LLM_CUDA=OFF)");
 #endif
+}
+
+// All caches at once: every src[i] -> dst[i] with the same pairs, the sources untouched.
+TEST(SwapBlocks, EveryCacheOfTheSpans) {
+  std::mt19937 rng(72);
+  constexpr int kCaches = 6;  // 3 layers' K and V
+  std::vector<HostTensor> device, host;
+  std::vector<TensorView> dv, hv;
+  for (int i = 0; i < kCaches; ++i) {
+    device.push_back(Random({8, kBlockSize, kKvHeads, kHeadSize}, rng));
+    host.push_back(Poisoned({4, kBlockSize, kKvHeads, kHeadSize}));
+    dv.push_back(device.back().view());
+    hv.push_back(host.back().view());
+  }
+  const std::vector<BlockPair> pairs = {{5, 0}, {6, 1}, {2, 3}};
+  ASSERT_TRUE(SwapBlocks({}, dv, hv, pairs).ok());
+  for (int i = 0; i < kCaches; ++i) {
+    for (const BlockPair& p : pairs) {
+      EXPECT_EQ(Block(host[i], p.dst), Block(device[i], p.src)) << i << ": " << p.src;
+    }
+  }
+}
+
+TEST(SwapBlocks, SpansAreChecked) {
+  std::mt19937 rng(73);
+  HostTensor a = Random({8, kBlockSize, kKvHeads, kHeadSize}, rng);
+  HostTensor b = Random({8, kBlockSize, kKvHeads, kHeadSize}, rng);
+  HostTensor small = Random({3, kBlockSize, kKvHeads, kHeadSize}, rng);
+  HostTensor small2 = Random({4, kBlockSize, kKvHeads, kHeadSize}, rng);
+  const std::vector<TensorView> two = {a.view(), b.view()}, one = {small.view()};
+  EXPECT_EQ(SwapBlocks({}, two, one, {}).message, "SwapBlocks: src has 2 caches but dst has 1");
+  const std::vector<TensorView> mixed = {small.view(), small2.view()};
+  EXPECT_EQ(SwapBlocks({}, two, mixed, {}).message,
+            "SwapBlocks: dst[1]: expected f32 [3, 16, 2, 4], got f32 [4, 16, 2, 4] on cpu");
+  EXPECT_TRUE(
+      SwapBlocks({}, std::span<const TensorView>(), std::span<const TensorView>(), {}).ok());
 }
 
 }  // namespace
