@@ -6,10 +6,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/runtime_api.h"
-#ifndef LLM_CUDA_EMU
 #include <cublasLt.h>
-#define LLM_HAVE_CUBLASLT 1
-#endif
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.cuh"
@@ -161,23 +158,16 @@ std::string BlasDestroy(void* handle) {
 }
 
 std::string BlasLtCreate(void** handle) {
-#ifdef LLM_HAVE_CUBLASLT
   cublasLtHandle_t h = nullptr;
   LLM_BLAS_RETURN_IF_ERROR(cublasLtCreate(&h));
   *handle = h;
   return {};
-#else
-  *handle = nullptr;
-  return {};  // this build's Linear does not use cuBLASLt
-#endif
 }
 
 std::string BlasLtDestroy(void* handle) {
-#ifdef LLM_HAVE_CUBLASLT
   if (handle != nullptr) {
     LLM_BLAS_RETURN_IF_ERROR(cublasLtDestroy(static_cast<cublasLtHandle_t>(handle)));
   }
-#endif
   return {};
 }
 

@@ -68,11 +68,9 @@ ops::OpContext DeviceContext::op_context() const {
   ops::OpContext ctx;
   ctx.stream = stream_;
   ctx.blas_handle = blas_;
-#ifdef LLM_OPCONTEXT_HAS_BLASLT
   ctx.blaslt_handle = blas_lt_;
   ctx.blas_workspace = blas_workspace_.view().data;
   ctx.blas_workspace_bytes = blas_workspace_.capacity_bytes();
-#endif
   return ctx;
 }
 

@@ -286,6 +286,17 @@ absl::Status LlamaModel::LoadWeights(const SafetensorsModel* weights, uint64_t s
   }
   RETURN_IF_ERROR(whole("model.norm.weight", {h}, &final_norm_));
 
+  // Rotary's cos/sin table, computed once (fp64 angles) and kept on the device.
+  {
+    const int64_t positions = std::max(1, config_.max_position_embeddings);
+    std::vector<float> table(static_cast<size_t>(positions * d));
+    RETURN_IF_ERROR(FromOp(ops::ComputeRopeCosSinCache(rope_, positions, table)));
+    RETURN_IF_ERROR(AllocateOnDevice(DType::kF32, {positions, d}, &cos_sin_cache_));
+    RETURN_IF_ERROR(Copy(device_, cos_sin_cache_.view().data, table.data(), table.size() * 4,
+                         stream));
+    if (context_ != nullptr) RETURN_IF_ERROR(context_->Synchronize());
+  }
+
   const int64_t qd = static_cast<int64_t>(local_q_heads_) * d;
   const int64_t kd = static_cast<int64_t>(local_kv_heads_) * d;
   const int64_t q0 = static_cast<int64_t>(rank_) * qd, q1 = q0 + qd;
@@ -533,7 +544,8 @@ absl::Status LlamaModel::Forward(const ForwardInput& in, std::span<const LayerKv
     RETURN_IF_ERROR(FromOp(ops::Linear(ctx, qkv, x, L.qkv_proj.view(),
                                        L.qkv_bias.allocated() ? L.qkv_bias.view() : none)));
     RETURN_IF_ERROR(split_qkv());
-    RETURN_IF_ERROR(FromOp(ops::RotaryEmbedding(ctx, positions, q, k, rope_)));
+    RETURN_IF_ERROR(
+        FromOp(ops::RotaryEmbeddingCached(ctx, positions, q, k, cos_sin_cache_.view())));
     RETURN_IF_ERROR(FromOp(ops::ReshapeAndCache(ctx, k, v, caches[l].key, caches[l].value, slots)));
     RETURN_IF_ERROR(
         FromOp(ops::PagedAttention(ctx, attn, q, caches[l].key, caches[l].value, meta, scale)));

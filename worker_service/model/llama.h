@@ -180,6 +180,7 @@ class LlamaModel {
   int vocab_per_rank_ = 0;  // Vp
   size_t weight_bytes_ = 0;
   ops::RopeConfig rope_;
+  Tensor cos_sin_cache_;  // f32 [max_position_embeddings, head_dim]: cosines, then sines
   Tensor embed_;    // [Vp + 1, H]; rows past this rank's vocabulary are zero
   Tensor lm_head_;  // [Vp, H]; unallocated when tied to embed_
   Tensor final_norm_;
