@@ -256,10 +256,11 @@ OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const Tenso
                         const TensorView& key_cache, const TensorView& value_cache,
                         const AttentionMetadata& metadata, float scale) {
   constexpr const char* kOp = "PagedAttention";
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "query", query, {kF32}, {kAny, kAny, kAny}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "query", query, {kF32, kF16, kBF16}, {kAny, kAny, kAny}));
   const int64_t num_tokens = query.shape[0], num_heads = query.shape[1];
   const int64_t head_size = query.shape[2];
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "out", out, {kF32}, {num_tokens, num_heads, head_size}));
+  LLM_OPS_RETURN_IF_ERROR(
+      CheckArg(kOp, "out", out, {query.dtype}, {num_tokens, num_heads, head_size}));
   LLM_OPS_RETURN_IF_ERROR(
       CheckArg(kOp, "key_cache", key_cache, {kF32, kF16, kBF16}, {kAny, kAny, kAny, head_size}));
   const int64_t num_blocks = key_cache.shape[0], block_size = key_cache.shape[1];
@@ -300,6 +301,9 @@ OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const Tenso
     return cuda::PagedAttention(ctx, out, query, key_cache, value_cache, metadata, scale);
 #endif
   if (!device.is_cpu()) return NoBackend(kOp, device);
+  if (query.dtype != kF32) {
+    return Error(kOp, "query: the CPU backend takes f32 queries, got " + query.ToString());
+  }
   LLM_OPS_RETURN_IF_ERROR(CheckCpuCache(kOp, "key_cache", key_cache));
   return cpu::PagedAttention(out, query, key_cache, value_cache, metadata, scale);
 }
