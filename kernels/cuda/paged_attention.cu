@@ -116,15 +116,13 @@ __device__ __forceinline__ int64_t CacheOffset(const Params& p, const int32_t* t
 // Lane l of a warp holds dims l + 32 i, i < kPerLane; below 32 only lanes l < kHeadSize hold
 // one (the others hold 0 and idle, but take part in every shuffle).
 template <int kHeadSize>
-constexpr int PerLane() {
-  static_assert(kHeadSize == 16 || kHeadSize == 32 || kHeadSize == 64 || kHeadSize == 128);
-  return kHeadSize < 32 ? 1 : kHeadSize / 32;
-}
+constexpr int kPerLaneFor = kHeadSize < 32 ? 1 : kHeadSize / 32;
 
 // kPartitioned = false: v1, grid (T, Hq, 1). true: v2, grid (T, Hq, max_partitions).
 template <typename QT, typename CacheT, int kHeadSize, bool kPartitioned>
 __global__ void __launch_bounds__(kThreads) PagedAttentionKernel(Params p) {
-  constexpr int kPerLane = PerLane<kHeadSize>();
+  static_assert(kHeadSize == 16 || kHeadSize == 32 || kHeadSize == 64 || kHeadSize == 128);
+  constexpr int kPerLane = kPerLaneFor<kHeadSize>;
   QT* const out = static_cast<QT*>(p.out);
   const CacheT* key_cache = static_cast<const CacheT*>(p.key_cache);
   const CacheT* value_cache = static_cast<const CacheT*>(p.value_cache);
