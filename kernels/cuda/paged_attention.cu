@@ -38,10 +38,12 @@
 //        acc[d] = acc[d] c + sum_i logits[i] value_cache[table[pos / bs]][pos % bs][kvh][d]
 // and at the end the 4 warps' acc are summed through shared memory.
 //
-// The caches are f32, f16 or bf16 (converted to f32 as they are read); everything else is
-// f32. Bad metadata (a block id outside the cache, a context longer than the block table or than
-// max_seq_len's partitions, q_len > seq_len) gives NaN rows; nothing outside the tensors is
-// read.
+// The query and the output are f32, f16 or bf16 (QT; a 16-bit query takes a cache of its own
+// dtype), the caches f32, f16 or bf16 (converted to f32 as they are read); scores, softmax and
+// sums are f32 and the output is rounded to QT once. Head sizes 16, 32, 64 and 128: below 32
+// lanes l >= kHeadSize of each warp hold no dim and add 0 to every warp sum. Bad metadata (a block
+// id outside the cache, a context longer than the block table or than max_seq_len's partitions,
+// q_len > seq_len) gives NaN rows; nothing outside the tensors is read.
 #include <cmath>
 #include <string>
 
@@ -49,6 +51,7 @@
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/cuda/paged_attention_decode.h"
 #include "kernels/cuda/paged_attention_prefill.h"
+#include "kernels/cuda/paged_attention_simt.h"
 
 namespace llm::ops::cuda {
 namespace {
@@ -58,11 +61,11 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kChunk = kPartitionSize;
 
 struct Params {
-  float* out;                      // [T, Hq, D]
+  void* out;                       // [T, Hq, D]: QT
   float* tmp_out;                  // v2: [T, Hq, max_partitions, D]
   float* max_logits;               // v2: [T, Hq, max_partitions]
   float* exp_sums;                 // v2: [T, Hq, max_partitions]
-  const float* query;              // [T, Hq, D]
+  const void* query;               // [T, Hq, D]: QT
   const void* key_cache;           // [num_blocks, block_size, Hkv, D]: f32, f16 or bf16
   const void* value_cache;         // the same
   const int32_t* block_tables;     // [S, max_blocks]
@@ -121,10 +124,17 @@ __device__ __forceinline__ int64_t CacheOffset(const Params& p, const int32_t* t
          kHeadSize;
 }
 
+// Lane l of a warp holds dims l + 32 i, i < kPerLane; below 32 only lanes l < kHeadSize hold
+// one (the others hold 0 and idle, but take part in every shuffle).
+template <int kHeadSize>
+constexpr int kPerLaneFor = kHeadSize < 32 ? 1 : kHeadSize / 32;
+
 // kPartitioned = false: v1, grid (T, Hq, 1). true: v2, grid (T, Hq, max_partitions).
-template <typename CacheT, int kHeadSize, bool kPartitioned>
+template <typename QT, typename CacheT, int kHeadSize, bool kPartitioned>
 __global__ void __launch_bounds__(kThreads) PagedAttentionKernel(Params p) {
-  constexpr int kPerLane = kHeadSize / 32;
+  static_assert(kHeadSize == 16 || kHeadSize == 32 || kHeadSize == 64 || kHeadSize == 128);
+  constexpr int kPerLane = kPerLaneFor<kHeadSize>;
+  QT* const out = static_cast<QT*>(p.out);
   const CacheT* key_cache = static_cast<const CacheT*>(p.key_cache);
   const CacheT* value_cache = static_cast<const CacheT*>(p.value_cache);
   __shared__ float logits[kChunk];
@@ -134,6 +144,7 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionKernel(Params p) {
   const int64_t t = blockIdx.x;
   const int h = blockIdx.y;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const bool lane_on = kHeadSize >= 32 || lane < kHeadSize;  // lane holds dims
   const Row row = FindRow(p, t);
   if (p.prefill_tiled && row.multi) return;      // PrefillAttentionKernel's row
   const int64_t head_row = t * p.num_heads + h;  // index of (t, h)
@@ -154,16 +165,20 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionKernel(Params p) {
       return;
     }
   } else if (row.ctx < 0) {
-    if (threadIdx.x < kHeadSize) p.out[head_row * kHeadSize + threadIdx.x] = NAN;
+    if (threadIdx.x < kHeadSize) {
+      out[head_row * kHeadSize + threadIdx.x] = cuda_internal::FromFloat<QT>(NAN);
+    }
     return;
   }
 
   const int kvh = h / (p.num_heads / p.num_kv_heads);
   const int32_t* table = p.block_tables + static_cast<int64_t>(row.seq) * p.max_blocks;
-  const float* q_ptr = p.query + head_row * kHeadSize;  // q[t][h][:]
+  const QT* q_ptr = static_cast<const QT*>(p.query) + head_row * kHeadSize;  // q[t][h][:]
   float q[kPerLane];
 #pragma unroll
-  for (int i = 0; i < kPerLane; ++i) q[i] = q_ptr[lane + 32 * i] * p.scale;
+  for (int i = 0; i < kPerLane; ++i) {
+    q[i] = lane_on ? cuda_internal::ToFloat(q_ptr[lane + 32 * i]) * p.scale : 0.0f;
+  }
 
   float m = -INFINITY, l = 0.0f;  // running max and sum, the same in every thread
   float acc[kPerLane];            // this warp's output dims lane + 32 i
@@ -176,7 +191,7 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionKernel(Params p) {
     for (int i = warp; i < n; i += kWarps) {
       const int64_t off = CacheOffset<kHeadSize>(p, table, chunk + i, kvh);
       float dot = 0.0f;
-      if (off >= 0) {
+      if (off >= 0 && lane_on) {
         const CacheT* k = key_cache + off;
 #pragma unroll
         for (int j = 0; j < kPerLane; ++j) dot += q[j] * cuda_internal::ToFloat(k[lane + 32 * j]);
@@ -204,21 +219,23 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionKernel(Params p) {
     for (int i = warp; i < n; i += kWarps) {
       const int64_t off = CacheOffset<kHeadSize>(p, table, chunk + i, kvh);
       const float e = logits[i];
-      if (off >= 0) {
+      if (off < 0) {
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j) acc[j] = NAN;
+      } else if (lane_on) {
         const CacheT* v = value_cache + off;
 #pragma unroll
         for (int j = 0; j < kPerLane; ++j) acc[j] += e * cuda_internal::ToFloat(v[lane + 32 * j]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < kPerLane; ++j) acc[j] = NAN;
       }
     }
     __syncthreads();  // logits is rewritten by the next chunk
   }
 
   // Sum the warps' partial outputs.
+  if (lane_on) {
 #pragma unroll
-  for (int j = 0; j < kPerLane; ++j) warp_acc[warp][lane + 32 * j] = acc[j];
+    for (int j = 0; j < kPerLane; ++j) warp_acc[warp][lane + 32 * j] = acc[j];
+  }
   __syncthreads();
   if (threadIdx.x >= kHeadSize) return;
   const int d = threadIdx.x;
@@ -233,25 +250,25 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionKernel(Params p) {
       p.exp_sums[part] = l;
     }
   } else {
-    p.out[head_row * kHeadSize + d] = sum / l;  // out[t][h][d]
+    out[head_row * kHeadSize + d] = cuda_internal::FromFloat<QT>(sum / l);  // out[t][h][d]
   }
 }
 
 // v2's reduction, grid (T, Hq), kThreads threads (>= kHeadSize): combines the row's
 // ceil(ctx / kChunk) partitions.
-template <int kHeadSize>
+template <typename QT, int kHeadSize>
 __global__ void __launch_bounds__(kThreads) PagedAttentionReduceKernel(Params p) {
   const int64_t t = blockIdx.x;
   const int h = blockIdx.y;
   const int d = threadIdx.x;
   if (d >= kHeadSize) return;
   const int64_t head_row = t * p.num_heads + h;
-  float* o = p.out + head_row * kHeadSize;  // out[t][h][:]
+  QT* o = static_cast<QT*>(p.out) + head_row * kHeadSize;  // out[t][h][:]
   const Row row = FindRow(p, t);
   if (p.prefill_tiled && row.multi) return;  // PrefillAttentionKernel's row
   const int num_parts = row.ctx < 0 ? -1 : (row.ctx + kChunk - 1) / kChunk;
   if (num_parts <= 0 || num_parts > p.max_partitions) {
-    o[d] = NAN;
+    o[d] = cuda_internal::FromFloat<QT>(NAN);
     return;
   }
   const int64_t base = head_row * p.max_partitions;  // (t, h, 0)
@@ -263,7 +280,7 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionReduceKernel(Params p)
     sum += p.exp_sums[base + z] * w;
     acc += p.tmp_out[(base + z) * kHeadSize + d] * w;
   }
-  o[d] = acc / sum;
+  o[d] = cuda_internal::FromFloat<QT>(acc / sum);
 }
 
 // The tiled prefill kernel (kAuto): the rows of sequences with q_len > 1, one thread block per
@@ -280,9 +297,10 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionReduceKernel(Params p)
 // once per row.
 constexpr int kTileQ = kPrefillTileRows, kTileK = 32;
 
-template <typename CacheT, int kHeadSize>
+template <typename QT, typename CacheT, int kHeadSize>
 __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(Params p) {
   constexpr int kOutPerThread = kTileQ * kHeadSize / kThreads;  // O[r][d], e = tid + i kThreads
+  static_assert(kOutPerThread * kThreads == kTileQ * kHeadSize);
   __shared__ float q_s[kTileQ][kHeadSize];
   __shared__ float k_s[kTileK][kHeadSize + 1];  // +1: the score loop reads k_s[c][d], c = lane
   __shared__ float v_s[kTileK][kHeadSize];
@@ -312,21 +330,21 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(Params p) {
   const int rows = min(kTileQ, q_len - j0);
   const int64_t first_pos = static_cast<int64_t>(p.seq_lens[seq]) - q_len + j0;  // p of row 0
   const int64_t last_pos = first_pos + rows - 1;
-  float* out = p.out + ((begin + j0) * p.num_heads + h) * kHeadSize;  // out[t0][h][:]
+  QT* out = static_cast<QT*>(p.out) + ((begin + j0) * p.num_heads + h) * kHeadSize;  // out[t0]
   const int64_t out_row = static_cast<int64_t>(p.num_heads) * kHeadSize;
   if (first_pos < 0 || last_pos >= INT32_MAX ||
       last_pos >= static_cast<int64_t>(p.max_blocks) * p.block_size) {
     for (int e = threadIdx.x; e < rows * kHeadSize; e += kThreads) {
-      out[(e / kHeadSize) * out_row + e % kHeadSize] = NAN;
+      out[(e / kHeadSize) * out_row + e % kHeadSize] = cuda_internal::FromFloat<QT>(NAN);
     }
     return;
   }
   const int kvh = h / (p.num_heads / p.num_kv_heads);
   const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks;
-  const float* q = p.query + ((begin + j0) * p.num_heads + h) * kHeadSize;  // q[t0][h][:]
+  const QT* q = static_cast<const QT*>(p.query) + ((begin + j0) * p.num_heads + h) * kHeadSize;
   for (int e = threadIdx.x; e < kTileQ * kHeadSize; e += kThreads) {
     const int r = e / kHeadSize, d = e % kHeadSize;
-    q_s[r][d] = r < rows ? q[r * out_row + d] * p.scale : 0.0f;
+    q_s[r][d] = r < rows ? cuda_internal::ToFloat(q[r * out_row + d]) * p.scale : 0.0f;
   }
   if (threadIdx.x < kTileQ) {
     m_s[threadIdx.x] = -INFINITY;
@@ -398,11 +416,11 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(Params p) {
   for (int i = 0; i < kOutPerThread; ++i) {
     const int e = threadIdx.x + i * kThreads;
     const int r = e / kHeadSize, d = e % kHeadSize;
-    if (r < rows) out[r * out_row + d] = o[i] / l_s[r];
+    if (r < rows) out[r * out_row + d] = cuda_internal::FromFloat<QT>(o[i] / l_s[r]);
   }
 }
 
-template <typename CacheT, int kHeadSize>
+template <typename QT, typename CacheT, int kHeadSize>
 OpStatus Launch(cudaStream_t stream, const Params& params, int64_t num_tokens,
                 const PagedAttentionPlan& plan) {
   constexpr const char* kOp = "PagedAttention";
@@ -412,48 +430,77 @@ OpStatus Launch(cudaStream_t stream, const Params& params, int64_t num_tokens,
   if (!plan.rows) {
     // No decode rows (kAuto, q_lens known): nothing for the row kernels.
   } else if (!v2) {
-    ::llm::cuda::Launch(PagedAttentionKernel<CacheT, kHeadSize, false>, grid, kThreads, 0, stream,
-                        params);
+    ::llm::cuda::Launch(PagedAttentionKernel<QT, CacheT, kHeadSize, false>, grid, kThreads, 0,
+                        stream, params);
     LLM_CUDA_OP_CHECK_LAUNCH(kOp);
   } else {
-    ::llm::cuda::Launch(PagedAttentionKernel<CacheT, kHeadSize, true>, grid, kThreads, 0, stream,
-                        params);
+    ::llm::cuda::Launch(PagedAttentionKernel<QT, CacheT, kHeadSize, true>, grid, kThreads, 0,
+                        stream, params);
     LLM_CUDA_OP_CHECK_LAUNCH(kOp);
     const dim3 reduce_grid(grid.x, grid.y);
-    ::llm::cuda::Launch(PagedAttentionReduceKernel<kHeadSize>, reduce_grid, kThreads, 0, stream,
+    ::llm::cuda::Launch(PagedAttentionReduceKernel<QT, kHeadSize>, reduce_grid, kThreads, 0, stream,
                         params);
     LLM_CUDA_OP_CHECK_LAUNCH(kOp);
   }
   if (plan.prefill_tiles > 0) {
     const int64_t tiles = plan.prefill_tiles;
     const dim3 tile_grid(static_cast<unsigned>(tiles), grid.y);
-    ::llm::cuda::Launch(PrefillAttentionKernel<CacheT, kHeadSize>, tile_grid, kThreads, 0, stream,
-                        params);
+    ::llm::cuda::Launch(PrefillAttentionKernel<QT, CacheT, kHeadSize>, tile_grid, kThreads, 0,
+                        stream, params);
     LLM_CUDA_OP_CHECK_LAUNCH(kOp);
   }
   return OpStatus::Ok();
 }
 
-template <typename CacheT>
+template <typename QT, typename CacheT>
 OpStatus LaunchForHeadSize(cudaStream_t stream, const Params& params, int64_t num_tokens,
                            int64_t head_size, const PagedAttentionPlan& plan) {
-  if (head_size == 64) return Launch<CacheT, 64>(stream, params, num_tokens, plan);
-  return Launch<CacheT, 128>(stream, params, num_tokens, plan);  // checked by the caller
+  switch (head_size) {
+    case 16:
+      return Launch<QT, CacheT, 16>(stream, params, num_tokens, plan);
+    case 32:
+      return Launch<QT, CacheT, 32>(stream, params, num_tokens, plan);
+    case 64:
+      return Launch<QT, CacheT, 64>(stream, params, num_tokens, plan);
+    default:
+      return Launch<QT, CacheT, 128>(stream, params, num_tokens, plan);  // checked by the caller
+  }
 }
 
-// The instantiations: cache dtype (f32, f16, bf16) x head size (64, 128) x (v1, v2).
-OpStatus LaunchForDType(cudaStream_t stream, const Params& params, DType cache_dtype,
-                        int64_t num_tokens, int64_t head_size, const PagedAttentionPlan& plan) {
-  switch (cache_dtype) {
-    case DType::kF32:
-      return LaunchForHeadSize<float>(stream, params, num_tokens, head_size, plan);
-    case DType::kF16:
-      return LaunchForHeadSize<__half>(stream, params, num_tokens, head_size, plan);
-    case DType::kBF16:
-      return LaunchForHeadSize<__nv_bfloat16>(stream, params, num_tokens, head_size, plan);
-    default:
-      return cuda_internal::Error("PagedAttention", "key_cache: expected f32, f16 or bf16");
+// The instantiations: (query, cache) dtypes (f32, f32), (f32, f16), (f32, bf16), (f16, f16),
+// (bf16, bf16) x head size (16, 32, 64, 128) x (v1, v2, prefill), and the reduction per query
+// dtype and head size. A 16-bit query with a cache of another dtype is refused: a model in f16
+// or bf16 keeps its cache in its own dtype, and f32 caches for it would only double the bytes
+// read.
+OpStatus LaunchForDType(cudaStream_t stream, const Params& params, DType query_dtype,
+                        DType cache_dtype, int64_t num_tokens, int64_t head_size,
+                        const PagedAttentionPlan& plan) {
+  constexpr const char* kOp = "PagedAttention";
+  if (query_dtype == DType::kF32) {
+    switch (cache_dtype) {
+      case DType::kF32:
+        return LaunchForHeadSize<float, float>(stream, params, num_tokens, head_size, plan);
+      case DType::kF16:
+        return LaunchForHeadSize<float, __half>(stream, params, num_tokens, head_size, plan);
+      case DType::kBF16:
+        return LaunchForHeadSize<float, __nv_bfloat16>(stream, params, num_tokens, head_size, plan);
+      default:
+        return cuda_internal::Error(kOp, "key_cache: expected f32, f16 or bf16");
+    }
   }
+  if (query_dtype != DType::kF16 && query_dtype != DType::kBF16) {
+    return cuda_internal::Error(kOp, "query: expected f32, f16 or bf16");
+  }
+  if (cache_dtype != query_dtype) {
+    return cuda_internal::Error(kOp, std::string("key_cache: a ") + DTypeName(query_dtype) +
+                                         " query takes a " + DTypeName(query_dtype) +
+                                         " cache, got " + DTypeName(cache_dtype));
+  }
+  if (query_dtype == DType::kF16) {
+    return LaunchForHeadSize<__half, __half>(stream, params, num_tokens, head_size, plan);
+  }
+  return LaunchForHeadSize<__nv_bfloat16, __nv_bfloat16>(stream, params, num_tokens, head_size,
+                                                         plan);
 }
 
 // The 16-bit path (see the file comment).
@@ -494,8 +541,9 @@ OpStatus PagedAttention16(const OpContext& ctx, const TensorView& out, const Ten
       !st.ok()) {
     return st;
   }
-  // Prefill rows: some q_len > 1 (known), or more rows than sequences (unknown).
-  bool prefill = num_tokens > num_seqs;
+  // Prefill rows: some q_len > 1 (known); unknown, the prefill kernel looks (its CTAs of
+  // decode-only sequences exit at once).
+  bool prefill = num_tokens > 0;
   const std::span<const int32_t> qsl = metadata.query_start_loc_host;
   if (!qsl.empty()) {
     prefill = false;
@@ -507,19 +555,19 @@ OpStatus PagedAttention16(const OpContext& ctx, const TensorView& out, const Ten
 
 }  // namespace
 
-OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const TensorView& query,
-                        const TensorView& key_cache, const TensorView& value_cache,
-                        const AttentionMetadata& metadata, float scale,
-                        PagedAttentionVersion version) {
+OpStatus PagedAttentionSimt(const OpContext& ctx, const TensorView& out, const TensorView& query,
+                            const TensorView& key_cache, const TensorView& value_cache,
+                            const AttentionMetadata& metadata, float scale,
+                            PagedAttentionVersion version) {
   constexpr const char* kOp = "PagedAttention";
   const int64_t num_tokens = query.shape[0], num_heads = query.shape[1];
   if (OpStatus st = cuda_internal::StartOp(kOp, query.device); !st.ok()) return st;
   const int64_t head_size = query.shape[2];
   const int64_t num_seqs = metadata.seq_lens.shape[0];
   const int64_t max_blocks = metadata.block_tables.shape[1];
-  if (head_size != 64 && head_size != 128) {
-    return cuda_internal::Error(
-        kOp, "the CUDA kernels take head sizes 64 and 128, got " + std::to_string(head_size));
+  if (head_size != 16 && head_size != 32 && head_size != 64 && head_size != 128) {
+    return cuda_internal::Error(kOp, "the CUDA kernels take head sizes 16, 32, 64 and 128, got " +
+                                         std::to_string(head_size));
   }
   if (num_tokens == 0 || num_heads == 0) return OpStatus::Ok();
   if (num_seqs == 0) {
@@ -530,9 +578,6 @@ OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const Tenso
     return cuda_internal::Error(kOp,
                                 "too many tokens, heads, sequences or blocks per sequence "
                                 "for one launch");
-  }
-  if (query.dtype != DType::kF32) {
-    return PagedAttention16(ctx, out, query, key_cache, value_cache, metadata, scale, version);
   }
   PagedAttentionPlanInput in;
   in.num_tokens = num_tokens;
@@ -553,8 +598,8 @@ OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const Tenso
                                          " needs more partitions than one launch takes");
   }
   Params params{};
-  params.out = out.data_as<float>();
-  params.query = query.data_as<const float>();
+  params.out = out.data;
+  params.query = query.data;
   params.key_cache = key_cache.data;
   params.value_cache = value_cache.data;
   params.block_tables = metadata.block_tables.data_as<const int32_t>();
@@ -578,8 +623,36 @@ OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const Tenso
     params.max_logits = params.tmp_out + parts * head_size;
     params.exp_sums = params.max_logits + parts;
   }
-  return LaunchForDType(cuda_internal::AsStream(ctx.stream), params, key_cache.dtype, num_tokens,
-                        head_size, plan);
+  return LaunchForDType(cuda_internal::AsStream(ctx.stream), params, query.dtype, key_cache.dtype,
+                        num_tokens, head_size, plan);
+}
+
+OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const TensorView& query,
+                        const TensorView& key_cache, const TensorView& value_cache,
+                        const AttentionMetadata& metadata, float scale,
+                        PagedAttentionVersion version) {
+  // 16-bit queries at head sizes 64 and 128 (kAuto, 16-byte aligned): the GQA-shared decode
+  // kernel and the tensor-core prefill kernel. Everything else (f32 queries, head sizes 16 and
+  // 32, an explicit v1 / v2): the SIMT kernels.
+  const int64_t head_size = query.shape[2];
+  bool aligned = true;
+  for (const TensorView* t : {&out, &query, &key_cache, &value_cache}) {
+    aligned = aligned && reinterpret_cast<uintptr_t>(t->data) % 16 == 0;
+  }
+  if (query.dtype != DType::kF32 && key_cache.dtype == query.dtype &&
+      (head_size == 64 || head_size == 128) && version == PagedAttentionVersion::kAuto &&
+      aligned) {
+    constexpr const char* kOp = "PagedAttention";
+    if (OpStatus st = cuda_internal::StartOp(kOp, query.device); !st.ok()) return st;
+    const int64_t num_tokens = query.shape[0], num_seqs = metadata.seq_lens.shape[0];
+    if (num_tokens == 0 || query.shape[1] == 0) return OpStatus::Ok();
+    if (num_seqs == 0) {
+      return cuda_internal::Error(kOp,
+                                  std::to_string(num_tokens) + " query tokens but no sequences");
+    }
+    return PagedAttention16(ctx, out, query, key_cache, value_cache, metadata, scale, version);
+  }
+  return PagedAttentionSimt(ctx, out, query, key_cache, value_cache, metadata, scale, version);
 }
 
 }  // namespace llm::ops::cuda

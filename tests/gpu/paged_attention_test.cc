@@ -333,7 +333,7 @@ TEST_F(CudaPagedAttention, V2NeedsMaxSeqLenAndOtherHeadSizesAreRejected) {
   EXPECT_EQ(PagedAttention({}, out96.view(), b96.d_query.view(), b96.d_key_cache.view(),
                            b96.d_value_cache.view(), b96.DeviceMetadata(), 0.1f)
                 .message,
-            "PagedAttention: the CUDA kernels take head sizes 64 and 128, got 96");
+            "PagedAttention: the CUDA kernels take head sizes 16, 32, 64 and 128, got 96");
 }
 
 // A NaN key and value at a position of a prefill chunk (an unwritten or poisoned slot): the
@@ -543,6 +543,57 @@ TEST_F(CudaPagedAttention, InconsistentHostQueryStartLocIsAnError) {
 
 // f16 or bf16 `t` as f32.
 HostTensor FromHalf(const HostTensor& t) {
+// Head sizes 16 and 32 (the project's own models: tiny-llama and tiny-qwen2 16, fortune-llama
+// 32), where a warp has more lanes than dims: MHA, GQA and MQA, block sizes 16 and 32, decode
+// batches of 1, 15 and 17 sequences (contexts inside a block, on block and partition
+// boundaries, up to 1000 and random up to 700), prefill chunks (1000 tokens, 160 under the
+// emulation) and mixed batches, in v1, v2 and kAuto. Fewer and shorter cases than the head 64/128
+// sweeps above, to keep the emulated run short.
+const Shape kSmallHeadShapes[] = {
+    {4, 2, 16, 16}, {4, 4, 16, 32}, {4, 1, 16, 16},  // head 16: GQA, MHA, MQA
+    {4, 2, 32, 32}, {4, 4, 32, 16}, {4, 1, 32, 32},  // head 32
+};
+
+TEST_F(CudaPagedAttention, SmallHeadSizeDecodeBatchesMatchCpu) {
+  std::mt19937 rng(612);
+  const std::vector<int64_t> fixed = {1, 15, 17, 1000, 512, 513, 31, 32, 16, 33, 600};
+  for (const Shape& shape : kSmallHeadShapes) {
+    for (const int64_t batch : {1, 15, 17}) {
+      SCOPED_TRACE(Describe(shape) + ", batch " + std::to_string(batch));
+      std::vector<SeqSpec> seqs;
+      std::uniform_int_distribution<int64_t> len_dist(1, 700);
+      for (int64_t s = 0; s < batch; ++s) {
+        seqs.push_back(
+            {1, s < static_cast<int64_t>(fixed.size()) && batch > 1 ? fixed[s] : len_dist(rng)});
+      }
+      const Batch b = MakeBatch(seqs, shape, rng);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(shape.head_size));
+      ExpectAllVersionsMatch(b, scale, Reference(b, scale));
+    }
+  }
+}
+
+TEST_F(CudaPagedAttention, SmallHeadSizePrefillAndMixedBatchesMatchCpu) {
+  std::mt19937 rng(613);
+  const std::vector<std::vector<SeqSpec>> batches = {
+      {{kLongPrefill, kLongPrefill}},
+      {{15, 47}},
+      {{17, 17}},
+      {{1, 700}, {17, 17}, {0, 40}, {15, 530}, {1, 1}, {33, 600}},
+  };
+  const Shape shapes[] = {{4, 2, 16, 16}, {4, 1, 16, 32}, {4, 4, 32, 16}, {4, 2, 32, 32}};
+  for (const Shape& shape : shapes) {
+    for (size_t i = 0; i < batches.size(); ++i) {
+      SCOPED_TRACE(Describe(shape) + ", batch " + std::to_string(i));
+      const Batch b = MakeBatch(batches[i], shape, rng);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(shape.head_size));
+      ExpectAllVersionsMatch(b, scale, Reference(b, scale));
+    }
+  }
+}
+
+// f16 or bf16 `t` as f32 (exact).
+HostTensor HalfToFloat(const HostTensor& t) {
   HostTensor f(DType::kF32, std::span<const int64_t>(t.view().shape.data(), t.view().ndim));
   for (int64_t i = 0; i < t.numel(); ++i) {
     f.data<float>()[i] = t.view().dtype == DType::kF16
@@ -878,6 +929,99 @@ TEST_F(CudaPagedAttention16, MixedDtypesAndRowVersionsAreErrors) {
                            b.d_value_cache.view(), md, 0.125f)
                 .message,
             "PagedAttention: metadata.seq_lens_host: expected 1 entries (or none), got 2");
+// 16-bit queries and outputs (f16 and bf16, with caches of the same dtype) against the CPU op on
+// the same values: queries and caches rounded to the dtype, then given to the CPU op in f32.
+// Scores, softmax and sums are fp32 on both, so the difference is fp32's (kAtol, kRtol) plus
+// the one rounding of the output to the dtype: 2^-8 relative for bf16 (8 significant bits),
+// 2^-11 for f16. The output is poisoned (0xFFFF: NaN in both dtypes) before each launch.
+class CudaPagedAttentionHalfQuery : public CudaPagedAttention {
+ protected:
+  // b's query replaced by its values rounded to `dtype`: on the host as f32, on the device in
+  // `dtype`.
+  static void RoundQuery(Batch& b, DType dtype) {
+    b.query = RoundedThroughHalf(b.query, dtype);
+    b.d_query = DeviceTensor(ToHalf(b.query, dtype));
+  }
+
+  static void ExpectAllVersionsMatchInHalf(const Batch& b, DType dtype, float scale,
+                                           const HostTensor& want) {
+    const double rtol = kRtol + (dtype == DType::kBF16 ? 1.0 / 256 : 1.0 / 2048);
+    DeviceTensor out(ToHalf(want, dtype));
+    const DeviceWorkspace workspace(V2WorkspaceBytes(b));
+    const OpContext ctx = workspace.Context();
+    for (const PagedAttentionVersion v :
+         {PagedAttentionVersion::kV1, PagedAttentionVersion::kV2, PagedAttentionVersion::kAuto}) {
+      for (const bool host_qsl : {false, true}) {
+        if (host_qsl && v != PagedAttentionVersion::kAuto) continue;
+        SCOPED_TRACE(::testing::Message() << "version " << static_cast<int>(v)
+                                          << (host_qsl ? ", q_lens on the host" : ""));
+        out.Poison();
+        const OpStatus s =
+            v == PagedAttentionVersion::kAuto
+                ? PagedAttention(ctx, out.view(), b.d_query.view(), b.d_key_cache.view(),
+                                 b.d_value_cache.view(), b.DeviceMetadata(-1, host_qsl), scale)
+                : cuda::PagedAttention(ctx, out.view(), b.d_query.view(), b.d_key_cache.view(),
+                                       b.d_value_cache.view(), b.DeviceMetadata(), scale, v);
+        ASSERT_TRUE(s.ok()) << s.message;
+        ASSERT_EQ(Sync(), "");
+        const HostTensor got = out.Download();
+        ASSERT_EQ(got.view().dtype, dtype);
+        EXPECT_TRUE(Close(HalfToFloat(got), want, kAtol, rtol));
+      }
+    }
+  }
+};
+
+TEST_F(CudaPagedAttentionHalfQuery, MatchesCpuOnTheSameValuesForEveryHeadSize) {
+  std::mt19937 rng(614);
+  // Decode rows (contexts of 1, 17, 600 and 1030: two partitions), a chunk after cached
+  // context, a fresh chunk.
+  const std::vector<SeqSpec> batch = {{1, 1}, {1, 17}, {15, 47}, {1, 600}, {17, 17}, {1, 1030}};
+  const Shape shapes[] = {
+      {4, 1, 16, 16}, {8, 2, 32, 32}, {8, 2, 64, 16}, {4, 4, 128, 32},  // MQA, GQA, MHA
+  };
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    for (const Shape& shape : shapes) {
+      SCOPED_TRACE(Describe(shape) + ", " + DTypeName(dtype));
+      Batch b = MakeBatch(batch, shape, rng, 1.0f, dtype);
+      RoundQuery(b, dtype);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(shape.head_size));
+      ExpectAllVersionsMatchInHalf(b, dtype, scale, Reference(b, scale));
+    }
+  }
+}
+
+// A 16-bit query takes a cache of its own dtype and an output of its own dtype; the CPU backend
+// takes f32 queries only.
+TEST_F(CudaPagedAttentionHalfQuery, MismatchedDTypesAreRejected) {
+  std::mt19937 rng(615);
+  const Shape shape{4, 1, 32, 16};
+  Batch f32_cache = MakeBatch({{1, 20}}, shape, rng);
+  RoundQuery(f32_cache, DType::kBF16);
+  DeviceTensor out(ToHalf(Poisoned({1, 4, 32}), DType::kBF16));
+  EXPECT_EQ(PagedAttention({}, out.view(), f32_cache.d_query.view(), f32_cache.d_key_cache.view(),
+                           f32_cache.d_value_cache.view(), f32_cache.DeviceMetadata(), 0.1f)
+                .message,
+            "PagedAttention: key_cache: a bf16 query takes a bf16 cache, got f32");
+  Batch f16_cache = MakeBatch({{1, 20}}, shape, rng, 1.0f, DType::kF16);
+  RoundQuery(f16_cache, DType::kBF16);
+  EXPECT_EQ(PagedAttention({}, out.view(), f16_cache.d_query.view(), f16_cache.d_key_cache.view(),
+                           f16_cache.d_value_cache.view(), f16_cache.DeviceMetadata(), 0.1f)
+                .message,
+            "PagedAttention: key_cache: a bf16 query takes a bf16 cache, got f16");
+  DeviceTensor f32_out(Poisoned({1, 4, 32}));
+  Batch bf16 = MakeBatch({{1, 20}}, shape, rng, 1.0f, DType::kBF16);
+  RoundQuery(bf16, DType::kBF16);
+  EXPECT_EQ(PagedAttention({}, f32_out.view(), bf16.d_query.view(), bf16.d_key_cache.view(),
+                           bf16.d_value_cache.view(), bf16.DeviceMetadata(), 0.1f)
+                .message,
+            "PagedAttention: out: expected bf16 [1, 4, 32], got f32 [1, 4, 32] on cuda:0");
+  HostTensor host_query = ToHalf(bf16.query, DType::kBF16);
+  HostTensor host_out = ToHalf(Poisoned({1, 4, 32}), DType::kBF16);
+  EXPECT_EQ(PagedAttention({}, host_out.view(), host_query.view(), bf16.key_cache.view(),
+                           bf16.value_cache.view(), bf16.HostMetadata(), 0.1f)
+                .message,
+            "PagedAttention: query: the CPU backend takes f32 queries, got bf16 [1, 4, 32] on cpu");
 }
 
 }  // namespace
