@@ -5,16 +5,35 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#ifdef LLM_WITH_CUDA
+#include "worker_service/device_sampler.h"
+#endif
 
 namespace llm {
 
-ModelRunner::ModelRunner(LlamaModel* model, CacheEngine* cache)
+ModelRunner::ModelRunner(LlamaModel* model, CacheEngine* cache, DeviceSampler* device_sampler)
     : model_(model),
       cache_(cache),
+      device_sampler_(model->device().is_cuda() ? device_sampler : nullptr),
       batch_({.num_gpu_blocks = cache->num_device_blocks(),
               .num_cpu_blocks = cache->num_host_blocks(),
               .block_size = cache->shape().block_size,
               .vocab_size = model->vocab_size()}) {}
+
+ModelRunner::~ModelRunner() {
+  for (auto& [slot, seqs] : samplers_) Release(seqs);
+}
+
+void ModelRunner::Release(std::vector<std::unique_ptr<SequenceSampler>>& seqs) {
+#ifdef LLM_WITH_CUDA
+  if (device_sampler_ != nullptr) {
+    for (std::unique_ptr<SequenceSampler>& s : seqs) {
+      if (s != nullptr) device_sampler_->Drop(s.get());
+    }
+  }
+#endif
+  seqs.clear();
+}
 
 absl::Status ModelRunner::Execute(const SchedulerOutput& step, ModelOutput* out) {
   out->step_id = step.step_id;
@@ -28,8 +47,33 @@ absl::Status ModelRunner::Execute(const SchedulerOutput& step, ModelOutput* out)
 
   const BatchInputs& in = batch_.inputs();
   if (in.num_tokens() == 0) return absl::OkStatus();
-  const ForwardInput input{in.token_ids,  in.positions, in.slot_mapping,    in.block_tables,
-                           in.max_blocks, in.seq_lens,  in.query_start_loc, in.logits_indices};
+  ForwardInput input{in.token_ids,  in.positions, in.slot_mapping,    in.block_tables,
+                     in.max_blocks, in.seq_lens,  in.query_start_loc, in.logits_indices};
+#ifdef LLM_WITH_CUDA
+  if (device_sampler_ != nullptr) {
+    // One logits row per sample, in sample order (the n sequences of a request that sample
+    // their first token share a row: it is computed once per sample, a row each).
+    sample_rows_.clear();
+    for (const BatchInputs::Sample& s : in.samples) {
+      sample_rows_.push_back(in.logits_indices[s.logits_row]);
+    }
+    input.logits_indices = sample_rows_;
+    RETURN_IF_ERROR(model_->Forward(input, cache_->device_caches(), &logits_));
+    // The step's wait, through the communicator's deadline when there is a group (a dead peer
+    // fails it instead of hanging it); the sampler's own wait then covers only its kernel.
+    RETURN_IF_ERROR(model_->Synchronize());
+    if (in.samples.empty()) return absl::OkStatus();
+    const bool any_logprobs = CollectSamplers();
+    sampled_.clear();
+    absl::Status s =
+        device_sampler_->Sample(model_->context()->op_context(), logits_, row_samplers_, &sampled_);
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("step ", step.step_id, ": ", s.message()));
+    }
+    Emit(sampled_, any_logprobs, out);
+    return absl::OkStatus();
+  }
+#endif
   RETURN_IF_ERROR(model_->Forward(input, cache_->device_caches(), &logits_));
   RETURN_IF_ERROR(FetchLogits());
   RETURN_IF_ERROR(CheckFinite(step.step_id));
@@ -59,10 +103,15 @@ absl::Status ModelRunner::FetchLogits() {
 }
 
 void ModelRunner::TrackSamplers(const SchedulerOutput& step) {
-  for (int32_t slot : step.finished_slots) samplers_.erase(slot);
+  for (int32_t slot : step.finished_slots) {
+    auto it = samplers_.find(slot);
+    if (it == samplers_.end()) continue;
+    Release(it->second);
+    samplers_.erase(it);
+  }
   for (const ScheduledRequest& r : step.new_requests) {
     std::vector<std::unique_ptr<SequenceSampler>>& seqs = samplers_[r.slot];
-    seqs.clear();
+    Release(seqs);
     seqs.resize(r.sampling_params->n);
   }
   for (const auto* list : {&step.new_requests, &step.cached_requests}) {
@@ -98,21 +147,19 @@ absl::Status ModelRunner::CheckFinite(int64_t step_id) const {
   return absl::OkStatus();
 }
 
-absl::Status ModelRunner::Sample(ModelOutput* out) {
+bool ModelRunner::CollectSamplers() {
   const BatchInputs& in = batch_.inputs();
-  const int vocab = model_->vocab_size();
-  rows_.resize(in.samples.size() * static_cast<size_t>(vocab));
   row_samplers_.clear();
   bool any_logprobs = false;
-  for (size_t i = 0; i < in.samples.size(); ++i) {
-    const BatchInputs::Sample& s = in.samples[i];
-    const float* src = logits_.data_as<float>() + static_cast<size_t>(s.logits_row) * vocab;
-    std::copy(src, src + vocab, rows_.begin() + i * vocab);
+  for (const BatchInputs::Sample& s : in.samples) {
     SequenceSampler* sampler = SamplerFor(in.seqs[s.batch_seq].slot, s.seq_index);
     any_logprobs |= sampler->params().logprobs.has_value();
     row_samplers_.push_back(sampler);
   }
-  std::vector<SampledToken> sampled = Sampler::Sample(rows_, vocab, row_samplers_);
+  return any_logprobs;
+}
+
+void ModelRunner::Emit(std::vector<SampledToken>& sampled, bool any_logprobs, ModelOutput* out) {
   for (size_t i = 0; i < sampled.size(); ++i) {
     out->sampled_token_ids.push_back(sampled[i].token);
     if (!any_logprobs) continue;
@@ -121,6 +168,20 @@ absl::Status ModelRunner::Sample(ModelOutput* out) {
     lp.logprob = sampled[i].logprob;
     lp.top = std::move(sampled[i].top_logprobs);
   }
+}
+
+absl::Status ModelRunner::Sample(ModelOutput* out) {
+  const BatchInputs& in = batch_.inputs();
+  const int vocab = model_->vocab_size();
+  rows_.resize(in.samples.size() * static_cast<size_t>(vocab));
+  for (size_t i = 0; i < in.samples.size(); ++i) {
+    const float* src =
+        logits_.data_as<float>() + static_cast<size_t>(in.samples[i].logits_row) * vocab;
+    std::copy(src, src + vocab, rows_.begin() + i * vocab);
+  }
+  const bool any_logprobs = CollectSamplers();
+  std::vector<SampledToken> sampled = Sampler::Sample(rows_, vocab, row_samplers_);
+  Emit(sampled, any_logprobs, out);
   return absl::OkStatus();
 }
 

@@ -34,11 +34,17 @@
 
 namespace llm {
 
+class DeviceSampler;
+
 class ModelRunner : public Executor {
  public:
   // `model` and `cache` (not owned) outlive the runner. Only rank 0's sampled tokens are
-  // used; every rank samples the same (seeded) way.
-  ModelRunner(LlamaModel* model, CacheEngine* cache);
+  // used; every rank samples the same (seeded) way. A model on cuda samples on the device
+  // with `device_sampler` (not owned; sized for the batch's rows), only token ids and
+  // logprobs crossing to the host; without one its logits are copied to the host and sampled
+  // there.
+  ModelRunner(LlamaModel* model, CacheEngine* cache, DeviceSampler* device_sampler = nullptr);
+  ~ModelRunner() override;
 
   absl::Status Execute(const SchedulerOutput& step, ModelOutput* out) override;
 
@@ -53,9 +59,16 @@ class ModelRunner : public Executor {
   absl::Status FetchLogits();
   absl::Status CheckFinite(int64_t step_id) const;
   absl::Status Sample(ModelOutput* out);
+  // The samples' sequences' samplers, in sample order, into row_samplers_; true when some asks
+  // for logprobs.
+  bool CollectSamplers();
+  void Emit(std::vector<SampledToken>& sampled, bool any_logprobs, ModelOutput* out);
+  // Drops a sequence's device state (penalties) before its sampler goes.
+  void Release(std::vector<std::unique_ptr<SequenceSampler>>& seqs);
 
   LlamaModel* model_;
   CacheEngine* cache_;
+  DeviceSampler* device_sampler_;
   BatchState batch_;
   // By slot, then by sequence index (n of them); a sampler is created at the sequence's first
   // token or sample (n > 1: before it is forked).
@@ -66,6 +79,8 @@ class ModelRunner : public Executor {
   Tensor host_logits_;
   std::vector<float> rows_;
   std::vector<SequenceSampler*> row_samplers_;
+  std::vector<int32_t> sample_rows_;  // device sampling: logits rows, one per sample
+  std::vector<SampledToken> sampled_;
 };
 
 }  // namespace llm

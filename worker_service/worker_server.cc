@@ -22,6 +22,7 @@
 #include "worker_service/parallel/rebound_communicator.h"
 #include "worker_service/parallel/shm_communicator.h"
 #ifdef LLM_WITH_CUDA
+#include "worker_service/device_sampler.h"
 #include "worker_service/parallel/nccl_communicator.h"
 #endif
 
@@ -158,6 +159,9 @@ absl::Status WorkerServer::DoInit(const v1::InitRequest& request, v1::InitRespon
   initialized_ = false;
   runner_.reset();
   cache_.reset();
+#ifdef LLM_WITH_CUDA
+  device_sampler_.reset();
+#endif
   if (comm_ != nullptr) comm_->Rebind(nullptr);
   SetHealth("not initialized: Init in progress");
 
@@ -445,7 +449,7 @@ grpc::Status WorkerServer::InitCache(grpc::ServerContext*, const v1::InitCacheRe
                      " bytes: ", cache.status().message()));
   }
   cache_ = std::move(*cache);
-  runner_ = std::make_unique<ModelRunner>(model_.get(), cache_.get());
+  runner_ = std::make_unique<ModelRunner>(model_.get(), cache_.get(), device_sampler_.get());
   SetHealth("ready");
   return grpc::Status::OK;
 }
@@ -475,7 +479,8 @@ void WorkerServer::RunStep(const v1::StepRequest& request, uint64_t generation,
     } else {
       SamplingLimits limits;
       limits.max_n = std::max(1, max_num_seqs_);
-      limits.max_logprobs = model_->vocab_size();
+      limits.max_logprobs =
+          device_.is_cuda() ? std::min(model_->vocab_size(), 1024) : model_->vocab_size();
       DecodedStep decoded;
       status = DecodeStepRequest(request, limits, &decoded);
       ModelOutput output;

@@ -59,6 +59,7 @@ namespace llm {
 class CacheEngine;
 class Communicator;
 class DeviceContext;
+class DeviceSampler;
 class LlamaModel;
 class ModelRunner;
 class ReboundCommunicator;
@@ -160,6 +161,8 @@ class WorkerServer final
   std::unique_ptr<ReboundCommunicator> comm_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<LlamaModel> model_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<CacheEngine> cache_ ABSL_GUARDED_BY(mu_);
+  // cuda: sampling on the device, sized at Init (max_num_seqs rows) before memory is profiled.
+  std::unique_ptr<DeviceSampler> device_sampler_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<ModelRunner> runner_ ABSL_GUARDED_BY(mu_);
   bool initialized_ ABSL_GUARDED_BY(mu_) = false;  // Init succeeded (and nothing broke since)
   int max_num_seqs_ ABSL_GUARDED_BY(mu_) = 0;
