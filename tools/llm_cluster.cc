@@ -11,17 +11,21 @@
 // forwarded to stderr line by line, prefixed "[scheduler] " or "[worker N] ".
 //
 //   llm-cluster --manifest=deploy/local/tp2-cpu.yaml [--scheduler-port=N]
-//               [--worker-base-port=N] [--port-file=PATH]
+//               [--worker-base-port=N] [--port-file=PATH] [--worker-binary=NAME]
 //
 // --port-file receives the scheduler's port (decimal, newline; written atomically) once the
-// cluster is serving. llm-worker and llm-scheduler are found next to this binary (--bin-dir).
+// cluster is serving. llm-worker and llm-scheduler are found next to this binary (--bin-dir);
+// --worker-binary=llm-worker-emu runs the workers from the CUDA-emulation build instead (a
+// name is looked up in --bin-dir, a path with a '/' is used as it is).
 #include <poll.h>
 #include <signal.h>
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -54,7 +58,8 @@ struct Args {
   int scheduler_port = -1;    // -1: the manifest's
   int worker_base_port = -1;  // -1: the manifest's
   std::string port_file;
-  std::string bin_dir;  // empty: the directory of this binary
+  std::string bin_dir;                       // empty: the directory of this binary
+  std::string worker_binary = "llm-worker";  // a name in bin_dir, or a path with a '/'
   double grace_s = 10;
 };
 
@@ -91,6 +96,11 @@ class Cluster {
   };
 
   absl::Status StartWorker(Worker& w, int port);
+  std::string WorkerBinary() const {
+    return args_.worker_binary.find('/') != std::string::npos
+               ? args_.worker_binary
+               : args_.bin_dir + "/" + args_.worker_binary;
+  }
   // Reads pending signals: true when a stop signal arrived. Waits up to `timeout` for one.
   bool TakeSignals(absl::Duration timeout);
   // The first child found dead (reaped), as a message; restarts are scheduled here.
@@ -115,9 +125,8 @@ absl::Status Cluster::StartWorker(Worker& w, int port) {
   std::error_code ec;
   fs::remove(w.port_file, ec);
   ChildSpec spec;
-  spec.argv = {args_.bin_dir + "/llm-worker", "--host=" + m_.workers_host,
-               absl::StrCat("--port=", port), "--port-file=" + w.port_file,
-               "--device=" + m_.device};
+  spec.argv = {WorkerBinary(), "--host=" + m_.workers_host, absl::StrCat("--port=", port),
+               "--port-file=" + w.port_file, "--device=" + m_.device};
   for (const std::string& f : m_.WorkerFlags()) spec.argv.push_back(f);
   spec.log_prefix = absl::StrCat("[worker ", w.rank, "] ");
   absl::StatusOr<std::unique_ptr<ChildProcess>> p = ChildProcess::Start(spec);
@@ -205,6 +214,10 @@ absl::Status Cluster::Start() {
                                             fs::current_path(ec).string(), ")"));
   }
 
+  if (access(WorkerBinary().c_str(), X_OK) != 0) {
+    return absl::NotFoundError(absl::StrCat("--worker-binary: ", WorkerBinary(),
+                                            " is not an executable file (", strerror(errno), ")"));
+  }
   workers_.resize(m_.tensor_parallel_size);
   for (int r = 0; r < m_.tensor_parallel_size; ++r) {
     Worker& w = workers_[r];
@@ -339,9 +352,11 @@ int Run(int argc, char** argv) {
   Args args;
   FlagParser flags(
       "usage: llm-cluster --manifest=FILE [--scheduler-port=N] [--worker-base-port=N] "
-      "[--port-file=PATH]\n"
+      "[--port-file=PATH] [--worker-binary=NAME]\n"
       "Starts llm-worker (one per tensor-parallel rank) and llm-scheduler on this machine as "
-      "the manifest\nsays, waits until they serve, and stops them all on SIGINT/SIGTERM.");
+      "the manifest\nsays, waits until they serve, and stops them all on SIGINT/SIGTERM.\n"
+      "Without a GPU, `device: cuda` manifests run with --worker-binary=llm-worker-emu (the "
+      "worker built\nagainst the CUDA emulation: same flags, emulated devices, slow).");
   flags.Add("manifest", &args.manifest, "cluster manifest (deploy/local/tp2-cpu.yaml)");
   flags.Add("scheduler-port", &args.scheduler_port,
             "the scheduler's port, overriding the manifest (0: any free port; -1: the "
@@ -353,6 +368,9 @@ int Run(int argc, char** argv) {
             "write the scheduler's port here once the cluster serves (none)");
   flags.Add("bin-dir", &args.bin_dir,
             "where llm-worker and llm-scheduler are (the directory of llm-cluster)");
+  flags.Add("worker-binary", &args.worker_binary,
+            "the worker executable: a name looked up in --bin-dir, or a path containing '/'; "
+            "llm-worker-emu: the CUDA-emulation build (llm-worker)");
   flags.Add("grace", &args.grace_s, "seconds a child has to stop after SIGTERM (10)");
   flags.Parse(argc, argv);
   if (args.manifest.empty()) {
@@ -360,6 +378,10 @@ int Run(int argc, char** argv) {
     return 2;
   }
   if (args.bin_dir.empty()) args.bin_dir = SelfDir();
+  if (args.worker_binary.empty()) {
+    std::fprintf(stderr, "llm-cluster: --worker-binary must not be empty\n");
+    return 2;
+  }
   absl::StatusOr<ClusterManifest> manifest = LoadClusterManifest(args.manifest);
   if (!manifest.ok()) {
     Log(std::string(manifest.status().message()));
