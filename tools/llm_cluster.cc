@@ -6,9 +6,11 @@
 //   - a child that exits on its own: report which and how, stop the rest, exit 1; except a
 //     worker when the manifest says `restart_workers: true`: it is started again on the same
 //     port after restart_delay_s (the scheduler re-initializes the group when it is back).
-// Children cannot outlive llm-cluster, even when it is SIGKILLed (PR_SET_PDEATHSIG), and run
-// in their own process group so a terminal's Ctrl-C reaches only llm-cluster. Their output is
-// forwarded to stderr line by line, prefixed "[scheduler] " or "[worker N] ".
+// With `device: cuda` rank r gets --device=cuda:r (one GPU per rank; the scheduler gets
+// --device=cuda). Children cannot outlive llm-cluster, even when it is SIGKILLed
+// (PR_SET_PDEATHSIG), and run in their own process group so a terminal's Ctrl-C reaches only
+// llm-cluster. Their output is forwarded to stderr line by line, prefixed "[scheduler] " or
+// "[worker N] ".
 //
 //   llm-cluster --manifest=deploy/local/tp2-cpu.yaml [--scheduler-port=N]
 //               [--worker-base-port=N] [--port-file=PATH] [--worker-binary=NAME]
@@ -96,6 +98,11 @@ class Cluster {
   };
 
   absl::Status StartWorker(Worker& w, int port);
+  // cuda: rank r on GPU r of this machine (as NCCL wants: one device per rank), so that
+  // tensor_parallel_size ranks need that many visible GPUs.
+  std::string WorkerDevice(int rank) const {
+    return m_.device == "cuda" ? absl::StrCat("cuda:", rank) : m_.device;
+  }
   std::string WorkerBinary() const {
     return args_.worker_binary.find('/') != std::string::npos
                ? args_.worker_binary
@@ -126,7 +133,7 @@ absl::Status Cluster::StartWorker(Worker& w, int port) {
   fs::remove(w.port_file, ec);
   ChildSpec spec;
   spec.argv = {WorkerBinary(), "--host=" + m_.workers_host, absl::StrCat("--port=", port),
-               "--port-file=" + w.port_file, "--device=" + m_.device};
+               "--port-file=" + w.port_file, "--device=" + WorkerDevice(w.rank)};
   for (const std::string& f : m_.WorkerFlags()) spec.argv.push_back(f);
   spec.log_prefix = absl::StrCat("[worker ", w.rank, "] ");
   absl::StatusOr<std::unique_ptr<ChildProcess>> p = ChildProcess::Start(spec);
