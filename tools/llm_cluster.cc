@@ -62,6 +62,7 @@ struct Args {
   std::string port_file;
   std::string bin_dir;                       // empty: the directory of this binary
   std::string worker_binary = "llm-worker";  // a name in bin_dir, or a path with a '/'
+                                             // (Run() makes it a path)
   double grace_s = 10;
 };
 
@@ -103,11 +104,6 @@ class Cluster {
   std::string WorkerDevice(int rank) const {
     return m_.device == "cuda" ? absl::StrCat("cuda:", rank) : m_.device;
   }
-  std::string WorkerBinary() const {
-    return args_.worker_binary.find('/') != std::string::npos
-               ? args_.worker_binary
-               : args_.bin_dir + "/" + args_.worker_binary;
-  }
   // Reads pending signals: true when a stop signal arrived. Waits up to `timeout` for one.
   bool TakeSignals(absl::Duration timeout);
   // The first child found dead (reaped), as a message; restarts are scheduled here.
@@ -132,7 +128,7 @@ absl::Status Cluster::StartWorker(Worker& w, int port) {
   std::error_code ec;
   fs::remove(w.port_file, ec);
   ChildSpec spec;
-  spec.argv = {WorkerBinary(), "--host=" + m_.workers_host, absl::StrCat("--port=", port),
+  spec.argv = {args_.worker_binary, "--host=" + m_.workers_host, absl::StrCat("--port=", port),
                "--port-file=" + w.port_file, "--device=" + WorkerDevice(w.rank)};
   for (const std::string& f : m_.WorkerFlags()) spec.argv.push_back(f);
   spec.log_prefix = absl::StrCat("[worker ", w.rank, "] ");
@@ -221,10 +217,6 @@ absl::Status Cluster::Start() {
                                             fs::current_path(ec).string(), ")"));
   }
 
-  if (access(WorkerBinary().c_str(), X_OK) != 0) {
-    return absl::NotFoundError(absl::StrCat("--worker-binary: ", WorkerBinary(),
-                                            " is not an executable file (", strerror(errno), ")"));
-  }
   workers_.resize(m_.tensor_parallel_size);
   for (int r = 0; r < m_.tensor_parallel_size; ++r) {
     Worker& w = workers_[r];
@@ -385,9 +377,17 @@ int Run(int argc, char** argv) {
     return 2;
   }
   if (args.bin_dir.empty()) args.bin_dir = SelfDir();
-  if (args.worker_binary.empty()) {
-    std::fprintf(stderr, "llm-cluster: --worker-binary must not be empty\n");
-    return 2;
+  if (args.worker_binary.find('/') == std::string::npos) {
+    args.worker_binary = args.bin_dir + "/" + args.worker_binary;
+  }
+  {
+    std::error_code ec;
+    const bool file = fs::is_regular_file(args.worker_binary, ec);
+    if (!file || access(args.worker_binary.c_str(), X_OK) != 0) {
+      Log(absl::StrCat("--worker-binary: ", args.worker_binary, " is not an executable file",
+                       file ? absl::StrCat(" (", strerror(errno), ")") : std::string()));
+      return 2;
+    }
   }
   absl::StatusOr<ClusterManifest> manifest = LoadClusterManifest(args.manifest);
   if (!manifest.ok()) {
