@@ -6,22 +6,28 @@
 //   - a child that exits on its own: report which and how, stop the rest, exit 1; except a
 //     worker when the manifest says `restart_workers: true`: it is started again on the same
 //     port after restart_delay_s (the scheduler re-initializes the group when it is back).
-// Children cannot outlive llm-cluster, even when it is SIGKILLed (PR_SET_PDEATHSIG), and run
-// in their own process group so a terminal's Ctrl-C reaches only llm-cluster. Their output is
-// forwarded to stderr line by line, prefixed "[scheduler] " or "[worker N] ".
+// With `device: cuda` rank r gets --device=cuda:r (one GPU per rank; the scheduler gets
+// --device=cuda). Children cannot outlive llm-cluster, even when it is SIGKILLed
+// (PR_SET_PDEATHSIG), and run in their own process group so a terminal's Ctrl-C reaches only
+// llm-cluster. Their output is forwarded to stderr line by line, prefixed "[scheduler] " or
+// "[worker N] ".
 //
 //   llm-cluster --manifest=deploy/local/tp2-cpu.yaml [--scheduler-port=N]
-//               [--worker-base-port=N] [--port-file=PATH]
+//               [--worker-base-port=N] [--port-file=PATH] [--worker-binary=NAME]
 //
 // --port-file receives the scheduler's port (decimal, newline; written atomically) once the
-// cluster is serving. llm-worker and llm-scheduler are found next to this binary (--bin-dir).
+// cluster is serving. llm-worker and llm-scheduler are found next to this binary (--bin-dir);
+// --worker-binary=llm-worker-emu runs the workers from the CUDA-emulation build instead (a
+// name is looked up in --bin-dir, a path with a '/' is used as it is).
 #include <poll.h>
 #include <signal.h>
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -54,7 +60,9 @@ struct Args {
   int scheduler_port = -1;    // -1: the manifest's
   int worker_base_port = -1;  // -1: the manifest's
   std::string port_file;
-  std::string bin_dir;  // empty: the directory of this binary
+  std::string bin_dir;                       // empty: the directory of this binary
+  std::string worker_binary = "llm-worker";  // a name in bin_dir, or a path with a '/'
+                                             // (Run() makes it a path)
   double grace_s = 10;
 };
 
@@ -91,6 +99,11 @@ class Cluster {
   };
 
   absl::Status StartWorker(Worker& w, int port);
+  // cuda: rank r on GPU r of this machine (as NCCL wants: one device per rank), so that
+  // tensor_parallel_size ranks need that many visible GPUs.
+  std::string WorkerDevice(int rank) const {
+    return m_.device == "cuda" ? absl::StrCat("cuda:", rank) : m_.device;
+  }
   // Reads pending signals: true when a stop signal arrived. Waits up to `timeout` for one.
   bool TakeSignals(absl::Duration timeout);
   // The first child found dead (reaped), as a message; restarts are scheduled here.
@@ -115,9 +128,8 @@ absl::Status Cluster::StartWorker(Worker& w, int port) {
   std::error_code ec;
   fs::remove(w.port_file, ec);
   ChildSpec spec;
-  spec.argv = {args_.bin_dir + "/llm-worker", "--host=" + m_.workers_host,
-               absl::StrCat("--port=", port), "--port-file=" + w.port_file,
-               "--device=" + m_.device};
+  spec.argv = {args_.worker_binary, "--host=" + m_.workers_host, absl::StrCat("--port=", port),
+               "--port-file=" + w.port_file, "--device=" + WorkerDevice(w.rank)};
   for (const std::string& f : m_.WorkerFlags()) spec.argv.push_back(f);
   spec.log_prefix = absl::StrCat("[worker ", w.rank, "] ");
   absl::StatusOr<std::unique_ptr<ChildProcess>> p = ChildProcess::Start(spec);
@@ -339,9 +351,11 @@ int Run(int argc, char** argv) {
   Args args;
   FlagParser flags(
       "usage: llm-cluster --manifest=FILE [--scheduler-port=N] [--worker-base-port=N] "
-      "[--port-file=PATH]\n"
+      "[--port-file=PATH] [--worker-binary=NAME]\n"
       "Starts llm-worker (one per tensor-parallel rank) and llm-scheduler on this machine as "
-      "the manifest\nsays, waits until they serve, and stops them all on SIGINT/SIGTERM.");
+      "the manifest\nsays, waits until they serve, and stops them all on SIGINT/SIGTERM.\n"
+      "Without a GPU, `device: cuda` manifests run with --worker-binary=llm-worker-emu (the "
+      "worker built\nagainst the CUDA emulation: same flags, emulated devices, slow).");
   flags.Add("manifest", &args.manifest, "cluster manifest (deploy/local/tp2-cpu.yaml)");
   flags.Add("scheduler-port", &args.scheduler_port,
             "the scheduler's port, overriding the manifest (0: any free port; -1: the "
@@ -353,6 +367,9 @@ int Run(int argc, char** argv) {
             "write the scheduler's port here once the cluster serves (none)");
   flags.Add("bin-dir", &args.bin_dir,
             "where llm-worker and llm-scheduler are (the directory of llm-cluster)");
+  flags.Add("worker-binary", &args.worker_binary,
+            "the worker executable: a name looked up in --bin-dir, or a path containing '/'; "
+            "llm-worker-emu: the CUDA-emulation build (llm-worker)");
   flags.Add("grace", &args.grace_s, "seconds a child has to stop after SIGTERM (10)");
   flags.Parse(argc, argv);
   if (args.manifest.empty()) {
@@ -360,6 +377,18 @@ int Run(int argc, char** argv) {
     return 2;
   }
   if (args.bin_dir.empty()) args.bin_dir = SelfDir();
+  if (args.worker_binary.find('/') == std::string::npos) {
+    args.worker_binary = args.bin_dir + "/" + args.worker_binary;
+  }
+  {
+    std::error_code ec;
+    const bool file = fs::is_regular_file(args.worker_binary, ec);
+    if (!file || access(args.worker_binary.c_str(), X_OK) != 0) {
+      Log(absl::StrCat("--worker-binary: ", args.worker_binary, " is not an executable file",
+                       file ? absl::StrCat(" (", strerror(errno), ")") : std::string()));
+      return 2;
+    }
+  }
   absl::StatusOr<ClusterManifest> manifest = LoadClusterManifest(args.manifest);
   if (!manifest.ok()) {
     Log(std::string(manifest.status().message()));

@@ -89,7 +89,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
     std::ofstream out(manifest);
     out << "model: " << (options.model.empty() ? DefaultModel() : options.model) << "\n"
         << "tensor_parallel_size: " << options.tensor_parallel_size << "\n"
-        << "device: cpu\n"
+        << "device: " << options.device << "\n"
         << "scheduler: {host: 127.0.0.1, port: 0}\n"
         << "workers: {host: 127.0.0.1, base_port: 0}\n"
         << "restart_workers: " << (options.restart_workers ? "true" : "false") << "\n"
@@ -102,10 +102,14 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
     for (const auto& [k, v] : options.engine) out << "  " << k << ": " << v << "\n";
     out << "worker: {threads: 1}\n";
   }
-  absl::StatusOr<std::unique_ptr<ChildProcess>> p =
-      ChildProcess::Start({.argv = {std::string(LLM_BIN_DIR) + "/llm-cluster",
-                                    "--manifest=" + manifest, "--port-file=" + port_file,
-                                    "--grace=10", "--scheduler-port=0", "--worker-base-port=0"}});
+  std::vector<std::string> argv = {std::string(LLM_BIN_DIR) + "/llm-cluster",
+                                   "--manifest=" + manifest,
+                                   "--port-file=" + port_file,
+                                   "--grace=10",
+                                   "--scheduler-port=0",
+                                   "--worker-base-port=0"};
+  if (!options.worker_binary.empty()) argv.push_back("--worker-binary=" + options.worker_binary);
+  absl::StatusOr<std::unique_ptr<ChildProcess>> p = ChildProcess::Start({.argv = argv});
   if (!p.ok()) return p.status();
   c->process_ = std::move(*p);
   const absl::Time deadline = absl::Now() + absl::Seconds(120);
@@ -146,7 +150,7 @@ std::vector<pid_t> LocalCluster::Children() const {
 std::vector<pid_t> LocalCluster::WorkerPids() const {
   std::vector<pid_t> out;
   for (const auto& [pid, comm] : ChildrenOf(process_->pid())) {
-    if (comm == "llm-worker") out.push_back(pid);
+    if (comm.rfind("llm-worker", 0) == 0) out.push_back(pid);  // llm-worker, llm-worker-emu
   }
   return out;
 }
@@ -193,6 +197,9 @@ GenerateResult Generate(v1::LLMService::Stub& stub, const v1::GenerateRequest& r
     for (const v1::SequenceOutput& s : resp.outputs()) {
       auto& ids = r.token_ids[s.index()];
       ids.insert(ids.end(), s.token_ids().begin(), s.token_ids().end());
+      for (const v1::Logprobs& l : s.logprobs()) {
+        r.logprobs[s.index()].push_back(l.sampled().logprob());
+      }
       r.text[s.index()] += s.text();
       if (s.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
         r.finish_reason[s.index()] = s.finish_reason();
@@ -254,13 +261,18 @@ absl::StatusOr<v1::GetStatsResponse> WaitUntilAllBlocksFree(v1::LLMService::Stub
   }
 }
 
-absl::StatusOr<std::vector<std::vector<int32_t>>> ReferenceGreedy(
-    const std::string& model_dir, const std::vector<std::string>& prompts, int max_tokens,
-    bool ignore_eos) {
+namespace {
+
+// Greedy runs of the in-process engine, one prompt at a time; with `top_logprobs` > 0 also the
+// sampled token's logprob and the top-2 margin of every step.
+absl::StatusOr<std::vector<ReferenceOutput>> RunReference(const std::string& model_dir,
+                                                          const std::vector<std::string>& prompts,
+                                                          int max_tokens, bool ignore_eos,
+                                                          int top_logprobs) {
   absl::StatusOr<std::unique_ptr<LocalEngine>> local = LocalEngine::Create(model_dir, {});
   if (!local.ok()) return local.status();
   EngineCore& engine = (*local)->engine();
-  std::vector<std::vector<int32_t>> out;
+  std::vector<ReferenceOutput> out;
   for (size_t i = 0; i < prompts.size(); ++i) {
     EngineRequest req;
     req.request_id = absl::StrCat("reference-", i);
@@ -268,7 +280,8 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> ReferenceGreedy(
     req.sampling_params.temperature = 0;
     req.sampling_params.max_tokens = max_tokens;
     req.sampling_params.ignore_eos = ignore_eos;
-    std::vector<int32_t> ids;
+    if (top_logprobs > 0) req.sampling_params.logprobs = top_logprobs;
+    ReferenceOutput result;
     absl::Status failed;
     absl::Status add = engine.AddRequest(std::move(req), [&](const StreamUpdate& u) {
       if (!u.status.ok()) {
@@ -276,15 +289,44 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> ReferenceGreedy(
         return;
       }
       for (const SequenceOutput& seq : u.outputs->Seqs(*u.output)) {
-        for (TokenId t : u.outputs->NewTokenIds(seq)) ids.push_back(t);
+        for (uint32_t k = 0; k < seq.new_token_ids.size; ++k) {
+          const uint32_t at = seq.new_token_ids.begin + k;
+          result.token_ids.push_back(u.outputs->token_ids[at]);
+          if (top_logprobs == 0) continue;
+          if (at >= u.outputs->logprobs.size() || u.outputs->logprobs[at].top.size() < 2) {
+            failed = absl::InternalError("the reference engine returned no top-2 logprobs");
+            return;
+          }
+          const SampleLogprobs& l = u.outputs->logprobs[at];
+          result.logprobs.push_back(l.logprob);
+          result.margins.push_back(l.top[0].second - l.top[1].second);
+        }
       }
     });
     if (!add.ok()) return add;
     if (absl::Status s = engine.RunUntilIdle(); !s.ok()) return s;
     if (!failed.ok()) return failed;
-    out.push_back(std::move(ids));
+    out.push_back(std::move(result));
   }
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::vector<int32_t>>> ReferenceGreedy(
+    const std::string& model_dir, const std::vector<std::string>& prompts, int max_tokens,
+    bool ignore_eos) {
+  absl::StatusOr<std::vector<ReferenceOutput>> r =
+      RunReference(model_dir, prompts, max_tokens, ignore_eos, /*top_logprobs=*/0);
+  if (!r.ok()) return r.status();
+  std::vector<std::vector<int32_t>> out;
+  for (ReferenceOutput& o : *r) out.push_back(std::move(o.token_ids));
+  return out;
+}
+
+absl::StatusOr<std::vector<ReferenceOutput>> ReferenceGreedyWithMargins(
+    const std::string& model_dir, const std::vector<std::string>& prompts, int max_tokens) {
+  return RunReference(model_dir, prompts, max_tokens, /*ignore_eos=*/true, /*top_logprobs=*/2);
 }
 
 }  // namespace llm::testing

@@ -30,6 +30,10 @@ struct ClusterOptions {
   int tensor_parallel_size = 1;
   bool restart_workers = false;
   double restart_delay_s = 1;
+  std::string device = "cpu";  // the manifest's `device`
+  // llm-cluster --worker-binary (a name in build/bin, e.g. llm-worker-emu); empty: llm-worker.
+  // Applies to `manifest` too.
+  std::string worker_binary;
   // llm-scheduler options (manifest `engine:` keys, underscores), e.g. {"block_size", "16"}.
   std::vector<std::pair<std::string, std::string>> engine;
   // When set, this existing manifest is used as it is (the fields above are ignored), except
@@ -81,6 +85,8 @@ struct GenerateResult {
   std::map<uint32_t, std::vector<int32_t>> token_ids;  // by sequence index
   std::map<uint32_t, std::string> text;
   std::map<uint32_t, v1::FinishReason> finish_reason;
+  // The sampled tokens' logprobs, by sequence index, when the request asked for logprobs.
+  std::map<uint32_t, std::vector<float>> logprobs;
   v1::Usage usage;
   bool has_usage = false;
   int num_responses = 0;
@@ -106,6 +112,17 @@ absl::StatusOr<v1::GetStatsResponse> WaitUntilAllBlocksFree(v1::LLMService::Stub
 absl::StatusOr<std::vector<std::vector<int32_t>>> ReferenceGreedy(
     const std::string& model_dir, const std::vector<std::string>& prompts, int max_tokens,
     bool ignore_eos = true);
+
+// ReferenceGreedy with each step's top-2 logprobs: margins[i] is logprob(top 1) - logprob(top
+// 2) at output token i, the distance from a tie that a less precise run must stay within to
+// pick the same token.
+struct ReferenceOutput {
+  std::vector<int32_t> token_ids;
+  std::vector<float> logprobs;  // of token_ids[i]
+  std::vector<float> margins;
+};
+absl::StatusOr<std::vector<ReferenceOutput>> ReferenceGreedyWithMargins(
+    const std::string& model_dir, const std::vector<std::string>& prompts, int max_tokens);
 
 std::string DefaultModel();
 

@@ -424,6 +424,15 @@ TEST(ClusterTest, LlmClusterRejectsABadManifest) {
   std::filesystem::remove_all(dir);
 }
 
+// --worker-binary that names no executable stops llm-cluster before it starts anything.
+TEST(ClusterTest, LlmClusterRejectsAMissingWorkerBinary) {
+  auto [text, rc] = RunCommand(absl::StrCat(LLM_BIN_DIR, "/llm-cluster --manifest=", LLM_SOURCE_DIR,
+                                            "/deploy/local/tp1-cpu.yaml --worker-binary=no-such"));
+  EXPECT_EQ(rc, 2) << text;
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("--worker-binary: ", LLM_BIN_DIR,
+                                           "/no-such is not an executable file")));
+}
+
 // A worker that dies while the scheduler starts is fatal even with restart_workers (restarts
 // begin once the cluster serves): llm-cluster names it and exits 1 at once rather than waiting
 // out startup_timeout_s. Stand-ins from a --bin-dir: workers that write their port file and

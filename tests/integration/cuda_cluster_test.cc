@@ -1,0 +1,233 @@
+// End-to-end tests of `device: cuda` clusters on a machine without a GPU: llm-cluster starts
+// its workers from llm-worker-emu (--worker-binary), the worker built against the CUDA
+// emulation (kernels/cuda/emu). Each rank is a process with its own emulated devices; at
+// tensor parallelism 2 the ranks form an NCCL group (the emulated NCCL, through /dev/shm) from
+// rank 0's unique id passed through the scheduler's rendezvous store. The workers profile
+// memory and size the KV cache from gpu_memory_utilization as on a GPU.
+//
+// The emulated device has LLM_CUDA_EMU_MEMORY_BYTES = 128 MiB (set before any cluster starts;
+// the workers inherit it): the default (80 GiB) would make a KV cache of gigabytes, and the
+// emulation's per-launch cost grows with the device memory in use.
+//
+// Deadlines are hang guards only; no assertion depends on timing.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "tests/integration/cluster_harness.h"
+
+namespace llm::testing {
+namespace {
+
+constexpr int kMaxTokens = 8;  // the emulated kernels are slow: short generations
+
+const std::vector<std::string>& Prompts() {
+  static const auto* p = new std::vector<std::string>{
+      "Once upon a time",
+      "The best programmers write code that",
+      "A fortune: you will travel far, and",
+      "In a land far away there lived",
+      "The weather today is",
+      "My favourite number is",
+      "She opened the door and saw",
+      "Tomorrow we will",
+      "The cat sat on the",
+      "Every morning the old man",
+  };
+  return *p;
+}
+
+class CudaClusterTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { setenv("LLM_CUDA_EMU_MEMORY_BYTES", "134217728", 1); }
+};
+
+ClusterOptions CudaEmu(int tp, const std::string& dtype) {
+  return {.tensor_parallel_size = tp,
+          .device = "cuda",
+          .worker_binary = "llm-worker-emu",
+          .engine = {{"dtype", dtype},
+                     {"gpu_memory_utilization", "0.5"},
+                     {"max_model_len", "128"},
+                     {"max_num_batched_tokens", "128"},
+                     {"max_num_seqs", "4"}}};
+}
+
+std::unique_ptr<LocalCluster> StartCluster(const ClusterOptions& options) {
+  absl::StatusOr<std::unique_ptr<LocalCluster>> c = LocalCluster::Start(options);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? std::move(*c) : nullptr;
+}
+
+// The cluster serves the model at `tp` ranks with a profiled KV cache, from llm-worker-emu
+// processes (one per rank, rank r on emulated GPU r).
+void ExpectEmulatedCudaCluster(LocalCluster& c, int tp) {
+  absl::StatusOr<v1::GetModelInfoResponse> info = GetModelInfo(c.stub());
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->tensor_parallel_size(), static_cast<uint32_t>(tp));
+  EXPECT_GT(info->num_gpu_blocks(), 0u);
+  // One llm-worker-emu per rank, rank r with --device=cuda:r.
+  std::vector<std::string> devices;
+  for (const auto& [pid, comm] : ChildrenOf(c.pid())) {
+    if (comm != "llm-worker-emu") continue;
+    std::ifstream in(absl::StrCat("/proc/", pid, "/cmdline"));
+    std::string arg;
+    while (std::getline(in, arg, '\0')) {
+      if (arg.rfind("--device=", 0) == 0) devices.push_back(arg.substr(9));
+    }
+  }
+  std::sort(devices.begin(), devices.end());
+  std::vector<std::string> expected;
+  for (int r = 0; r < tp; ++r) expected.push_back(absl::StrCat("cuda:", r));
+  EXPECT_EQ(devices, expected);
+}
+
+// Greedy runs of each prompt, one after another; every one must finish at kMaxTokens.
+std::vector<GenerateResult> GreedyRuns(LocalCluster& c, const std::vector<std::string>& prompts,
+                                       int logprobs = -1) {
+  std::vector<GenerateResult> out;
+  for (const std::string& p : prompts) {
+    v1::GenerateRequest req = GreedyRequest(p, kMaxTokens);
+    if (logprobs >= 0) req.mutable_sampling_params()->set_logprobs(logprobs);
+    GenerateResult r = Generate(c.stub(), req);
+    EXPECT_TRUE(r.status.ok()) << p << ": " << r.status.error_message();
+    EXPECT_EQ(r.finish_reason[0], v1::FINISH_REASON_LENGTH) << p;
+    EXPECT_EQ(r.token_ids[0].size(), static_cast<size_t>(kMaxTokens)) << p;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::vector<std::vector<int32_t>> TokenIds(const std::vector<GenerateResult>& runs) {
+  std::vector<std::vector<int32_t>> out;
+  for (const GenerateResult& r : runs) out.push_back(r.token_ids.at(0));
+  return out;
+}
+
+// float32 on the (emulated) GPU at tensor parallelism 1 and 2 picks exactly the CPU engine's
+// greedy tokens.
+TEST_F(CudaClusterTest, Float32AtTp1AndTp2EqualsTheCpuEngine) {
+  absl::StatusOr<std::vector<std::vector<int32_t>>> reference =
+      ReferenceGreedy(DefaultModel(), Prompts(), kMaxTokens);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  for (int tp : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat("tensor_parallel_size ", tp));
+    std::unique_ptr<LocalCluster> c = StartCluster(CudaEmu(tp, "float32"));
+    ASSERT_NE(c, nullptr);
+    ExpectEmulatedCudaCluster(*c, tp);
+    EXPECT_EQ(TokenIds(GreedyRuns(*c, Prompts())), *reference);
+    absl::StatusOr<int> stopped = c->Stop();
+    EXPECT_TRUE(stopped.ok()) << stopped.status();
+  }
+}
+
+// bfloat16 against the CPU engine's float32: a greedy pick may flip where the reference's
+// top-2 logprobs are closer than bfloat16's error, and after a flip the sequences go apart. So
+// each prompt's tokens must equal the reference's up to (not including) its first step with a
+// top-2 margin below kMinMargin; and the sampled tokens' logprobs, on the steps compared, must
+// be within kMinMargin / 2 of the reference's, which is what makes kMinMargin enough (a flip
+// moves the top-2 difference by more than the margin, i.e. one of the two logprobs by more
+// than half of it).
+constexpr float kMinMargin = 0.03f;
+
+struct Comparison {
+  int compared = 0;       // tokens compared (before each prompt's first close step)
+  int total = 0;          // tokens generated
+  int prompts_whole = 0;  // prompts compared in full
+  float max_error = 0;    // max |logprob - reference logprob| over the tokens compared
+};
+
+Comparison CompareWhereTheMarginExceedsTheError(const std::string& label,
+                                                const std::vector<std::string>& prompts,
+                                                const std::vector<ReferenceOutput>& reference,
+                                                const std::vector<GenerateResult>& runs) {
+  Comparison c;
+  EXPECT_EQ(reference.size(), prompts.size());
+  EXPECT_EQ(runs.size(), prompts.size());
+  for (size_t i = 0; i < prompts.size() && i < reference.size() && i < runs.size(); ++i) {
+    SCOPED_TRACE(prompts[i]);
+    const ReferenceOutput& ref = reference[i];
+    if (runs[i].token_ids.count(0) == 0 || runs[i].logprobs.count(0) == 0) {
+      ADD_FAILURE() << "no output with logprobs";
+      continue;
+    }
+    const std::vector<int32_t>& got = runs[i].token_ids.at(0);
+    const std::vector<float>& logprobs = runs[i].logprobs.at(0);
+    EXPECT_EQ(got.size(), ref.token_ids.size());
+    EXPECT_EQ(logprobs.size(), got.size());
+    const size_t close = std::find_if(ref.margins.begin(), ref.margins.end(),
+                                      [&](float m) { return m < kMinMargin; }) -
+                         ref.margins.begin();
+    for (size_t t = 0; t < close && t < got.size() && t < logprobs.size(); ++t) {
+      EXPECT_EQ(got[t], ref.token_ids[t])
+          << "token " << t << ", reference margin " << ref.margins[t];
+      if (got[t] != ref.token_ids[t]) break;
+      c.max_error = std::max(c.max_error, std::fabs(logprobs[t] - ref.logprobs[t]));
+    }
+    c.compared += static_cast<int>(close);
+    c.total += static_cast<int>(ref.token_ids.size());
+    c.prompts_whole += close == ref.margins.size();
+    std::printf("%s: \"%s\": %zu of %zu tokens compared, min margin %.3f%s\n", label.c_str(),
+                prompts[i].c_str(), close, ref.token_ids.size(),
+                *std::min_element(ref.margins.begin(), ref.margins.end()),
+                got == ref.token_ids ? ", all equal" : "");
+  }
+  std::printf("%s: %d of %d tokens compared; max |logprob - reference| %.4f\n", label.c_str(),
+              c.compared, c.total, c.max_error);
+  EXPECT_LT(c.max_error, kMinMargin / 2);
+  return c;
+}
+
+TEST_F(CudaClusterTest, Bfloat16AtTp2FollowsTheCpuEngineWhereTheMarginExceedsTheError) {
+  absl::StatusOr<std::vector<ReferenceOutput>> reference =
+      ReferenceGreedyWithMargins(DefaultModel(), Prompts(), kMaxTokens);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  std::unique_ptr<LocalCluster> c = StartCluster(CudaEmu(2, "bfloat16"));
+  ASSERT_NE(c, nullptr);
+  ExpectEmulatedCudaCluster(*c, 2);
+  const Comparison cmp = CompareWhereTheMarginExceedsTheError(
+      "bf16 tp2", Prompts(), *reference, GreedyRuns(*c, Prompts(), /*logprobs=*/1));
+  // Not vacuous: most of the output is compared, and some prompts in full (the tiny test
+  // model's logits are nearly flat: several of its top-2 margins are below 0.01).
+  EXPECT_GE(cmp.compared, cmp.total / 2);
+  EXPECT_GE(cmp.prompts_whole, 2);
+  absl::StatusOr<int> stopped = c->Stop();
+  EXPECT_TRUE(stopped.ok()) << stopped.status();
+}
+
+// deploy/local/tp1-cuda.yaml and tp2-cuda.yaml as committed (bfloat16, the demo model), with
+// --worker-binary=llm-worker-emu, serve Generate.
+TEST_F(CudaClusterTest, TheCommittedCudaManifestsServeGenerateOnTheEmulation) {
+  // Their model paths are relative to the repository root.
+  ASSERT_EQ(chdir(LLM_SOURCE_DIR), 0);
+  const std::vector<std::string> prompts = {"Once upon a time"};
+  absl::StatusOr<std::vector<ReferenceOutput>> reference =
+      ReferenceGreedyWithMargins("models/fortune-llama", prompts, kMaxTokens);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  for (const char* name : {"tp1-cuda.yaml", "tp2-cuda.yaml"}) {
+    SCOPED_TRACE(name);
+    std::unique_ptr<LocalCluster> c = StartCluster(
+        {.worker_binary = "llm-worker-emu", .manifest = std::string("deploy/local/") + name});
+    ASSERT_NE(c, nullptr);
+    ExpectEmulatedCudaCluster(*c, name[2] - '0');
+    absl::StatusOr<v1::GetModelInfoResponse> info = GetModelInfo(c->stub());
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(info->model_name(), "fortune-llama");
+    const Comparison cmp = CompareWhereTheMarginExceedsTheError(
+        name, prompts, *reference, GreedyRuns(*c, prompts, /*logprobs=*/1));
+    EXPECT_GT(cmp.compared, 0);
+    absl::StatusOr<int> stopped = c->Stop();
+    EXPECT_TRUE(stopped.ok()) << stopped.status();
+  }
+}
+
+}  // namespace
+}  // namespace llm::testing
