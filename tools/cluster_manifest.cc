@@ -31,6 +31,7 @@ const std::vector<KeySpec>& EngineKeys() {
       {"served_model_name", Type::kString, {}},
       {"dtype", Type::kString, {"auto", "float32", "bfloat16", "float16"}},
       {"kv_cache_dtype", Type::kString, {"auto", "float32", "bfloat16", "float16"}},
+      {"enforce_eager", Type::kBool, {}},
       {"block_size", Type::kInt, {}},
       {"max_num_seqs", Type::kInt, {}},
       {"max_num_batched_tokens", Type::kInt, {}},

@@ -59,6 +59,7 @@ struct Flags {
   std::string device = "cpu";
   std::string dtype = "auto";
   std::string kv_cache_dtype = "auto";
+  bool enforce_eager = false;
   int block_size = 16;
   int max_num_seqs = 256;
   int max_num_batched_tokens = 0;
@@ -113,6 +114,8 @@ Flags Parse(int argc, char** argv) {
   p.Add("dtype", &f.dtype,
         "weight and activation type, sent to the workers: auto (bfloat16 on cuda, float32 on "
         "cpu), float32, bfloat16, float16 (auto)");
+  p.Add("enforce-eager", &f.enforce_eager,
+        "device cuda: never run steps from captured CUDA graphs (false)");
   p.Add("kv-cache-dtype", &f.kv_cache_dtype,
         "KV cache element type: auto (the model's dtype), bfloat16, float16, float32 (auto)");
   p.Add("block-size", &f.block_size, "tokens per KV cache block (16)");
@@ -227,6 +230,7 @@ Setup Check(const Flags& f, const ModelConfig& model, const Tokenizer& tokenizer
   g.model_path = f.model;
   g.dtype = f.dtype;
   g.kv_cache_dtype = f.kv_cache_dtype;
+  g.enforce_eager = f.enforce_eager;
   g.device = f.device;
   g.collective_timeout_ms = static_cast<uint32_t>(f.collective_timeout * 1000);
   g.max_model_len = sc.max_model_len;

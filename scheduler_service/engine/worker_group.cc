@@ -138,6 +138,7 @@ absl::Status WorkerGroup::Form(ShardedWorkerClient* client, int attempt) {
   init.set_model_path(options_.model_path);
   init.set_dtype(options_.dtype);
   init.set_kv_cache_dtype(options_.kv_cache_dtype);
+  init.set_enforce_eager(options_.enforce_eager);
   init.set_device(options_.device);
   init.set_rendezvous_address(options_.rendezvous_address);
   init.set_rendezvous_prefix(absl::StrCat("group-", attempt));

@@ -63,6 +63,7 @@ struct WorkerGroupOptions {
   std::string model_path;  // the same path on every host
   std::string dtype = "auto";
   std::string kv_cache_dtype = "auto";
+  bool enforce_eager = false;  // cuda: no CUDA graphs
   std::string device = "cpu";
   std::string rendezvous_address;  // host:port of the TcpStoreServer the ranks meet at
   uint32_t collective_timeout_ms = 30000;

@@ -1,5 +1,6 @@
 #include "worker_service/model/device_context.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -39,9 +40,14 @@ absl::StatusOr<std::unique_ptr<DeviceContext>> DeviceContext::Create(TensorDevic
     return unavailable(err);
   }
   if (std::string err = cuda::BlasLtCreate(&ctx->blas_lt_); !err.empty()) return unavailable(err);
-  if (std::string err =
-          Tensor::Allocate(DType::kI32, {static_cast<int64_t>(kBlasWorkspaceBytes / 4)}, device,
-                           &ctx->blas_workspace_);
+  size_t free_bytes = 0, total_bytes = 0;
+  if (std::string err = cuda::MemGetInfo(&free_bytes, &total_bytes); !err.empty()) {
+    return unavailable(err);
+  }
+  // 32 MiB, or 1/128 of a small device's memory.
+  const size_t workspace = std::min(kBlasWorkspaceBytes, total_bytes / 128 / 256 * 256);
+  if (std::string err = Tensor::Allocate(DType::kI32, {static_cast<int64_t>(workspace / 4)}, device,
+                                         &ctx->blas_workspace_);
       !err.empty()) {
     return unavailable(err);
   }

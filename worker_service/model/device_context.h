@@ -26,7 +26,8 @@ namespace llm {
 
 class DeviceContext {
  public:
-  // Bytes of cuBLASLt workspace (what vLLM and PyTorch give Hopper: 32 MiB).
+  // Bytes of cuBLASLt workspace (what vLLM and PyTorch give Hopper: 32 MiB; a device with less
+  // than 4 GiB gets 1/128 of its memory).
   static constexpr size_t kBlasWorkspaceBytes = 32u << 20;
 
   // cpu, or cuda:N: then UNAVAILABLE when the build has no CUDA backend, there is no such

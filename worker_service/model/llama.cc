@@ -292,8 +292,8 @@ absl::Status LlamaModel::LoadWeights(const SafetensorsModel* weights, uint64_t s
     std::vector<float> table(static_cast<size_t>(positions * d));
     RETURN_IF_ERROR(FromOp(ops::ComputeRopeCosSinCache(rope_, positions, table)));
     RETURN_IF_ERROR(AllocateOnDevice(DType::kF32, {positions, d}, &cos_sin_cache_));
-    RETURN_IF_ERROR(Copy(device_, cos_sin_cache_.view().data, table.data(), table.size() * 4,
-                         stream));
+    RETURN_IF_ERROR(
+        Copy(device_, cos_sin_cache_.view().data, table.data(), table.size() * 4, stream));
     if (context_ != nullptr) RETURN_IF_ERROR(context_->Synchronize());
   }
 
@@ -439,9 +439,6 @@ absl::Status LlamaModel::Forward(const ForwardInput& in, std::span<const LayerKv
   const int64_t t = static_cast<int64_t>(in.token_ids.size());
   const int64_t s = static_cast<int64_t>(in.seq_lens.size());
   const int64_t n = static_cast<int64_t>(in.logits_indices.size());
-  const int64_t h = config_.hidden_size, d = config_.head_dim;
-  const int64_t qh = local_q_heads_, kvh = local_kv_heads_, il = local_intermediate_;
-  const int64_t vp = vocab_per_rank_, vocab = config_.vocab_size;
   if (static_cast<int>(caches.size()) != config_.num_hidden_layers) {
     return absl::InvalidArgumentError(
         absl::StrCat(caches.size(), " KV caches for ", config_.num_hidden_layers, " layers"));
@@ -465,9 +462,126 @@ absl::Status LlamaModel::Forward(const ForwardInput& in, std::span<const LayerKv
           absl::StrCat("logits row ", r, " is outside the step's ", t, " tokens"));
     }
   }
+  if (UseGraph(in, caches)) return GraphForward(in, caches, logits);
   RETURN_IF_ERROR(Grow(t, n, s, s * in.max_blocks));
-  const ops::OpContext ctx = OpContextFor();
-  void* stream = ctx.stream;
+  StepViews views;
+  RETURN_IF_ERROR(Upload(in, &views));
+  return Compute(views, caches, logits);
+}
+
+void LlamaModel::EnableCudaGraphs(int max_batch) {
+  ReleaseGraphs();
+  max_graph_batch_ = device_.is_cuda() ? std::max(0, max_batch) : 0;
+#ifdef LLM_CUDA_EMU
+  // The emulated NCCL queues its collectives as host work, which a capture cannot record.
+  if (world_ > 1) max_graph_batch_ = 0;
+#endif
+}
+
+void LlamaModel::ReleaseGraphs() {
+#ifdef LLM_WITH_CUDA
+  for (auto& [size, graph] : graphs_) (void)cuda::GraphExecDestroy(graph.exec);
+#endif
+  graphs_.clear();
+  graph_caches_ = nullptr;
+}
+
+LlamaModel::~LlamaModel() { ReleaseGraphs(); }
+
+bool LlamaModel::UseGraph(const ForwardInput& in, std::span<const LayerKvCache> caches) const {
+  const int64_t s = static_cast<int64_t>(in.seq_lens.size());
+  if (max_graph_batch_ == 0 || s == 0 || s > max_graph_batch_ ||
+      in.token_ids.size() != static_cast<size_t>(s) ||
+      in.logits_indices.size() != static_cast<size_t>(s) || buf_.max_model_len == 0 ||
+      caches.empty() || GraphSize(s) > buf_.seqs || GraphSize(s) > buf_.rows) {
+    return false;
+  }
+  for (int64_t i = 0; i < s; ++i) {
+    if (in.logits_indices[i] != i || in.query_start_loc[i + 1] != i + 1) return false;
+  }
+  const int64_t blocks = (buf_.max_model_len + caches[0].key.shape[1] - 1) / caches[0].key.shape[1];
+  if (in.max_blocks > blocks || GraphSize(s) * blocks > buf_.table) return false;
+  auto failed = failed_graphs_.find(GraphSize(s));
+  return failed == failed_graphs_.end();
+}
+
+int64_t LlamaModel::GraphSize(int64_t s) const {
+  int64_t b = 1;
+  while (b < s) b *= 2;
+  return std::min<int64_t>(b, max_graph_batch_);
+}
+
+absl::Status LlamaModel::GraphForward(const ForwardInput& in, std::span<const LayerKvCache> caches,
+                                      TensorView* logits) {
+#ifdef LLM_WITH_CUDA
+  // The batch padded to B sequences of one token each, with a block table of the longest
+  // context's width: every launch of the graph sees the same sizes and addresses. Padding rows:
+  // token 0 at position 0, no cache write (slot -1), a context of 1 in block 0; their outputs
+  // are never read.
+  const int64_t s = static_cast<int64_t>(in.seq_lens.size());
+  const int64_t b = GraphSize(s);
+  const int64_t width = (buf_.max_model_len + caches[0].key.shape[1] - 1) / caches[0].key.shape[1];
+  if (graph_caches_ != caches[0].key.data) {
+    ReleaseGraphs();  // captured over other caches
+    graph_caches_ = caches[0].key.data;
+  }
+  g_ids_.assign(in.token_ids.begin(), in.token_ids.end());
+  g_ids_.resize(b, 0);
+  g_positions_.assign(in.positions.begin(), in.positions.end());
+  g_positions_.resize(b, 0);
+  g_slots_.assign(in.slot_mapping.begin(), in.slot_mapping.end());
+  g_slots_.resize(b, -1);
+  g_tables_.assign(static_cast<size_t>(b * width), 0);
+  for (int64_t i = 0; i < s; ++i) {
+    std::copy_n(in.block_tables.begin() + i * in.max_blocks, in.max_blocks,
+                g_tables_.begin() + i * width);
+  }
+  g_lens_.assign(in.seq_lens.begin(), in.seq_lens.end());
+  g_lens_.resize(b, 1);
+  g_qsl_.resize(b + 1);
+  g_rows_.resize(b);
+  for (int64_t i = 0; i <= b; ++i) g_qsl_[i] = static_cast<int32_t>(i);
+  for (int64_t i = 0; i < b; ++i) g_rows_[i] = static_cast<int32_t>(i);
+  const ForwardInput padded{g_ids_,  g_positions_, g_slots_, g_tables_, static_cast<int>(width),
+                            g_lens_, g_qsl_,       g_rows_};
+  StepViews views;
+  RETURN_IF_ERROR(Upload(padded, &views));  // outside the graph: a copy before its launch
+  views.meta.max_seq_len = static_cast<int>(buf_.max_model_len);  // the plan for any length
+  void* stream = context_->stream();
+  auto it = graphs_.find(b);
+  if (it == graphs_.end()) {
+    Graph graph;
+    RETURN_IF_ERROR(CudaStatus(cuda::BeginCapture(stream)));
+    const absl::Status captured = Compute(views, caches, &graph.logits);
+    const std::string ended = cuda::EndCapture(stream, &graph.exec);
+    if (!captured.ok() || !ended.empty()) {
+      // Not capturable here (e.g. a collective that cannot be captured): this size runs
+      // eagerly from now on.
+      failed_graphs_[b] = captured.ok() ? ended : std::string(captured.message());
+      (void)cuda::GraphExecDestroy(graph.exec);
+      RETURN_IF_ERROR(Compute(views, caches, logits));
+      logits->shape[0] = s;
+      return absl::OkStatus();
+    }
+    it = graphs_.emplace(b, graph).first;
+  }
+  RETURN_IF_ERROR(CudaStatus(cuda::GraphLaunch(it->second.exec, stream)));
+  ++graph_replays_;
+  *logits = it->second.logits;
+  logits->shape[0] = s;  // the real sequences' rows
+  return absl::OkStatus();
+#else
+  (void)in, (void)caches, (void)logits;
+  return absl::InternalError("CUDA graphs in a build without CUDA");
+#endif
+}
+
+absl::Status LlamaModel::Upload(const ForwardInput& in, StepViews* out) {
+  const int64_t t = static_cast<int64_t>(in.token_ids.size());
+  const int64_t s = static_cast<int64_t>(in.seq_lens.size());
+  const int64_t n = static_cast<int64_t>(in.logits_indices.size());
+  const int64_t vp = vocab_per_rank_;
+  void* stream = OpContextFor().stream;
 
   // Vocab-parallel lookup: ids outside this rank's range read the zero row vp.
   local_ids_.resize(t);
@@ -508,6 +622,20 @@ absl::Status LlamaModel::Forward(const ForwardInput& in, std::span<const LayerKv
   }
   meta.max_seq_len = s == 0 ? 0 : *std::max_element(in.seq_lens.begin(), in.seq_lens.end());
   meta.query_start_loc_host = in.query_start_loc;
+  *out = {ids, positions, slots, rows, meta, t, s, n};
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::Compute(const StepViews& sv, std::span<const LayerKvCache> caches,
+                                 TensorView* logits) {
+  const int64_t t = sv.t, n = sv.n;
+  const int64_t h = config_.hidden_size, d = config_.head_dim;
+  const int64_t qh = local_q_heads_, kvh = local_kv_heads_, il = local_intermediate_;
+  const int64_t vp = vocab_per_rank_, vocab = config_.vocab_size;
+  const ops::OpContext ctx = OpContextFor();
+  void* stream = ctx.stream;
+  const TensorView &ids = sv.ids, &positions = sv.positions, &slots = sv.slots, &rows = sv.rows;
+  const ops::AttentionMetadata& meta = sv.meta;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const float eps = static_cast<float>(config_.rms_norm_eps);
   const size_t esize = DTypeSize(dtype_);

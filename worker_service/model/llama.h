@@ -34,6 +34,7 @@
 #define LLM_WORKER_SERVICE_MODEL_LLAMA_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -82,6 +83,7 @@ absl::StatusOr<DType> ParseModelDType(const std::string& name, const TensorDevic
 
 class LlamaModel {
  public:
+  ~LlamaModel();
   // Reads rank `comm->rank()` of `comm->world_size()`'s shard (rank 0 of 1 when comm is
   // null). INVALID_ARGUMENT when the heads or the intermediate size do not split over the
   // ranks, or the dtype does not suit the device; the loader's errors when a tensor is missing
@@ -110,6 +112,17 @@ class LlamaModel {
   DType dtype() const { return dtype_; }
   // Bytes of this rank's weights on the device.
   size_t weight_bytes() const { return weight_bytes_; }
+
+  // CUDA graphs for decode steps (cuda; off until called): a step whose every sequence
+  // computes one token and samples it runs from a graph captured at its first use for the
+  // batch padded to the next power of two (at most max_batch), over static input buffers
+  // (Reserve first: a graph needs max_batch <= the reserved sequences). 0 turns them off, as
+  // vLLM's --enforce-eager. Graphs are captured over the KV caches they first see and
+  // recaptured when the caches change. A batch size whose capture fails (a collective that
+  // cannot be captured) runs eagerly from then on.
+  void EnableCudaGraphs(int max_batch);
+  int num_graphs() const { return static_cast<int>(graphs_.size()); }
+  int64_t graph_replays() const { return graph_replays_; }
 
   // Allocates the activation buffers for steps of up to max_tokens tokens, max_seqs sequences
   // and contexts of max_model_len (the attention workspace), so that no step allocates and
@@ -155,7 +168,28 @@ class LlamaModel {
     int64_t max_model_len = 0;
   };
 
+  // A step's inputs as the ops see them (on the model's device).
+  struct StepViews {
+    TensorView ids, positions, slots, rows;
+    ops::AttentionMetadata meta;
+    int64_t t = 0, s = 0, n = 0;
+  };
+  struct Graph {
+    void* exec = nullptr;  // cudaGraphExec_t
+    TensorView logits;     // [B, V] f32, where the graph writes them
+  };
+
   LlamaModel(const ModelConfig& config, Communicator* comm, const ModelOptions& options);
+  // Packs the step's integer inputs (cuda: into pinned memory, one copy up).
+  absl::Status Upload(const ForwardInput& in, StepViews* out);
+  // Enqueues the whole forward pass over `views` (nothing is allocated or waited for).
+  absl::Status Compute(const StepViews& views, std::span<const LayerKvCache> caches,
+                       TensorView* logits);
+  bool UseGraph(const ForwardInput& in, std::span<const LayerKvCache> caches) const;
+  int64_t GraphSize(int64_t num_seqs) const;
+  absl::Status GraphForward(const ForwardInput& in, std::span<const LayerKvCache> caches,
+                            TensorView* logits);
+  void ReleaseGraphs();
   // From `weights`, or random (seeded) when it is null.
   absl::Status LoadWeights(const SafetensorsModel* weights, uint64_t seed);
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Make(const ModelConfig& config,
@@ -181,12 +215,19 @@ class LlamaModel {
   size_t weight_bytes_ = 0;
   ops::RopeConfig rope_;
   Tensor cos_sin_cache_;  // f32 [max_position_embeddings, head_dim]: cosines, then sines
-  Tensor embed_;    // [Vp + 1, H]; rows past this rank's vocabulary are zero
-  Tensor lm_head_;  // [Vp, H]; unallocated when tied to embed_
+  Tensor embed_;          // [Vp + 1, H]; rows past this rank's vocabulary are zero
+  Tensor lm_head_;        // [Vp, H]; unallocated when tied to embed_
   Tensor final_norm_;
   std::vector<Layer> layers_;
   Buffers buf_;
   std::vector<int32_t> local_ids_;  // cpu: this step's ids in the local vocabulary
+  int max_graph_batch_ = 0;
+  std::map<int64_t, Graph> graphs_;               // by padded batch size
+  std::map<int64_t, std::string> failed_graphs_;  // sizes that run eagerly, and why
+  const void* graph_caches_ = nullptr;            // the caches the graphs were captured over
+  int64_t graph_replays_ = 0;
+  std::vector<int32_t> g_ids_, g_positions_, g_tables_, g_lens_, g_qsl_, g_rows_;  // padded
+  std::vector<int64_t> g_slots_;
 };
 
 }  // namespace llm
