@@ -713,6 +713,22 @@ TEST_F(CudaPagedAttention16, Bf16DecodeMatchesCpu) {
   ExpectDecodeMatchesCpu(DType::kBF16, rng);
 }
 
+// A CUDA graph of decode steps is captured with the plan for the longest context the engine
+// admits (max_seq_len = max_model_len, no host seq_lens) and replayed for shorter ones: splits
+// past a sequence's context hold no keys and must not change its output.
+TEST_F(CudaPagedAttention16, APlanForLongerContextsThanTheBatchHasGivesTheSameOutput) {
+  std::mt19937 rng(1708);
+  const Shape shape = kShapes[0];
+  const Batch b = MakeBatch16({{1, 1}, {1, 40}, {1, 300}, {1, 17}}, shape, rng, DType::kBF16);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(shape.head_size));
+  const HostTensor want = CudaPagedAttention16::Reference(b, scale);
+  const DeviceWorkspace workspace(
+      PagedAttentionWorkspaceBytes(4, shape.num_heads, shape.head_size, 4096));
+  EXPECT_TRUE(Close(CudaPagedAttention16::Run(b, DType::kBF16, scale, workspace.Context(),
+                                              /*with_lens=*/false, /*with_qsl=*/true, 4096),
+                    want, kAtol16, Rtol16(DType::kBF16)));
+}
+
 TEST_F(CudaPagedAttention16, F16DecodeMatchesCpu) {
   std::mt19937 rng(1706);
   ExpectDecodeMatchesCpu(DType::kF16, rng);

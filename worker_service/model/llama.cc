@@ -546,7 +546,9 @@ absl::Status LlamaModel::GraphForward(const ForwardInput& in, std::span<const La
                             g_lens_, g_qsl_,       g_rows_};
   StepViews views;
   RETURN_IF_ERROR(Upload(padded, &views));  // outside the graph: a copy before its launch
-  views.meta.max_seq_len = static_cast<int>(buf_.max_model_len);  // the plan for any length
+  // The attention plan for any lengths (the graph replays it whatever this step's are).
+  views.meta.max_seq_len = static_cast<int>(buf_.max_model_len);
+  views.meta.seq_lens_host = {};
   void* stream = context_->stream();
   auto it = graphs_.find(b);
   if (it == graphs_.end()) {
@@ -622,6 +624,7 @@ absl::Status LlamaModel::Upload(const ForwardInput& in, StepViews* out) {
   }
   meta.max_seq_len = s == 0 ? 0 : *std::max_element(in.seq_lens.begin(), in.seq_lens.end());
   meta.query_start_loc_host = in.query_start_loc;
+  meta.seq_lens_host = in.seq_lens;  // the attention's split-KV plan
   *out = {ids, positions, slots, rows, meta, t, s, n};
   return absl::OkStatus();
 }
