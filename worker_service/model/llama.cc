@@ -385,6 +385,8 @@ absl::Status LlamaModel::Grow(int64_t tokens, int64_t rows, int64_t seqs, int64_
   const int64_t vp = vocab_per_rank_;
   const bool inputs_stale = tokens > b.tokens || rows > b.rows || seqs > b.seqs ||
                             table > b.table || !b.inputs.allocated();
+  // A captured graph holds the addresses of these buffers: a reallocation retires the graphs.
+  if (tokens > b.tokens || rows > b.rows || (device_.is_cuda() && inputs_stale)) ReleaseGraphs();
   if (tokens > b.tokens) {
     tokens = std::max<int64_t>(tokens, 1);
     RETURN_IF_ERROR(AllocateOnDevice(dtype_, {tokens, h}, &b.x));
@@ -471,6 +473,7 @@ absl::Status LlamaModel::Forward(const ForwardInput& in, std::span<const LayerKv
 
 void LlamaModel::EnableCudaGraphs(int max_batch) {
   ReleaseGraphs();
+  failed_graphs_.clear();
   max_graph_batch_ = device_.is_cuda() ? std::max(0, max_batch) : 0;
 #ifdef LLM_CUDA_EMU
   // The emulated NCCL queues its collectives as host work, which a capture cannot record.
