@@ -41,8 +41,11 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const nlohmann::jso
     return absl::InvalidArgumentError(
         absl::StrCat("unsupported model type '", type, "' (supported: BPE)"));
   }
+  // "" is what transformers writes when there is none (its GPT-2-style converters); HF
+  // tokenizers reads it as none too.
   for (const char* field : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-    if (auto it = spec.find(field); it != spec.end() && !it->is_null()) {
+    if (auto it = spec.find(field); it != spec.end() && !it->is_null() &&
+                                    !(it->is_string() && it->get<std::string>().empty())) {
       return absl::InvalidArgumentError(
           absl::StrCat("BPE model: ", field, " is not supported (got ", it->dump(), ")"));
     }

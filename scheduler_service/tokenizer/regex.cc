@@ -28,11 +28,63 @@ std::string Pcre2Message(int error) {
 
 }  // namespace
 
+std::string WithUnicodeWhiteSpace(std::string_view pattern) {
+  // Unicode's White_Space property, which \s means to HF tokenizers (Oniguruma / Rust regex).
+  constexpr std::string_view kSpace =
+      "\\x{9}-\\x{D}\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}"
+      "\\x{205F}\\x{3000}";
+  std::string out;
+  out.reserve(pattern.size() + 64);
+  bool in_class = false;
+  size_t class_start = 0;  // where the class's first member starts (a ']' there is literal)
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      const char e = pattern[i + 1];
+      if (e == 'Q') {  // \Q...\E: quoted, copied as is
+        const size_t end = pattern.find("\\E", i + 2);
+        const size_t stop = end == std::string_view::npos ? pattern.size() : end + 2;
+        out.append(pattern.substr(i, stop - i));
+        i = stop - 1;
+      } else if (e == 's') {
+        if (in_class) {
+          out.append(kSpace);
+        } else {
+          absl::StrAppend(&out, "[", ToAbsl(kSpace), "]");
+        }
+        ++i;
+      } else if (e == 'S' && !in_class) {
+        absl::StrAppend(&out, "[^", ToAbsl(kSpace), "]");
+        ++i;
+      } else {
+        out.append(pattern.substr(i, 2));
+        ++i;
+      }
+      continue;
+    }
+    if (!in_class && c == '[') {
+      in_class = true;
+      class_start = out.size() + 1;
+      if (i + 1 < pattern.size() && pattern[i + 1] == '^') {
+        out.append("[^");
+        ++i;
+        class_start = out.size();
+        continue;
+      }
+    } else if (in_class && c == ']' && out.size() != class_start) {
+      in_class = false;
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<Regex>> Regex::Compile(std::string_view pattern) {
   int error = 0;
   PCRE2_SIZE offset = 0;
+  const std::string rewritten = WithUnicodeWhiteSpace(pattern);
   pcre2_code* code =
-      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(rewritten.data()), rewritten.size(),
                     PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &error, &offset, nullptr);
   if (code == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(

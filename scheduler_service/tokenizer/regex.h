@@ -1,6 +1,11 @@
 // A compiled PCRE2 pattern in Unicode mode (PCRE2_UTF | PCRE2_UCP), JIT-compiled when the
 // platform allows, for the split patterns of tokenizer.json files (GPT-2, Llama 3, Qwen2
 // use \p{L}, \p{N}, (?i:...) and lookahead, which PCRE2 supports as Oniguruma does).
+// \s and \S mean Unicode's White_Space property and its complement, as in HF tokenizers
+// (Oniguruma): PCRE2's \s also takes U+180E MONGOLIAN VOWEL SEPARATOR, which Unicode 6.3 moved
+// out of White_Space, so Compile rewrites them as explicit classes (WithUnicodeWhiteSpace).
+// Not matched to HF: characters added after the Unicode version of Debian's PCRE2 tables
+// (\p{L}, \p{N} of newer letters and digits), which pre-tokenize differently.
 // Immutable after Compile; FindAll is thread-safe. Owns the compiled code.
 #ifndef LLM_SCHEDULER_SERVICE_TOKENIZER_REGEX_H_
 #define LLM_SCHEDULER_SERVICE_TOKENIZER_REGEX_H_
@@ -17,6 +22,11 @@
 #include "absl/status/statusor.h"
 
 namespace llm {
+
+// `pattern` with \s (outside and inside classes) and \S (outside classes) replaced by explicit
+// classes of Unicode White_Space; \Q...\E quoted text untouched. \S inside a class is left
+// to PCRE2 (no tokenizer pattern known to us uses it).
+std::string WithUnicodeWhiteSpace(std::string_view pattern);
 
 class Regex {
  public:

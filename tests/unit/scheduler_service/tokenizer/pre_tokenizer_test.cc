@@ -52,6 +52,27 @@ TEST(PreTokenizerTest, UnknownTypeIsNamed) {
   EXPECT_THAT(std::string(bad_regex.status().message()), ::testing::HasSubstr("(unclosed"));
 }
 
+// \s is Unicode's White_Space, as HF tokenizers has it: U+180E MONGOLIAN VOWEL SEPARATOR (a
+// space to PCRE2's tables, not to Unicode since 6.3) is not one; NEL, NBSP and the
+// ideographic space are. Inside a class, and \S, likewise.
+TEST(RegexTest, WhitespaceIsUnicodeWhiteSpace) {
+  auto space = Regex::Compile(R"(\s+)");
+  ASSERT_TRUE(space.ok()) << space.status();
+  const std::string text = "a\u180Eb c\u0085d\u00A0e\u3000f";
+  const auto matches = (*space)->FindAll(text);
+  ASSERT_EQ(matches.size(), 4u);
+  EXPECT_EQ(text.substr(matches[0].first, matches[0].second - matches[0].first), " ");
+  EXPECT_EQ(text.substr(matches[1].first, matches[1].second - matches[1].first), "\u0085");
+  auto not_space = Regex::Compile(R"(\S+)");
+  ASSERT_TRUE(not_space.ok());
+  EXPECT_EQ((*not_space)->FindAll("a\u180Eb c").size(), 2u);  // "a\u180Eb", "c"
+  auto in_class = Regex::Compile(R"([^\s\p{L}]+)");
+  ASSERT_TRUE(in_class.ok());
+  EXPECT_EQ((*in_class)->FindAll("a\u180E1 2").size(), 2u);  // "\u180E1", "2"
+  // Quoted text is left alone; other escapes too.
+  EXPECT_EQ(WithUnicodeWhiteSpace(R"(\Q\s\E\d\\s)"), R"(\Q\s\E\d\\s)");
+}
+
 TEST(RegexTest, LiteralPatternsAreNotRegexes) {
   auto literal = Regex::CompileLiteral("a.b\\E(");
   ASSERT_TRUE(literal.ok()) << literal.status();

@@ -238,6 +238,23 @@ TEST(TokenizerTest, ClsSepPostProcessors) {
 }
 
 // An unsupported component fails to load with an error that names it.
+// transformers writes "" for a BPE model without a continuing-subword prefix or an end-of-word
+// suffix (SmolLM2's, GPT-2's, Qwen2's tokenizer.json as transformers saves them); HF tokenizers
+// reads "" as none, and so do we: the same ids as with null.
+TEST(TokenizerTest, EmptySubwordPrefixAndSuffixMeanNone) {
+  const auto base = ReadJson("llama3_style/tokenizer.json");
+  nlohmann::json spec = base;
+  spec["model"]["continuing_subword_prefix"] = "";
+  spec["model"]["end_of_word_suffix"] = "";
+  auto with_empty = Tokenizer::FromJson(spec.dump());
+  ASSERT_TRUE(with_empty.ok()) << with_empty.status();
+  auto plain = Tokenizer::FromJson(base.dump());
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  for (const char* text : {"Hello world", "The capital of France is Paris.", "  tabs\tand 123"}) {
+    EXPECT_EQ((*with_empty)->Encode(text), (*plain)->Encode(text)) << text;
+  }
+}
+
 TEST(TokenizerTest, UnsupportedComponentsFailWithTheirName) {
   const auto base = ReadJson("llama3_style/tokenizer.json");
   struct Case {
