@@ -51,8 +51,9 @@ absl::Status ModelRunner::Execute(const SchedulerOutput& step, ModelOutput* out)
                      in.max_blocks, in.seq_lens,  in.query_start_loc, in.logits_indices};
 #ifdef LLM_WITH_CUDA
   if (device_sampler_ != nullptr) {
-    // One logits row per sample, in sample order (the n sequences of a request that sample
-    // their first token share a row: it is computed once per sample, a row each).
+    // One logits row per sample, in sample order: the n sequences of a request that sample
+    // their first token all sample the prompt's last row, which the model computes once for
+    // each of them.
     sample_rows_.clear();
     for (const BatchInputs::Sample& s : in.samples) {
       sample_rows_.push_back(in.logits_indices[s.logits_row]);
