@@ -1,13 +1,18 @@
 // WorkerServer: one tensor-parallel rank of the model behind llm.v1.WorkerService (the gRPC
 // side of llm-worker). The scheduler drives it through the group lifecycle:
 //
-//   Init            (re)joins the group: builds a fresh Gloo communicator over a TcpStore at
-//                   rendezvous_address under rendezvous_prefix (world_size 1 needs none),
+//   Init            (re)joins the group: builds a fresh communicator over a TcpStore at
+//                   rendezvous_address under rendezvous_prefix (world_size 1 needs none):
+//                   shared memory or Gloo on cpu, NCCL on cuda (rank 0's unique id through
+//                   the store; collectives deferred to one wait per step),
 //                   loads the model shard (only when model_path, dtype, rank or world_size
 //                   changed), and drops every request's state and the KV cache. Blocks until
 //                   every rank has joined or collective_timeout_ms passes.
 //   ProfileMemory   the KV blocks the budget holds (device cpu: the CPU KV space and the swap
-//                   space over CacheEngine::BytesPerBlock).
+//                   space over CacheEngine::BytesPerBlock; device cuda: a profiling forward
+//                   pass at max_num_batched_tokens, then kv_cache_sizing with the request's
+//                   gpu_memory_utilization; RESOURCE_EXHAUSTED with the sizing message when the
+//                   model does not fit).
 //   InitCache       allocates the KV cache (CacheEngine) and a fresh ModelRunner.
 //   Step            one long-lived bidi stream: each StepRequest is decoded (step_codec.h),
 //                   run through the ModelRunner, and answered by one StepResult, in order
