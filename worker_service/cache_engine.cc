@@ -1,7 +1,6 @@
 #include "worker_service/cache_engine.h"
 
-#include <algorithm>
-#include <limits>
+#include <cstring>
 #include <new>
 
 #include "absl/strings/str_cat.h"
@@ -69,18 +68,14 @@ absl::Status CacheEngine::Allocate() {
                        where.is_cpu() ? "the host" : where.ToString(), " do not fit: ", err));
     }
     // Poison: all-ones bytes are NaN in every float dtype.
-    if (where.is_cuda()) {
+    if (where.is_cpu()) {
+      std::memset(arena->view().data, 0xFF, arena->view().nbytes());
+      return absl::OkStatus();
+    }
 #ifdef LLM_WITH_CUDA
-      return CudaStatus(
-          cuda::MemsetAsync(arena->view().data, 0xFF, arena->view().nbytes(), context_->stream()));
+    return CudaStatus(
+        cuda::MemsetAsync(arena->view().data, 0xFF, arena->view().nbytes(), context_->stream()));
 #endif
-    }
-    if (s.dtype == DType::kF32) {
-      std::fill_n(arena->data<float>(), arena->view().numel(),
-                  std::numeric_limits<float>::quiet_NaN());
-    } else {
-      std::fill_n(static_cast<unsigned char*>(arena->view().data), arena->view().nbytes(), 0xFF);
-    }
     return absl::OkStatus();
   };
   const bool cuda = device.is_cuda();

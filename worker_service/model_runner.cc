@@ -60,9 +60,10 @@ absl::Status ModelRunner::Execute(const SchedulerOutput& step, ModelOutput* out)
     }
     input.logits_indices = sample_rows_;
     RETURN_IF_ERROR(model_->Forward(input, cache_->device_caches(), &logits_));
-    // The step's wait, through the communicator's deadline when there is a group (a dead peer
-    // fails it instead of hanging it); the sampler's own wait then covers only its kernel.
-    RETURN_IF_ERROR(model_->Synchronize());
+    // With a group, the step's wait goes through the communicator's deadline (a dead peer fails
+    // it instead of hanging it) and the sampler's own wait then covers only its kernel. At one
+    // rank the sampler's wait is the step's.
+    if (model_->world_size() > 1 || in.samples.empty()) RETURN_IF_ERROR(model_->Synchronize());
     if (in.samples.empty()) return absl::OkStatus();
     const bool any_logprobs = CollectSamplers();
     sampled_.clear();

@@ -31,6 +31,16 @@
 
 namespace llm::ops::cuda_internal {
 
+// 16 bytes moved as one load or store (LDG.E.128 / STG.E.128): CUDA's uint4 under nvcc; the
+// emulation's headers have no vector types.
+#ifdef LLM_CUDA_EMU
+struct alignas(16) Vec16 {
+  uint32_t x, y, z, w;
+};
+#else
+using Vec16 = uint4;
+#endif
+
 inline cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
 
 inline OpStatus Error(const char* op, const std::string& message) {

@@ -15,19 +15,15 @@
 // dtype (or kept f32). Scale type f32; alpha 1, beta 0 (out's NaN poison is never read).
 #include <cublasLt.h>
 
+#include "kernels/cuda/cublas_check.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_util.cuh"
 
 // Evaluates a cuBLAS(Lt) call; on failure returns OpStatus "op: file:line: expr failed: <status>".
-#define LLM_CUBLAS_OP_RETURN_IF_ERROR(op, expr)                                              \
-  do {                                                                                       \
-    const cublasStatus_t _st = (expr);                                                       \
-    if (_st != CUBLAS_STATUS_SUCCESS) {                                                      \
-      return ::llm::ops::OpStatus::Error(std::string(op) + ": " + __FILE__ + ":" +           \
-                                         std::to_string(__LINE__) +                          \
-                                         ": " #expr " failed: " + cublasGetStatusName(_st) + \
-                                         " (" + cublasGetStatusString(_st) + ")");           \
-    }                                                                                        \
+#define LLM_CUBLAS_OP_RETURN_IF_ERROR(op, expr)                                           \
+  do {                                                                                    \
+    std::string _msg = ::llm::cuda::BlasErrorMessage((expr), #expr, __FILE__, __LINE__);  \
+    if (!_msg.empty()) return ::llm::ops::OpStatus::Error(std::string(op) + ": " + _msg); \
   } while (0)
 
 namespace llm::ops::cuda {

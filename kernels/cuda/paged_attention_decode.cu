@@ -49,13 +49,7 @@ constexpr int kThreads = kDecodeThreads;
 constexpr int kWarps = kThreads / 32;
 constexpr int kVec = 8;  // 16-bit elements per 16-byte load
 
-#ifdef LLM_CUDA_EMU
-struct alignas(16) Pack16 {
-  uint32_t x, y, z, w;
-};
-#else
-using Pack16 = uint4;
-#endif
+using Pack16 = cuda_internal::Vec16;
 
 struct DecodeParams {
   void* out;                       // [T, Hq, D], 16-bit

@@ -53,13 +53,7 @@ constexpr int kMaxListedSeqs = 64;
 constexpr float kLog2E = 1.4426950408889634f;
 constexpr int64_t kPastEnd = -1, kBadBlock = -2;  // Smem::offset's non-offsets
 
-#ifdef LLM_CUDA_EMU
-struct alignas(16) Vec16 {
-  uint32_t x, y, z, w;
-};
-#else
-using Vec16 = uint4;
-#endif
+using cuda_internal::Vec16;
 
 struct Params {
   void* out;                       // [T, Hq, D], T

@@ -1,31 +1,21 @@
 // kernels/cuda/runtime_api.h over the CUDA runtime, cuBLAS and cuBLASLt.
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/cuda/runtime_api.h"
-#include <cublasLt.h>
-
+#include "kernels/cuda/cublas_check.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_util.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/runtime_api.h"
 
 namespace llm::cuda {
 namespace {
 
 cudaStream_t AsStream(void* s) { return static_cast<cudaStream_t>(s); }
-
-std::string BlasError(int status, const char* expr, const char* file, int line) {
-  if (status == 0) return {};
-  return std::string(file) + ":" + std::to_string(line) + ": " + expr + " failed: status " +
-         std::to_string(status);
-}
-#define LLM_BLAS_RETURN_IF_ERROR(expr)                                               \
-  do {                                                                               \
-    std::string _msg = BlasError(static_cast<int>(expr), #expr, __FILE__, __LINE__); \
-    if (!_msg.empty()) return _msg;                                                  \
-  } while (0)
 
 // dst row r = src row r, for `height` rows of `width` bytes; 16-byte words when everything is
 // 16-byte aligned, else bytes. One thread per word, rows on blockIdx.y (strided).
@@ -42,9 +32,7 @@ __global__ void Copy2DKernel(char* dst, size_t dpitch, const char* src, size_t s
   }
 }
 
-struct alignas(16) Word16 {
-  uint32_t v[4];
-};
+using ::llm::ops::cuda_internal::Vec16;
 
 }  // namespace
 
@@ -133,7 +121,7 @@ std::string Copy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch
                   static_cast<unsigned>(std::min<size_t>(height, 65535)));
   cudaGetLastError();
   if (wide) {
-    Launch(Copy2DKernel<Word16>, grid, kThreads, 0, AsStream(stream), static_cast<char*>(dst),
+    Launch(Copy2DKernel<Vec16>, grid, kThreads, 0, AsStream(stream), static_cast<char*>(dst),
            dpitch, static_cast<const char*>(src), spitch, words, height);
   } else {
     Launch(Copy2DKernel<char>, grid, kThreads, 0, AsStream(stream), static_cast<char*>(dst), dpitch,
@@ -145,28 +133,28 @@ std::string Copy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch
 
 std::string BlasCreate(void* stream, void** handle) {
   cublasHandle_t h = nullptr;
-  LLM_BLAS_RETURN_IF_ERROR(cublasCreate(&h));
-  LLM_BLAS_RETURN_IF_ERROR(cublasSetStream(h, AsStream(stream)));
+  LLM_CUBLAS_RETURN_IF_ERROR(cublasCreate(&h));
+  LLM_CUBLAS_RETURN_IF_ERROR(cublasSetStream(h, AsStream(stream)));
   *handle = h;
   return {};
 }
 
 std::string BlasDestroy(void* handle) {
   if (handle != nullptr)
-    LLM_BLAS_RETURN_IF_ERROR(cublasDestroy(static_cast<cublasHandle_t>(handle)));
+    LLM_CUBLAS_RETURN_IF_ERROR(cublasDestroy(static_cast<cublasHandle_t>(handle)));
   return {};
 }
 
 std::string BlasLtCreate(void** handle) {
   cublasLtHandle_t h = nullptr;
-  LLM_BLAS_RETURN_IF_ERROR(cublasLtCreate(&h));
+  LLM_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&h));
   *handle = h;
   return {};
 }
 
 std::string BlasLtDestroy(void* handle) {
   if (handle != nullptr) {
-    LLM_BLAS_RETURN_IF_ERROR(cublasLtDestroy(static_cast<cublasLtHandle_t>(handle)));
+    LLM_CUBLAS_RETURN_IF_ERROR(cublasLtDestroy(static_cast<cublasLtHandle_t>(handle)));
   }
   return {};
 }

@@ -10,6 +10,9 @@
 namespace llm::ops {
 namespace {
 
+using gpu_testing::CaptureAndRun;
+using gpu_testing::NodeCounts;
+
 using gpu_testing::BitEqual;
 using gpu_testing::Clone;
 using gpu_testing::CudaTest;
@@ -73,41 +76,6 @@ TEST_F(CudaCopyBlocks, BlockOutsideTheCacheIsAnError) {
   const std::vector<BlockPair> pairs = {{0, 1}, {2, 4}};
   EXPECT_EQ(CopyBlocks({}, ks, vs, pairs).message,
             "CopyBlocks: pairs[1] = (2, 4) is outside [0, 4)");
-}
-
-// Captures what `enqueue` queues on a fresh non-blocking stream into a graph, counts its kernel
-// and memcpy nodes, then runs the graph and waits for it.
-struct NodeCounts {
-  size_t kernels = 0, memcpys = 0;
-};
-template <typename F>
-NodeCounts CaptureAndRun(F enqueue) {
-  NodeCounts counts;
-  cudaStream_t stream = nullptr;
-  EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // uploads on the legacy default stream
-  cudaGraph_t graph = nullptr;
-  EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  enqueue(stream);
-  EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  size_t num_nodes = 0;
-  EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &num_nodes), cudaSuccess);
-  std::vector<cudaGraphNode_t> nodes(num_nodes);
-  EXPECT_EQ(cudaGraphGetNodes(graph, nodes.data(), &num_nodes), cudaSuccess);
-  for (cudaGraphNode_t node : nodes) {
-    cudaGraphNodeType type{};
-    EXPECT_EQ(cudaGraphNodeGetType(node, &type), cudaSuccess);
-    if (type == cudaGraphNodeTypeKernel) ++counts.kernels;
-    if (type == cudaGraphNodeTypeMemcpy) ++counts.memcpys;
-  }
-  cudaGraphExec_t exec = nullptr;
-  EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
-  return counts;
 }
 
 // All layers' caches as views of one device allocation, cache i at `offsets[i]` bytes.

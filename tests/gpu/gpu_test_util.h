@@ -196,6 +196,41 @@ inline HostTensor HalfToF32(const HostTensor& h) {
 // store and reuse (FusedAddRmsNorm's residual) double it.
 inline double HalfRtol(DType dtype) { return dtype == DType::kBF16 ? 1.0 / 256 : 1.0 / 2048; }
 
+// Captures what `enqueue` queues on a fresh non-blocking stream into a graph, counts its kernel
+// and memcpy nodes, then runs the graph and waits for it.
+struct NodeCounts {
+  size_t kernels = 0, memcpys = 0;
+};
+template <typename F>
+inline NodeCounts CaptureAndRun(F enqueue) {
+  NodeCounts counts;
+  cudaStream_t stream = nullptr;
+  EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // uploads on the legacy default stream
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  enqueue(stream);
+  EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  size_t num_nodes = 0;
+  EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &num_nodes), cudaSuccess);
+  std::vector<cudaGraphNode_t> nodes(num_nodes);
+  EXPECT_EQ(cudaGraphGetNodes(graph, nodes.data(), &num_nodes), cudaSuccess);
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    EXPECT_EQ(cudaGraphNodeGetType(node, &type), cudaSuccess);
+    if (type == cudaGraphNodeTypeKernel) ++counts.kernels;
+    if (type == cudaGraphNodeTypeMemcpy) ++counts.memcpys;
+  }
+  cudaGraphExec_t exec = nullptr;
+  EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  return counts;
+}
+
 // The row counts every op is tried with: one token, odd sizes around a 16-wide tile, many.
 inline constexpr int64_t kTokenCounts[] = {1, 15, 17, 1000};
 

@@ -465,8 +465,6 @@ TEST_F(CudaPagedAttention, LaunchesOnlyTheKernelsTheBatchNeeds) {
   std::mt19937 rng(610);
   const Shape shape{8, 2, 64, 16};
   const float scale = 0.125f;
-  cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   struct Case {
     std::vector<SeqSpec> seqs;
     bool host_qsl;
@@ -486,35 +484,17 @@ TEST_F(CudaPagedAttention, LaunchesOnlyTheKernelsTheBatchNeeds) {
     DeviceTensor out(want);
     out.Poison();
     ASSERT_EQ(Sync(), "");  // the uploads and the poison ran on the legacy default stream
-    OpContext ctx;
-    ctx.stream = stream;
-    cudaGraph_t graph = nullptr;
-    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    const OpStatus s =
-        PagedAttention(ctx, out.view(), b.d_query.view(), b.d_key_cache.view(),
-                       b.d_value_cache.view(), b.DeviceMetadata(-1, c.host_qsl), scale);
-    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    OpStatus s;
+    const gpu_testing::NodeCounts counts = gpu_testing::CaptureAndRun([&](cudaStream_t stream) {
+      OpContext ctx;
+      ctx.stream = stream;
+      s = PagedAttention(ctx, out.view(), b.d_query.view(), b.d_key_cache.view(),
+                         b.d_value_cache.view(), b.DeviceMetadata(-1, c.host_qsl), scale);
+    });
     ASSERT_TRUE(s.ok()) << s.message;
-    size_t num_nodes = 0;
-    ASSERT_EQ(cudaGraphGetNodes(graph, nullptr, &num_nodes), cudaSuccess);
-    std::vector<cudaGraphNode_t> nodes(num_nodes);
-    ASSERT_EQ(cudaGraphGetNodes(graph, nodes.data(), &num_nodes), cudaSuccess);
-    size_t kernels = 0;
-    for (cudaGraphNode_t node : nodes) {
-      cudaGraphNodeType type{};
-      ASSERT_EQ(cudaGraphNodeGetType(node, &type), cudaSuccess);
-      if (type == cudaGraphNodeTypeKernel) ++kernels;
-    }
-    EXPECT_EQ(kernels, c.kernels);
-    cudaGraphExec_t exec = nullptr;
-    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(counts.kernels, c.kernels);
     EXPECT_TRUE(Close(out.Download(), want, kAtol, kRtol));
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
   }
-  cudaStreamDestroy(stream);
 }
 
 // The host q_lens must describe the device tensor: a wrong count or a decreasing one is an
@@ -862,8 +842,6 @@ TEST_F(CudaPagedAttention16, DecodeOnlyBatchesLaunchTheDecodeKernelAndItsReducti
   const Shape shape{8, 2, 64, 16};
   const DType dtype = DType::kF16;
   const float scale = 0.125f;
-  cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   struct Case {
     std::vector<SeqSpec> seqs;
     bool host_qsl;
@@ -885,33 +863,16 @@ TEST_F(CudaPagedAttention16, DecodeOnlyBatchesLaunchTheDecodeKernelAndItsReducti
     DeviceTensor out(HostTensor(dtype, std::span<const int64_t>(qs.data(), 3)));
     out.Poison();
     ASSERT_EQ(Sync(), "");
-    cudaGraph_t graph = nullptr;
-    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    const OpStatus s = PagedAttention(workspace.Context(stream), out.view(), b.d_query.view(),
-                                      b.d_key_cache.view(), b.d_value_cache.view(),
-                                      b.DeviceMetadata(-1, c.host_qsl), scale);
-    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    OpStatus s;
+    const gpu_testing::NodeCounts counts = gpu_testing::CaptureAndRun([&](cudaStream_t stream) {
+      s = PagedAttention(workspace.Context(stream), out.view(), b.d_query.view(),
+                         b.d_key_cache.view(), b.d_value_cache.view(),
+                         b.DeviceMetadata(-1, c.host_qsl), scale);
+    });
     ASSERT_TRUE(s.ok()) << s.message;
-    size_t num_nodes = 0;
-    ASSERT_EQ(cudaGraphGetNodes(graph, nullptr, &num_nodes), cudaSuccess);
-    std::vector<cudaGraphNode_t> nodes(num_nodes);
-    ASSERT_EQ(cudaGraphGetNodes(graph, nodes.data(), &num_nodes), cudaSuccess);
-    size_t kernels = 0;
-    for (cudaGraphNode_t node : nodes) {
-      cudaGraphNodeType type{};
-      ASSERT_EQ(cudaGraphNodeGetType(node, &type), cudaSuccess);
-      if (type == cudaGraphNodeTypeKernel) ++kernels;
-    }
-    EXPECT_EQ(kernels, c.kernels);
-    cudaGraphExec_t exec = nullptr;
-    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(counts.kernels, c.kernels);
     EXPECT_TRUE(Close(HalfToFloat(out.Download()), want, kAtol16, Rtol16(dtype)));
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
   }
-  cudaStreamDestroy(stream);
 }
 
 // Wrong dtypes are errors naming the argument. (An explicit v1 / v2 with 16-bit queries runs

@@ -502,10 +502,15 @@ bool LlamaModel::UseGraph(const ForwardInput& in, std::span<const LayerKvCache> 
   for (int64_t i = 0; i < s; ++i) {
     if (in.logits_indices[i] != i || in.query_start_loc[i + 1] != i + 1) return false;
   }
-  const int64_t blocks = (buf_.max_model_len + caches[0].key.shape[1] - 1) / caches[0].key.shape[1];
-  if (in.max_blocks > blocks || GraphSize(s) * blocks > buf_.table) return false;
+  const int64_t width = GraphTableWidth(caches);
+  if (in.max_blocks > width || GraphSize(s) * width > buf_.table) return false;
   auto failed = failed_graphs_.find(GraphSize(s));
   return failed == failed_graphs_.end();
+}
+
+int64_t LlamaModel::GraphTableWidth(std::span<const LayerKvCache> caches) const {
+  const int64_t block_size = caches[0].key.shape[1];
+  return (buf_.max_model_len + block_size - 1) / block_size;
 }
 
 int64_t LlamaModel::GraphSize(int64_t s) const {
@@ -523,7 +528,7 @@ absl::Status LlamaModel::GraphForward(const ForwardInput& in, std::span<const La
   // are never read.
   const int64_t s = static_cast<int64_t>(in.seq_lens.size());
   const int64_t b = GraphSize(s);
-  const int64_t width = (buf_.max_model_len + caches[0].key.shape[1] - 1) / caches[0].key.shape[1];
+  const int64_t width = GraphTableWidth(caches);
   if (graph_caches_ != caches[0].key.data) {
     ReleaseGraphs();  // captured over other caches
     graph_caches_ = caches[0].key.data;

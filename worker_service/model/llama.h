@@ -106,6 +106,7 @@ class LlamaModel {
 
   const TensorDevice& device() const { return device_; }
   DeviceContext* context() const { return context_; }
+  int world_size() const { return world_; }
   // Waits for everything this rank enqueued (cuda: the stream, through the communicator's
   // deadline when there is a group, so that a dead peer fails the wait instead of hanging it).
   absl::Status Synchronize();
@@ -187,6 +188,8 @@ class LlamaModel {
                        TensorView* logits);
   bool UseGraph(const ForwardInput& in, std::span<const LayerKvCache> caches) const;
   int64_t GraphSize(int64_t num_seqs) const;
+  // A graph's block-table row: the blocks of max_model_len tokens in the caches' block size.
+  int64_t GraphTableWidth(std::span<const LayerKvCache> caches) const;
   absl::Status GraphForward(const ForwardInput& in, std::span<const LayerKvCache> caches,
                             TensorView* logits);
   void ReleaseGraphs();
