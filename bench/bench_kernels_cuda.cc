@@ -218,9 +218,9 @@ int main(int argc, char** argv) {
   }
   std::printf("device 0: %s (sm_%d%d)\n", info.name.c_str(), info.major, info.minor);
   std::printf(
-      "static roofline of the bf16 decode kernel's main loop (sass_report.py, Llama-3-8B "
-      "shapes): %.2f bytes per warp-instruction -> issue-bound at %.2f TB/s on an H100 SXM "
-      "(target >= 3.6)\n",
+      "static roofline of the bf16 decode kernel's main loop (Llama-3-8B shapes): %.2f bytes "
+      "per warp-instruction -> issue-bound at %.2f TB/s on an H100 SXM (a figure recorded from "
+      "tools/cuda/sass_report.py; `ctest -R sass_report` recomputes it and asserts >= 3.6)\n",
       llm::kDecodeRooflineBytesPerInst,
       llm::kDecodeRooflineBytesPerInst * llm::kH100IssueRate / 1e12);
   std::printf(
