@@ -334,6 +334,8 @@ absl::Status LLMService::ValidateParams(const v1::GenerateRequest& request,
         }
       }
       break;
+    case v1::GenerateRequest::kChat:
+      return absl::UnimplementedError("chat prompts are not served yet: send text or token_ids");
     default:
       return absl::InvalidArgumentError("the prompt is empty: set prompt text or token_ids");
   }
