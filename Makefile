@@ -18,10 +18,12 @@ DEB_PACKAGES := build-essential cmake ninja-build pkg-config ccache \
 DEB_PACKAGES += python3-yaml
 # tests/sass (tools/cuda/sass_report.py pip-installs PyPI's CUDA disassembler into the build).
 DEB_PACKAGES += python3-pip
+# make pyenv: the tests' Python packages in a virtual environment.
+DEB_PACKAGES += python3-venv
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps configure build test run serve demo bench sass format clean
+.PHONY: all deps configure build pyenv test run serve demo bench sass format clean
 
 all: build
 
@@ -45,7 +47,16 @@ configure: deps $(BUILD_DIR)/build.ninja
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-test: build
+# The tests' Python packages (tools/python/requirements.txt) in a virtual environment of the
+# build's own, $(BUILD_DIR)/pyenv; reinstalled when the requirements change.
+PYENV := $(BUILD_DIR)/pyenv
+pyenv: $(PYENV)/.installed
+$(PYENV)/.installed: tools/python/requirements.txt
+	python3 -m venv $(PYENV)
+	$(PYENV)/bin/pip install -q --disable-pip-version-check -r tools/python/requirements.txt
+	touch $@
+
+test: build pyenv
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
 # The main job: a local cluster (one llm-scheduler, two CPU llm-workers at tensor

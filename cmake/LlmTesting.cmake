@@ -5,6 +5,11 @@
 enable_testing()
 include(GoogleTest)
 
+# The Python of `make pyenv` (tools/python/requirements.txt): tests that drive the system with
+# Python clients (openai, prometheus_client) run it, and skip saying so when it is missing.
+set(LLM_TEST_PYTHON "${CMAKE_BINARY_DIR}/pyenv/bin/python3" CACHE FILEPATH
+    "Python with the packages of tools/python/requirements.txt")
+
 function(llm_add_test)
   cmake_parse_arguments(T "" "NAME;LABEL;PREFIX" "SOURCES;LIBS" ${ARGN})
   if(NOT T_LABEL)
@@ -14,7 +19,8 @@ function(llm_add_test)
   target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} GTest::gmock GTest::gtest_main)
   # Committed test data (models, tokenizers, fixtures) is read from the source tree.
   target_compile_definitions(${T_NAME} PRIVATE
-                             LLM_TEST_DATA_DIR="${PROJECT_SOURCE_DIR}/tests/data")
+                             LLM_TEST_DATA_DIR="${PROJECT_SOURCE_DIR}/tests/data"
+                             LLM_TEST_PYTHON="${LLM_TEST_PYTHON}")
   gtest_discover_tests(${T_NAME} TEST_PREFIX "${T_PREFIX}" PROPERTIES LABELS ${T_LABEL}
                        DISCOVERY_TIMEOUT 60)
 endfunction()
