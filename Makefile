@@ -13,6 +13,8 @@ DEB_PACKAGES := build-essential cmake ninja-build pkg-config ccache \
   libgoogle-glog-dev libgflags-dev libgtest-dev libgmock-dev libbenchmark-dev \
   libopenblas-dev libgloo-dev nlohmann-json3-dev libpcre2-dev libxxhash-dev libyaml-dev \
   libboost-context-dev
+# oneDNN (the CPU backend's GEMMs), cpp-httplib and OpenSSL (the OpenAI-compatible HTTP API, TLS).
+DEB_PACKAGES += libdnnl-dev libcpp-httplib-dev libssl-dev
 
 # tests/deploy/check_manifests.py (the deployment manifests checked against the binaries).
 DEB_PACKAGES += python3-yaml
