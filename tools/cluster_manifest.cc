@@ -53,6 +53,8 @@ const std::vector<KeySpec>& EngineKeys() {
       {"rendezvous_port", Type::kInt, {}},
       {"worker_timeout", Type::kDouble, {}},
       {"collective_timeout", Type::kDouble, {}},
+      {"keepalive_time", Type::kDouble, {}},
+      {"keepalive_timeout", Type::kDouble, {}},
   };
   return *keys;
 }

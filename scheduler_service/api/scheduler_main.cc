@@ -80,6 +80,8 @@ struct Flags {
   std::string rendezvous_host = "127.0.0.1";
   int rendezvous_port = 0;
   double worker_timeout = 60;
+  double keepalive_time = 2;
+  double keepalive_timeout = 3;
   double collective_timeout = 30;
 };
 
@@ -152,6 +154,13 @@ Flags Parse(int argc, char** argv) {
   p.Add("rendezvous-port", &f.rendezvous_port, "port of the rendezvous store; 0: any (0)");
   p.Add("worker-timeout", &f.worker_timeout,
         "seconds a step (or an Init) may take before the group is declared failed (60)");
+  p.Add("keepalive-time", &f.keepalive_time,
+        "seconds without a read from a worker before its channel sends a keepalive PING; 0: "
+        "no keepalive (2)");
+  p.Add("keepalive-timeout", &f.keepalive_timeout,
+        "seconds a keepalive PING may go unanswered before the worker's channel is closed and "
+        "the group fails: a stopped or cut-off worker is noticed within about keepalive-time "
+        "+ keepalive-timeout (3)");
   p.Add("collective-timeout", &f.collective_timeout,
         "seconds, sent to the workers: limit of the Gloo rendezvous and collectives (30)");
   p.Parse(argc, argv);
@@ -180,6 +189,12 @@ Setup Check(const Flags& f, const ModelConfig& model, const Tokenizer& tokenizer
   if (f.port < 0 || f.port > 65535) Usage(absl::StrCat("--port is ", f.port));
   if (f.worker_timeout <= 0) Usage("--worker-timeout must be positive");
   if (f.collective_timeout <= 0) Usage("--collective-timeout must be positive");
+  if (f.keepalive_time < 0) {
+    Usage(absl::StrCat("--keepalive-time must be >= 0 (0: no keepalive), got ", f.keepalive_time));
+  }
+  if (f.keepalive_time > 0 && f.keepalive_timeout <= 0) {
+    Usage(absl::StrCat("--keepalive-timeout must be positive, got ", f.keepalive_timeout));
+  }
   if (f.max_concurrent_requests < 1) Usage("--max-concurrent-requests must be at least 1");
   if (f.num_gpu_blocks_override < 0) Usage("--num-gpu-blocks-override must be >= 0");
   if (f.swap_space < 0 || f.cpu_kv_cache_space < 0) Usage("memory sizes must be >= 0");
@@ -227,6 +242,8 @@ Setup Check(const Flags& f, const ModelConfig& model, const Tokenizer& tokenizer
              .enable_prefix_caching = f.enable_prefix_caching};
   if (absl::Status st = g.cache.Validate(); !st.ok()) Usage(std::string(st.message()));
   g.worker_timeout = absl::Seconds(f.worker_timeout);
+  g.keepalive_time = absl::Seconds(f.keepalive_time);
+  g.keepalive_timeout = absl::Seconds(f.keepalive_timeout);
   g.model_path = f.model;
   g.dtype = f.dtype;
   g.kv_cache_dtype = f.kv_cache_dtype;

@@ -34,6 +34,17 @@ absl::StatusOr<std::unique_ptr<ShardedWorkerClient>> ShardedWorkerClient::Create
   if (options.worker_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("the worker timeout must be positive");
   }
+  if (options.keepalive_time < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the keepalive time must be >= 0 (0: no keepalive), got ",
+                     absl::FormatDuration(options.keepalive_time)));
+  }
+  if (options.keepalive_time > absl::ZeroDuration() &&
+      options.keepalive_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the keepalive timeout must be positive, got ",
+                     absl::FormatDuration(options.keepalive_timeout)));
+  }
   return std::unique_ptr<ShardedWorkerClient>(new ShardedWorkerClient(std::move(options)));
 }
 
@@ -50,6 +61,15 @@ ShardedWorkerClient::ShardedWorkerClient(ShardedWorkerClientOptions options)
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    if (options_.keepalive_time > absl::ZeroDuration()) {
+      args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS,
+                  static_cast<int>(absl::ToInt64Milliseconds(options_.keepalive_time)));
+      args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                  static_cast<int>(absl::ToInt64Milliseconds(options_.keepalive_timeout)));
+      // Between steps the streams are idle, and before the first one there are no calls at all.
+      args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+      args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);  // no limit
+    }
     r->stub = v1::WorkerService::NewStub(
         grpc::CreateCustomChannel(r->address, grpc::InsecureChannelCredentials(), args));
     ranks_.push_back(std::move(r));

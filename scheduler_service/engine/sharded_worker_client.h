@@ -41,6 +41,13 @@ namespace llm {
 struct ShardedWorkerClientOptions {
   std::vector<std::string> addresses;                 // host:port, one per rank, in rank order
   absl::Duration worker_timeout = absl::Seconds(60);  // each step, and each setup call
+  // gRPC keepalive on each rank's channel (its Step stream and Health probes): a PING after
+  // `keepalive_time` without a read, and the transport is closed (every call on it fails
+  // UNAVAILABLE) when no answer comes within `keepalive_timeout`. So a rank that is stopped
+  // (SIGSTOP) or cut off (link down) is noticed within about their sum, however long
+  // `worker_timeout` is. Zero keepalive_time: no keepalive.
+  absl::Duration keepalive_time = absl::Seconds(2);
+  absl::Duration keepalive_timeout = absl::Seconds(3);
   // Called once when the group fails (not for Cancel()). Must not block.
   std::function<void(const absl::Status&)> on_failure;
 };

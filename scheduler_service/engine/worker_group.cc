@@ -68,6 +68,8 @@ void WorkerGroup::Run() {
     ShardedWorkerClientOptions client_options;
     client_options.addresses = options_.addresses;
     client_options.worker_timeout = options_.worker_timeout;
+    client_options.keepalive_time = options_.keepalive_time;
+    client_options.keepalive_timeout = options_.keepalive_timeout;
     client_options.on_failure = [this](const absl::Status& s) {
       absl::MutexLock lock(&mu_);
       if (failure_.ok()) failure_ = s;

@@ -58,6 +58,10 @@ struct WorkerGroupOptions {
   std::vector<std::string> addresses;  // each rank's llm-worker, host:port, in rank order
   // Each setup call, each step and each Health probe at most.
   absl::Duration worker_timeout = absl::Seconds(60);
+  // gRPC keepalive on each rank's channel (ShardedWorkerClientOptions): a stopped or cut-off
+  // rank is noticed within about keepalive_time + keepalive_timeout. Zero time: none.
+  absl::Duration keepalive_time = absl::Seconds(2);
+  absl::Duration keepalive_timeout = absl::Seconds(3);
 
   // Sent in every rank's Init.
   std::string model_path;  // the same path on every host

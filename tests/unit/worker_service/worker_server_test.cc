@@ -17,6 +17,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/tcp_store.h"
 #include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "protocol/step_codec.h"
@@ -323,6 +324,42 @@ TEST(WorkerServer, LifecycleAnswersFollowTheModelAndTheMemoryFigures) {
 
 // world_size and rank are uint32 on the wire: one past INT_MAX must not wrap to a negative
 // int and load the whole model as a single rank.
+// The scheduler's channels send keepalive PINGs every few seconds, with no data between steps.
+// gRPC servers by default count such PINGs as strikes and, after two, close the connection
+// with GOAWAY "too_many_pings", which would break every Step stream. The worker accepts them:
+// a call held open on a channel that PINGs every 100 ms (gRPC makes it 1 s) without data is still open after 6 s
+// (it ends CANCELLED by the client, not UNAVAILABLE by the server).
+TEST(WorkerServer, KeepalivePingsWithoutDataDoNotCloseTheConnection) {
+  Worker w;
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 100);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  auto health = grpc::health::v1::Health::NewStub(grpc::CreateCustomChannel(
+      "127.0.0.1:" + std::to_string(w.server->port()), grpc::InsecureChannelCredentials(), args));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + kDeadline);
+  grpc::health::v1::HealthCheckRequest req;
+  auto watch = health->Watch(&ctx, req);  // answers the status, then stays open
+  grpc::health::v1::HealthCheckResponse resp;
+  ASSERT_TRUE(watch->Read(&resp));
+  EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  absl::Notification cancelled;
+  std::thread canceller([&] {
+    absl::SleepFor(absl::Seconds(6));  // gRPC sends at most 1 PING/s without data: 5 or 6
+    cancelled.Notify();
+    ctx.TryCancel();
+  });
+  while (watch->Read(&resp)) {
+  }
+  const grpc::Status s = watch->Finish();
+  const bool was_cancelled = cancelled.HasBeenNotified();
+  canceller.join();
+  EXPECT_TRUE(was_cancelled) << "the call ended before the client cancelled it";
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
+}
+
 TEST(WorkerServer, InitRefusesAWorldSizeBeyondInt) {
   Worker w;
   v1::InitRequest init = MakeInit();

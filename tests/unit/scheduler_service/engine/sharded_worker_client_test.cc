@@ -245,6 +245,24 @@ TEST(ShardedWorkerClientTest, AFailingInitCancelsTheOthersAndIsTheOneReported) {
       [&] { return r0.service->num_cancelled_inits() == r0.service->num_init_calls(); }));
 }
 
+TEST(ShardedWorkerClientTest, CreateRefusesABadKeepalive) {
+  auto negative = ShardedWorkerClient::Create(
+      {.addresses = {"127.0.0.1:1"}, .keepalive_time = absl::Seconds(-1)});
+  EXPECT_EQ(negative.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(negative.status().message(), HasSubstr("keepalive time must be >= 0"));
+  EXPECT_THAT(negative.status().message(), HasSubstr("got -1s"));
+  auto no_timeout = ShardedWorkerClient::Create({.addresses = {"127.0.0.1:1"},
+                                                 .keepalive_time = absl::Seconds(1),
+                                                 .keepalive_timeout = absl::ZeroDuration()});
+  EXPECT_EQ(no_timeout.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(no_timeout.status().message(), HasSubstr("keepalive timeout must be positive"));
+  // Off: no timeout needed.
+  EXPECT_TRUE(ShardedWorkerClient::Create({.addresses = {"127.0.0.1:1"},
+                                           .keepalive_time = absl::ZeroDuration(),
+                                           .keepalive_timeout = absl::ZeroDuration()})
+                  .ok());
+}
+
 TEST(ShardedWorkerClientTest, CancelEndsTheWaitForWorkers) {
   auto client = ShardedWorkerClient::Create(
       {.addresses = {"127.0.0.1:1"}, .worker_timeout = absl::Seconds(1)});
