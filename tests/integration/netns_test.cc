@@ -1,0 +1,341 @@
+// Tensor parallelism across "hosts": each llm-worker in a network namespace of its own, with its
+// own address, so that the ranks' collectives go over Gloo/TCP through virtual links, as
+// between machines. Needs root (`ip netns add`); skipped with the reason otherwise.
+//
+// The network (names unique per run: llm<pid>-*):
+//
+//   root namespace: the test, llm-scheduler (public API on 127.0.0.1, rendezvous store on
+//     10.213.N.1), veth lv<pid> 10.213.N.1/24
+//       |
+//   namespace llm<pid>-hub: bridge br0 with ports s (to the root), p0, p1 (a fresh namespace:
+//     no firewall rules of the machine apply to the bridged traffic)
+//       |                         |
+//   llm<pid>-r0: eth0 .10      llm<pid>-r1: eth0 .11     (llm-worker --host/--peer-host there)
+//
+// /dev/shm is still shared between network namespaces (the mount namespace is the same), so
+// the workers run with --shm-collectives=false: the test asserts Gloo from the scheduler's log
+// ("worker group collectives: gloo") and that rank 1 holds a TCP connection to rank 0's
+// address (only the collectives connect worker to worker).
+//
+// Then rank 1's link is cut (`ip link set p1 down` in the hub) during a stream: the scheduler
+// notices through keepalive (well before its step deadline), and once the link is up again the
+// group is rebuilt and serves the same greedy output. Every namespace is deleted at the end,
+// also when the test fails (NetworkGuard).
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "tests/integration/cluster_harness.h"
+#include "tools/child_process.h"
+#include "tools/health_check.h"
+
+namespace llm::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kWorld = 2;
+constexpr int kMaxTokens = 16;
+constexpr int kLongMaxTokens = 400;
+// Keepalive 1 s + 2 s; the step deadline 600 s and the collectives' 120 s, so that a cut link
+// noticed within kNoticedWithin was noticed by keepalive (generous for a loaded 2-core host).
+constexpr absl::Duration kNoticedWithin = absl::Seconds(30);
+
+// Issue 20 item 1 (recovery by recompute): once it lands, the stream in flight when the link
+// is cut is re-run after the group is rebuilt and completes with the undisturbed greedy
+// output. Switch this to true then; until then it ends UNAVAILABLE naming rank 1.
+constexpr bool kRequestsSurviveWorkerFailure = false;
+
+const std::vector<std::string>& Prompts() {
+  static const auto* p = new std::vector<std::string>{
+      "Once upon a time",
+      "The best programmers write code that",
+      "A fortune: you will travel far, and",
+  };
+  return *p;
+}
+
+// Runs a shell command; its exit status and output (stdout and stderr).
+std::pair<int, std::string> Sh(const std::string& command) {
+  std::string output;
+  FILE* f = popen((command + " 2>&1").c_str(), "r");
+  if (f == nullptr) return {-1, "popen failed"};
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) output.append(buf, n);
+  const int status = pclose(f);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+absl::Status Must(const std::string& command) {
+  auto [rc, out] = Sh(command);
+  if (rc != 0) return absl::InternalError(absl::StrCat("`", command, "` failed (", rc, "): ", out));
+  return absl::OkStatus();
+}
+
+// The namespaces and links of one run; the destructor deletes them (their veth pairs go with
+// them, the root's end included), whatever state the test left them in.
+class NetworkGuard {
+ public:
+  NetworkGuard() : tag_(absl::StrCat("llm", getpid())) {
+    subnet_ = absl::StrCat("10.213.", getpid() % 250 + 1, ".");
+  }
+  ~NetworkGuard() {
+    for (const std::string& ns : namespaces_) (void)Sh("ip netns del " + ns);
+    (void)Sh("ip link del " + RootLink());
+  }
+  NetworkGuard(const NetworkGuard&) = delete;
+  NetworkGuard& operator=(const NetworkGuard&) = delete;
+
+  std::string Hub() const { return tag_ + "-hub"; }
+  std::string Rank(int r) const { return absl::StrCat(tag_, "-r", r); }
+  std::string RootLink() const { return "lv" + std::to_string(getpid()); }
+  std::string SchedulerAddress() const { return subnet_ + "1"; }
+  std::string RankAddress(int r) const { return absl::StrCat(subnet_, 10 + r); }
+  std::string HubPort(int r) const { return absl::StrCat("p", r); }
+
+  absl::Status AddNamespace(const std::string& ns) {
+    if (absl::Status s = Must("ip netns add " + ns); !s.ok()) return s;
+    namespaces_.push_back(ns);
+    return Must(absl::StrCat("ip -n ", ns, " link set lo up"));
+  }
+
+  absl::Status Build(int world) {
+    if (absl::Status s = AddNamespace(Hub()); !s.ok()) return s;
+    std::vector<std::string> commands = {
+        absl::StrCat("ip -n ", Hub(), " link add br0 type bridge"),
+        absl::StrCat("ip -n ", Hub(), " link set br0 up"),
+        absl::StrCat("ip link add ", RootLink(), " type veth peer name s netns ", Hub()),
+        absl::StrCat("ip -n ", Hub(), " link set s master br0 up"),
+        absl::StrCat("ip addr add ", SchedulerAddress(), "/24 dev ", RootLink()),
+        absl::StrCat("ip link set ", RootLink(), " up"),
+    };
+    for (int r = 0; r < world; ++r) {
+      if (absl::Status s = AddNamespace(Rank(r)); !s.ok()) return s;
+      commands.push_back(absl::StrCat("ip -n ", Hub(), " link add ", HubPort(r),
+                                      " type veth peer name eth0 netns ", Rank(r)));
+      commands.push_back(absl::StrCat("ip -n ", Hub(), " link set ", HubPort(r), " master br0 up"));
+      commands.push_back(
+          absl::StrCat("ip -n ", Rank(r), " addr add ", RankAddress(r), "/24 dev eth0"));
+      commands.push_back(absl::StrCat("ip -n ", Rank(r), " link set eth0 up"));
+    }
+    for (const std::string& c : commands) {
+      if (absl::Status s = Must(c); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status SetRankLink(int r, bool up) {
+    return Must(absl::StrCat("ip -n ", Hub(), " link set ", HubPort(r), up ? " up" : " down"));
+  }
+
+ private:
+  std::string tag_;
+  std::string subnet_;
+  std::vector<std::string> namespaces_;
+};
+
+// Why this host cannot run the test, or "" when it can: creates and deletes a namespace.
+std::string CannotUseNetns() {
+  if (Sh("command -v ip").first != 0) return "the `ip` command is missing";
+  if (Sh("command -v ss").first != 0) return "the `ss` command is missing";
+  const std::string probe = absl::StrCat("llm", getpid(), "-probe");
+  auto [rc, out] = Sh("ip netns add " + probe);
+  if (rc != 0) return "`ip netns add` is not permitted here: " + out;
+  (void)Sh("ip netns del " + probe);
+  return "";
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// The first line of `path` once `p` has written it ("" when `p` exits first or after `limit`).
+std::string WaitForFile(const std::string& path, ChildProcess& p, absl::Duration limit) {
+  const absl::Time deadline = absl::Now() + limit;
+  while (absl::Now() < deadline) {
+    const std::string text(absl::StripAsciiWhitespace(ReadFile(path)));
+    if (!text.empty()) return text;
+    if (p.Poll().has_value()) return "";
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return "";
+}
+
+// A process started through `sh -c 'exec ...'` (so its pid is the program's) with its output
+// in `log`.
+absl::StatusOr<std::unique_ptr<ChildProcess>> StartLogged(const std::string& command,
+                                                          const std::string& log) {
+  return ChildProcess::Start(
+      {.argv = {"/bin/sh", "-c", absl::StrCat("exec ", command, " >", log, " 2>&1")}});
+}
+
+absl::Duration TimeUntilNotServing(const HealthChecker& health, absl::Time since,
+                                   absl::Duration limit) {
+  while (absl::Now() - since < limit) {
+    if (health.Check("", absl::Seconds(5)) != HealthChecker::kServing) return absl::Now() - since;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return absl::InfiniteDuration();
+}
+
+bool WaitUntilServing(const HealthChecker& health, absl::Duration limit) {
+  const absl::Time deadline = absl::Now() + limit;
+  while (absl::Now() < deadline) {
+    if (health.Check("", absl::Seconds(5)) == HealthChecker::kServing) return true;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return false;
+}
+
+std::vector<std::vector<int32_t>> GreedyOutputs(v1::LLMService::Stub& stub, int max_tokens) {
+  std::vector<std::vector<int32_t>> out;
+  for (const std::string& p : Prompts()) {
+    GenerateResult r = Generate(stub, GreedyRequest(p, max_tokens));
+    EXPECT_TRUE(r.status.ok()) << p << ": " << r.status.error_message();
+    out.push_back(r.token_ids[0]);
+  }
+  return out;
+}
+
+TEST(NetnsTest, TensorParallelAcrossNamespacesOverGlooSurvivesACutLink) {
+  if (const std::string why = CannotUseNetns(); !why.empty()) GTEST_SKIP() << why;
+  absl::StatusOr<std::vector<std::vector<int32_t>>> reference =
+      ReferenceGreedy(DefaultModel(), Prompts(), kMaxTokens);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  absl::StatusOr<std::vector<std::vector<int32_t>>> long_reference =
+      ReferenceGreedy(DefaultModel(), {Prompts()[0]}, kLongMaxTokens);
+  ASSERT_TRUE(long_reference.ok()) << long_reference.status();
+
+  NetworkGuard net;  // destroyed after the processes below
+  const absl::Status built = net.Build(kWorld);
+  ASSERT_TRUE(built.ok()) << built;
+  const std::string dir = ::testing::TempDir() + "/netns_test." + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  const std::string bin = LLM_BIN_DIR;
+
+  std::vector<std::unique_ptr<ChildProcess>> workers;
+  std::vector<std::string> addresses;
+  for (int r = 0; r < kWorld; ++r) {
+    const std::string port_file = absl::StrCat(dir, "/worker-", r, ".port");
+    absl::StatusOr<std::unique_ptr<ChildProcess>> w = StartLogged(
+        absl::StrCat("ip netns exec ", net.Rank(r), " ", bin,
+                     "/llm-worker --host=", net.RankAddress(r), " --port=0 --port-file=", port_file,
+                     " --peer-host=", net.RankAddress(r), " --shm-collectives=false --threads=1"),
+        absl::StrCat(dir, "/worker-", r, ".log"));
+    ASSERT_TRUE(w.ok()) << w.status();
+    const std::string port = WaitForFile(port_file, **w, absl::Seconds(60));
+    ASSERT_FALSE(port.empty()) << "rank " << r << " did not start: "
+                               << ReadFile(absl::StrCat(dir, "/worker-", r, ".log"));
+    addresses.push_back(absl::StrCat(net.RankAddress(r), ":", port));
+    workers.push_back(std::move(*w));
+  }
+  const std::string scheduler_log = dir + "/scheduler.log";
+  const std::string scheduler_port = dir + "/scheduler.port";
+  absl::StatusOr<std::unique_ptr<ChildProcess>> scheduler =
+      StartLogged(absl::StrCat(bin, "/llm-scheduler --model=", DefaultModel(),
+                               " --host=127.0.0.1 --port=0 --port-file=", scheduler_port,
+                               " --worker-addresses=", absl::StrJoin(addresses, ","),
+                               " --tensor-parallel-size=", kWorld,
+                               " --rendezvous-host=", net.SchedulerAddress(),
+                               " --block-size=16 --max-model-len=512 --cpu-kv-cache-space=0.05 "
+                               "--swap-space=0.05 --worker-timeout=600 --collective-timeout=120 "
+                               "--keepalive-time=1 --keepalive-timeout=2"),
+                  scheduler_log);
+  ASSERT_TRUE(scheduler.ok()) << scheduler.status();
+  const std::string port = WaitForFile(scheduler_port, **scheduler, absl::Seconds(120));
+  ASSERT_FALSE(port.empty()) << "the scheduler did not serve: " << ReadFile(scheduler_log);
+  const std::string address = "127.0.0.1:" + port;
+  auto stub =
+      v1::LLMService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  HealthChecker health(address);
+  // The port file is written once the scheduler listens; the group serves after its Init.
+  ASSERT_TRUE(WaitUntilServing(health, absl::Seconds(120)))
+      << "the group did not come up: " << ReadFile(scheduler_log);
+
+  // Gloo over the links: the ranks' own report, and rank 1's TCP connection to rank 0.
+  EXPECT_THAT(ReadFile(scheduler_log), HasSubstr("worker group collectives: gloo"));
+  auto [ss_rc, ss_out] = Sh(absl::StrCat("ip netns exec ", net.Rank(1),
+                                         " ss -Htn state established dst ", net.RankAddress(0)));
+  EXPECT_EQ(ss_rc, 0);
+  EXPECT_FALSE(ss_out.empty()) << "rank 1 has no TCP connection to rank 0";
+
+  // Greedy output as TP=1 (the in-process engine).
+  EXPECT_EQ(GreedyOutputs(*stub, kMaxTokens), *reference);
+
+  // Rank 1's link cut during a stream.
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(300));  // guard
+    auto stream = stub->Generate(&ctx, GreedyRequest(Prompts()[0], kLongMaxTokens));
+    v1::GenerateResponse resp;
+    std::vector<int32_t> tokens;
+    ASSERT_TRUE(stream->Read(&resp));
+    for (const v1::SequenceOutput& o : resp.outputs()) {
+      tokens.insert(tokens.end(), o.token_ids().begin(), o.token_ids().end());
+    }
+    const absl::Time cut = absl::Now();
+    ASSERT_TRUE(net.SetRankLink(1, false).ok());
+    const absl::Duration noticed = TimeUntilNotServing(health, cut, kNoticedWithin);
+    std::printf("rank 1's link cut in mid-stream: NOT_SERVING after %s\n",
+                absl::FormatDuration(noticed).c_str());
+    EXPECT_LT(noticed, kNoticedWithin);
+    absl::SleepFor(absl::Seconds(2));  // still cut a little after it was noticed
+    ASSERT_TRUE(net.SetRankLink(1, true).ok());
+
+    while (stream->Read(&resp)) {
+      for (const v1::SequenceOutput& o : resp.outputs()) {
+        tokens.insert(tokens.end(), o.token_ids().begin(), o.token_ids().end());
+      }
+    }
+    const grpc::Status status = stream->Finish();
+    if (kRequestsSurviveWorkerFailure) {
+      EXPECT_TRUE(status.ok()) << status.error_message();
+      EXPECT_EQ(tokens, (*long_reference)[0]);
+    } else {
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+      EXPECT_THAT(status.error_message(), HasSubstr("rank 1"));
+    }
+  }
+
+  // Restored: the group is rebuilt and serves the same output.
+  const absl::Time restored = absl::Now();
+  ASSERT_TRUE(WaitUntilServing(health, absl::Seconds(240)))
+      << "not serving after the link came back: " << ReadFile(scheduler_log);
+  std::printf("link restored: SERVING again after %s\n",
+              absl::FormatDuration(absl::Now() - restored).c_str());
+  EXPECT_EQ(GreedyOutputs(*stub, kMaxTokens), *reference);
+  EXPECT_THAT(ReadFile(scheduler_log), HasSubstr("worker rank 1 at " + addresses[1]));
+
+  // Stop: the scheduler first, then the workers, each exiting 0 on SIGTERM.
+  const int scheduler_status = (*scheduler)->Stop(absl::Seconds(30));
+  EXPECT_TRUE(WIFEXITED(scheduler_status) && WEXITSTATUS(scheduler_status) == 0)
+      << ChildProcess::DescribeStatus(scheduler_status);
+  for (auto& w : workers) {
+    const int s = w->Stop(absl::Seconds(30));
+    EXPECT_TRUE(WIFEXITED(s) && WEXITSTATUS(s) == 0) << ChildProcess::DescribeStatus(s);
+  }
+}
+
+}  // namespace
+}  // namespace llm::testing
