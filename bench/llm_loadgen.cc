@@ -10,7 +10,15 @@
 //   E2E   time from sending a request to its last response
 // Exits 1 when any request failed (the first error is printed).
 //
+// Soak mode (bench/soak.sh): --duration=S keeps --concurrency clients busy back to back for S
+// seconds (--num-requests and --rate are then ignored). --cancel-fraction of the requests are
+// cancelled by the client after a random number of streamed tokens (0 to their output length;
+// 0: before the first), and --deadline-fraction get a gRPC deadline drawn uniformly from 1 to
+// --deadline-ms milliseconds. A cancelled request that ends CANCELLED, and one with a deadline
+// that ends DEADLINE_EXCEEDED, count as such, not as failures; any other error is a failure.
+//
 //   llm-loadgen --address=127.0.0.1:50051 --num-requests=32 --concurrency=8 [--rate=4]
+//   llm-loadgen --duration=600 --concurrency=32 --cancel-fraction=0.1 --deadline-fraction=0.1
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -45,6 +53,10 @@ struct Args {
   double n_fraction = 0;  // share of requests with n = 2
   double temperature = 1.0;
   int64_t seed = 0;
+  double duration_s = 0;  // > 0: soak mode
+  double cancel_fraction = 0;
+  double deadline_fraction = 0;
+  int deadline_ms = 2000;
 };
 
 struct Planned {
@@ -52,10 +64,14 @@ struct Planned {
   std::vector<int32_t> prompt;
   int output_len = 0;
   int n = 1;
+  int cancel_after = -1;  // >= 0: the client cancels once it has this many tokens
+  int deadline_ms = 0;    // > 0: the call's deadline
 };
 
 struct Result {
   bool ok = false;
+  bool cancelled = false;          // cancelled by the client as planned, and ended CANCELLED
+  bool deadline_exceeded = false;  // had a deadline, and ended DEADLINE_EXCEEDED
   std::string error;
   int prompt_tokens = 0;
   int output_tokens = 0;  // over all n sequences
@@ -105,10 +121,17 @@ Result RunOne(v1::LLMService::Stub& stub, const Planned& plan, const Args& args,
   Result r;
   r.n = plan.n;
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   (plan.deadline_ms > 0 ? std::chrono::milliseconds(plan.deadline_ms)
+                                         : std::chrono::milliseconds(std::chrono::minutes(10))));
   const Clock::time_point t0 = Clock::now();
   double last = -1;
   auto reader = stub.Generate(&ctx, req);
+  bool cancel_sent = false;
+  if (plan.cancel_after == 0) {
+    ctx.TryCancel();
+    cancel_sent = true;
+  }
   v1::GenerateResponse resp;
   while (reader->Read(&resp)) {
     const double t = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -124,16 +147,50 @@ Result RunOne(v1::LLMService::Stub& stub, const Planned& plan, const Args& args,
     }
     r.output_tokens += tokens;
     if (resp.has_usage()) r.prompt_tokens = resp.usage().prompt_tokens();
+    if (!cancel_sent && plan.cancel_after > 0 && r.output_tokens >= plan.cancel_after) {
+      ctx.TryCancel();
+      cancel_sent = true;
+    }
   }
   const grpc::Status s = reader->Finish();
   // As vLLM's benchmark: to the last response that carried output, not the trailing status.
   r.e2e = last >= 0 ? last : std::chrono::duration<double>(Clock::now() - t0).count();
   r.ok = s.ok();
+  r.cancelled = cancel_sent && s.error_code() == grpc::StatusCode::CANCELLED;
+  r.deadline_exceeded =
+      plan.deadline_ms > 0 && s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
   if (!s.ok()) {
     r.error = absl::StatusCodeToString(static_cast<absl::StatusCode>(s.error_code())) + ": " +
               s.error_message();
   }
   return r;
+}
+
+// One request of the workload: the draws of `rng` in a fixed order (prompt length, output
+// length, prompt tokens, n), then the arrival gap when `gap` is set.
+Planned Draw(std::mt19937_64& rng, const Args& a, int max_len, int vocab_size) {
+  std::uniform_int_distribution<int32_t> token(3, std::max<int32_t>(3, vocab_size - 1));
+  std::bernoulli_distribution two(a.n_fraction);
+  Planned p;
+  int prompt_len = std::uniform_int_distribution<int>(a.min_prompt_len, a.max_prompt_len)(rng);
+  p.output_len = std::uniform_int_distribution<int>(a.min_output_len, a.max_output_len)(rng);
+  if (max_len > 0 && prompt_len + p.output_len > max_len) {
+    prompt_len = std::max(1, max_len - p.output_len);
+  }
+  for (int i = 0; i < prompt_len; ++i) p.prompt.push_back(token(rng));
+  p.n = two(rng) ? 2 : 1;
+  return p;
+}
+
+// The cancel and deadline of a request, from their own generator (so that the workload itself
+// does not change with these flags).
+void DrawInterruptions(std::mt19937_64& rng, const Args& a, Planned* p) {
+  if (std::bernoulli_distribution(a.cancel_fraction)(rng)) {
+    p->cancel_after = std::uniform_int_distribution<int>(0, p->output_len * p->n - 1)(rng);
+  }
+  if (std::bernoulli_distribution(a.deadline_fraction)(rng)) {
+    p->deadline_ms = std::uniform_int_distribution<int>(1, a.deadline_ms)(rng);
+  }
 }
 
 int Run(int argc, char** argv) {
@@ -151,10 +208,21 @@ int Run(int argc, char** argv) {
   flags.Add("n-fraction", &a.n_fraction, "share of requests that ask for n = 2 (0)");
   flags.Add("temperature", &a.temperature, "sampling temperature (1.0)");
   flags.Add("seed", &a.seed, "seed of the workload and of the requests' sampling (0)");
+  flags.Add("duration", &a.duration_s,
+            "seconds; > 0: soak mode, --concurrency clients back to back until then, "
+            "--num-requests and --rate ignored (0)");
+  flags.Add("cancel-fraction", &a.cancel_fraction,
+            "share of requests the client cancels after a random number of tokens (0)");
+  flags.Add("deadline-fraction", &a.deadline_fraction,
+            "share of requests sent with a deadline of 1 to --deadline-ms milliseconds (0)");
+  flags.Add("deadline-ms", &a.deadline_ms,
+            "longest deadline of the --deadline-fraction requests, in ms (2000)");
   flags.Parse(argc, argv);
   if (a.num_requests < 1 || a.concurrency < 1 || a.min_prompt_len < 1 ||
       a.max_prompt_len < a.min_prompt_len || a.min_output_len < 1 ||
-      a.max_output_len < a.min_output_len || a.rate < 0) {
+      a.max_output_len < a.min_output_len || a.rate < 0 || a.duration_s < 0 ||
+      a.cancel_fraction < 0 || a.cancel_fraction > 1 || a.deadline_fraction < 0 ||
+      a.deadline_fraction > 1 || a.deadline_ms < 1) {
     std::fprintf(stderr, "llm-loadgen: inconsistent flags\n%s", flags.Usage().c_str());
     return 2;
   }
@@ -174,36 +242,55 @@ int Run(int argc, char** argv) {
   }
   // The workload, drawn up front from --seed: token ids avoid the first few (special) ids.
   std::mt19937_64 rng(static_cast<uint64_t>(a.seed));
+  std::mt19937_64 interruptions(static_cast<uint64_t>(a.seed) ^ 0x9e3779b97f4a7c15ULL);
   const int max_len = static_cast<int>(info.max_model_len());
-  std::uniform_int_distribution<int32_t> token(3, std::max<int32_t>(3, info.vocab_size() - 1));
+  const int vocab_size = static_cast<int>(info.vocab_size());
+  const bool soak = a.duration_s > 0;
   std::exponential_distribution<double> gap(a.rate > 0 ? a.rate : 1.0);
-  std::bernoulli_distribution two(a.n_fraction);
-  std::vector<Planned> plans(a.num_requests);
+  std::vector<Planned> plans(soak ? 0 : a.num_requests);
   double t = 0;
   for (Planned& p : plans) {
-    int prompt_len = std::uniform_int_distribution<int>(a.min_prompt_len, a.max_prompt_len)(rng);
-    p.output_len = std::uniform_int_distribution<int>(a.min_output_len, a.max_output_len)(rng);
-    if (max_len > 0 && prompt_len + p.output_len > max_len) {
-      prompt_len = std::max(1, max_len - p.output_len);
-    }
-    for (int i = 0; i < prompt_len; ++i) p.prompt.push_back(token(rng));
-    p.n = two(rng) ? 2 : 1;
+    p = Draw(rng, a, max_len, vocab_size);
     if (a.rate > 0) t += gap(rng);
     p.arrival_s = t;
+    DrawInterruptions(interruptions, a, &p);
   }
 
-  std::printf("llm-loadgen: %d requests to %s (%s, max_model_len %u), %d in flight at most, %s\n",
-              a.num_requests, a.address.c_str(), info.model_name().c_str(), info.max_model_len(),
-              a.concurrency,
-              a.rate > 0 ? ("Poisson arrivals at " + std::to_string(a.rate) + " req/s").c_str()
-                         : "closed loop");
+  if (soak) {
+    std::printf(
+        "llm-loadgen: soak for %.0f s against %s (%s, max_model_len %u), %d clients "
+        "back to back, %.0f%% cancelled, %.0f%% with a deadline of at most %d ms\n",
+        a.duration_s, a.address.c_str(), info.model_name().c_str(), info.max_model_len(),
+        a.concurrency, a.cancel_fraction * 100, a.deadline_fraction * 100, a.deadline_ms);
+  } else {
+    std::printf("llm-loadgen: %d requests to %s (%s, max_model_len %u), %d in flight at most, %s\n",
+                a.num_requests, a.address.c_str(), info.model_name().c_str(), info.max_model_len(),
+                a.concurrency,
+                a.rate > 0 ? ("Poisson arrivals at " + std::to_string(a.rate) + " req/s").c_str()
+                           : "closed loop");
+  }
   std::fflush(stdout);
-  std::vector<Result> results(a.num_requests);
+  std::vector<Result> results(plans.size());
+  std::mutex results_mu;  // soak mode: results grows
   std::atomic<int> next{0};
   const Clock::time_point start = Clock::now();
+  const Clock::time_point end = start + std::chrono::duration_cast<Clock::duration>(
+                                            std::chrono::duration<double>(a.duration_s));
   std::vector<std::thread> clients;
-  for (int c = 0; c < std::min(a.concurrency, a.num_requests); ++c) {
-    clients.emplace_back([&] {
+  const int num_clients = soak ? a.concurrency : std::min(a.concurrency, a.num_requests);
+  for (int c = 0; c < num_clients; ++c) {
+    clients.emplace_back([&, c] {
+      if (soak) {
+        std::mt19937_64 my_rng(static_cast<uint64_t>(a.seed) * 1000003 + c);
+        while (Clock::now() < end) {
+          Planned p = Draw(my_rng, a, max_len, vocab_size);
+          DrawInterruptions(my_rng, a, &p);
+          Result r = RunOne(*stub, p, a, next.fetch_add(1));
+          std::lock_guard<std::mutex> lock(results_mu);
+          results.push_back(std::move(r));
+        }
+        return;
+      }
       for (int i; (i = next.fetch_add(1)) < a.num_requests;) {
         std::this_thread::sleep_until(start +
                                       std::chrono::duration_cast<Clock::duration>(
@@ -215,12 +302,21 @@ int Run(int argc, char** argv) {
   for (std::thread& c : clients) c.join();
   const double duration = std::chrono::duration<double>(Clock::now() - start).count();
 
-  int ok = 0;
+  int ok = 0, cancelled = 0, deadline_exceeded = 0, failed = 0;
   long input_tokens = 0, output_tokens = 0;
   std::vector<double> ttft, tpot, itl, e2e;
   std::string first_error;
   for (const Result& r : results) {
+    if (r.cancelled) {
+      ++cancelled;
+      continue;
+    }
+    if (r.deadline_exceeded) {
+      ++deadline_exceeded;
+      continue;
+    }
     if (!r.ok) {
+      ++failed;
       if (first_error.empty()) first_error = r.error;
       continue;
     }
@@ -236,7 +332,11 @@ int Run(int argc, char** argv) {
   }
   std::printf("============ Serving Benchmark Result ============\n");
   std::printf("  %-34s %10d\n", "Successful requests:", ok);
-  std::printf("  %-34s %10d\n", "Failed requests:", a.num_requests - ok);
+  std::printf("  %-34s %10d\n", "Failed requests:", failed);
+  if (a.cancel_fraction > 0 || a.deadline_fraction > 0) {
+    std::printf("  %-34s %10d\n", "Cancelled by the client:", cancelled);
+    std::printf("  %-34s %10d\n", "Deadline exceeded:", deadline_exceeded);
+  }
   std::printf("  %-34s %10.2f\n", "Benchmark duration (s):", duration);
   std::printf("  %-34s %10ld\n", "Total input tokens:", input_tokens);
   std::printf("  %-34s %10ld\n", "Total generated tokens:", output_tokens);
@@ -250,7 +350,7 @@ int Run(int argc, char** argv) {
   PrintMetric("---------------End-to-end Latency-----------------", "E2E", e2e);
   std::printf("==================================================\n");
   if (!first_error.empty()) {
-    std::fprintf(stderr, "llm-loadgen: %d requests failed; the first: %s\n", a.num_requests - ok,
+    std::fprintf(stderr, "llm-loadgen: %d requests failed; the first: %s\n", failed,
                  first_error.c_str());
     return 1;
   }
