@@ -218,11 +218,22 @@ int Run(int argc, char** argv) {
   flags.Add("deadline-ms", &a.deadline_ms,
             "longest deadline of the --deadline-fraction requests, in ms (2000)");
   flags.Parse(argc, argv);
+  std::string bad;
+  if (a.duration_s < 0) bad = "--duration must be >= 0, got " + std::to_string(a.duration_s);
+  if (a.cancel_fraction < 0 || a.cancel_fraction > 1) {
+    bad = "--cancel-fraction must be in [0, 1], got " + std::to_string(a.cancel_fraction);
+  }
+  if (a.deadline_fraction < 0 || a.deadline_fraction > 1) {
+    bad = "--deadline-fraction must be in [0, 1], got " + std::to_string(a.deadline_fraction);
+  }
+  if (a.deadline_ms < 1) bad = "--deadline-ms must be >= 1, got " + std::to_string(a.deadline_ms);
+  if (!bad.empty()) {
+    std::fprintf(stderr, "llm-loadgen: %s\n", bad.c_str());
+    return 2;
+  }
   if (a.num_requests < 1 || a.concurrency < 1 || a.min_prompt_len < 1 ||
       a.max_prompt_len < a.min_prompt_len || a.min_output_len < 1 ||
-      a.max_output_len < a.min_output_len || a.rate < 0 || a.duration_s < 0 ||
-      a.cancel_fraction < 0 || a.cancel_fraction > 1 || a.deadline_fraction < 0 ||
-      a.deadline_fraction > 1 || a.deadline_ms < 1) {
+      a.max_output_len < a.min_output_len || a.rate < 0) {
     std::fprintf(stderr, "llm-loadgen: inconsistent flags\n%s", flags.Usage().c_str());
     return 2;
   }

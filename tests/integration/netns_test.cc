@@ -231,7 +231,7 @@ TEST(NetnsTest, TensorParallelAcrossNamespacesOverGlooSurvivesACutLink) {
   const absl::Status built = net.Build(kWorld);
   ASSERT_TRUE(built.ok()) << built;
   const std::string dir = ::testing::TempDir() + "/netns_test." + std::to_string(getpid());
-  std::filesystem::create_directories(dir);
+  std::filesystem::create_directories(dir);  // the processes' logs and port files
   const std::string bin = LLM_BIN_DIR;
 
   std::vector<std::unique_ptr<ChildProcess>> workers;
@@ -335,6 +335,8 @@ TEST(NetnsTest, TensorParallelAcrossNamespacesOverGlooSurvivesACutLink) {
     const int s = w->Stop(absl::Seconds(30));
     EXPECT_TRUE(WIFEXITED(s) && WEXITSTATUS(s) == 0) << ChildProcess::DescribeStatus(s);
   }
+  // The logs are kept only when the test failed.
+  if (!HasFailure()) std::filesystem::remove_all(dir);
 }
 
 }  // namespace
