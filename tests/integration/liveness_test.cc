@@ -5,8 +5,8 @@
 // kNoticedWithin (far below 600 s) was noticed by keepalive or the probes. The partitioned
 // worker (link down) is in netns_test.cc.
 //
-// kNoticedWithin is generous for a loaded 2-core machine (measured: about 0 s for a killed
-// worker, 2-3 s for a stopped one, see README "Liveness"); it is a bound, not a timing
+// kNoticedWithin is generous for a loaded 2-core machine (measured: 0.06-1 s for a killed
+// worker, about 3 s for a stopped one, see README "Liveness"); it is a bound, not a timing
 // assertion: without keepalive the stopped worker would be noticed only after 600 s.
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
