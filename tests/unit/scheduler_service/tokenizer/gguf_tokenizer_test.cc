@@ -109,6 +109,36 @@ TEST(GgufTokenizerTest, SmolLm2EqualsHuggingFaceTokenizers) {
   EXPECT_EQ(cases, 50);
 }
 
+nlohmann::json ReadJson(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return nlohmann::json::parse(ss.str());
+}
+
+// tokenizer.ggml.model "llama" (SentencePiece-style, no merges in the file): the ids and
+// decodes of HF tokenizers built as transformers builds it from such a file
+// (tools/models/make_spm_gguf_tokenizer.py).
+TEST(GgufTokenizerTest, SentencePieceStyleEqualsHuggingFaceTokenizers) {
+  auto file = GgufFile::Open(kData + "/gguf/llama2-style-tokenizer.gguf");
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto tok = Tokenizer::FromGguf(**file);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->bos_token_id(), 1);
+  EXPECT_TRUE((*tok)->add_bos_token());
+  const nlohmann::json fixture = ReadJson(kData + "/gguf/llama2_style_gguf_ids.json");
+  int cases = 0;
+  for (const auto& c : fixture["cases"]) {
+    const std::string text = c["text"].get<std::string>();
+    const std::vector<TokenId> got = (*tok)->Encode(text, false);
+    EXPECT_EQ(got, c["ids"].get<std::vector<TokenId>>()) << "\"" << text << "\"";
+    EXPECT_EQ((*tok)->Encode(text, true), c["ids_special"].get<std::vector<TokenId>>()) << text;
+    EXPECT_EQ((*tok)->Decode(got), c["decoded"].get<std::string>()) << text;
+    ++cases;
+  }
+  EXPECT_EQ(cases, 18);
+}
+
 // A GGUF image with the given tokenizer.ggml.model and .pre and two tokens.
 std::vector<std::byte> TinyTokenizerGguf(const std::string& model, const std::string& pre) {
   std::vector<std::byte> b;
