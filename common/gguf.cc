@@ -409,6 +409,7 @@ absl::Status GgufFile::Parse() {
                                             " bytes left (file size ", bytes_.size(), ")"));
   }
   metadata_.reserve(n_kv);
+  size_t alignment_at = 0;
   for (uint64_t k = 0; k < n_kv; ++k) {
     const size_t at = r.pos();
     std::string key;
@@ -420,6 +421,7 @@ absl::Status GgufFile::Parse() {
       return r.Invalid(type_at, absl::StrCat("metadata \"", key, "\": value type ", type,
                                              " is not a GGUF value type (0..12)"));
     }
+    if (key == "general.alignment") alignment_at = type_at;
     GgufValue v;
     RETURN_IF_ERROR(r.ReadValue(static_cast<GgufValueType>(type), &v, 0,
                                 absl::StrCat("metadata \"", key, "\"")));
@@ -431,9 +433,10 @@ absl::Status GgufFile::Parse() {
   }
   if (const GgufValue* a = Find("general.alignment"); a != nullptr) {
     if (a->type != GgufValueType::kU32 || a->u == 0 || (a->u & (a->u - 1)) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "gguf ", path_, ": general.alignment must be a u32 power of two, got ",
-          GgufValueTypeName(a->type), " ", a->is_int() ? absl::StrCat(a->i) : std::string()));
+      return r.Invalid(alignment_at,
+                       absl::StrCat("general.alignment must be a u32 power of two, got ",
+                                    GgufValueTypeName(a->type), " ",
+                                    a->is_int() ? absl::StrCat(a->i) : std::string()));
     }
     alignment_ = static_cast<uint32_t>(a->u);
   }

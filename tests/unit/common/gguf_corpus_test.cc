@@ -1,7 +1,7 @@
 // Replays the GGUF fuzzer's committed corpus (tests/fuzz/corpus/gguf: the seeds of
 // tools/models/make_gguf_fuzz_corpus.py and inputs libFuzzer found) through the parser and
 // the dequantizer, as tests/fuzz/gguf_fuzz.cc does: every file parses or is refused with an
-// error naming a byte offset or a tensor, never a crash; the intact seeds parse.
+// error naming a byte offset, never a crash; the intact seeds parse.
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -32,9 +32,7 @@ TEST(GgufCorpusTest, EveryFileParsesOrIsAClearError) {
     if (!f.ok()) {
       EXPECT_FALSE(intact_seed) << name << ": " << f.status();
       const std::string msg(f.status().message());
-      EXPECT_TRUE(msg.find("offset") != std::string::npos ||
-                  msg.find("alignment") != std::string::npos)
-          << name << ": " << msg;
+      EXPECT_NE(msg.find("byte offset"), std::string::npos) << name << ": " << msg;
       continue;
     }
     ++parsed;
