@@ -284,6 +284,25 @@ absl::StatusOr<GgufTokenizerFiles> GgufTokenizerToJson(const GgufFile& f) {
   return out;
 }
 
+GgufChatInfo GgufChatInfoOf(const GgufFile& f) {
+  GgufChatInfo info;
+  if (absl::StatusOr<std::string> t = f.GetString("tokenizer.chat_template"); t.ok()) {
+    info.chat_template = *t;
+  }
+  const GgufValue* tokens = f.Find("tokenizer.ggml.tokens");
+  auto token = [&](const char* key) -> std::string {
+    const std::optional<int64_t> id = OptInt(f, key);
+    if (tokens == nullptr || !id.has_value() || *id < 0 ||
+        static_cast<size_t>(*id) >= tokens->array.size()) {
+      return "";
+    }
+    return tokens->array[*id].s;
+  };
+  info.bos_token = token("tokenizer.ggml.bos_token_id");
+  info.eos_token = token("tokenizer.ggml.eos_token_id");
+  return info;
+}
+
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& file) {
   ASSIGN_OR_RETURN(GgufTokenizerFiles files, GgufTokenizerToJson(file));
   absl::StatusOr<std::unique_ptr<Tokenizer>> tok =

@@ -30,6 +30,15 @@ struct GgufTokenizerFiles {
   std::string generation_config_json;
 };
 
+// What a chat template needs from a GGUF: tokenizer.chat_template ("" when absent) and the
+// bos / eos token strings ("" when the ids are absent or out of range).
+struct GgufChatInfo {
+  std::string chat_template;
+  std::string bos_token;
+  std::string eos_token;
+};
+GgufChatInfo GgufChatInfoOf(const GgufFile& file);
+
 // INVALID_ARGUMENT naming a missing or malformed key; UNIMPLEMENTED naming an unsupported
 // tokenizer.ggml.model or tokenizer.ggml.pre.
 absl::StatusOr<GgufTokenizerFiles> GgufTokenizerToJson(const GgufFile& file);

@@ -27,9 +27,13 @@ std::string SmolLm2Path() {
   return dir + "/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
-TEST(GgufClusterTest, TinyGgufServesTheSafetensorsTokens) {
+class GgufClusterTest : public ::testing::TestWithParam<int> {};
+
+// At tensor-parallel sizes 1 and 2 (each rank dequantizes only its slices).
+TEST_P(GgufClusterTest, TinyGgufServesTheSafetensorsTokens) {
   ClusterOptions o;
   o.model = kSource + "/tests/data/models/fortune-llama-f16.gguf";
+  o.tensor_parallel_size = GetParam();
   absl::StatusOr<std::unique_ptr<LocalCluster>> c = LocalCluster::Start(o);
   ASSERT_TRUE(c.ok()) << c.status();
   absl::StatusOr<v1::GetModelInfoResponse> info = GetModelInfo((*c)->stub());
@@ -40,6 +44,10 @@ TEST(GgufClusterTest, TinyGgufServesTheSafetensorsTokens) {
   absl::StatusOr<std::vector<std::vector<int32_t>>> want =
       ReferenceGreedy(kSource + "/models/fortune-llama", prompts, 12);
   ASSERT_TRUE(want.ok()) << want.status();
+  // The in-process engine (llm-generate's) takes the GGUF too.
+  absl::StatusOr<std::vector<std::vector<int32_t>>> local = ReferenceGreedy(o.model, prompts, 12);
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_EQ(*local, *want);
   for (size_t i = 0; i < prompts.size(); ++i) {
     GenerateResult r = Generate((*c)->stub(), GreedyRequest(prompts[i], 12));
     ASSERT_TRUE(r.status.ok()) << r.status.error_message();
@@ -49,7 +57,9 @@ TEST(GgufClusterTest, TinyGgufServesTheSafetensorsTokens) {
   EXPECT_TRUE(s.ok()) << s.status();
 }
 
-TEST(GgufClusterTest, SmolLm2AnswersTheCapitalOfFrance) {
+INSTANTIATE_TEST_SUITE_P(Tp, GgufClusterTest, ::testing::Values(1, 2));
+
+TEST(GgufRealModelTest, SmolLm2AnswersTheCapitalOfFrance) {
   const std::string path = SmolLm2Path();
   if (!std::filesystem::exists(path)) {
     GTEST_SKIP() << path << " is not there (tools/models/fetch_smollm2.sh fetches it)";

@@ -92,6 +92,10 @@ TEST(GgufTokenizerTest, SmolLm2EqualsHuggingFaceTokenizers) {
   absl::StatusOr<std::string> tmpl = (*file)->GetString("tokenizer.chat_template");
   ASSERT_TRUE(tmpl.ok());
   EXPECT_NE(tmpl->find("<|im_start|>"), std::string::npos);
+  const GgufChatInfo chat = GgufChatInfoOf(**file);
+  EXPECT_EQ(chat.chat_template, *tmpl);
+  EXPECT_EQ(chat.bos_token, "<|im_start|>");
+  EXPECT_EQ(chat.eos_token, "<|im_end|>");
 
   std::ifstream in(kData + "/gguf/smollm2_tokenizer_ids.json");
   std::stringstream ss;
