@@ -125,6 +125,42 @@ TEST(GgufModelTest, Q8_0GreedyTokensAreTransformers) {
   EXPECT_EQ(agree, total);
 }
 
+// A tensor of a type the dequantizer does not take (Q5_0) is an error naming it, at load.
+TEST(GgufModelTest, UnsupportedTensorTypesAreNamed) {
+  std::vector<std::byte> b;
+  auto put = [&](const void* p, size_t n) {
+    const size_t at = b.size();
+    b.resize(at + n);
+    std::memcpy(b.data() + at, p, n);
+  };
+  auto u32 = [&](uint32_t v) { put(&v, 4); };
+  auto u64 = [&](uint64_t v) { put(&v, 8); };
+  auto str = [&](std::string_view s) {
+    u64(s.size());
+    put(s.data(), s.size());
+  };
+  u32(GgufFile::kMagic), u32(3), u64(1), u64(7);
+  str("general.architecture"), u32(8), str("llama");
+  for (const char* key :
+       {"llama.embedding_length", "llama.feed_forward_length", "llama.block_count",
+        "llama.attention.head_count", "llama.context_length", "llama.vocab_size"}) {
+    str(key), u32(4), u32(std::string_view(key) == "llama.embedding_length" ? 32 : 2);
+  }
+  // token_embd.weight: 2 rows of 32, Q5_0 (type 6: blocks of 32 in 22 bytes).
+  str("token_embd.weight"), u32(2), u64(32), u64(2), u32(6), u64(0);
+  while (b.size() % 32 != 0) b.push_back(std::byte{0});
+  b.resize(b.size() + 44);
+  auto f = GgufFile::FromBuffer(b, "q5.gguf");
+  ASSERT_TRUE(f.ok()) << f.status();
+  auto w = GgufWeights::FromFile(f->get());
+  ASSERT_TRUE(w.ok()) << w.status();
+  std::vector<std::byte> out(2 * 32 * 4);
+  const absl::Status s = (*w)->ReadSlice("model.embed_tokens.weight", 0, 0, 2, StDType::kF32, out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("token_embd.weight: type Q5_0 is not supported"), std::string::npos)
+      << s;
+}
+
 TEST(GgufModelTest, OtherArchitecturesAreRefused) {
   // A GGUF whose general.architecture is "qwen2".
   std::vector<std::byte> b;
