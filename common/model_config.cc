@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/gguf.h"
+#include "common/gguf_model.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -188,6 +190,10 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(std::string_view json_text) {
 }
 
 absl::StatusOr<ModelConfig> ModelConfig::FromModelDir(const std::string& dir) {
+  if (IsGgufPath(dir)) {
+    ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> f, GgufFile::Open(dir));
+    return FromGguf(*f);
+  }
   const std::filesystem::path path = std::filesystem::path(dir) / "config.json";
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path.string()));

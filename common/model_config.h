@@ -15,6 +15,8 @@
 
 namespace llm {
 
+class GgufFile;
+
 struct RopeScaling {
   // "" (none), "linear" or "llama3".
   std::string type;
@@ -46,8 +48,13 @@ struct ModelConfig {
   std::vector<int> eos_token_ids;
 
   static absl::StatusOr<ModelConfig> FromJson(std::string_view json_text);
-  // Reads <dir>/config.json.
+  // Reads <dir>/config.json, or the metadata of `dir` when it is a GGUF file (*.gguf).
   static absl::StatusOr<ModelConfig> FromModelDir(const std::string& dir);
+  // From a GGUF file's metadata (general.architecture "llama"; llama.* keys; token ids from
+  // tokenizer.ggml.*). UNIMPLEMENTED naming another architecture or an unsupported feature
+  // (rope scaling other than linear, partial rotary); INVALID_ARGUMENT naming a missing or
+  // malformed key. Implemented in gguf_model.cc.
+  static absl::StatusOr<ModelConfig> FromGguf(const GgufFile& file);
 };
 
 }  // namespace llm

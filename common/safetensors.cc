@@ -408,6 +408,11 @@ absl::StatusOr<SafetensorsModel::Entry> SafetensorsModel::Find(std::string_view 
   return it->second;
 }
 
+absl::StatusOr<std::vector<int64_t>> SafetensorsModel::Shape(std::string_view name) const {
+  ASSIGN_OR_RETURN(Entry e, Find(name));
+  return e.info->shape;
+}
+
 bool SafetensorsModel::Contains(std::string_view name) const { return entries_.contains(name); }
 
 std::vector<std::string> SafetensorsModel::TensorNames() const {

@@ -95,9 +95,21 @@ absl::Status ReadSliceAsF32(const SafetensorsFile& file, const StTensorInfo& t, 
 absl::Status ReadSlice(const SafetensorsFile& file, const StTensorInfo& t, int dim, int64_t begin,
                        int64_t end, StDType out_dtype, std::span<std::byte> out);
 
+// A model's weights by their Hugging Face names and row-major layout, as the model loader
+// reads them: SafetensorsModel (a model directory) and GgufWeights (common/gguf_model.h).
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  // The row-major shape of tensor `name`; NOT_FOUND naming it when absent.
+  virtual absl::StatusOr<std::vector<int64_t>> Shape(std::string_view name) const = 0;
+  // As llm::ReadSlice below: rows [begin, end) of dimension `dim` in `out_dtype`.
+  virtual absl::Status ReadSlice(std::string_view name, int dim, int64_t begin, int64_t end,
+                                 StDType out_dtype, std::span<std::byte> out) const = 0;
+};
+
 // All weights of a Hugging Face model directory: model.safetensors, or the shards named by
 // model.safetensors.index.json ("weight_map": {tensor: file}).
-class SafetensorsModel {
+class SafetensorsModel : public WeightSource {
  public:
   static absl::StatusOr<std::unique_ptr<SafetensorsModel>> Open(const std::string& dir);
 
@@ -115,7 +127,8 @@ class SafetensorsModel {
   absl::Status ReadSliceAsF32(std::string_view name, int dim, int64_t begin, int64_t end,
                               std::span<float> out) const;
   absl::Status ReadSlice(std::string_view name, int dim, int64_t begin, int64_t end,
-                         StDType out_dtype, std::span<std::byte> out) const;
+                         StDType out_dtype, std::span<std::byte> out) const override;
+  absl::StatusOr<std::vector<int64_t>> Shape(std::string_view name) const override;
 
  private:
   std::string dir_;

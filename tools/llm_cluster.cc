@@ -210,9 +210,11 @@ absl::Status Cluster::Start() {
   tmp_dir_ = tmpl;
   std::error_code ec;
   model_dir_ = fs::absolute(m_.model, ec).lexically_normal().string();
-  if (!fs::is_directory(model_dir_, ec)) {
+  const bool gguf_file = model_dir_.ends_with(".gguf") && fs::is_regular_file(model_dir_, ec);
+  if (!gguf_file && !fs::is_directory(model_dir_, ec)) {
     return absl::NotFoundError(absl::StrCat(args_.manifest, ": model: ", m_.model,
-                                            " is not a directory (relative paths are relative "
+                                            " is not a directory or a .gguf file (relative "
+                                            "paths are relative "
                                             "to the current directory, ",
                                             fs::current_path(ec).string(), ")"));
   }

@@ -101,10 +101,12 @@ Flags Parse(int argc, char** argv) {
       "usage: llm-scheduler --model=DIR --worker-addresses=H:P,... [--flag=value ...]\n"
       "Serves llm.v1.LLMService over a tensor-parallel group of llm-worker ranks.");
   p.Add("model", &f.model,
-        "model directory (config.json, tokenizer.json, safetensors); also sent to the workers "
+        "model directory (config.json, tokenizer.json, safetensors) or GGUF file (*.gguf); also "
+        "sent to the workers "
         "as model_path, so it must be the same path on every host (required)");
   p.Add("served-model-name", &f.served_model_name,
-        "the model name GetModelInfo reports (default: the model directory's base name)");
+        "the model name GetModelInfo reports (default: the model directory's base name, or the "
+        "GGUF file's without .gguf)");
   p.Add("host", &f.host, "gRPC listen address (0.0.0.0)");
   p.Add("port", &f.port, "gRPC port; 0: any free port (50051)");
   p.Add("port-file", &f.port_file, "once serving, write the bound port to this file (none)");
@@ -263,6 +265,7 @@ Setup Check(const Flags& f, const ModelConfig& model, const Tokenizer& tokenizer
   o.model_name = f.served_model_name;
   if (o.model_name.empty()) {
     o.model_name = std::filesystem::path(f.model).lexically_normal().filename().string();
+    if (o.model_name.ends_with(".gguf")) o.model_name.resize(o.model_name.size() - 5);
     if (o.model_name.empty()) {
       o.model_name =
           std::filesystem::path(f.model).lexically_normal().parent_path().filename().string();

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/gguf.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "scheduler_service/tokenizer/json_util.h"
@@ -114,6 +115,10 @@ std::optional<std::string> ConfigToken(const json& config, std::string_view key)
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromDirectory(const std::string& dir) {
+  if (dir.ends_with(".gguf")) {
+    ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(dir));
+    return FromGguf(*file);
+  }
   const std::string path = dir + "/tokenizer.json";
   ASSIGN_OR_RETURN(std::optional<std::string> tokenizer_json, ReadFile(path));
   if (!tokenizer_json.has_value()) {

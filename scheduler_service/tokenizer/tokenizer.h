@@ -34,11 +34,16 @@
 
 namespace llm {
 
+class GgufFile;
+
 class Tokenizer {
  public:
   // Reads <dir>/tokenizer.json (required), tokenizer_config.json and
   // generation_config.json (both optional).
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromDirectory(const std::string& dir);
+  // (`dir` may also be a GGUF file, *.gguf: FromGguf.)
+  // From a GGUF file's tokenizer.ggml.* metadata (see gguf_tokenizer.h).
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromGguf(const GgufFile& file);
   // The same from file contents; empty config strings mean absent files.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(
       std::string_view tokenizer_json, std::string_view tokenizer_config_json = {},

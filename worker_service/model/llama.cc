@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/gguf_model.h"
 #include "common/half.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
@@ -110,11 +111,15 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
                                                              const ModelConfig& config,
                                                              Communicator* comm,
                                                              const ModelOptions& options) {
+  if (IsGgufPath(model_dir)) {
+    ASSIGN_OR_RETURN(std::unique_ptr<GgufWeights> weights, GgufWeights::Open(model_dir));
+    return Load(*weights, config, comm, options);
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsModel> weights, SafetensorsModel::Open(model_dir));
   return Load(*weights, config, comm, options);
 }
 
-absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const SafetensorsModel& weights,
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const WeightSource& weights,
                                                              const ModelConfig& config,
                                                              Communicator* comm,
                                                              const ModelOptions& options) {
@@ -193,7 +198,7 @@ absl::Status LlamaModel::AllocateOnDevice(DType dtype, std::initializer_list<int
   return absl::OkStatus();
 }
 
-absl::Status LlamaModel::LoadWeights(const SafetensorsModel* weights, uint64_t seed) {
+absl::Status LlamaModel::LoadWeights(const WeightSource* weights, uint64_t seed) {
   const int64_t h = config_.hidden_size, d = config_.head_dim, i_local = local_intermediate_;
   const size_t esize = DTypeSize(dtype_);
   uint64_t state = seed * 0x9e3779b97f4a7c15ULL + 1;
@@ -231,15 +236,17 @@ absl::Status LlamaModel::LoadWeights(const SafetensorsModel* weights, uint64_t s
         }
       }
     } else {
-      ASSIGN_OR_RETURN(SafetensorsModel::Entry e, weights->Find(name));
+      ASSIGN_OR_RETURN(const std::vector<int64_t> st_shape, weights->Shape(name));
+      int64_t st_numel = 1;
+      for (int64_t x : st_shape) st_numel *= x;
       if (begin < 0) {
-        if (e.info->shape.empty() || e.info->numel() != numel) {
+        if (st_shape.empty() || st_numel != numel) {
           return absl::InvalidArgumentError(absl::StrCat(name, " has an unexpected shape"));
         }
         begin = 0;
-        end = e.info->shape[0];
+        end = st_shape[0];
         dim = 0;
-      } else if (e.info->shape.empty() || (dim == 1 && e.info->shape.size() != 2)) {
+      } else if (st_shape.empty() || (dim == 1 && st_shape.size() != 2)) {
         return absl::InvalidArgumentError(absl::StrCat(name, " has an unexpected shape"));
       }
       RETURN_IF_ERROR(weights->ReadSlice(name, dim, begin, end, ToStDType(dtype_),
@@ -260,10 +267,10 @@ absl::Status LlamaModel::LoadWeights(const SafetensorsModel* weights, uint64_t s
                    Tensor* t) -> absl::Status {
     RETURN_IF_ERROR(alloc(shape, t));
     if (weights != nullptr) {
-      ASSIGN_OR_RETURN(SafetensorsModel::Entry e, weights->Find(name));
-      if (e.info->shape != std::vector<int64_t>(shape)) {
+      ASSIGN_OR_RETURN(const std::vector<int64_t> st_shape, weights->Shape(name));
+      if (st_shape != std::vector<int64_t>(shape)) {
         return absl::InvalidArgumentError(
-            absl::StrCat(name, " has shape [", absl::StrJoin(e.info->shape, ", "),
+            absl::StrCat(name, " has shape [", absl::StrJoin(st_shape, ", "),
                          "]; the config implies [", absl::StrJoin(shape, ", "), "]"));
       }
     }

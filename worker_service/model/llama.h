@@ -50,7 +50,7 @@
 namespace llm {
 
 class Communicator;
-class SafetensorsModel;
+class WeightSource;
 
 // The per-step inputs, all on the host, laid out as kernels/ops.h describes.
 struct ForwardInput {
@@ -92,8 +92,9 @@ class LlamaModel {
                                                           const ModelConfig& config,
                                                           Communicator* comm,
                                                           const ModelOptions& options = {});
-  // The same from an already open weights directory.
-  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const SafetensorsModel& weights,
+  // (`model_dir` may also be a GGUF file, *.gguf: its weights dequantized to the dtype.)
+  // The same from already open weights (a SafetensorsModel or a GgufWeights).
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const WeightSource& weights,
                                                           const ModelConfig& config,
                                                           Communicator* comm,
                                                           const ModelOptions& options = {});
@@ -194,7 +195,7 @@ class LlamaModel {
                             TensorView* logits);
   void ReleaseGraphs();
   // From `weights`, or random (seeded) when it is null.
-  absl::Status LoadWeights(const SafetensorsModel* weights, uint64_t seed);
+  absl::Status LoadWeights(const WeightSource* weights, uint64_t seed);
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Make(const ModelConfig& config,
                                                           Communicator* comm,
                                                           const ModelOptions& options);

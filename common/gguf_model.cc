@@ -1,0 +1,281 @@
+#include "common/gguf_model.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/gguf_dequant.h"
+#include "common/half.h"
+#include "common/status_macros.h"
+
+namespace llm {
+namespace {
+
+absl::Status Invalid(const GgufFile& f, std::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("gguf ", f.path(), ": ", std::string(what)));
+}
+
+// A positive integer key; `def` (when >= 0) when absent.
+absl::Status GetPositive(const GgufFile& f, const std::string& key, int* out, int def = -1) {
+  absl::StatusOr<int64_t> v = f.GetInt(key);
+  if (absl::IsNotFound(v.status()) && def >= 0) {
+    *out = def;
+    return absl::OkStatus();
+  }
+  if (!v.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(v.status().message(), " (a positive integer is required)"));
+  }
+  if (*v <= 0 || *v > (1 << 30)) {
+    return Invalid(f, absl::StrCat(key, ": expected a positive integer, got ", *v));
+  }
+  *out = static_cast<int>(*v);
+  return absl::OkStatus();
+}
+
+// HF row r of a q/k projection whose heads have `head_dim` rows -> the GGUF row holding it.
+inline int64_t PermutedRow(int64_t r, int64_t head_dim) {
+  const int64_t half = head_dim / 2;
+  const int64_t head = r / head_dim, w = r % head_dim;
+  return head * head_dim + 2 * (w % half) + w / half;
+}
+
+void Store(const float* src, int64_t n, StDType dtype, std::byte* dst) {
+  switch (dtype) {
+    case StDType::kF32:
+      std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+      break;
+    case StDType::kBF16:
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t b = FloatToBf16(src[i]);
+        std::memcpy(dst + 2 * i, &b, 2);
+      }
+      break;
+    default:  // kF16
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t b = FloatToHalf(src[i]);
+        std::memcpy(dst + 2 * i, &b, 2);
+      }
+      break;
+  }
+}
+
+}  // namespace
+
+bool IsGgufPath(std::string_view path) { return path.ends_with(".gguf"); }
+
+std::string GgufTensorName(std::string_view hf) {
+  if (hf == "model.embed_tokens.weight") return "token_embd.weight";
+  if (hf == "lm_head.weight") return "output.weight";
+  if (hf == "model.norm.weight") return "output_norm.weight";
+  static constexpr std::pair<std::string_view, std::string_view> kLayer[] = {
+      {"input_layernorm.weight", "attn_norm.weight"},
+      {"post_attention_layernorm.weight", "ffn_norm.weight"},
+      {"self_attn.q_proj.weight", "attn_q.weight"},
+      {"self_attn.k_proj.weight", "attn_k.weight"},
+      {"self_attn.v_proj.weight", "attn_v.weight"},
+      {"self_attn.q_proj.bias", "attn_q.bias"},
+      {"self_attn.k_proj.bias", "attn_k.bias"},
+      {"self_attn.v_proj.bias", "attn_v.bias"},
+      {"self_attn.o_proj.weight", "attn_output.weight"},
+      {"mlp.gate_proj.weight", "ffn_gate.weight"},
+      {"mlp.up_proj.weight", "ffn_up.weight"},
+      {"mlp.down_proj.weight", "ffn_down.weight"},
+  };
+  constexpr std::string_view kPrefix = "model.layers.";
+  if (!hf.starts_with(kPrefix)) return "";
+  hf.remove_prefix(kPrefix.size());
+  const size_t dot = hf.find('.');
+  int layer = 0;
+  if (dot == std::string_view::npos || dot == 0) return "";
+  const auto [ptr, ec] = std::from_chars(hf.data(), hf.data() + dot, layer);
+  if (ec != std::errc() || ptr != hf.data() + dot) return "";
+  const std::string_view rest = hf.substr(dot + 1);
+  for (const auto& [from, to] : kLayer) {
+    if (rest == from) return absl::StrCat("blk.", layer, ".", std::string(to));
+  }
+  return "";
+}
+
+absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
+  ASSIGN_OR_RETURN(std::string arch, f.GetString("general.architecture"));
+  if (arch != "llama") {
+    return absl::UnimplementedError(
+        absl::StrCat("gguf ", f.path(), ": general.architecture \"", arch,
+                     "\" is not supported (only \"llama\": Llama-family models such as "
+                     "Llama 2/3, SmolLM2, Mistral without sliding window)"));
+  }
+  ModelConfig c;
+  c.architecture = "LlamaForCausalLM";
+  c.model_type = "llama";
+  RETURN_IF_ERROR(GetPositive(f, "llama.embedding_length", &c.hidden_size));
+  RETURN_IF_ERROR(GetPositive(f, "llama.feed_forward_length", &c.intermediate_size));
+  RETURN_IF_ERROR(GetPositive(f, "llama.block_count", &c.num_hidden_layers));
+  RETURN_IF_ERROR(GetPositive(f, "llama.attention.head_count", &c.num_attention_heads));
+  RETURN_IF_ERROR(GetPositive(f, "llama.attention.head_count_kv", &c.num_key_value_heads,
+                              c.num_attention_heads));
+  RETURN_IF_ERROR(GetPositive(f, "llama.context_length", &c.max_position_embeddings));
+  if (c.num_attention_heads % c.num_key_value_heads != 0) {
+    return Invalid(f, absl::StrCat("llama.attention.head_count (", c.num_attention_heads,
+                                   ") must be a multiple of llama.attention.head_count_kv (",
+                                   c.num_key_value_heads, ")"));
+  }
+  int def_head_dim = c.hidden_size / c.num_attention_heads;
+  RETURN_IF_ERROR(GetPositive(f, "llama.attention.key_length", &c.head_dim, def_head_dim));
+  if (c.head_dim % 2 != 0) return Invalid(f, absl::StrCat("head dim ", c.head_dim, " is odd"));
+  int rot = 0;
+  RETURN_IF_ERROR(GetPositive(f, "llama.rope.dimension_count", &rot, c.head_dim));
+  if (rot != c.head_dim) {
+    return absl::UnimplementedError(absl::StrCat("gguf ", f.path(), ": llama.rope.dimension_count ",
+                                                 rot, " differs from the head dim ", c.head_dim,
+                                                 " (partial rotary is not supported)"));
+  }
+  if (absl::StatusOr<double> eps = f.GetNumber("llama.attention.layer_norm_rms_epsilon");
+      eps.ok()) {
+    c.rms_norm_eps = *eps;
+  } else if (!absl::IsNotFound(eps.status())) {
+    return eps.status();
+  }
+  if (!(c.rms_norm_eps > 0))
+    return Invalid(f, "llama.attention.layer_norm_rms_epsilon must be > 0");
+  if (absl::StatusOr<double> theta = f.GetNumber("llama.rope.freq_base"); theta.ok()) {
+    c.rope_theta = *theta;
+  } else if (!absl::IsNotFound(theta.status())) {
+    return theta.status();
+  }
+  if (!(c.rope_theta > 0)) return Invalid(f, "llama.rope.freq_base must be > 0");
+  if (absl::StatusOr<std::string> type = f.GetString("llama.rope.scaling.type"); type.ok()) {
+    if (*type == "linear") {
+      c.rope_scaling.type = "linear";
+      ASSIGN_OR_RETURN(c.rope_scaling.factor, f.GetNumber("llama.rope.scaling.factor"));
+    } else if (*type != "none") {
+      return absl::UnimplementedError(absl::StrCat("gguf ", f.path(),
+                                                   ": llama.rope.scaling.type \"", *type,
+                                                   "\" is not supported (none or linear)"));
+    }
+  }
+  if (f.FindTensor("rope_freqs.weight") != nullptr) {
+    return absl::UnimplementedError(
+        absl::StrCat("gguf ", f.path(),
+                     ": rope_freqs.weight (Llama 3.1-style rope scaling baked into per-frequency "
+                     "factors) is not supported"));
+  }
+  // Vocabulary: llama.vocab_size, else the token list's length, else the embedding's rows.
+  const GgufTensorInfo* embd = f.FindTensor("token_embd.weight");
+  if (embd == nullptr) return Invalid(f, "no tensor token_embd.weight");
+  if (embd->dims.size() != 2) return Invalid(f, "token_embd.weight is not 2-D");
+  const GgufValue* tokens = f.Find("tokenizer.ggml.tokens");
+  int from_tokens = tokens != nullptr ? static_cast<int>(tokens->array.size()) : 0;
+  RETURN_IF_ERROR(GetPositive(f, "llama.vocab_size", &c.vocab_size,
+                              from_tokens > 0 ? from_tokens : static_cast<int>(embd->dims[1])));
+  c.tie_word_embeddings = f.FindTensor("output.weight") == nullptr;
+  c.attention_bias = f.FindTensor("blk.0.attn_q.bias") != nullptr;
+  if (absl::StatusOr<int64_t> bos = f.GetInt("tokenizer.ggml.bos_token_id"); bos.ok()) {
+    c.bos_token_id = static_cast<int>(*bos);
+  }
+  for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"}) {
+    if (absl::StatusOr<int64_t> id = f.GetInt(key); id.ok()) {
+      if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), *id) == c.eos_token_ids.end()) {
+        c.eos_token_ids.push_back(static_cast<int>(*id));
+      }
+    }
+  }
+  return c;
+}
+
+absl::StatusOr<std::unique_ptr<GgufWeights>> GgufWeights::Open(const std::string& path) {
+  ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path));
+  ASSIGN_OR_RETURN(std::unique_ptr<GgufWeights> w, FromFile(file.get()));
+  w->owned_ = std::move(file);
+  return w;
+}
+
+absl::StatusOr<std::unique_ptr<GgufWeights>> GgufWeights::FromFile(const GgufFile* file) {
+  ASSIGN_OR_RETURN(ModelConfig c, ModelConfig::FromGguf(*file));
+  std::unique_ptr<GgufWeights> w(new GgufWeights());
+  w->file_ = file;
+  w->n_head_ = c.num_attention_heads;
+  w->n_head_kv_ = c.num_key_value_heads;
+  return w;
+}
+
+absl::StatusOr<std::vector<int64_t>> GgufWeights::Shape(std::string_view name) const {
+  const std::string g = GgufTensorName(name);
+  const GgufTensorInfo* t = g.empty() ? nullptr : file_->FindTensor(g);
+  if (t == nullptr) {
+    return absl::NotFoundError(absl::StrCat("tensor ", std::string(name), " (gguf ",
+                                            g.empty() ? "none" : g, ") is not in ", file_->path()));
+  }
+  return t->shape();
+}
+
+absl::Status GgufWeights::ReadSlice(std::string_view name, int dim, int64_t begin, int64_t end,
+                                    StDType out_dtype, std::span<std::byte> out) const {
+  const std::string g = GgufTensorName(name);
+  const GgufTensorInfo* t = g.empty() ? nullptr : file_->FindTensor(g);
+  if (t == nullptr) {
+    return absl::NotFoundError(absl::StrCat("tensor ", std::string(name), " (gguf ",
+                                            g.empty() ? "none" : g, ") is not in ", file_->path()));
+  }
+  const std::string what = absl::StrCat("gguf ", file_->path(), ": tensor ", g);
+  if (!GgmlTypeCanDequantize(t->type)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": type ", GgmlTypeName(t->type),
+                     " is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K)"));
+  }
+  if (out_dtype != StDType::kF32 && out_dtype != StDType::kF16 && out_dtype != StDType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": output dtype ", std::string(StDTypeName(out_dtype)), " is not F32, F16 or BF16"));
+  }
+  const std::vector<int64_t> shape = t->shape();
+  if (shape.size() > 2 || dim < 0 || dim >= static_cast<int>(shape.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": cannot slice dimension ", dim, " of a ", shape.size(), "-D tensor"));
+  }
+  if (begin < 0 || end < begin || end > shape[dim]) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": slice [", begin, ", ", end,
+                                                   ") is out of range [0, ", shape[dim], ")"));
+  }
+  const int64_t rows = shape.size() == 2 ? shape[0] : 1;
+  const int64_t cols = shape.back();
+  const int64_t out_rows = dim == 0 && shape.size() == 2 ? end - begin : rows;
+  const int64_t out_cols = dim == 0 && shape.size() == 2 ? cols : end - begin;
+  const size_t esize = StDTypeSize(out_dtype);
+  if (out.size() != static_cast<size_t>(out_rows * out_cols) * esize) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": the slice is ", out_rows * out_cols * esize, " bytes, the buffer ", out.size()));
+  }
+  // q/k rows come back in Hugging Face order.
+  int64_t permute_head_dim = 0;
+  if (absl::StrContains(g, "attn_q.")) permute_head_dim = shape[0] / n_head_;
+  if (absl::StrContains(g, "attn_k.")) permute_head_dim = shape[0] / n_head_kv_;
+  const auto [block, block_bytes] = GgmlBlockLayout(t->type);
+  const size_t row_bytes = static_cast<size_t>(cols / block * block_bytes);
+  const std::span<const std::byte> data = file_->Bytes(*t);
+  std::vector<float> row(static_cast<size_t>(cols));
+  if (shape.size() == 1) {
+    RETURN_IF_ERROR(DequantizeToF32(t->type, data, row));
+    if (permute_head_dim > 0) {
+      std::vector<float> hf(row.size());
+      for (int64_t r = 0; r < cols; ++r) hf[r] = row[PermutedRow(r, permute_head_dim)];
+      row.swap(hf);
+    }
+    Store(row.data() + begin, end - begin, out_dtype, out.data());
+    return absl::OkStatus();
+  }
+  const int64_t r0 = dim == 0 ? begin : 0, r1 = dim == 0 ? end : rows;
+  const int64_t c0 = dim == 0 ? 0 : begin;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t src = permute_head_dim > 0 ? PermutedRow(r, permute_head_dim) : r;
+    RETURN_IF_ERROR(DequantizeToF32(
+        t->type, data.subspan(static_cast<size_t>(src) * row_bytes, row_bytes), row));
+    Store(row.data() + c0, out_cols, out_dtype,
+          out.data() + static_cast<size_t>((r - r0) * out_cols) * esize);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace llm

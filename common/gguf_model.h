@@ -1,0 +1,56 @@
+// A GGUF file as a model: its config (llama.* metadata) and its weights under their Hugging
+// Face names and layout, dequantized at load.
+//
+// Names: token_embd -> model.embed_tokens, output -> lm_head (absent: tied embeddings),
+// output_norm -> model.norm, blk.N.{attn_norm, ffn_norm, attn_q/k/v/output, ffn_gate/up/down}
+// -> model.layers.N.{input_layernorm, post_attention_layernorm, self_attn.q/k/v/o_proj,
+// mlp.gate/up/down_proj}. llama.cpp's converter interleaves the rows of each head of attn_q
+// and attn_k (for ggml's RoPE, which rotates adjacent pairs); reading undoes it, so the rows
+// are the Hugging Face ones (halves rotated together).
+#ifndef LLM_COMMON_GGUF_MODEL_H_
+#define LLM_COMMON_GGUF_MODEL_H_
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/gguf.h"
+#include "common/model_config.h"
+#include "common/safetensors.h"
+
+namespace llm {
+
+// Whether `path` names a GGUF file (ends with ".gguf").
+bool IsGgufPath(std::string_view path);
+
+// The GGUF tensor name of a Hugging Face one ("model.layers.3.mlp.up_proj.weight" ->
+// "blk.3.ffn_up.weight"); "" when it has none.
+std::string GgufTensorName(std::string_view hf_name);
+
+class GgufWeights : public WeightSource {
+ public:
+  static absl::StatusOr<std::unique_ptr<GgufWeights>> Open(const std::string& path);
+  // Over an open file (kept alive by the caller); heads from its llama.* metadata.
+  static absl::StatusOr<std::unique_ptr<GgufWeights>> FromFile(const GgufFile* file);
+
+  absl::StatusOr<std::vector<int64_t>> Shape(std::string_view name) const override;
+  // Rows [begin, end) of dimension 0 or 1, dequantized and converted to out_dtype (F32,
+  // F16 or BF16; narrowing rounds to nearest even). INVALID_ARGUMENT naming the tensor when
+  // its type cannot be dequantized or the slice is out of range.
+  absl::Status ReadSlice(std::string_view name, int dim, int64_t begin, int64_t end,
+                         StDType out_dtype, std::span<std::byte> out) const override;
+
+  const GgufFile& file() const { return *file_; }
+
+ private:
+  std::unique_ptr<GgufFile> owned_;
+  const GgufFile* file_ = nullptr;
+  int n_head_ = 0;
+  int n_head_kv_ = 0;
+};
+
+}  // namespace llm
+
+#endif  // LLM_COMMON_GGUF_MODEL_H_

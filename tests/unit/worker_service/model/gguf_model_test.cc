@@ -1,0 +1,189 @@
+// A GGUF model (tools/models/make_tiny_gguf.py: fortune-llama's f16 checkpoint written by the
+// gguf package as F16 and as Q8_0, attn_q/attn_k permuted as llama.cpp's converter does)
+// loads with the config and weights of the safetensors directory: the F16 one gives the same
+// logits bit for bit; the Q8_0 one the same greedy tokens within a quantization tolerance.
+#include "common/gguf_model.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/gguf.h"
+#include "common/half.h"
+#include "gtest/gtest.h"
+#include "tests/unit/worker_service/model/model_test_util.h"
+#include "worker_service/model/llama.h"
+
+namespace llm {
+namespace {
+
+const std::string kDir = std::string(LLM_TEST_DATA_DIR) + "/../../models/fortune-llama";
+const std::string kF16 = std::string(LLM_TEST_DATA_DIR) + "/models/fortune-llama-f16.gguf";
+const std::string kQ8 = std::string(LLM_TEST_DATA_DIR) + "/models/fortune-llama-q8_0.gguf";
+
+TEST(GgufModelTest, ConfigEqualsConfigJson) {
+  absl::StatusOr<ModelConfig> hf = ModelConfig::FromModelDir(kDir);
+  absl::StatusOr<ModelConfig> g = ModelConfig::FromModelDir(kF16);
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->architecture, hf->architecture);
+  EXPECT_EQ(g->vocab_size, hf->vocab_size);
+  EXPECT_EQ(g->hidden_size, hf->hidden_size);
+  EXPECT_EQ(g->intermediate_size, hf->intermediate_size);
+  EXPECT_EQ(g->num_hidden_layers, hf->num_hidden_layers);
+  EXPECT_EQ(g->num_attention_heads, hf->num_attention_heads);
+  EXPECT_EQ(g->num_key_value_heads, hf->num_key_value_heads);
+  EXPECT_EQ(g->head_dim, hf->head_dim);
+  EXPECT_EQ(g->max_position_embeddings, hf->max_position_embeddings);
+  EXPECT_EQ(static_cast<float>(g->rms_norm_eps), static_cast<float>(hf->rms_norm_eps));
+  EXPECT_EQ(g->rope_theta, hf->rope_theta);
+  EXPECT_EQ(g->tie_word_embeddings, hf->tie_word_embeddings);
+  EXPECT_EQ(g->bos_token_id, hf->bos_token_id);
+  EXPECT_EQ(g->eos_token_ids, hf->eos_token_ids);
+}
+
+// Every weight slice a tensor-parallel rank reads (rows of q/k/v/gate/up, columns of o/down,
+// in f32 and bf16) equals the safetensors one: names mapped, q/k rows un-permuted.
+TEST(GgufModelTest, SlicesEqualSafetensors) {
+  auto st = SafetensorsModel::Open(kDir);
+  auto gg = GgufWeights::Open(kF16);
+  ASSERT_TRUE(st.ok()) << st.status();
+  ASSERT_TRUE(gg.ok()) << gg.status();
+  int checked = 0;
+  for (const std::string& name : (*st)->TensorNames()) {
+    absl::StatusOr<std::vector<int64_t>> shape = (*st)->Shape(name);
+    ASSERT_TRUE(shape.ok());
+    absl::StatusOr<std::vector<int64_t>> gshape = (*gg)->Shape(name);
+    ASSERT_TRUE(gshape.ok()) << gshape.status();
+    EXPECT_EQ(*gshape, *shape) << name;
+    for (int dim = 0; dim < static_cast<int>(shape->size()); ++dim) {
+      for (StDType dt : {StDType::kF32, StDType::kBF16}) {
+        // The second of four (or two) parts, as rank 1 of a TP group would read.
+        const int parts = (*shape)[dim] % 4 == 0 ? 4 : 1;
+        const int64_t len = (*shape)[dim] / parts;
+        const int64_t begin = parts > 1 ? len : 0, end = begin + len;
+        int64_t other = 1;
+        for (int d = 0; d < static_cast<int>(shape->size()); ++d) {
+          if (d != dim) other *= (*shape)[d];
+        }
+        const size_t bytes = static_cast<size_t>(len * other) * StDTypeSize(dt);
+        std::vector<std::byte> a(bytes), b(bytes);
+        ASSERT_TRUE((*st)->ReadSlice(name, dim, begin, end, dt, a).ok());
+        const absl::Status s = (*gg)->ReadSlice(name, dim, begin, end, dt, b);
+        ASSERT_TRUE(s.ok()) << s;
+        EXPECT_TRUE(a == b) << name << " dim " << dim << " " << StDTypeName(dt);
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 100);
+  std::vector<std::byte> out(4);
+  EXPECT_EQ((*gg)->ReadSlice("model.norm.weight", 0, 0, 2, StDType::kF32, out).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*gg)->Shape("model.layers.99.mlp.up_proj.weight").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(GgufTensorName("model.layers.3.mlp.up_proj.weight"), "blk.3.ffn_up.weight");
+  EXPECT_EQ(GgufTensorName("model.layers.x.mlp.up_proj.weight"), "");
+}
+
+TEST(GgufModelTest, F16LogitsEqualSafetensorsBitForBit) {
+  std::unique_ptr<LlamaModel> st, gg;
+  ASSERT_NO_FATAL_FAILURE(LoadTestModel(kDir, &st));
+  ASSERT_NO_FATAL_FAILURE(LoadTestModel(kF16, &gg));
+  const Golden golden = LoadGolden(kDir, st->vocab_size());
+  std::vector<float> a, b;
+  auto chunk = [](std::mt19937& rng) { return 1 + static_cast<int>(rng() % 7); };
+  RunAndCompare(*st, golden, 16, chunk, &a);
+  RunAndCompare(*gg, golden, 16, chunk, &b);
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_FALSE(a.empty());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
+}
+
+TEST(GgufModelTest, Q8_0GreedyTokensAreTransformers) {
+  std::unique_ptr<LlamaModel> gg;
+  ASSERT_NO_FATAL_FAILURE(LoadTestModel(kQ8, &gg));
+  const Golden golden = LoadGolden(kDir, gg->vocab_size());
+  const int vocab = gg->vocab_size();
+  // Q8_0 rounds each weight to 8 bits: logits move by about 1% of their range.
+  std::vector<float> logits;
+  const double worst = RunAndCompare(
+      *gg, golden, 16, [](std::mt19937&) { return 1 << 20; }, &logits, 0.05);
+  RecordProperty("worst_relative_error", std::to_string(worst));
+  size_t row = 0;
+  int agree = 0, total = 0;
+  for (size_t p = 0; p < golden.ids.size(); ++p) {
+    const auto& ids = golden.ids[p];
+    for (size_t i = 0; i < ids.size(); ++i, ++row) {
+      if (static_cast<int>(i) + 1 < golden.prompt_lens[p] || i + 1 >= ids.size()) continue;
+      const float* r = logits.data() + row * vocab;
+      agree += (std::max_element(r, r + vocab) - r) == ids[i + 1];
+      ++total;
+    }
+  }
+  EXPECT_EQ(agree, total);
+}
+
+// A tensor of a type the dequantizer does not take (Q5_0) is an error naming it, at load.
+TEST(GgufModelTest, UnsupportedTensorTypesAreNamed) {
+  std::vector<std::byte> b;
+  auto put = [&](const void* p, size_t n) {
+    const size_t at = b.size();
+    b.resize(at + n);
+    std::memcpy(b.data() + at, p, n);
+  };
+  auto u32 = [&](uint32_t v) { put(&v, 4); };
+  auto u64 = [&](uint64_t v) { put(&v, 8); };
+  auto str = [&](std::string_view s) {
+    u64(s.size());
+    put(s.data(), s.size());
+  };
+  u32(GgufFile::kMagic), u32(3), u64(1), u64(7);
+  str("general.architecture"), u32(8), str("llama");
+  for (const char* key :
+       {"llama.embedding_length", "llama.feed_forward_length", "llama.block_count",
+        "llama.attention.head_count", "llama.context_length", "llama.vocab_size"}) {
+    str(key), u32(4), u32(std::string_view(key) == "llama.embedding_length" ? 32 : 2);
+  }
+  // token_embd.weight: 2 rows of 32, Q5_0 (type 6: blocks of 32 in 22 bytes).
+  str("token_embd.weight"), u32(2), u64(32), u64(2), u32(6), u64(0);
+  while (b.size() % 32 != 0) b.push_back(std::byte{0});
+  b.resize(b.size() + 44);
+  auto f = GgufFile::FromBuffer(b, "q5.gguf");
+  ASSERT_TRUE(f.ok()) << f.status();
+  auto w = GgufWeights::FromFile(f->get());
+  ASSERT_TRUE(w.ok()) << w.status();
+  std::vector<std::byte> out(2 * 32 * 4);
+  const absl::Status s = (*w)->ReadSlice("model.embed_tokens.weight", 0, 0, 2, StDType::kF32, out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("token_embd.weight: type Q5_0 is not supported"), std::string::npos)
+      << s;
+}
+
+TEST(GgufModelTest, OtherArchitecturesAreRefused) {
+  // A GGUF whose general.architecture is "qwen2".
+  std::vector<std::byte> b;
+  auto put = [&](const void* p, size_t n) {
+    const size_t at = b.size();
+    b.resize(at + n);
+    std::memcpy(b.data() + at, p, n);
+  };
+  auto u32 = [&](uint32_t v) { put(&v, 4); };
+  auto u64 = [&](uint64_t v) { put(&v, 8); };
+  auto str = [&](std::string_view s) {
+    u64(s.size());
+    put(s.data(), s.size());
+  };
+  u32(GgufFile::kMagic), u32(3), u64(0), u64(1);
+  str("general.architecture"), u32(8), str("qwen2");
+  auto f = GgufFile::FromBuffer(b, "q.gguf");
+  ASSERT_TRUE(f.ok()) << f.status();
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromGguf(**f);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(c.status().message().find("\"qwen2\" is not supported"), std::string::npos)
+      << c.status();
+}
+
+}  // namespace
+}  // namespace llm

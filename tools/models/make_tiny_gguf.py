@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Writes tiny GGUF models for the tests with the `gguf` package, as llama.cpp's
+convert_hf_to_gguf.py would: fortune-llama's weights (models/fortune-llama) as
+tests/data/models/fortune-llama-f16.gguf (2-D weights F16, which holds fortune-llama's f16 checkpoint
+exactly; norms F32) and fortune-llama-q8_0.gguf (2-D weights
+Q8_0, norms F32), with its tokenizer.json in GGUF's `gpt2` form (tokens, token types, merges,
+pre-tokenizer "llama-bpe") and llama.* config keys. attn_q / attn_k rows are permuted as the
+converter does for ggml's RoPE (the loader undoes it).
+
+Usage: build/pyenv/bin/python3 tools/models/make_tiny_gguf.py [MODEL_DIR] [OUT_DIR]
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import gguf
+from gguf import GGMLQuantizationType as T
+
+
+def load_file(path):
+    """safetensors without the safetensors package: [u64 n][n bytes JSON header][data]."""
+    dtypes = {"F32": np.float32, "F16": np.float16, "BF16": None}
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = info["data_offsets"]
+        raw = np.frombuffer(data[b:e], dtype=np.uint8)
+        if info["dtype"] == "BF16":
+            x = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        else:
+            x = raw.view(dtypes[info["dtype"]])
+        out[name] = x.reshape(info["shape"])
+    return out
+
+
+def permute(w, n_head, n_head_kv):
+    # convert_hf_to_gguf.py LlamaModel.permute
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def write(model_dir, out_path, qtype):
+    cfg = json.load(open(os.path.join(model_dir, "config.json")))
+    tok = json.load(open(os.path.join(model_dir, "tokenizer.json")))
+    tok_cfg = json.load(open(os.path.join(model_dir, "tokenizer_config.json")))
+    weights = load_file(os.path.join(model_dir, "model.safetensors"))
+
+    w = gguf.GGUFWriter(out_path, "llama")
+    w.add_name(os.path.basename(os.path.normpath(model_dir)))
+    n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    rope = cfg.get("rope_parameters", {}).get("rope_theta", cfg.get("rope_theta", 10000.0))
+    w.add_rope_freq_base(rope)
+    w.add_rope_dimension_count(cfg.get("head_dim", cfg["hidden_size"] // n_head))
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if qtype == T.F16 else gguf.LlamaFileType.MOSTLY_Q8_0)
+
+    # Tokenizer, gpt2 form (convert_hf_to_gguf.py _set_vocab_gpt2).
+    vocab = tok["model"]["vocab"]
+    added = {t["id"]: t for t in tok["added_tokens"]}
+    n = cfg["vocab_size"]
+    rev = {i: s for s, i in vocab.items()}
+    tokens, types = [], []
+    for i in range(n):
+        if i in added:
+            tokens.append(added[i]["content"])
+            types.append(gguf.TokenType.CONTROL if added[i]["special"] else gguf.TokenType.USER_DEFINED)
+        elif i in rev:
+            tokens.append(rev[i])
+            types.append(gguf.TokenType.NORMAL)
+        else:
+            tokens.append(f"[PAD{i}]")
+            types.append(gguf.TokenType.UNUSED)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("llama-bpe")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    merges = [" ".join(m) if isinstance(m, list) else m for m in tok["model"]["merges"]]
+    w.add_token_merges(merges)
+    ids = {t["content"]: t["id"] for t in tok["added_tokens"]}
+    w.add_bos_token_id(ids[tok_cfg["bos_token"]])
+    w.add_eos_token_id(ids[tok_cfg["eos_token"]])
+    w.add_add_bos_token(bool(tok_cfg.get("add_bos_token", False)))
+    w.add_add_eos_token(False)
+
+    names = {"model.embed_tokens.weight": "token_embd.weight",
+             "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    per_layer = {"input_layernorm.weight": "attn_norm.weight",
+                 "post_attention_layernorm.weight": "ffn_norm.weight",
+                 "self_attn.q_proj.weight": "attn_q.weight",
+                 "self_attn.k_proj.weight": "attn_k.weight",
+                 "self_attn.v_proj.weight": "attn_v.weight",
+                 "self_attn.o_proj.weight": "attn_output.weight",
+                 "mlp.gate_proj.weight": "ffn_gate.weight",
+                 "mlp.up_proj.weight": "ffn_up.weight",
+                 "mlp.down_proj.weight": "ffn_down.weight"}
+    for name in sorted(weights):
+        x = weights[name].astype(np.float32)
+        if name in names:
+            out = names[name]
+        else:
+            parts = name.split(".")
+            out = f"blk.{parts[2]}." + per_layer[".".join(parts[3:])]
+        if name.endswith("q_proj.weight"):
+            x = permute(x, n_head, n_head)
+        elif name.endswith("k_proj.weight"):
+            x = permute(x, n_head, n_kv)
+        if qtype == T.F16 and x.ndim == 2:
+            w.add_tensor(out, x.astype(np.float16))
+        elif x.ndim == 2:
+            w.add_tensor(out, gguf.quants.quantize(x, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(out, x)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print("wrote", out_path)
+
+
+def main():
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    model_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(root, "models", "fortune-llama")
+    out_dir = sys.argv[2] if len(sys.argv) > 2 else os.path.join(root, "tests", "data", "models")
+    write(model_dir, os.path.join(out_dir, "fortune-llama-f16.gguf"), T.F16)
+    write(model_dir, os.path.join(out_dir, "fortune-llama-q8_0.gguf"), T.Q8_0)
+
+
+if __name__ == "__main__":
+    main()
