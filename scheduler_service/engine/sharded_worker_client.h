@@ -43,6 +43,8 @@ struct ShardedWorkerClientOptions {
   absl::Duration worker_timeout = absl::Seconds(60);  // each step, and each setup call
   // Called once when the group fails (not for Cancel()). Must not block.
   std::function<void(const absl::Status&)> on_failure;
+  // Presented on every call to the workers (common/grpc_security.h); empty: none.
+  std::string cluster_secret;
 };
 
 class ShardedWorkerClient : public Executor {
