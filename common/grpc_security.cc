@@ -19,33 +19,37 @@ absl::string_view ToView(const grpc::string_ref& s) {
   return absl::string_view(s.data(), s.size());
 }
 
-// Adds the cluster secret to every call's initial metadata.
-class SecretInterceptor final : public grpc::experimental::Interceptor {
+// Adds one metadata entry to every call's initial metadata.
+class HeaderInterceptor final : public grpc::experimental::Interceptor {
  public:
-  explicit SecretInterceptor(const std::string* secret) : secret_(secret) {}
+  HeaderInterceptor(const std::string* key, const std::string* value) : key_(key), value_(value) {}
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     if (methods->QueryInterceptionHookPoint(
             grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
-      methods->GetSendInitialMetadata()->insert({kClusterSecretMetadataKey, *secret_});
+      methods->GetSendInitialMetadata()->insert({*key_, *value_});
     }
     methods->Proceed();
   }
 
  private:
-  const std::string* const secret_;
+  const std::string* const key_;
+  const std::string* const value_;
 };
 
-class SecretInterceptorFactory final
+class HeaderInterceptorFactory final
     : public grpc::experimental::ClientInterceptorFactoryInterface {
  public:
-  explicit SecretInterceptorFactory(std::string secret) : secret_(std::move(secret)) {}
+  HeaderInterceptorFactory(std::string key, std::string value)
+      : key_(std::move(key)), value_(std::move(value)) {}
   grpc::experimental::Interceptor* CreateClientInterceptor(
       grpc::experimental::ClientRpcInfo* /*info*/) override {
-    return new SecretInterceptor(&secret_);
+    return new HeaderInterceptor(&key_, &value_);
   }
 
  private:
-  const std::string secret_;  // outlives the channel's interceptors: the channel owns us
+  // Outlive the channel's interceptors: the channel owns this factory.
+  const std::string key_;
+  const std::string value_;
 };
 
 }  // namespace
@@ -140,6 +144,22 @@ grpc::Status CheckClusterSecret(const grpc::ServerContextBase& context, const st
   return grpc::Status::OK;
 }
 
+absl::StatusOr<std::shared_ptr<grpc::Channel>> CreatePublicChannel(
+    const std::string& address, const PublicChannelOptions& options) {
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
+      MakeChannelCredentials(options.tls, options.tls_ca);
+  if (!creds.ok()) return creds.status();
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+  if (options.api_key.empty()) return grpc::CreateCustomChannel(address, *creds, args);
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> factories;
+  factories.push_back(
+      std::make_unique<HeaderInterceptorFactory>("authorization", "Bearer " + options.api_key));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(address, *creds, args,
+                                                                 std::move(factories));
+}
+
 std::shared_ptr<grpc::Channel> CreateInternalChannel(const std::string& target,
                                                      const grpc::ChannelArguments& args,
                                                      const std::string& secret) {
@@ -147,7 +167,8 @@ std::shared_ptr<grpc::Channel> CreateInternalChannel(const std::string& target,
     return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
   }
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> factories;
-  factories.push_back(std::make_unique<SecretInterceptorFactory>(secret));
+  factories.push_back(
+      std::make_unique<HeaderInterceptorFactory>(kClusterSecretMetadataKey, secret));
   return grpc::experimental::CreateCustomChannelWithInterceptors(
       target, grpc::InsecureChannelCredentials(), args, std::move(factories));
 }

@@ -43,6 +43,18 @@ grpc::Status CheckApiKey(const grpc::ServerContextBase& context, const std::stri
 // UNAUTHENTICATED naming what is missing, never the secret.
 grpc::Status CheckClusterSecret(const grpc::ServerContextBase& context, const std::string& secret);
 
+// How a client reaches the public API.
+struct PublicChannelOptions {
+  bool tls = false;             // TLS (implied by tls_ca)
+  std::string tls_ca;           // PEM roots to trust; empty: the system's
+  std::string tls_server_name;  // the name the certificate must carry; empty: the address's
+  std::string api_key;          // sent as "authorization: Bearer KEY" on every call; empty: none
+};
+
+// A channel to the public API; INVALID_ARGUMENT when tls_ca cannot be read.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> CreatePublicChannel(
+    const std::string& address, const PublicChannelOptions& options);
+
 // A channel to an internal (worker) port that presents `secret` on every call (none when
 // empty).
 std::shared_ptr<grpc::Channel> CreateInternalChannel(const std::string& target,
