@@ -400,6 +400,36 @@ TEST_F(LLMSchedulerTest, TlsApiKeyAndClusterSecret) {
   EXPECT_THAT(text.str(), HasSubstr("TLS on"));
 }
 
+// The receive limit is --max-request-bytes (16 MiB), above --max-prompt-bytes (8 MiB): a 10 MB
+// prompt gets the service's message, not gRPC's "Received message larger than max"; beyond
+// the receive limit gRPC's own RESOURCE_EXHAUSTED remains.
+TEST_F(LLMSchedulerTest, AnOversizedPromptGetsTheServicesMessage) {
+  FakeWorkerServer r0 = FakeWorkerServer::Start(kVocab, 0, kBlocks);
+  auto scheduler = StartScheduler({r0.address});
+  auto channel = Connect();
+  ASSERT_TRUE(Eventually([&] { return GrpcHealthCheck(channel, "") == 1; }));
+  for (const size_t bytes : {size_t{10'000'000}, size_t{20'000'000}}) {
+    v1::GenerateRequest req;
+    req.set_text(std::string(bytes, 'a'));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    auto reader = stub_->Generate(&ctx, req);
+    v1::GenerateResponse resp;
+    EXPECT_FALSE(reader->Read(&resp));
+    const grpc::Status s = reader->Finish();
+    if (bytes == 10'000'000) {
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+      EXPECT_EQ(s.error_message(),
+                "the prompt is 10000000 bytes; at most 8388608 are accepted (--max-prompt-bytes)");
+    } else {
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+    }
+  }
+  EXPECT_TRUE(Generate(4).ok());
+  scheduler->Signal(SIGTERM);
+  EXPECT_EQ(scheduler->Wait(), 0);
+}
+
 TEST_F(LLMSchedulerTest, BadFlagsExitTwo) {
   EXPECT_EQ(StartScheduler({"127.0.0.1:1", "127.0.0.1:2"}, {"--tensor-parallel-size=3"})->Wait(),
             2);
