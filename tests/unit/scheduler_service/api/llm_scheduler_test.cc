@@ -400,6 +400,57 @@ TEST_F(LLMSchedulerTest, TlsApiKeyAndClusterSecret) {
   EXPECT_THAT(text.str(), HasSubstr("TLS on"));
 }
 
+// --ssl-ca-certs: a client must present a certificate that CA signed.
+TEST_F(LLMSchedulerTest, SslCaCertsRequiresAClientCertificate) {
+  if (Shell("command -v openssl > /dev/null") != 0) GTEST_SKIP() << "no openssl CLI";
+  const std::string d = dir_.string() + "/";
+  ASSERT_EQ(Shell("cd " + d +
+                  " && openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
+                  "-addext subjectAltName=DNS:localhost -keyout key.pem -out cert.pem "
+                  "&& openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=test-ca "
+                  "-keyout ca.key -out ca.pem "
+                  "&& openssl req -newkey rsa:2048 -nodes -subj /CN=client -keyout client.key "
+                  "-out client.csr "
+                  "&& openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+                  "-days 1 -out client.pem 2> /dev/null > /dev/null"),
+            0);
+  FakeWorkerServer r0 = FakeWorkerServer::Start(kVocab, 0, kBlocks);
+  auto scheduler = StartScheduler(
+      {r0.address}, {"--ssl-certfile=" + d + "cert.pem", "--ssl-keyfile=" + d + "key.pem",
+                     "--ssl-ca-certs=" + d + "ca.pem"});
+  const int port = Port();
+  auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  auto model_info = [&](bool with_client_cert) {
+    grpc::SslCredentialsOptions options;
+    options.pem_root_certs = read(d + "cert.pem");
+    if (with_client_cert) {
+      options.pem_private_key = read(d + "client.key");
+      options.pem_cert_chain = read(d + "client.pem");
+    }
+    auto stub = v1::LLMService::NewStub(
+        grpc::CreateChannel(absl::StrCat("localhost:", port), grpc::SslCredentials(options)));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::GetModelInfoResponse info;
+    const grpc::Status s = stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info);
+    return std::make_pair(s, info.model_name());
+  };
+  const auto [with_cert, name] = model_info(true);
+  EXPECT_TRUE(with_cert.ok()) << with_cert.error_message();
+  EXPECT_EQ(name, "tiny-llama");
+  const auto [without_cert, none] = model_info(false);
+  EXPECT_EQ(without_cert.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << without_cert.error_message();
+  EXPECT_EQ(none, "");
+  scheduler->Signal(SIGTERM);
+  EXPECT_EQ(scheduler->Wait(), 0);
+}
+
 // The receive limit is --max-request-bytes (16 MiB), above --max-prompt-bytes (8 MiB): a 10 MB
 // prompt gets the service's message, not gRPC's "Received message larger than max"; beyond
 // the receive limit gRPC's own RESOURCE_EXHAUSTED remains.
