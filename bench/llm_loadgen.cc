@@ -34,6 +34,7 @@
 
 #include "absl/status/status.h"
 #include "common/flag_parser.h"
+#include "common/grpc_security.h"
 #include "llm/v1/llm_service.grpc.pb.h"
 
 namespace llm {
@@ -43,6 +44,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Args {
   std::string address = "127.0.0.1:50051";
+  PublicChannelOptions channel;
   int num_requests = 32;
   int concurrency = 8;
   double rate = 0;  // requests/s; 0: closed loop
@@ -198,6 +200,12 @@ int Run(int argc, char** argv) {
   FlagParser flags(
       "usage: llm-loadgen [--flag=value ...]: streaming load against a running llm-scheduler");
   flags.Add("address", &a.address, "the scheduler (127.0.0.1:50051)");
+  flags.Add("tls", &a.channel.tls, "connect over TLS, trusting the system's roots (false)");
+  flags.Add("tls-ca", &a.channel.tls_ca, "connect over TLS, trusting this PEM file's roots (none)");
+  flags.Add("tls-server-name", &a.channel.tls_server_name,
+            "the name the server's certificate must carry (the address's host)");
+  flags.Add("api-key", &a.channel.api_key,
+            "sent as 'authorization: Bearer KEY'; default: $LLM_API_KEY (none)");
   flags.Add("num-requests", &a.num_requests, "requests to send (32)");
   flags.Add("concurrency", &a.concurrency, "most requests in flight (8)");
   flags.Add("rate", &a.rate, "Poisson arrivals per second; 0: closed loop (0)");
@@ -238,8 +246,14 @@ int Run(int argc, char** argv) {
     return 2;
   }
 
-  auto stub =
-      v1::LLMService::NewStub(grpc::CreateChannel(a.address, grpc::InsecureChannelCredentials()));
+  a.channel.api_key = ApiKeyFromFlagOrEnv(a.channel.api_key);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      CreatePublicChannel(a.address, a.channel);
+  if (!channel.ok()) {
+    std::fprintf(stderr, "llm-loadgen: %s\n", std::string(channel.status().message()).c_str());
+    return 2;
+  }
+  auto stub = v1::LLMService::NewStub(*channel);
   v1::GetModelInfoResponse info;
   {
     grpc::ClientContext ctx;

@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/cluster_secret.h"
 #include "gloo/common/error.h"
 
 namespace llm {
@@ -84,7 +85,8 @@ void SetTimeouts(int fd, std::chrono::milliseconds timeout) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const std::string& host,
-                                                                      int port) {
+                                                                      int port,
+                                                                      std::string secret) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -113,7 +115,7 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const std:
         ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                                           : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
     freeaddrinfo(res);
-    std::unique_ptr<TcpStoreServer> server(new TcpStoreServer(fd, bound_port));
+    std::unique_ptr<TcpStoreServer> server(new TcpStoreServer(fd, bound_port, std::move(secret)));
     server->accept_thread_ = std::thread([s = server.get()] { s->AcceptLoop(); });
     return server;
   }
@@ -122,7 +124,8 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const std:
       absl::StrCat("tcp store: cannot listen on ", host, ":", port, ": ", last_error));
 }
 
-TcpStoreServer::TcpStoreServer(int listen_fd, int port) : listen_fd_(listen_fd), port_(port) {}
+TcpStoreServer::TcpStoreServer(int listen_fd, int port, std::string secret)
+    : listen_fd_(listen_fd), port_(port), secret_(std::move(secret)) {}
 
 TcpStoreServer::~TcpStoreServer() {
   stopping_.store(true);
@@ -163,11 +166,24 @@ void TcpStoreServer::Serve(int fd) {
 }
 
 void TcpStoreServer::ServeRequests(int fd) {
+  bool authenticated = secret_.empty();
   while (true) {
     char op = 0;
     if (!ReadAll(fd, &op, 1)) return;
     std::string reply;
-    if (op == 'S') {
+    if (op == 'A') {
+      std::string presented;
+      if (!ReadBytes(fd, kMaxKeyBytes, &presented)) return;
+      if (!secret_.empty() && !ConstantTimeEquals(presented, secret_)) {
+        (void)WriteAll(fd, "X", 1);
+        return;
+      }
+      authenticated = true;
+      reply = "K";
+    } else if (!authenticated) {
+      (void)WriteAll(fd, "X", 1);  // a stranger: refused, whatever it asked
+      return;
+    } else if (op == 'S') {
       std::string key, value;
       if (!ReadBytes(fd, kMaxKeyBytes, &key) || !ReadBytes(fd, kMaxValueBytes, &value)) return;
       {
@@ -205,7 +221,8 @@ void TcpStoreServer::ServeRequests(int fd) {
 }
 
 absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(const std::string& host, int port,
-                                                            std::chrono::milliseconds timeout) {
+                                                            std::chrono::milliseconds timeout,
+                                                            const std::string& secret) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   const std::string port_str = std::to_string(port);
   std::string last_error;
@@ -226,6 +243,19 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(const std::string& h
           const int one = 1;
           setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
           SetTimeouts(fd, timeout);
+          if (!secret.empty()) {
+            std::string hello = "A";
+            AppendBytes(&hello, secret.data(), secret.size());
+            char reply = 0;
+            if (!WriteAll(fd, hello.data(), hello.size()) || !ReadAll(fd, &reply, 1) ||
+                reply != 'K') {
+              close(fd);
+              return absl::UnauthenticatedError(
+                  absl::StrCat("tcp store at ", host, ":", port,
+                               " refused this process's cluster secret (LLM_CLUSTER_SECRET / "
+                               "--cluster-secret-file must be the group's)"));
+            }
+          }
           return std::unique_ptr<TcpStore>(new TcpStore(fd, timeout));
         }
         last_error = std::strerror(errno);
@@ -246,6 +276,11 @@ char TcpStore::Call(const std::string& request) {
   if (!WriteAll(fd_, request.data(), request.size()) || !ReadAll(fd_, &status, 1)) {
     throw gloo::IoException(
         absl::StrCat("tcp store: lost the connection to the server: ", std::strerror(errno)));
+  }
+  if (status == 'X') {
+    throw gloo::IoException(
+        "tcp store: the server requires the cluster secret (LLM_CLUSTER_SECRET / "
+        "--cluster-secret-file) and this process presented none");
   }
   return status;
 }

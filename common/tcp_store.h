@@ -11,6 +11,14 @@
 // where key and value are a u32 length and that many bytes. The server trusts nobody: a
 // malformed or oversized request closes that connection.
 //
+// The cluster secret (common/cluster_secret.h): a server started with one answers a
+// connection's requests only after its handshake
+//   AUTH  'A' secret       -> 'K' (equal, compared in constant time) | 'X' and closes
+// and answers any other first request with 'X' and closes; a client given a secret sends the
+// handshake on connecting (Connect fails with UNAUTHENTICATED on 'X'). A server without a
+// secret answers the handshake 'K' whatever it holds, so that a client with a secret still
+// works against it.
+//
 // Thread-safety: the server is thread-safe (a thread per connection). A TcpStore client is
 // used by one thread at a time, as Gloo does. As gloo::rendezvous::Store requires, client
 // failures throw (gloo::IoException) with the reason.
@@ -36,7 +44,9 @@ class TcpStoreServer {
  public:
   // Listens on host:port (port 0: any free port, see port()). Bind to 127.0.0.1 unless ranks
   // on other hosts must reach it.
-  static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(const std::string& host, int port);
+  // `secret` not empty: clients must present it (see above).
+  static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(const std::string& host, int port,
+                                                               std::string secret = "");
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
   // Stops listening, closes every connection and joins the threads.
@@ -45,13 +55,14 @@ class TcpStoreServer {
   int port() const { return port_; }
 
  private:
-  TcpStoreServer(int listen_fd, int port);
+  TcpStoreServer(int listen_fd, int port, std::string secret);
   void AcceptLoop();
   void Serve(int fd);
   void ServeRequests(int fd);
 
   const int listen_fd_;
   const int port_;
+  const std::string secret_;
   std::atomic<bool> stopping_{false};
   std::thread accept_thread_;
   std::mutex mu_;
@@ -64,8 +75,10 @@ class TcpStore : public gloo::rendezvous::Store {
  public:
   // Connects to a TcpStoreServer at host:port, retrying until `timeout` (the server may start
   // after its clients). `timeout` is also the default limit of wait() and get().
+  // With `secret` not empty, presents it first; UNAUTHENTICATED when the server refuses it.
   static absl::StatusOr<std::unique_ptr<TcpStore>> Connect(const std::string& host, int port,
-                                                           std::chrono::milliseconds timeout);
+                                                           std::chrono::milliseconds timeout,
+                                                           const std::string& secret = "");
   TcpStore(const TcpStore&) = delete;
   TcpStore& operator=(const TcpStore&) = delete;
   ~TcpStore() override;

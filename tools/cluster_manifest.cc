@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -55,6 +56,14 @@ const std::vector<KeySpec>& EngineKeys() {
       {"collective_timeout", Type::kDouble, {}},
       {"keepalive_time", Type::kDouble, {}},
       {"keepalive_timeout", Type::kDouble, {}},
+      {"ssl_certfile", Type::kString, {}},
+      {"ssl_keyfile", Type::kString, {}},
+      {"ssl_ca_certs", Type::kString, {}},
+      {"max_request_bytes", Type::kInt, {}},
+      {"max_prompt_bytes", Type::kInt, {}},
+      {"max_stop_bytes", Type::kInt, {}},
+      {"drain_timeout", Type::kDouble, {}},
+      {"cluster_secret_file", Type::kString, {}},
   };
   return *keys;
 }
@@ -66,6 +75,7 @@ const std::vector<KeySpec>& WorkerKeys() {
       {"peer_host", Type::kString, {}},
       {"shm_collectives", Type::kBool, {}},
       {"shm_dir", Type::kString, {}},
+      {"cluster_secret_file", Type::kString, {}},
   };
   return *keys;
 }
@@ -130,7 +140,9 @@ class Reader {
       } else if (*key == "startup_timeout_s") {
         s = Double(v, *key, &m.startup_timeout_s);
       } else if (*key == "scheduler") {
-        s = Endpoint(v, *key, "port", &m.scheduler_host, &m.scheduler_port);
+        s = Endpoint(
+            v, *key, "port", &m.scheduler_host, &m.scheduler_port,
+            {{"tls_ca", &m.scheduler_tls_ca}, {"tls_server_name", &m.scheduler_tls_server_name}});
       } else if (*key == "workers") {
         s = Endpoint(v, *key, "base_port", &m.workers_host, &m.workers_base_port);
       } else if (*key == "engine") {
@@ -221,7 +233,8 @@ class Reader {
 
   // {host: H, <port_key>: N}
   absl::Status Endpoint(yaml_node_t* v, const std::string& name, const std::string& port_key,
-                        std::string* host, int* port) {
+                        std::string* host, int* port,
+                        const std::map<std::string, std::string*>& extra = {}) {
     if (v->type != YAML_MAPPING_NODE) {
       return Error(Line(v), name, "expected a mapping {host: ..., " + port_key + ": ...}");
     }
@@ -237,8 +250,12 @@ class Reader {
         s = String(Node(p->value), path, host);
       } else if (*key == port_key) {
         s = Int(Node(p->value), path, 0, 65535, port);
+      } else if (auto e = extra.find(*key); e != extra.end()) {
+        s = String(Node(p->value), path, e->second);
       } else {
-        s = Error(Line(k), path, "unknown key (expected host or " + port_key + ")");
+        std::string expected = "host or " + port_key;
+        for (const auto& [name, unused] : extra) expected += ", " + name;
+        s = Error(Line(k), path, "unknown key (expected " + expected + ")");
       }
       if (!s.ok()) return s;
     }
@@ -323,6 +340,13 @@ std::vector<std::string> ToFlags(const std::vector<std::pair<std::string, std::s
 
 std::vector<std::string> ClusterManifest::SchedulerFlags() const { return ToFlags(engine); }
 std::vector<std::string> ClusterManifest::WorkerFlags() const { return ToFlags(worker); }
+
+std::string ClusterManifest::EngineOption(const std::string& key) const {
+  for (const auto& [k, v] : engine) {
+    if (k == key) return v;
+  }
+  return "";
+}
 
 absl::StatusOr<ClusterManifest> ParseClusterManifest(std::string_view yaml,
                                                      const std::string& file_name) {

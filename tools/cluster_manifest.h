@@ -4,7 +4,9 @@
 //   model: models/fortune-llama      # relative paths are relative to the current directory
 //   tensor_parallel_size: 2
 //   device: cpu
-//   scheduler: {host: 127.0.0.1, port: 50051}     # port 0: any free port
+//   scheduler: {host: 127.0.0.1, port: 50051}     # port 0: any free port; with TLS (engine
+//                                    # ssl_certfile) also tls_ca (the roots llm-cluster's health
+//                                    # check trusts; default ssl_certfile) and tls_server_name
 //   workers: {host: 127.0.0.1, base_port: 50061}  # rank r on base_port + r; 0: free ports
 //   restart_workers: false           # true: a worker that dies is started again
 //   engine:                          # each key becomes an llm-scheduler flag --key-with-dashes
@@ -32,7 +34,9 @@ struct ClusterManifest {
   int tensor_parallel_size = 1;
   std::string device = "cpu";
   std::string scheduler_host = "127.0.0.1";
-  int scheduler_port = 50051;  // 0: any free port
+  int scheduler_port = 50051;             // 0: any free port
+  std::string scheduler_tls_ca;           // empty: engine's ssl_certfile
+  std::string scheduler_tls_server_name;  // empty: the scheduler's address
   std::string workers_host = "127.0.0.1";
   int workers_base_port = 50061;  // rank r listens on base_port + r; 0: any free ports
   bool restart_workers = false;
@@ -45,6 +49,8 @@ struct ClusterManifest {
   // "--block-size=16", ... for llm-scheduler / llm-worker.
   std::vector<std::string> SchedulerFlags() const;
   std::vector<std::string> WorkerFlags() const;
+  // The value of `key` under engine: (as written), or "" when not set.
+  std::string EngineOption(const std::string& key) const;
 };
 
 // `file_name` appears in error messages only.

@@ -13,6 +13,9 @@ HealthChecker::HealthChecker(const std::string& address)
     : stub_(grpc::health::v1::Health::NewStub(
           grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {}
 
+HealthChecker::HealthChecker(const std::shared_ptr<grpc::Channel>& channel)
+    : stub_(grpc::health::v1::Health::NewStub(channel)) {}
+
 HealthChecker::Answer HealthChecker::Check(const std::string& service,
                                            absl::Duration timeout) const {
   grpc::ClientContext ctx;

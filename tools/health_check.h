@@ -16,6 +16,7 @@ class HealthChecker {
   enum Answer { kServing, kNotServing, kUnknown, kUnreachable };
 
   explicit HealthChecker(const std::string& address);
+  explicit HealthChecker(const std::shared_ptr<grpc::Channel>& channel);
   // `service` "" is the whole server. kUnreachable when the call itself fails.
   Answer Check(const std::string& service, absl::Duration timeout) const;
   static const char* Name(Answer a);

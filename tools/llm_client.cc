@@ -27,6 +27,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "common/flag_parser.h"
+#include "common/grpc_security.h"
 #include "llm/v1/llm_service.grpc.pb.h"
 #include "tools/health_check.h"
 
@@ -39,6 +40,7 @@ constexpr double kUnset = -1e300;  // a numeric flag not given on the command li
 
 struct Args {
   std::string address = "127.0.0.1:50051";
+  PublicChannelOptions channel;
   std::string command;
   std::string prompt;
   std::string token_ids;  // comma-separated; instead of the prompt text
@@ -90,6 +92,12 @@ Args Parse(int argc, char** argv) {
       "  health             grpc.health.v1 status of the server\n"
       "flags (--flag=value or --flag value):");
   flags.Add("address", &a.address, "the scheduler (127.0.0.1:50051)");
+  flags.Add("tls", &a.channel.tls, "connect over TLS, trusting the system's roots (false)");
+  flags.Add("tls-ca", &a.channel.tls_ca, "connect over TLS, trusting this PEM file's roots (none)");
+  flags.Add("tls-server-name", &a.channel.tls_server_name,
+            "the name the server's certificate must carry (the address's host)");
+  flags.Add("api-key", &a.channel.api_key,
+            "sent as 'authorization: Bearer KEY'; default: $LLM_API_KEY (none)");
   flags.Add("max-tokens", &a.max_tokens, "tokens to generate per sequence (64)");
   flags.Add("n", &a.n, "sequences to generate (1)");
   flags.Add("temperature", &a.temperature, "0 is greedy (server default: 1)");
@@ -349,15 +357,21 @@ int Stats(const Args& a, v1::LLMService::Stub& stub) {
 }
 
 int Run(int argc, char** argv) {
-  const Args a = Parse(argc, argv);
+  Args a = Parse(argc, argv);
+  a.channel.api_key = ApiKeyFromFlagOrEnv(a.channel.api_key);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      CreatePublicChannel(a.address, a.channel);
+  if (!channel.ok()) {
+    std::fprintf(stderr, "llm-client: %s\n", std::string(channel.status().message()).c_str());
+    return 2;
+  }
   if (a.command == "health") {
-    const HealthChecker::Answer h = HealthChecker(a.address).Check(
+    const HealthChecker::Answer h = HealthChecker(*channel).Check(
         "", a.timeout_s > 0 ? absl::Seconds(a.timeout_s) : absl::Seconds(5));
     std::printf("%s\n", HealthChecker::Name(h));
     return h == HealthChecker::kServing ? 0 : 1;
   }
-  auto stub =
-      v1::LLMService::NewStub(grpc::CreateChannel(a.address, grpc::InsecureChannelCredentials()));
+  auto stub = v1::LLMService::NewStub(*channel);
   if (a.command == "generate") return Generate(a, *stub);
   if (a.command == "info") return Info(a, *stub);
   return Stats(a, *stub);

@@ -3,6 +3,14 @@
 // until the scheduler's grpc.health.v1 says SERVING, prints the address and how to call it,
 // and then supervises:
 //   - SIGINT / SIGTERM / SIGHUP: stop every child (SIGTERM, then SIGKILL after --grace), exit 0.
+//     The scheduler first, and it drains (finishes the requests in flight): it gets the
+//     manifest's drain_timeout (default 30 s) on top of --grace before SIGKILL; the workers
+//     are stopped once it has exited.
+// The cluster secret: unless LLM_CLUSTER_SECRET is set already or the manifest names a
+// cluster_secret_file, a random one is made and handed to every child in LLM_CLUSTER_SECRET
+// (the environment, not argv, which ps shows). LLM_API_KEY, when set, reaches the scheduler
+// the same way. With engine ssl_certfile the readiness check speaks TLS (scheduler.tls_ca,
+// default the certificate itself; scheduler.tls_server_name).
 //   - a child that exits on its own: report which and how, stop the rest, exit 1; except a
 //     worker when the manifest says `restart_workers: true`: it is started again on the same
 //     port after restart_delay_s (the scheduler re-initializes the group when it is back).
@@ -27,6 +35,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -44,7 +53,9 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/cluster_secret.h"
 #include "common/flag_parser.h"
+#include "common/grpc_security.h"
 #include "common/port_file.h"
 #include "tools/child_process.h"
 #include "tools/cluster_manifest.h"
@@ -276,7 +287,17 @@ absl::Status Cluster::Start() {
     return s;
   }
   const std::string address = absl::StrCat(ClientHost(m_.scheduler_host), ":", scheduler_port_);
-  HealthChecker health(address);
+  PublicChannelOptions channel_options;
+  if (!m_.EngineOption("ssl_certfile").empty()) {
+    channel_options.tls = true;
+    channel_options.tls_ca =
+        m_.scheduler_tls_ca.empty() ? m_.EngineOption("ssl_certfile") : m_.scheduler_tls_ca;
+    channel_options.tls_server_name = m_.scheduler_tls_server_name;
+  }
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      CreatePublicChannel(address, channel_options);
+  if (!channel.ok()) return channel.status();
+  HealthChecker health(*channel);
   if (absl::Status s = WaitUntil(
           "the scheduler to report SERVING",
           [&] { return health.Check("", absl::Seconds(1)) == HealthChecker::kServing; }, deadline);
@@ -321,9 +342,14 @@ int Cluster::Supervise() {
 
 void Cluster::StopAll() {
   const absl::Duration grace = absl::Seconds(args_.grace_s);
-  // The scheduler first, so that it does not report the workers' exits as failures.
+  // The scheduler first, so that it does not report the workers' exits as failures, and so
+  // that it drains (the requests in flight finish on the workers) before they stop.
   if (scheduler_ != nullptr && scheduler_->running()) {
-    const int status = scheduler_->Stop(grace);
+    double drain_s = 30;  // llm-scheduler's default --drain-timeout
+    if (const std::string d = m_.EngineOption("drain_timeout"); !d.empty()) {
+      (void)absl::SimpleAtod(d, &drain_s);
+    }
+    const int status = scheduler_->Stop(grace + absl::Seconds(drain_s));
     Log(absl::StrCat("scheduler ", ChildProcess::DescribeStatus(status)));
   }
   for (Worker& w : workers_) {
@@ -397,6 +423,27 @@ int Run(int argc, char** argv) {
     return 2;
   }
   if (args.worker_base_port >= 0) manifest->workers_base_port = args.worker_base_port;
+  if (!manifest->EngineOption("ssl_ca_certs").empty()) {
+    Log(absl::StrCat(args.manifest,
+                     ": engine.ssl_ca_certs: llm-cluster's readiness check "
+                     "presents no client certificate; run llm-scheduler "
+                     "directly to require them"));
+    return 2;
+  }
+  // The cluster secret for the internal ports (see the top of this file).
+  const std::string secret_file = manifest->EngineOption("cluster_secret_file");
+  if (!secret_file.empty()) {
+    bool worker_has_it = false;
+    for (const auto& [k, v] : manifest->worker) worker_has_it |= k == "cluster_secret_file";
+    if (!worker_has_it) manifest->worker.emplace_back("cluster_secret_file", secret_file);
+  } else if (const char* env = std::getenv(kClusterSecretEnv); env == nullptr || *env == 0) {
+    absl::StatusOr<std::string> secret = GenerateClusterSecret();
+    if (!secret.ok()) {
+      Log(std::string(secret.status().message()));
+      return 1;
+    }
+    setenv(kClusterSecretEnv, secret->c_str(), 1);
+  }
 
   // Signals are read from a signalfd by the main thread; every thread inherits the mask.
   sigset_t mask;

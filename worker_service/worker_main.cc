@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "cblas.h"
+#include "common/cluster_secret.h"
 #include "common/flag_parser.h"
 #include "common/port_file.h"
 #include "kernels/cpu/blas_setup.h"
@@ -62,7 +63,15 @@ int Run(int argc, char** argv) {
   flags.Add("shm-dir", &options.shm_directory,
             "the tmpfs for the shared-memory segment of the collectives (/dev/shm)");
   flags.Add("threads", &threads, "OpenBLAS threads; 0: leave the default (0)");
+  std::string cluster_secret_file;
+  flags.Add("cluster-secret-file", &cluster_secret_file,
+            "file holding the cluster secret every WorkerService call must present (e.g. a "
+            "Kubernetes Secret mounted as a file); default: $LLM_CLUSTER_SECRET; neither: "
+            "anyone may call (none)");
   flags.Parse(argc, argv);
+  absl::StatusOr<std::string> secret = LoadClusterSecret(cluster_secret_file);
+  if (!secret.ok()) Fail(2, std::string(secret.status().message()));
+  options.cluster_secret = *secret;
   if (options.port < 0 || options.port > 65535) Fail(2, "--port must be in [0, 65535]");
   if (threads < 0) Fail(2, "--threads must be >= 0");
   absl::StatusOr<TensorDevice> device = ParseWorkerDevice(options.device);

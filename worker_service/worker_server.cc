@@ -9,6 +9,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/grpc_security.h"
 #include "common/model_config.h"
 #include "common/tcp_store.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -150,8 +151,9 @@ void WorkerServer::CancelActiveStream() {
   }
 }
 
-grpc::Status WorkerServer::Init(grpc::ServerContext*, const v1::InitRequest* request,
+grpc::Status WorkerServer::Init(grpc::ServerContext* context, const v1::InitRequest* request,
                                 v1::InitResponse* response) {
+  if (grpc::Status s = CheckClusterSecret(*context, options_.cluster_secret); !s.ok()) return s;
   CancelActiveStream();
   absl::MutexLock lock(&mu_);
   const absl::Status s = DoInit(*request, response);
@@ -217,7 +219,8 @@ absl::Status WorkerServer::DoInit(const v1::InitRequest& request, v1::InitRespon
     if (absl::Status s = ParseHostPort(request.rendezvous_address(), &host, &port); !s.ok()) {
       return s;
     }
-    absl::StatusOr<std::unique_ptr<TcpStore>> store = TcpStore::Connect(host, port, timeout);
+    absl::StatusOr<std::unique_ptr<TcpStore>> store =
+        TcpStore::Connect(host, port, timeout, options_.cluster_secret);
     if (!store.ok()) return store.status();
     const std::string prefix =
         request.rendezvous_prefix().empty() ? "llm" : request.rendezvous_prefix();
@@ -387,9 +390,10 @@ absl::Status WorkerServer::ProfileCuda(const v1::ProfileMemoryRequest& request,
   return absl::OkStatus();
 }
 
-grpc::Status WorkerServer::ProfileMemory(grpc::ServerContext*,
+grpc::Status WorkerServer::ProfileMemory(grpc::ServerContext* context,
                                          const v1::ProfileMemoryRequest* request,
                                          v1::ProfileMemoryResponse* response) {
+  if (grpc::Status s = CheckClusterSecret(*context, options_.cluster_secret); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   if (!initialized_) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -418,8 +422,9 @@ grpc::Status WorkerServer::ProfileMemory(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerServer::InitCache(grpc::ServerContext*, const v1::InitCacheRequest* request,
-                                     v1::InitCacheResponse*) {
+grpc::Status WorkerServer::InitCache(grpc::ServerContext* context,
+                                     const v1::InitCacheRequest* request, v1::InitCacheResponse*) {
+  if (grpc::Status s = CheckClusterSecret(*context, options_.cluster_secret); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   if (!initialized_) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -526,6 +531,7 @@ void WorkerServer::RunStep(const v1::StepRequest& request, uint64_t generation,
 
 grpc::Status WorkerServer::Step(grpc::ServerContext* context,
                                 grpc::ServerReaderWriter<v1::StepResult, v1::StepRequest>* stream) {
+  if (grpc::Status s = CheckClusterSecret(*context, options_.cluster_secret); !s.ok()) return s;
   uint64_t generation = 0;
   {
     absl::MutexLock lock(&stream_mu_);
@@ -555,8 +561,9 @@ grpc::Status WorkerServer::Step(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerServer::Health(grpc::ServerContext*, const v1::HealthRequest*,
+grpc::Status WorkerServer::Health(grpc::ServerContext* context, const v1::HealthRequest*,
                                   v1::HealthResponse* response) {
+  if (grpc::Status s = CheckClusterSecret(*context, options_.cluster_secret); !s.ok()) return s;
   absl::MutexLock lock(&health_mu_);
   response->set_serving(true);
   response->set_detail(detail_);
@@ -571,9 +578,14 @@ void WorkerServer::StopSoon() {
   if (!stopper_.joinable()) stopper_ = std::thread([this] { Stop(absl::ZeroDuration()); });
 }
 
-grpc::ServerUnaryReactor* WorkerServer::Shutdown(grpc::CallbackServerContext*,
+grpc::ServerUnaryReactor* WorkerServer::Shutdown(grpc::CallbackServerContext* context,
                                                  const v1::ShutdownRequest*,
                                                  v1::ShutdownResponse*) {
+  if (grpc::Status s = CheckClusterSecret(*context, options_.cluster_secret); !s.ok()) {
+    grpc::ServerUnaryReactor* refused = context->DefaultReactor();
+    refused->Finish(s);
+    return refused;
+  }
   // Answers at once; OnDone() runs when the answer has been delivered (or the call failed).
   class Reactor : public grpc::ServerUnaryReactor {
    public:

@@ -81,6 +81,9 @@ struct WorkerServerOptions {
   // it (ShmCommunicator), the others through Gloo's TCP; false: always Gloo.
   bool shm_collectives = true;
   std::string shm_directory = "/dev/shm";
+  // Not empty: every WorkerService call must present it (common/grpc_security.h; else
+  // UNAUTHENTICATED), and Init presents it to the rendezvous store. grpc.health.v1 stays open.
+  std::string cluster_secret;
 };
 
 // --device's value as a device: "cpu", "cuda" (cuda:0) or "cuda:N"; INVALID_ARGUMENT for any

@@ -9,11 +9,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/grpc_security.h"
 #include "glog/logging.h"
 #include "protocol/step_codec.h"
 
 namespace llm {
 namespace {
+
+constexpr char kDraining[] =
+    "draining: the server is shutting down and takes no new requests; retry on another replica";
 
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
@@ -34,7 +38,7 @@ v1::FinishReason ToFinishReason(SequenceStatus s) {
 }
 
 // Answers a call with a status and nothing else (validation errors, not ready).
-class ErrorWriter final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+class ErrorWriter final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   explicit ErrorWriter(const grpc::Status& status) { Finish(status); }
   void OnDone() override { delete this; }
@@ -49,7 +53,7 @@ class ErrorWriter final : public grpc::ServerWriteReactor<v1::GenerateResponse> 
 // once final_ is set nothing more is queued, and Finish is called exactly once (finish_called_)
 // after the queue drained. gRPC methods are called without mu_ held. Until Finish is called
 // OnDone cannot run, so the reactor is alive whenever StartWrite / Finish is called.
-class LLMService::GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+class LLMService::GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   GenerateCall(LLMService* service, std::weak_ptr<ServingEngine> engine, std::string request_id,
                bool stream, int n, bool logprobs, int num_prompt_tokens)
@@ -194,7 +198,11 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<v1::Gener
   Next NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (writing_ || finish_called_) return {};
     if (!queue_.empty()) {
-      current_ = std::move(queue_.front());
+      bool own_buffer = false;
+      current_.Clear();  // the previous write is done; the serializer wants an empty buffer
+      // Serializing a message the service built cannot fail.
+      (void)grpc::SerializationTraits<v1::GenerateResponse>::Serialize(queue_.front(), &current_,
+                                                                       &own_buffer);
       queue_.pop_front();
       writing_ = true;
       return {.what = Next::kWrite};
@@ -232,7 +240,7 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<v1::Gener
 
   absl::Mutex mu_;
   std::deque<v1::GenerateResponse> queue_ ABSL_GUARDED_BY(mu_);
-  v1::GenerateResponse current_;  // the write in flight (set under mu_ while none is)
+  grpc::ByteBuffer current_;  // the write in flight (set under mu_ while none is)
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<grpc::Status> final_ ABSL_GUARDED_BY(mu_);
@@ -288,6 +296,11 @@ std::shared_ptr<ServingEngine> LLMService::Detach(const grpc::Status& status) {
   return engine;
 }
 
+void LLMService::Drain() {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+}
+
 bool LLMService::ready() const {
   absl::MutexLock lock(&mu_);
   return engine_ != nullptr && !shutting_down_;
@@ -315,15 +328,41 @@ void LLMService::Unregister(const std::string& request_id, const GenerateCall* c
 
 absl::Status LLMService::ValidateParams(const v1::GenerateRequest& request,
                                         SamplingParams* params) const {
+  const std::string& id = request.request_id();
+  if (static_cast<int>(id.size()) > options_.max_request_id_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("the request id is ", id.size(),
+                                                   " bytes; at most ",
+                                                   options_.max_request_id_bytes, " are accepted"));
+  }
+  for (size_t i = 0; i < id.size(); ++i) {
+    const unsigned char c = id[i];
+    if (c < 0x21 || c > 0x7e) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("the request id has byte 0x%02x at position %d; only printable ASCII "
+                          "without spaces (0x21-0x7e) is accepted",
+                          c, i));
+    }
+  }
   switch (request.prompt_case()) {
     case v1::GenerateRequest::kText:
       if (request.text().empty()) {
         return absl::InvalidArgumentError("the prompt is empty: set a non-empty prompt text");
       }
+      if (static_cast<int64_t>(request.text().size()) > options_.max_prompt_bytes) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("the prompt is ", request.text().size(), " bytes; at most ",
+                         options_.max_prompt_bytes, " are accepted (--max-prompt-bytes)"));
+      }
       break;
     case v1::GenerateRequest::kTokenIds:
       if (request.token_ids().ids().empty()) {
         return absl::InvalidArgumentError("the prompt is empty: token_ids has no ids");
+      }
+      if (request.token_ids().ids_size() >= options_.max_model_len) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("the prompt is ", request.token_ids().ids_size(), " tokens; at most ",
+                         options_.max_model_len - 1, " are accepted (max_model_len ",
+                         options_.max_model_len, ", less one token to generate)"));
       }
       for (int i = 0; i < request.token_ids().ids_size(); ++i) {
         const int32_t id = request.token_ids().ids(i);
@@ -349,13 +388,36 @@ absl::Status LLMService::ValidateParams(const v1::GenerateRequest& request,
     if (sp.stop(i).empty()) {
       return absl::InvalidArgumentError(absl::StrCat("stop string ", i, " is empty"));
     }
+    if (static_cast<int>(sp.stop(i).size()) > options_.max_stop_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("stop string ", i, " is ", sp.stop(i).size(),
+                                                     " bytes; at most ", options_.max_stop_bytes,
+                                                     " are accepted (--max-stop-bytes)"));
+    }
   }
   *params = SamplingParamsFromProto(sp);
   return params->Validate(options_.sampling_limits);
 }
 
-grpc::ServerWriteReactor<v1::GenerateResponse>* LLMService::Generate(
-    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* LLMService::Generate(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw) {
+  if (grpc::Status s = CheckApiKey(*context, options_.api_key); !s.ok()) {
+    return new ErrorWriter(s);
+  }
+  v1::GenerateRequest request;
+  grpc::ByteBuffer copy(*raw);  // Deserialize consumes its buffer; slices are shared
+  if (grpc::Status s = grpc::SerializationTraits<v1::GenerateRequest>::Deserialize(&copy, &request);
+      !s.ok()) {
+    return new ErrorWriter(
+        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                     absl::StrCat("the request's ", raw->Length(),
+                                  " bytes do not parse as an llm.v1.GenerateRequest (protobuf)")));
+  }
+  return Generate(context, request);
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* LLMService::Generate(
+    grpc::CallbackServerContext* context, const v1::GenerateRequest& req) {
+  const v1::GenerateRequest* request = &req;
   SamplingParams params;
   if (absl::Status s = ValidateParams(*request, &params); !s.ok()) {
     return new ErrorWriter(ToGrpc(s));
@@ -363,6 +425,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* LLMService::Generate(
   {
     absl::MutexLock lock(&mu_);
     if (absl::Status s = NotServing(); !s.ok()) return new ErrorWriter(ToGrpc(s));
+    if (draining_) return new ErrorWriter(grpc::Status(grpc::StatusCode::UNAVAILABLE, kDraining));
   }
   std::vector<TokenId> prompt;
   if (request->prompt_case() == v1::GenerateRequest::kText) {
@@ -373,6 +436,13 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* LLMService::Generate(
     }
   } else {
     prompt.assign(request->token_ids().ids().begin(), request->token_ids().ids().end());
+  }
+  if (static_cast<int64_t>(prompt.size()) >= options_.max_model_len) {
+    return new ErrorWriter(
+        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                     absl::StrCat("the prompt is ", prompt.size(), " tokens; at most ",
+                                  options_.max_model_len - 1, " are accepted (max_model_len ",
+                                  options_.max_model_len, ", less one token to generate)")));
   }
   if (static_cast<int64_t>(prompt.size()) + params.max_tokens > options_.max_model_len) {
     return new ErrorWriter(grpc::Status(
@@ -387,6 +457,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* LLMService::Generate(
 
   absl::MutexLock lock(&mu_);
   if (absl::Status s = NotServing(); !s.ok()) return new ErrorWriter(ToGrpc(s));
+  if (draining_) return new ErrorWriter(grpc::Status(grpc::StatusCode::UNAVAILABLE, kDraining));
   if (calls_.contains(request_id)) {
     return new ErrorWriter(
         grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
@@ -420,6 +491,11 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* LLMService::Generate(
 grpc::ServerUnaryReactor* LLMService::GetModelInfo(grpc::CallbackServerContext* context,
                                                    const v1::GetModelInfoRequest* /*request*/,
                                                    v1::GetModelInfoResponse* response) {
+  if (grpc::Status s = CheckApiKey(*context, options_.api_key); !s.ok()) {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(s);
+    return reactor;
+  }
   response->set_model_name(options_.model_name);
   response->set_max_model_len(options_.max_model_len);
   response->set_vocab_size(options_.vocab_size);
@@ -441,6 +517,10 @@ grpc::ServerUnaryReactor* LLMService::GetStats(grpc::CallbackServerContext* cont
                                                const v1::GetStatsRequest* /*request*/,
                                                v1::GetStatsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (grpc::Status s = CheckApiKey(*context, options_.api_key); !s.ok()) {
+    reactor->Finish(s);
+    return reactor;
+  }
   EngineStats stats;
   {
     absl::MutexLock lock(&mu_);

@@ -20,7 +20,15 @@
 // a test): SetReady hands over a ServingEngine; SetNotReady takes it back, ending every call
 // in flight with UNAVAILABLE "the worker group is not ready: <reason>", and the service then
 // answers Generate / GetStats so until the next SetReady. Shutdown ends every call with
-// UNAVAILABLE "server shutting down" and refuses new ones.
+// UNAVAILABLE "server shutting down" and refuses new ones. Drain (SIGTERM) refuses new
+// Generate calls with UNAVAILABLE "draining ..." and lets those in flight finish.
+//
+// Exposure (README "Exposing the service"): with options.api_key set, every call must carry
+// "authorization: Bearer KEY" (else UNAUTHENTICATED "missing or invalid API key"). Generate
+// is registered raw (ByteBuffer in and out) so that bytes that do not parse as a
+// GenerateRequest get INVALID_ARGUMENT with a message instead of the callback API's empty
+// UNIMPLEMENTED; the prompt's bytes, the stop strings' and the request id's lengths are
+// checked against the options' limits.
 //
 // Thread-safety: every method is thread-safe. The service must outlive the gRPC server it is
 // registered with (Shutdown the server first); a ServingEngine is destroyed by whoever holds
@@ -55,9 +63,17 @@ struct LLMServiceOptions {
   int max_concurrent_requests = 256;
   SamplingLimits sampling_limits;
   int max_stop_strings = 16;
+  // Bearer token every call must present; empty: none required.
+  std::string api_key;
+  // Limits, each answered with INVALID_ARGUMENT naming its flag. The server's max receive
+  // message size must be above max_prompt_bytes for the prompt's check to be reached.
+  int64_t max_prompt_bytes = 8 << 20;
+  int max_stop_bytes = 1024;
+  int max_request_id_bytes = 256;
 };
 
-class LLMService final : public v1::LLMService::CallbackService {
+class LLMService final
+    : public v1::LLMService::WithRawCallbackMethod_Generate<v1::LLMService::CallbackService> {
  public:
   LLMService(LLMServiceOptions options, std::shared_ptr<const Tokenizer> tokenizer);
   ~LLMService() override;
@@ -72,12 +88,15 @@ class LLMService final : public v1::LLMService::CallbackService {
   // Every call in flight ends, and every later one is refused, with UNAVAILABLE "server
   // shutting down". Returns the engine (null when none).
   std::shared_ptr<ServingEngine> Shutdown();
+  // From now on new Generate calls get UNAVAILABLE "draining: ..."; calls in flight go on.
+  void Drain();
   bool ready() const;
   // Generate calls in flight (registered, not yet finished).
   int num_calls() const;
 
-  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
-      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  // Raw: parses the request itself (INVALID_ARGUMENT when the bytes are not a GenerateRequest).
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
                                          const v1::GetModelInfoRequest* request,
                                          v1::GetModelInfoResponse* response) override;
@@ -91,6 +110,8 @@ class LLMService final : public v1::LLMService::CallbackService {
 
   // The checks that need neither the engine nor the tokenizer's output.
   absl::Status ValidateParams(const v1::GenerateRequest& request, SamplingParams* params) const;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
+                                                       const v1::GenerateRequest& request);
   absl::Status NotServing() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends every call in flight with `status` and detaches the engine.
   std::shared_ptr<ServingEngine> Detach(const grpc::Status& status);
@@ -105,6 +126,7 @@ class LLMService final : public v1::LLMService::CallbackService {
   std::shared_ptr<ServingEngine> engine_ ABSL_GUARDED_BY(mu_);
   std::string not_ready_reason_ ABSL_GUARDED_BY(mu_) = "starting";
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, std::shared_ptr<GenerateCall>> calls_ ABSL_GUARDED_BY(mu_);
 };
 

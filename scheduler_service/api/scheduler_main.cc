@@ -9,9 +9,17 @@
 // SERVING; each time it goes down, every stream ends with UNAVAILABLE naming the rank, health
 // turns NOT_SERVING and the engine is torn down.
 //
-// SIGTERM / SIGINT: health NOT_SERVING, every stream ends with UNAVAILABLE "server shutting
-// down", the engine stops, the server shuts down (short deadline) and the process exits 0.
-// The workers are left running: they are not the scheduler's to stop.
+// SIGTERM / SIGINT drain: health turns NOT_SERVING, new Generate calls get UNAVAILABLE
+// "draining ...", the calls in flight run to their end for up to --drain-timeout seconds;
+// then (or at once on a second signal) every stream left ends with UNAVAILABLE "server
+// shutting down", the engine stops, the server shuts down and the process exits 0. The
+// workers are left running: they are not the scheduler's to stop.
+//
+// Exposure (README "Exposing the service"): TLS from PEM files (--ssl-certfile, --ssl-keyfile,
+// --ssl-ca-certs for client certificates), an API key (--api-key or $LLM_API_KEY), limits
+// (--max-request-bytes, --max-prompt-bytes, --max-stop-bytes) and the cluster secret
+// (--cluster-secret-file or $LLM_CLUSTER_SECRET) presented to the workers and required by the
+// rendezvous store.
 //
 //   llm-scheduler --model=DIR --worker-addresses=H:P,H:P [--flag=value ...]   (--help)
 #include <signal.h>
@@ -30,7 +38,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "common/cluster_secret.h"
 #include "common/flag_parser.h"
+#include "common/grpc_security.h"
 #include "common/model_config.h"
 #include "common/port_file.h"
 #include "common/tcp_store.h"
@@ -83,7 +93,20 @@ struct Flags {
   double keepalive_time = 2;
   double keepalive_timeout = 3;
   double collective_timeout = 30;
+  std::string ssl_certfile;
+  std::string ssl_keyfile;
+  std::string ssl_ca_certs;
+  std::string api_key;
+  int64_t max_request_bytes = 16 << 20;
+  int64_t max_prompt_bytes = 8 << 20;
+  int max_stop_bytes = 1024;
+  double drain_timeout = 30;
+  std::string cluster_secret_file;
 };
+
+// Room above --max-prompt-bytes for the rest of a request (stop strings, ids, the prompt's
+// token ids), so that a prompt over its limit reaches the service's check.
+constexpr int64_t kRequestOverheadBytes = 1 << 20;
 
 [[noreturn]] void Usage(const std::string& msg) {
   std::fprintf(stderr, "llm-scheduler: %s (--help lists the flags)\n", msg.c_str());
@@ -165,6 +188,25 @@ Flags Parse(int argc, char** argv) {
         "+ keepalive-timeout (3)");
   p.Add("collective-timeout", &f.collective_timeout,
         "seconds, sent to the workers: limit of the Gloo rendezvous and collectives (30)");
+  p.Add("ssl-certfile", &f.ssl_certfile,
+        "PEM certificate chain: serve the public API over TLS (with --ssl-keyfile) (none)");
+  p.Add("ssl-keyfile", &f.ssl_keyfile, "PEM private key of --ssl-certfile (none)");
+  p.Add("ssl-ca-certs", &f.ssl_ca_certs,
+        "PEM CA certificates: require client certificates signed by them (none)");
+  p.Add("api-key", &f.api_key,
+        "every call must carry 'authorization: Bearer KEY' (health exempt); default: "
+        "$LLM_API_KEY; neither: no key (none)");
+  p.Add("max-request-bytes", &f.max_request_bytes,
+        "largest request message the server receives; larger ones get gRPC's "
+        "RESOURCE_EXHAUSTED. At least --max-prompt-bytes + 1 MiB (16777216)");
+  p.Add("max-prompt-bytes", &f.max_prompt_bytes,
+        "largest prompt text in bytes; larger ones get INVALID_ARGUMENT (8388608)");
+  p.Add("max-stop-bytes", &f.max_stop_bytes, "largest stop string in bytes (1024)");
+  p.Add("drain-timeout", &f.drain_timeout,
+        "seconds SIGTERM lets requests in flight finish before ending them (30)");
+  p.Add("cluster-secret-file", &f.cluster_secret_file,
+        "file holding the cluster secret presented to the workers and required by the "
+        "rendezvous store; default: $LLM_CLUSTER_SECRET; neither: none (none)");
   p.Parse(argc, argv);
   return f;
 }
@@ -200,6 +242,15 @@ Setup Check(const Flags& f, const ModelConfig& model, const Tokenizer& tokenizer
   if (f.max_concurrent_requests < 1) Usage("--max-concurrent-requests must be at least 1");
   if (f.num_gpu_blocks_override < 0) Usage("--num-gpu-blocks-override must be >= 0");
   if (f.swap_space < 0 || f.cpu_kv_cache_space < 0) Usage("memory sizes must be >= 0");
+  if (f.max_prompt_bytes < 1) Usage("--max-prompt-bytes must be at least 1");
+  if (f.max_stop_bytes < 1) Usage("--max-stop-bytes must be at least 1");
+  if (f.max_request_bytes > INT32_MAX ||
+      f.max_request_bytes < f.max_prompt_bytes + kRequestOverheadBytes) {
+    Usage(absl::StrCat("--max-request-bytes is ", f.max_request_bytes, "; expected at least ",
+                       "--max-prompt-bytes + 1 MiB (", f.max_prompt_bytes + kRequestOverheadBytes,
+                       ") and at most ", INT32_MAX));
+  }
+  if (f.drain_timeout < 0) Usage("--drain-timeout must be >= 0");
 
   SchedulerConfig& sc = s.scheduler;
   sc.max_model_len = f.max_model_len > 0 ? f.max_model_len : model.max_position_embeddings;
@@ -277,6 +328,9 @@ Setup Check(const Flags& f, const ModelConfig& model, const Tokenizer& tokenizer
   o.block_size = f.block_size;
   o.max_concurrent_requests = f.max_concurrent_requests;
   o.sampling_limits = sc.sampling_limits;
+  o.api_key = ApiKeyFromFlagOrEnv(f.api_key);
+  o.max_prompt_bytes = f.max_prompt_bytes;
+  o.max_stop_bytes = f.max_stop_bytes;
   return s;
 }
 
@@ -293,7 +347,13 @@ int Run(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromDirectory(flags.model);
   if (!tok.ok()) Fail(tok.status().ToString());
   std::shared_ptr<const Tokenizer> tokenizer = std::move(*tok);
-  const Setup setup = Check(flags, *model, *tokenizer);
+  Setup setup = Check(flags, *model, *tokenizer);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      MakeServerCredentials(flags.ssl_certfile, flags.ssl_keyfile, flags.ssl_ca_certs);
+  if (!credentials.ok()) Usage(std::string(credentials.status().message()));
+  absl::StatusOr<std::string> secret = LoadClusterSecret(flags.cluster_secret_file);
+  if (!secret.ok()) Usage(std::string(secret.status().message()));
+  setup.group.cluster_secret = *secret;
 
   // Signals are taken by sigwait below; every thread started from here on has them blocked.
   sigset_t signals;
@@ -303,7 +363,7 @@ int Run(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   absl::StatusOr<std::unique_ptr<TcpStoreServer>> store =
-      TcpStoreServer::Start(flags.rendezvous_host, flags.rendezvous_port);
+      TcpStoreServer::Start(flags.rendezvous_host, flags.rendezvous_port, *secret);
   if (!store.ok()) Fail("rendezvous store: " + store.status().ToString());
 
   const TokenizerDetokenizerFactory detokenizers(tokenizer);
@@ -312,8 +372,8 @@ int Run(int argc, char** argv) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int bound_port = 0;
-  builder.AddListeningPort(absl::StrCat(flags.host, ":", flags.port),
-                           grpc::InsecureServerCredentials(), &bound_port);
+  builder.AddListeningPort(absl::StrCat(flags.host, ":", flags.port), *credentials, &bound_port);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(flags.max_request_bytes));
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || bound_port == 0) {
@@ -330,7 +390,10 @@ int Run(int argc, char** argv) {
   LOG(INFO) << "model " << setup.service.model_name << ", max_model_len "
             << setup.service.max_model_len << ", " << setup.group.addresses.size()
             << " worker rank(s); rendezvous store on " << flags.rendezvous_host << ":"
-            << (*store)->port();
+            << (*store)->port() << "; TLS " << (flags.ssl_certfile.empty() ? "off" : "on")
+            << (flags.ssl_ca_certs.empty() ? "" : " (client certificates required)") << "; API key "
+            << (setup.service.api_key.empty() ? "none" : "required") << "; cluster secret "
+            << (secret->empty() ? "none" : "set");
 
   WorkerGroupOptions group_options = setup.group;
   group_options.rendezvous_address = absl::StrCat(flags.rendezvous_host, ":", (*store)->port());
@@ -358,8 +421,21 @@ int Run(int argc, char** argv) {
 
   int sig = 0;
   sigwait(&signals, &sig);
-  LOG(INFO) << "signal " << sig << ": shutting down";
+  // Drain: no new requests; those in flight may finish until the timeout or a second signal.
+  // Draining before health says NOT_SERVING: a client that sees it is refused from then on.
+  service.Drain();
   SetServing(health, false);
+  LOG(INFO) << "signal " << sig << ": draining " << service.num_calls()
+            << " request(s) in flight, for up to " << flags.drain_timeout << " s";
+  const absl::Time drain_deadline = absl::Now() + absl::Seconds(flags.drain_timeout);
+  while (service.num_calls() > 0 && absl::Now() < drain_deadline) {
+    const timespec poll = {.tv_sec = 0, .tv_nsec = 20'000'000};
+    if (sigtimedwait(&signals, nullptr, &poll) > 0) {
+      LOG(INFO) << "second signal: ending the drain";
+      break;
+    }
+  }
+  LOG(INFO) << "shutting down; " << service.num_calls() << " request(s) still in flight end";
   std::shared_ptr<ServingEngine> engine = service.Shutdown();
   group.Stop();
   engine.reset();

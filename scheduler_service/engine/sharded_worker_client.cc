@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/grpc_security.h"
 #include "glog/logging.h"
 #include "protocol/step_codec.h"
 
@@ -71,7 +72,7 @@ ShardedWorkerClient::ShardedWorkerClient(ShardedWorkerClientOptions options)
       args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);  // no limit
     }
     r->stub = v1::WorkerService::NewStub(
-        grpc::CreateCustomChannel(r->address, grpc::InsecureChannelCredentials(), args));
+        CreateInternalChannel(r->address, args, options_.cluster_secret));
     ranks_.push_back(std::move(r));
   }
 }

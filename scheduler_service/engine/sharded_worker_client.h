@@ -50,6 +50,8 @@ struct ShardedWorkerClientOptions {
   absl::Duration keepalive_timeout = absl::Seconds(3);
   // Called once when the group fails (not for Cancel()). Must not block.
   std::function<void(const absl::Status&)> on_failure;
+  // Presented on every call to the workers (common/grpc_security.h); empty: none.
+  std::string cluster_secret;
 };
 
 class ShardedWorkerClient : public Executor {

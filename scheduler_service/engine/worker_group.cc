@@ -67,6 +67,7 @@ void WorkerGroup::Run() {
     if (stopping()) return;
     ShardedWorkerClientOptions client_options;
     client_options.addresses = options_.addresses;
+    client_options.cluster_secret = options_.cluster_secret;
     client_options.worker_timeout = options_.worker_timeout;
     client_options.keepalive_time = options_.keepalive_time;
     client_options.keepalive_timeout = options_.keepalive_timeout;

@@ -56,6 +56,7 @@ namespace llm {
 
 struct WorkerGroupOptions {
   std::vector<std::string> addresses;  // each rank's llm-worker, host:port, in rank order
+  std::string cluster_secret;          // presented to the workers; empty: none
   // Each setup call, each step and each Health probe at most.
   absl::Duration worker_timeout = absl::Seconds(60);
   // gRPC keepalive on each rank's channel (ShardedWorkerClientOptions): a stopped or cut-off

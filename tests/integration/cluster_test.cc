@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -478,6 +479,117 @@ TEST(ClusterTest, SigintStopsTheWholeCluster) {
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
       << ChildProcess::DescribeStatus(*status);
   EXPECT_THAT(WaitUntilGone(children, absl::Seconds(30)), ::testing::IsEmpty());
+}
+
+// SIGTERM to llm-cluster while streams run: the scheduler drains (health NOT_SERVING, a new
+// request gets UNAVAILABLE "draining"), the streams finish complete with the undisturbed greedy
+// tokens, then the workers stop and llm-cluster exits 0. The workers are SIGSTOPped from the
+// first tokens until the refusal has been seen, so that no stream can end before the signal
+// whatever the machine's speed.
+TEST(ClusterTest, SigtermDrainsTheStreamsInFlightThenStopsTheCluster) {
+  // The harness's worker_timeout (30 s) bounds how long the workers may stay stopped.
+  std::unique_ptr<LocalCluster> c = StartCluster({.tensor_parallel_size = 2});
+  ASSERT_NE(c, nullptr);
+  constexpr int kMaxTokens = 32;
+  const std::vector<std::string> prompts = VariedPrompts(4);
+  const std::vector<std::vector<int32_t>> want = ConcurrentGreedyOutputs(*c, prompts, kMaxTokens);
+
+  struct Stream {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader;
+    std::atomic<int> num_tokens{0};
+    std::vector<int32_t> tokens;
+    grpc::Status status;
+    std::thread thread;
+  };
+  std::vector<std::unique_ptr<Stream>> streams;
+  for (const std::string& p : prompts) {
+    auto s = std::make_unique<Stream>();
+    s->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(300));
+    s->reader = c->stub().Generate(&s->ctx, GreedyRequest(p, kMaxTokens));
+    s->thread = std::thread([st = s.get()] {
+      v1::GenerateResponse resp;
+      while (st->reader->Read(&resp)) {
+        for (const auto& o : resp.outputs()) {
+          st->tokens.insert(st->tokens.end(), o.token_ids().begin(), o.token_ids().end());
+          st->num_tokens += o.token_ids_size();
+        }
+      }
+      st->status = st->reader->Finish();
+    });
+    streams.push_back(std::move(s));
+  }
+  const std::vector<pid_t> workers = c->WorkerPids();
+  ASSERT_EQ(workers.size(), 2u);
+  const absl::Time guard = absl::Now() + absl::Seconds(120);
+  auto all_started = [&] {
+    for (auto& s : streams) {
+      if (s->num_tokens == 0) return false;
+    }
+    return true;
+  };
+  while (!all_started() && absl::Now() < guard) absl::SleepFor(absl::Milliseconds(1));
+  for (pid_t w : workers) kill(w, SIGSTOP);
+  ASSERT_TRUE(all_started());
+  for (auto& s : streams) EXPECT_LT(s->num_tokens, kMaxTokens);
+  const std::vector<pid_t> children = c->Children();
+
+  c->process().Signal(SIGTERM);
+  HealthChecker health(c->address());
+  while (health.Check("", absl::Seconds(5)) != HealthChecker::kNotServing && absl::Now() < guard) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  const GenerateResult refused = Generate(c->stub(), GreedyRequest("Hello", 4));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(refused.status.error_message(), HasSubstr("draining"));
+  for (pid_t w : workers) kill(w, SIGCONT);
+
+  for (size_t i = 0; i < streams.size(); ++i) {
+    streams[i]->thread.join();
+    EXPECT_TRUE(streams[i]->status.ok()) << streams[i]->status.error_message();
+    EXPECT_EQ(streams[i]->tokens, want[i]) << prompts[i];
+  }
+  std::optional<int> status = c->process().Wait(absl::Seconds(120));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+      << ChildProcess::DescribeStatus(*status);
+  EXPECT_THAT(WaitUntilGone(children, absl::Seconds(30)), ::testing::IsEmpty());
+}
+
+// TLS and an API key through llm-cluster (engine ssl_certfile / ssl_keyfile; LLM_API_KEY in its
+// environment) at TP=2 (the ranks meet with the cluster secret llm-cluster made): llm-client
+// generates over TLS with the key; without the key it gets UNAUTHENTICATED, without TLS it
+// cannot connect.
+TEST(ClusterTest, TlsAndApiKeyThroughLlmClusterAndLlmClient) {
+  if (std::system("command -v openssl > /dev/null") != 0) GTEST_SKIP() << "no openssl CLI";
+  const std::string dir = ::testing::TempDir() + "/tls_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  const std::string cert = dir + "/cert.pem";
+  const std::string key = dir + "/key.pem";
+  ASSERT_EQ(std::system(("openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
+                         "-addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout " +
+                         key + " -out " + cert + " 2> /dev/null")
+                            .c_str()),
+            0);
+  setenv("LLM_API_KEY", "integration-key", 1);
+  std::unique_ptr<LocalCluster> c = StartCluster(
+      {.tensor_parallel_size = 2, .engine = {{"ssl_certfile", cert}, {"ssl_keyfile", key}}});
+  unsetenv("LLM_API_KEY");
+  ASSERT_NE(c, nullptr);
+  const std::string client = absl::StrCat(LLM_BIN_DIR, "/llm-client --address=", c->address(), " ");
+  const std::string generate = "generate \"Once upon a time\" --max-tokens=8 --temperature=0 ";
+  auto [text, rc] =
+      RunCommand(client + "--tls-ca=" + cert + " --api-key=integration-key " + generate);
+  EXPECT_EQ(rc, 0) << text;
+  EXPECT_THAT(text, HasSubstr("8 completion tokens"));
+  std::tie(text, rc) = RunCommand(client + "--tls-ca=" + cert + " " + generate);
+  EXPECT_EQ(rc, 1) << text;
+  EXPECT_THAT(text, HasSubstr("UNAUTHENTICATED: missing or invalid API key"));
+  std::tie(text, rc) = RunCommand(client + "--api-key=integration-key --timeout=10 " + generate);
+  EXPECT_EQ(rc, 1) << text;
+  EXPECT_THAT(text, HasSubstr("UNAVAILABLE"));
+  ExpectCleanStop(*c);
+  std::filesystem::remove_all(dir);
 }
 
 // A worker SIGKILLed in mid-generation: the stream in flight ends UNAVAILABLE, health goes

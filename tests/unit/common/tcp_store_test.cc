@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gloo/common/error.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker_service/parallel/gloo_communicator.h"
 
@@ -89,6 +90,40 @@ TEST(TcpStore, ServerDropsAMalformedRequestAndKeepsServing) {
   ASSERT_TRUE(good.ok());
   (*good)->set("k", Bytes("v"));
   EXPECT_EQ((*good)->get("k"), Bytes("v"));
+}
+
+TEST(TcpStore, WithASecretOnlyClientsPresentingItAreServed) {
+  auto server = TcpStoreServer::Start("127.0.0.1", 0, "group-secret");
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  auto wrong = TcpStore::Connect("127.0.0.1", port, kTimeout, "not-the-secret");
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kUnauthenticated) << wrong.status();
+  EXPECT_THAT(std::string(wrong.status().message()), ::testing::HasSubstr("cluster secret"));
+  // No secret at all: its first request is refused, and nothing it sends is stored.
+  auto none = TcpStore::Connect("127.0.0.1", port, kTimeout);
+  ASSERT_TRUE(none.ok());
+  try {
+    (*none)->set("k", Bytes("stranger"));
+    ADD_FAILURE() << "a client without the secret could set a key";
+  } catch (const gloo::IoException& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("requires the cluster secret"));
+  }
+  auto good = TcpStore::Connect("127.0.0.1", port, kTimeout, "group-secret");
+  ASSERT_TRUE(good.ok()) << good.status();
+  // The stranger's key was never stored.
+  EXPECT_THROW((*good)->wait({"k"}, std::chrono::milliseconds(1)), gloo::IoException);
+  (*good)->set("k", Bytes("v"));
+  EXPECT_EQ((*good)->get("k"), Bytes("v"));
+}
+
+TEST(TcpStore, WithoutASecretEveryoneIsServedEvenWithAHandshake) {
+  auto server = TcpStoreServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto a = TcpStore::Connect("127.0.0.1", (*server)->port(), kTimeout, "any");
+  auto b = TcpStore::Connect("127.0.0.1", (*server)->port(), kTimeout);
+  ASSERT_TRUE(a.ok() && b.ok());
+  (*a)->set("k", Bytes("v"));
+  EXPECT_EQ((*b)->get("k"), Bytes("v"));
 }
 
 TEST(TcpStore, GlooRanksMeetThroughIt) {

@@ -56,6 +56,38 @@ TEST(ClusterManifestTest, DefaultsWhenOnlyTheModelIsGiven) {
   EXPECT_TRUE(m->SchedulerFlags().empty());
 }
 
+TEST(ClusterManifestTest, ReadsTheExposureKeys) {
+  absl::StatusOr<ClusterManifest> m = Parse(R"(model: m
+scheduler: {host: 127.0.0.1, port: 0, tls_ca: ca.pem, tls_server_name: llm.example}
+engine:
+  ssl_certfile: cert.pem
+  ssl_keyfile: key.pem
+  max_prompt_bytes: 1000
+  max_stop_bytes: 64
+  max_request_bytes: 2000000
+  drain_timeout: 5
+  cluster_secret_file: /run/secret
+worker: {cluster_secret_file: /run/secret}
+)");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->scheduler_tls_ca, "ca.pem");
+  EXPECT_EQ(m->scheduler_tls_server_name, "llm.example");
+  EXPECT_EQ(m->EngineOption("ssl_certfile"), "cert.pem");
+  EXPECT_EQ(m->EngineOption("drain_timeout"), "5");
+  EXPECT_EQ(m->EngineOption("api_key"), "");
+  EXPECT_THAT(m->SchedulerFlags(), ElementsAre("--ssl-certfile=cert.pem", "--ssl-keyfile=key.pem",
+                                               "--max-prompt-bytes=1000", "--max-stop-bytes=64",
+                                               "--max-request-bytes=2000000", "--drain-timeout=5",
+                                               "--cluster-secret-file=/run/secret"));
+  EXPECT_THAT(m->WorkerFlags(), ElementsAre("--cluster-secret-file=/run/secret"));
+  // The key does not belong in a manifest (llm-cluster logs argv): LLM_API_KEY instead.
+  absl::StatusOr<ClusterManifest> key = Parse("model: m\nengine: {api_key: k}\n");
+  EXPECT_FALSE(key.ok());
+  // tls_ca is the scheduler's only: not a workers key.
+  absl::StatusOr<ClusterManifest> w = Parse("model: m\nworkers: {host: h, tls_ca: x}\n");
+  EXPECT_FALSE(w.ok());
+}
+
 // Each bad manifest fails with file:line, the key and what is wrong.
 TEST(ClusterManifestTest, RejectsWithFileLineAndKey) {
   struct Case {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "common/grpc_security.h"
 #include "common/tcp_store.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -43,19 +44,22 @@ std::string ModelDir() { return std::string(LLM_TEST_DATA_DIR) + "/models/tiny-l
 
 // One worker in this process with a client of its own.
 struct Worker {
-  explicit Worker(bool shm_collectives = true) {
+  // `secret`: the worker's cluster secret; `client_secret`: what this client presents.
+  explicit Worker(bool shm_collectives = true, const std::string& secret = "",
+                  const std::string& client_secret = "") {
     WorkerServerOptions options;
     options.host = "127.0.0.1";
     options.port = 0;
     options.shm_collectives = shm_collectives;
+    options.cluster_secret = secret;
     server = std::make_unique<WorkerServer>(options);
     const absl::Status s = server->Start();
     EXPECT_TRUE(s.ok()) << s;
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(-1);
     args.SetMaxSendMessageSize(-1);
-    channel = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(server->port()),
-                                        grpc::InsecureChannelCredentials(), args);
+    channel =
+        CreateInternalChannel("127.0.0.1:" + std::to_string(server->port()), args, client_secret);
     stub = v1::WorkerService::NewStub(channel);
   }
 
@@ -509,6 +513,66 @@ TEST(WorkerServer, SchedulerDrivenWorkerGeneratesTheInProcessTokens) {
 
 // Both ways of running the collectives: one shared-memory segment (the default, as the ranks
 // share a host) and Gloo over TCP.
+TEST(WorkerServer, WithASecretCallsWithoutItAreUnauthenticated) {
+  for (const std::string presented : {"", "wrong-secret"}) {
+    Worker w(/*shm_collectives=*/true, "the-secret", presented);
+    const grpc::Status init = w.Init(MakeInit());
+    EXPECT_EQ(init.error_code(), grpc::StatusCode::UNAUTHENTICATED) << presented;
+    EXPECT_THAT(init.error_message(), HasSubstr("cluster secret"));
+    EXPECT_THAT(init.error_message(), ::testing::Not(HasSubstr("the-secret")));
+    EXPECT_EQ(w.InitCache(16, 8, 1).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    v1::ProfileMemoryResponse profile;
+    EXPECT_EQ(w.ProfileMemory(v1::ProfileMemoryRequest(), &profile).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::HealthResponse health;
+    EXPECT_EQ(w.stub->Health(w.Context().get(), v1::HealthRequest(), &health).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    Stream stream(w);
+    v1::StepRequest request;
+    request.set_step_id(1);
+    v1::StepResult result;
+    EXPECT_FALSE(stream.RoundTrip(request, &result));
+    EXPECT_EQ(stream.rw->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    v1::ShutdownResponse shut;
+    EXPECT_EQ(w.stub->Shutdown(w.Context().get(), v1::ShutdownRequest(), &shut).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+  // Presenting it: the whole lifecycle works.
+  Worker w(/*shm_collectives=*/true, "the-secret", "the-secret");
+  ASSERT_TRUE(w.Init(MakeInit()).ok());
+  ASSERT_TRUE(w.InitCache(16, 8, 1).ok());
+  EXPECT_TRUE(w.Health().serving());
+  Stream stream(w);
+  v1::StepRequest request;
+  request.set_step_id(1);
+  v1::StepResult result;
+  ASSERT_TRUE(stream.RoundTrip(request, &result));
+  EXPECT_EQ(result.error_code(), 0) << result.error_message();
+  EXPECT_TRUE(stream.Close().ok());
+}
+
+TEST(WorkerServer, RanksPresentTheSecretToTheRendezvousStore) {
+  for (const std::string store_secret : {"the-secret", "another-groups-secret"}) {
+    absl::StatusOr<std::unique_ptr<TcpStoreServer>> store =
+        TcpStoreServer::Start("127.0.0.1", 0, store_secret);
+    ASSERT_TRUE(store.ok()) << store.status();
+    const std::string address = "127.0.0.1:" + std::to_string((*store)->port());
+    Worker w0(false, "the-secret", "the-secret"), w1(false, "the-secret", "the-secret");
+    grpc::Status s1;
+    std::thread rank1([&] { s1 = w1.Init(MakeInit(1, 2, address, "g")); });
+    const grpc::Status s0 = w0.Init(MakeInit(0, 2, address, "g"));
+    rank1.join();
+    if (store_secret == "the-secret") {
+      EXPECT_TRUE(s0.ok()) << s0.error_message();
+      EXPECT_TRUE(s1.ok()) << s1.error_message();
+    } else {
+      EXPECT_EQ(s0.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s0.error_message();
+      EXPECT_THAT(s0.error_message(), HasSubstr("refused this process's cluster secret"));
+      EXPECT_EQ(s1.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s1.error_message();
+    }
+  }
+}
+
 class TensorParallelWorkers : public ::testing::TestWithParam<bool> {};
 
 TEST_P(TensorParallelWorkers, GenerateTheTp1Tokens) {

@@ -9,13 +9,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -122,24 +125,42 @@ class LLMSchedulerTest : public ::testing::Test {
     return std::make_unique<Process>(args, (dir_ / "scheduler.log").string());
   }
 
-  std::shared_ptr<grpc::Channel> Connect() {
+  int Port() {
     int port = 0;
     EXPECT_TRUE(Eventually([&] {
       std::ifstream in(dir_ / "port");
       return static_cast<bool>(in >> port) && port > 0;
     }));
-    auto channel =
-        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+    return port;
+  }
+
+  // Plaintext, or TLS trusting `tls_ca` (to "localhost", the test certificate's name).
+  std::shared_ptr<grpc::Channel> Connect(const std::string& tls_ca = "") {
+    const int port = Port();
+    std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+    std::string target = absl::StrCat("127.0.0.1:", port);
+    if (!tls_ca.empty()) {
+      std::ifstream in(tls_ca);
+      std::stringstream pem;
+      pem << in.rdbuf();
+      grpc::SslCredentialsOptions options;
+      options.pem_root_certs = pem.str();
+      creds = grpc::SslCredentials(options);
+      target = absl::StrCat("localhost:", port);
+    }
+    auto channel = grpc::CreateChannel(target, creds);
     stub_ = v1::LLMService::NewStub(channel);
     return channel;
   }
 
-  grpc::Status Generate(int max_tokens, std::vector<int>* tokens = nullptr) {
+  grpc::Status Generate(int max_tokens, std::vector<int>* tokens = nullptr,
+                        const std::string& api_key = "") {
     v1::GenerateRequest req;
     req.set_text("Hello world");
     req.set_stream(true);
     req.mutable_sampling_params()->set_max_tokens(max_tokens);
     grpc::ClientContext ctx;
+    if (!api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + api_key);
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
     auto reader = stub_->Generate(&ctx, req);
     v1::GenerateResponse resp;
@@ -246,11 +267,232 @@ TEST_F(LLMSchedulerTest, NotServingUntilTheWorkersAnswer) {
   EXPECT_EQ(scheduler->Wait(), 0);
 }
 
+// A streaming request whose tokens are counted as they come (a thread per request).
+struct StreamingCall {
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader;
+  std::atomic<int> tokens{0};
+  grpc::Status status;
+  std::thread thread;
+
+  StreamingCall(v1::LLMService::Stub* stub, int max_tokens) {
+    v1::GenerateRequest req;
+    req.set_text("Hello world");
+    req.set_stream(true);
+    req.mutable_sampling_params()->set_max_tokens(max_tokens);
+    req.mutable_sampling_params()->set_ignore_eos(true);
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    reader = stub->Generate(&ctx, req);
+    thread = std::thread([this] {
+      v1::GenerateResponse resp;
+      while (reader->Read(&resp)) {
+        for (const auto& o : resp.outputs()) tokens += o.token_ids_size();
+      }
+      status = reader->Finish();
+    });
+  }
+  void Join() { thread.join(); }
+};
+
+TEST_F(LLMSchedulerTest, SigtermDrainsTheStreamsInFlightThenExitsZero) {
+  FakeWorkerServer r0 = FakeWorkerServer::Start(kVocab, 0, kBlocks);
+  auto scheduler = StartScheduler({r0.address}, {"--worker-timeout=120"});
+  auto channel = Connect();
+  ASSERT_TRUE(Eventually([&] { return GrpcHealthCheck(channel, "") == 1; }));
+  constexpr int kCalls = 4;
+  constexpr int kMaxTokens = 40;
+  // The worker holds its steps after 10 (the streams have begun, none can have finished),
+  // whatever the machine's speed.
+  r0.service->pause_after(10);
+  std::vector<std::unique_ptr<StreamingCall>> calls;
+  for (int i = 0; i < kCalls; ++i) {
+    calls.push_back(std::make_unique<StreamingCall>(stub_.get(), kMaxTokens));
+  }
+  ASSERT_TRUE(Eventually([&] {
+    for (auto& c : calls) {
+      if (c->tokens == 0) return false;
+    }
+    return true;
+  }));
+  scheduler->Signal(SIGTERM);
+  ASSERT_TRUE(Eventually([&] { return GrpcHealthCheck(channel, "") == 2; }));
+  const grpc::Status refused = Generate(4);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(refused.error_message(), HasSubstr("draining"));
+  for (auto& c : calls) EXPECT_LT(c->tokens, kMaxTokens);
+  r0.service->set_paused(false);
+  for (auto& c : calls) {
+    c->Join();
+    EXPECT_TRUE(c->status.ok()) << c->status.error_message();
+    EXPECT_EQ(c->tokens, kMaxTokens);
+  }
+  EXPECT_EQ(scheduler->Wait(), 0);
+}
+
+TEST_F(LLMSchedulerTest, StreamsStillRunningAtTheDrainTimeoutEndUnavailable) {
+  FakeWorkerServer r0 = FakeWorkerServer::Start(kVocab, 0, kBlocks);
+  auto scheduler = StartScheduler({r0.address}, {"--worker-timeout=120", "--drain-timeout=0.5"});
+  auto channel = Connect();
+  ASSERT_TRUE(Eventually([&] { return GrpcHealthCheck(channel, "") == 1; }));
+  r0.service->pause_after(3);  // the stream begins, and can never finish
+  StreamingCall call(stub_.get(), 40);
+  ASSERT_TRUE(Eventually([&] { return call.tokens > 0; }));
+  scheduler->Signal(SIGTERM);
+  call.Join();
+  EXPECT_EQ(call.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(call.status.error_message(), "server shutting down");
+  EXPECT_EQ(scheduler->Wait(), 0);
+  r0.service->set_paused(false);
+}
+
+// Runs `command` through the shell; its exit code.
+int Shell(const std::string& command) { return std::system(command.c_str()); }
+
+TEST_F(LLMSchedulerTest, TlsApiKeyAndClusterSecret) {
+  if (Shell("command -v openssl > /dev/null") != 0) GTEST_SKIP() << "no openssl CLI";
+  const std::string cert = (dir_ / "cert.pem").string();
+  const std::string key = (dir_ / "key.pem").string();
+  ASSERT_EQ(Shell("openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
+                  "-addext subjectAltName=DNS:localhost -keyout " +
+                  key + " -out " + cert + " 2> /dev/null"),
+            0);
+  const std::string secret_file = (dir_ / "secret").string();
+  std::ofstream(secret_file) << "cluster-secret-123\n";
+  FakeWorkerServer r0 = FakeWorkerServer::Start(kVocab, 0, kBlocks);
+  // The key from the environment, as a deployment would set it (not on the command line).
+  setenv("LLM_API_KEY", "api-key-456", 1);
+  auto scheduler = StartScheduler({r0.address}, {"--ssl-certfile=" + cert, "--ssl-keyfile=" + key,
+                                                 "--cluster-secret-file=" + secret_file});
+  unsetenv("LLM_API_KEY");
+  auto channel = Connect(cert);
+  // Health needs no key.
+  ASSERT_TRUE(Eventually([&] { return GrpcHealthCheck(channel, "") == 1; }));
+  EXPECT_EQ(r0.service->init_secret(), "cluster-secret-123");
+
+  std::vector<int> tokens;
+  grpc::Status s = Generate(8, &tokens);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(s.error_message(), "missing or invalid API key");
+  EXPECT_TRUE(tokens.empty());
+  s = Generate(8, &tokens, "api-key-456");
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(tokens.size(), 8u);
+
+  // A plaintext client gets nowhere, key or not.
+  auto plain = v1::LLMService::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", Port()), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer api-key-456");
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::GetModelInfoResponse info;
+  s = plain->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_EQ(info.model_name(), "");
+
+  // The key never reaches the log.
+  scheduler->Signal(SIGTERM);
+  EXPECT_EQ(scheduler->Wait(), 0);
+  std::ifstream log(dir_ / "scheduler.log");
+  std::stringstream text;
+  text << log.rdbuf();
+  EXPECT_THAT(text.str(), ::testing::Not(HasSubstr("api-key-456")));
+  EXPECT_THAT(text.str(), ::testing::Not(HasSubstr("cluster-secret-123")));
+  EXPECT_THAT(text.str(), HasSubstr("TLS on"));
+}
+
+// --ssl-ca-certs: a client must present a certificate that CA signed.
+TEST_F(LLMSchedulerTest, SslCaCertsRequiresAClientCertificate) {
+  if (Shell("command -v openssl > /dev/null") != 0) GTEST_SKIP() << "no openssl CLI";
+  const std::string d = dir_.string() + "/";
+  ASSERT_EQ(Shell("cd " + d +
+                  " && openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
+                  "-addext subjectAltName=DNS:localhost -keyout key.pem -out cert.pem "
+                  "&& openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=test-ca "
+                  "-keyout ca.key -out ca.pem "
+                  "&& openssl req -newkey rsa:2048 -nodes -subj /CN=client -keyout client.key "
+                  "-out client.csr "
+                  "&& openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+                  "-days 1 -out client.pem 2> /dev/null > /dev/null"),
+            0);
+  FakeWorkerServer r0 = FakeWorkerServer::Start(kVocab, 0, kBlocks);
+  auto scheduler = StartScheduler(
+      {r0.address}, {"--ssl-certfile=" + d + "cert.pem", "--ssl-keyfile=" + d + "key.pem",
+                     "--ssl-ca-certs=" + d + "ca.pem"});
+  const int port = Port();
+  auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  auto model_info = [&](bool with_client_cert) {
+    grpc::SslCredentialsOptions options;
+    options.pem_root_certs = read(d + "cert.pem");
+    if (with_client_cert) {
+      options.pem_private_key = read(d + "client.key");
+      options.pem_cert_chain = read(d + "client.pem");
+    }
+    auto stub = v1::LLMService::NewStub(
+        grpc::CreateChannel(absl::StrCat("localhost:", port), grpc::SslCredentials(options)));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::GetModelInfoResponse info;
+    const grpc::Status s = stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info);
+    return std::make_pair(s, info.model_name());
+  };
+  const auto [with_cert, name] = model_info(true);
+  EXPECT_TRUE(with_cert.ok()) << with_cert.error_message();
+  EXPECT_EQ(name, "tiny-llama");
+  const auto [without_cert, none] = model_info(false);
+  EXPECT_EQ(without_cert.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << without_cert.error_message();
+  EXPECT_EQ(none, "");
+  scheduler->Signal(SIGTERM);
+  EXPECT_EQ(scheduler->Wait(), 0);
+}
+
+// The receive limit is --max-request-bytes (16 MiB), above --max-prompt-bytes (8 MiB): a 10 MB
+// prompt gets the service's message, not gRPC's "Received message larger than max"; beyond
+// the receive limit gRPC's own RESOURCE_EXHAUSTED remains.
+TEST_F(LLMSchedulerTest, AnOversizedPromptGetsTheServicesMessage) {
+  FakeWorkerServer r0 = FakeWorkerServer::Start(kVocab, 0, kBlocks);
+  auto scheduler = StartScheduler({r0.address});
+  auto channel = Connect();
+  ASSERT_TRUE(Eventually([&] { return GrpcHealthCheck(channel, "") == 1; }));
+  for (const size_t bytes : {size_t{10'000'000}, size_t{20'000'000}}) {
+    v1::GenerateRequest req;
+    req.set_text(std::string(bytes, 'a'));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    auto reader = stub_->Generate(&ctx, req);
+    v1::GenerateResponse resp;
+    EXPECT_FALSE(reader->Read(&resp));
+    const grpc::Status s = reader->Finish();
+    if (bytes == 10'000'000) {
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+      EXPECT_EQ(s.error_message(),
+                "the prompt is 10000000 bytes; at most 8388608 are accepted (--max-prompt-bytes)");
+    } else {
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+    }
+  }
+  EXPECT_TRUE(Generate(4).ok());
+  scheduler->Signal(SIGTERM);
+  EXPECT_EQ(scheduler->Wait(), 0);
+}
+
 TEST_F(LLMSchedulerTest, BadFlagsExitTwo) {
   EXPECT_EQ(StartScheduler({"127.0.0.1:1", "127.0.0.1:2"}, {"--tensor-parallel-size=3"})->Wait(),
             2);
   EXPECT_EQ(StartScheduler({"127.0.0.1:1"}, {"--no-such-flag=1"})->Wait(), 2);
   EXPECT_EQ(StartScheduler({"127.0.0.1:1"}, {"--preemption-mode=sometimes"})->Wait(), 2);
+  EXPECT_EQ(StartScheduler({"127.0.0.1:1"}, {"--ssl-certfile=/no/such.pem"})->Wait(), 2);
+  EXPECT_EQ(
+      StartScheduler({"127.0.0.1:1"}, {"--ssl-certfile=/no/such.pem", "--ssl-keyfile=/no/k.pem"})
+          ->Wait(),
+      2);
+  EXPECT_EQ(StartScheduler({"127.0.0.1:1"}, {"--max-request-bytes=1000"})->Wait(), 2);
+  EXPECT_EQ(StartScheduler({"127.0.0.1:1"}, {"--cluster-secret-file=/no/such/file"})->Wait(), 2);
 }
 
 }  // namespace

@@ -12,8 +12,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "scheduler_service/engine/engine_core.h"
@@ -89,33 +91,47 @@ class LLMServiceTest : public ::testing::Test {
     ASSERT_TRUE(tok.ok()) << tok.status();
     tokenizer_ = std::move(*tok);
     detokenizers_ = std::make_unique<TokenizerDetokenizerFactory>(tokenizer_);
+    StartServer(DefaultOptions());
+  }
+
+  LLMServiceOptions DefaultOptions() const {
     LLMServiceOptions o;
     o.model_name = "tiny-llama";
     o.max_model_len = kMaxModelLen;
     o.vocab_size = tokenizer_->vocab_size();
     o.block_size = 16;
     o.max_concurrent_requests = kMaxConcurrent;
+    return o;
+  }
+
+  // A service with `o` (ready, over an open engine), behind a server that receives messages of
+  // up to 16 MiB as llm-scheduler's default --max-request-bytes.
+  void StartServer(const LLMServiceOptions& o) {
     service_ = std::make_unique<LLMService>(o, tokenizer_);
     service_->SetReady(MakeEngine());
-
     grpc::ServerBuilder b;
     int port = 0;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    b.SetMaxReceiveMessageSize(16 << 20);
     b.RegisterService(service_.get());
     server_ = b.BuildAndStart();
     ASSERT_NE(server_, nullptr);
-    stub_ = v1::LLMService::NewStub(
-        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+    channel_ =
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+    stub_ = v1::LLMService::NewStub(channel_);
   }
 
-  void TearDown() override {
+  void StopServer() {
     if (gate_ != nullptr) gate_->Open();
     std::shared_ptr<ServingEngine> engine = service_->Shutdown();
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
     engine.reset();
     server_.reset();
     service_.reset();
+    gate_ = nullptr;
   }
+
+  void TearDown() override { StopServer(); }
 
   std::shared_ptr<ServingEngine> MakeEngine(bool open = true, bool prefix_caching = false) {
     SchedulerConfig sc;
@@ -199,6 +215,7 @@ class LLMServiceTest : public ::testing::Test {
   std::unique_ptr<TokenizerDetokenizerFactory> detokenizers_;
   std::unique_ptr<LLMService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::LLMService::Stub> stub_;
   GatedExecutor* gate_ = nullptr;  // the current engine's
 };
@@ -235,7 +252,14 @@ TEST_F(LLMServiceTest, EmptyPromptsAreInvalid) {
 TEST_F(LLMServiceTest, PromptLongerThanTheModelAllowsIsInvalid) {
   v1::GenerateRequest req;
   for (int i = 0; i < 600; ++i) req.mutable_token_ids()->add_ids(5);
-  ExpectInvalid(req, "prompt has 600 tokens and max_tokens is 16; max_model_len is 512");
+  ExpectInvalid(req,
+                "the prompt is 600 tokens; at most 511 are accepted (max_model_len 512, less one "
+                "token to generate)");
+  v1::GenerateRequest text;  // the same limit after tokenization
+  std::string long_text;
+  for (int i = 0; i < 600; ++i) long_text += " hello";
+  text.set_text(long_text);
+  ExpectInvalid(text, "are accepted (max_model_len 512, less one token to generate)");
   v1::GenerateRequest fits;
   for (int i = 0; i < 500; ++i) fits.mutable_token_ids()->add_ids(5);
   fits.mutable_sampling_params()->set_max_tokens(13);
@@ -588,6 +612,155 @@ TEST_F(LLMServiceTest, ModelInfo) {
   EXPECT_EQ(info.block_size(), 16u);
   EXPECT_EQ(info.num_gpu_blocks(), static_cast<uint32_t>(kBlocks));
   EXPECT_EQ(Stats().num_free_gpu_blocks(), static_cast<uint32_t>(kBlocks));
+}
+
+}  // namespace
+}  // namespace llm
+
+namespace llm {
+namespace {
+
+TEST_F(LLMServiceTest, OversizedPromptStopStringAndRequestIdAreInvalid) {
+  // 10 MB: over the default --max-prompt-bytes (8 MiB), under the receive limit (16 MiB), so
+  // the service answers rather than gRPC's "Received message larger than max".
+  ExpectInvalid(Text(std::string(10'000'000, 'a')),
+                "the prompt is 10000000 bytes; at most 8388608 are accepted (--max-prompt-bytes)");
+  v1::GenerateRequest stop = Text("Hello");
+  stop.mutable_sampling_params()->add_stop("ok");
+  stop.mutable_sampling_params()->add_stop(std::string(100 * 1024, 'x'));
+  ExpectInvalid(stop,
+                "stop string 1 is 102400 bytes; at most 1024 are accepted (--max-stop-bytes)");
+  stop.mutable_sampling_params()->set_stop(1, std::string(1024, 'x'));  // at the limit: served
+  EXPECT_TRUE(Generate(stop).status.ok());
+
+  v1::GenerateRequest id = Text("Hello");
+  id.set_request_id(std::string(10 * 1024, 'r'));
+  ExpectInvalid(id, "the request id is 10240 bytes; at most 256 are accepted");
+  id.set_request_id("two\nlines");
+  ExpectInvalid(id, "the request id has byte 0x0a at position 3");
+  id.set_request_id(std::string(256, 'r'));  // at the limit: served
+  const CallResult ok = Generate(id);
+  ASSERT_TRUE(ok.status.ok()) << ok.status.error_message();
+  EXPECT_EQ(ok.responses.back().request_id(), std::string(256, 'r'));
+}
+
+TEST_F(LLMServiceTest, LimitsAreTheOptions) {
+  StopServer();
+  LLMServiceOptions o = DefaultOptions();
+  o.max_prompt_bytes = 10;
+  o.max_stop_bytes = 3;
+  StartServer(o);
+  ExpectInvalid(Text("Hello world"),
+                "the prompt is 11 bytes; at most 10 are accepted (--max-prompt-bytes)");
+  EXPECT_TRUE(Generate(Text("Hello")).status.ok());
+  v1::GenerateRequest stop = Text("Hello");
+  stop.mutable_sampling_params()->add_stop("abcd");
+  ExpectInvalid(stop, "stop string 0 is 4 bytes; at most 3 are accepted (--max-stop-bytes)");
+}
+
+// Generate with `key` as the bearer token ("": no authorization metadata).
+grpc::Status GenerateWithKey(v1::LLMService::Stub* stub, const std::string& key, int* num_tokens) {
+  v1::GenerateRequest req;
+  req.set_text("Hello");
+  req.mutable_sampling_params()->set_max_tokens(4);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  if (!key.empty()) ctx.AddMetadata("authorization", "Bearer " + key);
+  auto reader = stub->Generate(&ctx, req);
+  v1::GenerateResponse resp;
+  *num_tokens = 0;
+  while (reader->Read(&resp)) {
+    for (const auto& o : resp.outputs()) *num_tokens += o.token_ids_size();
+  }
+  return reader->Finish();
+}
+
+TEST_F(LLMServiceTest, ApiKeyIsRequiredOnEveryCall) {
+  StopServer();
+  LLMServiceOptions o = DefaultOptions();
+  o.api_key = "s3cret-key";
+  StartServer(o);
+  int tokens = 0;
+  for (const std::string& key : {std::string(), std::string("wrong"), std::string("s3cret-ke"),
+                                 std::string("s3cret-key2")}) {
+    const grpc::Status s = GenerateWithKey(stub_.get(), key, &tokens);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << key;
+    EXPECT_EQ(s.error_message(), "missing or invalid API key");
+    EXPECT_EQ(tokens, 0);
+  }
+  const grpc::Status s = GenerateWithKey(stub_.get(), "s3cret-key", &tokens);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(tokens, 4);
+
+  for (bool with_key : {false, true}) {
+    grpc::ClientContext info_ctx;
+    grpc::ClientContext stats_ctx;
+    if (with_key) {
+      info_ctx.AddMetadata("authorization", "Bearer s3cret-key");
+      stats_ctx.AddMetadata("authorization", "Bearer s3cret-key");
+    }
+    v1::GetModelInfoResponse info;
+    v1::GetStatsResponse stats;
+    const grpc::StatusCode want =
+        with_key ? grpc::StatusCode::OK : grpc::StatusCode::UNAUTHENTICATED;
+    EXPECT_EQ(stub_->GetModelInfo(&info_ctx, v1::GetModelInfoRequest(), &info).error_code(), want);
+    EXPECT_EQ(stub_->GetStats(&stats_ctx, v1::GetStatsRequest(), &stats).error_code(), want);
+    EXPECT_EQ(info.model_name(), with_key ? "tiny-llama" : "");
+  }
+}
+
+// Sends `bytes` as the request of /llm.v1.LLMService/Generate over a generic stub.
+grpc::Status SendRawGenerate(const std::shared_ptr<grpc::Channel>& channel,
+                             const std::string& bytes) {
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  absl::Notification done;
+  grpc::Status status;
+  stub.UnaryCall(&ctx, "/llm.v1.LLMService/Generate", grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) {
+                   status = std::move(s);
+                   done.Notify();
+                 });
+  done.WaitForNotification();
+  return status;
+}
+
+TEST_F(LLMServiceTest, UnparseableRequestIsInvalidWithAMessage) {
+  // Field 1 (request_id, length-delimited) claiming 2^28 bytes that are not there.
+  const grpc::Status s = SendRawGenerate(channel_, std::string("\x0a\x80\x80\x80\x80\x01xyz", 9));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_EQ(s.error_message(),
+            "the request's 9 bytes do not parse as an llm.v1.GenerateRequest (protobuf)");
+  // The same path serves a well-formed request sent as bytes (one response: stream=false).
+  v1::GenerateRequest req = Text("Hello", 3);
+  req.set_stream(false);
+  EXPECT_TRUE(SendRawGenerate(channel_, req.SerializeAsString()).ok());
+}
+
+TEST_F(LLMServiceTest, DrainRefusesNewRequestsAndLetsThoseInFlightFinish) {
+  SwapEngine(/*open=*/false);
+  CallResult first;
+  std::thread t([&] { first = Generate(Text("Hello world", 6)); });
+  ASSERT_TRUE(Eventually([&] { return service_->num_calls() == 1; }));
+  service_->Drain();
+  const CallResult refused = Generate(Text("Hello"));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(refused.status.error_message(), HasSubstr("draining"));
+  EXPECT_EQ(service_->num_calls(), 1);
+  gate_->Open();
+  t.join();
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  int tokens = 0;
+  for (const auto& r : first.responses) {
+    for (const auto& o : r.outputs()) tokens += o.token_ids_size();
+  }
+  EXPECT_EQ(tokens, 6);
+  EXPECT_EQ(first.responses.back().outputs(0).finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_TRUE(Eventually([&] { return service_->num_calls() == 0; }));
 }
 
 }  // namespace

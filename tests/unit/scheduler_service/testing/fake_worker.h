@@ -6,6 +6,7 @@
 #define LLM_TESTS_UNIT_SCHEDULER_SERVICE_TESTING_FAKE_WORKER_H_
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -27,6 +28,15 @@ class FakeWorker final : public v1::WorkerService::Service {
       : vocab_size_(vocab_size), seed_(seed), num_gpu_blocks_(num_gpu_blocks) {}
 
   void set_mode(Mode m) { mode_ = m; }
+  // While paused, steps wait (before running) until resumed.
+  void set_paused(bool p) { pause_from_step_ = p ? 0 : INT32_MAX; }
+  // Pauses once `steps` more steps have run (until set_paused(false)).
+  void pause_after(int steps) { pause_from_step_ = num_steps_ + steps + 1; }
+  // The cluster secret the last Init presented ("" when none).
+  std::string init_secret() {
+    absl::MutexLock lock(&mu_);
+    return init_secret_;
+  }
   // Init then waits until its call is cancelled (a rank stuck in the rendezvous).
   void set_block_init(bool b) { block_init_ = b; }
   int num_cancelled_inits() const { return num_cancelled_inits_; }
@@ -53,6 +63,10 @@ class FakeWorker final : public v1::WorkerService::Service {
     }
     absl::MutexLock lock(&mu_);
     init_ = *req;
+    auto secret = ctx->client_metadata().find("x-llm-cluster-secret");
+    init_secret_ = secret == ctx->client_metadata().end()
+                       ? std::string()
+                       : std::string(secret->second.data(), secret->second.size());
     executor_.reset();
     ++num_inits_;
     resp->set_vocab_size(vocab_size_);
@@ -81,7 +95,8 @@ class FakeWorker final : public v1::WorkerService::Service {
                     grpc::ServerReaderWriter<v1::StepResult, v1::StepRequest>* stream) override {
     v1::StepRequest req;
     while (stream->Read(&req)) {
-      ++num_steps_;
+      const int step_number = ++num_steps_;
+      while (step_number >= pause_from_step_) absl::SleepFor(absl::Milliseconds(1));
       if (mode_ == Mode::kSilent) continue;  // never answers; ends when the client cancels
       v1::StepResult res;
       absl::Status s;
@@ -113,6 +128,7 @@ class FakeWorker final : public v1::WorkerService::Service {
   const uint64_t seed_;
   const int num_gpu_blocks_;
   std::atomic<Mode> mode_{Mode::kNormal};
+  std::atomic<int> pause_from_step_{INT32_MAX};
   std::atomic<int> num_steps_{0};
   std::atomic<int> num_inits_{0};
   std::atomic<bool> block_init_{false};
@@ -120,6 +136,7 @@ class FakeWorker final : public v1::WorkerService::Service {
   std::atomic<int> num_init_calls_{0};
   absl::Mutex mu_;
   v1::InitRequest init_ ABSL_GUARDED_BY(mu_);
+  std::string init_secret_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<FakeExecutor> executor_ ABSL_GUARDED_BY(mu_);
 };
 
