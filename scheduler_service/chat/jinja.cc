@@ -1522,6 +1522,7 @@ struct For : Stmt {
     const int64_t n = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < n; ++i) {
       ctx.CountIteration(*this);
+      ctx.frames.back().clear();  // as jinja2: what the body sets lasts one iteration
       ValueDict loop;
       loop.Set("index", i + 1);
       loop.Set("index0", i);
@@ -1737,8 +1738,12 @@ class Parser {
     while (true) {
       const Token& t = Peek();
       if (t.kind == Tok::kEof) {
-        if (!ends.empty())
-          Fail(t.line, t.col, "unexpected end of template: expected '{% " + ends[0] + " %}'");
+        if (!ends.empty()) {
+          std::string closing = ends[0];
+          for (const std::string& e : ends)
+            if (e.rfind("end", 0) == 0) closing = e;
+          Fail(t.line, t.col, "unexpected end of template: expected '{% " + closing + " %}'");
+        }
         return body;
       }
       if (t.kind == Tok::kText) {
@@ -2171,6 +2176,8 @@ class Parser {
       } else if (IsOp("(")) {
         Next();
         auto c = Make<Call>(at);
+        c->line = e->line;  // errors point at the callee's name
+        c->col = e->col;
         c->callee = std::move(e);
         c->args = ParseArgs();
         e = std::move(c);

@@ -1,0 +1,105 @@
+// The Jinja interpreter against Python jinja2 (3.1, configured as transformers configures it):
+// tests/data/chat_templates/snippets.json holds small templates, one feature each, with
+// jinja2's output or error (tools/chat/render_fixtures.py writes it). Plus the limits that
+// guard against runaway templates, which jinja2 does not have.
+#include "scheduler_service/chat/jinja.h"
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace llm::jinja {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
+
+nlohmann::ordered_json ReadFixture(const std::string& name) {
+  std::ifstream in(std::string(LLM_TEST_DATA_DIR) + "/chat_templates/" + name);
+  EXPECT_TRUE(in.good()) << name;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return nlohmann::ordered_json::parse(ss.str());
+}
+
+absl::StatusOr<std::string> RenderSource(const std::string& source, const ValueDict& context,
+                                         Limits limits = Limits()) {
+  absl::StatusOr<std::unique_ptr<const Template>> t = Template::Parse(source, limits);
+  if (!t.ok()) return t.status();
+  return (*t)->Render(context);
+}
+
+TEST(JinjaTest, SnippetsRenderAsJinja2Does) {
+  const nlohmann::ordered_json fixture = ReadFixture("snippets.json");
+  int checked = 0;
+  for (const auto& s : fixture["snippets"]) {
+    const std::string name = s["name"];
+    const Value context = Value::FromJson(s["context"]);
+    absl::StatusOr<std::string> out = RenderSource(s["source"], context.dict());
+    if (s.contains("expected")) {
+      ASSERT_TRUE(out.ok()) << name << ": " << out.status();
+      EXPECT_EQ(*out, s["expected"].get<std::string>()) << name;
+    } else {
+      ASSERT_FALSE(out.ok()) << name << " rendered " << *out << "; jinja2 failed with "
+                             << s["error"];
+      EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument) << name;
+      EXPECT_THAT(std::string(out.status().message()), MatchesRegex("line [0-9]+:[0-9]+: .*"))
+          << name;
+    }
+    ++checked;
+  }
+  EXPECT_EQ(checked, 51);
+}
+
+TEST(JinjaTest, ErrorsNameTheLineColumnAndTheMessage) {
+  absl::StatusOr<std::string> out =
+      RenderSource("line one\n  {{ raise_exception('Custom failure: ' ~ 42) }}", {});
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(out.status().message(), "line 2:6: Custom failure: 42");
+
+  out = RenderSource("{{ not_a_function(1) }}", {});
+  EXPECT_EQ(out.status().message(), "line 1:4: 'not_a_function' is undefined");
+
+  out = RenderSource("{% if true %}\nnever closed", {});
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(out.status().message()), HasSubstr("expected '{% endif %}'"));
+
+  out = RenderSource("{{ 'a' | no_such_filter }}", {});
+  EXPECT_THAT(std::string(out.status().message()), HasSubstr("no filter named 'no_such_filter'"));
+}
+
+TEST(JinjaTest, RunawayTemplatesAreStopped) {
+  Limits limits;
+  limits.max_output_bytes = 1000;
+  absl::StatusOr<std::string> out =
+      RenderSource("{% for i in range(100000) %}xxxxxxxxxx{% endfor %}", {}, limits);
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kResourceExhausted) << out.status();
+  EXPECT_THAT(std::string(out.status().message()), HasSubstr("exceeds 1000 bytes"));
+
+  limits = Limits();
+  limits.max_loop_iterations = 5000;
+  out = RenderSource("{% for i in range(100) %}{% for j in range(100) %}{% endfor %}{% endfor %}",
+                     {}, limits);
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kResourceExhausted) << out.status();
+
+  out = RenderSource("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", {});
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kResourceExhausted) << out.status();
+  EXPECT_THAT(std::string(out.status().message()), HasSubstr("nested deeper than"));
+}
+
+TEST(JinjaTest, ToJsonIsPythonsJsonDumps) {
+  ValueDict d;
+  d.Set("text", "tab\there \"q\" \x01 é");
+  d.Set("list", ValueList{Value(1), Value(0.5), Value::MakeNone()});
+  EXPECT_EQ(ToJson(Value(d), -1, false),
+            "{\"text\": \"tab\\there \\\"q\\\" \\u0001 é\", \"list\": [1, 0.5, null]}");
+  EXPECT_EQ(ToJson(Value(ValueList{Value(1)}), 2, false), "[\n  1\n]");
+}
+
+}  // namespace
+}  // namespace llm::jinja
