@@ -1402,12 +1402,23 @@ struct Binary : Expr {
     }
     Value l = left->Eval(ctx);
     Value r = right->Eval(ctx);
-    if (op == "~") return l.Str() + r.Str();
+    Value v;
     try {
-      return Arith(op, l, r);
+      v = op == "~" ? Value(l.Str() + r.Str()) : Arith(op, l, r);
     } catch (CallError& e) {
       Error(e.message);
     }
+    // Doubling a string or list in a loop must not exhaust memory before the output limit.
+    const int64_t size = v.is_string() ? static_cast<int64_t>(v.as_string().size())
+                         : v.is_list() ? static_cast<int64_t>(v.list().size())
+                                       : 0;
+    if (size > ctx.limits.max_output_bytes) {
+      throw JinjaError{line, col,
+                       absl::StrCat("a value of the template exceeds ", ctx.limits.max_output_bytes,
+                                    " bytes or items"),
+                       true};
+    }
+    return v;
   }
 };
 
@@ -1667,6 +1678,20 @@ class Parser {
  public:
   explicit Parser(std::vector<Token> tokens) : t_(std::move(tokens)) {}
 
+  // Nesting (of blocks, parentheses, unary operators) deeper than this is a syntax error, not a
+  // stack overflow.
+  static constexpr int kMaxDepth = 200;
+  struct DepthGuard {
+    explicit DepthGuard(Parser* p) : parser(p) {
+      if (++parser->depth_ > kMaxDepth) {
+        Fail(parser->Peek().line, parser->Peek().col,
+             absl::StrCat("the template nests deeper than ", kMaxDepth, " levels"));
+      }
+    }
+    ~DepthGuard() { --parser->depth_; }
+    Parser* parser;
+  };
+
   Body ParseTemplate() {
     std::string end;
     Body body = ParseUntil({}, &end);
@@ -1734,6 +1759,7 @@ class Parser {
   }
 
   Body ParseUntil(const std::vector<std::string>& ends, std::string* end) {
+    DepthGuard guard(this);
     Body body;
     while (true) {
       const Token& t = Peek();
@@ -1911,6 +1937,7 @@ class Parser {
   }
 
   ExprPtr ParseExpression() {
+    DepthGuard guard(this);
     const Token& at = Peek();
     ExprPtr e = ParseOr();
     if (!IsName("if")) return e;
@@ -1950,6 +1977,7 @@ class Parser {
     return e;
   }
   ExprPtr ParseNot() {
+    DepthGuard guard(this);
     if (IsName("not")) {
       auto u = Make<Unary>(Next());
       u->op = "not";
@@ -2020,6 +2048,7 @@ class Parser {
     return e;
   }
   ExprPtr ParseUnary(bool with_filter) {
+    DepthGuard guard(this);
     ExprPtr e;
     if (IsOp("-") || IsOp("+")) {
       auto u = Make<Unary>(Peek());
@@ -2244,6 +2273,7 @@ class Parser {
 
   std::vector<Token> t_;
   size_t i_ = 0;
+  int depth_ = 0;
 };
 
 // ---------------------------------------------------------------------------------------------

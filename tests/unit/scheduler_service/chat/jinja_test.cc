@@ -103,3 +103,56 @@ TEST(JinjaTest, ToJsonIsPythonsJsonDumps) {
 
 }  // namespace
 }  // namespace llm::jinja
+
+namespace llm::jinja {
+namespace {
+
+TEST(JinjaTest, DeepNestingAndGrowingValuesAreErrorsNotCrashes) {
+  absl::StatusOr<std::string> out =
+      RenderSource("{{ " + std::string(100000, '(') + "1" + std::string(100000, ')') + " }}", {});
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument) << out.status();
+  EXPECT_THAT(std::string(out.status().message()), HasSubstr("nests deeper than"));
+  std::string ifs;
+  for (int i = 0; i < 5000; ++i) ifs += "{% if true %}";
+  out = RenderSource(ifs, {});
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument) << out.status();
+
+  out = RenderSource(
+      "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}"
+      "{% endfor %}{{ ns.s | length }}",
+      {});
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kResourceExhausted) << out.status();
+}
+
+// Every prefix of every real template (most of them broken templates) parses or fails with
+// InvalidArgument, and renders or fails with a status: never a crash.
+TEST(JinjaTest, TruncatedTemplatesFailCleanly) {
+  ValueDict message;
+  message.Set("role", "user");
+  message.Set("content", "hi");
+  ValueDict context;
+  context.Set("messages", ValueList{Value(message)});
+  context.Set("add_generation_prompt", true);
+  int parsed = 0;
+  for (const char* file : {"smollm2", "qwen2.5", "llama3", "llama3.1", "mistral", "phi3"}) {
+    std::ifstream in(std::string(LLM_TEST_DATA_DIR) + "/chat_templates/templates/" + file +
+                     ".jinja");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const std::string source = ss.str();
+    ASSERT_FALSE(source.empty()) << file;
+    for (size_t n = 0; n <= source.size(); ++n) {
+      absl::StatusOr<std::unique_ptr<const Template>> t = Template::Parse(source.substr(0, n));
+      if (!t.ok()) {
+        EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << file << " " << n;
+        continue;
+      }
+      ++parsed;
+      (void)(*t)->Render(context);
+    }
+  }
+  EXPECT_GT(parsed, 0);
+}
+
+}  // namespace
+}  // namespace llm::jinja
