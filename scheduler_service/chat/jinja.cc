@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -1068,15 +1069,14 @@ Value Arith(const std::string& op, const Value& a, const Value& b) {
     const Value* n = seq == &a ? &b : &a;
     if (seq != nullptr && (n->is_int() || n->is_bool())) {
       int64_t times = std::max<int64_t>(0, as_int(*n));
+      const int64_t unit = std::max<int64_t>(
+          1, static_cast<int64_t>(seq->is_string() ? seq->as_string().size() : seq->list().size()));
+      if (times > (int64_t{1} << 26) / unit) throw CallError{"repetition too large"};
       if (seq->is_string()) {
-        if (times * static_cast<int64_t>(seq->as_string().size()) > (int64_t{1} << 26))
-          throw CallError{"string repetition too large"};
         std::string out;
         for (int64_t i = 0; i < times; ++i) out += seq->as_string();
         return out;
       }
-      if (times * static_cast<int64_t>(seq->list().size()) > (int64_t{1} << 22))
-        throw CallError{"list repetition too large"};
       ValueList out;
       for (int64_t i = 0; i < times; ++i)
         out.insert(out.end(), seq->list().begin(), seq->list().end());
@@ -1091,17 +1091,35 @@ Value Arith(const std::string& op, const Value& a, const Value& b) {
   }
   if (ints) {
     int64_t x = as_int(a), y = as_int(b);
-    if (op == "+") return x + y;
-    if (op == "-") return x - y;
-    if (op == "*") return x * y;
+    // Python's integers do not overflow; these are 64-bit, and say so rather than wrap.
+    const CallError overflow{"integer overflow in '" + op + "' (integers are 64-bit here)"};
+    int64_t r = 0;
+    if (op == "+") {
+      if (__builtin_add_overflow(x, y, &r)) throw overflow;
+      return r;
+    }
+    if (op == "-") {
+      if (__builtin_sub_overflow(x, y, &r)) throw overflow;
+      return r;
+    }
+    if (op == "*") {
+      if (__builtin_mul_overflow(x, y, &r)) throw overflow;
+      return r;
+    }
     if (op == "//" || op == "%") {
       if (y == 0) throw CallError{"integer division or modulo by zero"};
+      if (x == std::numeric_limits<int64_t>::min() && y == -1) throw overflow;
       return op == "//" ? FloorDiv(x, y) : PyMod(x, y);
     }
     if (op == "**") {
       if (y < 0) return std::pow(static_cast<double>(x), static_cast<double>(y));
-      int64_t r = 1;
-      for (int64_t i = 0; i < y && i < 64; ++i) r *= x;
+      if (x == 0) return int64_t{y == 0 ? 1 : 0};
+      if (x == 1) return int64_t{1};
+      if (x == -1) return int64_t{y % 2 == 0 ? 1 : -1};
+      r = 1;  // |x| >= 2: overflows within 64 factors
+      for (int64_t i = 0; i < y; ++i) {
+        if (__builtin_mul_overflow(r, x, &r)) throw overflow;
+      }
       return r;
     }
   }
@@ -1138,7 +1156,10 @@ std::vector<int64_t> SliceIndices(int64_t n, const Value& start, const Value& st
   int64_t b = clamp(opt(start, "start"), st > 0 ? 0 : n - 1);
   int64_t e = clamp(opt(stop, "stop"), st > 0 ? n : -1);
   std::vector<int64_t> out;
-  for (int64_t i = b; st > 0 ? i < e : i > e; i += st) out.push_back(i);
+  for (int64_t i = b; st > 0 ? i < e : i > e;) {
+    out.push_back(i);
+    if (__builtin_add_overflow(i, st, &i)) break;
+  }
   return out;
 }
 
@@ -1381,7 +1402,11 @@ struct Unary : Expr {
     Value v = operand->Eval(ctx);
     if (op == "not") return !v.Truthy();
     if (v.is_undefined()) Error(v.undefined_name());
-    if (v.is_int()) return op == "-" ? -v.as_int() : v.as_int();
+    if (v.is_int()) {
+      if (op == "-" && v.as_int() == std::numeric_limits<int64_t>::min())
+        Error("integer overflow in unary '-' (integers are 64-bit here)");
+      return op == "-" ? -v.as_int() : v.as_int();
+    }
     if (v.is_float()) return op == "-" ? -v.as_float() : v.as_float();
     if (v.is_bool()) return int64_t{op == "-" ? -int64_t{v.as_bool()} : int64_t{v.as_bool()}};
     Error("bad operand type for unary " + op + ": '" + v.TypeName() + "'");
@@ -2397,7 +2422,12 @@ Value ApplyFilter(const std::string& name, const Value& in, CallArgs& args, Ctx&
     Value dflt = r.Get(0, "default", Value(int64_t{0}));
     if (in.is_int()) return in;
     if (in.is_bool()) return int64_t{in.as_bool()};
-    if (in.is_float()) return static_cast<int64_t>(in.as_float());
+    // Out of int64's range (or not finite) takes the default, as jinja2's int does on errors.
+    auto to_int = [&dflt](double d) -> Value {
+      if (!(d > -9.2e18 && d < 9.2e18)) return dflt;
+      return static_cast<int64_t>(d);
+    };
+    if (in.is_float()) return to_int(in.as_float());
     if (in.is_string()) {
       std::string s = PyStrip(in.as_string(), nullptr, true, true);
       char* end = nullptr;
@@ -2405,7 +2435,7 @@ Value ApplyFilter(const std::string& name, const Value& in, CallArgs& args, Ctx&
       long long v = std::strtoll(s.c_str(), &end, 10);
       if (!s.empty() && *end == '\0' && errno == 0) return static_cast<int64_t>(v);
       double d = std::strtod(s.c_str(), &end);
-      if (!s.empty() && *end == '\0') return static_cast<int64_t>(d);
+      if (!s.empty() && *end == '\0') return to_int(d);
     }
     return dflt;
   }
@@ -2419,7 +2449,11 @@ Value ApplyFilter(const std::string& name, const Value& in, CallArgs& args, Ctx&
     return r.Get(0, "default", Value(0.0));
   }
   if (name == "abs") {
-    if (in.is_int()) return in.as_int() < 0 ? -in.as_int() : in.as_int();
+    if (in.is_int()) {
+      if (in.as_int() == std::numeric_limits<int64_t>::min())
+        throw CallError{"integer overflow in abs (integers are 64-bit here)"};
+      return in.as_int() < 0 ? -in.as_int() : in.as_int();
+    }
     if (in.is_float()) return std::fabs(in.as_float());
     throw CallError{"bad operand type for abs(): '" + in.TypeName() + "'"};
   }
@@ -2812,9 +2846,10 @@ Value Global(const std::string& name) {
       int64_t step = a.size() == 3 ? a[2] : 1;
       if (step == 0) throw CallError{"range() arg 3 must not be zero"};
       ValueList out;
-      for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+      for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
         if (out.size() >= (1u << 20)) throw CallError{"range() too large"};
         out.emplace_back(i);
+        if (__builtin_add_overflow(i, step, &i)) break;
       }
       return out;
     });

@@ -124,6 +124,20 @@ TEST(JinjaTest, DeepNestingAndGrowingValuesAreErrorsNotCrashes) {
   EXPECT_EQ(out.status().code(), absl::StatusCode::kResourceExhausted) << out.status();
 }
 
+// Integers are 64-bit (Python's are unbounded): overflow is an error naming the operator, not
+// a wrapped number.
+TEST(JinjaTest, IntegerOverflowIsAnError) {
+  for (const char* source :
+       {"{{ 9223372036854775807 + 1 }}", "{{ 2 ** 64 }}", "{{ 4611686018427387904 * 2 }}",
+        "{{ -(-9223372036854775807 - 1) }}"}) {
+    absl::StatusOr<std::string> out = RenderSource(source, {});
+    EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument) << source;
+    EXPECT_THAT(std::string(out.status().message()), HasSubstr("integer overflow")) << source;
+  }
+  EXPECT_EQ(*RenderSource("{{ 2 ** 62 }} {{ 1e300 | int }} {{ (-1) ** 7 }}", {}),
+            "4611686018427387904 0 -1");
+}
+
 // Every prefix of every real template (most of them broken templates) parses or fails with
 // InvalidArgument, and renders or fails with a status: never a crash.
 TEST(JinjaTest, TruncatedTemplatesFailCleanly) {
