@@ -3,6 +3,8 @@
 //   llm-client [--address=127.0.0.1:50051] generate "PROMPT" [--max-tokens=64]
 //              [--temperature=0.8] [--n=2] [--top-p=P] [--top-k=K] [--seed=S] [--stop=S ...]
 //              [--priority=P] [--no-stream] ...      streams the text, then usage and timings
+//   llm-client chat "USER MESSAGE" [--system="SYSTEM PROMPT"] [generate's flags]
+//              streams the model's answer, the conversation rendered by its chat template
 //   llm-client info     the served model (GetModelInfo)
 //   llm-client stats    queues, KV usage, prefix-cache hit rate, preemptions (GetStats)
 //   llm-client health   grpc.health.v1 of the server
@@ -43,6 +45,7 @@ struct Args {
   PublicChannelOptions channel;
   std::string command;
   std::string prompt;
+  std::string system;     // chat: the system message (none when empty)
   std::string token_ids;  // comma-separated; instead of the prompt text
   int max_tokens = 64;
   int n = 1;
@@ -87,6 +90,7 @@ Args Parse(int argc, char** argv) {
       "usage: llm-client [--address=HOST:PORT] COMMAND [ARGS] [--flag=value ...]\n"
       "commands:\n"
       "  generate \"PROMPT\"   stream a completion, then usage and timings\n"
+      "  chat \"MESSAGE\"     stream the answer to a user message (the model's chat template)\n"
       "  info               the served model (GetModelInfo)\n"
       "  stats              the scheduler's queues and KV cache (GetStats)\n"
       "  health             grpc.health.v1 status of the server\n"
@@ -98,6 +102,7 @@ Args Parse(int argc, char** argv) {
             "the name the server's certificate must carry (the address's host)");
   flags.Add("api-key", &a.channel.api_key,
             "sent as 'authorization: Bearer KEY'; default: $LLM_API_KEY (none)");
+  flags.Add("system", &a.system, "chat: the system message (none)");
   flags.Add("max-tokens", &a.max_tokens, "tokens to generate per sequence (64)");
   flags.Add("n", &a.n, "sequences to generate (1)");
   flags.Add("temperature", &a.temperature, "0 is greedy (server default: 1)");
@@ -154,6 +159,11 @@ Args Parse(int argc, char** argv) {
     if (a.prompt.empty() && a.token_ids.empty()) {
       UsageError("generate needs a prompt: llm-client generate \"Once upon a time\"", flags);
     }
+  } else if (a.command == "chat") {
+    if (positionals.size() != 2 || positionals[1].empty()) {
+      UsageError("chat needs one user message (quote it): llm-client chat \"Hello!\"", flags);
+    }
+    a.prompt = positionals[1];
   } else if (a.command == "info" || a.command == "stats" || a.command == "health") {
     if (positionals.size() > 1) UsageError(a.command + " takes no arguments", flags);
   } else {
@@ -220,7 +230,16 @@ void PrintLogprobs(const std::map<uint32_t, std::vector<v1::Logprobs>>& logprobs
 
 int Generate(const Args& a, v1::LLMService::Stub& stub) {
   v1::GenerateRequest req;
-  if (!a.token_ids.empty()) {
+  if (a.command == "chat") {
+    if (!a.system.empty()) {
+      v1::ChatMessage* m = req.mutable_chat()->add_messages();
+      m->set_role("system");
+      m->set_content(a.system);
+    }
+    v1::ChatMessage* m = req.mutable_chat()->add_messages();
+    m->set_role("user");
+    m->set_content(a.prompt);
+  } else if (!a.token_ids.empty()) {
     if (!ParseIds(a.token_ids, req.mutable_token_ids()->mutable_ids())) {
       std::fprintf(stderr, "llm-client: --token-ids: expected comma-separated integers\n");
       return 2;
@@ -372,7 +391,7 @@ int Run(int argc, char** argv) {
     return h == HealthChecker::kServing ? 0 : 1;
   }
   auto stub = v1::LLMService::NewStub(*channel);
-  if (a.command == "generate") return Generate(a, *stub);
+  if (a.command == "generate" || a.command == "chat") return Generate(a, *stub);
   if (a.command == "info") return Info(a, *stub);
   return Stats(a, *stub);
 }

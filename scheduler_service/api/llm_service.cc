@@ -374,9 +374,17 @@ absl::Status LLMService::ValidateParams(const v1::GenerateRequest& request,
       }
       break;
     case v1::GenerateRequest::kChat:
-      return absl::UnimplementedError("chat prompts are not served yet: send text or token_ids");
+      if (options_.chat_template == nullptr) {
+        return absl::FailedPreconditionError(
+            "the model has no chat template: send text or token_ids, or serve a model with "
+            "chat_template.jinja or a chat_template in tokenizer_config.json");
+      }
+      if (request.chat().messages().empty()) {
+        return absl::InvalidArgumentError("the chat has no messages: set at least one message");
+      }
+      break;
     default:
-      return absl::InvalidArgumentError("the prompt is empty: set prompt text or token_ids");
+      return absl::InvalidArgumentError("the prompt is empty: set prompt text, token_ids or chat");
   }
   const v1::SamplingParams& sp = request.sampling_params();
   if (sp.stop_size() > options_.max_stop_strings) {
@@ -396,6 +404,15 @@ absl::Status LLMService::ValidateParams(const v1::GenerateRequest& request,
   }
   *params = SamplingParamsFromProto(sp);
   return params->Validate(options_.sampling_limits);
+}
+
+absl::StatusOr<std::string> LLMService::RenderChat(const v1::ChatPrompt& chat) const {
+  std::vector<ChatMessage> messages;
+  messages.reserve(chat.messages_size());
+  for (const v1::ChatMessage& m : chat.messages()) messages.push_back({m.role(), m.content()});
+  const bool add_generation_prompt =
+      chat.has_add_generation_prompt() ? chat.add_generation_prompt() : true;
+  return options_.chat_template->Render(messages, add_generation_prompt);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* LLMService::Generate(
@@ -433,6 +450,15 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* LLMService::Generate(
     if (prompt.empty()) {
       return new ErrorWriter(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                           "the prompt is empty after tokenization"));
+    }
+  } else if (request->prompt_case() == v1::GenerateRequest::kChat) {
+    // The template writes the special tokens (bos, role markers) itself.
+    absl::StatusOr<std::string> text = RenderChat(request->chat());
+    if (!text.ok()) return new ErrorWriter(ToGrpc(text.status()));
+    prompt = tokenizer_->Encode(*text, /*add_special_tokens=*/false);
+    if (prompt.empty()) {
+      return new ErrorWriter(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                          "the chat prompt is empty after tokenization"));
     }
   } else {
     prompt.assign(request->token_ids().ids().begin(), request->token_ids().ids().end());

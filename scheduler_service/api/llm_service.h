@@ -16,6 +16,11 @@
 // next). A client that cancels, or whose deadline passes, has its request aborted in the
 // engine.
 //
+// A chat prompt (GenerateRequest.chat) is rendered by LLMServiceOptions::chat_template and the
+// text tokenized without adding special tokens (the template writes them): FAILED_PRECONDITION
+// "the model has no chat template" when there is none, INVALID_ARGUMENT with the template's
+// message (e.g. its raise_exception) when it refuses the conversation.
+//
 // The engine comes from whoever manages the worker group (llm-scheduler's WorkerGroup, or
 // a test): SetReady hands over a ServingEngine; SetNotReady takes it back, ending every call
 // in flight with UNAVAILABLE "the worker group is not ready: <reason>", and the service then
@@ -48,6 +53,7 @@
 #include "grpcpp/grpcpp.h"
 #include "llm/v1/llm_service.grpc.pb.h"
 #include "protocol/executor.h"
+#include "scheduler_service/chat/chat_template.h"
 #include "scheduler_service/engine/engine_core.h"
 #include "scheduler_service/engine/serving_engine.h"
 #include "scheduler_service/tokenizer/tokenizer.h"
@@ -70,6 +76,8 @@ struct LLMServiceOptions {
   int64_t max_prompt_bytes = 8 << 20;
   int max_stop_bytes = 1024;
   int max_request_id_bytes = 256;
+  // Renders GenerateRequest.chat; null: chat requests fail with FAILED_PRECONDITION.
+  std::shared_ptr<const ChatTemplate> chat_template;
 };
 
 class LLMService final
@@ -112,6 +120,8 @@ class LLMService final
   absl::Status ValidateParams(const v1::GenerateRequest& request, SamplingParams* params) const;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
                                                        const v1::GenerateRequest& request);
+  // The prompt text of a chat request (options_.chat_template is set).
+  absl::StatusOr<std::string> RenderChat(const v1::ChatPrompt& chat) const;
   absl::Status NotServing() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends every call in flight with `status` and detaches the engine.
   std::shared_ptr<ServingEngine> Detach(const grpc::Status& status);

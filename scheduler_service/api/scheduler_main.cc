@@ -49,6 +49,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "scheduler_service/api/llm_service.h"
+#include "scheduler_service/chat/chat_template.h"
 #include "scheduler_service/engine/engine_core.h"
 #include "scheduler_service/engine/sharded_worker_client.h"
 #include "scheduler_service/engine/worker_group.h"
@@ -367,7 +368,11 @@ int Run(int argc, char** argv) {
   if (!store.ok()) Fail("rendezvous store: " + store.status().ToString());
 
   const TokenizerDetokenizerFactory detokenizers(tokenizer);
-  LLMService service(setup.service, tokenizer);
+  absl::StatusOr<std::shared_ptr<const ChatTemplate>> chat_template = LoadChatTemplate(flags.model);
+  if (!chat_template.ok()) Fail(chat_template.status().ToString());
+  LLMServiceOptions service_options = setup.service;
+  service_options.chat_template = *std::move(chat_template);
+  LLMService service(service_options, tokenizer);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;

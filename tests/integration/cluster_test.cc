@@ -410,6 +410,44 @@ TEST(ClusterTest, TheCommittedLocalManifestsServeGenerate) {
   }
 }
 
+// Chat against a cluster serving fortune-llama (its chat_template.jinja is SmolLM2's ChatML):
+// the greedy answer is the one to the rendered conversation sent as text without a BOS, and
+// llm-client chat streams it.
+TEST(ClusterTest, ChatIsTheRenderedConversationGenerated) {
+  std::unique_ptr<LocalCluster> c =
+      StartCluster({.model = std::string(LLM_SOURCE_DIR) + "/models/fortune-llama"});
+  ASSERT_NE(c, nullptr);
+  v1::GenerateRequest chat = GreedyRequest("", 16);
+  chat.clear_text();
+  for (const auto& [role, content] : std::vector<std::pair<std::string, std::string>>{
+           {"system", "You tell fortunes."}, {"user", "What will happen tomorrow?"}}) {
+    v1::ChatMessage* m = chat.mutable_chat()->add_messages();
+    m->set_role(role);
+    m->set_content(content);
+  }
+  v1::GenerateRequest text = GreedyRequest(
+      "<|im_start|>system\nYou tell fortunes.<|im_end|>\n<|im_start|>user\nWhat will happen "
+      "tomorrow?<|im_end|>\n<|im_start|>assistant\n",
+      16);
+  text.set_add_special_tokens(false);
+  const GenerateResult from_chat = Generate(c->stub(), chat);
+  ASSERT_TRUE(from_chat.status.ok()) << from_chat.status.error_message();
+  const GenerateResult from_text = Generate(c->stub(), text);
+  ASSERT_TRUE(from_text.status.ok()) << from_text.status.error_message();
+  EXPECT_EQ(from_chat.token_ids.at(0).size(), 16u);
+  EXPECT_EQ(from_chat.token_ids.at(0), from_text.token_ids.at(0));
+  EXPECT_EQ(from_chat.usage.prompt_tokens(), from_text.usage.prompt_tokens());
+
+  const std::string client = absl::StrCat(LLM_BIN_DIR, "/llm-client --address=", c->address(), " ");
+  auto [out, rc] = RunCommand(client + "chat \"What will happen tomorrow?\" " +
+                              "--system=\"You tell fortunes.\" --max-tokens 16 --temperature=0 " +
+                              "--ignore-eos");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_THAT(out, HasSubstr(from_chat.text.at(0)));
+  EXPECT_THAT(out, HasSubstr("16 completion tokens"));
+  ExpectCleanStop(*c);
+}
+
 // A manifest error stops llm-cluster before it starts anything: exit 2, file:line and key.
 TEST(ClusterTest, LlmClusterRejectsABadManifest) {
   char dir[] = "/tmp/llm-manifest-test.XXXXXX";

@@ -5,7 +5,9 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,6 +20,7 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "scheduler_service/chat/chat_template.h"
 #include "scheduler_service/engine/engine_core.h"
 #include "scheduler_service/tokenizer/incremental_detokenizer.h"
 #include "scheduler_service/tokenizer/tokenizer.h"
@@ -45,6 +48,10 @@ class GatedExecutor final : public Executor {
       mu_.Await(absl::Condition(&can_run));
       if (!open_) --permits_;
       if (!fail_.ok()) return fail_;
+      for (const ScheduledRequest& r : step.new_requests) {
+        prompts_[std::string(r.request_id)].assign(r.prompt_token_ids.begin(),
+                                                   r.prompt_token_ids.end());
+      }
     }
     if (absl::Status st = inner_.Execute(step, out); !st.ok()) return st;
     // Made-up logprobs for every sampled token (as a worker does when any request of the step
@@ -70,6 +77,12 @@ class GatedExecutor final : public Executor {
     absl::MutexLock lock(&mu_);
     fail_ = std::move(s);
   }
+  // The prompt token ids the engine sent for `request_id` (empty: never scheduled).
+  std::vector<TokenId> PromptOf(const std::string& request_id) {
+    absl::MutexLock lock(&mu_);
+    auto it = prompts_.find(request_id);
+    return it == prompts_.end() ? std::vector<TokenId>() : it->second;
+  }
 
  private:
   FakeExecutor inner_;
@@ -77,6 +90,7 @@ class GatedExecutor final : public Executor {
   bool open_ ABSL_GUARDED_BY(mu_) = false;
   int permits_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status fail_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::vector<TokenId>> prompts_ ABSL_GUARDED_BY(mu_);
 };
 
 struct CallResult {
@@ -101,6 +115,7 @@ class LLMServiceTest : public ::testing::Test {
     o.vocab_size = tokenizer_->vocab_size();
     o.block_size = 16;
     o.max_concurrent_requests = kMaxConcurrent;
+    o.chat_template = chat_template_;
     return o;
   }
 
@@ -211,6 +226,14 @@ class LLMServiceTest : public ::testing::Test {
     return done();
   }
 
+  // Serves with `chat_template` from now on (a fresh service, server and engine).
+  void ServeWithChatTemplate(std::shared_ptr<const ChatTemplate> chat_template) {
+    TearDown();
+    chat_template_ = std::move(chat_template);
+    SetUp();
+  }
+
+  std::shared_ptr<const ChatTemplate> chat_template_;  // none unless a test sets one
   std::shared_ptr<const Tokenizer> tokenizer_;
   std::unique_ptr<TokenizerDetokenizerFactory> detokenizers_;
   std::unique_ptr<LLMService> service_;
@@ -761,6 +784,75 @@ TEST_F(LLMServiceTest, DrainRefusesNewRequestsAndLetsThoseInFlightFinish) {
   EXPECT_EQ(tokens, 6);
   EXPECT_EQ(first.responses.back().outputs(0).finish_reason(), v1::FINISH_REASON_LENGTH);
   EXPECT_TRUE(Eventually([&] { return service_->num_calls() == 0; }));
+v1::GenerateRequest Chat(std::vector<std::pair<std::string, std::string>> messages,
+                         std::optional<bool> add_generation_prompt, const std::string& id) {
+  v1::GenerateRequest req;
+  req.mutable_chat();  // set even without messages
+  for (const auto& [role, content] : messages) {
+    v1::ChatMessage* m = req.mutable_chat()->add_messages();
+    m->set_role(role);
+    m->set_content(content);
+  }
+  if (add_generation_prompt.has_value())
+    req.mutable_chat()->set_add_generation_prompt(*add_generation_prompt);
+  req.set_request_id(id);
+  req.set_stream(true);
+  req.mutable_sampling_params()->set_max_tokens(4);
+  req.mutable_sampling_params()->set_seed(5);
+  return req;
+}
+
+TEST_F(LLMServiceTest, ChatWithoutATemplateIsAFailedPrecondition) {
+  const CallResult r = Generate(Chat({{"user", "Hello"}}, std::nullopt, "chat-0"));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("the model has no chat template"));
+  EXPECT_TRUE(r.responses.empty());
+}
+
+// fortune-llama's template (SmolLM2's ChatML): the engine receives the rendered conversation's
+// tokens, encoded without a bos (the template writes every special token itself).
+TEST_F(LLMServiceTest, ChatPromptIsTheTemplatesTextTokenized) {
+  absl::StatusOr<std::shared_ptr<const ChatTemplate>> t =
+      LoadChatTemplate(LLM_TEST_DATA_DIR "/../../models/fortune-llama");
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_NE(*t, nullptr);
+  ServeWithChatTemplate(*t);
+
+  const CallResult with_system =
+      Generate(Chat({{"system", "Be brief."}, {"user", "Hello"}}, std::nullopt, "chat-1"));
+  ASSERT_TRUE(with_system.status.ok()) << with_system.status.error_message();
+  const std::string expected1 =
+      "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n"
+      "<|im_start|>assistant\n";
+  EXPECT_EQ(gate_->PromptOf("chat-1"), tokenizer_->Encode(expected1, false));
+  EXPECT_EQ(with_system.responses.back().usage().prompt_tokens(),
+            tokenizer_->Encode(expected1, false).size());
+  EXPECT_FALSE(AllTokens(with_system, 0).empty());
+
+  // No system message: the template adds SmolLM's; add_generation_prompt=false: no open turn.
+  const CallResult no_system = Generate(
+      Chat({{"user", "Hi"}, {"assistant", "Hello!"}}, /*add_generation_prompt=*/false, "chat-2"));
+  ASSERT_TRUE(no_system.status.ok()) << no_system.status.error_message();
+  const std::string expected2 =
+      "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+      "Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n";
+  EXPECT_EQ(gate_->PromptOf("chat-2"), tokenizer_->Encode(expected2, false));
+}
+
+TEST_F(LLMServiceTest, ChatErrorsAreInvalidArguments) {
+  absl::StatusOr<std::shared_ptr<const ChatTemplate>> t = ChatTemplate::Create(
+      "{% if messages[0]['role'] != 'user' %}"
+      "{{ raise_exception('Conversation must start with a user message') }}{% endif %}"
+      "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}",
+      "<s>", "</s>");
+  ASSERT_TRUE(t.ok()) << t.status();
+  ServeWithChatTemplate(*t);
+  ExpectInvalid(Chat({{"assistant", "Hi"}}, std::nullopt, "chat-3"),
+                "Conversation must start with a user message");
+  ExpectInvalid(Chat({}, std::nullopt, "chat-4"), "the chat has no messages");
+  const CallResult ok = Generate(Chat({{"user", "Hi"}}, std::nullopt, "chat-5"));
+  ASSERT_TRUE(ok.status.ok()) << ok.status.error_message();
+  EXPECT_EQ(gate_->PromptOf("chat-5"), tokenizer_->Encode("user: Hi\n", false));
 }
 
 }  // namespace

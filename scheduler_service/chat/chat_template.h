@@ -1,0 +1,67 @@
+// ChatTemplate: a model's chat template (Jinja, see jinja.h) rendering a conversation into the
+// prompt text, with the variables transformers' apply_chat_template gives it: messages (a list
+// of {"role", "content"} dicts), add_generation_prompt, bos_token, eos_token, tools (none) and
+// documents (none).
+//
+// LoadChatTemplate finds a model directory's template as transformers does:
+// chat_template.jinja, else chat_template.json's "chat_template", else tokenizer_config.json's
+// "chat_template" (a string, or a list of {"name", "template"} of which "default" is taken);
+// bos_token / eos_token come from tokenizer_config.json (a string or {"content": ...}).
+//
+// Thread-safety: immutable after Create; Render may be called from many threads.
+#ifndef LLM_SCHEDULER_SERVICE_CHAT_CHAT_TEMPLATE_H_
+#define LLM_SCHEDULER_SERVICE_CHAT_CHAT_TEMPLATE_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "scheduler_service/chat/jinja.h"
+
+namespace llm {
+
+struct ChatMessage {
+  std::string role;
+  std::string content;
+};
+
+class ChatTemplate {
+ public:
+  // Parses `source`; a syntax error is InvalidArgumentError "chat template: line L:C: ...".
+  static absl::StatusOr<std::shared_ptr<const ChatTemplate>> Create(std::string source,
+                                                                    std::string bos_token,
+                                                                    std::string eos_token);
+
+  // The prompt for `messages`. Errors (the template's raise_exception, type errors) are
+  // InvalidArgumentError "chat template: line L:C: <message>"; a runaway template is
+  // ResourceExhaustedError.
+  absl::StatusOr<std::string> Render(absl::Span<const ChatMessage> messages,
+                                     bool add_generation_prompt) const;
+  // As above, with more variables (e.g. date_string) that override the standard ones.
+  absl::StatusOr<std::string> Render(absl::Span<const ChatMessage> messages,
+                                     bool add_generation_prompt,
+                                     const jinja::ValueDict& extra) const;
+
+  const std::string& source() const { return source_; }
+  const std::string& bos_token() const { return bos_token_; }
+  const std::string& eos_token() const { return eos_token_; }
+
+ private:
+  ChatTemplate(std::string source, std::string bos, std::string eos,
+               std::unique_ptr<const jinja::Template> tmpl);
+
+  std::string source_;
+  std::string bos_token_;
+  std::string eos_token_;
+  std::unique_ptr<const jinja::Template> template_;
+};
+
+// The template of the model in `model_dir` (see above); null, without error, when the model
+// has none. Unreadable or malformed files, and templates that do not parse, are errors naming
+// the file.
+absl::StatusOr<std::shared_ptr<const ChatTemplate>> LoadChatTemplate(const std::string& model_dir);
+
+}  // namespace llm
+
+#endif  // LLM_SCHEDULER_SERVICE_CHAT_CHAT_TEMPLATE_H_

@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""Renders the chat templates of tests/data/chat_templates/templates with Python's jinja2,
+configured as Hugging Face transformers configures it for apply_chat_template, and writes the
+expected outputs the C++ interpreter (scheduler_service/chat/jinja.h) is tested against:
+
+  tests/data/chat_templates/cases.json     each template over a set of conversations
+  tests/data/chat_templates/snippets.json  small templates exercising one feature each
+
+Usage: build/pyenv/bin/python tools/chat/render_fixtures.py   (from the repository root)
+"""
+import datetime
+import json
+import os
+import sys
+
+import jinja2
+from jinja2.exceptions import TemplateError
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+OUT = os.path.join(ROOT, "tests", "data", "chat_templates")
+
+
+def make_env():
+    # As transformers.utils.chat_template_utils._compile_jinja_template.
+    def raise_exception(message):
+        raise TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    def strftime_now(format):
+        return datetime.datetime.now().strftime(format)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env
+
+
+# name -> (file, bos_token, eos_token), as each model's tokenizer_config.json has them.
+TEMPLATES = {
+    "smollm2": ("smollm2.jinja", "<|im_start|>", "<|im_end|>"),
+    "qwen2.5": ("qwen2.5.jinja", "", "<|im_end|>"),
+    "llama3": ("llama3.jinja", "<|begin_of_text|>", "<|eot_id|>"),
+    "llama3.1": ("llama3.1.jinja", "<|begin_of_text|>", "<|eot_id|>"),
+    "mistral": ("mistral.jinja", "<s>", "</s>"),
+    "phi3": ("phi3.jinja", "<s>", "<|endoftext|>"),
+}
+
+
+def m(role, content):
+    return {"role": role, "content": content}
+
+
+# name -> (messages, add_generation_prompt, extra variables)
+CONVERSATIONS = {
+    "system_user": ([m("system", "You are a helpful assistant."),
+                     m("user", "What is the capital of France?")], True, {}),
+    "multi_turn": ([m("system", "You answer in one sentence."),
+                    m("user", "Hi!"),
+                    m("assistant", "Hello! How can I help you today?"),
+                    m("user", "Name a prime number.")], True, {}),
+    "no_system": ([m("user", "Hello!"),
+                   m("assistant", "Hi! How can I help?"),
+                   m("user", "Tell me a joke.")], True, {}),
+    "no_generation_prompt": ([m("user", "Say yes."), m("assistant", "Yes.")], False, {}),
+    "unicode": ([m("system", "Réponds en français 🇫🇷"),
+                 m("user", "Привет, 世界! ¿Qué tal? \"quotes\", 'apostrophes', \\backslash\\ and\ttab")],
+                True, {}),
+    "whitespace": ([m("user", "  padded question \n\n"),
+                    m("assistant", "\n  padded answer  "),
+                    m("user", "\tnext")], True, {}),
+    "empty_content": ([m("system", ""), m("user", "")], True, {}),
+    "date_string": ([m("user", "What day is it?")], True, {"date_string": "24 Nov 2026"}),
+    "tool_message": ([m("user", "What's the weather?"),
+                      m("assistant", "Let me check."),
+                      m("tool", "{\"temp\": 21}")], True, {}),
+    "bad_alternation": ([m("user", "One."), m("user", "Two.")], True, {}),
+    "starts_with_assistant": ([m("assistant", "I speak first."), m("user", "Ok.")], True, {}),
+}
+
+
+def render(env, source, context):
+    try:
+        return {"expected": env.from_string(source).render(**context)}
+    except TemplateError as e:
+        return {"error": str(e)}
+
+
+def chat_cases(env):
+    cases = []
+    for name, (file, bos, eos) in TEMPLATES.items():
+        with open(os.path.join(OUT, "templates", file), encoding="utf-8") as f:
+            source = f.read()
+        for conv, (messages, agp, extra) in CONVERSATIONS.items():
+            context = {"messages": messages, "tools": None, "documents": None,
+                       "add_generation_prompt": agp, "bos_token": bos, "eos_token": eos}
+            context.update(extra)
+            case = {"template": name, "conversation": conv, "messages": messages,
+                    "add_generation_prompt": agp, "extra": extra}
+            case.update(render(env, source, context))
+            cases.append(case)
+    return {"templates": {k: {"file": "templates/" + v[0], "bos_token": v[1], "eos_token": v[2]}
+                          for k, v in TEMPLATES.items()},
+            "cases": cases}
+
+
+# Small templates, one feature each: (name, source, context). Errors are recorded as such;
+# the C++ test checks that they fail (and, for raise_exception, with the same message).
+# Tuples (from .items(), the items filter, dictsort) are lists in the C++ interpreter and would
+# print as [..] rather than (..): the snippets unpack them instead of printing them.
+SNIPPETS = [
+    ("text", "plain text only", {}),
+    ("print_values", "{{ 1 }}|{{ 1.5 }}|{{ 2.0 }}|{{ -3 }}|{{ true }}|{{ none }}|{{ 'a' }}|{{ [1, 'b', none] }}|{{ {'k': 'v', 'n': 1} }}", {}),
+    ("float_repr", "{{ 0.1 + 0.2 }}|{{ 1e20 }}|{{ 1e-7 }}|{{ 10 / 4 }}|{{ 7 // 2 }}|{{ -7 // 2 }}|{{ -7 % 3 }}|{{ 2 ** 10 }}|{{ 123456789.125 }}", {}),
+    ("whitespace_control", "a  {{- ' b ' -}}  c\n  {%- if true %}  d  {% endif -%}\n  e", {}),
+    ("trim_blocks", "{% if true %}\nline\n{% endif %}\nafter\n", {}),
+    ("lstrip_blocks", "start\n    {% if true %}\n    indented\n    {% endif %}\nend", {}),
+    ("lstrip_plus", "x\n    {%+ if true %}y{% endif %}", {}),
+    ("trim_plus", "{% if true +%}\nkeep newline{% endif %}", {}),
+    ("comment", "a {# a comment #}\n  {#- stripped -#}  b\n{# trim #}\nc", {}),
+    ("loop_vars", "{% for x in items %}{{ loop.index }}{{ loop.index0 }}{{ loop.first }}{{ loop.last }}{{ loop.length }}{{ loop.revindex }}{{ loop.previtem|default('-') }}{{ loop.nextitem|default('-') }} {% endfor %}", {"items": ["a", "b", "c"]}),
+    ("loop_else", "{% for x in [] %}{{ x }}{% else %}empty{% endfor %}|{% for x in undefined_thing %}{{ x }}{% else %}undef{% endfor %}", {}),
+    ("loop_filter", "{% for x in range(10) if x % 3 == 0 %}{{ x }}{{ ',' if not loop.last }}{% endfor %}", {}),
+    ("loop_unpack", "{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}{% for k, v in d|items %}{{ k }}{% endfor %}{% for k in d %}{{ k }}{% endfor %}", {"d": {"b": 1, "a": 2}}),
+    ("loop_cycle", "{% for x in 'abcde' %}{{ loop.cycle('0', '1') }}{% endfor %}", {}),
+    ("break_continue", "{% for x in range(10) %}{% if x == 2 %}{% continue %}{% endif %}{% if x == 5 %}{% break %}{% endif %}{{ x }}{% endfor %}", {}),
+    ("nested_loops", "{% for a in [1, 2] %}{% for b in 'xy' %}{{ a }}{{ b }}{{ loop.index }}{% endfor %}{{ loop.index }};{% endfor %}", {}),
+    ("if_elif", "{% for n in [1, 2, 3] %}{% if n == 1 %}one{% elif n == 2 %}two{% else %}many{% endif %} {% endfor %}", {}),
+    ("set_scoping", "{% set x = 1 %}{% for i in [1, 2] %}{% set x = x + i %}{{ x }}{% endfor %}|{{ x }}", {}),
+    ("namespace", "{% set ns = namespace(count=0, found=false) %}{% for i in [1, 2, 3] %}{% set ns.count = ns.count + i %}{% if i == 2 %}{% set ns.found = true %}{% endif %}{% endfor %}{{ ns.count }} {{ ns.found }}", {}),
+    ("set_block", "{% set greeting %}Hello {{ name }}!{% endset %}[{{ greeting }}]", {"name": "World"}),
+    ("set_tuple", "{% set a, b = [1, 2] %}{{ a }}{{ b }}", {}),
+    ("macro", "{% macro tag(name, value='none') %}<{{ name }}>{{ value }}</{{ name }}>{% endmacro %}{{ tag('a') }}{{ tag('b', 2) }}{{ tag(value=3, name='c') }}", {}),
+    ("arith_concat", "{{ 1 + 2 * 3 }} {{ (1 + 2) * 3 }} {{ 'a' ~ 1 ~ none }} {{ 'ab' * 3 }} {{ [1] + [2] }} {{ 'x' + 'y' }} {{ -2 ** 2 }}", {}),
+    ("compare", "{{ 1 < 2 < 3 }} {{ 1 == 1.0 }} {{ 'a' < 'b' }} {{ [1, 2] == [1, 2] }} {{ 1 != 2 }} {{ none == none }} {{ 'a' == 1 }}", {}),
+    ("logic", "{{ true and 'x' }} {{ false or 'y' }} {{ not none }} {{ 0 or [] or 'z' }} {{ 'a' and 0 }}", {}),
+    ("in_not_in", "{{ 'b' in 'abc' }} {{ 2 in [1, 2] }} {{ 'k' in {'k': 1} }} {{ 'z' not in 'abc' }} {{ 3 not in [1, 2] }}", {}),
+    ("ternary", "{{ 'yes' if x else 'no' }} {{ 'yes' if y else 'no' }} [{{ 'only' if y }}]", {"x": 1, "y": 0}),
+    ("tests", "{{ x is defined }} {{ nope is defined }} {{ nope is undefined }} {{ none is none }} {{ 'a' is string }} {{ 1 is number }} {{ 1 is integer }} {{ 1.5 is float }} {{ true is boolean }} {{ {} is mapping }} {{ [] is iterable }} {{ 'a' is sequence }} {{ 4 is even }} {{ 3 is odd }} {{ 9 is divisibleby 3 }} {{ 1 is not none }} {{ x is eq 1 }}", {"x": 1}),
+    ("slicing", "{{ s[::-1] }} {{ s[1:3] }} {{ s[-2:] }} {{ items[::2] }} {{ items[1:] }} {{ items[:-1] }} {{ items[-1] }} {{ s[0] }}", {"s": "héllo", "items": [1, 2, 3, 4, 5]}),
+    ("attr_subscript", "{{ d.a }} {{ d['a'] }} {{ d.b.c }} {{ d['b']['c'] }} {{ items[0].name }} {{ items.0.name }} [{{ d.missing }}]", {"d": {"a": 1, "b": {"c": 2}}, "items": [{"name": "first"}]}),
+    ("string_methods", "{{ s.strip() }}|{{ s.lstrip() }}|{{ s.rstrip() }}|{{ s.strip(' x') }}|{{ t.startswith('He') }}|{{ t.endswith('!') }}|{{ t.split() }}|{{ t.split('l') }}|{{ t.split('l', 1) }}|{{ t.upper() }}|{{ t.lower() }}|{{ t.replace('l', 'L') }}|{{ 'hello world'.title() }}|{{ 'hello WORLD'.capitalize() }}|{{ t.find('o') }}|{{ t.count('l') }}|{{ ', '.join(['a', 'b']) }}", {"s": "  x padded x  ", "t": "Hello, world!"}),
+    ("dict_methods", "{{ d.keys() | list }} {{ d.values() | list }} {% for k, v in d.items() %}{{ k }}:{{ v }}{% endfor %} {{ d.items() | list | length }} {{ d.get('a') }} {{ d.get('z') }} {{ d.get('z', 'dflt') }}", {"d": {"a": 1, "b": [2]}}),
+    ("filters_strings", "{{ '  pad  ' | trim }}|{{ 'xxpadxx' | trim('x') }}|{{ 'abc' | upper }}|{{ 'ABC' | lower }}|{{ 'hello big-world (x)' | title }}|{{ 'hELLO' | capitalize }}|{{ 'aaa' | replace('a', 'b', 2) }}|{{ 42 | string }}|{{ 'héllo' | length }}|{{ 'abc' | reverse }}", {}),
+    ("filters_lists", "{{ items | length }} {{ items | first }} {{ items | last }} {{ items | join(', ') }} {{ items | join }} {{ 'abc' | list }} {{ items | reverse | list }} {{ [3, 1, 3] | unique | list }} {{ [] | first is undefined }}", {"items": [1, 2, 3]}),
+    ("filters_numbers", "{{ '42' | int }} {{ '4.7' | int }} {{ 'x' | int }} {{ 'x' | int(7) }} {{ 3.9 | int }} {{ '2.5' | float }} {{ -3 | abs }} {{ 5 | float }}", {}),
+    ("filter_default", "{{ missing | default('dflt') }} {{ '' | default('empty') }} {{ '' | default('empty', true) }} {{ none | default('n') }} {{ x | d('y') }}", {"x": "set"}),
+    ("filter_tojson", "{{ v | tojson }}\n{{ v | tojson(indent=2) }}\n{{ 'é\"\\n' | tojson }}\n{{ [] | tojson(indent=2) }}{{ {} | tojson }}\n{{ v | tojson(sort_keys=true) }}", {"v": {"name": "Zoë", "n": [1, 2.5, True, None], "empty": {}}}),
+    ("filter_select", "{{ msgs | selectattr('role', 'equalto', 'user') | map(attribute='content') | join('+') }} {{ msgs | rejectattr('role', 'eq', 'user') | list | length }} {{ [0, 1, 2, ''] | select | list }} {{ [1, 2, 3, 4] | reject('even') | list }} {{ ['a', 'b'] | map('upper') | list }} {{ msgs | selectattr('flag') | list | length }}", {"msgs": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "flag": True}, {"role": "user", "content": "c"}]}),
+    ("filter_items_dictsort", "{% for k, v in d | items %}{{ k }}{{ v }}{% endfor %} {% for k, v in d | dictsort %}{{ k }}{{ v }}{% endfor %}", {"d": {"b": 1, "A": 2, "c": 3}}),
+    ("undefined", "[{{ nope }}] [{% for x in nope %}{{ x }}{% endfor %}] [{{ nope | length }}] [{% if nope %}t{% else %}f{% endif %}] [{{ d.missing | default('m') }}]", {"d": {}}),
+    ("string_escapes", "{{ 'tab\\there' }}|{{ \"q\\\"uote\" }}|{{ 'uni\\u00e9' }}|{{ 'a' 'b' }}", {}),
+    ("range", "{{ range(3) | list }} {{ range(1, 4) | list }} {{ range(10, 0, -3) | list }}", {}),
+    ("raw", "{% raw %}{{ not rendered }}{% endraw %}", {}),
+    ("raise_exception", "{% if true %}{{ raise_exception('Custom failure: ' ~ 42) }}{% endif %}", {}),
+    ("undefined_callable", "{{ not_a_function(1) }}", {}),
+    ("undefined_attribute_of_undefined", "{{ nope.attr }}", {}),
+    ("syntax_unclosed_if", "{% if true %}never closed", {}),
+    ("syntax_bad_expression", "{{ 1 + }}", {}),
+    ("unknown_filter", "{{ 'a' | no_such_filter }}", {}),
+    ("type_error", "{{ 'a' + 1 }}", {}),
+    ("namespace_required", "{% set d = {} %}{% set d.x = 1 %}", {}),
+]
+
+
+def snippet_cases(env):
+    out = []
+    for name, source, context in SNIPPETS:
+        case = {"name": name, "source": source, "context": context}
+        try:
+            case["expected"] = env.from_string(source).render(**context)
+        except jinja2.exceptions.TemplateSyntaxError as e:
+            case["error"] = str(e)
+        except Exception as e:  # noqa: BLE001 -- every failure is a fixture of an error
+            case["error"] = "%s: %s" % (type(e).__name__, e)
+        out.append(case)
+    return out
+
+
+def main():
+    env = make_env()
+    data = chat_cases(env)
+    with open(os.path.join(OUT, "cases.json"), "w", encoding="utf-8") as f:
+        json.dump(data, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    with open(os.path.join(OUT, "snippets.json"), "w", encoding="utf-8") as f:
+        json.dump({"jinja2_version": jinja2.__version__, "snippets": snippet_cases(env)}, f,
+                  ensure_ascii=False, indent=1)
+        f.write("\n")
+    print("wrote %d chat cases and %d snippets (jinja2 %s)" %
+          (len(data["cases"]), len(SNIPPETS), jinja2.__version__))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
