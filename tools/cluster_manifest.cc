@@ -53,6 +53,9 @@ const std::vector<KeySpec>& EngineKeys() {
       {"rendezvous_port", Type::kInt, {}},
       {"worker_timeout", Type::kDouble, {}},
       {"collective_timeout", Type::kDouble, {}},
+      {"http_port", Type::kInt, {}},
+      {"http_host", Type::kString, {}},
+      {"http_port_file", Type::kString, {}},
   };
   return *keys;
 }

@@ -40,6 +40,7 @@
 #include "grpcpp/grpcpp.h"
 #include "llm/v1/llm_service.grpc.pb.h"
 #include "protocol/executor.h"
+#include "scheduler_service/api/metrics.h"
 #include "scheduler_service/engine/engine_core.h"
 #include "scheduler_service/engine/serving_engine.h"
 #include "scheduler_service/tokenizer/tokenizer.h"
@@ -55,6 +56,8 @@ struct LLMServiceOptions {
   int max_concurrent_requests = 256;
   SamplingLimits sampling_limits;
   int max_stop_strings = 16;
+  // Per-request token counts and latencies are recorded here when set (metrics.h).
+  std::shared_ptr<ServingMetrics> metrics;
 };
 
 class LLMService final : public v1::LLMService::CallbackService {

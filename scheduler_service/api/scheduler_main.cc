@@ -42,6 +42,7 @@
 #include "scheduler_service/engine/engine_core.h"
 #include "scheduler_service/engine/sharded_worker_client.h"
 #include "scheduler_service/engine/worker_group.h"
+#include "scheduler_service/http/openai_server.h"
 #include "scheduler_service/tokenizer/incremental_detokenizer.h"
 #include "scheduler_service/tokenizer/tokenizer.h"
 
@@ -81,6 +82,12 @@ struct Flags {
   int rendezvous_port = 0;
   double worker_timeout = 60;
   double collective_timeout = 30;
+  int http_port = -1;  // -1: no HTTP server
+  std::string http_host = "0.0.0.0";
+  std::string http_port_file;
+  std::string api_key;
+  std::string ssl_certfile;
+  std::string ssl_keyfile;
 };
 
 [[noreturn]] void Usage(const std::string& msg) {
@@ -154,6 +161,17 @@ Flags Parse(int argc, char** argv) {
         "seconds a step (or an Init) may take before the group is declared failed (60)");
   p.Add("collective-timeout", &f.collective_timeout,
         "seconds, sent to the workers: limit of the Gloo rendezvous and collectives (30)");
+  p.Add("http-port", &f.http_port,
+        "serve the OpenAI-compatible HTTP API and /metrics on this port; 0: any free port; "
+        "-1: none (-1)");
+  p.Add("http-host", &f.http_host, "HTTP listen address (0.0.0.0)");
+  p.Add("http-port-file", &f.http_port_file,
+        "once the HTTP server listens, write its port to this file (none)");
+  p.Add("api-key", &f.api_key,
+        "HTTP API: require Authorization: Bearer <key> on every endpoint but /health and "
+        "/metrics (none)");
+  p.Add("ssl-certfile", &f.ssl_certfile, "HTTP API: serve HTTPS with this certificate (none)");
+  p.Add("ssl-keyfile", &f.ssl_keyfile, "HTTP API: the certificate's private key (none)");
   p.Parse(argc, argv);
   return f;
 }
@@ -178,6 +196,9 @@ Setup Check(const Flags& f, const ModelConfig& model, const Tokenizer& tokenizer
                        g.addresses.size(), " worker addresses are given"));
   }
   if (f.port < 0 || f.port > 65535) Usage(absl::StrCat("--port is ", f.port));
+  if (f.http_port < -1 || f.http_port > 65535) {
+    Usage(absl::StrCat("--http-port must be -1 (none) or in [0, 65535], got ", f.http_port));
+  }
   if (f.worker_timeout <= 0) Usage("--worker-timeout must be positive");
   if (f.collective_timeout <= 0) Usage("--collective-timeout must be positive");
   if (f.max_concurrent_requests < 1) Usage("--max-concurrent-requests must be at least 1");
@@ -287,7 +308,9 @@ int Run(int argc, char** argv) {
   if (!store.ok()) Fail("rendezvous store: " + store.status().ToString());
 
   const TokenizerDetokenizerFactory detokenizers(tokenizer);
-  LLMService service(setup.service, tokenizer);
+  LLMServiceOptions service_options = setup.service;
+  service_options.metrics = std::make_shared<ServingMetrics>(service_options.model_name);
+  LLMService service(service_options, tokenizer);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -302,6 +325,26 @@ int Run(int argc, char** argv) {
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   SetServing(health, false);
   std::fprintf(stderr, "listening on %s:%d\n", flags.host.c_str(), bound_port);
+  std::unique_ptr<OpenAIServer> http;
+  if (flags.http_port >= 0) {
+    absl::StatusOr<std::unique_ptr<OpenAIServer>> started = OpenAIServer::Start(
+        {.host = flags.http_host,
+         .port = flags.http_port,
+         .served_model_name = service_options.model_name,
+         .api_key = flags.api_key,
+         .ssl_certfile = flags.ssl_certfile,
+         .ssl_keyfile = flags.ssl_keyfile},
+        server->InProcessChannel(grpc::ChannelArguments()), service_options.metrics);
+    if (!started.ok()) Fail("HTTP server: " + started.status().ToString());
+    http = std::move(*started);
+    std::fprintf(stderr, "HTTP (OpenAI API, /metrics) listening on %s:%d\n",
+                 flags.http_host.c_str(), http->port());
+    if (!flags.http_port_file.empty()) {
+      if (absl::Status s = WritePortFile(flags.http_port_file, http->port()); !s.ok()) {
+        Fail(std::string(s.message()));
+      }
+    }
+  }
   if (!flags.port_file.empty()) {
     if (absl::Status s = WritePortFile(flags.port_file, bound_port); !s.ok()) {
       Fail(std::string(s.message()));
@@ -341,6 +384,7 @@ int Run(int argc, char** argv) {
   LOG(INFO) << "signal " << sig << ": shutting down";
   SetServing(health, false);
   std::shared_ptr<ServingEngine> engine = service.Shutdown();
+  if (http != nullptr) http->Stop();  // its streams ended with the service's calls
   group.Stop();
   engine.reset();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
