@@ -56,6 +56,7 @@ const std::vector<KeySpec>& EngineKeys() {
       {"http_port", Type::kInt, {}},
       {"http_host", Type::kString, {}},
       {"http_port_file", Type::kString, {}},
+      {"api_key", Type::kString, {}},
   };
   return *keys;
 }
