@@ -57,6 +57,8 @@ const std::vector<KeySpec>& EngineKeys() {
       {"http_host", Type::kString, {}},
       {"http_port_file", Type::kString, {}},
       {"api_key", Type::kString, {}},
+      {"ssl_certfile", Type::kString, {}},
+      {"ssl_keyfile", Type::kString, {}},
   };
   return *keys;
 }

@@ -17,10 +17,12 @@ requests only.
 
 import argparse
 import json
+import socket
 import sys
 import time
 import traceback
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import openai
@@ -42,8 +44,8 @@ class Checker:
     # --- helpers ---------------------------------------------------------------------------
     def http(self, method, path, body=None, headers=None):
         """(status, parsed JSON or text) of a raw request."""
-        req = urllib.request.Request(self.root + path, method=method,
-                                     data=None if body is None else json.dumps(body).encode(),
+        data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
+        req = urllib.request.Request(self.root + path, method=method, data=data,
                                      headers={"Content-Type": "application/json",
                                               **(headers or {})})
         try:
@@ -185,7 +187,7 @@ class Checker:
         bad = openai.OpenAI(base_url=self.args.base_url, api_key="wrong", max_retries=0)
         self.expect_error(lambda: bad.models.list(), 401, code="invalid_api_key")
         # Not JSON: 400.
-        status, body = self.http("POST", "/v1/completions", None,
+        status, body = self.http("POST", "/v1/completions", b"{not json",
                                  {"Authorization": f"Bearer {self.args.api_key}"})
         assert status == 400 and "error" in body, (status, body)
 
@@ -213,14 +215,26 @@ class Checker:
     def check_disconnect_aborts(self):
         before = self.metrics()
         max_len = self.client.models.list().data[0].model_extra["max_model_len"]
-        max_tokens = max_len - 32
-        stream = self.client.completions.create(
-            model=self.args.model, prompt=self.ref["prompt"], max_tokens=max_tokens,
-            temperature=0, stream=True, extra_body={"ignore_eos": True})
-        for i, _ in enumerate(stream):
-            if i == 2:
-                break
-        stream.close()  # the client goes away mid-stream
+        # A long request (n sequences to the end of the context, with logprobs) that the client
+        # leaves as soon as its stream has begun: a raw socket, so that nothing but the close
+        # happens between the first event and the disconnect.
+        n, max_tokens = 8, max_len - 32
+        body = json.dumps({"model": self.args.model, "prompt": self.ref["prompt"], "n": n,
+                           "max_tokens": max_tokens, "temperature": 1.0, "logprobs": 5,
+                           "ignore_eos": True, "stream": True}).encode()
+        url = urllib.parse.urlsplit(self.root)
+        sock = socket.create_connection((url.hostname, url.port), timeout=HANG_GUARD_S)
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Authorization: Bearer " + self.args.api_key.encode() + b"\r\n"
+                     b"Content-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        received = b""
+        while b"data: " not in received:
+            data = sock.recv(65536)
+            assert data, f"the server closed the stream first: {received!r}"
+            received += data
+        sock.close()  # the client goes away mid-stream
+        assert received.startswith(b"HTTP/1.1 200"), received[:200]
         deadline = time.time() + HANG_GUARD_S
         while True:
             now = self.metrics()
@@ -235,7 +249,7 @@ class Checker:
             time.sleep(0.05)
         generated = (self.m(now, "vllm:generation_tokens_total")
                      - self.m(before, "vllm:generation_tokens_total"))
-        assert generated < max_tokens, f"generated {generated} of {max_tokens}: not aborted"
+        assert generated < n * max_tokens, f"generated {generated} of {n * max_tokens}: not aborted"
 
     def check_chat(self):
         messages = [{"role": "system", "content": "You are terse."},
@@ -284,12 +298,14 @@ class Checker:
                  "check_disconnect_aborts"]
         assert sorted(order) == sorted(checks), "every check is run once"
         for name in order:
+            start = time.time()
             try:
                 getattr(self, name)()
-                print(f"PASS {name}", flush=True)
+                print(f"PASS {name} ({time.time() - start:.2f} s)", flush=True)
             except Exception:  # each failure is reported; the others still run
                 self.failures.append(name)
-                print(f"FAIL {name}\n{traceback.format_exc()}", flush=True)
+                print(f"FAIL {name} ({time.time() - start:.2f} s)\n{traceback.format_exc()}",
+                      flush=True)
         print(f"{len(order) - len(self.failures)} of {len(order)} checks passed", flush=True)
         return len(self.failures)
 
