@@ -105,5 +105,56 @@ TEST(OpenAIApiTest, OfficialClientAgainstLocalCluster) {
   fs::remove_all(dir);
 }
 
+// --ssl-certfile / --ssl-keyfile: the same API over HTTPS, the client trusting only the
+// server's self-signed certificate (made with the openssl tool for the test).
+TEST(OpenAIApiTest, ServesHttpsWithTheGivenCertificate) {
+  if (!fs::exists(LLM_TEST_PYTHON)) {
+    GTEST_SKIP() << LLM_TEST_PYTHON << " does not exist: run `make pyenv` to run this test";
+  }
+  char tmpl[] = "/tmp/openai-api-test.XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const std::string cert = dir + "/cert.pem", key = dir + "/key.pem";
+  if (RunCommand(absl::StrCat("openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj "
+                              "/CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 -keyout ",
+                              ShellQuote(key), " -out ", ShellQuote(cert))) != 0) {
+    fs::remove_all(dir);
+    GTEST_SKIP() << "the openssl tool cannot make a certificate here (output above)";
+  }
+  const std::string http_port_file = dir + "/http.port";
+  ClusterOptions options;
+  options.model = std::string(LLM_SOURCE_DIR) + "/models/fortune-llama";
+  options.engine = {
+      {"max_model_len", "512"}, {"http_port", "0"},     {"http_port_file", http_port_file},
+      {"api_key", kApiKey},     {"ssl_certfile", cert}, {"ssl_keyfile", key}};
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::optional<int> http_port = ReadPortFile(http_port_file);
+  ASSERT_TRUE(http_port.has_value()) << http_port_file;
+
+  const std::string prompt = "Once upon a time";
+  const GenerateResult ref = Generate((*cluster)->stub(), GreedyRequest(prompt, 16));
+  ASSERT_TRUE(ref.status.ok()) << ref.status.error_message();
+  const std::string ref_file = dir + "/reference.json";
+  std::ofstream(ref_file) << nlohmann::json{
+      {"prompt", prompt},
+      {"max_tokens", 16},
+      {"text", ref.text.at(0)}}.dump();
+  const std::string script =
+      std::string(LLM_SOURCE_DIR) + "/tests/integration/openai_client_check.py";
+  EXPECT_EQ(RunCommand(absl::StrCat(
+                ShellQuote(LLM_TEST_PYTHON), " ", ShellQuote(script),
+                " --base-url=https://127.0.0.1:", *http_port, "/v1 --api-key=", kApiKey,
+                " --model=fortune-llama --reference=", ShellQuote(ref_file),
+                " --cafile=", ShellQuote(cert),
+                " --checks=check_models_and_health,check_greedy_equals_grpc,check_stream_usage,"
+                "check_errors")),
+            0)
+      << "openai_client_check.py over HTTPS: failed checks (output above)";
+  absl::StatusOr<int> stopped = (*cluster)->Stop();
+  EXPECT_TRUE(stopped.ok()) << stopped.status();
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace llm::testing

@@ -7,6 +7,9 @@ with --api-key) after it took a greedy reference over gRPC:
   openai_client_check.py --base-url http://127.0.0.1:PORT/v1 --api-key KEY --model NAME \
       --reference ref.json [--chat=unimplemented|served]
 
+With --cafile the base URL is https and only that certificate is trusted; --checks runs a
+subset.
+
 ref.json: {"prompt": str, "max_tokens": int, "text": str} -- the gRPC Generate output of a
 greedy request (BOS added, ignore_eos) for the prompt.
 
@@ -18,6 +21,7 @@ requests only.
 import argparse
 import json
 import socket
+import ssl
 import sys
 import time
 import traceback
@@ -35,8 +39,11 @@ class Checker:
     def __init__(self, args):
         self.args = args
         self.root = args.base_url[: -len("/v1")] if args.base_url.endswith("/v1") else args.base_url
+        # HTTPS: the server's certificate is the only one trusted.
+        self.ssl = ssl.create_default_context(cafile=args.cafile) if args.cafile else None
+        self.http_client = openai.DefaultHttpxClient(verify=self.ssl) if self.ssl else None
         self.client = openai.OpenAI(base_url=args.base_url, api_key=args.api_key, max_retries=0,
-                                    timeout=HANG_GUARD_S)
+                                    timeout=HANG_GUARD_S, http_client=self.http_client)
         with open(args.reference) as f:
             self.ref = json.load(f)
         self.failures = []
@@ -49,7 +56,7 @@ class Checker:
                                      headers={"Content-Type": "application/json",
                                               **(headers or {})})
         try:
-            with urllib.request.urlopen(req, timeout=HANG_GUARD_S) as r:
+            with urllib.request.urlopen(req, timeout=HANG_GUARD_S, context=self.ssl) as r:
                 status, data = r.status, r.read().decode()
         except urllib.error.HTTPError as e:
             status, data = e.code, e.read().decode()
@@ -184,7 +191,8 @@ class Checker:
         status, body = self.http("POST", "/v1/completions",
                                  {"model": self.args.model, "prompt": "x", "max_tokens": 2})
         assert status == 401 and body["error"]["code"] == "invalid_api_key", (status, body)
-        bad = openai.OpenAI(base_url=self.args.base_url, api_key="wrong", max_retries=0)
+        bad = openai.OpenAI(base_url=self.args.base_url, api_key="wrong", max_retries=0,
+                            http_client=self.http_client)
         self.expect_error(lambda: bad.models.list(), 401, code="invalid_api_key")
         # Not JSON: 400.
         status, body = self.http("POST", "/v1/completions", b"{not json",
@@ -297,6 +305,8 @@ class Checker:
                  "check_n2", "check_stop", "check_errors", "check_chat",
                  "check_disconnect_aborts"]
         assert sorted(order) == sorted(checks), "every check is run once"
+        if self.args.checks:
+            order = [c for c in order if c in self.args.checks.split(",")]
         for name in order:
             start = time.time()
             try:
@@ -317,6 +327,8 @@ def main():
     p.add_argument("--model", required=True)
     p.add_argument("--reference", required=True)
     p.add_argument("--chat", choices=["unimplemented", "served"], default="unimplemented")
+    p.add_argument("--cafile", help="HTTPS: the server's certificate, trusted alone")
+    p.add_argument("--checks", help="comma-separated check_ names to run (default: all)")
     sys.exit(Checker(p.parse_args()).run())
 
 
