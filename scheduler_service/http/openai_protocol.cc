@@ -1,6 +1,8 @@
 #include "scheduler_service/http/openai_protocol.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <optional>
 #include <utility>
 
@@ -70,22 +72,38 @@ class Fields {
     }
     return v->get<double>();
   }
-  std::optional<int64_t> Int(const char* name, bool non_negative = false) {
+  // An integer in [lo, hi]; 2.0 counts as an integer (as in JSON Schema and OpenAI), 2.5 not.
+  std::optional<int64_t> Int(const char* name, int64_t lo, int64_t hi) {
     const json* v = Get(name);
     if (v == nullptr) return std::nullopt;
-    // 2.0 is an integer to JSON Schema and to OpenAI; 2.5 is not.
-    if (!v->is_number() ||
-        (v->is_number_float() && v->get<double>() != static_cast<double>(v->get<int64_t>()))) {
-      Fail(WrongType(name, non_negative ? "a non-negative integer" : "an integer", *v));
+    const char* expected = lo == 0 ? "a non-negative integer" : "an integer";
+    std::optional<int64_t> i;
+    if (v->is_number_unsigned()) {
+      if (v->get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX)) i = v->get<int64_t>();
+    } else if (v->is_number_integer()) {
+      i = v->get<int64_t>();
+    } else if (v->is_number_float()) {
+      const double d = v->get<double>();
+      if (std::isfinite(d) && std::trunc(d) == d && std::abs(d) < 9.0e18) {
+        i = static_cast<int64_t>(d);
+      }
+    }
+    if (!v->is_number() || (v->is_number_float() && !i.has_value() &&
+                            std::trunc(v->get<double>()) != v->get<double>())) {
+      Fail(WrongType(name, expected, *v));
       return std::nullopt;
     }
-    const int64_t i = v->get<int64_t>();
-    if (non_negative && i < 0) {
-      Fail(BadRequest(absl::StrCat("'", name, "' must be a non-negative integer, got ", i), name));
+    if (!i.has_value() || *i < lo || *i > hi) {
+      Fail(BadRequest(absl::StrCat("'", name, "' must be ", expected, " in [", lo, ", ", hi,
+                                   "], got ", v->dump()),
+                      name));
       return std::nullopt;
     }
     return i;
   }
+  // Fields the proto keeps as uint32 / int32.
+  std::optional<int64_t> Count(const char* name) { return Int(name, 0, UINT32_MAX); }
+  std::optional<int64_t> Int32(const char* name) { return Int(name, INT32_MIN, INT32_MAX); }
   std::optional<bool> Bool(const char* name) {
     const json* v = Get(name);
     if (v == nullptr) return std::nullopt;
@@ -128,13 +146,13 @@ bool TokenIdList(const json& v, const std::string& what, Fields* f,
 
 // The sampling fields both endpoints share.
 void ParseSampling(Fields* f, v1::SamplingParams* sp) {
-  if (auto n = f->Int("n", true)) sp->set_n(static_cast<uint32_t>(*n));
+  if (auto n = f->Count("n")) sp->set_n(static_cast<uint32_t>(*n));
   if (auto v = f->Number("temperature")) sp->set_temperature(static_cast<float>(*v));
   if (auto v = f->Number("top_p")) sp->set_top_p(static_cast<float>(*v));
-  if (auto v = f->Int("top_k")) sp->set_top_k(*v == 0 ? -1 : static_cast<int32_t>(*v));
+  if (auto v = f->Int32("top_k")) sp->set_top_k(*v == 0 ? -1 : static_cast<int32_t>(*v));
   if (auto v = f->Number("min_p")) sp->set_min_p(static_cast<float>(*v));
-  if (auto v = f->Int("seed")) sp->set_seed(static_cast<uint64_t>(*v));
-  if (auto v = f->Int("min_tokens", true)) sp->set_min_tokens(static_cast<uint32_t>(*v));
+  if (auto v = f->Int("seed", INT64_MIN, INT64_MAX)) sp->set_seed(static_cast<uint64_t>(*v));
+  if (auto v = f->Count("min_tokens")) sp->set_min_tokens(static_cast<uint32_t>(*v));
   if (auto v = f->Bool("ignore_eos")) sp->set_ignore_eos(*v);
   if (auto v = f->Number("presence_penalty")) sp->set_presence_penalty(static_cast<float>(*v));
   if (auto v = f->Number("frequency_penalty")) sp->set_frequency_penalty(static_cast<float>(*v));
@@ -190,7 +208,7 @@ void ParseCommon(Fields* f, OpenAIRequest* r) {
       }
     }
   }
-  if (auto v = f->Int("priority")) r->request.set_priority(static_cast<int32_t>(*v));
+  if (auto v = f->Int32("priority")) r->request.set_priority(static_cast<int32_t>(*v));
   if (auto v = f->String("cache_salt")) r->request.set_cache_salt(*v);
   ParseSampling(f, r->request.mutable_sampling_params());
 }
@@ -312,8 +330,8 @@ ParseResult ParseCompletionRequest(std::string_view body) {
   }
   r.request.set_add_special_tokens(f.Bool("add_special_tokens").value_or(true));
   v1::SamplingParams* sp = r.request.mutable_sampling_params();
-  if (auto v = f.Int("max_tokens", true)) sp->set_max_tokens(static_cast<uint32_t>(*v));
-  if (auto v = f.Int("logprobs", true)) {
+  if (auto v = f.Count("max_tokens")) sp->set_max_tokens(static_cast<uint32_t>(*v));
+  if (auto v = f.Count("logprobs")) {
     sp->set_logprobs(static_cast<uint32_t>(*v));
     r.logprobs = true;
   }
@@ -321,7 +339,7 @@ ParseResult ParseCompletionRequest(std::string_view body) {
   if (auto s = f.String("suffix"); s.has_value() && !s->empty()) {
     f.Fail(BadRequest("'suffix' is not supported", "suffix"));
   }
-  if (auto b = f.Int("best_of"); b.has_value() && *b != (sp->has_n() ? sp->n() : 1)) {
+  if (auto b = f.Count("best_of"); b.has_value() && *b != (sp->has_n() ? sp->n() : 1)) {
     f.Fail(BadRequest("'best_of' other than n is not supported", "best_of"));
   }
   return Finish(f, std::move(r));
@@ -384,11 +402,11 @@ ParseResult ParseChatCompletionRequest(std::string_view body) {
   r.request.set_add_special_tokens(f.Bool("add_special_tokens").value_or(false));
   v1::SamplingParams* sp = r.request.mutable_sampling_params();
   // max_completion_tokens replaces the deprecated max_tokens.
-  std::optional<int64_t> max_tokens = f.Int("max_completion_tokens", true);
-  if (!max_tokens.has_value()) max_tokens = f.Int("max_tokens", true);
+  std::optional<int64_t> max_tokens = f.Count("max_completion_tokens");
+  if (!max_tokens.has_value()) max_tokens = f.Count("max_tokens");
   if (max_tokens.has_value()) sp->set_max_tokens(static_cast<uint32_t>(*max_tokens));
   r.logprobs = f.Bool("logprobs").value_or(false);
-  const std::optional<int64_t> top = f.Int("top_logprobs", true);
+  const std::optional<int64_t> top = f.Count("top_logprobs");
   if (top.has_value() && !r.logprobs && !f.failed()) {
     f.Fail(BadRequest("'top_logprobs' requires 'logprobs' to be true", "top_logprobs"));
   }

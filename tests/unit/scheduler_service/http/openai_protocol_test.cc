@@ -60,10 +60,11 @@ TEST(OpenAIProtocolTest, UnsetFieldsStayUnsetForTheServiceDefaults) {
 }
 
 TEST(OpenAIProtocolTest, CompletionPromptForms) {
-  ParseResult p = ParseCompletionRequest(R"({"prompt": [1, 2, 3], "top_k": 0})");
+  ParseResult p = ParseCompletionRequest(R"({"prompt": [1, 2, 3], "top_k": 0, "n": 2.0})");
   ASSERT_TRUE(p.ok()) << p.error.message;
   EXPECT_THAT(p.request.request.token_ids().ids(), ::testing::ElementsAre(1, 2, 3));
   EXPECT_EQ(p.request.request.sampling_params().top_k(), -1);  // 0: off, as vLLM
+  EXPECT_EQ(p.request.request.sampling_params().n(), 2u);      // 2.0 is an integer
   p = ParseCompletionRequest(R"({"prompt": ["only one"], "stop": "s"})");
   ASSERT_TRUE(p.ok()) << p.error.message;
   EXPECT_EQ(p.request.request.text(), "only one");
@@ -83,6 +84,11 @@ TEST(OpenAIProtocolTest, BadCompletionRequestsName400AndTheField) {
   for (const BadCase& c : {
            BadCase{R"({"prompt": "x", "max_tokens": "a"})", "max_tokens", "got a string"},
            BadCase{R"({"prompt": "x", "max_tokens": -1})", "max_tokens", "got -1"},
+           // Beyond the proto's uint32: refused, never truncated to a small number.
+           BadCase{R"({"prompt": "x", "max_tokens": 4294967301})", "max_tokens",
+                   "in [0, 4294967295], got 4294967301"},
+           BadCase{R"({"prompt": "x", "top_k": 1e12})", "top_k", "got 1000000000000.0"},
+           BadCase{R"({"prompt": "x", "seed": 1e300})", "seed", "got 1e+300"},
            BadCase{R"({"prompt": "x", "n": 1.5})", "n", "got number 1.5"},
            BadCase{R"({"prompt": "x", "temperature": "hot"})", "temperature", "a number"},
            BadCase{R"({"prompt": "x", "stop": [1]})", "stop", "element 0 is number 1"},
