@@ -170,6 +170,10 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<v1::Gener
   }
 
   void OnWriteDone(bool ok) override {
+    // A failed write means the client is gone; the request must be aborted here, before the
+    // Finish below, because OnCancel (which may come later) no longer aborts once Finish is
+    // under way. Taken outside mu_, as in OnCancel.
+    const std::shared_ptr<ServingEngine> e = ok ? nullptr : engine_.lock();
     Next next;
     {
       absl::MutexLock lock(&mu_);
@@ -178,6 +182,9 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<v1::Gener
         queue_.clear();
         if (!final_.has_value()) {
           final_ = grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+        }
+        if (e != nullptr && !finish_called_) {
+          (void)e->engine->Abort(request_id_);  // NOT_FOUND when it finished meanwhile
         }
       }
       next = NextLocked();

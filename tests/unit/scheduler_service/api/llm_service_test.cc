@@ -619,10 +619,13 @@ TEST_F(LLMServiceTest, MetricsCountTokensLatenciesAndOutcomes) {
   v1::GenerateResponse resp;
   ASSERT_TRUE(reader->Read(&resp));
   ctx.TryCancel();
-  gate_->Open();
   while (reader->Read(&resp)) {
   }
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  // The call is gone once its abort is queued in the engine; only then may the steps run, so
+  // the abort (at the next step's start) comes long before the 300 tokens.
+  EXPECT_TRUE(Eventually([&] { return service_->num_calls() == 0; }));
+  gate_->Open();
   EXPECT_TRUE(Eventually([&] {
     return metrics_->request_success->Value({{"finished_reason", "abort"}}) == 1;
   }));
