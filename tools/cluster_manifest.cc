@@ -64,6 +64,9 @@ const std::vector<KeySpec>& EngineKeys() {
       {"max_stop_bytes", Type::kInt, {}},
       {"drain_timeout", Type::kDouble, {}},
       {"cluster_secret_file", Type::kString, {}},
+      {"http_port", Type::kInt, {}},
+      {"http_host", Type::kString, {}},
+      {"http_port_file", Type::kString, {}},
   };
   return *keys;
 }

@@ -10,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_security.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "glog/logging.h"
 #include "protocol/step_codec.h"
 
@@ -73,10 +75,15 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<grpc::Byt
   // Engine thread.
   void OnEngineUpdate(const StreamUpdate& u) {
     if (!u.status.ok()) {
+      if (ServingMetrics* m = service_->options_.metrics.get();
+          m != nullptr && u.status.code() == absl::StatusCode::kCancelled) {
+        m->request_success->Inc(1, {{"finished_reason", "abort"}});
+      }
       End(ToGrpc(u.status));
       return;
     }
     const RequestOutput& out = *u.output;
+    const int num_tokens_before = num_completion_tokens_;
     num_cached_prompt_tokens_ = std::max(num_cached_prompt_tokens_, out.num_cached_prompt_tokens);
     v1::GenerateResponse resp;
     resp.set_request_id(request_id_);
@@ -94,6 +101,7 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<grpc::Byt
         }
       }
       if (IsFinished(seq.status)) {
+        if (seq.index == 0) finish_reason_ = ToFinishReason(seq.status);
         o->set_finish_reason(ToFinishReason(seq.status));
         if (!seq.stop_string.empty()) {
           o->set_stop_reason(std::string(seq.stop_string));
@@ -102,6 +110,7 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<grpc::Byt
         }
       }
     }
+    RecordMetrics(num_completion_tokens_ - num_tokens_before, out);
     if (out.finished) {
       if (!stream_) {
         for (v1::SequenceOutput& o : accumulated_) *resp.add_outputs() = std::move(o);
@@ -114,6 +123,30 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<grpc::Byt
     } else if (stream_ && resp.outputs_size() > 0) {
       Enqueue(std::move(resp), std::nullopt);
     }
+  }
+
+  // Engine thread: vLLM's per-request metrics (metrics.h) for one update.
+  void RecordMetrics(int num_new_tokens, const RequestOutput& out) {
+    ServingMetrics* m = service_->options_.metrics.get();
+    if (m == nullptr) return;
+    const absl::Time now = absl::Now();
+    if (num_new_tokens > 0) {
+      if (!first_token_seen_) {
+        first_token_seen_ = true;
+        m->time_to_first_token_seconds->Observe(absl::ToDoubleSeconds(now - arrival_));
+        m->prompt_tokens->Inc(num_prompt_tokens_);
+      } else {
+        m->inter_token_latency_seconds->Observe(absl::ToDoubleSeconds(now - last_token_time_));
+      }
+      last_token_time_ = now;
+      m->generation_tokens->Inc(num_new_tokens);
+    }
+    if (!out.finished) return;
+    m->e2e_request_latency_seconds->Observe(absl::ToDoubleSeconds(now - arrival_));
+    const char* reason = finish_reason_ == v1::FINISH_REASON_LENGTH  ? "length"
+                         : finish_reason_ == v1::FINISH_REASON_ABORT ? "abort"
+                                                                     : "stop";
+    m->request_success->Inc(1, {{"finished_reason", reason}});
   }
 
   void AddLogprobs(const SampleLogprobs& lp, TokenId id, v1::SequenceOutput* o) const {
@@ -141,6 +174,10 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<grpc::Byt
   }
 
   void OnWriteDone(bool ok) override {
+    // A failed write means the client is gone; the request must be aborted here, before the
+    // Finish below, because OnCancel (which may come later) no longer aborts once Finish is
+    // under way. Taken outside mu_, as in OnCancel.
+    const std::shared_ptr<ServingEngine> e = ok ? nullptr : engine_.lock();
     Next next;
     {
       absl::MutexLock lock(&mu_);
@@ -149,6 +186,9 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<grpc::Byt
         queue_.clear();
         if (!final_.has_value()) {
           final_ = grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+        }
+        if (e != nullptr && !finish_called_) {
+          (void)e->engine->Abort(request_id_);  // NOT_FOUND when it finished meanwhile
         }
       }
       next = NextLocked();
@@ -237,6 +277,11 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<grpc::Byt
   std::vector<v1::SequenceOutput> accumulated_;  // per sequence index (stream=false)
   int num_completion_tokens_ = 0;
   int num_cached_prompt_tokens_ = 0;
+  // Metrics (engine thread).
+  const absl::Time arrival_ = absl::Now();
+  absl::Time last_token_time_;
+  bool first_token_seen_ = false;
+  v1::FinishReason finish_reason_ = v1::FINISH_REASON_UNSPECIFIED;  // sequence 0's
 
   absl::Mutex mu_;
   std::deque<v1::GenerateResponse> queue_ ABSL_GUARDED_BY(mu_);
@@ -564,6 +609,8 @@ grpc::ServerUnaryReactor* LLMService::GetStats(grpc::CallbackServerContext* cont
   response->set_cpu_kv_usage(s.cpu_kv_usage);
   response->set_prefix_cache_hit_rate(s.prefix_cache_hit_rate);
   response->set_num_preemptions(s.num_preemptions);
+  response->set_prefix_cache_queries(s.prefix_cache_queries);
+  response->set_prefix_cache_hits(s.prefix_cache_hits);
   response->set_num_free_gpu_blocks(stats.num_free_gpu_blocks);
   response->set_num_free_cpu_blocks(stats.num_free_cpu_blocks);
   reactor->Finish(grpc::Status::OK);

@@ -54,6 +54,7 @@
 #include "llm/v1/llm_service.grpc.pb.h"
 #include "protocol/executor.h"
 #include "scheduler_service/chat/chat_template.h"
+#include "scheduler_service/api/metrics.h"
 #include "scheduler_service/engine/engine_core.h"
 #include "scheduler_service/engine/serving_engine.h"
 #include "scheduler_service/tokenizer/tokenizer.h"
@@ -78,6 +79,8 @@ struct LLMServiceOptions {
   int max_request_id_bytes = 256;
   // Renders GenerateRequest.chat; null: chat requests fail with FAILED_PRECONDITION.
   std::shared_ptr<const ChatTemplate> chat_template;
+  // Per-request token counts and latencies are recorded here when set (metrics.h).
+  std::shared_ptr<ServingMetrics> metrics;
 };
 
 class LLMService final

@@ -53,6 +53,7 @@
 #include "scheduler_service/engine/engine_core.h"
 #include "scheduler_service/engine/sharded_worker_client.h"
 #include "scheduler_service/engine/worker_group.h"
+#include "scheduler_service/http/openai_server.h"
 #include "scheduler_service/tokenizer/incremental_detokenizer.h"
 #include "scheduler_service/tokenizer/tokenizer.h"
 
@@ -103,6 +104,9 @@ struct Flags {
   int max_stop_bytes = 1024;
   double drain_timeout = 30;
   std::string cluster_secret_file;
+  int http_port = -1;  // -1: no HTTP server
+  std::string http_host = "0.0.0.0";
+  std::string http_port_file;
 };
 
 // Room above --max-prompt-bytes for the rest of a request (stop strings, ids, the prompt's
@@ -190,7 +194,7 @@ Flags Parse(int argc, char** argv) {
   p.Add("collective-timeout", &f.collective_timeout,
         "seconds, sent to the workers: limit of the Gloo rendezvous and collectives (30)");
   p.Add("ssl-certfile", &f.ssl_certfile,
-        "PEM certificate chain: serve the public API over TLS (with --ssl-keyfile) (none)");
+        "PEM certificate chain: serve the public gRPC API and the HTTP API over TLS (with --ssl-keyfile) (none)");
   p.Add("ssl-keyfile", &f.ssl_keyfile, "PEM private key of --ssl-certfile (none)");
   p.Add("ssl-ca-certs", &f.ssl_ca_certs,
         "PEM CA certificates: require client certificates signed by them (none)");
@@ -208,6 +212,12 @@ Flags Parse(int argc, char** argv) {
   p.Add("cluster-secret-file", &f.cluster_secret_file,
         "file holding the cluster secret presented to the workers and required by the "
         "rendezvous store; default: $LLM_CLUSTER_SECRET; neither: none (none)");
+  p.Add("http-port", &f.http_port,
+        "serve the OpenAI-compatible HTTP API and /metrics on this port; 0: any free port; "
+        "-1: none (-1)");
+  p.Add("http-host", &f.http_host, "HTTP listen address (0.0.0.0)");
+  p.Add("http-port-file", &f.http_port_file,
+        "once the HTTP server listens, write its port to this file (none)");
   p.Parse(argc, argv);
   return f;
 }
@@ -232,6 +242,9 @@ Setup Check(const Flags& f, const ModelConfig& model, const Tokenizer& tokenizer
                        g.addresses.size(), " worker addresses are given"));
   }
   if (f.port < 0 || f.port > 65535) Usage(absl::StrCat("--port is ", f.port));
+  if (f.http_port < -1 || f.http_port > 65535) {
+    Usage(absl::StrCat("--http-port must be -1 (none) or in [0, 65535], got ", f.http_port));
+  }
   if (f.worker_timeout <= 0) Usage("--worker-timeout must be positive");
   if (f.collective_timeout <= 0) Usage("--collective-timeout must be positive");
   if (f.keepalive_time < 0) {
@@ -372,6 +385,7 @@ int Run(int argc, char** argv) {
   if (!chat_template.ok()) Fail(chat_template.status().ToString());
   LLMServiceOptions service_options = setup.service;
   service_options.chat_template = *std::move(chat_template);
+  service_options.metrics = std::make_shared<ServingMetrics>(service_options.model_name);
   LLMService service(service_options, tokenizer);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -387,6 +401,26 @@ int Run(int argc, char** argv) {
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   SetServing(health, false);
   std::fprintf(stderr, "listening on %s:%d\n", flags.host.c_str(), bound_port);
+  std::unique_ptr<OpenAIServer> http;
+  if (flags.http_port >= 0) {
+    absl::StatusOr<std::unique_ptr<OpenAIServer>> started = OpenAIServer::Start(
+        {.host = flags.http_host,
+         .port = flags.http_port,
+         .served_model_name = service_options.model_name,
+         .api_key = service_options.api_key,
+         .ssl_certfile = flags.ssl_certfile,
+         .ssl_keyfile = flags.ssl_keyfile},
+        server->InProcessChannel(grpc::ChannelArguments()), service_options.metrics);
+    if (!started.ok()) Fail("HTTP server: " + started.status().ToString());
+    http = std::move(*started);
+    std::fprintf(stderr, "HTTP (OpenAI API, /metrics) listening on %s:%d\n",
+                 flags.http_host.c_str(), http->port());
+    if (!flags.http_port_file.empty()) {
+      if (absl::Status s = WritePortFile(flags.http_port_file, http->port()); !s.ok()) {
+        Fail(std::string(s.message()));
+      }
+    }
+  }
   if (!flags.port_file.empty()) {
     if (absl::Status s = WritePortFile(flags.port_file, bound_port); !s.ok()) {
       Fail(std::string(s.message()));
@@ -442,6 +476,7 @@ int Run(int argc, char** argv) {
   }
   LOG(INFO) << "shutting down; " << service.num_calls() << " request(s) still in flight end";
   std::shared_ptr<ServingEngine> engine = service.Shutdown();
+  if (http != nullptr) http->Stop();  // its streams ended with the service's calls
   group.Stop();
   engine.reset();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

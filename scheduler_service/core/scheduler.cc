@@ -676,6 +676,8 @@ SchedulerStats Scheduler::stats() const {
   s.gpu_kv_usage = b.gpu_usage;
   s.cpu_kv_usage = b.cpu_usage;
   s.prefix_cache_hit_rate = b.prefix_cache_hit_rate();
+  s.prefix_cache_queries = b.prefix_cache_queries;
+  s.prefix_cache_hits = b.prefix_cache_hits;
   s.num_preemptions = num_preemptions_;
   s.num_swap_outs = num_swap_outs_;
   s.num_steps = step_id_;

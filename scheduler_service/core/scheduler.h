@@ -86,7 +86,9 @@ struct SchedulerStats {
   double gpu_kv_usage = 0;
   double cpu_kv_usage = 0;
   double prefix_cache_hit_rate = 0;
-  int64_t num_preemptions = 0;  // total, both modes
+  int64_t prefix_cache_queries = 0;  // prompt tokens looked up, cumulative
+  int64_t prefix_cache_hits = 0;     // of those, cached
+  int64_t num_preemptions = 0;       // total, both modes
   int64_t num_swap_outs = 0;
   int64_t num_steps = 0;
   int last_step_num_scheduled_tokens = 0;

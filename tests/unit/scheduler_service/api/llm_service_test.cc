@@ -116,6 +116,7 @@ class LLMServiceTest : public ::testing::Test {
     o.block_size = 16;
     o.max_concurrent_requests = kMaxConcurrent;
     o.chat_template = chat_template_;
+    o.metrics = metrics_;
     return o;
   }
 
@@ -241,6 +242,7 @@ class LLMServiceTest : public ::testing::Test {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::LLMService::Stub> stub_;
   GatedExecutor* gate_ = nullptr;  // the current engine's
+  std::shared_ptr<ServingMetrics> metrics_ = std::make_shared<ServingMetrics>("tiny-llama");
 };
 
 std::string AllText(const CallResult& r, int index) {
@@ -635,6 +637,47 @@ TEST_F(LLMServiceTest, ModelInfo) {
   EXPECT_EQ(info.block_size(), 16u);
   EXPECT_EQ(info.num_gpu_blocks(), static_cast<uint32_t>(kBlocks));
   EXPECT_EQ(Stats().num_free_gpu_blocks(), static_cast<uint32_t>(kBlocks));
+}
+
+// vLLM's per-request metrics are recorded by the service, for every client.
+TEST_F(LLMServiceTest, MetricsCountTokensLatenciesAndOutcomes) {
+  v1::GenerateRequest req = Text("Hello world", 9);
+  req.mutable_sampling_params()->set_ignore_eos(true);
+  const CallResult r = Generate(req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  const v1::Usage& usage = r.responses.back().usage();
+  ASSERT_EQ(usage.completion_tokens(), 9u);
+  EXPECT_EQ(metrics_->generation_tokens->Value(), 9);
+  EXPECT_EQ(metrics_->prompt_tokens->Value(), usage.prompt_tokens());
+  EXPECT_EQ(metrics_->time_to_first_token_seconds->Count(), 1u);
+  EXPECT_EQ(metrics_->e2e_request_latency_seconds->Count(), 1u);
+  // One token per step: an inter-token observation per token after the first.
+  EXPECT_EQ(metrics_->inter_token_latency_seconds->Count(), 8u);
+  EXPECT_GE(metrics_->e2e_request_latency_seconds->Sum(),
+            metrics_->time_to_first_token_seconds->Sum());
+  EXPECT_EQ(metrics_->request_success->Value({{"finished_reason", "length"}}), 1);
+
+  // A cancelled request counts as aborted, with only the tokens it got.
+  SwapEngine(/*open=*/false);
+  gate_->Allow(2);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto reader = stub_->Generate(&ctx, Text("Hello world", 300));
+  v1::GenerateResponse resp;
+  ASSERT_TRUE(reader->Read(&resp));
+  ctx.TryCancel();
+  while (reader->Read(&resp)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  // The call is gone once its abort is queued in the engine; only then may the steps run, so
+  // the abort (at the next step's start) comes long before the 300 tokens.
+  EXPECT_TRUE(Eventually([&] { return service_->num_calls() == 0; }));
+  gate_->Open();
+  EXPECT_TRUE(Eventually([&] {
+    return metrics_->request_success->Value({{"finished_reason", "abort"}}) == 1;
+  }));
+  EXPECT_LT(metrics_->generation_tokens->Value(), 9 + 300);
+  EXPECT_EQ(metrics_->request_success->Value({{"finished_reason", "length"}}), 1);
 }
 
 }  // namespace

@@ -1,0 +1,587 @@
+#include "scheduler_service/http/openai_protocol.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace llm::openai {
+namespace {
+
+using json = nlohmann::json;
+
+std::string TypeName(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return absl::StrCat("boolean ", v.get<bool>() ? "true" : "false");
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned:
+    case json::value_t::number_float:
+      return absl::StrCat("number ", v.dump());
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::object:
+      return "an object";
+    default:
+      return "an unsupported value";
+  }
+}
+
+OpenAIError BadRequest(std::string message, std::string param) {
+  return {.http_status = 400,
+          .message = std::move(message),
+          .type = "invalid_request_error",
+          .param = std::move(param),
+          .code = ""};
+}
+
+OpenAIError WrongType(const std::string& field, const char* expected, const json& got) {
+  return BadRequest(absl::StrCat("'", field, "' must be ", expected, ", got ", TypeName(got)),
+                    field);
+}
+
+// Typed access to the body's fields; null counts as absent. The first error is kept.
+class Fields {
+ public:
+  explicit Fields(const json& body) : body_(body) {}
+
+  const json* Get(const char* name) const {
+    auto it = body_.find(name);
+    if (it == body_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+  bool failed() const { return error_.has_value(); }
+  OpenAIError error() const { return *error_; }
+  void Fail(OpenAIError e) {
+    if (!error_.has_value()) error_ = std::move(e);
+  }
+
+  std::optional<double> Number(const char* name) {
+    const json* v = Get(name);
+    if (v == nullptr) return std::nullopt;
+    if (!v->is_number()) {
+      Fail(WrongType(name, "a number", *v));
+      return std::nullopt;
+    }
+    return v->get<double>();
+  }
+  // An integer in [lo, hi]; 2.0 counts as an integer (as in JSON Schema and OpenAI), 2.5 not.
+  std::optional<int64_t> Int(const char* name, int64_t lo, int64_t hi) {
+    const json* v = Get(name);
+    if (v == nullptr) return std::nullopt;
+    const char* expected = lo == 0 ? "a non-negative integer" : "an integer";
+    std::optional<int64_t> i;
+    if (v->is_number_unsigned()) {
+      if (v->get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX)) i = v->get<int64_t>();
+    } else if (v->is_number_integer()) {
+      i = v->get<int64_t>();
+    } else if (v->is_number_float()) {
+      const double d = v->get<double>();
+      if (std::isfinite(d) && std::trunc(d) == d && std::abs(d) < 9.0e18) {
+        i = static_cast<int64_t>(d);
+      }
+    }
+    if (!v->is_number() || (v->is_number_float() && !i.has_value() &&
+                            std::trunc(v->get<double>()) != v->get<double>())) {
+      Fail(WrongType(name, expected, *v));
+      return std::nullopt;
+    }
+    if (!i.has_value() || *i < lo || *i > hi) {
+      Fail(BadRequest(absl::StrCat("'", name, "' must be ", expected, " in [", lo, ", ", hi,
+                                   "], got ", v->dump()),
+                      name));
+      return std::nullopt;
+    }
+    return i;
+  }
+  // Fields the proto keeps as uint32 / int32.
+  std::optional<int64_t> Count(const char* name) { return Int(name, 0, UINT32_MAX); }
+  std::optional<int64_t> Int32(const char* name) { return Int(name, INT32_MIN, INT32_MAX); }
+  std::optional<bool> Bool(const char* name) {
+    const json* v = Get(name);
+    if (v == nullptr) return std::nullopt;
+    if (!v->is_boolean()) {
+      Fail(WrongType(name, "a boolean", *v));
+      return std::nullopt;
+    }
+    return v->get<bool>();
+  }
+  std::optional<std::string> String(const char* name) {
+    const json* v = Get(name);
+    if (v == nullptr) return std::nullopt;
+    if (!v->is_string()) {
+      Fail(WrongType(name, "a string", *v));
+      return std::nullopt;
+    }
+    return v->get<std::string>();
+  }
+
+ private:
+  const json& body_;
+  std::optional<OpenAIError> error_;
+};
+
+// Reads a list of token ids (`what` names it in errors) into `out`.
+bool TokenIdList(const json& v, const std::string& what, Fields* f,
+                 google::protobuf::RepeatedField<int32_t>* out) {
+  for (size_t i = 0; i < v.size(); ++i) {
+    const json& e = v[i];
+    if (!e.is_number_integer() || e.get<int64_t>() < INT32_MIN || e.get<int64_t>() > INT32_MAX) {
+      f->Fail(BadRequest(absl::StrCat("'", what, "' must be a list of integer token ids; element ",
+                                      i, " is ", TypeName(e)),
+                         what));
+      return false;
+    }
+    out->Add(static_cast<int32_t>(e.get<int64_t>()));
+  }
+  return true;
+}
+
+// The sampling fields both endpoints share.
+void ParseSampling(Fields* f, v1::SamplingParams* sp) {
+  if (auto n = f->Count("n")) sp->set_n(static_cast<uint32_t>(*n));
+  if (auto v = f->Number("temperature")) sp->set_temperature(static_cast<float>(*v));
+  if (auto v = f->Number("top_p")) sp->set_top_p(static_cast<float>(*v));
+  if (auto v = f->Int32("top_k")) sp->set_top_k(*v == 0 ? -1 : static_cast<int32_t>(*v));
+  if (auto v = f->Number("min_p")) sp->set_min_p(static_cast<float>(*v));
+  if (auto v = f->Int("seed", INT64_MIN, INT64_MAX)) sp->set_seed(static_cast<uint64_t>(*v));
+  if (auto v = f->Count("min_tokens")) sp->set_min_tokens(static_cast<uint32_t>(*v));
+  if (auto v = f->Bool("ignore_eos")) sp->set_ignore_eos(*v);
+  if (auto v = f->Number("presence_penalty")) sp->set_presence_penalty(static_cast<float>(*v));
+  if (auto v = f->Number("frequency_penalty")) sp->set_frequency_penalty(static_cast<float>(*v));
+  if (auto v = f->Number("repetition_penalty")) {
+    sp->set_repetition_penalty(static_cast<float>(*v));
+  }
+  if (auto v = f->Bool("skip_special_tokens")) sp->set_skip_special_tokens(*v);
+  if (auto v = f->Bool("include_stop_str_in_output")) sp->set_include_stop_str_in_output(*v);
+  if (const json* stop = f->Get("stop")) {
+    if (stop->is_string()) {
+      sp->add_stop(stop->get<std::string>());
+    } else if (stop->is_array()) {
+      for (size_t i = 0; i < stop->size(); ++i) {
+        if (!(*stop)[i].is_string()) {
+          f->Fail(BadRequest(absl::StrCat("'stop' must be a string or a list of strings; element ",
+                                          i, " is ", TypeName((*stop)[i])),
+                             "stop"));
+          return;
+        }
+        sp->add_stop((*stop)[i].get<std::string>());
+      }
+    } else {
+      f->Fail(WrongType("stop", "a string or a list of strings", *stop));
+    }
+  }
+  if (const json* ids = f->Get("stop_token_ids")) {
+    if (!ids->is_array()) {
+      f->Fail(WrongType("stop_token_ids", "a list of integers", *ids));
+    } else {
+      TokenIdList(*ids, "stop_token_ids", f, sp->mutable_stop_token_ids());
+    }
+  }
+}
+
+// The fields both endpoints read the same way: model, stream, stream_options, priority, ...
+void ParseCommon(Fields* f, OpenAIRequest* r) {
+  if (auto m = f->String("model")) r->model = *m;
+  const bool stream = f->Bool("stream").value_or(false);
+  r->request.set_stream(stream);
+  if (const json* so = f->Get("stream_options")) {
+    if (!so->is_object()) {
+      f->Fail(WrongType("stream_options", "an object", *so));
+    } else if (!stream) {
+      f->Fail(
+          BadRequest("'stream_options' is only allowed when 'stream' is true", "stream_options"));
+    } else {
+      Fields so_fields(*so);
+      if (auto u = so_fields.Bool("include_usage")) r->include_usage = *u;
+      if (so_fields.failed()) {
+        OpenAIError e = so_fields.error();
+        e.param = "stream_options." + e.param;
+        f->Fail(e);
+      }
+    }
+  }
+  if (auto v = f->Int32("priority")) r->request.set_priority(static_cast<int32_t>(*v));
+  if (auto v = f->String("cache_salt")) r->request.set_cache_salt(*v);
+  ParseSampling(f, r->request.mutable_sampling_params());
+}
+
+ParseResult Finish(Fields& f, OpenAIRequest r) {
+  ParseResult out;
+  if (f.failed()) {
+    out.error = f.error();
+  } else {
+    out.request = std::move(r);
+  }
+  return out;
+}
+
+std::optional<json> ParseBody(std::string_view body, ParseResult* out) {
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    out->error = BadRequest("the request body is not valid JSON", "");
+    return std::nullopt;
+  }
+  if (!j.is_object()) {
+    out->error =
+        BadRequest(absl::StrCat("the request body must be a JSON object, got ", TypeName(j)), "");
+    return std::nullopt;
+  }
+  return j;
+}
+
+float ClampLogprob(float lp) { return std::max(lp, -9999.0f); }
+
+json Bytes(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(static_cast<int>(c));
+  return b;
+}
+
+// Completions' logprobs object for `o`'s tokens; `text_offset` is where they start in the
+// choice's text (advanced past them).
+json CompletionLogprobs(const v1::SequenceOutput& o, size_t* text_offset) {
+  json tokens = json::array(), token_logprobs = json::array(), top = json::array(),
+       offsets = json::array();
+  for (const v1::Logprobs& lp : o.logprobs()) {
+    tokens.push_back(lp.sampled().text());
+    token_logprobs.push_back(ClampLogprob(lp.sampled().logprob()));
+    json t = json::object();
+    for (const v1::TokenLogprob& alt : lp.top()) t[alt.text()] = ClampLogprob(alt.logprob());
+    if (!t.contains(lp.sampled().text())) {
+      t[lp.sampled().text()] = ClampLogprob(lp.sampled().logprob());
+    }
+    top.push_back(std::move(t));
+    offsets.push_back(*text_offset);
+    *text_offset += lp.sampled().text().size();
+  }
+  return {{"tokens", tokens},
+          {"token_logprobs", token_logprobs},
+          {"top_logprobs", top},
+          {"text_offset", offsets}};
+}
+
+json ChatLogprobs(const v1::SequenceOutput& o) {
+  json content = json::array();
+  for (const v1::Logprobs& lp : o.logprobs()) {
+    json top = json::array();
+    for (const v1::TokenLogprob& alt : lp.top()) {
+      top.push_back({{"token", alt.text()},
+                     {"logprob", ClampLogprob(alt.logprob())},
+                     {"bytes", Bytes(alt.text())}});
+    }
+    content.push_back({{"token", lp.sampled().text()},
+                       {"logprob", ClampLogprob(lp.sampled().logprob())},
+                       {"bytes", Bytes(lp.sampled().text())},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return {{"content", std::move(content)}};
+}
+
+json StopReason(const v1::SequenceOutput& o) {
+  return o.stop_reason().empty() ? json(nullptr) : json(o.stop_reason());
+}
+
+}  // namespace
+
+json OpenAIError::ToJson() const {
+  return {{"error",
+           {{"message", message},
+            {"type", type},
+            {"param", param.empty() ? json(nullptr) : json(param)},
+            {"code", code.empty() ? json(nullptr) : json(code)}}}};
+}
+
+ParseResult ParseCompletionRequest(std::string_view body) {
+  ParseResult out;
+  std::optional<json> j = ParseBody(body, &out);
+  if (!j.has_value()) return out;
+  Fields f(*j);
+  OpenAIRequest r;
+  r.endpoint = Endpoint::kCompletions;
+  ParseCommon(&f, &r);
+  // OpenAI's completions take a string, a token list, or a batch of either; one prompt here.
+  const json* prompt = f.Get("prompt");
+  if (prompt == nullptr) {
+    f.Fail(BadRequest("'prompt' is required", "prompt"));
+  } else {
+    const json* p = prompt;
+    if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) {
+      p = &(*p)[0];  // a batch of one
+    }
+    if (p->is_string()) {
+      r.request.set_text(p->get<std::string>());
+    } else if (p->is_array() && !p->empty() && (*p)[0].is_number()) {
+      TokenIdList(*p, "prompt", &f, r.request.mutable_token_ids()->mutable_ids());
+    } else if (p->is_array() && p->size() > 1 && ((*p)[0].is_string() || (*p)[0].is_array())) {
+      f.Fail(BadRequest(absl::StrCat("'prompt' is a batch of ", p->size(),
+                                     " prompts; send one prompt per request"),
+                        "prompt"));
+    } else {
+      f.Fail(WrongType("prompt", "a string or a non-empty list of token ids", *p));
+    }
+  }
+  r.request.set_add_special_tokens(f.Bool("add_special_tokens").value_or(true));
+  v1::SamplingParams* sp = r.request.mutable_sampling_params();
+  if (auto v = f.Count("max_tokens")) sp->set_max_tokens(static_cast<uint32_t>(*v));
+  if (auto v = f.Count("logprobs")) {
+    sp->set_logprobs(static_cast<uint32_t>(*v));
+    r.logprobs = true;
+  }
+  if (f.Bool("echo").value_or(false)) f.Fail(BadRequest("'echo' is not supported", "echo"));
+  if (auto s = f.String("suffix"); s.has_value() && !s->empty()) {
+    f.Fail(BadRequest("'suffix' is not supported", "suffix"));
+  }
+  if (auto b = f.Count("best_of"); b.has_value() && *b != (sp->has_n() ? sp->n() : 1)) {
+    f.Fail(BadRequest("'best_of' other than n is not supported", "best_of"));
+  }
+  return Finish(f, std::move(r));
+}
+
+ParseResult ParseChatCompletionRequest(std::string_view body) {
+  ParseResult out;
+  std::optional<json> j = ParseBody(body, &out);
+  if (!j.has_value()) return out;
+  Fields f(*j);
+  OpenAIRequest r;
+  r.endpoint = Endpoint::kChatCompletions;
+  ParseCommon(&f, &r);
+  v1::ChatPrompt* chat = r.request.mutable_chat();
+  const json* messages = f.Get("messages");
+  if (messages == nullptr) {
+    f.Fail(BadRequest("'messages' is required", "messages"));
+  } else if (!messages->is_array() || messages->empty()) {
+    f.Fail(WrongType("messages", "a non-empty list of messages", *messages));
+  } else {
+    for (size_t i = 0; i < messages->size() && !f.failed(); ++i) {
+      const json& m = (*messages)[i];
+      const std::string where = absl::StrCat("messages[", i, "]");
+      if (!m.is_object()) {
+        f.Fail(WrongType(where, "an object", m));
+        break;
+      }
+      auto role = m.find("role");
+      if (role == m.end() || !role->is_string()) {
+        f.Fail(WrongType(where + ".role", "a string", role == m.end() ? json(nullptr) : *role));
+        break;
+      }
+      v1::ChatMessage* msg = chat->add_messages();
+      msg->set_role(role->get<std::string>());
+      auto content = m.find("content");
+      if (content == m.end() || content->is_null()) continue;  // e.g. an assistant tool call
+      if (content->is_string()) {
+        msg->set_content(content->get<std::string>());
+      } else if (content->is_array()) {
+        // Content parts: only text ones, concatenated.
+        for (size_t k = 0; k < content->size(); ++k) {
+          const json& part = (*content)[k];
+          const std::string pwhere = absl::StrCat(where, ".content[", k, "]");
+          if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+              !part["text"].is_string()) {
+            f.Fail(BadRequest(
+                absl::StrCat("'", pwhere, "' must be {\"type\": \"text\", \"text\": <string>}; ",
+                             "other content parts are not supported"),
+                pwhere));
+            break;
+          }
+          msg->mutable_content()->append(part["text"].get<std::string>());
+        }
+      } else {
+        f.Fail(WrongType(where + ".content", "a string or a list of content parts", *content));
+      }
+    }
+  }
+  if (auto v = f.Bool("add_generation_prompt")) chat->set_add_generation_prompt(*v);
+  r.request.set_add_special_tokens(f.Bool("add_special_tokens").value_or(false));
+  v1::SamplingParams* sp = r.request.mutable_sampling_params();
+  // max_completion_tokens replaces the deprecated max_tokens.
+  std::optional<int64_t> max_tokens = f.Count("max_completion_tokens");
+  if (!max_tokens.has_value()) max_tokens = f.Count("max_tokens");
+  if (max_tokens.has_value()) sp->set_max_tokens(static_cast<uint32_t>(*max_tokens));
+  r.logprobs = f.Bool("logprobs").value_or(false);
+  const std::optional<int64_t> top = f.Count("top_logprobs");
+  if (top.has_value() && !r.logprobs && !f.failed()) {
+    f.Fail(BadRequest("'top_logprobs' requires 'logprobs' to be true", "top_logprobs"));
+  }
+  if (r.logprobs) sp->set_logprobs(static_cast<uint32_t>(top.value_or(0)));
+  return Finish(f, std::move(r));
+}
+
+int HttpStatusFromGrpc(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK:
+      return 200;
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::OUT_OF_RANGE:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::ALREADY_EXISTS:
+      return 400;
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return 401;
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return 403;
+    case grpc::StatusCode::NOT_FOUND:
+      return 404;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return 429;
+    case grpc::StatusCode::CANCELLED:
+      return 499;
+    case grpc::StatusCode::UNIMPLEMENTED:
+      return 501;
+    case grpc::StatusCode::UNAVAILABLE:
+      return 503;
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return 504;
+    default:
+      return 500;
+  }
+}
+
+OpenAIError ErrorFromGrpc(const grpc::Status& status) {
+  OpenAIError e;
+  e.http_status = HttpStatusFromGrpc(status.error_code());
+  e.message = status.error_message();
+  switch (e.http_status) {
+    case 400:
+    case 404:
+      e.type = "invalid_request_error";
+      break;
+    case 401:
+      e.type = "authentication_error";
+      e.code = "invalid_api_key";
+      break;
+    case 403:
+      e.type = "permission_error";
+      break;
+    case 429:
+      e.type = "rate_limit_error";
+      e.code = "rate_limit_exceeded";
+      break;
+    case 501:
+      e.type = "invalid_request_error";
+      e.code = "not_implemented";
+      break;
+    case 503:
+      e.type = "service_unavailable_error";
+      break;
+    default:
+      e.type = "server_error";
+  }
+  return e;
+}
+
+OpenAIError ModelNotFound(const std::string& model) {
+  return {.http_status = 404,
+          .message = absl::StrCat("The model `", model, "` does not exist."),
+          .type = "invalid_request_error",
+          .param = "model",
+          .code = "model_not_found"};
+}
+
+json FinishReasonJson(v1::FinishReason reason) {
+  switch (reason) {
+    case v1::FINISH_REASON_STOP:
+      return "stop";
+    case v1::FINISH_REASON_LENGTH:
+      return "length";
+    case v1::FINISH_REASON_ABORT:
+      return "abort";
+    default:
+      return nullptr;
+  }
+}
+
+std::string ResponseId(Endpoint endpoint, const std::string& request_id) {
+  return absl::StrCat(endpoint == Endpoint::kCompletions ? "cmpl-" : "chatcmpl-", request_id);
+}
+
+json UsageJson(const v1::Usage& usage) {
+  json u = {{"prompt_tokens", usage.prompt_tokens()},
+            {"completion_tokens", usage.completion_tokens()},
+            {"total_tokens", usage.prompt_tokens() + usage.completion_tokens()}};
+  if (usage.cached_prompt_tokens() > 0) {
+    u["prompt_tokens_details"] = {{"cached_tokens", usage.cached_prompt_tokens()}};
+  }
+  return u;
+}
+
+json CompletionBody(const OpenAIRequest& req, const ResponseContext& ctx,
+                    const v1::GenerateResponse& response) {
+  const bool chat = req.endpoint == Endpoint::kChatCompletions;
+  json choices = json::array();
+  for (const v1::SequenceOutput& o : response.outputs()) {
+    json c = {{"index", o.index()}};
+    if (chat) {
+      c["message"] = {{"role", "assistant"}, {"content", o.text()}};
+      c["logprobs"] = req.logprobs ? ChatLogprobs(o) : json(nullptr);
+    } else {
+      c["text"] = o.text();
+      size_t offset = 0;
+      c["logprobs"] = req.logprobs ? CompletionLogprobs(o, &offset) : json(nullptr);
+    }
+    c["finish_reason"] = FinishReasonJson(o.finish_reason());
+    c["stop_reason"] = StopReason(o);
+    choices.push_back(std::move(c));
+  }
+  return {{"id", ctx.id},
+          {"object", chat ? "chat.completion" : "text_completion"},
+          {"created", ctx.created},
+          {"model", ctx.model},
+          {"choices", std::move(choices)},
+          {"usage", UsageJson(response.usage())}};
+}
+
+std::vector<json> StreamChunks(const OpenAIRequest& req, const ResponseContext& ctx,
+                               const v1::GenerateResponse& response, StreamState* state) {
+  const bool chat = req.endpoint == Endpoint::kChatCompletions;
+  std::vector<json> chunks;
+  for (const v1::SequenceOutput& o : response.outputs()) {
+    const size_t i = o.index();
+    if (state->role_sent.size() <= i) state->role_sent.resize(i + 1, false);
+    if (state->text_offset.size() <= i) state->text_offset.resize(i + 1, 0);
+    json c = {{"index", i}};
+    if (chat) {
+      json delta = {{"content", o.text()}};
+      if (!state->role_sent[i]) {
+        delta["role"] = "assistant";
+        state->role_sent[i] = true;
+      }
+      c["delta"] = std::move(delta);
+      c["logprobs"] = req.logprobs ? ChatLogprobs(o) : json(nullptr);
+    } else {
+      c["text"] = o.text();
+      c["logprobs"] = req.logprobs ? CompletionLogprobs(o, &state->text_offset[i]) : json(nullptr);
+    }
+    c["finish_reason"] = FinishReasonJson(o.finish_reason());
+    c["stop_reason"] = StopReason(o);
+    chunks.push_back({{"id", ctx.id},
+                      {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                      {"created", ctx.created},
+                      {"model", ctx.model},
+                      {"choices", json::array({std::move(c)})}});
+  }
+  return chunks;
+}
+
+json UsageChunk(const OpenAIRequest& req, const ResponseContext& ctx, const v1::Usage& usage) {
+  const bool chat = req.endpoint == Endpoint::kChatCompletions;
+  return {{"id", ctx.id},
+          {"object", chat ? "chat.completion.chunk" : "text_completion"},
+          {"created", ctx.created},
+          {"model", ctx.model},
+          {"choices", json::array()},
+          {"usage", UsageJson(usage)}};
+}
+
+std::string SseEvent(const json& j) {
+  return absl::StrCat("data: ", j.dump(-1, ' ', false, json::error_handler_t::replace), "\n\n");
+}
+
+}  // namespace llm::openai

@@ -1,0 +1,336 @@
+#!/usr/bin/env python3
+"""Drives llm-scheduler's OpenAI-compatible HTTP API with the official `openai` client.
+
+Run by tests/integration/openai_api_test.cc against a local cluster (fortune-llama, started
+with --api-key) after it took a greedy reference over gRPC:
+
+  openai_client_check.py --base-url http://127.0.0.1:PORT/v1 --api-key KEY --model NAME \
+      --reference ref.json [--chat=unimplemented|served]
+
+With --cafile the base URL is https and only that certificate is trusted; --checks runs a
+subset.
+
+ref.json: {"prompt": str, "max_tokens": int, "text": str} -- the gRPC Generate output of a
+greedy request (BOS added, ignore_eos) for the prompt.
+
+Every check runs; each failure is printed; the exit status is the number of failed checks
+(0: all passed). Checks are sequential, so the server's metrics move by this script's
+requests only.
+"""
+
+import argparse
+import json
+import socket
+import ssl
+import sys
+import time
+import traceback
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import openai
+from prometheus_client.parser import text_string_to_metric_families
+
+HANG_GUARD_S = 60  # generous: only a hang trips it
+
+
+class Checker:
+    def __init__(self, args):
+        self.args = args
+        self.root = args.base_url[: -len("/v1")] if args.base_url.endswith("/v1") else args.base_url
+        # HTTPS: the server's certificate is the only one trusted.
+        self.ssl = ssl.create_default_context(cafile=args.cafile) if args.cafile else None
+        self.http_client = openai.DefaultHttpxClient(verify=self.ssl) if self.ssl else None
+        self.client = openai.OpenAI(base_url=args.base_url, api_key=args.api_key, max_retries=0,
+                                    timeout=HANG_GUARD_S, http_client=self.http_client)
+        with open(args.reference) as f:
+            self.ref = json.load(f)
+        self.failures = []
+
+    # --- helpers ---------------------------------------------------------------------------
+    def http(self, method, path, body=None, headers=None):
+        """(status, parsed JSON or text) of a raw request."""
+        data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
+        req = urllib.request.Request(self.root + path, method=method, data=data,
+                                     headers={"Content-Type": "application/json",
+                                              **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, timeout=HANG_GUARD_S, context=self.ssl) as r:
+                status, data = r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            status, data = e.code, e.read().decode()
+        try:
+            return status, json.loads(data)
+        except ValueError:
+            return status, data
+
+    def metrics(self):
+        """{sample name + sorted labels: value} of /metrics (no key needed)."""
+        status, text = self.http("GET", "/metrics")
+        assert status == 200, f"/metrics answered {status}"
+        out = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                labels = tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_name"))
+                out[(s.name, labels)] = s.value
+        return out
+
+    @staticmethod
+    def m(metrics, name, **labels):
+        return metrics[(name, tuple(sorted(labels.items())))]
+
+    def expect_error(self, fn, status, code=None, param=None):
+        try:
+            fn()
+        except openai.APIStatusError as e:
+            assert e.status_code == status, f"HTTP {e.status_code}, expected {status}: {e.body}"
+            body = e.response.json()
+            err = body["error"]
+            for k in ("message", "type", "param", "code"):
+                assert k in err, f"error body lacks {k!r}: {body}"
+            assert isinstance(err["message"], str) and err["message"], body
+            if code is not None:
+                assert err["code"] == code, f"code {err['code']!r}, expected {code!r}"
+            if param is not None:
+                assert err["param"] == param, f"param {err['param']!r}, expected {param!r}"
+            return err
+        raise AssertionError(f"no error; expected HTTP {status}")
+
+    def greedy(self, prompt, max_tokens, **kw):
+        return self.client.completions.create(
+            model=self.args.model, prompt=prompt, max_tokens=max_tokens, temperature=0,
+            extra_body={"ignore_eos": True}, **kw)
+
+    # --- checks ----------------------------------------------------------------------------
+    def check_models_and_health(self):
+        models = self.client.models.list()
+        ids = [m.id for m in models.data]
+        assert ids == [self.args.model], f"/v1/models lists {ids}"
+        status, _ = self.http("GET", "/health")
+        assert status == 200, f"/health answered {status}"
+
+    def check_greedy_equals_grpc(self):
+        r = self.greedy(self.ref["prompt"], self.ref["max_tokens"])
+        assert r.choices[0].text == self.ref["text"], (
+            f"HTTP text {r.choices[0].text!r} != gRPC text {self.ref['text']!r}")
+        assert r.object == "text_completion" and r.id.startswith("cmpl-"), (r.object, r.id)
+        assert r.model == self.args.model
+        assert r.choices[0].finish_reason == "length"
+        assert r.usage.completion_tokens == self.ref["max_tokens"], r.usage
+
+    def check_stream_usage(self):
+        stream = self.client.completions.create(
+            model=self.args.model, prompt=self.ref["prompt"], max_tokens=12, temperature=0,
+            logprobs=0, stream=True, stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True})
+        text, tokens, usage, finish = "", 0, None, None
+        for chunk in stream:
+            if chunk.usage is not None:
+                assert not chunk.choices, "the usage chunk has choices"
+                usage = chunk.usage
+                continue
+            for c in chunk.choices:
+                text += c.text
+                tokens += len(c.logprobs.tokens)
+                finish = c.finish_reason or finish
+        assert usage is not None, "no usage chunk with include_usage"
+        assert usage.completion_tokens == tokens == 12, (usage, tokens)
+        assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+        assert finish == "length", finish
+        # The greedy stream is the non-streamed greedy text's prefix (12 of max_tokens).
+        assert self.ref["text"].startswith(text), (text, self.ref["text"])
+
+    def check_logprobs(self):
+        r = self.greedy(self.ref["prompt"], 6, logprobs=2)
+        lp = r.choices[0].logprobs
+        assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6, lp
+        assert "".join(lp.tokens) == r.choices[0].text, (lp.tokens, r.choices[0].text)
+        for tok, lp_tok, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+            assert lp_tok <= 0, lp_tok
+            assert len(top) >= 2, top
+            # Greedy: the sampled token is the most likely one.
+            assert abs(max(top.values()) - lp_tok) < 1e-4, (tok, lp_tok, top)
+
+    def check_n2(self):
+        r = self.client.completions.create(model=self.args.model, prompt=self.ref["prompt"],
+                                           max_tokens=5, n=2, temperature=1.0, seed=7,
+                                           extra_body={"ignore_eos": True})
+        assert sorted(c.index for c in r.choices) == [0, 1], r.choices
+        assert all(c.text for c in r.choices), r.choices
+        assert r.usage.completion_tokens == 10, r.usage
+
+    def check_stop(self):
+        full = self.ref["text"]
+        # A stop string from the middle of the greedy text: the output ends before its first
+        # occurrence.
+        k = len(full) // 2
+        stop = full[k:k + 3]
+        first = full.find(stop)
+        assert first > 0 and len(stop) == 3, f"no usable stop string in {full!r}"
+        r = self.greedy(self.ref["prompt"], self.ref["max_tokens"], stop=[stop])
+        assert r.choices[0].text == full[:first], (r.choices[0].text, full[:first], stop)
+        assert r.choices[0].finish_reason == "stop", r.choices[0].finish_reason
+        # A single string works as well as a list.
+        r2 = self.greedy(self.ref["prompt"], self.ref["max_tokens"], stop=stop)
+        assert r2.choices[0].text == full[:first]
+
+    def check_errors(self):
+        # A wrong type: 400 naming the field.
+        self.expect_error(lambda: self.client.completions.create(
+            model=self.args.model, prompt="x", max_tokens=4, extra_body={"top_k": "many"}),
+            400, param="top_k")
+        # A value the gRPC service refuses: 400 with its message.
+        err = self.expect_error(lambda: self.client.completions.create(
+            model=self.args.model, prompt="x", max_tokens=4, temperature=-1), 400)
+        assert "temperature" in err["message"], err
+        # Wrong model: 404 model_not_found.
+        self.expect_error(lambda: self.client.completions.create(
+            model="no-such-model", prompt="x", max_tokens=4), 404, code="model_not_found")
+        # No key, a wrong key: 401; /health and /metrics need none.
+        status, body = self.http("POST", "/v1/completions",
+                                 {"model": self.args.model, "prompt": "x", "max_tokens": 2})
+        assert status == 401 and body["error"]["code"] == "invalid_api_key", (status, body)
+        bad = openai.OpenAI(base_url=self.args.base_url, api_key="wrong", max_retries=0,
+                            http_client=self.http_client)
+        self.expect_error(lambda: bad.models.list(), 401, code="invalid_api_key")
+        # Not JSON: 400.
+        status, body = self.http("POST", "/v1/completions", b"{not json",
+                                 {"Authorization": f"Bearer {self.args.api_key}"})
+        assert status == 400 and "error" in body, (status, body)
+
+    def check_metrics_count_tokens(self):
+        before = self.metrics()
+        r = self.greedy(self.ref["prompt"], 7)
+        after = self.metrics()
+        d = lambda name, **l: self.m(after, name, **l) - self.m(before, name, **l)
+        assert d("vllm:generation_tokens_total") == r.usage.completion_tokens == 7, (
+            d("vllm:generation_tokens_total"), r.usage)
+        assert d("vllm:prompt_tokens_total") == r.usage.prompt_tokens, (
+            d("vllm:prompt_tokens_total"), r.usage)
+        assert d("vllm:request_success_total", finished_reason="length") == 1
+        for h in ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds"):
+            assert d(h + "_count") == 1, (h, d(h + "_count"))
+            assert self.m(after, h + "_bucket", le="+Inf") == self.m(after, h + "_count")
+        # One inter-token observation per step after the first token.
+        assert d("vllm:inter_token_latency_seconds_count") == 6
+        for g in ("vllm:num_requests_running", "vllm:num_requests_waiting",
+                  "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total",
+                  "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total"):
+            assert (g, ()) in after, f"/metrics lacks {g}"
+        assert d("vllm:prefix_cache_queries_total") >= r.usage.prompt_tokens
+
+    def check_disconnect_aborts(self):
+        before = self.metrics()
+        max_len = self.client.models.list().data[0].model_extra["max_model_len"]
+        # A long request (n sequences to the end of the context, with logprobs) that the client
+        # leaves as soon as its stream has begun: a raw socket, so that nothing but the close
+        # happens between the first event and the disconnect.
+        n, max_tokens = 8, max_len - 32
+        body = json.dumps({"model": self.args.model, "prompt": self.ref["prompt"], "n": n,
+                           "max_tokens": max_tokens, "temperature": 1.0, "logprobs": 5,
+                           "ignore_eos": True, "stream": True}).encode()
+        url = urllib.parse.urlsplit(self.root)
+        sock = socket.create_connection((url.hostname, url.port), timeout=HANG_GUARD_S)
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Authorization: Bearer " + self.args.api_key.encode() + b"\r\n"
+                     b"Content-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        received = b""
+        while b"data: " not in received:
+            data = sock.recv(65536)
+            assert data, f"the server closed the stream first: {received!r}"
+            received += data
+        sock.close()  # the client goes away mid-stream
+        assert received.startswith(b"HTTP/1.1 200"), received[:200]
+        deadline = time.time() + HANG_GUARD_S
+        while True:
+            now = self.metrics()
+            gone = (self.m(now, "vllm:num_requests_running") == 0
+                    and self.m(now, "vllm:num_requests_waiting") == 0
+                    and self.m(now, "vllm:kv_cache_usage_perc") == 0)
+            aborted = (self.m(now, "vllm:request_success_total", finished_reason="abort")
+                       - self.m(before, "vllm:request_success_total", finished_reason="abort"))
+            if gone and aborted == 1:
+                break
+            assert time.time() < deadline, f"request not aborted / blocks not freed: {now}"
+            time.sleep(0.05)
+        generated = (self.m(now, "vllm:generation_tokens_total")
+                     - self.m(before, "vllm:generation_tokens_total"))
+        assert generated < n * max_tokens, f"generated {generated} of {n * max_tokens}: not aborted"
+
+    def check_chat(self):
+        messages = [{"role": "system", "content": "You are terse."},
+                    {"role": "user", "content": "Tell me a fortune."}]
+        if self.args.chat == "unimplemented":
+            # Until chat templates are served, the gRPC UNIMPLEMENTED maps to 501.
+            self.expect_error(lambda: self.client.chat.completions.create(
+                model=self.args.model, messages=messages, max_completion_tokens=8), 501,
+                code="not_implemented")
+            self.expect_error(lambda: self.client.chat.completions.create(
+                model=self.args.model, messages=messages, max_completion_tokens=8, stream=True,
+                stream_options={"include_usage": True}), 501, code="not_implemented")
+        else:
+            r = self.client.chat.completions.create(
+                model=self.args.model, messages=messages, max_completion_tokens=8,
+                temperature=0, extra_body={"ignore_eos": True})
+            assert r.object == "chat.completion" and r.id.startswith("chatcmpl-"), r
+            assert r.choices[0].message.role == "assistant" and r.choices[0].message.content
+            assert r.usage.completion_tokens == 8, r.usage
+            stream = self.client.chat.completions.create(
+                model=self.args.model, messages=messages, max_completion_tokens=8,
+                temperature=0, stream=True, stream_options={"include_usage": True},
+                logprobs=True, extra_body={"ignore_eos": True})
+            text, tokens, usage, role = "", 0, None, None
+            for chunk in stream:
+                if chunk.usage is not None:
+                    usage = chunk.usage
+                    continue
+                for c in chunk.choices:
+                    role = role or c.delta.role
+                    text += c.delta.content or ""
+                    tokens += len(c.logprobs.content) if c.logprobs else 0
+            assert role == "assistant", role
+            assert usage is not None and usage.completion_tokens == tokens == 8, (usage, tokens)
+            assert text == r.choices[0].message.content, (text, r.choices[0].message.content)
+        # Bad messages are refused before the chat path either way.
+        self.expect_error(lambda: self.client.chat.completions.create(
+            model=self.args.model, messages=[{"role": 3, "content": "x"}]), 400,
+            param="messages[0].role")
+
+    def run(self):
+        checks = [name for name in dir(self) if name.startswith("check_")]
+        order = ["check_models_and_health", "check_metrics_count_tokens",
+                 "check_greedy_equals_grpc", "check_stream_usage", "check_logprobs",
+                 "check_n2", "check_stop", "check_errors", "check_chat",
+                 "check_disconnect_aborts"]
+        assert sorted(order) == sorted(checks), "every check is run once"
+        if self.args.checks:
+            order = [c for c in order if c in self.args.checks.split(",")]
+        for name in order:
+            start = time.time()
+            try:
+                getattr(self, name)()
+                print(f"PASS {name} ({time.time() - start:.2f} s)", flush=True)
+            except Exception:  # each failure is reported; the others still run
+                self.failures.append(name)
+                print(f"FAIL {name} ({time.time() - start:.2f} s)\n{traceback.format_exc()}",
+                      flush=True)
+        print(f"{len(order) - len(self.failures)} of {len(order)} checks passed", flush=True)
+        return len(self.failures)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--base-url", required=True)
+    p.add_argument("--api-key", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--reference", required=True)
+    p.add_argument("--chat", choices=["unimplemented", "served"], default="unimplemented")
+    p.add_argument("--cafile", help="HTTPS: the server's certificate, trusted alone")
+    p.add_argument("--checks", help="comma-separated check_ names to run (default: all)")
+    sys.exit(Checker(p.parse_args()).run())
+
+
+if __name__ == "__main__":
+    main()

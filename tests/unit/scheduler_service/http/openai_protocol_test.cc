@@ -1,0 +1,301 @@
+#include "scheduler_service/http/openai_protocol.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace llm::openai {
+namespace {
+
+using json = nlohmann::json;
+using ::testing::HasSubstr;
+
+TEST(OpenAIProtocolTest, CompletionRequestMapsEveryField) {
+  const ParseResult p = ParseCompletionRequest(R"({
+      "model": "m", "prompt": "hello", "max_tokens": 7, "n": 2, "temperature": 0.5,
+      "top_p": 0.9, "top_k": 5, "min_p": 0.1, "seed": 42, "stop": ["a", "bc"],
+      "stop_token_ids": [3, 4], "logprobs": 3, "presence_penalty": 0.5,
+      "frequency_penalty": -0.5, "repetition_penalty": 1.2, "ignore_eos": true,
+      "min_tokens": 2, "stream": true, "stream_options": {"include_usage": true},
+      "user": "ignored", "some_unknown_field": {"x": 1}, "suffix": null})");
+  ASSERT_TRUE(p.ok()) << p.error.message;
+  const OpenAIRequest& r = p.request;
+  EXPECT_EQ(r.endpoint, Endpoint::kCompletions);
+  EXPECT_EQ(r.model, "m");
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_TRUE(r.logprobs);
+  EXPECT_EQ(r.request.text(), "hello");
+  EXPECT_TRUE(r.request.stream());
+  EXPECT_TRUE(r.request.add_special_tokens());
+  const v1::SamplingParams& sp = r.request.sampling_params();
+  EXPECT_EQ(sp.max_tokens(), 7u);
+  EXPECT_EQ(sp.n(), 2u);
+  EXPECT_FLOAT_EQ(sp.temperature(), 0.5f);
+  EXPECT_FLOAT_EQ(sp.top_p(), 0.9f);
+  EXPECT_EQ(sp.top_k(), 5);
+  EXPECT_FLOAT_EQ(sp.min_p(), 0.1f);
+  EXPECT_EQ(sp.seed(), 42u);
+  EXPECT_THAT(sp.stop(), ::testing::ElementsAre("a", "bc"));
+  EXPECT_THAT(sp.stop_token_ids(), ::testing::ElementsAre(3, 4));
+  EXPECT_EQ(sp.logprobs(), 3u);
+  EXPECT_FLOAT_EQ(sp.presence_penalty(), 0.5f);
+  EXPECT_FLOAT_EQ(sp.frequency_penalty(), -0.5f);
+  EXPECT_FLOAT_EQ(sp.repetition_penalty(), 1.2f);
+  EXPECT_TRUE(sp.ignore_eos());
+  EXPECT_EQ(sp.min_tokens(), 2u);
+}
+
+TEST(OpenAIProtocolTest, UnsetFieldsStayUnsetForTheServiceDefaults) {
+  const ParseResult p = ParseCompletionRequest(R"({"prompt": "x", "temperature": null})");
+  ASSERT_TRUE(p.ok()) << p.error.message;
+  const v1::SamplingParams& sp = p.request.request.sampling_params();
+  EXPECT_FALSE(sp.has_temperature());
+  EXPECT_FALSE(sp.has_max_tokens());
+  EXPECT_FALSE(sp.has_logprobs());
+  EXPECT_FALSE(sp.has_n());
+  EXPECT_FALSE(p.request.logprobs);
+  EXPECT_FALSE(p.request.request.stream());
+  EXPECT_EQ(p.request.model, "");
+}
+
+TEST(OpenAIProtocolTest, CompletionPromptForms) {
+  ParseResult p = ParseCompletionRequest(R"({"prompt": [1, 2, 3], "top_k": 0, "n": 2.0})");
+  ASSERT_TRUE(p.ok()) << p.error.message;
+  EXPECT_THAT(p.request.request.token_ids().ids(), ::testing::ElementsAre(1, 2, 3));
+  EXPECT_EQ(p.request.request.sampling_params().top_k(), -1);  // 0: off, as vLLM
+  EXPECT_EQ(p.request.request.sampling_params().n(), 2u);      // 2.0 is an integer
+  p = ParseCompletionRequest(R"({"prompt": ["only one"], "stop": "s"})");
+  ASSERT_TRUE(p.ok()) << p.error.message;
+  EXPECT_EQ(p.request.request.text(), "only one");
+  EXPECT_THAT(p.request.request.sampling_params().stop(), ::testing::ElementsAre("s"));
+  p = ParseCompletionRequest(R"({"prompt": [[5, 6]]})");
+  ASSERT_TRUE(p.ok()) << p.error.message;
+  EXPECT_THAT(p.request.request.token_ids().ids(), ::testing::ElementsAre(5, 6));
+}
+
+struct BadCase {
+  const char* body;
+  const char* param;
+  const char* message_part;
+};
+
+TEST(OpenAIProtocolTest, BadCompletionRequestsName400AndTheField) {
+  for (const BadCase& c : {
+           BadCase{R"({"prompt": "x", "max_tokens": "a"})", "max_tokens", "got a string"},
+           BadCase{R"({"prompt": "x", "max_tokens": -1})", "max_tokens", "got -1"},
+           // Beyond the proto's uint32: refused, never truncated to a small number.
+           BadCase{R"({"prompt": "x", "max_tokens": 4294967301})", "max_tokens",
+                   "in [0, 4294967295], got 4294967301"},
+           BadCase{R"({"prompt": "x", "top_k": 1e12})", "top_k", "got 1000000000000.0"},
+           BadCase{R"({"prompt": "x", "seed": 1e300})", "seed", "got 1e+300"},
+           BadCase{R"({"prompt": "x", "n": 1.5})", "n", "got number 1.5"},
+           BadCase{R"({"prompt": "x", "temperature": "hot"})", "temperature", "a number"},
+           BadCase{R"({"prompt": "x", "stop": [1]})", "stop", "element 0 is number 1"},
+           BadCase{R"({"prompt": "x", "stop": 3})", "stop", "a string or a list of strings"},
+           BadCase{R"({"prompt": "x", "ignore_eos": 1})", "ignore_eos", "a boolean"},
+           BadCase{R"({"prompt": "x", "logprobs": true})", "logprobs", "got boolean true"},
+           BadCase{R"({"prompt": "x", "model": 3})", "model", "a string"},
+           BadCase{R"({"prompt": ["a", "b"]})", "prompt", "a batch of 2 prompts"},
+           BadCase{R"({"prompt": [1, "b"]})", "prompt", "element 1 is a string"},
+           BadCase{R"({"prompt": {}})", "prompt", "got an object"},
+           BadCase{R"({"max_tokens": 3})", "prompt", "'prompt' is required"},
+           BadCase{R"({"prompt": "x", "stream_options": {"include_usage": true}})",
+                   "stream_options", "only allowed when 'stream' is true"},
+           BadCase{R"({"prompt": "x", "stream": true, "stream_options": {"include_usage": 1}})",
+                   "stream_options.include_usage", "a boolean"},
+           BadCase{R"({"prompt": "x", "echo": true})", "echo", "not supported"},
+       }) {
+    const ParseResult p = ParseCompletionRequest(c.body);
+    ASSERT_FALSE(p.ok()) << c.body;
+    EXPECT_EQ(p.error.http_status, 400) << c.body;
+    EXPECT_EQ(p.error.type, "invalid_request_error");
+    EXPECT_EQ(p.error.param, c.param) << c.body;
+    EXPECT_THAT(p.error.message, HasSubstr(c.message_part)) << c.body;
+  }
+}
+
+TEST(OpenAIProtocolTest, BodyThatIsNotAJsonObjectIs400) {
+  for (const char* body : {"", "{", "[1, 2]", "\"text\""}) {
+    const ParseResult p = ParseChatCompletionRequest(body);
+    ASSERT_FALSE(p.ok()) << body;
+    EXPECT_EQ(p.error.http_status, 400);
+    EXPECT_THAT(p.error.message, HasSubstr("request body"));
+  }
+}
+
+TEST(OpenAIProtocolTest, ChatRequestMapsMessagesAndLogprobs) {
+  const ParseResult p = ParseChatCompletionRequest(R"({
+      "model": "m", "messages": [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": null}],
+      "max_tokens": 3, "max_completion_tokens": 9, "logprobs": true, "top_logprobs": 4})");
+  ASSERT_TRUE(p.ok()) << p.error.message;
+  const v1::GenerateRequest& g = p.request.request;
+  ASSERT_EQ(g.prompt_case(), v1::GenerateRequest::kChat);
+  ASSERT_EQ(g.chat().messages_size(), 3);
+  EXPECT_EQ(g.chat().messages(0).role(), "system");
+  EXPECT_EQ(g.chat().messages(0).content(), "be brief");
+  EXPECT_EQ(g.chat().messages(1).content(), "ab");
+  EXPECT_EQ(g.chat().messages(2).content(), "");
+  EXPECT_FALSE(g.chat().has_add_generation_prompt());
+  EXPECT_FALSE(g.add_special_tokens());             // the template writes the special tokens
+  EXPECT_EQ(g.sampling_params().max_tokens(), 9u);  // max_completion_tokens wins
+  EXPECT_EQ(g.sampling_params().logprobs(), 4u);
+  EXPECT_TRUE(p.request.logprobs);
+}
+
+TEST(OpenAIProtocolTest, BadChatRequests) {
+  for (const BadCase& c : {
+           BadCase{R"({"messages": []})", "messages", "non-empty list"},
+           BadCase{R"({})", "messages", "'messages' is required"},
+           BadCase{R"({"messages": ["hi"]})", "messages[0]", "an object"},
+           BadCase{R"({"messages": [{"content": "x"}]})", "messages[0].role", "got null"},
+           BadCase{R"({"messages": [{"role": "user", "content": 5}]})", "messages[0].content",
+                   "a string or a list of content parts"},
+           BadCase{R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})",
+                   "messages[0].content[0]", "not supported"},
+           BadCase{R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})",
+                   "top_logprobs", "requires 'logprobs'"},
+           BadCase{R"({"messages": [{"role": "user", "content": "x"}], "logprobs": 2})", "logprobs",
+                   "a boolean"},
+       }) {
+    const ParseResult p = ParseChatCompletionRequest(c.body);
+    ASSERT_FALSE(p.ok()) << c.body;
+    EXPECT_EQ(p.error.http_status, 400) << c.body;
+    EXPECT_EQ(p.error.param, c.param) << c.body;
+    EXPECT_THAT(p.error.message, HasSubstr(c.message_part)) << c.body;
+  }
+}
+
+TEST(OpenAIProtocolTest, GrpcCodesMapToHttpStatuses) {
+  EXPECT_EQ(HttpStatusFromGrpc(grpc::StatusCode::INVALID_ARGUMENT), 400);
+  EXPECT_EQ(HttpStatusFromGrpc(grpc::StatusCode::ALREADY_EXISTS), 400);
+  EXPECT_EQ(HttpStatusFromGrpc(grpc::StatusCode::UNAUTHENTICATED), 401);
+  EXPECT_EQ(HttpStatusFromGrpc(grpc::StatusCode::PERMISSION_DENIED), 403);
+  EXPECT_EQ(HttpStatusFromGrpc(grpc::StatusCode::NOT_FOUND), 404);
+  EXPECT_EQ(HttpStatusFromGrpc(grpc::StatusCode::RESOURCE_EXHAUSTED), 429);
+  EXPECT_EQ(HttpStatusFromGrpc(grpc::StatusCode::UNIMPLEMENTED), 501);
+  EXPECT_EQ(HttpStatusFromGrpc(grpc::StatusCode::UNAVAILABLE), 503);
+  EXPECT_EQ(HttpStatusFromGrpc(grpc::StatusCode::DEADLINE_EXCEEDED), 504);
+  EXPECT_EQ(HttpStatusFromGrpc(grpc::StatusCode::INTERNAL), 500);
+  const json e =
+      ErrorFromGrpc(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "too many")).ToJson();
+  EXPECT_EQ(e, json::parse(R"({"error": {"message": "too many", "type": "rate_limit_error",
+                                         "param": null, "code": "rate_limit_exceeded"}})"));
+  EXPECT_EQ(ModelNotFound("x").ToJson()["error"]["code"], "model_not_found");
+  EXPECT_EQ(ModelNotFound("x").http_status, 404);
+}
+
+v1::GenerateResponse TwoSequences() {
+  v1::GenerateResponse r;
+  r.set_request_id("req-1");
+  v1::SequenceOutput* a = r.add_outputs();
+  a->set_index(0);
+  a->set_text("Hi there");
+  a->add_token_ids(10);
+  a->add_token_ids(11);
+  for (const auto& [text, lp] : {std::pair<std::string, float>{"Hi", -0.5f}, {" there", -1.0f}}) {
+    v1::Logprobs* l = a->add_logprobs();
+    l->mutable_sampled()->set_text(text);
+    l->mutable_sampled()->set_logprob(lp);
+    v1::TokenLogprob* t = l->add_top();
+    t->set_text(text);
+    t->set_logprob(lp);
+    t = l->add_top();
+    t->set_text("alt");
+    t->set_logprob(-std::numeric_limits<float>::infinity());  // clamped: JSON has no -inf
+  }
+  a->set_finish_reason(v1::FINISH_REASON_STOP);
+  a->set_stop_reason("!");
+  v1::SequenceOutput* b = r.add_outputs();
+  b->set_index(1);
+  b->set_text("Yo");
+  b->set_finish_reason(v1::FINISH_REASON_LENGTH);
+  r.mutable_usage()->set_prompt_tokens(5);
+  r.mutable_usage()->set_completion_tokens(3);
+  r.mutable_usage()->set_cached_prompt_tokens(2);
+  return r;
+}
+
+TEST(OpenAIProtocolTest, CompletionBodyHasOpenAIsShape) {
+  OpenAIRequest req;
+  req.endpoint = Endpoint::kCompletions;
+  req.logprobs = true;
+  const ResponseContext ctx{
+      .id = ResponseId(Endpoint::kCompletions, "req-1"), .created = 1700000000, .model = "m"};
+  EXPECT_EQ(CompletionBody(req, ctx, TwoSequences()), json::parse(R"({
+      "id": "cmpl-req-1", "object": "text_completion", "created": 1700000000, "model": "m",
+      "choices": [
+        {"index": 0, "text": "Hi there", "finish_reason": "stop", "stop_reason": "!",
+         "logprobs": {"tokens": ["Hi", " there"], "token_logprobs": [-0.5, -1.0],
+                      "top_logprobs": [{"Hi": -0.5, "alt": -9999.0},
+                                       {" there": -1.0, "alt": -9999.0}],
+                      "text_offset": [0, 2]}},
+        {"index": 1, "text": "Yo", "finish_reason": "length", "stop_reason": null,
+         "logprobs": {"tokens": [], "token_logprobs": [], "top_logprobs": [],
+                      "text_offset": []}}],
+      "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8,
+                "prompt_tokens_details": {"cached_tokens": 2}}})"));
+}
+
+TEST(OpenAIProtocolTest, ChatBodyHasOpenAIsShape) {
+  OpenAIRequest req;
+  req.endpoint = Endpoint::kChatCompletions;
+  const json body = CompletionBody(
+      req, {.id = ResponseId(Endpoint::kChatCompletions, "req-1"), .created = 1, .model = "m"},
+      TwoSequences());
+  EXPECT_EQ(body["id"], "chatcmpl-req-1");
+  EXPECT_EQ(body["object"], "chat.completion");
+  EXPECT_EQ(body["choices"][0]["message"],
+            json::parse(R"({"role": "assistant", "content": "Hi there"})"));
+  EXPECT_EQ(body["choices"][0]["logprobs"], nullptr);
+  EXPECT_EQ(body["choices"][1]["finish_reason"], "length");
+}
+
+TEST(OpenAIProtocolTest, ChatStreamSendsTheRoleOncePerChoiceAndLogprobs) {
+  OpenAIRequest req;
+  req.endpoint = Endpoint::kChatCompletions;
+  req.logprobs = true;
+  const ResponseContext ctx{.id = "chatcmpl-x", .created = 1, .model = "m"};
+  StreamState state;
+  v1::GenerateResponse r = TwoSequences();
+  std::vector<json> first = StreamChunks(req, ctx, r, &state);
+  ASSERT_EQ(first.size(), 2u);
+  EXPECT_EQ(first[0]["object"], "chat.completion.chunk");
+  EXPECT_EQ(first[0]["choices"][0]["delta"],
+            json::parse(R"({"role": "assistant", "content": "Hi there"})"));
+  EXPECT_EQ(first[0]["choices"][0]["logprobs"]["content"][0],
+            json::parse(R"({"token": "Hi", "logprob": -0.5, "bytes": [72, 105],
+                            "top_logprobs": [{"token": "Hi", "logprob": -0.5, "bytes": [72, 105]},
+                                             {"token": "alt", "logprob": -9999.0,
+                                              "bytes": [97, 108, 116]}]})"));
+  std::vector<json> second = StreamChunks(req, ctx, r, &state);
+  EXPECT_EQ(second[0]["choices"][0]["delta"], json::parse(R"({"content": "Hi there"})"));
+  EXPECT_EQ(second[1]["choices"][0]["delta"], json::parse(R"({"content": "Yo"})"));
+  const json usage = UsageChunk(req, ctx, r.usage());
+  EXPECT_EQ(usage["choices"], json::array());
+  EXPECT_EQ(usage["usage"]["total_tokens"], 8);
+}
+
+TEST(OpenAIProtocolTest, CompletionStreamContinuesTextOffsets) {
+  OpenAIRequest req;
+  req.logprobs = true;
+  StreamState state;
+  const v1::GenerateResponse r = TwoSequences();
+  StreamChunks(req, {}, r, &state);
+  const std::vector<json> again = StreamChunks(req, {}, r, &state);
+  EXPECT_EQ(again[0]["choices"][0]["logprobs"]["text_offset"], json::parse("[8, 10]"));
+  EXPECT_EQ(again[0]["object"], "text_completion");
+}
+
+TEST(OpenAIProtocolTest, SseEventsAndInvalidUtf8) {
+  EXPECT_EQ(SseEvent(json{{"a", 1}}), "data: {\"a\":1}\n\n");
+  EXPECT_EQ(kSseDone, "data: [DONE]\n\n");
+  // A token text that is not UTF-8 on its own (half a character) is replaced, not thrown on.
+  EXPECT_EQ(SseEvent(json{{"t", std::string("\xe4\xbd")}}), "data: {\"t\":\"\xEF\xBF\xBD\"}\n\n");
+}
+
+}  // namespace
+}  // namespace llm::openai
