@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/grpc_security.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/port_file.h"
@@ -113,7 +114,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
                                    "--scheduler-port=0",
                                    "--worker-base-port=0"};
   if (!options.worker_binary.empty()) argv.push_back("--worker-binary=" + options.worker_binary);
+  if (!options.api_key.empty()) setenv("LLM_API_KEY", options.api_key.c_str(), 1);
   absl::StatusOr<std::unique_ptr<ChildProcess>> p = ChildProcess::Start({.argv = argv});
+  if (!options.api_key.empty()) unsetenv("LLM_API_KEY");
   if (!p.ok()) return p.status();
   c->process_ = std::move(*p);
   const absl::Time deadline = absl::Now() + absl::Seconds(120);
@@ -131,8 +134,10 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
     absl::SleepFor(absl::Milliseconds(20));
   }
   c->address_ = absl::StrCat("127.0.0.1:", *port);
-  c->stub_ =
-      v1::LLMService::NewStub(grpc::CreateChannel(c->address_, grpc::InsecureChannelCredentials()));
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = CreatePublicChannel(
+      c->address_, {.tls_ca = options.tls_ca, .api_key = options.api_key});
+  if (!channel.ok()) return channel.status();
+  c->stub_ = v1::LLMService::NewStub(*std::move(channel));
   for (pid_t pid : c->Children()) c->seen_children_.push_back(pid);
   return c;
 }

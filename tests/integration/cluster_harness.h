@@ -39,6 +39,11 @@ struct ClusterOptions {
   // When set, this existing manifest is used as it is (the fields above are ignored), except
   // that every port becomes 0 (llm-cluster --scheduler-port=0 --worker-base-port=0).
   std::string manifest;
+  // When set, llm-cluster starts with it as LLM_API_KEY (the public APIs then require it), and
+  // stub() presents it on every call.
+  std::string api_key;
+  // PEM roots stub() trusts: set when the engine serves TLS (ssl_certfile / ssl_keyfile).
+  std::string tls_ca;
 };
 
 class LocalCluster {

@@ -61,8 +61,8 @@ TEST(OpenAIApiTest, OfficialClientAgainstLocalCluster) {
   options.engine = {{"max_model_len", "512"},
                     {"enable_prefix_caching", "true"},
                     {"http_port", "0"},
-                    {"http_port_file", http_port_file},
-                    {"api_key", kApiKey}};
+                    {"http_port_file", http_port_file}};
+  options.api_key = kApiKey;
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   // The scheduler binds the HTTP port before it reports SERVING.
@@ -125,8 +125,10 @@ TEST(OpenAIApiTest, ServesHttpsWithTheGivenCertificate) {
   ClusterOptions options;
   options.model = std::string(LLM_SOURCE_DIR) + "/models/fortune-llama";
   options.engine = {
-      {"max_model_len", "512"}, {"http_port", "0"},     {"http_port_file", http_port_file},
-      {"api_key", kApiKey},     {"ssl_certfile", cert}, {"ssl_keyfile", key}};
+      {"max_model_len", "512"}, {"http_port", "0"}, {"http_port_file", http_port_file},
+      {"ssl_certfile", cert},   {"ssl_keyfile", key}};
+  options.api_key = kApiKey;
+  options.tls_ca = cert;
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::optional<int> http_port = ReadPortFile(http_port_file);

@@ -827,6 +827,8 @@ TEST_F(LLMServiceTest, DrainRefusesNewRequestsAndLetsThoseInFlightFinish) {
   EXPECT_EQ(tokens, 6);
   EXPECT_EQ(first.responses.back().outputs(0).finish_reason(), v1::FINISH_REASON_LENGTH);
   EXPECT_TRUE(Eventually([&] { return service_->num_calls() == 0; }));
+}
+
 v1::GenerateRequest Chat(std::vector<std::pair<std::string, std::string>> messages,
                          std::optional<bool> add_generation_prompt, const std::string& id) {
   v1::GenerateRequest req;
