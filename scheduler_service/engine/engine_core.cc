@@ -1,5 +1,6 @@
 #include "scheduler_service/engine/engine_core.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -107,19 +108,92 @@ absl::StatusOr<bool> EngineCore::Step() {
   return busy;
 }
 
-absl::StatusOr<bool> EngineCore::StepOnce() {
-  DrainInbox();
-  if (!scheduler_.HasUnfinishedRequests() && !scheduler_.has_finished_to_report()) return false;
-  const SchedulerOutput& step = scheduler_.Schedule();
-  absl::Status s = executor_->Execute(step, &model_output_);
-  if (!s.ok()) {
+void EngineCore::ReplaceExecutor(Executor* executor, const BlockSpaceManagerConfig& cache) {
+  CHECK(executor != nullptr);
+  absl::MutexLock lock(&mu_);
+  pending_executor_ = executor;
+  pending_cache_ = cache;
+  if (!running_thread_) return;
+  auto adopted = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return pending_executor_ == nullptr || !running_thread_;
+  };
+  mu_.Await(absl::Condition(&adopted));
+}
+
+absl::Status EngineCore::paused_on() const {
+  absl::MutexLock lock(&mu_);
+  return paused_on_;
+}
+
+void EngineCore::AdoptExecutor() {
+  Executor* executor;
+  BlockSpaceManagerConfig cache;
+  {
+    absl::MutexLock lock(&mu_);
+    if (pending_executor_ == nullptr) return;
+    executor = pending_executor_;
+    cache = pending_cache_;
+  }
+  // Whatever the previous workers held is gone, failed or not.
+  scheduler_.ResetForNewWorkers(cache);
+  executor_ = executor;
+  absl::MutexLock lock(&mu_);
+  pending_executor_ = nullptr;
+  if (!paused_on_.ok()) {
+    LOG(INFO) << "engine resumes on new workers after: " << paused_on_.message() << "; "
+              << scheduler_.num_requests() << " request(s) recomputed";
+  }
+  paused_on_ = absl::OkStatus();
+}
+
+void EngineCore::OnExecutorFailure(const SchedulerOutput& step, const absl::Status& status) {
+  if (recovery_timeout_ <= absl::ZeroDuration()) {
     // The step's result is unusable: end every stream with the error.
     model_output_.step_id = step.step_id;
     model_output_.sampled_token_ids.assign(step.total_num_samples, 0);
     (void)scheduler_.UpdateFromOutput(model_output_);
-    FailAll(s);
+    FailAll(status);
+    return;
+  }
+  // Nothing of the step is applied; every request waits, with its tokens, for new workers.
+  scheduler_.ResetForNewWorkers(scheduler_.block_manager().config());
+  if (recovering_since_ == absl::InfiniteFuture()) recovering_since_ = absl::Now();
+  LOG(WARNING) << "engine paused, " << scheduler_.num_requests()
+               << " request(s) wait for the worker group: " << status;
+  absl::MutexLock lock(&mu_);
+  paused_on_ = status;
+}
+
+void EngineCore::ExpireRecovery() {
+  absl::Status cause;
+  {
+    absl::MutexLock lock(&mu_);
+    cause = paused_on_;
+  }
+  if (cause.ok() || absl::Now() < recovering_since_ + recovery_timeout_) return;
+  if (!streams_.empty()) {
+    FailAll(absl::UnavailableError(absl::StrCat("the worker group did not recover within ",
+                                                absl::FormatDuration(recovery_timeout_), " after ",
+                                                cause.message())));
+  }
+  recovering_since_ = absl::Now();  // requests that come later get a whole timeout
+}
+
+absl::StatusOr<bool> EngineCore::StepOnce() {
+  AdoptExecutor();
+  DrainInbox();
+  if (!paused_on().ok()) {
+    ExpireRecovery();
+    return false;
+  }
+  if (!scheduler_.HasUnfinishedRequests() && !scheduler_.has_finished_to_report()) return false;
+  const SchedulerOutput& step = scheduler_.Schedule();
+  absl::Status s = executor_->Execute(step, &model_output_);
+  if (!s.ok()) {
+    OnExecutorFailure(step, s);
     return s;
   }
+  recovering_since_ = absl::InfiniteFuture();
   absl::StatusOr<const StepOutputs*> outputs = scheduler_.UpdateFromOutput(model_output_);
   if (!outputs.ok()) {
     FailAll(outputs.status());
@@ -158,15 +232,24 @@ void EngineCore::Loop() {
     absl::StatusOr<bool> busy = Step();
     if (!busy.ok()) LOG(ERROR) << "engine step failed: " << busy.status();
     absl::MutexLock lock(&mu_);
-    if (stop_) return;
+    if (stop_) break;
     if (busy.ok() && *busy) continue;
-    mu_.Await(absl::Condition(this, &EngineCore::HasWorkOrStop));
-    if (stop_) return;
+    if (paused_on_.ok()) {
+      mu_.Await(absl::Condition(this, &EngineCore::HasWorkOrStop));
+    } else {
+      // Paused: wake up for the recovery deadline too.
+      mu_.AwaitWithDeadline(
+          absl::Condition(this, &EngineCore::HasWorkOrStop),
+          std::min(recovering_since_ + recovery_timeout_, absl::Now() + absl::Seconds(1)));
+    }
+    if (stop_) break;
   }
+  absl::MutexLock lock(&mu_);
+  running_thread_ = false;  // a ReplaceExecutor waiting for adoption returns
 }
 
 bool EngineCore::HasWorkOrStop() const {
-  return stop_ || !inbox_adds_.empty() || !inbox_aborts_.empty();
+  return stop_ || !inbox_adds_.empty() || !inbox_aborts_.empty() || pending_executor_ != nullptr;
 }
 
 void EngineCore::Start() {
@@ -174,6 +257,7 @@ void EngineCore::Start() {
   {
     absl::MutexLock lock(&mu_);
     stop_ = false;
+    running_thread_ = true;
   }
   thread_ = std::thread([this] { Loop(); });
 }
