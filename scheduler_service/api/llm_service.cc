@@ -1,6 +1,7 @@
 #include "scheduler_service/api/llm_service.h"
 
 #include <deque>
+#include <limits>
 #include <map>
 #include <optional>
 #include <random>
@@ -250,7 +251,9 @@ LLMService::~LLMService() { (void)Shutdown(); }
 void LLMService::SetReady(std::shared_ptr<ServingEngine> engine) {
   CHECK(engine != nullptr && engine->engine != nullptr);
   absl::MutexLock lock(&mu_);
-  CHECK(engine_ == nullptr) << "SetReady while an engine is serving: SetNotReady first";
+  CHECK(engine_ == nullptr || engine_ == engine)
+      << "SetReady while another engine is serving: SetNotReady first";
+  recovering_reason_.clear();
   if (shutting_down_) return;
   engine_ = std::move(engine);
   not_ready_reason_.clear();
@@ -265,12 +268,19 @@ std::shared_ptr<ServingEngine> LLMService::SetNotReady(const std::string& reason
                              absl::StrCat("the worker group is not ready: ", reason)));
 }
 
-std::shared_ptr<ServingEngine> LLMService::Shutdown() {
+void LLMService::SetRecovering(const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  recovering_reason_ = reason.empty() ? "the worker group failed" : reason;
+}
+
+std::shared_ptr<ServingEngine> LLMService::Shutdown(const std::string& why) {
   {
     absl::MutexLock lock(&mu_);
     shutting_down_ = true;
   }
-  return Detach(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server shutting down"));
+  return Detach(grpc::Status(
+      grpc::StatusCode::UNAVAILABLE,
+      why.empty() ? "server shutting down" : absl::StrCat("server shutting down: ", why)));
 }
 
 std::shared_ptr<ServingEngine> LLMService::Detach(const grpc::Status& status) {
@@ -290,7 +300,7 @@ std::shared_ptr<ServingEngine> LLMService::Detach(const grpc::Status& status) {
 
 bool LLMService::ready() const {
   absl::MutexLock lock(&mu_);
-  return engine_ != nullptr && !shutting_down_;
+  return engine_ != nullptr && !shutting_down_ && recovering_reason_.empty();
 }
 
 int LLMService::num_calls() const {
@@ -303,6 +313,10 @@ absl::Status LLMService::NotServing() const {
   if (engine_ == nullptr) {
     return absl::UnavailableError(
         absl::StrCat("the worker group is not ready: ", not_ready_reason_));
+  }
+  if (!recovering_reason_.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("the worker group is recovering: ", recovering_reason_));
   }
   return absl::OkStatus();
 }
@@ -349,6 +363,24 @@ absl::Status LLMService::ValidateParams(const v1::GenerateRequest& request,
     if (sp.stop(i).empty()) {
       return absl::InvalidArgumentError(absl::StrCat("stop string ", i, " is empty"));
     }
+  }
+  // Counts past INT32_MAX are refused as sent (SamplingParamsFromProto would clamp them).
+  constexpr uint32_t kIntMax = std::numeric_limits<int32_t>::max();
+  const SamplingLimits& limits = options_.sampling_limits;
+  auto too_big = [](const char* field, uint32_t value, const std::string& range) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " is ", value, "; it must be ", range));
+  };
+  if (sp.has_n() && sp.n() > kIntMax) {
+    return too_big("n", sp.n(), absl::StrCat("in [1, ", limits.max_n, "]"));
+  }
+  if (sp.has_max_tokens() && sp.max_tokens() > kIntMax) {
+    return too_big("max_tokens", sp.max_tokens(), absl::StrCat("in [1, ", kIntMax, "]"));
+  }
+  if (sp.min_tokens() > kIntMax) {
+    return too_big("min_tokens", sp.min_tokens(), "in [0, max_tokens]");
+  }
+  if (sp.has_logprobs() && sp.logprobs() > kIntMax) {
+    return too_big("logprobs", sp.logprobs(), absl::StrCat("in [0, ", limits.max_logprobs, "]"));
   }
   *params = SamplingParamsFromProto(sp);
   return params->Validate(options_.sampling_limits);

@@ -6,17 +6,27 @@
 // meet at (TcpStoreServer), the service and its gRPC server, and the WorkerGroup, which brings
 // the group up, probes it and re-initializes it after a failure (worker_group.h). Each time the
 // group is up, an EngineCore is started over it and handed to the service, and health turns
-// SERVING; each time it goes down, every stream ends with UNAVAILABLE naming the rank, health
-// turns NOT_SERVING and the engine is torn down.
+// SERVING. Each time it goes down (a rank died, stalled or was cut off), health turns
+// NOT_SERVING and new calls get UNAVAILABLE "the worker group is recovering: <the rank and
+// what happened>", while the engine keeps every request in flight (put back as preempted by
+// recompute) and, once the group is up again, continues them on it: their streams pause. A
+// request still in flight --recovery-timeout after the failure ends with UNAVAILABLE naming it
+// (--recovery-timeout=0: the old fail-stop, every stream ends at the failure).
+//
+// An attempt that every rank refuses with INVALID_ARGUMENT / FAILED_PRECONDITION (a bad model
+// directory, heads not divisible by the ranks, no room for a KV cache block) cannot succeed on
+// retry: it is logged and the process exits 2.
 //
 // SIGTERM / SIGINT: health NOT_SERVING, every stream ends with UNAVAILABLE "server shutting
-// down", the engine stops, the server shuts down (short deadline) and the process exits 0.
+// down" (with ": the worker group is down: <the rank and what happened>" when it is), the
+// engine stops, the server shuts down (short deadline) and the process exits 0.
 // The workers are left running: they are not the scheduler's to stop.
 //
 //   llm-scheduler --model=DIR --worker-addresses=H:P,H:P [--flag=value ...]   (--help)
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -29,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/flag_parser.h"
 #include "common/model_config.h"
@@ -81,6 +92,7 @@ struct Flags {
   int rendezvous_port = 0;
   double worker_timeout = 60;
   double collective_timeout = 30;
+  double recovery_timeout = 120;
 };
 
 [[noreturn]] void Usage(const std::string& msg) {
@@ -154,6 +166,10 @@ Flags Parse(int argc, char** argv) {
         "seconds a step (or an Init) may take before the group is declared failed (60)");
   p.Add("collective-timeout", &f.collective_timeout,
         "seconds, sent to the workers: limit of the Gloo rendezvous and collectives (30)");
+  p.Add("recovery-timeout", &f.recovery_timeout,
+        "seconds a request in flight waits for the worker group to be rebuilt after a rank "
+        "died, stalled or was cut off, before it ends with UNAVAILABLE; 0: none waits (every "
+        "stream ends at the failure) (120)");
   p.Parse(argc, argv);
   return f;
 }
@@ -180,6 +196,7 @@ Setup Check(const Flags& f, const ModelConfig& model, const Tokenizer& tokenizer
   if (f.port < 0 || f.port > 65535) Usage(absl::StrCat("--port is ", f.port));
   if (f.worker_timeout <= 0) Usage("--worker-timeout must be positive");
   if (f.collective_timeout <= 0) Usage("--collective-timeout must be positive");
+  if (f.recovery_timeout < 0) Usage("--recovery-timeout must be >= 0");
   if (f.max_concurrent_requests < 1) Usage("--max-concurrent-requests must be at least 1");
   if (f.num_gpu_blocks_override < 0) Usage("--num-gpu-blocks-override must be >= 0");
   if (f.swap_space < 0 || f.cpu_kv_cache_space < 0) Usage("memory sizes must be >= 0");
@@ -260,6 +277,21 @@ Setup Check(const Flags& f, const ModelConfig& model, const Tokenizer& tokenizer
   return s;
 }
 
+// Why the worker group is down, for the clients a shutdown drops ("" when it is up): the
+// failure the engine waits to recover from, or else a rank that does not answer Health now.
+std::string GroupDownReason(ServingEngine* engine, const std::vector<std::string>& addresses) {
+  if (engine != nullptr && engine->engine != nullptr) {
+    const absl::Status paused = engine->engine->paused_on();
+    if (!paused.ok()) return absl::StrCat("the worker group is down: ", paused.message());
+  }
+  absl::StatusOr<std::unique_ptr<ShardedWorkerClient>> probe =
+      ShardedWorkerClient::Create({.addresses = addresses, .worker_timeout = absl::Seconds(1)});
+  if (!probe.ok()) return "";
+  const absl::Status health = (*probe)->CheckHealth();
+  if (health.ok()) return "";
+  return absl::StrCat("the worker group is down: ", health.message());
+}
+
 void SetServing(grpc::HealthCheckServiceInterface* health, bool serving) {
   health->SetServingStatus(serving);
   health->SetServingStatus("llm.v1.LLMService", serving);
@@ -314,25 +346,64 @@ int Run(int argc, char** argv) {
 
   WorkerGroupOptions group_options = setup.group;
   group_options.rendezvous_address = absl::StrCat(flags.rendezvous_host, ":", (*store)->port());
-  // Each time the group is up: an engine over it, served from now on.
+  // The engine lives across group rebuilds (with a recovery timeout): each new group's client
+  // replaces the failed one's under it. Group's thread; main once the group is stopped.
+  absl::Mutex serving_mu;  // serving is written on the group's thread, read by main
+  std::shared_ptr<ServingEngine> serving;
+  const bool recover = flags.recovery_timeout > 0;
+  // Each time the group is up: an engine over it (or the engine that waits for it), served.
   group_options.serve =
       [&](std::unique_ptr<ShardedWorkerClient> client,
           const BlockSpaceManagerConfig& cache) -> std::shared_ptr<ServingEngine> {
+    if (serving != nullptr) {
+      if (cache.num_gpu_blocks != serving->num_gpu_blocks ||
+          cache.num_cpu_blocks != serving->num_cpu_blocks) {
+        LOG(WARNING) << "the new worker group's KV cache differs: " << cache.num_gpu_blocks
+                     << " device blocks, " << cache.num_cpu_blocks << " host blocks";
+      }
+      // Returns once the engine uses the new client: the old one may go.
+      serving->engine->ReplaceExecutor(client.get(), cache);
+      serving->executor = std::move(client);
+      serving->num_gpu_blocks = cache.num_gpu_blocks;
+      serving->num_cpu_blocks = cache.num_cpu_blocks;
+      service.SetReady(serving);
+      SetServing(health, true);
+      return serving;
+    }
     auto engine = std::make_shared<ServingEngine>();
     engine->num_gpu_blocks = cache.num_gpu_blocks;
     engine->num_cpu_blocks = cache.num_cpu_blocks;
     engine->executor = std::move(client);
     engine->engine =
         std::make_unique<EngineCore>(setup.scheduler, cache, engine->executor.get(), &detokenizers);
+    engine->engine->set_recovery_timeout(absl::Seconds(flags.recovery_timeout));
     engine->engine->Start();
     service.SetReady(engine);
     SetServing(health, true);
+    if (recover) {
+      absl::MutexLock lock(&serving_mu);
+      serving = engine;
+    }
     return engine;
   };
   group_options.not_ready = [&](const std::string& reason) {
     SetServing(health, false);
-    (void)service.SetNotReady(reason);
+    if (serving != nullptr) {
+      service.SetRecovering(reason);  // the requests in flight wait for the next group
+    } else {
+      (void)service.SetNotReady(reason);
+    }
   };
+  // A configuration the workers refuse: exit 2 (through the signal path below).
+  std::atomic<bool> refused{false};
+  group_options.on_permanent_failure = [&](const absl::Status& status) {
+    LOG(ERROR) << "the workers refuse this configuration; retrying cannot help: " << status;
+    std::fprintf(stderr, "llm-scheduler: the workers refuse this configuration: %s\n",
+                 std::string(status.message()).c_str());
+    refused = true;
+    kill(getpid(), SIGTERM);
+  };
+  const std::vector<std::string> worker_addresses = group_options.addresses;
   WorkerGroup group(std::move(group_options));
   group.Start();
 
@@ -340,11 +411,25 @@ int Run(int argc, char** argv) {
   sigwait(&signals, &sig);
   LOG(INFO) << "signal " << sig << ": shutting down";
   SetServing(health, false);
-  std::shared_ptr<ServingEngine> engine = service.Shutdown();
+  // Say so to the clients when the group is down (a worker died, and llm-cluster, which does
+  // not restart workers, stops the cluster because of it): the engine's failure, or a rank
+  // that does not answer Health now.
+  std::shared_ptr<ServingEngine> held;
+  {
+    absl::MutexLock lock(&serving_mu);
+    held = serving;
+  }
+  const std::string why = refused ? "" : GroupDownReason(held.get(), worker_addresses);
+  held.reset();
+  std::shared_ptr<ServingEngine> engine = service.Shutdown(why);
   group.Stop();
   engine.reset();
+  {
+    absl::MutexLock lock(&serving_mu);
+    serving.reset();
+  }
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  return 0;
+  return refused ? 2 : 0;
 }
 
 }  // namespace

@@ -276,6 +276,13 @@ TEST_F(LLMServiceTest, SamplingFieldsOutOfRangeAreInvalid) {
        },
        "at most 16 stop strings are allowed; the request has 17"},
       {[](auto* p) { p->set_logprobs(21); }, "logprobs is 21"},
+      // Past INT32_MAX: reported as sent, not clamped.
+      {[](auto* p) { p->set_max_tokens(2147483648u); },
+       "max_tokens is 2147483648; it must be in [1, 2147483647]"},
+      {[](auto* p) { p->set_max_tokens(4294967295u); }, "max_tokens is 4294967295"},
+      {[](auto* p) { p->set_n(2147483648u); }, "n is 2147483648; it must be in [1, 16]"},
+      {[](auto* p) { p->set_min_tokens(3000000000u); }, "min_tokens is 3000000000"},
+      {[](auto* p) { p->set_logprobs(2147483648u); }, "logprobs is 2147483648"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.message);

@@ -29,6 +29,11 @@ class FakeWorker final : public v1::WorkerService::Service {
   void set_mode(Mode m) { mode_ = m; }
   // Init then waits until its call is cancelled (a rank stuck in the rendezvous).
   void set_block_init(bool b) { block_init_ = b; }
+  // Init answers this (when not OK) instead of initializing.
+  void set_init_error(grpc::Status s) {
+    absl::MutexLock lock(&mu_);
+    init_error_ = std::move(s);
+  }
   int num_cancelled_inits() const { return num_cancelled_inits_; }
   int num_init_calls() const { return num_init_calls_; }
   int num_steps() const { return num_steps_; }
@@ -52,6 +57,7 @@ class FakeWorker final : public v1::WorkerService::Service {
       return {grpc::StatusCode::CANCELLED, "cancelled"};
     }
     absl::MutexLock lock(&mu_);
+    if (!init_error_.ok()) return init_error_;
     init_ = *req;
     executor_.reset();
     ++num_inits_;
@@ -120,6 +126,7 @@ class FakeWorker final : public v1::WorkerService::Service {
   std::atomic<int> num_init_calls_{0};
   absl::Mutex mu_;
   v1::InitRequest init_ ABSL_GUARDED_BY(mu_);
+  grpc::Status init_error_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<FakeExecutor> executor_ ABSL_GUARDED_BY(mu_);
 };
 
