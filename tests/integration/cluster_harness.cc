@@ -97,8 +97,10 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
         << "startup_timeout_s: 90\n"
         << "engine:\n"
         << "  cpu_kv_cache_space: 0.05\n"
-        << "  swap_space: 0.05\n"
-        << "  worker_timeout: 30\n";
+        << "  swap_space: 0.05\n";
+    bool worker_timeout = false;  // a test's own wins
+    for (const auto& [k, v] : options.engine) worker_timeout |= k == "worker_timeout";
+    if (!worker_timeout) out << "  worker_timeout: 30\n";
     for (const auto& [k, v] : options.engine) out << "  " << k << ": " << v << "\n";
     out << "worker: {threads: 1}\n";
   }
