@@ -20,71 +20,76 @@ EngineCore::~EngineCore() { Stop(); }
 absl::Status EngineCore::AddRequest(EngineRequest request, StreamCallback on_update) {
   RETURN_IF_ERROR(scheduler_.ValidateRequest(request.prompt_token_ids, request.sampling_params));
   absl::MutexLock lock(&mu_);
-  if (!in_flight_.insert(request.request_id).second) {
+  const uint64_t generation = ++next_generation_;
+  if (!in_flight_.try_emplace(request.request_id, generation).second) {
     return absl::AlreadyExistsError(
         absl::StrCat("request ", request.request_id, " is already in flight"));
   }
-  inbox_adds_.push_back({std::move(request), std::move(on_update)});
+  inbox_.push_back({.is_abort = false,
+                    .generation = generation,
+                    .request = std::move(request),
+                    .on_update = std::move(on_update)});
   return absl::OkStatus();
 }
 
 absl::Status EngineCore::Abort(const std::string& request_id) {
   absl::MutexLock lock(&mu_);
-  if (!in_flight_.contains(request_id)) {
+  auto it = in_flight_.find(request_id);
+  if (it == in_flight_.end()) {
     return absl::NotFoundError(absl::StrCat("request ", request_id, " is not in flight"));
   }
-  inbox_aborts_.push_back(request_id);
+  Event e{.is_abort = true, .generation = it->second};
+  e.request.request_id = request_id;
+  in_flight_.erase(it);  // free for a new request now: its add is queued after this abort
+  inbox_.push_back(std::move(e));
   return absl::OkStatus();
 }
 
 void EngineCore::DrainInbox() {
-  std::vector<Pending> adds;
-  std::vector<std::string> aborts;
+  std::vector<Event> events;
   {
     absl::MutexLock lock(&mu_);
-    adds.swap(inbox_adds_);
-    aborts.swap(inbox_aborts_);
+    events.swap(inbox_);
   }
-  for (Pending& p : adds) {
-    EngineRequest& r = p.request;
-    const absl::Status s =
-        scheduler_.AddRequest(r.request_id, std::move(r.prompt_token_ids), r.sampling_params,
-                              r.priority, /*arrival_time=*/0, std::move(r.cache_salt));
-    if (!s.ok()) {
-      Release(r.request_id);
-      p.on_update({.status = s});
+  for (Event& e : events) {
+    EngineRequest& r = e.request;
+    if (!e.is_abort) {
+      const absl::Status s =
+          scheduler_.AddRequest(r.request_id, std::move(r.prompt_token_ids), r.sampling_params,
+                                r.priority, /*arrival_time=*/0, std::move(r.cache_salt));
+      if (!s.ok()) {
+        Release(r.request_id, e.generation);
+        e.on_update({.status = s});
+        continue;
+      }
+      streams_.emplace(r.request_id, Stream{std::move(e.on_update), e.generation});
       continue;
     }
-    streams_.emplace(r.request_id, std::move(p.on_update));
-  }
-  for (const std::string& id : aborts) {
-    auto it = streams_.find(id);
-    if (it == streams_.end()) continue;  // finished meanwhile
-    const absl::Status s = scheduler_.Abort(id);
+    auto it = streams_.find(r.request_id);
+    // Finished meanwhile, or the id is a newer request's (the abort was for an older one).
+    if (it == streams_.end() || it->second.generation != e.generation) continue;
+    const absl::Status s = scheduler_.Abort(r.request_id);
     CHECK(s.ok()) << s;
-    StreamCallback cb = std::move(it->second);
+    StreamCallback cb = std::move(it->second.on_update);
     streams_.erase(it);
-    Release(id);
-    cb({.status = absl::CancelledError(absl::StrCat("request ", id, " aborted"))});
+    cb({.status = absl::CancelledError(absl::StrCat("request ", r.request_id, " aborted"))});
   }
 }
 
 void EngineCore::FailAll(const absl::Status& status) {
   auto streams = std::move(streams_);
   streams_.clear();
-  for (auto& [id, cb] : streams) {
+  for (auto& [id, stream] : streams) {
     (void)scheduler_.Abort(id);
-    Release(id);
-    cb({.status = status});
+    Release(id, stream.generation);
+    stream.on_update({.status = status});
   }
 }
 
-void EngineCore::Release(absl::string_view id) {
+void EngineCore::Release(absl::string_view id, uint64_t generation) {
   absl::MutexLock lock(&mu_);
-  in_flight_.erase(id);
-  // An abort still queued was meant for the request that just ended; left there, it would
-  // abort a new request that reuses the id.
-  std::erase(inbox_aborts_, id);
+  auto it = in_flight_.find(id);
+  if (it != in_flight_.end() && it->second == generation) in_flight_.erase(it);
 }
 
 EngineStats EngineCore::stats_snapshot() const {
@@ -204,14 +209,15 @@ absl::StatusOr<bool> EngineCore::StepOnce() {
     auto it = streams_.find(id);
     if (it == streams_.end()) continue;
     if (!out.finished) {
-      it->second({.output = &out, .outputs = *outputs});
+      it->second.on_update({.output = &out, .outputs = *outputs});
       continue;
     }
     // The id is free again before the stream's end is delivered: a client that sees the end
     // may reuse it at once.
-    StreamCallback cb = std::move(it->second);
+    StreamCallback cb = std::move(it->second.on_update);
+    const uint64_t generation = it->second.generation;
     streams_.erase(it);
-    Release(id);
+    Release(id, generation);
     cb({.output = &out, .outputs = *outputs});
   }
   return true;
@@ -222,7 +228,7 @@ absl::Status EngineCore::RunUntilIdle() {
     ASSIGN_OR_RETURN(const bool busy, Step());
     if (!busy) {
       absl::MutexLock lock(&mu_);
-      if (inbox_adds_.empty() && inbox_aborts_.empty()) return absl::OkStatus();
+      if (inbox_.empty()) return absl::OkStatus();
     }
   }
 }
@@ -249,7 +255,7 @@ void EngineCore::Loop() {
 }
 
 bool EngineCore::HasWorkOrStop() const {
-  return stop_ || !inbox_adds_.empty() || !inbox_aborts_.empty() || pending_executor_ != nullptr;
+  return stop_ || !inbox_.empty() || pending_executor_ != nullptr;
 }
 
 void EngineCore::Start() {

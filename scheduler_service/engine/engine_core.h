@@ -69,8 +69,9 @@ class EngineCore {
   // Thread-safe. Validates the request now (INVALID_ARGUMENT, ALREADY_EXISTS for an id in
   // flight) and queues it; `on_update` is then called for each step's output.
   absl::Status AddRequest(EngineRequest request, StreamCallback on_update);
-  // Thread-safe. NOT_FOUND for an id not in flight. The stream ends with CANCELLED; blocks are
-  // freed at the start of the next step, and the workers are told in that step.
+  // Thread-safe. NOT_FOUND for an id not in flight. The id is free for a new request at once;
+  // the stream ends with CANCELLED, and the blocks are freed, at the start of the next step
+  // (before a new request with the id is queued), and the workers are told in that step.
   absl::Status Abort(const std::string& request_id);
 
   // Engine thread: one step. Returns whether anything was in flight; an executor error is
@@ -109,14 +110,22 @@ class EngineCore {
   EngineStats stats_snapshot() const;
 
  private:
-  struct Pending {
-    EngineRequest request;
+  // What other threads queue for the engine thread, in order: an add (with its callback) or
+  // an abort of the request of that id and generation.
+  struct Event {
+    bool is_abort = false;
+    uint64_t generation = 0;  // of the request the event is about
+    EngineRequest request;    // an add's; an abort's request_id only
     StreamCallback on_update;
+  };
+  struct Stream {
+    StreamCallback on_update;
+    uint64_t generation = 0;
   };
   void DrainInbox();
   void FailAll(const absl::Status& status);
-  // Frees `id` for reuse: drops it from in_flight_ and drops any abort still queued for it.
-  void Release(absl::string_view id);
+  // Frees `id` for reuse unless a newer request (another generation) took it meanwhile.
+  void Release(absl::string_view id, uint64_t generation);
   void Loop();
   absl::StatusOr<bool> StepOnce();
   void PublishStats();
@@ -134,13 +143,14 @@ class EngineCore {
   // Engine thread: since when the engine has been recovering (a failure with no successful
   // step after it); InfiniteFuture when it is not.
   absl::Time recovering_since_ = absl::InfiniteFuture();
-  absl::flat_hash_map<std::string, StreamCallback> streams_;  // engine thread
-  ModelOutput model_output_;                                  // engine thread
+  absl::flat_hash_map<std::string, Stream> streams_;  // engine thread
+  ModelOutput model_output_;                          // engine thread
 
   mutable absl::Mutex mu_;
-  std::vector<Pending> inbox_adds_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::string> inbox_aborts_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_set<std::string> in_flight_ ABSL_GUARDED_BY(mu_);
+  std::vector<Event> inbox_ ABSL_GUARDED_BY(mu_);
+  // Each id in flight, with its request's generation (every AddRequest takes a new one).
+  absl::flat_hash_map<std::string, uint64_t> in_flight_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool running_thread_ ABSL_GUARDED_BY(mu_) = false;
   Executor* pending_executor_ ABSL_GUARDED_BY(mu_) = nullptr;

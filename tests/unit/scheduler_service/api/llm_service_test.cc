@@ -537,6 +537,30 @@ TEST_F(LLMServiceTest, CancellingMidStreamFreesEveryBlock) {
   EXPECT_TRUE(Eventually([&] { return service_->num_calls() == 0; }));
 }
 
+// A client that cancels a request may reuse its id at once: the next call with it is served,
+// not refused with ALREADY_EXISTS while the cancellation is still on its way through the server.
+TEST_F(LLMServiceTest, ACancelledRequestIdIsReusableAtOnce) {
+  for (int i = 0; i < 30; ++i) {
+    SCOPED_TRACE(absl::StrCat("round ", i));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    v1::GenerateRequest first = Text("Hello world", 300);
+    first.set_request_id("again");
+    auto reader = stub_->Generate(&ctx, first);
+    v1::GenerateResponse resp;
+    ASSERT_TRUE(reader->Read(&resp));  // running
+    ctx.TryCancel();
+    v1::GenerateRequest second = Text("Hello", 4);
+    second.set_request_id("again");
+    const CallResult r = Generate(second);
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+    while (reader->Read(&resp)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  EXPECT_TRUE(Eventually([&] { return service_->num_calls() == 0; }));
+}
+
 TEST_F(LLMServiceTest, NotReadyAnswersUnavailable) {
   service_->SetNotReady("rank 1 is down").reset();
   gate_ = nullptr;

@@ -365,3 +365,47 @@ TEST(EngineCore, AbortWhilePausedEndsTheStreamAndFreesTheId) {
 
 }  // namespace
 }  // namespace llm
+
+namespace llm {
+namespace {
+
+TEST(EngineCore, AnAbortedIdIsFreeAtOnceAndOnlyTheOldRequestIsAborted) {
+  FakeExecutorConfig ec = SchedulerHarness::ExecConfig(Cache());
+  FakeExecutor exec(ec);
+  EngineCore engine(Config(), Cache(), &exec);
+  std::vector<absl::Status> old_end, new_end;
+  std::vector<TokenId> new_tokens;
+  ASSERT_TRUE(engine
+                  .AddRequest({"a", Prompt(8, 1), Params(50)},
+                              [&](const StreamUpdate& u) {
+                                if (!u.status.ok()) old_end.push_back(u.status);
+                              })
+                  .ok());
+  ASSERT_TRUE(engine.Step().ok());  // "a" runs
+  ASSERT_TRUE(engine.Abort("a").ok());
+  EXPECT_EQ(engine.Abort("a").code(), absl::StatusCode::kNotFound);  // already aborted
+  // No step in between: the id is free at once.
+  ASSERT_TRUE(engine
+                  .AddRequest({"a", Prompt(9, 70), Params(6)},
+                              [&](const StreamUpdate& u) {
+                                if (!u.status.ok()) new_end.push_back(u.status);
+                                if (u.output == nullptr) return;
+                                for (const SequenceOutput& s : u.outputs->Seqs(*u.output)) {
+                                  for (TokenId t : u.outputs->NewTokenIds(s)) {
+                                    new_tokens.push_back(t);
+                                  }
+                                }
+                              })
+                  .ok());
+  EXPECT_EQ(engine.AddRequest({"a", Prompt(9, 70), Params(6)}, [](const StreamUpdate&) {}).code(),
+            absl::StatusCode::kAlreadyExists);  // the new one holds it
+  ASSERT_TRUE(engine.RunUntilIdle().ok());
+  ASSERT_EQ(old_end.size(), 1u);
+  EXPECT_EQ(old_end[0].code(), absl::StatusCode::kCancelled);
+  EXPECT_TRUE(new_end.empty());
+  EXPECT_EQ(new_tokens, ExpectedStream(exec, ec, Prompt(9, 70), Params(6), 0, -1, 512));
+  EXPECT_EQ(engine.scheduler().block_manager().stats().num_free_gpu_blocks, 200);
+}
+
+}  // namespace
+}  // namespace llm
