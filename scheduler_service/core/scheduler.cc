@@ -60,6 +60,10 @@ Scheduler::Scheduler(const SchedulerConfig& config, const BlockSpaceManagerConfi
 absl::Status Scheduler::ValidateRequest(std::span<const TokenId> prompt,
                                         const SamplingParams& params) const {
   RETURN_IF_ERROR(params.Validate(config_.sampling_limits));
+  if (params.n > config_.max_num_seqs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "n is ", params.n, "; it must be at most max_num_seqs = ", config_.max_num_seqs));
+  }
   if (prompt.empty()) return absl::InvalidArgumentError("prompt is empty");
   const int len = static_cast<int>(prompt.size());
   if (len >= config_.max_model_len) {
@@ -271,7 +275,15 @@ bool Scheduler::MakeRoom(size_t i, size_t* end) {
   return true;
 }
 
+int Scheduler::MaxLiveSeqs(const Request& req) { return req.forked() ? req.num_live : req.n; }
+
 void Scheduler::ScheduleQueued() {
+  if (waiting_.empty() && swapped_.empty()) return;
+  // max_num_seqs bounds the live sequences of the running requests, scheduled this step or
+  // not, counting those of a request not forked yet as its n.
+  live_seqs_ = 0;
+  for (const Request* req : running_) live_seqs_ += MaxLiveSeqs(*req);
+  for (const Request* req : newly_running_) live_seqs_ += MaxLiveSeqs(*req);
   while (Request* req = NextQueued()) {
     const bool go_on = req->state == Request::State::kSwapped ? TrySwapIn(req) : TryAdmit(req);
     if (!go_on) return;
@@ -287,7 +299,7 @@ Request* Scheduler::NextQueued() const {
 
 bool Scheduler::TrySwapIn(Request* req) {
   const int chunk = ChunkSize(*req);
-  if (chunk == 0) return false;
+  if (chunk == 0 || live_seqs_ + req->num_live > config_.max_num_seqs) return false;
   const AllocStatus can = blocks_->CanSwapIn(LiveSeqIds(*req), req->num_unslotted_tokens());
   if (can == AllocStatus::kLater) return false;
   swapped_.erase(req);
@@ -297,13 +309,17 @@ bool Scheduler::TrySwapIn(Request* req) {
   }
   SwapIn(req);
   newly_running_.push_back(req);
+  live_seqs_ += req->num_live;
   if (!TryGrow(req)) return false;  // back on the GPU; computes from the next step
   ScheduleChunk(req, chunk, /*resumed=*/true);
   return true;
 }
 
 bool Scheduler::TryAdmit(Request* req) {
-  if (token_budget_ <= 0 || seq_budget_ < req->num_live) return false;
+  const int seqs = MaxLiveSeqs(*req);
+  if (token_budget_ <= 0 || seq_budget_ < seqs || live_seqs_ + seqs > config_.max_num_seqs) {
+    return false;
+  }
   const AllocStatus can = CanAdmit(*req);
   if (can == AllocStatus::kLater) return false;
   waiting_.erase(req);
@@ -313,6 +329,7 @@ bool Scheduler::TryAdmit(Request* req) {
   }
   Allocate(req);
   newly_running_.push_back(req);
+  live_seqs_ += seqs;
   const int chunk = ChunkSize(*req);
   if (chunk > 0) ScheduleChunk(req, chunk, /*resumed=*/req->known_to_workers);
   return chunk > 0;
@@ -714,6 +731,9 @@ void Scheduler::CompactRunning() {
 SchedulerStats Scheduler::stats() const {
   SchedulerStats s;
   s.num_running = static_cast<int>(running_.size()) - num_finished_in_running_;
+  for (const Request* req : running_) {
+    if (req->state == Request::State::kRunning) s.num_running_seqs += req->num_live;
+  }
   s.num_waiting = static_cast<int>(waiting_.size());
   s.num_swapped = static_cast<int>(swapped_.size());
   const BlockSpaceManagerStats b = blocks_->stats();

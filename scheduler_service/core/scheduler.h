@@ -65,8 +65,10 @@ enum class SchedulingPolicy { kFcfs, kPriority };
 
 struct SchedulerConfig {
   int max_num_batched_tokens = 2048;  // tokens computed per step, over all sequences
-  int max_num_seqs = 256;             // live sequences scheduled per step
-  int max_model_len = 2048;           // prompt + output tokens of a sequence
+  // Live sequences scheduled per step, and live sequences of the running requests at any time
+  // (a request not forked yet counts as n: its fork after the prefill stays within it).
+  int max_num_seqs = 256;
+  int max_model_len = 2048;  // prompt + output tokens of a sequence
   bool enable_chunked_prefill = false;
   // Chunk cap per request per step when chunked prefill is on; 0: only the budget caps it.
   int long_prefill_token_threshold = 0;
@@ -81,7 +83,8 @@ struct SchedulerConfig {
 };
 
 struct SchedulerStats {
-  int num_running = 0;  // requests
+  int num_running = 0;       // requests
+  int num_running_seqs = 0;  // their live sequences (at most max_num_seqs)
   int num_waiting = 0;
   int num_swapped = 0;
   double gpu_kv_usage = 0;
@@ -183,6 +186,8 @@ class Scheduler {
   void ScheduleQueued();
   // The head of swapped_ or of waiting_, whichever ranks first; null when both are empty.
   Request* NextQueued() const;
+  // The live sequences a request holds once running: n until it forked.
+  static int MaxLiveSeqs(const Request& req);
   // Whether to go on with the queues (served or dropped: true; no room: false).
   bool TrySwapIn(Request* req);
   bool TryAdmit(Request* req);
@@ -281,6 +286,7 @@ class Scheduler {
   bool awaiting_update_ = false;
   int token_budget_ = 0;
   int seq_budget_ = 0;
+  int live_seqs_ = 0;  // ScheduleQueued: of the running requests and those it admits
   bool preempted_this_step_ = false;
   StepOutputs step_outputs_;
   std::vector<SeqId> seq_ids_;  // scratch

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scheduler_service/core/request_prefetcher.h"
@@ -211,6 +212,32 @@ TEST(Scheduler, SchedulesAtMostMaxNumSeqsSequences) {
   ExpectStreams(h, "c", Prompt(8, 200), Params(3));
   ExpectStreams(h, "d", Prompt(8, 300), Params(3, 2));
   h.ExpectAllBlocksFree();
+}
+
+// n > 1 requests fork after their prefill: admission counts them as n sequences, so the live
+// sequences of the running requests never exceed max_num_seqs.
+TEST(Scheduler, ForkedSequencesStayWithinMaxNumSeqs) {
+  SchedulerConfig config = Config();
+  config.max_num_seqs = 5;
+  SchedulerHarness h(config, Cache(200), SchedulerHarness::ExecConfig(Cache(200)));
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_TRUE(h.Add(absl::StrCat("r", i), Prompt(8, 100 * i), Params(6, /*n=*/2)).ok());
+  }
+  ASSERT_TRUE(h.Add("single", Prompt(8, 900), Params(6)).ok());
+  int most = 0;
+  for (int steps = 0; h.scheduler.HasUnfinishedRequests() && steps < 1000; ++steps) {
+    h.Step();
+    const SchedulerStats st = h.scheduler.stats();
+    EXPECT_LE(st.num_running_seqs, 5);
+    most = std::max(most, st.num_running_seqs);
+  }
+  EXPECT_EQ(most, 5);  // r0, r1 forked and the single one
+  for (int i = 0; i < 6; ++i) {
+    ExpectStreams(h, absl::StrCat("r", i), Prompt(8, 100 * i), Params(6, 2));
+  }
+  ExpectStreams(h, "single", Prompt(8, 900), Params(6));
+  EXPECT_THAT(h.Add("wide", Prompt(8), Params(6, /*n=*/6)).message(),
+              HasSubstr("n is 6; it must be at most max_num_seqs = 5"));
 }
 
 TEST(Scheduler, SchedulesSeveralPartialPrefillsUnderTheBudget) {
