@@ -43,8 +43,15 @@ class FakeWorker final : public v1::WorkerService::Service {
     return init_;
   }
 
-  grpc::Status Health(grpc::ServerContext*, const v1::HealthRequest*,
+  // Health then waits until its call is cancelled (a stopped process).
+  void set_block_health(bool b) { block_health_ = b; }
+
+  grpc::Status Health(grpc::ServerContext* ctx, const v1::HealthRequest*,
                       v1::HealthResponse* resp) override {
+    if (block_health_) {
+      while (!ctx->IsCancelled()) absl::SleepFor(absl::Milliseconds(5));
+      return {grpc::StatusCode::CANCELLED, "cancelled"};
+    }
     resp->set_serving(true);
     return grpc::Status::OK;
   }
@@ -122,6 +129,7 @@ class FakeWorker final : public v1::WorkerService::Service {
   std::atomic<int> num_steps_{0};
   std::atomic<int> num_inits_{0};
   std::atomic<bool> block_init_{false};
+  std::atomic<bool> block_health_{false};
   std::atomic<int> num_cancelled_inits_{0};
   std::atomic<int> num_init_calls_{0};
   absl::Mutex mu_;
