@@ -13,7 +13,11 @@
 // default the certificate itself; scheduler.tls_server_name).
 //   - a child that exits on its own: report which and how, stop the rest, exit 1; except a
 //     worker when the manifest says `restart_workers: true`: it is started again on the same
-//     port after restart_delay_s (the scheduler re-initializes the group when it is back).
+//     port after restart_delay_s (the scheduler re-initializes the group when it is back, and
+//     the requests in flight continue on it).
+//   - the scheduler exits 2 (the workers refuse the configuration, e.g. heads not divisible by
+//     the ranks: retrying cannot help; its message is forwarded just before): stop the rest
+//     and exit 2 at once, also during startup.
 // With `device: cuda` rank r gets --device=cuda:r (one GPU per rank; the scheduler gets
 // --device=cuda). Children cannot outlive llm-cluster, even when it is SIGKILLed
 // (PR_SET_PDEATHSIG), and run in their own process group so a terminal's Ctrl-C reaches only
@@ -30,6 +34,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/signalfd.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -99,6 +104,12 @@ class Cluster {
   // Supervises until a stop signal (returns 0) or a fatal child exit (returns 1).
   int Supervise();
   void StopAll();
+  // Whether the scheduler exited 2: the workers refused its configuration (llm-scheduler).
+  bool SchedulerRefused() const {
+    if (scheduler_ == nullptr || !scheduler_->wait_status().has_value()) return false;
+    const int status = *scheduler_->wait_status();
+    return WIFEXITED(status) && WEXITSTATUS(status) == 2;
+  }
 
  private:
   struct Worker {
@@ -333,7 +344,7 @@ int Cluster::Supervise() {
   while (!TakeSignals(absl::Milliseconds(100))) {
     if (std::optional<std::string> dead = CheckChildren()) {
       Log(*dead + "; stopping the cluster");
-      return 1;
+      return SchedulerRefused() ? 2 : 1;
     }
     RestartDueWorkers();
   }
@@ -460,6 +471,12 @@ int Run(int argc, char** argv) {
   Cluster cluster(std::move(*manifest), args, signal_fd);
   if (absl::Status s = cluster.Start(); !s.ok()) {
     Log(std::string(s.message()));
+    if (cluster.SchedulerRefused()) {
+      Log("the workers refuse this configuration (the scheduler's message is above); retrying "
+          "cannot help: fix the manifest");
+      cluster.StopAll();
+      return 2;
+    }
     cluster.StopAll();
     return s.code() == absl::StatusCode::kCancelled ? 0 : 1;
   }

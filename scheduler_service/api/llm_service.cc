@@ -1,6 +1,7 @@
 #include "scheduler_service/api/llm_service.h"
 
 #include <deque>
+#include <limits>
 #include <map>
 #include <optional>
 #include <random>
@@ -57,9 +58,11 @@ class ErrorWriter final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 // OnDone cannot run, so the reactor is alive whenever StartWrite / Finish is called.
 class LLMService::GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  GenerateCall(LLMService* service, std::weak_ptr<ServingEngine> engine, std::string request_id,
-               bool stream, int n, bool logprobs, int num_prompt_tokens)
+  GenerateCall(LLMService* service, grpc::CallbackServerContext* context,
+               std::weak_ptr<ServingEngine> engine, std::string request_id, bool stream, int n,
+               bool logprobs, int num_prompt_tokens)
       : service_(service),
+        context_(context),
         engine_(std::move(engine)),
         request_id_(std::move(request_id)),
         stream_(stream),
@@ -74,6 +77,10 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<grpc::Byt
 
   // Engine thread.
   void OnEngineUpdate(const StreamUpdate& u) {
+    if (!u.status.ok() || u.output->finished) {
+      absl::MutexLock lock(&mu_);
+      engine_done_ = true;  // the engine holds the request no more
+    }
     if (!u.status.ok()) {
       if (ServingMetrics* m = service_->options_.metrics.get();
           m != nullptr && u.status.code() == absl::StatusCode::kCancelled) {
@@ -196,16 +203,24 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<grpc::Byt
     Do(next);
   }
 
-  void OnCancel() override {
+  void OnCancel() override { AbortAndEnd(); }
+
+  // Under the service's mu_ (the call is registered, so Finish has not run and the context is
+  // valid): whether the client cancelled the call, though OnCancel may not have run yet.
+  bool cancelled_by_client() const { return context_->IsCancelled(); }
+
+  // Aborts the request in the engine (once) and ends the call with CANCELLED.
+  void AbortAndEnd() {
     // Taken outside mu_: were this the last reference, the engine would stop under it.
     const std::shared_ptr<ServingEngine> e = engine_.lock();
     {
       absl::MutexLock lock(&mu_);
-      // Once Finish is under way the id is no longer this call's (gRPC may cancel after it):
-      // a new call may have taken it, and its request must not be aborted.
-      if (e != nullptr && !finish_called_) {
+      // Once Finish is under way, or once aborted, the id is no longer this call's (gRPC may
+      // cancel after it): a new call may have taken it, and its request must not be aborted.
+      if (e != nullptr && !finish_called_ && !aborted_) {
         (void)e->engine->Abort(request_id_);  // NOT_FOUND when it finished meanwhile
       }
+      aborted_ = true;
     }
     End(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
   }
@@ -220,6 +235,7 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<grpc::Byt
   struct Next {
     enum { kNothing, kWrite, kFinish } what = kNothing;
     grpc::Status status;
+    bool abort = false;  // kFinish: abort the request in the engine first
   };
 
   void Enqueue(v1::GenerateResponse resp, std::optional<grpc::Status> final) {
@@ -249,7 +265,10 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<grpc::Byt
     }
     if (final_.has_value()) {
       finish_called_ = true;
-      return {.what = Next::kFinish, .status = *final_};
+      // Ended other than by the engine (the client went away): the request must not run on.
+      const bool abort = !engine_done_ && !aborted_;
+      aborted_ = true;
+      return {.what = Next::kFinish, .status = *final_, .abort = abort};
     }
     return {};
   }
@@ -260,12 +279,21 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<grpc::Byt
     if (next.what == Next::kWrite) {
       StartWrite(&current_);
     } else if (next.what == Next::kFinish) {
+      if (next.abort) {
+        // Before Unregister: the id is still this call's, so the abort reaches its request.
+        // Not on the engine thread (the engine ended those calls), so this may hold the
+        // last reference to the engine.
+        if (const std::shared_ptr<ServingEngine> e = engine_.lock(); e != nullptr) {
+          (void)e->engine->Abort(request_id_);  // NOT_FOUND when it finished meanwhile
+        }
+      }
       service_->Unregister(request_id_, this);  // the id is free once the client sees the end
       Finish(next.status);
     }
   }
 
   LLMService* const service_;
+  grpc::CallbackServerContext* const context_;  // valid until OnDone
   const std::weak_ptr<ServingEngine> engine_;
   const std::string request_id_;
   const bool stream_;
@@ -288,6 +316,8 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<grpc::Byt
   grpc::ByteBuffer current_;  // the write in flight (set under mu_ while none is)
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
+  bool aborted_ ABSL_GUARDED_BY(mu_) = false;      // the engine was told to abort
+  bool engine_done_ ABSL_GUARDED_BY(mu_) = false;  // the engine ended the request
   std::optional<grpc::Status> final_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -303,7 +333,9 @@ LLMService::~LLMService() { (void)Shutdown(); }
 void LLMService::SetReady(std::shared_ptr<ServingEngine> engine) {
   CHECK(engine != nullptr && engine->engine != nullptr);
   absl::MutexLock lock(&mu_);
-  CHECK(engine_ == nullptr) << "SetReady while an engine is serving: SetNotReady first";
+  CHECK(engine_ == nullptr || engine_ == engine)
+      << "SetReady while another engine is serving: SetNotReady first";
+  recovering_reason_.clear();
   if (shutting_down_) return;
   engine_ = std::move(engine);
   not_ready_reason_.clear();
@@ -318,12 +350,19 @@ std::shared_ptr<ServingEngine> LLMService::SetNotReady(const std::string& reason
                              absl::StrCat("the worker group is not ready: ", reason)));
 }
 
-std::shared_ptr<ServingEngine> LLMService::Shutdown() {
+void LLMService::SetRecovering(const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  recovering_reason_ = reason.empty() ? "the worker group failed" : reason;
+}
+
+std::shared_ptr<ServingEngine> LLMService::Shutdown(const std::string& why) {
   {
     absl::MutexLock lock(&mu_);
     shutting_down_ = true;
   }
-  return Detach(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server shutting down"));
+  return Detach(grpc::Status(
+      grpc::StatusCode::UNAVAILABLE,
+      why.empty() ? "server shutting down" : absl::StrCat("server shutting down: ", why)));
 }
 
 std::shared_ptr<ServingEngine> LLMService::Detach(const grpc::Status& status) {
@@ -348,7 +387,7 @@ void LLMService::Drain() {
 
 bool LLMService::ready() const {
   absl::MutexLock lock(&mu_);
-  return engine_ != nullptr && !shutting_down_;
+  return engine_ != nullptr && !shutting_down_ && recovering_reason_.empty();
 }
 
 int LLMService::num_calls() const {
@@ -361,6 +400,10 @@ absl::Status LLMService::NotServing() const {
   if (engine_ == nullptr) {
     return absl::UnavailableError(
         absl::StrCat("the worker group is not ready: ", not_ready_reason_));
+  }
+  if (!recovering_reason_.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("the worker group is recovering: ", recovering_reason_));
   }
   return absl::OkStatus();
 }
@@ -447,6 +490,24 @@ absl::Status LLMService::ValidateParams(const v1::GenerateRequest& request,
                                                      " are accepted (--max-stop-bytes)"));
     }
   }
+  // Counts past INT32_MAX are refused as sent (SamplingParamsFromProto would clamp them).
+  constexpr uint32_t kIntMax = std::numeric_limits<int32_t>::max();
+  const SamplingLimits& limits = options_.sampling_limits;
+  auto too_big = [](const char* field, uint32_t value, const std::string& range) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " is ", value, "; it must be ", range));
+  };
+  if (sp.has_n() && sp.n() > kIntMax) {
+    return too_big("n", sp.n(), absl::StrCat("in [1, ", limits.max_n, "]"));
+  }
+  if (sp.has_max_tokens() && sp.max_tokens() > kIntMax) {
+    return too_big("max_tokens", sp.max_tokens(), absl::StrCat("in [1, ", kIntMax, "]"));
+  }
+  if (sp.min_tokens() > kIntMax) {
+    return too_big("min_tokens", sp.min_tokens(), "in [0, max_tokens]");
+  }
+  if (sp.has_logprobs() && sp.logprobs() > kIntMax) {
+    return too_big("logprobs", sp.logprobs(), absl::StrCat("in [0, ", limits.max_logprobs, "]"));
+  }
   *params = SamplingParamsFromProto(sp);
   return params->Validate(options_.sampling_limits);
 }
@@ -526,6 +587,28 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* LLMService::Generate(
     request_id = absl::StrFormat("req-%06x-%d", id_prefix_, next_id_.fetch_add(1));
   }
 
+  // The id of a call its client cancelled is free at once, even before gRPC's OnCancel ran.
+  // A cancellation may reach the server just after a new call with the id does: a call in the
+  // way is given kIdReuseGrace to turn out cancelled (or to end) before ALREADY_EXISTS.
+  std::shared_ptr<GenerateCall> cancelled;
+  {
+    absl::MutexLock lock(&mu_);
+    auto free_or_cancelled = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      auto it = calls_.find(request_id);
+      return it == calls_.end() || it->second->cancelled_by_client();
+    };
+    if (calls_.contains(request_id)) {
+      constexpr absl::Duration kIdReuseGrace = absl::Milliseconds(500);
+      mu_.AwaitWithTimeout(absl::Condition(&free_or_cancelled), kIdReuseGrace);
+    }
+    auto it = calls_.find(request_id);
+    if (it != calls_.end() && it->second->cancelled_by_client()) {
+      cancelled = std::move(it->second);
+      calls_.erase(it);
+    }
+  }
+  if (cancelled != nullptr) cancelled->AbortAndEnd();
+
   absl::MutexLock lock(&mu_);
   if (absl::Status s = NotServing(); !s.ok()) return new ErrorWriter(ToGrpc(s));
   if (draining_) return new ErrorWriter(grpc::Status(grpc::StatusCode::UNAVAILABLE, kDraining));
@@ -540,9 +623,9 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* LLMService::Generate(
         absl::StrCat("the server is at its limit of ", options_.max_concurrent_requests,
                      " concurrent requests; retry later")));
   }
-  auto call =
-      std::make_shared<GenerateCall>(this, engine_, request_id, request->stream(), params.n,
-                                     params.logprobs.has_value(), static_cast<int>(prompt.size()));
+  auto call = std::make_shared<GenerateCall>(this, context, engine_, request_id, request->stream(),
+                                             params.n, params.logprobs.has_value(),
+                                             static_cast<int>(prompt.size()));
   EngineRequest er;
   er.request_id = request_id;
   er.prompt_token_ids = std::move(prompt);

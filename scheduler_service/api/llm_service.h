@@ -91,14 +91,20 @@ class LLMService final
   LLMService(const LLMService&) = delete;
   LLMService& operator=(const LLMService&) = delete;
 
-  // Serves requests on `engine` from now on (replacing none: call SetNotReady first).
+  // Serves requests on `engine` from now on (replacing none: call SetNotReady first; or the
+  // engine already held, to end SetRecovering).
   void SetReady(std::shared_ptr<ServingEngine> engine);
+  // The worker group failed and the engine waits for a new one (EngineCore recovery): calls in
+  // flight go on (they pause), new Generate and GetStats calls get UNAVAILABLE "the worker group
+  // is recovering: <reason>" until SetReady.
+  void SetRecovering(const std::string& reason);
   // Stops serving: every call in flight ends with UNAVAILABLE "the worker group is not ready:
   // <reason>". Returns the engine (null when none), for the caller to destroy.
   std::shared_ptr<ServingEngine> SetNotReady(const std::string& reason);
   // Every call in flight ends, and every later one is refused, with UNAVAILABLE "server
-  // shutting down". Returns the engine (null when none).
-  std::shared_ptr<ServingEngine> Shutdown();
+  // shutting down" (": <why>" after it when `why` is not empty). Returns the engine (null when
+  // none).
+  std::shared_ptr<ServingEngine> Shutdown(const std::string& why = "");
   // From now on new Generate calls get UNAVAILABLE "draining: ..."; calls in flight go on.
   void Drain();
   bool ready() const;
@@ -140,6 +146,7 @@ class LLMService final
   std::string not_ready_reason_ ABSL_GUARDED_BY(mu_) = "starting";
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  std::string recovering_reason_ ABSL_GUARDED_BY(mu_);  // not empty: recovering
   absl::flat_hash_map<std::string, std::shared_ptr<GenerateCall>> calls_ ABSL_GUARDED_BY(mu_);
 };
 

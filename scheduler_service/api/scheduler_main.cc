@@ -6,14 +6,23 @@
 // meet at (TcpStoreServer), the service and its gRPC server, and the WorkerGroup, which brings
 // the group up, probes it and re-initializes it after a failure (worker_group.h). Each time the
 // group is up, an EngineCore is started over it and handed to the service, and health turns
-// SERVING; each time it goes down, every stream ends with UNAVAILABLE naming the rank, health
-// turns NOT_SERVING and the engine is torn down.
+// SERVING. Each time it goes down (a rank died, stalled or was cut off), health turns
+// NOT_SERVING and new calls get UNAVAILABLE "the worker group is recovering: <the rank and
+// what happened>", while the engine keeps every request in flight (put back as preempted by
+// recompute) and, once the group is up again, continues them on it: their streams pause. A
+// request still in flight --recovery-timeout after the failure ends with UNAVAILABLE naming it
+// (--recovery-timeout=0: the old fail-stop, every stream ends at the failure).
+//
+// An attempt that every rank refuses with INVALID_ARGUMENT / FAILED_PRECONDITION (a bad model
+// directory, heads not divisible by the ranks, no room for a KV cache block) cannot succeed on
+// retry: it is logged and the process exits 2.
 //
 // SIGTERM / SIGINT drain: health turns NOT_SERVING, new Generate calls get UNAVAILABLE
 // "draining ...", the calls in flight run to their end for up to --drain-timeout seconds;
 // then (or at once on a second signal) every stream left ends with UNAVAILABLE "server
-// shutting down", the engine stops, the server shuts down and the process exits 0. The
-// workers are left running: they are not the scheduler's to stop.
+// shutting down" (with ": the worker group is down: <the rank and what happened>" when it is),
+// the engine stops, the server shuts down and the process exits 0. The workers are left
+// running: they are not the scheduler's to stop.
 //
 // Exposure (README "Exposing the service"): TLS from PEM files (--ssl-certfile, --ssl-keyfile,
 // --ssl-ca-certs for client certificates), an API key (--api-key or $LLM_API_KEY), limits
@@ -25,6 +34,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -37,6 +47,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/cluster_secret.h"
 #include "common/flag_parser.h"
@@ -107,6 +118,7 @@ struct Flags {
   int http_port = -1;  // -1: no HTTP server
   std::string http_host = "0.0.0.0";
   std::string http_port_file;
+  double recovery_timeout = 120;
 };
 
 // Room above --max-prompt-bytes for the rest of a request (stop strings, ids, the prompt's
@@ -218,6 +230,10 @@ Flags Parse(int argc, char** argv) {
   p.Add("http-host", &f.http_host, "HTTP listen address (0.0.0.0)");
   p.Add("http-port-file", &f.http_port_file,
         "once the HTTP server listens, write its port to this file (none)");
+  p.Add("recovery-timeout", &f.recovery_timeout,
+        "seconds a request in flight waits for the worker group to be rebuilt after a rank "
+        "died, stalled or was cut off, before it ends with UNAVAILABLE; 0: none waits (every "
+        "stream ends at the failure) (120)");
   p.Parse(argc, argv);
   return f;
 }
@@ -253,6 +269,7 @@ Setup Check(const Flags& f, const ModelConfig& model, const Tokenizer& tokenizer
   if (f.keepalive_time > 0 && f.keepalive_timeout <= 0) {
     Usage(absl::StrCat("--keepalive-timeout must be positive, got ", f.keepalive_timeout));
   }
+  if (f.recovery_timeout < 0) Usage("--recovery-timeout must be >= 0");
   if (f.max_concurrent_requests < 1) Usage("--max-concurrent-requests must be at least 1");
   if (f.num_gpu_blocks_override < 0) Usage("--num-gpu-blocks-override must be >= 0");
   if (f.swap_space < 0 || f.cpu_kv_cache_space < 0) Usage("memory sizes must be >= 0");
@@ -348,6 +365,24 @@ Setup Check(const Flags& f, const ModelConfig& model, const Tokenizer& tokenizer
   return s;
 }
 
+// Why the worker group is down, for the clients a shutdown drops ("" when it is up): the
+// failure the engine waits to recover from, or else a rank that does not answer Health now.
+std::string GroupDownReason(ServingEngine* engine, const std::vector<std::string>& addresses,
+                            const std::string& cluster_secret) {
+  if (engine != nullptr && engine->engine != nullptr) {
+    const absl::Status paused = engine->engine->paused_on();
+    if (!paused.ok()) return absl::StrCat("the worker group is down: ", paused.message());
+  }
+  absl::StatusOr<std::unique_ptr<ShardedWorkerClient>> probe =
+      ShardedWorkerClient::Create({.addresses = addresses,
+                                   .worker_timeout = absl::Seconds(1),
+                                   .cluster_secret = cluster_secret});
+  if (!probe.ok()) return "";
+  const absl::Status health = (*probe)->CheckHealth();
+  if (health.ok()) return "";
+  return absl::StrCat("the worker group is down: ", health.message());
+}
+
 void SetServing(grpc::HealthCheckServiceInterface* health, bool serving) {
   health->SetServingStatus(serving);
   health->SetServingStatus("llm.v1.LLMService", serving);
@@ -436,25 +471,65 @@ int Run(int argc, char** argv) {
 
   WorkerGroupOptions group_options = setup.group;
   group_options.rendezvous_address = absl::StrCat(flags.rendezvous_host, ":", (*store)->port());
-  // Each time the group is up: an engine over it, served from now on.
+  // The engine lives across group rebuilds (with a recovery timeout): each new group's client
+  // replaces the failed one's under it. Group's thread; main once the group is stopped.
+  absl::Mutex serving_mu;  // serving is written on the group's thread, read by main
+  std::shared_ptr<ServingEngine> serving;
+  const bool recover = flags.recovery_timeout > 0;
+  // Each time the group is up: an engine over it (or the engine that waits for it), served.
   group_options.serve =
       [&](std::unique_ptr<ShardedWorkerClient> client,
           const BlockSpaceManagerConfig& cache) -> std::shared_ptr<ServingEngine> {
+    if (serving != nullptr) {
+      if (cache.num_gpu_blocks != serving->num_gpu_blocks ||
+          cache.num_cpu_blocks != serving->num_cpu_blocks) {
+        LOG(WARNING) << "the new worker group's KV cache differs: " << cache.num_gpu_blocks
+                     << " device blocks, " << cache.num_cpu_blocks << " host blocks";
+      }
+      // Returns once the engine uses the new client: the old one may go.
+      serving->engine->ReplaceExecutor(client.get(), cache);
+      serving->executor = std::move(client);
+      serving->num_gpu_blocks = cache.num_gpu_blocks;
+      serving->num_cpu_blocks = cache.num_cpu_blocks;
+      service.SetReady(serving);
+      SetServing(health, true);
+      return serving;
+    }
     auto engine = std::make_shared<ServingEngine>();
     engine->num_gpu_blocks = cache.num_gpu_blocks;
     engine->num_cpu_blocks = cache.num_cpu_blocks;
     engine->executor = std::move(client);
     engine->engine =
         std::make_unique<EngineCore>(setup.scheduler, cache, engine->executor.get(), &detokenizers);
+    engine->engine->set_recovery_timeout(absl::Seconds(flags.recovery_timeout));
     engine->engine->Start();
     service.SetReady(engine);
     SetServing(health, true);
+    if (recover) {
+      absl::MutexLock lock(&serving_mu);
+      serving = engine;
+    }
     return engine;
   };
   group_options.not_ready = [&](const std::string& reason) {
     SetServing(health, false);
-    (void)service.SetNotReady(reason);
+    if (serving != nullptr) {
+      service.SetRecovering(reason);  // the requests in flight wait for the next group
+    } else {
+      (void)service.SetNotReady(reason);
+    }
   };
+  // A configuration the workers refuse: exit 2 (through the signal path below).
+  std::atomic<bool> refused{false};
+  group_options.on_permanent_failure = [&](const absl::Status& status) {
+    LOG(ERROR) << "the workers refuse this configuration; retrying cannot help: " << status;
+    std::fprintf(stderr, "llm-scheduler: the workers refuse this configuration: %s\n",
+                 std::string(status.message()).c_str());
+    refused = true;
+    kill(getpid(), SIGTERM);
+  };
+  const std::vector<std::string> worker_addresses = group_options.addresses;
+  const std::string cluster_secret = group_options.cluster_secret;
   WorkerGroup group(std::move(group_options));
   group.Start();
 
@@ -464,23 +539,48 @@ int Run(int argc, char** argv) {
   // Draining before health says NOT_SERVING: a client that sees it is refused from then on.
   service.Drain();
   SetServing(health, false);
-  LOG(INFO) << "signal " << sig << ": draining " << service.num_calls()
-            << " request(s) in flight, for up to " << flags.drain_timeout << " s";
-  const absl::Time drain_deadline = absl::Now() + absl::Seconds(flags.drain_timeout);
-  while (service.num_calls() > 0 && absl::Now() < drain_deadline) {
-    const timespec poll = {.tv_sec = 0, .tv_nsec = 20'000'000};
-    if (sigtimedwait(&signals, nullptr, &poll) > 0) {
-      LOG(INFO) << "second signal: ending the drain";
-      break;
+  // The engine's current engine (null when the group is not ready).
+  auto serving_engine = [&] {
+    absl::MutexLock lock(&serving_mu);
+    return serving;
+  };
+  // An engine paused on a failed step (a worker died or stalled) cannot finish what is in
+  // flight until the group is rebuilt: no drain then.
+  absl::Status paused;
+  if (std::shared_ptr<ServingEngine> held = serving_engine();
+      held != nullptr && held->engine != nullptr) {
+    paused = held->engine->paused_on();
+  }
+  if (paused.ok()) {
+    LOG(INFO) << "signal " << sig << ": draining " << service.num_calls()
+              << " request(s) in flight, for up to " << flags.drain_timeout << " s";
+    const absl::Time drain_deadline = absl::Now() + absl::Seconds(flags.drain_timeout);
+    while (service.num_calls() > 0 && absl::Now() < drain_deadline) {
+      const timespec poll = {.tv_sec = 0, .tv_nsec = 20'000'000};
+      if (sigtimedwait(&signals, nullptr, &poll) > 0) {
+        LOG(INFO) << "second signal: ending the drain";
+        break;
+      }
     }
+  } else {
+    LOG(INFO) << "signal " << sig << ": not draining, the worker group is down: " << paused;
   }
   LOG(INFO) << "shutting down; " << service.num_calls() << " request(s) still in flight end";
-  std::shared_ptr<ServingEngine> engine = service.Shutdown();
+  // Say so to the clients when the group is down (a worker died, and llm-cluster, which does
+  // not restart workers, stops the cluster because of it): the engine's failure, or a rank
+  // that does not answer Health now.
+  const std::string why =
+      refused ? "" : GroupDownReason(serving_engine().get(), worker_addresses, cluster_secret);
+  std::shared_ptr<ServingEngine> engine = service.Shutdown(why);
   if (http != nullptr) http->Stop();  // its streams ended with the service's calls
   group.Stop();
   engine.reset();
+  {
+    absl::MutexLock lock(&serving_mu);
+    serving.reset();
+  }
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  return 0;
+  return refused ? 2 : 0;
 }
 
 }  // namespace

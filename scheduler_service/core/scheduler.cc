@@ -47,17 +47,23 @@ Scheduler::Scheduler(const SchedulerConfig& config, const BlockSpaceManagerConfi
                      const DetokenizerFactory* detokenizers)
     : config_(config),
       by_priority_(config.policy == SchedulingPolicy::kPriority),
-      blocks_(cache_config),
+      blocks_(std::make_unique<BlockSpaceManager>(cache_config)),
+      block_size_(cache_config.block_size),
       stop_checker_(config.eos_token_id, config.max_model_len, detokenizers),
       waiting_(RankLess{by_priority_}),
       swapped_(RankLess{by_priority_}) {
   const absl::Status valid = config.Validate();
   CHECK(valid.ok()) << valid;
+  usable_gpu_blocks_ = blocks_->gpu_pool().num_blocks() - blocks_->watermark_blocks();
 }
 
 absl::Status Scheduler::ValidateRequest(std::span<const TokenId> prompt,
                                         const SamplingParams& params) const {
   RETURN_IF_ERROR(params.Validate(config_.sampling_limits));
+  if (params.n > config_.max_num_seqs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "n is ", params.n, "; it must be at most max_num_seqs = ", config_.max_num_seqs));
+  }
   if (prompt.empty()) return absl::InvalidArgumentError("prompt is empty");
   const int len = static_cast<int>(prompt.size());
   if (len >= config_.max_model_len) {
@@ -68,8 +74,8 @@ absl::Status Scheduler::ValidateRequest(std::span<const TokenId> prompt,
   for (TokenId t : prompt) {
     if (t < 0) return absl::InvalidArgumentError(absl::StrCat("prompt has token id ", t));
   }
-  const int needed = BlockTable::NumRequiredBlocks(len, 0, blocks_.block_size());
-  const int usable = blocks_.gpu_pool().num_blocks() - blocks_.watermark_blocks();
+  const int needed = BlockTable::NumRequiredBlocks(len, 0, block_size_);
+  const int usable = usable_gpu_blocks_.load(std::memory_order_relaxed);
   if (needed > usable) {
     return absl::InvalidArgumentError(absl::StrCat("prompt has ", len, " tokens and needs ", needed,
                                                    " KV-cache blocks; the cache has ", usable,
@@ -155,6 +161,48 @@ absl::Status Scheduler::Abort(std::string_view request_id_view) {
   return absl::OkStatus();
 }
 
+void Scheduler::ResetForNewWorkers(const BlockSpaceManagerConfig& cache_config) {
+  CHECK_EQ(cache_config.block_size, block_size_) << "the block size cannot change";
+  // The step in flight (if any) is abandoned: nothing of it was applied but its planning, which
+  // the reset below undoes.
+  awaiting_update_ = false;
+  auto forget = [](Request* req) {
+    req->known_to_workers = false;
+    for (Sequence& seq : req->seqs) {
+      seq.known_to_workers = false;
+      seq.num_tokens_sent = 0;
+      seq.num_blocks_sent = 0;
+    }
+  };
+  auto requeue = [&](Request* req) {
+    if (req->state == Request::State::kFinished) return;  // in finished_pending_
+    for (Sequence& seq : req->seqs) {
+      if (IsFinished(seq.status)) continue;
+      seq.num_slots = 0;
+      seq.resend_table = true;
+      seq.status = SequenceStatus::kWaiting;
+    }
+    req->num_computed_tokens = 0;
+    req->state = Request::State::kWaiting;
+    waiting_.insert(req);  // by rank: its place among the waiting ones is kept
+  };
+  for (Request* req : running_) requeue(req);
+  for (Request* req : swapped_) requeue(req);
+  running_.clear();
+  swapped_.clear();
+  num_finished_in_running_ = 0;
+  newly_running_.clear();
+  for (const auto& [id, slot] : requests_by_id_) forget(slots_[slot].get());
+  // Ended requests the old workers knew: the new ones never did, so they are not told.
+  for (Request* req : finished_pending_) forget(req);
+  for (Request* req : dropped_) forget(req);
+  // Every block held KV of the old workers (the swapped ones too), and every cached prefix
+  // names such a block: a fresh manager, sized for the new group.
+  blocks_ = std::make_unique<BlockSpaceManager>(cache_config);
+  usable_gpu_blocks_ = blocks_->gpu_pool().num_blocks() - blocks_->watermark_blocks();
+  ++num_resets_;
+}
+
 const SchedulerOutput& Scheduler::Schedule() {
   CHECK(!awaiting_update_) << "Schedule() twice without UpdateFromOutput()";
   StartStep();
@@ -198,7 +246,7 @@ void Scheduler::PreemptForWaiting() {
   const Sequence& seq = head->FirstLiveSeq();
   while (!running_.empty() && RankBefore(head, running_.back()) &&
          running_.back()->priority > head->priority &&
-         blocks_.CanAllocate(seq.tokens, head->cache_salt) != AllocStatus::kOk) {
+         blocks_->CanAllocate(seq.tokens, head->cache_salt) != AllocStatus::kOk) {
     Request* victim = running_.back();
     running_.pop_back();
     Preempt(victim);
@@ -211,7 +259,7 @@ void Scheduler::ScheduleRunning() {
     Request* req = running_[i];
     const int chunk = ChunkSize(*req);
     if (chunk == 0) break;  // out of budget
-    PrefetchForScheduling(running_, i, end, blocks_);
+    PrefetchForScheduling(running_, i, end, *blocks_);
     if (!MakeRoom(i, &end)) break;  // it preempted itself
     ScheduleChunk(req, chunk, /*resumed=*/false);
   }
@@ -227,7 +275,15 @@ bool Scheduler::MakeRoom(size_t i, size_t* end) {
   return true;
 }
 
+int Scheduler::MaxLiveSeqs(const Request& req) { return req.forked() ? req.num_live : req.n; }
+
 void Scheduler::ScheduleQueued() {
+  if (waiting_.empty() && swapped_.empty()) return;
+  // max_num_seqs bounds the live sequences of the running requests, scheduled this step or
+  // not, counting those of a request not forked yet as its n.
+  live_seqs_ = 0;
+  for (const Request* req : running_) live_seqs_ += MaxLiveSeqs(*req);
+  for (const Request* req : newly_running_) live_seqs_ += MaxLiveSeqs(*req);
   while (Request* req = NextQueued()) {
     const bool go_on = req->state == Request::State::kSwapped ? TrySwapIn(req) : TryAdmit(req);
     if (!go_on) return;
@@ -243,8 +299,8 @@ Request* Scheduler::NextQueued() const {
 
 bool Scheduler::TrySwapIn(Request* req) {
   const int chunk = ChunkSize(*req);
-  if (chunk == 0) return false;
-  const AllocStatus can = blocks_.CanSwapIn(LiveSeqIds(*req), req->num_unslotted_tokens());
+  if (chunk == 0 || live_seqs_ + req->num_live > config_.max_num_seqs) return false;
+  const AllocStatus can = blocks_->CanSwapIn(LiveSeqIds(*req), req->num_unslotted_tokens());
   if (can == AllocStatus::kLater) return false;
   swapped_.erase(req);
   if (can == AllocStatus::kNever) {
@@ -253,13 +309,17 @@ bool Scheduler::TrySwapIn(Request* req) {
   }
   SwapIn(req);
   newly_running_.push_back(req);
+  live_seqs_ += req->num_live;
   if (!TryGrow(req)) return false;  // back on the GPU; computes from the next step
   ScheduleChunk(req, chunk, /*resumed=*/true);
   return true;
 }
 
 bool Scheduler::TryAdmit(Request* req) {
-  if (token_budget_ <= 0 || seq_budget_ < req->num_live) return false;
+  const int seqs = MaxLiveSeqs(*req);
+  if (token_budget_ <= 0 || seq_budget_ < seqs || live_seqs_ + seqs > config_.max_num_seqs) {
+    return false;
+  }
   const AllocStatus can = CanAdmit(*req);
   if (can == AllocStatus::kLater) return false;
   waiting_.erase(req);
@@ -269,6 +329,7 @@ bool Scheduler::TryAdmit(Request* req) {
   }
   Allocate(req);
   newly_running_.push_back(req);
+  live_seqs_ += seqs;
   const int chunk = ChunkSize(*req);
   if (chunk > 0) ScheduleChunk(req, chunk, /*resumed=*/req->known_to_workers);
   return chunk > 0;
@@ -277,10 +338,10 @@ bool Scheduler::TryAdmit(Request* req) {
 AllocStatus Scheduler::CanAdmit(const Request& req) {
   if (req.num_live == 1) {
     const Sequence& seq = req.FirstLiveSeq();
-    const AllocStatus can = blocks_.CanAllocate(seq.tokens, req.cache_salt);
+    const AllocStatus can = blocks_->CanAllocate(seq.tokens, req.cache_salt);
     if (can != AllocStatus::kOk) return can;
     if (!config_.enable_chunked_prefill &&
-        req.num_tokens - blocks_.CountCachedPrefixTokens(seq.tokens, req.cache_salt) >
+        req.num_tokens - blocks_->CountCachedPrefixTokens(seq.tokens, req.cache_salt) >
             token_budget_) {
       return AllocStatus::kLater;  // the uncached prompt does not fit the step
     }
@@ -288,10 +349,10 @@ AllocStatus Scheduler::CanAdmit(const Request& req) {
   }
   // n > 1 sequences resumed after preemption by recompute: no prefix hits counted.
   const int needed =
-      req.num_live * BlockTable::NumRequiredBlocks(req.num_tokens, 0, blocks_.block_size());
-  const int usable = blocks_.gpu_pool().num_blocks() - blocks_.watermark_blocks();
+      req.num_live * BlockTable::NumRequiredBlocks(req.num_tokens, 0, blocks_->block_size());
+  const int usable = blocks_->gpu_pool().num_blocks() - blocks_->watermark_blocks();
   if (needed > usable) return AllocStatus::kNever;
-  if (needed > blocks_.gpu_pool().num_free_blocks() - blocks_.watermark_blocks()) {
+  if (needed > blocks_->gpu_pool().num_free_blocks() - blocks_->watermark_blocks()) {
     return AllocStatus::kLater;
   }
   if (!config_.enable_chunked_prefill && !MustChunk(req) &&
@@ -305,7 +366,7 @@ void Scheduler::Allocate(Request* req) {
   int computed = req->num_tokens - 1;
   for (Sequence& seq : req->seqs) {
     if (IsFinished(seq.status)) continue;
-    absl::StatusOr<int> cached = blocks_.Allocate(seq.id, seq.tokens, req->cache_salt);
+    absl::StatusOr<int> cached = blocks_->Allocate(seq.id, seq.tokens, req->cache_salt);
     CHECK(cached.ok()) << cached.status();
     computed = std::min(computed, *cached);
     seq.num_slots = req->num_tokens;
@@ -324,7 +385,7 @@ static void SetLiveStatus(Request* req, SequenceStatus status) {
 }
 
 void Scheduler::SwapIn(Request* req) {
-  absl::StatusOr<std::vector<BlockPair>> pairs = blocks_.SwapIn(LiveSeqIds(*req));
+  absl::StatusOr<std::vector<BlockPair>> pairs = blocks_->SwapIn(LiveSeqIds(*req));
   CHECK(pairs.ok()) << pairs.status();
   output_.blocks_to_swap_in.insert(output_.blocks_to_swap_in.end(), pairs->begin(), pairs->end());
   req->state = Request::State::kRunning;
@@ -358,7 +419,7 @@ bool Scheduler::TryGrow(Request* req) {
 
 bool Scheduler::CanGrow(const Request& req) {
   const int need = req.num_unslotted_tokens();
-  return need == 0 || blocks_.CanAppendSlots(LiveSeqIds(req), need);
+  return need == 0 || blocks_->CanAppendSlots(LiveSeqIds(req), need);
 }
 
 void Scheduler::Grow(Request* req) {
@@ -374,7 +435,7 @@ inline bool Scheduler::TryAppendSlots(int num_tokens, Sequence* seq) {
   const int need = num_tokens - seq->num_slots;
   if (need == 0) return true;
   const size_t copies = output_.blocks_to_copy.size();
-  const absl::Status s = blocks_.AppendSlots(seq->id, need, 0, &output_.blocks_to_copy);
+  const absl::Status s = blocks_->AppendSlots(seq->id, need, 0, &output_.blocks_to_copy);
   if (absl::IsResourceExhausted(s)) return false;
   CHECK(s.ok()) << s;
   // Copy-on-write replaced a block: the workers need the whole table.
@@ -391,8 +452,8 @@ void Scheduler::Preempt(Request* req) {
 
 bool Scheduler::TrySwapOut(Request* req) {
   const std::span<const SeqId> seqs = LiveSeqIds(*req);
-  if (!blocks_.CanSwapOut(seqs)) return false;
-  absl::StatusOr<std::vector<BlockPair>> pairs = blocks_.SwapOut(seqs);
+  if (!blocks_->CanSwapOut(seqs)) return false;
+  absl::StatusOr<std::vector<BlockPair>> pairs = blocks_->SwapOut(seqs);
   CHECK(pairs.ok()) << pairs.status();
   output_.blocks_to_swap_out.insert(output_.blocks_to_swap_out.end(), pairs->begin(), pairs->end());
   ++num_swap_outs_;
@@ -406,7 +467,7 @@ bool Scheduler::TrySwapOut(Request* req) {
 void Scheduler::PreemptByRecompute(Request* req) {
   for (Sequence& seq : req->seqs) {
     if (IsFinished(seq.status)) continue;
-    const absl::Status s = blocks_.Free(seq.id);
+    const absl::Status s = blocks_->Free(seq.id);
     CHECK(s.ok()) << s;
     seq.num_slots = 0;
     seq.resend_table = true;
@@ -496,7 +557,7 @@ void Scheduler::AddToOutput(Request* req, int num_tokens, bool resumed) {
   r.seqs.begin = static_cast<uint32_t>(output_.seqs.size());
   r.seqs.size = static_cast<uint32_t>(req->num_live);
   for (Sequence& seq : req->seqs) {
-    if (!IsFinished(seq.status)) AddSequenceDiff(*req, blocks_, &seq, &output_);
+    if (!IsFinished(seq.status)) AddSequenceDiff(*req, *blocks_, &seq, &output_);
   }
   req->known_to_workers = true;
   output_.total_num_scheduled_tokens += num_tokens * req->num_live;
@@ -580,14 +641,14 @@ inline void Scheduler::AddComputedTokens(Request* req, int num_tokens) {
   const int before = req->num_computed_tokens;
   req->num_computed_tokens += num_tokens;
   // Only a step that fills a block gives the prefix cache something new.
-  const int bs = blocks_.block_size();
-  if (!blocks_.config().enable_prefix_caching || before / bs == req->num_computed_tokens / bs) {
+  const int bs = blocks_->block_size();
+  if (!blocks_->config().enable_prefix_caching || before / bs == req->num_computed_tokens / bs) {
     return;
   }
   for (const Sequence& seq : req->seqs) {
     if (IsFinished(seq.status)) continue;
     const absl::Status s =
-        blocks_.CacheComputedBlocks(seq.id, seq.tokens, req->num_computed_tokens);
+        blocks_->CacheComputedBlocks(seq.id, seq.tokens, req->num_computed_tokens);
     CHECK(s.ok()) << s;
   }
 }
@@ -640,7 +701,7 @@ void Scheduler::Fork(Request* req) {
     child.tokens.assign(parent.tokens.begin(), parent.tokens.end());
     child.last_token = parent.last_token;
     child.num_slots = parent.num_slots;
-    const absl::Status s = blocks_.Fork(parent.id, child.id);
+    const absl::Status s = blocks_->Fork(parent.id, child.id);
     CHECK(s.ok()) << s;
   }
   req->num_live = req->n;
@@ -648,7 +709,7 @@ void Scheduler::Fork(Request* req) {
 
 void Scheduler::FreeSequence(Request* req, Sequence* seq, SequenceStatus status) {
   if (req->state == Request::State::kRunning || req->state == Request::State::kSwapped) {
-    const absl::Status s = blocks_.Free(seq->id);
+    const absl::Status s = blocks_->Free(seq->id);
     CHECK(s.ok()) << s;
   }
   seq->status = status;
@@ -670,9 +731,12 @@ void Scheduler::CompactRunning() {
 SchedulerStats Scheduler::stats() const {
   SchedulerStats s;
   s.num_running = static_cast<int>(running_.size()) - num_finished_in_running_;
+  for (const Request* req : running_) {
+    if (req->state == Request::State::kRunning) s.num_running_seqs += req->num_live;
+  }
   s.num_waiting = static_cast<int>(waiting_.size());
   s.num_swapped = static_cast<int>(swapped_.size());
-  const BlockSpaceManagerStats b = blocks_.stats();
+  const BlockSpaceManagerStats b = blocks_->stats();
   s.gpu_kv_usage = b.gpu_usage;
   s.cpu_kv_usage = b.cpu_usage;
   s.prefix_cache_hit_rate = b.prefix_cache_hit_rate();
@@ -681,13 +745,14 @@ SchedulerStats Scheduler::stats() const {
   s.num_preemptions = num_preemptions_;
   s.num_swap_outs = num_swap_outs_;
   s.num_steps = step_id_;
+  s.num_worker_resets = num_resets_;
   s.last_step_num_scheduled_tokens = last_step_tokens_;
   s.total_num_scheduled_tokens = total_tokens_;
   return s;
 }
 
 absl::Status Scheduler::CheckInvariants() const {
-  RETURN_IF_ERROR(blocks_.CheckInvariants());
+  RETURN_IF_ERROR(blocks_->CheckInvariants());
   int num_running = 0, num_tables = 0;
   for (size_t i = 0; i < running_.size(); ++i) {
     if (i > 0 && RankBefore(running_[i], running_[i - 1])) {
@@ -707,7 +772,7 @@ absl::Status Scheduler::CheckInvariants() const {
     ++counted[static_cast<int>(req->state)];
     int live = 0;
     for (const Sequence& seq : req->seqs) {
-      const BlockTable* table = blocks_.GetBlockTable(seq.id);
+      const BlockTable* table = blocks_->GetBlockTable(seq.id);
       if (IsFinished(seq.status)) {
         if (table != nullptr) {
           return absl::InternalError(absl::StrCat("finished sequence ", seq.id, " holds blocks"));
@@ -766,8 +831,8 @@ absl::Status Scheduler::CheckInvariants() const {
                                             counted[0], "/", counted[1], "/", counted[2],
                                             " registered"));
   }
-  if (num_tables != blocks_.num_sequences()) {
-    return absl::InternalError(absl::StrCat("the block manager holds ", blocks_.num_sequences(),
+  if (num_tables != blocks_->num_sequences()) {
+    return absl::InternalError(absl::StrCat("the block manager holds ", blocks_->num_sequences(),
                                             " tables; live sequences hold ", num_tables));
   }
   return absl::OkStatus();

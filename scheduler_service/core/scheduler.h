@@ -37,6 +37,7 @@
 #ifndef LLM_SCHEDULER_SERVICE_CORE_SCHEDULER_H_
 #define LLM_SCHEDULER_SERVICE_CORE_SCHEDULER_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -64,8 +65,10 @@ enum class SchedulingPolicy { kFcfs, kPriority };
 
 struct SchedulerConfig {
   int max_num_batched_tokens = 2048;  // tokens computed per step, over all sequences
-  int max_num_seqs = 256;             // live sequences scheduled per step
-  int max_model_len = 2048;           // prompt + output tokens of a sequence
+  // Live sequences scheduled per step, and live sequences of the running requests at any time
+  // (a request not forked yet counts as n: its fork after the prefill stays within it).
+  int max_num_seqs = 256;
+  int max_model_len = 2048;  // prompt + output tokens of a sequence
   bool enable_chunked_prefill = false;
   // Chunk cap per request per step when chunked prefill is on; 0: only the budget caps it.
   int long_prefill_token_threshold = 0;
@@ -80,7 +83,8 @@ struct SchedulerConfig {
 };
 
 struct SchedulerStats {
-  int num_running = 0;  // requests
+  int num_running = 0;       // requests
+  int num_running_seqs = 0;  // their live sequences (at most max_num_seqs)
   int num_waiting = 0;
   int num_swapped = 0;
   double gpu_kv_usage = 0;
@@ -91,6 +95,7 @@ struct SchedulerStats {
   int64_t num_preemptions = 0;       // total, both modes
   int64_t num_swap_outs = 0;
   int64_t num_steps = 0;
+  int64_t num_worker_resets = 0;  // ResetForNewWorkers calls
   int last_step_num_scheduled_tokens = 0;
   int64_t total_num_scheduled_tokens = 0;
 };
@@ -120,6 +125,16 @@ class Scheduler {
   // UpdateFromOutput() (FAILED_PRECONDITION).
   absl::Status Abort(std::string_view request_id);
 
+  // The workers were replaced (the old group failed): whatever they held is gone. Abandons the
+  // step awaiting UpdateFromOutput() (if any; none of its samples is applied), and puts every
+  // running and swapped request back in waiting as preempted by recompute (every token kept,
+  // prompt and output; no KV), in its place by rank. Every request becomes unknown to the
+  // workers (it is sent whole, as a new request, when next scheduled), and the block manager is
+  // replaced by a fresh one over `cache_config` (same block_size; the block counts may differ),
+  // so every block is free and the prefix cache is empty. Requests that no longer fit the new
+  // cache are dropped when next considered (reported as aborted).
+  void ResetForNewWorkers(const BlockSpaceManagerConfig& cache_config);
+
   // Plans one step. The output is valid until the next Schedule().
   const SchedulerOutput& Schedule();
 
@@ -133,7 +148,7 @@ class Scheduler {
   bool has_finished_to_report() const { return !finished_pending_.empty(); }
   int num_requests() const { return static_cast<int>(requests_by_id_.size()); }
   SchedulerStats stats() const;
-  const BlockSpaceManager& block_manager() const { return blocks_; }
+  const BlockSpaceManager& block_manager() const { return *blocks_; }
   const SchedulerConfig& config() const { return config_; }
 
   // Every invariant between the queues, the requests and the block manager (plus the block
@@ -173,6 +188,8 @@ class Scheduler {
   void ScheduleQueued();
   // The head of swapped_ or of waiting_, whichever ranks first; null when both are empty.
   Request* NextQueued() const;
+  // The live sequences a request holds once running: n until it forked.
+  static int MaxLiveSeqs(const Request& req);
   // Whether to go on with the queues (served or dropped: true; no room: false).
   bool TrySwapIn(Request* req);
   bool TryAdmit(Request* req);
@@ -245,7 +262,10 @@ class Scheduler {
 
   const SchedulerConfig config_;
   const bool by_priority_;
-  BlockSpaceManager blocks_;
+  std::unique_ptr<BlockSpaceManager> blocks_;  // replaced by ResetForNewWorkers
+  const int block_size_;
+  // What ValidateRequest reads from other threads: the device blocks above the watermark.
+  std::atomic<int> usable_gpu_blocks_{0};
   StopChecker stop_checker_;
 
   std::vector<std::unique_ptr<Request>> slots_;  // by slot; null when free
@@ -268,6 +288,7 @@ class Scheduler {
   bool awaiting_update_ = false;
   int token_budget_ = 0;
   int seq_budget_ = 0;
+  int live_seqs_ = 0;  // ScheduleQueued: of the running requests and those it admits
   bool preempted_this_step_ = false;
   StepOutputs step_outputs_;
   std::vector<SeqId> seq_ids_;  // scratch
@@ -275,6 +296,7 @@ class Scheduler {
 
   int64_t num_preemptions_ = 0;
   int64_t num_swap_outs_ = 0;
+  int64_t num_resets_ = 0;
   int last_step_tokens_ = 0;
   int64_t total_tokens_ = 0;
 };

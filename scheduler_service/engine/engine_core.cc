@@ -1,5 +1,6 @@
 #include "scheduler_service/engine/engine_core.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -19,71 +20,76 @@ EngineCore::~EngineCore() { Stop(); }
 absl::Status EngineCore::AddRequest(EngineRequest request, StreamCallback on_update) {
   RETURN_IF_ERROR(scheduler_.ValidateRequest(request.prompt_token_ids, request.sampling_params));
   absl::MutexLock lock(&mu_);
-  if (!in_flight_.insert(request.request_id).second) {
+  const uint64_t generation = ++next_generation_;
+  if (!in_flight_.try_emplace(request.request_id, generation).second) {
     return absl::AlreadyExistsError(
         absl::StrCat("request ", request.request_id, " is already in flight"));
   }
-  inbox_adds_.push_back({std::move(request), std::move(on_update)});
+  inbox_.push_back({.is_abort = false,
+                    .generation = generation,
+                    .request = std::move(request),
+                    .on_update = std::move(on_update)});
   return absl::OkStatus();
 }
 
 absl::Status EngineCore::Abort(const std::string& request_id) {
   absl::MutexLock lock(&mu_);
-  if (!in_flight_.contains(request_id)) {
+  auto it = in_flight_.find(request_id);
+  if (it == in_flight_.end()) {
     return absl::NotFoundError(absl::StrCat("request ", request_id, " is not in flight"));
   }
-  inbox_aborts_.push_back(request_id);
+  Event e{.is_abort = true, .generation = it->second};
+  e.request.request_id = request_id;
+  in_flight_.erase(it);  // free for a new request now: its add is queued after this abort
+  inbox_.push_back(std::move(e));
   return absl::OkStatus();
 }
 
 void EngineCore::DrainInbox() {
-  std::vector<Pending> adds;
-  std::vector<std::string> aborts;
+  std::vector<Event> events;
   {
     absl::MutexLock lock(&mu_);
-    adds.swap(inbox_adds_);
-    aborts.swap(inbox_aborts_);
+    events.swap(inbox_);
   }
-  for (Pending& p : adds) {
-    EngineRequest& r = p.request;
-    const absl::Status s =
-        scheduler_.AddRequest(r.request_id, std::move(r.prompt_token_ids), r.sampling_params,
-                              r.priority, /*arrival_time=*/0, std::move(r.cache_salt));
-    if (!s.ok()) {
-      Release(r.request_id);
-      p.on_update({.status = s});
+  for (Event& e : events) {
+    EngineRequest& r = e.request;
+    if (!e.is_abort) {
+      const absl::Status s =
+          scheduler_.AddRequest(r.request_id, std::move(r.prompt_token_ids), r.sampling_params,
+                                r.priority, /*arrival_time=*/0, std::move(r.cache_salt));
+      if (!s.ok()) {
+        Release(r.request_id, e.generation);
+        e.on_update({.status = s});
+        continue;
+      }
+      streams_.emplace(r.request_id, Stream{std::move(e.on_update), e.generation});
       continue;
     }
-    streams_.emplace(r.request_id, std::move(p.on_update));
-  }
-  for (const std::string& id : aborts) {
-    auto it = streams_.find(id);
-    if (it == streams_.end()) continue;  // finished meanwhile
-    const absl::Status s = scheduler_.Abort(id);
+    auto it = streams_.find(r.request_id);
+    // Finished meanwhile, or the id is a newer request's (the abort was for an older one).
+    if (it == streams_.end() || it->second.generation != e.generation) continue;
+    const absl::Status s = scheduler_.Abort(r.request_id);
     CHECK(s.ok()) << s;
-    StreamCallback cb = std::move(it->second);
+    StreamCallback cb = std::move(it->second.on_update);
     streams_.erase(it);
-    Release(id);
-    cb({.status = absl::CancelledError(absl::StrCat("request ", id, " aborted"))});
+    cb({.status = absl::CancelledError(absl::StrCat("request ", r.request_id, " aborted"))});
   }
 }
 
 void EngineCore::FailAll(const absl::Status& status) {
   auto streams = std::move(streams_);
   streams_.clear();
-  for (auto& [id, cb] : streams) {
+  for (auto& [id, stream] : streams) {
     (void)scheduler_.Abort(id);
-    Release(id);
-    cb({.status = status});
+    Release(id, stream.generation);
+    stream.on_update({.status = status});
   }
 }
 
-void EngineCore::Release(absl::string_view id) {
+void EngineCore::Release(absl::string_view id, uint64_t generation) {
   absl::MutexLock lock(&mu_);
-  in_flight_.erase(id);
-  // An abort still queued was meant for the request that just ended; left there, it would
-  // abort a new request that reuses the id.
-  std::erase(inbox_aborts_, id);
+  auto it = in_flight_.find(id);
+  if (it != in_flight_.end() && it->second == generation) in_flight_.erase(it);
 }
 
 EngineStats EngineCore::stats_snapshot() const {
@@ -107,19 +113,92 @@ absl::StatusOr<bool> EngineCore::Step() {
   return busy;
 }
 
-absl::StatusOr<bool> EngineCore::StepOnce() {
-  DrainInbox();
-  if (!scheduler_.HasUnfinishedRequests() && !scheduler_.has_finished_to_report()) return false;
-  const SchedulerOutput& step = scheduler_.Schedule();
-  absl::Status s = executor_->Execute(step, &model_output_);
-  if (!s.ok()) {
+void EngineCore::ReplaceExecutor(Executor* executor, const BlockSpaceManagerConfig& cache) {
+  CHECK(executor != nullptr);
+  absl::MutexLock lock(&mu_);
+  pending_executor_ = executor;
+  pending_cache_ = cache;
+  if (!running_thread_) return;
+  auto adopted = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return pending_executor_ == nullptr || !running_thread_;
+  };
+  mu_.Await(absl::Condition(&adopted));
+}
+
+absl::Status EngineCore::paused_on() const {
+  absl::MutexLock lock(&mu_);
+  return paused_on_;
+}
+
+void EngineCore::AdoptExecutor() {
+  Executor* executor;
+  BlockSpaceManagerConfig cache;
+  {
+    absl::MutexLock lock(&mu_);
+    if (pending_executor_ == nullptr) return;
+    executor = pending_executor_;
+    cache = pending_cache_;
+  }
+  // Whatever the previous workers held is gone, failed or not.
+  scheduler_.ResetForNewWorkers(cache);
+  executor_ = executor;
+  absl::MutexLock lock(&mu_);
+  pending_executor_ = nullptr;
+  if (!paused_on_.ok()) {
+    LOG(INFO) << "engine resumes on new workers after: " << paused_on_.message() << "; "
+              << scheduler_.num_requests() << " request(s) recomputed";
+  }
+  paused_on_ = absl::OkStatus();
+}
+
+void EngineCore::OnExecutorFailure(const SchedulerOutput& step, const absl::Status& status) {
+  if (recovery_timeout_ <= absl::ZeroDuration()) {
     // The step's result is unusable: end every stream with the error.
     model_output_.step_id = step.step_id;
     model_output_.sampled_token_ids.assign(step.total_num_samples, 0);
     (void)scheduler_.UpdateFromOutput(model_output_);
-    FailAll(s);
+    FailAll(status);
+    return;
+  }
+  // Nothing of the step is applied; every request waits, with its tokens, for new workers.
+  scheduler_.ResetForNewWorkers(scheduler_.block_manager().config());
+  if (recovering_since_ == absl::InfiniteFuture()) recovering_since_ = absl::Now();
+  LOG(WARNING) << "engine paused, " << scheduler_.num_requests()
+               << " request(s) wait for the worker group: " << status;
+  absl::MutexLock lock(&mu_);
+  paused_on_ = status;
+}
+
+void EngineCore::ExpireRecovery() {
+  absl::Status cause;
+  {
+    absl::MutexLock lock(&mu_);
+    cause = paused_on_;
+  }
+  if (cause.ok() || absl::Now() < recovering_since_ + recovery_timeout_) return;
+  if (!streams_.empty()) {
+    FailAll(absl::UnavailableError(absl::StrCat("the worker group did not recover within ",
+                                                absl::FormatDuration(recovery_timeout_), " after ",
+                                                cause.message())));
+  }
+  recovering_since_ = absl::Now();  // requests that come later get a whole timeout
+}
+
+absl::StatusOr<bool> EngineCore::StepOnce() {
+  AdoptExecutor();
+  DrainInbox();
+  if (!paused_on().ok()) {
+    ExpireRecovery();
+    return false;
+  }
+  if (!scheduler_.HasUnfinishedRequests() && !scheduler_.has_finished_to_report()) return false;
+  const SchedulerOutput& step = scheduler_.Schedule();
+  absl::Status s = executor_->Execute(step, &model_output_);
+  if (!s.ok()) {
+    OnExecutorFailure(step, s);
     return s;
   }
+  recovering_since_ = absl::InfiniteFuture();
   absl::StatusOr<const StepOutputs*> outputs = scheduler_.UpdateFromOutput(model_output_);
   if (!outputs.ok()) {
     FailAll(outputs.status());
@@ -130,14 +209,15 @@ absl::StatusOr<bool> EngineCore::StepOnce() {
     auto it = streams_.find(id);
     if (it == streams_.end()) continue;
     if (!out.finished) {
-      it->second({.output = &out, .outputs = *outputs});
+      it->second.on_update({.output = &out, .outputs = *outputs});
       continue;
     }
     // The id is free again before the stream's end is delivered: a client that sees the end
     // may reuse it at once.
-    StreamCallback cb = std::move(it->second);
+    StreamCallback cb = std::move(it->second.on_update);
+    const uint64_t generation = it->second.generation;
     streams_.erase(it);
-    Release(id);
+    Release(id, generation);
     cb({.output = &out, .outputs = *outputs});
   }
   return true;
@@ -148,7 +228,7 @@ absl::Status EngineCore::RunUntilIdle() {
     ASSIGN_OR_RETURN(const bool busy, Step());
     if (!busy) {
       absl::MutexLock lock(&mu_);
-      if (inbox_adds_.empty() && inbox_aborts_.empty()) return absl::OkStatus();
+      if (inbox_.empty()) return absl::OkStatus();
     }
   }
 }
@@ -158,15 +238,24 @@ void EngineCore::Loop() {
     absl::StatusOr<bool> busy = Step();
     if (!busy.ok()) LOG(ERROR) << "engine step failed: " << busy.status();
     absl::MutexLock lock(&mu_);
-    if (stop_) return;
+    if (stop_) break;
     if (busy.ok() && *busy) continue;
-    mu_.Await(absl::Condition(this, &EngineCore::HasWorkOrStop));
-    if (stop_) return;
+    if (paused_on_.ok()) {
+      mu_.Await(absl::Condition(this, &EngineCore::HasWorkOrStop));
+    } else {
+      // Paused: wake up for the recovery deadline too.
+      mu_.AwaitWithDeadline(
+          absl::Condition(this, &EngineCore::HasWorkOrStop),
+          std::min(recovering_since_ + recovery_timeout_, absl::Now() + absl::Seconds(1)));
+    }
+    if (stop_) break;
   }
+  absl::MutexLock lock(&mu_);
+  running_thread_ = false;  // a ReplaceExecutor waiting for adoption returns
 }
 
 bool EngineCore::HasWorkOrStop() const {
-  return stop_ || !inbox_adds_.empty() || !inbox_aborts_.empty();
+  return stop_ || !inbox_.empty() || pending_executor_ != nullptr;
 }
 
 void EngineCore::Start() {
@@ -174,6 +263,7 @@ void EngineCore::Start() {
   {
     absl::MutexLock lock(&mu_);
     stop_ = false;
+    running_thread_ = true;
   }
   thread_ = std::thread([this] { Loop(); });
 }

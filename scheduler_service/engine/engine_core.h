@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/sampling_params.h"
 #include "protocol/executor.h"
 #include "scheduler_service/core/request_output.h"
@@ -68,13 +69,34 @@ class EngineCore {
   // Thread-safe. Validates the request now (INVALID_ARGUMENT, ALREADY_EXISTS for an id in
   // flight) and queues it; `on_update` is then called for each step's output.
   absl::Status AddRequest(EngineRequest request, StreamCallback on_update);
-  // Thread-safe. NOT_FOUND for an id not in flight. The stream ends with CANCELLED; blocks are
-  // freed at the start of the next step, and the workers are told in that step.
+  // Thread-safe. NOT_FOUND for an id not in flight. The id is free for a new request at once;
+  // the stream ends with CANCELLED, and the blocks are freed, at the start of the next step
+  // (before a new request with the id is queued), and the workers are told in that step.
   absl::Status Abort(const std::string& request_id);
 
   // Engine thread: one step. Returns whether anything was in flight; an executor error is
-  // returned as is (every stream then ends with that error).
+  // returned as is. Without a recovery timeout every stream then ends with that error; with
+  // one, the engine pauses (see set_recovery_timeout).
   absl::StatusOr<bool> Step();
+
+  // Recovery from a failed executor (a worker died, stalled or was cut off). With a positive
+  // `timeout` (before Start()), a failed Execute does not end the streams: the scheduler puts
+  // every request back as preempted by recompute (Scheduler::ResetForNewWorkers), and the
+  // engine pauses (it takes new requests and aborts, and schedules nothing) until
+  // ReplaceExecutor hands it a working one; the requests then continue where their streams
+  // are, so a stream sees a pause and no token twice or lost. A request still in flight
+  // `timeout` after the failure (counted from the first failure until a step succeeds again,
+  // or from its arrival during the pause) ends with UNAVAILABLE naming the failure. Zero (the
+  // default): fail-stop, every stream ends with the executor's error.
+  void set_recovery_timeout(absl::Duration timeout) { recovery_timeout_ = timeout; }
+  // Thread-safe. The executor the engine uses from its next step on (not owned; it must
+  // outlive its use), over workers that know nothing of the requests: the scheduler is reset
+  // for it with `cache` (its block counts; the block size must not change) before that step.
+  // Once the engine thread runs (Start()), returns after the engine adopted it, so that the
+  // previous executor may be destroyed then; otherwise the next Step() adopts it.
+  void ReplaceExecutor(Executor* executor, const BlockSpaceManagerConfig& cache);
+  // Thread-safe: the executor failure the engine is paused on (OK when it is not).
+  absl::Status paused_on() const;
   // Engine thread: steps until nothing is in flight.
   absl::Status RunUntilIdle();
 
@@ -88,29 +110,52 @@ class EngineCore {
   EngineStats stats_snapshot() const;
 
  private:
-  struct Pending {
-    EngineRequest request;
+  // What other threads queue for the engine thread, in order: an add (with its callback) or
+  // an abort of the request of that id and generation.
+  struct Event {
+    bool is_abort = false;
+    uint64_t generation = 0;  // of the request the event is about
+    EngineRequest request;    // an add's; an abort's request_id only
     StreamCallback on_update;
+  };
+  struct Stream {
+    StreamCallback on_update;
+    uint64_t generation = 0;
   };
   void DrainInbox();
   void FailAll(const absl::Status& status);
-  // Frees `id` for reuse: drops it from in_flight_ and drops any abort still queued for it.
-  void Release(absl::string_view id);
+  // Frees `id` for reuse unless a newer request (another generation) took it meanwhile.
+  void Release(absl::string_view id, uint64_t generation);
   void Loop();
   absl::StatusOr<bool> StepOnce();
   void PublishStats();
   bool HasWorkOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adopts the executor ReplaceExecutor handed over, if any.
+  void AdoptExecutor();
+  // After a failed Execute: recovery (pauses) or fail-stop (ends every stream).
+  void OnExecutorFailure(const SchedulerOutput& step, const absl::Status& status);
+  // While paused: ends every stream once the recovery timeout has passed.
+  void ExpireRecovery();
 
   Scheduler scheduler_;
-  Executor* const executor_;
-  absl::flat_hash_map<std::string, StreamCallback> streams_;  // engine thread
-  ModelOutput model_output_;                                  // engine thread
+  Executor* executor_;  // engine thread
+  absl::Duration recovery_timeout_ = absl::ZeroDuration();
+  // Engine thread: since when the engine has been recovering (a failure with no successful
+  // step after it); InfiniteFuture when it is not.
+  absl::Time recovering_since_ = absl::InfiniteFuture();
+  absl::flat_hash_map<std::string, Stream> streams_;  // engine thread
+  ModelOutput model_output_;                          // engine thread
 
-  absl::Mutex mu_;
-  std::vector<Pending> inbox_adds_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::string> inbox_aborts_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_set<std::string> in_flight_ ABSL_GUARDED_BY(mu_);
+  mutable absl::Mutex mu_;
+  std::vector<Event> inbox_ ABSL_GUARDED_BY(mu_);
+  // Each id in flight, with its request's generation (every AddRequest takes a new one).
+  absl::flat_hash_map<std::string, uint64_t> in_flight_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool running_thread_ ABSL_GUARDED_BY(mu_) = false;
+  Executor* pending_executor_ ABSL_GUARDED_BY(mu_) = nullptr;
+  BlockSpaceManagerConfig pending_cache_ ABSL_GUARDED_BY(mu_);
+  absl::Status paused_on_ ABSL_GUARDED_BY(mu_);  // OK: not paused
   std::thread thread_;
 
   mutable absl::Mutex stats_mu_;

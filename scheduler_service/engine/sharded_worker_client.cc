@@ -177,6 +177,11 @@ absl::Status ShardedWorkerClient::CheckHealth() {
   return failure();
 }
 
+bool ShardedWorkerClient::IsPermanent(absl::StatusCode code) {
+  return code == absl::StatusCode::kInvalidArgument ||
+         code == absl::StatusCode::kFailedPrecondition;
+}
+
 absl::Status ShardedWorkerClient::ForEachRank(
     const char* what, const std::function<grpc::Status(Rank&, grpc::ClientContext*)>& call) {
   // The contexts outlive every thread, so that the first failure can cancel the other calls
@@ -188,6 +193,8 @@ absl::Status ShardedWorkerClient::ForEachRank(
   }
   absl::Mutex first_mu;
   absl::Status first;  // the first failure in time: the cause, not a cancelled bystander
+  std::vector<grpc::StatusCode> codes(ranks_.size(), grpc::StatusCode::OK);
+  std::vector<absl::Status> statuses(ranks_.size());
   std::vector<std::thread> threads;
   threads.reserve(ranks_.size());
   for (size_t i = 0; i < ranks_.size(); ++i) {
@@ -195,22 +202,43 @@ absl::Status ShardedWorkerClient::ForEachRank(
       Rank& r = *ranks_[i];
       grpc::ClientContext* ctx = contexts[i].get();
       absl::Status status;
+      grpc::StatusCode code = grpc::StatusCode::CANCELLED;
       if (!Register(ctx)) {
         status = absl::CancelledError("the worker group client was cancelled");
       } else {
         const grpc::Status s = call(r, ctx);
         Unregister(ctx);
+        code = s.error_code();
         if (!s.ok()) status = RankError(r, absl::StrCat(what, ": ", Describe(s)));
       }
-      if (status.ok()) return;
       absl::MutexLock lock(&first_mu);
-      if (!first.ok()) return;
+      codes[i] = code;
+      statuses[i] = status;
+      if (status.ok()) return;
+      // A refusal that retrying cannot fix (INVALID_ARGUMENT, FAILED_PRECONDITION) lets the
+      // other ranks answer too: when every rank refuses, the attempt fails for good.
+      const bool permanent = IsPermanent(static_cast<absl::StatusCode>(code));
+      if (!first.ok()) {
+        if (!permanent) {
+          for (auto& c : contexts) c->TryCancel();
+        }
+        return;
+      }
       first = status;
-      for (auto& c : contexts) c->TryCancel();
+      if (!permanent) {
+        for (auto& c : contexts) c->TryCancel();
+      }
     });
   }
   for (std::thread& t : threads) t.join();
-  return first;
+  if (first.ok()) return first;
+  for (grpc::StatusCode c : codes) {
+    if (!IsPermanent(static_cast<absl::StatusCode>(c))) return first;
+  }
+  // Every rank refused: rank 0's answer, with its code, names what to change.
+  return absl::Status(static_cast<absl::StatusCode>(codes[0]),
+                      absl::StrCat("every rank refused ", what, " (", ranks_.size(),
+                                   " ranks); the first: ", statuses[0].message()));
 }
 
 absl::StatusOr<std::vector<v1::InitResponse>> ShardedWorkerClient::Init(
@@ -302,6 +330,31 @@ bool ShardedWorkerClient::JobsDone() const {
   return true;
 }
 
+absl::Status ShardedWorkerClient::TimedOutRank(const std::vector<bool>& timed_out,
+                                               int64_t step_id) {
+  const std::string late = absl::StrCat("no answer to step ", step_id, " within ",
+                                        absl::FormatDuration(options_.worker_timeout));
+  std::vector<int> late_ranks;
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    if (timed_out[i]) late_ranks.push_back(static_cast<int>(i));
+  }
+  if (late_ranks.size() == 1) return RankError(*ranks_[late_ranks[0]], late);
+  // Several ranks are late: one that stalls (stopped, cut off) holds the others in a
+  // collective. The stalled one does not answer Health either; the others do.
+  for (int i : late_ranks) {
+    Rank& r = *ranks_[i];
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineAfter(std::min(absl::Seconds(2), options_.worker_timeout)));
+    v1::HealthRequest req;
+    v1::HealthResponse resp;
+    const grpc::Status s = r.stub->Health(&ctx, req, &resp);
+    if (!s.ok()) {
+      return RankError(r, absl::StrCat(late, ", nor to Health: ", Describe(s)));
+    }
+  }
+  return RankError(*ranks_[late_ranks[0]], late);
+}
+
 absl::Status ShardedWorkerClient::Execute(const SchedulerOutput& step, ModelOutput* out) {
   {
     absl::MutexLock lock(&mu_);
@@ -324,25 +377,26 @@ absl::Status ShardedWorkerClient::Execute(const SchedulerOutput& step, ModelOutp
     }
   }
   absl::Status error;
-  for (size_t i = 0; i < ranks_.size() && error.ok(); ++i) {
-    Rank& r = *ranks_[i];
-    if (any_timed_out) {
-      if (timed_out[i]) {
-        error = RankError(r, absl::StrCat("no answer to step ", step.step_id, " within ",
-                                          absl::FormatDuration(options_.worker_timeout)));
-      }
-      continue;
+  if (any_timed_out) {
+    error = TimedOutRank(timed_out, step.step_id);
+  } else {
+    // A rank whose stream broke is the cause; a rank that answered an error (a collective that
+    // a dead peer never reached) is its bystander, named only when no stream broke.
+    for (size_t i = 0; i < ranks_.size() && error.ok(); ++i) {
+      Rank& r = *ranks_[i];
+      if (!r.job_status.ok()) error = RankError(r, std::string(r.job_status.message()));
     }
-    if (!r.job_status.ok()) {
-      error = RankError(r, std::string(r.job_status.message()));
-    } else if (r.result.step_id() != step.step_id) {
-      error = RankError(
-          r, absl::StrCat("answered step ", r.result.step_id(), " to step ", step.step_id));
-    } else if (r.result.error_code() != 0) {
-      error =
-          RankError(r, absl::StrCat("step ", step.step_id, " failed: ",
-                                    CodeName(static_cast<grpc::StatusCode>(r.result.error_code())),
-                                    ": ", r.result.error_message()));
+    for (size_t i = 0; i < ranks_.size() && error.ok(); ++i) {
+      Rank& r = *ranks_[i];
+      if (r.result.step_id() != step.step_id) {
+        error = RankError(
+            r, absl::StrCat("answered step ", r.result.step_id(), " to step ", step.step_id));
+      } else if (r.result.error_code() != 0) {
+        error = RankError(
+            r, absl::StrCat("step ", step.step_id, " failed: ",
+                            CodeName(static_cast<grpc::StatusCode>(r.result.error_code())), ": ",
+                            r.result.error_message()));
+      }
     }
   }
   if (error.ok()) {

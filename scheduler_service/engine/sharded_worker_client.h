@@ -10,10 +10,12 @@
 //
 // Failures: any rank whose call fails, whose stream breaks, that answers an error or the wrong
 // step id, or that does not answer in time fails the call with UNAVAILABLE naming the rank
-// and its address ("worker rank 1 at 127.0.0.1:50062: ..."). A failed step cancels every
-// stream and the client stays failed: every later Execute returns the same status, and
-// on_failure (when set) is called once, on the thread that saw the failure. Nothing waits
-// longer than `worker_timeout` (plus the time gRPC takes to deliver a cancellation).
+// and its address ("worker rank 1 at 127.0.0.1:50062: ..."). A failed step names the cause:
+// a rank whose stream broke before one that answered an error (a collective its dead peer
+// never reached), and of several late ranks the one that does not answer Health either. A failed
+// step cancels every stream and the client stays failed: every later Execute returns the same
+// status, and on_failure (when set) is called once, on the thread that saw the failure. Nothing
+// waits longer than `worker_timeout` (plus the time gRPC takes to deliver a cancellation).
 //
 // Thread-safety: setup calls and Execute from one thread at a time (WorkerGroup's thread, then the
 // engine thread); CheckHealth(), Cancel() and failure() from any thread. Destruction cancels the
@@ -77,7 +79,12 @@ class ShardedWorkerClient : public Executor {
   // Returns failure().
   absl::Status CheckHealth();
 
+  // Whether a setup call's failure with this code is a refusal that retrying cannot fix.
+  static bool IsPermanent(absl::StatusCode code);
+
   // Init on every rank in parallel; `base` is completed with each rank's rank and world_size.
+  // INVALID_ARGUMENT / FAILED_PRECONDITION when every rank refused it so (ForEachRank);
+  // otherwise UNAVAILABLE naming the first rank that failed. ProfileMemory and InitCache too.
   absl::StatusOr<std::vector<v1::InitResponse>> Init(const v1::InitRequest& base);
   // ProfileMemory on every rank in parallel; the smallest block counts of all ranks.
   absl::StatusOr<v1::ProfileMemoryResponse> ProfileMemory(const v1::ProfileMemoryRequest& req);
@@ -109,10 +116,15 @@ class ShardedWorkerClient : public Executor {
 
   explicit ShardedWorkerClient(ShardedWorkerClientOptions options);
   // Runs `call(rank, context)` for every rank on a thread each, with the worker timeout as
-  // the deadline; the first failing rank's status (rank order), prefixed with the rank.
+  // the deadline. The first failure in time (UNAVAILABLE naming the rank) cancels the other
+  // calls, unless it is a refusal (IsPermanent): then, when every rank refuses, the result has
+  // rank 0's code and message ("every rank refused Init (2 ranks); the first: worker rank 0 ...").
   absl::Status ForEachRank(const char* what,
                            const std::function<grpc::Status(Rank&, grpc::ClientContext*)>& call);
   absl::Status RankError(const Rank& r, const std::string& reason) const;
+  // The error of a step that ranks did not answer in time: the late rank, or of several late
+  // ones the first that does not answer Health either (the one that stalls the others).
+  absl::Status TimedOutRank(const std::vector<bool>& timed_out, int64_t step_id);
   // Health on every rank in turn; the first failure (UNAVAILABLE naming the rank).
   absl::Status HealthRound(absl::Duration deadline);
   // Registers a context so that Cancel() reaches it; false when already cancelled.

@@ -32,6 +32,10 @@ absl::StatusOr<BlockSpaceManagerConfig> WorkerGroup::CacheFromProfile(
   return cache;
 }
 
+bool WorkerGroup::IsPermanent(const absl::Status& status) {
+  return ShardedWorkerClient::IsPermanent(status.code());
+}
+
 WorkerGroup::WorkerGroup(WorkerGroupOptions options) : options_(std::move(options)) {
   CHECK(!options_.addresses.empty());
   CHECK(options_.serve != nullptr);
@@ -93,6 +97,11 @@ void WorkerGroup::Run() {
       LOG(WARNING) << "worker group attempt " << attempt << " failed: " << formed;
       last_failure_ = std::string(formed.message());
       options_.not_ready(last_failure_);
+      if (options_.on_permanent_failure != nullptr && IsPermanent(formed)) {
+        LOG(ERROR) << "the workers refuse this configuration; retrying cannot help: " << formed;
+        options_.on_permanent_failure(formed);
+        return;
+      }
       absl::MutexLock lock(&mu_);
       auto stop = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_; };
       mu_.AwaitWithTimeout(absl::Condition(&stop), RetryDelay(++failed_attempts));
@@ -167,8 +176,14 @@ absl::Status WorkerGroup::Form(ShardedWorkerClient* client, int attempt) {
   profile.set_swap_space_gib(options_.swap_space_gib);
   profile.set_cpu_kv_cache_space_gib(options_.cpu_kv_cache_space_gib);
   ASSIGN_OR_RETURN(const v1::ProfileMemoryResponse memory, client->ProfileMemory(profile));
-  ASSIGN_OR_RETURN(cache_,
-                   CacheFromProfile(options_.cache, memory, options_.num_gpu_blocks_override));
+  absl::StatusOr<BlockSpaceManagerConfig> cache =
+      CacheFromProfile(options_.cache, memory, options_.num_gpu_blocks_override);
+  if (absl::IsResourceExhausted(cache.status())) {
+    // The ranks' memory with these flags: the same at every attempt.
+    return absl::FailedPreconditionError(cache.status().message());
+  }
+  if (!cache.ok()) return cache.status();
+  cache_ = *cache;
   v1::InitCacheRequest init_cache;
   init_cache.set_block_size(cache_.block_size);
   init_cache.set_num_gpu_blocks(cache_.num_gpu_blocks);

@@ -20,10 +20,10 @@
 //                 cancelled, the engine is dropped, and the next attempt starts at 1 at once.
 //
 // Every attempt begins with not_ready("connecting to the workers (attempt N)"; with the last
-// attempt's failure after it). An attempt that fails in 1-4 calls not_ready with its error and
-// waits RetryDelay before the next: 0.5 s, doubling to 10 s while attempts keep failing (a group
-// that served starts again from 0.5 s). No call to a rank waits longer than `worker_timeout`,
-// and Stop() cancels whatever is under way.
+// attempt's failure after it). An attempt that fails in 1-4 calls not_ready with its error and,
+// unless the failure is permanent (on_permanent_failure), waits RetryDelay before the next: 0.5 s,
+// doubling to 10 s while attempts keep failing (a group that served starts again from 0.5 s). No
+// call to a rank waits longer than `worker_timeout`, and Stop() cancels whatever is under way.
 //
 // Ownership: serve takes the client and returns the handle that owns it (the engine over it);
 // the group keeps that handle, and uses the client through it (probes, Cancel), until the group
@@ -95,6 +95,13 @@ struct WorkerGroupOptions {
   // The group is not serving, and why: an attempt under way, an attempt's error, the failure
   // that ended serving, or "server shutting down".
   std::function<void(const std::string& reason)> not_ready;
+  // When set: an attempt that fails for good — every rank refused Init or ProfileMemory with
+  // INVALID_ARGUMENT / FAILED_PRECONDITION (a bad model directory, heads not divisible by the
+  // ranks), a rank loaded a model of another vocabulary, or no KV cache block fits (all three
+  // FAILED_PRECONDITION) — ends the group's attempts: after
+  // not_ready(its message), this is called with it (on the group's thread, which then ends) and
+  // no attempt follows. Unset: such attempts are retried like any other.
+  std::function<void(const absl::Status& status)> on_permanent_failure;
 };
 
 class WorkerGroup {
@@ -126,6 +133,8 @@ class WorkerGroup {
  private:
   // The group's thread: attempts until stopped.
   void Run();
+  // Whether a failed attempt's status is one that retrying cannot fix.
+  static bool IsPermanent(const absl::Status& status);
   // One attempt's steps 1-4 on `client`; then the cache it allocated is in cache_.
   absl::Status Form(ShardedWorkerClient* client, int attempt);
   // Probes the ranks each second until the group fails or Stop(); why it stopped serving.

@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 constexpr char kApiKey[] = "test-key-1234";
 // "unimplemented" until GenerateRequest.chat is served (the chat-template work); then
 // "served", which checks streaming chat with include_usage against the non-streamed answer.
-constexpr char kChatMode[] = "unimplemented";
+constexpr char kChatMode[] = "served";
 
 std::string ShellQuote(const std::string& s) {
   std::string out = "'";

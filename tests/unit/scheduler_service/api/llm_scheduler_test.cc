@@ -180,7 +180,8 @@ class LLMSchedulerTest : public ::testing::Test {
 TEST_F(LLMSchedulerTest, ServesFailsAndRecoversWhenARankComesBack) {
   FakeWorkerServer r0 = FakeWorkerServer::Start(kVocab, 0, kBlocks);
   FakeWorkerServer r1 = FakeWorkerServer::Start(kVocab, 1, kBlocks + 5);
-  auto scheduler = StartScheduler({r0.address, r1.address});
+  // A short recovery timeout: a request in flight when rank 1 dies ends after it.
+  auto scheduler = StartScheduler({r0.address, r1.address}, {"--recovery-timeout=2"});
   auto channel = Connect();
   ASSERT_TRUE(Eventually([&] { return GrpcHealthCheck(channel, "") == 1; }));
   EXPECT_EQ(GrpcHealthCheck(channel, "llm.v1.LLMService"), 1);
@@ -205,7 +206,9 @@ TEST_F(LLMSchedulerTest, ServesFailsAndRecoversWhenARankComesBack) {
   EXPECT_EQ(r1.service->init().world_size(), 2u);
   EXPECT_EQ(r0.service->init().rendezvous_prefix(), "group-1");
 
-  // Rank 1 dies: the next step fails naming it, and the group is no longer served.
+  // Rank 1 dies: the next step fails naming it (the request waits --recovery-timeout for the
+  // group, then ends; or it is refused when the Health probe was first), and the group is no
+  // longer served.
   const int port1 = r1.port;
   r1.Kill();
   s = Generate(8);
@@ -214,7 +217,7 @@ TEST_F(LLMSchedulerTest, ServesFailsAndRecoversWhenARankComesBack) {
   ASSERT_TRUE(Eventually([&] { return GrpcHealthCheck(channel, "") == 2; }));
   s = Generate(8);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
-  EXPECT_THAT(s.error_message(), HasSubstr("the worker group is not ready"));
+  EXPECT_THAT(s.error_message(), HasSubstr("the worker group is recovering"));
 
   // It comes back on the same port: both ranks are initialized again, under a new prefix.
   r1 = FakeWorkerServer::Start(kVocab, 1, kBlocks + 5, port1);
@@ -235,7 +238,7 @@ TEST_F(LLMSchedulerTest, ServesFailsAndRecoversWhenARankComesBack) {
   ASSERT_TRUE(Eventually([&] { return GrpcHealthCheck(channel, "") == 2; }));
   s = Generate(8);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
-  EXPECT_THAT(s.error_message(), HasSubstr("the worker group is not ready"));
+  EXPECT_THAT(s.error_message(), HasSubstr("the worker group is recovering"));
   EXPECT_THAT(s.error_message(), HasSubstr("worker rank 0 at " + r0_address));
 
   // SIGTERM: a clean exit; the workers are left running.

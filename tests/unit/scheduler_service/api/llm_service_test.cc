@@ -325,6 +325,13 @@ TEST_F(LLMServiceTest, SamplingFieldsOutOfRangeAreInvalid) {
        },
        "at most 16 stop strings are allowed; the request has 17"},
       {[](auto* p) { p->set_logprobs(21); }, "logprobs is 21"},
+      // Past INT32_MAX: reported as sent, not clamped.
+      {[](auto* p) { p->set_max_tokens(2147483648u); },
+       "max_tokens is 2147483648; it must be in [1, 2147483647]"},
+      {[](auto* p) { p->set_max_tokens(4294967295u); }, "max_tokens is 4294967295"},
+      {[](auto* p) { p->set_n(2147483648u); }, "n is 2147483648; it must be in [1, 16]"},
+      {[](auto* p) { p->set_min_tokens(3000000000u); }, "min_tokens is 3000000000"},
+      {[](auto* p) { p->set_logprobs(2147483648u); }, "logprobs is 2147483648"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.message);
@@ -576,6 +583,30 @@ TEST_F(LLMServiceTest, CancellingMidStreamFreesEveryBlock) {
     return s.num_running() == 0 && s.num_waiting() == 0 &&
            s.num_free_gpu_blocks() == static_cast<uint32_t>(kBlocks) && s.gpu_kv_usage() == 0;
   }));
+  EXPECT_TRUE(Eventually([&] { return service_->num_calls() == 0; }));
+}
+
+// A client that cancels a request may reuse its id at once: the next call with it is served,
+// not refused with ALREADY_EXISTS while the cancellation is still on its way through the server.
+TEST_F(LLMServiceTest, ACancelledRequestIdIsReusableAtOnce) {
+  for (int i = 0; i < 30; ++i) {
+    SCOPED_TRACE(absl::StrCat("round ", i));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    v1::GenerateRequest first = Text("Hello world", 300);
+    first.set_request_id("again");
+    auto reader = stub_->Generate(&ctx, first);
+    v1::GenerateResponse resp;
+    ASSERT_TRUE(reader->Read(&resp));  // running
+    ctx.TryCancel();
+    v1::GenerateRequest second = Text("Hello", 4);
+    second.set_request_id("again");
+    const CallResult r = Generate(second);
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+    while (reader->Read(&resp)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
   EXPECT_TRUE(Eventually([&] { return service_->num_calls() == 0; }));
 }
 

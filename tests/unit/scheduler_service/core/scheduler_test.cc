@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scheduler_service/core/request_prefetcher.h"
@@ -211,6 +212,32 @@ TEST(Scheduler, SchedulesAtMostMaxNumSeqsSequences) {
   ExpectStreams(h, "c", Prompt(8, 200), Params(3));
   ExpectStreams(h, "d", Prompt(8, 300), Params(3, 2));
   h.ExpectAllBlocksFree();
+}
+
+// n > 1 requests fork after their prefill: admission counts them as n sequences, so the live
+// sequences of the running requests never exceed max_num_seqs.
+TEST(Scheduler, ForkedSequencesStayWithinMaxNumSeqs) {
+  SchedulerConfig config = Config();
+  config.max_num_seqs = 5;
+  SchedulerHarness h(config, Cache(200), SchedulerHarness::ExecConfig(Cache(200)));
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_TRUE(h.Add(absl::StrCat("r", i), Prompt(8, 100 * i), Params(6, /*n=*/2)).ok());
+  }
+  ASSERT_TRUE(h.Add("single", Prompt(8, 900), Params(6)).ok());
+  int most = 0;
+  for (int steps = 0; h.scheduler.HasUnfinishedRequests() && steps < 1000; ++steps) {
+    h.Step();
+    const SchedulerStats st = h.scheduler.stats();
+    EXPECT_LE(st.num_running_seqs, 5);
+    most = std::max(most, st.num_running_seqs);
+  }
+  EXPECT_EQ(most, 5);  // r0, r1 forked and the single one
+  for (int i = 0; i < 6; ++i) {
+    ExpectStreams(h, absl::StrCat("r", i), Prompt(8, 100 * i), Params(6, 2));
+  }
+  ExpectStreams(h, "single", Prompt(8, 900), Params(6));
+  EXPECT_THAT(h.Add("wide", Prompt(8), Params(6, /*n=*/6)).message(),
+              HasSubstr("n is 6; it must be at most max_num_seqs = 5"));
 }
 
 TEST(Scheduler, SchedulesSeveralPartialPrefillsUnderTheBudget) {
@@ -665,6 +692,138 @@ TEST(Scheduler, UpdateFromOutputRejectsAMismatchedAnswer) {
   ASSERT_TRUE(h.scheduler.UpdateFromOutput(right).ok());
   EXPECT_EQ(h.scheduler.UpdateFromOutput(right).status().code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace llm
+
+namespace llm {
+namespace {
+
+// Steps the harness's scheduler on `exec` (a worker group other than the harness's) until no
+// request is left; records the streams and checks the invariants after each step.
+void RunOn(SchedulerHarness& h, FakeExecutor& exec) {
+  for (int steps = 0; h.scheduler.HasUnfinishedRequests() || h.scheduler.has_finished_to_report();
+       ++steps) {
+    ASSERT_LT(steps, 10000);
+    const SchedulerOutput& out = h.scheduler.Schedule();
+    ModelOutput mo;
+    const absl::Status s = exec.Execute(out, &mo);
+    ASSERT_TRUE(s.ok()) << s;
+    absl::StatusOr<const StepOutputs*> outputs = h.scheduler.UpdateFromOutput(mo);
+    ASSERT_TRUE(outputs.ok()) << outputs.status();
+    h.Record(**outputs);
+    const absl::Status inv = h.scheduler.CheckInvariants();
+    ASSERT_TRUE(inv.ok()) << inv;
+  }
+  EXPECT_EQ(exec.num_requests(), 0) << "the new workers still hold requests";
+}
+
+std::vector<std::string> Ids(const std::vector<ScheduledRequest>& list) {
+  std::vector<std::string> ids;
+  for (const ScheduledRequest& r : list) ids.emplace_back(r.request_id);
+  return ids;
+}
+
+TEST(Scheduler, ResetForNewWorkersRequeuesRunningAndSwappedInOrderWithEveryBlockFree) {
+  SchedulerConfig config = Config();
+  config.preemption_mode = PreemptionMode::kSwap;
+  const BlockSpaceManagerConfig old_cache = Cache(11, 20, /*caching=*/true);
+  SchedulerHarness h(config, old_cache, SchedulerHarness::ExecConfig(old_cache));
+  ASSERT_TRUE(h.Add("a", Prompt(80), Params(20)).ok());
+  ASSERT_TRUE(h.Add("b", Prompt(80, 1000), Params(20)).ok());
+  h.Step();
+  h.Step();  // b is swapped out (as in SwapsOutAndBackInKeepingTheComputedTokens)
+  ASSERT_TRUE(h.Add("c", Prompt(20, 3000), Params(8)).ok());
+  ASSERT_TRUE(h.Add("d", Prompt(20, 4000), Params(8)).ok());
+  h.Step();
+  h.Step();
+  SchedulerStats before = h.scheduler.stats();
+  ASSERT_EQ(before.num_running, 1);
+  ASSERT_EQ(before.num_swapped, 1);
+  ASSERT_EQ(before.num_waiting, 2);
+  const int a_tokens = static_cast<int>(h.streams["a"].tokens[0].size());
+  ASSERT_GT(a_tokens, 0);
+  // The workers fail during the next step: it is planned and never answered.
+  (void)h.scheduler.Schedule();
+
+  // The new group has a cache of another size (and no host blocks).
+  const BlockSpaceManagerConfig new_cache = Cache(40, 0, /*caching=*/true);
+  h.scheduler.ResetForNewWorkers(new_cache);
+  const SchedulerStats after = h.scheduler.stats();
+  EXPECT_EQ(after.num_running, 0);
+  EXPECT_EQ(after.num_swapped, 0);
+  EXPECT_EQ(after.num_waiting, 4);
+  EXPECT_EQ(after.num_worker_resets, 1);
+  const BlockSpaceManager& m = h.scheduler.block_manager();
+  EXPECT_EQ(m.gpu_pool().num_blocks(), 40);
+  EXPECT_EQ(m.stats().num_free_gpu_blocks, 40);
+  EXPECT_EQ(m.num_sequences(), 0);
+  const absl::Status inv = h.scheduler.CheckInvariants();
+  EXPECT_TRUE(inv.ok()) << inv;
+
+  // The next step sends every request whole, as new, in arrival order, with no prefix hit
+  // (a's blocks were in the old prefix cache) and its generated tokens kept.
+  FakeExecutor fresh(SchedulerHarness::ExecConfig(new_cache));
+  const SchedulerOutput& first = h.scheduler.Schedule();
+  EXPECT_THAT(Ids(first.new_requests), ElementsAre("a", "b", "c", "d"));
+  EXPECT_THAT(first.cached_requests, IsEmpty());
+  EXPECT_THAT(first.blocks_to_swap_in, IsEmpty());
+  for (const ScheduledRequest& r : first.new_requests) {
+    EXPECT_EQ(r.num_computed_tokens, 0) << r.request_id;
+    EXPECT_FALSE(r.resumed_from_preemption) << r.request_id;
+  }
+  const ScheduledRequest& a = first.new_requests[0];
+  EXPECT_EQ(a.num_scheduled_tokens, 80 + a_tokens);
+  EXPECT_EQ(first.Seqs(a)[0].new_token_ids.size, static_cast<uint32_t>(a_tokens));
+  ModelOutput mo;
+  ASSERT_TRUE(fresh.Execute(first, &mo).ok());
+  absl::StatusOr<const StepOutputs*> outputs = h.scheduler.UpdateFromOutput(mo);
+  ASSERT_TRUE(outputs.ok()) << outputs.status();
+  h.Record(**outputs);
+  RunOn(h, fresh);
+
+  // Every stream is what an undisturbed run yields: no token twice, none lost.
+  ExpectStreams(h, "a", Prompt(80), Params(20));
+  ExpectStreams(h, "b", Prompt(80, 1000), Params(20));
+  ExpectStreams(h, "c", Prompt(20, 3000), Params(8));
+  ExpectStreams(h, "d", Prompt(20, 4000), Params(8));
+  EXPECT_EQ(h.scheduler.block_manager().stats().num_free_gpu_blocks, 40);
+}
+
+TEST(Scheduler, ResetForNewWorkersKeepsPriorityOrderAndForkedSequences) {
+  SchedulerConfig config = Config();
+  config.policy = SchedulingPolicy::kPriority;
+  const BlockSpaceManagerConfig cache = Cache(100);
+  SchedulerHarness h(config, cache, SchedulerHarness::ExecConfig(cache));
+  ASSERT_TRUE(h.Add("low", Prompt(30, 10), Params(12, /*n=*/1), /*priority=*/5).ok());
+  ASSERT_TRUE(h.Add("fork", Prompt(30, 500), Params(12, /*n=*/3), /*priority=*/1).ok());
+  ASSERT_TRUE(h.Add("mid", Prompt(30, 900), Params(12, /*n=*/2), /*priority=*/3).ok());
+  for (int i = 0; i < 5; ++i) h.Step();
+  ASSERT_THAT(h.streams["fork"].tokens, SizeIs(3));
+  ASSERT_EQ(h.streams["fork"].tokens[2].size(), 5u);
+  (void)h.scheduler.Schedule();
+  h.scheduler.ResetForNewWorkers(cache);
+  EXPECT_EQ(h.scheduler.stats().num_waiting, 3);
+  FakeExecutor fresh(SchedulerHarness::ExecConfig(cache));
+  const SchedulerOutput& first = h.scheduler.Schedule();
+  EXPECT_THAT(Ids(first.new_requests), ElementsAre("fork", "mid", "low"));
+  const ScheduledRequest& f = first.new_requests[0];
+  EXPECT_EQ(f.seqs.size, 3u);
+  EXPECT_EQ(f.num_samples, 3);
+  for (const ScheduledSequence& s : first.Seqs(f)) {
+    EXPECT_TRUE(s.new_to_workers);
+    EXPECT_EQ(s.new_token_ids.size, 5u);
+  }
+  ModelOutput mo;
+  ASSERT_TRUE(fresh.Execute(first, &mo).ok());
+  absl::StatusOr<const StepOutputs*> outputs = h.scheduler.UpdateFromOutput(mo);
+  ASSERT_TRUE(outputs.ok()) << outputs.status();
+  h.Record(**outputs);
+  RunOn(h, fresh);
+  ExpectStreams(h, "fork", Prompt(30, 500), Params(12, 3));
+  ExpectStreams(h, "mid", Prompt(30, 900), Params(12, 2));
+  ExpectStreams(h, "low", Prompt(30, 10), Params(12, 1));
 }
 
 }  // namespace

@@ -227,3 +227,185 @@ TEST(EngineCore, AnAbortForARequestThatFinishedMeanwhileSparesTheNextOneWithItsI
 
 }  // namespace
 }  // namespace llm
+
+namespace llm {
+namespace {
+
+// The workers of a group that fails: answers as `inner` for `ok_steps` steps, then UNAVAILABLE
+// for good (as ShardedWorkerClient does once a rank died).
+class DyingExecutor : public Executor {
+ public:
+  DyingExecutor(Executor* inner, int ok_steps) : inner_(inner), ok_steps_(ok_steps) {}
+  absl::Status Execute(const SchedulerOutput& step, ModelOutput* out) override {
+    if (ok_steps_-- <= 0) return absl::UnavailableError("worker rank 1 at 127.0.0.1:9: died");
+    return inner_->Execute(step, out);
+  }
+
+ private:
+  Executor* const inner_;
+  int ok_steps_;
+};
+
+struct Load {
+  std::string id;
+  std::vector<TokenId> prompt;
+  SamplingParams params;
+};
+
+std::vector<Load> RecoveryLoad() {
+  std::vector<Load> load;
+  for (int i = 0; i < 24; ++i) {
+    SamplingParams p = Params(5 + i % 13);
+    p.n = i % 4 == 0 ? 2 : 1;
+    load.push_back({absl::StrCat("r", i), Prompt(6 + 3 * i, 100 * i), p});
+  }
+  return load;
+}
+
+// Streams of an undisturbed run.
+std::map<std::string, std::vector<TokenId>> Undisturbed(const std::vector<Load>& load) {
+  FakeExecutor exec(SchedulerHarness::ExecConfig(Cache()));
+  EngineCore engine(Config(), Cache(), &exec);
+  Collector c;
+  for (const Load& l : load) {
+    EXPECT_TRUE(engine.AddRequest({l.id, l.prompt, l.params}, c.For(l.id)).ok());
+  }
+  EXPECT_TRUE(engine.RunUntilIdle().ok());
+  absl::MutexLock lock(&c.mu);
+  return c.tokens;
+}
+
+TEST(EngineCore, RequestsSurviveAFailedGroupAndResumeOnTheNewOneWithTheSameTokens) {
+  const std::vector<Load> load = RecoveryLoad();
+  const std::map<std::string, std::vector<TokenId>> want = Undisturbed(load);
+  FakeExecutor old_workers(SchedulerHarness::ExecConfig(Cache()));
+  DyingExecutor dying(&old_workers, /*ok_steps=*/7);
+  EngineCore engine(Config(), Cache(), &dying);
+  engine.set_recovery_timeout(absl::Seconds(600));
+  engine.Start();
+  Collector c;
+  absl::BlockingCounter done(static_cast<int>(load.size()));
+  for (const Load& l : load) {
+    ASSERT_TRUE(engine.AddRequest({l.id, l.prompt, l.params}, c.For(l.id, &done)).ok());
+  }
+  // Paused on the failure, with no stream ended by it (some finished before).
+  for (int i = 0; i < 6000 && engine.paused_on().ok(); ++i) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_THAT(engine.paused_on().message(), HasSubstr("worker rank 1"));
+  {
+    absl::MutexLock lock(&c.mu);
+    for (const auto& [id, status] : c.ended) EXPECT_TRUE(status.ok()) << id << ": " << status;
+    EXPECT_LT(c.ended.size(), load.size());
+    int streamed = 0;
+    for (const auto& [id, t] : c.tokens) streamed += static_cast<int>(t.size());
+    EXPECT_GT(streamed, 0) << "the group failed before any token: nothing to resume";
+  }
+  // The new group, with a cache of another size.
+  FakeExecutor new_workers(SchedulerHarness::ExecConfig(Cache(150)));
+  engine.ReplaceExecutor(&new_workers, Cache(150));
+  EXPECT_TRUE(engine.paused_on().ok());
+  done.Wait();
+  engine.Stop();
+  absl::MutexLock lock(&c.mu);
+  for (const Load& l : load) {
+    EXPECT_TRUE(c.ended[l.id].ok()) << l.id << ": " << c.ended[l.id];
+    EXPECT_EQ(c.tokens[l.id], want.at(l.id)) << l.id;
+  }
+  EXPECT_EQ(engine.scheduler().block_manager().stats().num_free_gpu_blocks, 150);
+  EXPECT_EQ(engine.stats_snapshot().scheduler.num_worker_resets, 2);  // at the failure, at the swap
+}
+
+TEST(EngineCore, WithoutNewWorkersWithinTheRecoveryTimeoutStreamsEndUnavailableNamingTheCause) {
+  FakeExecutor old_workers(SchedulerHarness::ExecConfig(Cache()));
+  DyingExecutor dying(&old_workers, /*ok_steps=*/2);
+  EngineCore engine(Config(), Cache(), &dying);
+  engine.set_recovery_timeout(absl::Milliseconds(200));
+  engine.Start();
+  Collector c;
+  absl::BlockingCounter done(3);
+  for (const char* id : {"a", "b", "c"}) {
+    ASSERT_TRUE(engine.AddRequest({id, Prompt(8, 1), Params(50)}, c.For(id, &done)).ok());
+  }
+  done.Wait();
+  engine.Stop();
+  absl::MutexLock lock(&c.mu);
+  for (const char* id : {"a", "b", "c"}) {
+    EXPECT_EQ(c.ended[id].code(), absl::StatusCode::kUnavailable) << id;
+    EXPECT_THAT(c.ended[id].message(),
+                HasSubstr("did not recover within 200ms after worker rank 1 at 127.0.0.1:9: died"));
+  }
+  EXPECT_FALSE(engine.scheduler().HasUnfinishedRequests());
+}
+
+TEST(EngineCore, AbortWhilePausedEndsTheStreamAndFreesTheId) {
+  FakeExecutor old_workers(SchedulerHarness::ExecConfig(Cache()));
+  DyingExecutor dying(&old_workers, /*ok_steps=*/1);
+  EngineCore engine(Config(), Cache(), &dying);
+  engine.set_recovery_timeout(absl::Seconds(600));
+  Collector c;
+  ASSERT_TRUE(engine.AddRequest({"a", Prompt(8, 1), Params(50)}, c.For("a")).ok());
+  ASSERT_TRUE(engine.AddRequest({"b", Prompt(8, 7), Params(50)}, c.For("b")).ok());
+  ASSERT_TRUE(engine.Step().ok());
+  EXPECT_EQ(engine.Step().status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(engine.paused_on().ok());
+  ASSERT_TRUE(engine.Abort("a").ok());
+  ASSERT_TRUE(engine.Step().ok());  // paused: drains the abort, schedules nothing
+  {
+    absl::MutexLock lock(&c.mu);
+    EXPECT_EQ(c.ended["a"].code(), absl::StatusCode::kCancelled);
+    EXPECT_FALSE(c.ended.contains("b"));
+  }
+  FakeExecutor new_workers(SchedulerHarness::ExecConfig(Cache()));
+  engine.ReplaceExecutor(&new_workers, Cache());
+  ASSERT_TRUE(engine.AddRequest({"a", Prompt(8, 1), Params(5)}, c.For("a")).ok());
+  ASSERT_TRUE(engine.RunUntilIdle().ok());
+  absl::MutexLock lock(&c.mu);
+  EXPECT_TRUE(c.ended["b"].ok());
+  EXPECT_EQ(c.tokens["b"].size(), 50u);
+}
+
+}  // namespace
+}  // namespace llm
+
+namespace llm {
+namespace {
+
+TEST(EngineCore, AnAbortedIdIsFreeAtOnceAndOnlyTheOldRequestIsAborted) {
+  FakeExecutorConfig ec = SchedulerHarness::ExecConfig(Cache());
+  FakeExecutor exec(ec);
+  EngineCore engine(Config(), Cache(), &exec);
+  std::vector<absl::Status> old_end, new_end;
+  std::vector<TokenId> new_tokens;
+  ASSERT_TRUE(engine
+                  .AddRequest({"a", Prompt(8, 1), Params(50)},
+                              [&](const StreamUpdate& u) {
+                                if (!u.status.ok()) old_end.push_back(u.status);
+                              })
+                  .ok());
+  ASSERT_TRUE(engine.Step().ok());  // "a" runs
+  ASSERT_TRUE(engine.Abort("a").ok());
+  EXPECT_EQ(engine.Abort("a").code(), absl::StatusCode::kNotFound);  // already aborted
+  // No step in between: the id is free at once.
+  ASSERT_TRUE(engine
+                  .AddRequest({"a", Prompt(9, 70), Params(6)},
+                              [&](const StreamUpdate& u) {
+                                if (!u.status.ok()) new_end.push_back(u.status);
+                                if (u.output == nullptr) return;
+                                for (const SequenceOutput& s : u.outputs->Seqs(*u.output)) {
+                                  for (TokenId t : u.outputs->NewTokenIds(s)) {
+                                    new_tokens.push_back(t);
+                                  }
+                                }
+                              })
+                  .ok());
+  EXPECT_EQ(engine.AddRequest({"a", Prompt(9, 70), Params(6)}, [](const StreamUpdate&) {}).code(),
+            absl::StatusCode::kAlreadyExists);  // the new one holds it
+  ASSERT_TRUE(engine.RunUntilIdle().ok());
+  ASSERT_EQ(old_end.size(), 1u);
+  EXPECT_EQ(old_end[0].code(), absl::StatusCode::kCancelled);
+  EXPECT_TRUE(new_end.empty());
+  EXPECT_EQ(new_tokens, ExpectedStream(exec, ec, Prompt(9, 70), Params(6), 0, -1, 512));
+  EXPECT_EQ(engine.scheduler().block_manager().stats().num_free_gpu_blocks, 200);
+}
+
+}  // namespace
+}  // namespace llm

@@ -278,3 +278,40 @@ TEST(ShardedWorkerClientTest, CancelEndsTheWaitForWorkers) {
 
 }  // namespace
 }  // namespace llm
+
+namespace llm {
+namespace {
+
+// Rank 1 dies while rank 0 answers the step with an error (as a collective that rank 1 never
+// reached does): the error names rank 1, the cause, not rank 0, its bystander.
+TEST(ShardedWorkerClientTest, ARankWhoseStreamBrokeIsNamedBeforeARankThatAnsweredAnError) {
+  auto g = StartGroup(2);
+  EngineCore engine(Config(), Cache(), g->client.get());
+  ASSERT_TRUE(engine.AddRequest(Request("a", 50), [](const StreamUpdate&) {}).ok());
+  ASSERT_TRUE(engine.Step().ok());
+  g->ranks[0].service->set_mode(Mode::kError);
+  g->ranks[1].Kill();
+  absl::Status status;
+  for (int i = 0; i < 60 && status.ok(); ++i) status = engine.Step().status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(status.message(), HasSubstr("worker rank 1 at " + g->ranks[1].address));
+  EXPECT_THAT(status.message(), ::testing::Not(HasSubstr("worker rank 0")));
+}
+
+// Both ranks are late for a step (rank 1 stopped, rank 0 waiting for it in a collective): the
+// one that does not answer Health either is named.
+TEST(ShardedWorkerClientTest, OfSeveralLateRanksTheOneThatDoesNotAnswerHealthIsNamed) {
+  auto g = StartGroup(2, absl::Seconds(1));
+  g->ranks[0].service->set_mode(Mode::kSilent);
+  g->ranks[1].service->set_mode(Mode::kSilent);
+  g->ranks[1].service->set_block_health(true);
+  absl::Status status;
+  RunAll(g->client.get(), &status);  // a hang here is the failure
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(status.message(), HasSubstr("worker rank 1 at " + g->ranks[1].address));
+  EXPECT_THAT(status.message(), HasSubstr("no answer to step"));
+  EXPECT_THAT(status.message(), HasSubstr("nor to Health"));
+}
+
+}  // namespace
+}  // namespace llm

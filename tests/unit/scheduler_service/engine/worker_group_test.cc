@@ -6,6 +6,7 @@
 // guards only.
 #include "scheduler_service/engine/worker_group.h"
 
+#include <atomic>
 #include <climits>
 #include <memory>
 #include <string>
@@ -13,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -317,6 +319,78 @@ TEST(WorkerGroup, DestructionStopsAServingGroup) {
   }
   EXPECT_EQ(server.reasons().back(), "server shutting down");
   EXPECT_FALSE(server.engine_held());
+}
+
+}  // namespace
+}  // namespace llm
+
+namespace llm {
+namespace {
+
+TEST(WorkerGroup, ARefusalFromEveryRankEndsTheAttemptsForGood) {
+  FakeWorkerServer r0 = FakeWorkerServer::Start(kVocab, 1, 64);
+  FakeWorkerServer r1 = FakeWorkerServer::Start(kVocab, 2, 64);
+  const grpc::Status refusal(grpc::StatusCode::INVALID_ARGUMENT,
+                             "num_attention_heads (3) is not divisible by the tensor-parallel "
+                             "size (2)");
+  r0.service->set_init_error(refusal);
+  r1.service->set_init_error(refusal);
+  Server server;
+  absl::Notification fatal;
+  absl::Status fatal_status;
+  WorkerGroupOptions options = Options({r0.address, r1.address}, &server);
+  options.on_permanent_failure = [&](const absl::Status& s) {
+    fatal_status = s;
+    fatal.Notify();
+  };
+  WorkerGroup group(std::move(options));
+  group.Start();
+  ASSERT_TRUE(fatal.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(fatal_status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(
+      fatal_status.message(),
+      ::testing::HasSubstr("every rank refused Init (2 ranks); the first: worker rank 0 at " +
+                           r0.address + ": Init: INVALID_ARGUMENT: num_attention_heads (3)"));
+  EXPECT_TRUE(server.HasReason("num_attention_heads (3) is not divisible"));
+  group.Stop();
+  EXPECT_EQ(r0.service->num_init_calls(), 1);  // no second attempt
+  EXPECT_EQ(server.num_serves(), 0);
+}
+
+TEST(WorkerGroup, ARefusalFromOneRankOnlyIsRetried) {
+  FakeWorkerServer r0 = FakeWorkerServer::Start(kVocab, 1, 64);
+  FakeWorkerServer r1 = FakeWorkerServer::Start(kVocab, 2, 64);
+  r1.service->set_init_error(
+      grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "model_path is not a directory here"));
+  Server server;
+  std::atomic<int> fatal{0};
+  WorkerGroupOptions options = Options({r0.address, r1.address}, &server);
+  options.on_permanent_failure = [&](const absl::Status&) { ++fatal; };
+  WorkerGroup group(std::move(options));
+  group.Start();
+  ASSERT_TRUE(Eventually([&] { return r1.service->num_init_calls() >= 2; }));
+  r1.service->set_init_error(grpc::Status::OK);
+  ASSERT_TRUE(Eventually([&] { return server.num_serves() == 1; }));
+  group.Stop();
+  EXPECT_EQ(fatal, 0);
+}
+
+TEST(WorkerGroup, NoRoomForABlockIsPermanentWhenAskedToFailFast) {
+  FakeWorkerServer r0 = FakeWorkerServer::Start(kVocab, 1, /*num_gpu_blocks=*/0);
+  Server server;
+  absl::Notification fatal;
+  absl::Status fatal_status;
+  WorkerGroupOptions options = Options({r0.address}, &server);
+  options.on_permanent_failure = [&](const absl::Status& s) {
+    fatal_status = s;
+    fatal.Notify();
+  };
+  WorkerGroup group(std::move(options));
+  group.Start();
+  ASSERT_TRUE(fatal.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(fatal_status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(fatal_status.message(), ::testing::HasSubstr("no room for a single KV cache block"));
+  group.Stop();
 }
 
 }  // namespace

@@ -39,6 +39,11 @@ class FakeWorker final : public v1::WorkerService::Service {
   }
   // Init then waits until its call is cancelled (a rank stuck in the rendezvous).
   void set_block_init(bool b) { block_init_ = b; }
+  // Init answers this (when not OK) instead of initializing.
+  void set_init_error(grpc::Status s) {
+    absl::MutexLock lock(&mu_);
+    init_error_ = std::move(s);
+  }
   int num_cancelled_inits() const { return num_cancelled_inits_; }
   int num_init_calls() const { return num_init_calls_; }
   int num_steps() const { return num_steps_; }
@@ -48,8 +53,15 @@ class FakeWorker final : public v1::WorkerService::Service {
     return init_;
   }
 
-  grpc::Status Health(grpc::ServerContext*, const v1::HealthRequest*,
+  // Health then waits until its call is cancelled (a stopped process).
+  void set_block_health(bool b) { block_health_ = b; }
+
+  grpc::Status Health(grpc::ServerContext* ctx, const v1::HealthRequest*,
                       v1::HealthResponse* resp) override {
+    if (block_health_) {
+      while (!ctx->IsCancelled()) absl::SleepFor(absl::Milliseconds(5));
+      return {grpc::StatusCode::CANCELLED, "cancelled"};
+    }
     resp->set_serving(true);
     return grpc::Status::OK;
   }
@@ -62,6 +74,7 @@ class FakeWorker final : public v1::WorkerService::Service {
       return {grpc::StatusCode::CANCELLED, "cancelled"};
     }
     absl::MutexLock lock(&mu_);
+    if (!init_error_.ok()) return init_error_;
     init_ = *req;
     auto secret = ctx->client_metadata().find("x-llm-cluster-secret");
     init_secret_ = secret == ctx->client_metadata().end()
@@ -132,11 +145,13 @@ class FakeWorker final : public v1::WorkerService::Service {
   std::atomic<int> num_steps_{0};
   std::atomic<int> num_inits_{0};
   std::atomic<bool> block_init_{false};
+  std::atomic<bool> block_health_{false};
   std::atomic<int> num_cancelled_inits_{0};
   std::atomic<int> num_init_calls_{0};
   absl::Mutex mu_;
   v1::InitRequest init_ ABSL_GUARDED_BY(mu_);
   std::string init_secret_ ABSL_GUARDED_BY(mu_);
+  grpc::Status init_error_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<FakeExecutor> executor_ ABSL_GUARDED_BY(mu_);
 };
 
