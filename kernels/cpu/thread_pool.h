@@ -1,0 +1,45 @@
+// The CPU backend's one thread pool: OpenMP's. Debian's oneDNN runs its matmuls on the OpenMP
+// runtime (libgomp), and the CPU attention's parallel loops use the same runtime, so a worker
+// has one pool of N threads that both share instead of oversubscribing the cores.
+//
+// N is the process's setting (SetThreadPoolSize: llm-worker --threads), by default the number
+// of CPUs in the process's affinity mask (its cpuset: sched_getaffinity). OpenMP keeps a pool per
+// thread that starts parallel regions, so the thread that runs a model step calls
+// EnterThreadPool() first: the first call on that thread sizes its OpenMP team to N
+// (omp_set_num_threads, no dynamic adjustment) and, when N equals the number of CPUs in the
+// cpuset, pins thread i of the team to the i-th CPU of the cpuset (sched_setaffinity from inside
+// a parallel region; threads then never migrate between cores and their caches). With fewer
+// threads than CPUs (e.g. several workers sharing a cpuset, --threads=1 each) the threads are not
+// pinned, so that workers do not all pile onto the first CPU.
+//
+// OpenBLAS (kernels/cpu/linear.cc, the fp32 reference ops::Linear) keeps its own pthreads; the
+// model's GEMMs no longer call it (kernels/cpu/packed_linear.h), and EnterThreadPool sets it to
+// one thread so that a call made from inside or next to an OpenMP region cannot oversubscribe.
+#ifndef LLM_KERNELS_CPU_THREAD_POOL_H_
+#define LLM_KERNELS_CPU_THREAD_POOL_H_
+
+#include <vector>
+
+namespace llm::cpu {
+
+// The CPUs this process may run on (sched_getaffinity when the library loaded), ascending;
+// never empty.
+std::vector<int> AffinityCpus();
+
+// The pool size for every thread that calls EnterThreadPool from now on; n <= 0 restores the
+// default (the size of AffinityCpus()).
+void SetThreadPoolSize(int n);
+
+// The pool size EnterThreadPool applies.
+int ThreadPoolSize();
+
+// Sizes (and maybe pins) the calling thread's OpenMP team, once per thread and size; cheap
+// afterwards (a thread-local check).
+void EnterThreadPool();
+
+// Whether EnterThreadPool pinned the calling thread's team.
+bool ThreadPoolPinned();
+
+}  // namespace llm::cpu
+
+#endif  // LLM_KERNELS_CPU_THREAD_POOL_H_
