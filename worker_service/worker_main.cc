@@ -21,10 +21,10 @@
 #include <string>
 #include <thread>
 
-#include "cblas.h"
 #include "common/flag_parser.h"
 #include "common/port_file.h"
 #include "kernels/cpu/blas_setup.h"
+#include "kernels/cpu/thread_pool.h"
 #include "worker_service/model/device_context.h"
 #include "worker_service/worker_server.h"
 
@@ -61,7 +61,10 @@ int Run(int argc, char** argv) {
             "false: always Gloo over TCP (true)");
   flags.Add("shm-dir", &options.shm_directory,
             "the tmpfs for the shared-memory segment of the collectives (/dev/shm)");
-  flags.Add("threads", &threads, "OpenBLAS threads; 0: leave the default (0)");
+  flags.Add("threads", &threads,
+            "threads of the CPU backend's one pool (OpenMP: oneDNN's GEMMs and the attention), "
+            "pinned one per CPU when they fill the cpuset; 0: the CPUs of this process's "
+            "cpuset (0)");
   flags.Parse(argc, argv);
   if (options.port < 0 || options.port > 65535) Fail(2, "--port must be in [0, 65535]");
   if (threads < 0) Fail(2, "--threads must be >= 0");
@@ -73,7 +76,7 @@ int Run(int argc, char** argv) {
     if (!context.ok())
       Fail(1, "--device=" + options.device + ": " + std::string(context.status().message()));
   }
-  if (threads > 0) openblas_set_num_threads(threads);
+  llm::cpu::SetThreadPoolSize(threads);  // 0: the cpuset's CPUs
 
   // SIGTERM and SIGINT: the handler writes to a pipe that a thread of ours reads (a handler
   // may run on any thread, OpenBLAS's included, and may do little more than write()).
