@@ -226,10 +226,11 @@ void PrintSummary(const SummaryReporter& r) {
     if (gemm_s <= 0) continue;
     const double peak = 2.0 * kPeakM * kPeakK * kPeakN / gemm_s;
     const double weights = WeightBytes(c, dtype);
-    std::printf("\n%s weights: GEMM peak %.1f GFLOP/s (%lldx%lldx%lld); %.2f GB of weights read "
-                "per step\n",
-                DTypeName(dtype), peak / 1e9, static_cast<long long>(kPeakM),
-                static_cast<long long>(kPeakK), static_cast<long long>(kPeakN), weights / 1e9);
+    std::printf(
+        "\n%s weights: GEMM peak %.1f GFLOP/s (%lldx%lldx%lld); %.2f GB of weights read "
+        "per step\n",
+        DTypeName(dtype), peak / 1e9, static_cast<long long>(kPeakM),
+        static_cast<long long>(kPeakK), static_cast<long long>(kPeakN), weights / 1e9);
     std::printf("%-6s %10s %10s %9s %8s %10s %8s %10s\n", "batch", "step (ms)", "tokens/s",
                 "GFLOP/s", "of peak", "vs batch1", "GB/s", "of copy bw");
     const double s1 = r.seconds("BM_DecodeStep/batch:1/bf16:" + std::to_string(d));

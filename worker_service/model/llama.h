@@ -23,8 +23,9 @@
 // the GEMM weights (qkv, o, gate_up, down, the LM head) are packed at load for oneDNN
 // (kernels/cpu/packed_linear.h) in the model's dtype: f32, or bf16 (on CPUs with AVX512_BF16 or
 // AMX: the GEMM's input rounded to bf16, fp32 accumulation, f32 output). The embedding table
-// stays f32. CPU steps run on the one OpenMP pool (kernels/cpu/thread_pool.h). Weights are read in the model's dtype (a BF16 checkpoint is copied, not converted
-// through fp32) and each rank uploads only its slices.
+// stays f32. CPU steps run on the one OpenMP pool (kernels/cpu/thread_pool.h). Weights are read in
+// the model's dtype (a BF16 checkpoint is copied, not converted through fp32) and each rank uploads
+// only its slices.
 //
 // Forward() runs one engine step: the tokens of every scheduled sequence in one batch (prefill
 // chunks and decode tokens mixed), writing their K and V into the cache and returning the
