@@ -23,6 +23,7 @@
 
 #include "bench/summary_reporter.h"
 #include "benchmark/benchmark.h"
+#include "cblas.h"
 #include "common/model_config.h"
 #include "kernels/cpu/blas_setup.h"
 #include "kernels/cpu/packed_linear.h"
@@ -197,6 +198,44 @@ BENCHMARK(BM_Baseline_Gemm)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
+// One row (batch 1's GEMMs) on a gate_up-shaped weight (2 x 4864 x 896, 35 MB in f32): OpenBLAS
+// sgemv (ops::Linear, the fp32 reference; OpenBLAS given the pool's thread count) against the
+// packed oneDNN matmul in f32 and bf16. impl 0: OpenBLAS f32; 1: oneDNN f32; 2: oneDNN bf16.
+constexpr int64_t kRowN = 2 * 4864, kRowK = 896;
+void BM_OneRow(benchmark::State& state) {
+  const int impl = static_cast<int>(state.range(0));
+  if (impl == 2 && !HasBf16()) {
+    state.SkipWithError("no AVX512_BF16 or AMX on this CPU");
+    return;
+  }
+  cpu::EnterThreadPool();
+  openblas_set_num_threads(impl == 0 ? cpu::ThreadPoolSize() : 1);
+  std::vector<float> w(kRowN * kRowK), x(kRowK), out(kRowN);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i % 17) * 0.01f - 0.08f;
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 13) * 0.01f - 0.06f;
+  const TensorView wv = TensorView::Contiguous(w.data(), DType::kF32, {kRowN, kRowK});
+  const TensorView xv = TensorView::Contiguous(x.data(), DType::kF32, {1, kRowK});
+  const TensorView ov = TensorView::Contiguous(out.data(), DType::kF32, {1, kRowN});
+  std::unique_ptr<cpu::PackedLinear> p;
+  if (impl > 0) {
+    const ops::OpStatus st =
+        cpu::PackedLinear::Create(wv, {}, impl == 2 ? DType::kBF16 : DType::kF32, &p);
+    if (!st.ok()) {
+      state.SkipWithError(st.message.c_str());
+      return;
+    }
+    (void)p->Reserve(1);
+  }
+  for (auto _ : state) {
+    const ops::OpStatus st = p != nullptr ? p->Forward(ov, xv) : ops::Linear({}, ov, xv, wv, {});
+    if (!st.ok()) state.SkipWithError(st.message.c_str());
+  }
+  openblas_set_num_threads(1);
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * kRowN * kRowK *
+                          (impl == 2 ? 2 : 4));
+}
+BENCHMARK(BM_OneRow)->ArgName("impl")->Arg(0)->Arg(1)->Arg(2)->UseRealTime();
+
 // Baseline: a 1 GiB streaming copy.
 void BM_Baseline_StreamingCopy(benchmark::State& state) {
   const size_t n = size_t{1} << 30;
@@ -243,6 +282,16 @@ void PrintSummary(const SummaryReporter& r) {
                   batch / s, flops / 1e9, 100.0 * flops / peak, s1 > 0 ? s / s1 : 0.0,
                   weights / s / 1e9, 100.0 * weights / s / bandwidth);
     }
+  }
+  const char* names[] = {"OpenBLAS sgemv f32", "oneDNN packed f32", "oneDNN packed bf16"};
+  std::printf("\nOne row x [%lld, %lld] weight:\n", static_cast<long long>(kRowN),
+              static_cast<long long>(kRowK));
+  for (int impl = 0; impl < 3; ++impl) {
+    const double s = r.seconds("BM_OneRow/impl:" + std::to_string(impl));
+    if (s <= 0) continue;
+    const double bytes = static_cast<double>(kRowN) * kRowK * (impl == 2 ? 2 : 4);
+    std::printf("  %-20s %8.3f ms %8.2f GB/s of weights (%3.0f%% of copy bw)\n", names[impl],
+                s * 1e3, bytes / s / 1e9, 100.0 * bytes / s / bandwidth);
   }
   std::printf(
       "Targets: batch 8 at most 1.5x batch 1's step; batch 32 at 60%% or more of the GEMM "
