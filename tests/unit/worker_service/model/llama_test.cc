@@ -153,6 +153,13 @@ TEST_P(LlamaBf16GoldenTest, LogitsAreTransformersWithinBf16Tolerance) {
       *reference, golden_, 16,
       [](std::mt19937& rng) { return std::uniform_int_distribution<int>(1, 7)(rng); }, &f32_logits);
   ASSERT_EQ(bf16_logits.size(), f32_logits.size());
+  // Row by row, bf16 against f32 within the same tolerance.
+  const int vocab = model_->vocab_size();
+  for (size_t r = 0; r * vocab < f32_logits.size(); ++r) {
+    EXPECT_LT(RowError(bf16_logits.data() + r * vocab, f32_logits.data() + r * vocab, vocab),
+              kBf16RowTolerance)
+        << "row " << r;
+  }
   double max_diff = 0;
   for (size_t i = 0; i < f32_logits.size(); ++i) {
     max_diff = std::max(max_diff, static_cast<double>(std::fabs(bf16_logits[i] - f32_logits[i])));
