@@ -302,15 +302,18 @@ void PrintSummary(const SummaryReporter& r) {
 }  // namespace llm
 
 int main(int argc, char** argv) {
+  llm::cpu::ReexecWithOpenMpSettings(argv);
   llm::cpu::ReexecWithMatchingBlasKernels(argv);
-  // --threads=N (before the benchmark's own flags): the pool size; default the cpuset's CPUs.
+  // --threads=N: the pool size (default: the cpuset's CPUs); --pin-threads=false: unpinned.
   for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--threads=", 10) == 0) {
-      llm::cpu::SetThreadPoolSize(std::atoi(argv[i] + 10));
-      for (int j = i; j + 1 < argc; ++j) argv[j] = argv[j + 1];
-      --argc;
-      break;
-    }
+    const bool threads = std::strncmp(argv[i], "--threads=", 10) == 0;
+    const bool pin = std::strncmp(argv[i], "--pin-threads=", 14) == 0;
+    if (!threads && !pin) continue;
+    if (threads) llm::cpu::SetThreadPoolSize(std::atoi(argv[i] + 10));
+    if (pin) llm::cpu::SetThreadPoolPinning(std::strcmp(argv[i] + 14, "false") != 0);
+    for (int j = i; j + 1 < argc; ++j) argv[j] = argv[j + 1];
+    --argc;
+    --i;
   }
   llm::SummaryReporter reporter;
   return llm::RunBenchmarksWithSummary(argc, argv, reporter, llm::PrintSummary);

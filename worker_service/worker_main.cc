@@ -65,6 +65,10 @@ int Run(int argc, char** argv) {
             "threads of the CPU backend's one pool (OpenMP: oneDNN's GEMMs and the attention), "
             "pinned one per CPU when they fill the cpuset; 0: the CPUs of this process's "
             "cpuset (0)");
+  bool pin_threads = true;
+  flags.Add("pin-threads", &pin_threads,
+            "pin the pool's threads one per CPU when --threads fills the cpuset; false: leave "
+            "them to the OS scheduler (true)");
   flags.Parse(argc, argv);
   if (options.port < 0 || options.port > 65535) Fail(2, "--port must be in [0, 65535]");
   if (threads < 0) Fail(2, "--threads must be >= 0");
@@ -77,6 +81,7 @@ int Run(int argc, char** argv) {
       Fail(1, "--device=" + options.device + ": " + std::string(context.status().message()));
   }
   llm::cpu::SetThreadPoolSize(threads);  // 0: the cpuset's CPUs
+  llm::cpu::SetThreadPoolPinning(pin_threads);
 
   // SIGTERM and SIGINT: the handler writes to a pipe that a thread of ours reads (a handler
   // may run on any thread, OpenBLAS's included, and may do little more than write()).
@@ -120,6 +125,7 @@ int Run(int argc, char** argv) {
 }  // namespace llm
 
 int main(int argc, char** argv) {
+  llm::cpu::ReexecWithOpenMpSettings(argv);
   llm::cpu::ReexecWithMatchingBlasKernels(argv);
   return llm::Run(argc, argv);
 }

@@ -3,15 +3,20 @@
 #include <cblas.h>
 #include <omp.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 
 namespace llm::cpu {
 namespace {
 
 std::atomic<int> g_pool_size{0};  // 0 = the cpuset's size
+std::atomic<bool> g_pin{true};
+std::atomic<int> g_generation{1};  // bumped by every setting: threads apply it again
 
-thread_local int t_entered_size = 0;
+thread_local int t_entered_generation = 0;
 thread_local bool t_pinned = false;
 
 std::vector<int> ReadAffinity() {
@@ -34,7 +39,15 @@ const std::vector<int> g_process_cpus = ReadAffinity();
 
 std::vector<int> AffinityCpus() { return g_process_cpus; }
 
-void SetThreadPoolSize(int n) { g_pool_size.store(n > 0 ? n : 0); }
+void SetThreadPoolSize(int n) {
+  g_pool_size.store(n > 0 ? n : 0);
+  g_generation.fetch_add(1);
+}
+
+void SetThreadPoolPinning(bool pin) {
+  g_pin.store(pin);
+  g_generation.fetch_add(1);
+}
 
 int ThreadPoolSize() {
   const int n = g_pool_size.load();
@@ -43,24 +56,39 @@ int ThreadPoolSize() {
 }
 
 void EnterThreadPool() {
+  const int generation = g_generation.load();
+  if (t_entered_generation == generation) return;
+  t_entered_generation = generation;
   const int n = ThreadPoolSize();
-  if (t_entered_size == n) return;
-  t_entered_size = n;
   omp_set_dynamic(0);
   omp_set_num_threads(n);
   openblas_set_num_threads(1);
   const std::vector<int>& cpus = g_process_cpus;
-  t_pinned = n == static_cast<int>(cpus.size()) && n > 1;
-  if (!t_pinned) return;
+  const bool pin = g_pin.load() && n == static_cast<int>(cpus.size()) && n > 1;
+  if (!pin && !t_pinned) return;
+    // Pin thread i to the i-th CPU, or (unpinning) give every thread the whole cpuset back.
 #pragma omp parallel num_threads(n)
   {
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(cpus[omp_get_thread_num() % cpus.size()], &one);
-    sched_setaffinity(0, sizeof(one), &one);
+    cpu_set_t mask;
+    CPU_ZERO(&mask);
+    if (pin) {
+      CPU_SET(cpus[omp_get_thread_num() % cpus.size()], &mask);
+    } else {
+      for (int c : cpus) CPU_SET(c, &mask);
+    }
+    sched_setaffinity(0, sizeof(mask), &mask);
   }
+  t_pinned = pin;
 }
 
 bool ThreadPoolPinned() { return t_pinned; }
+
+void ReexecWithOpenMpSettings(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  setenv("OMP_WAIT_POLICY", "passive", /*overwrite=*/1);
+  execv("/proc/self/exe", argv);
+  // Still here: exec failed; run on with the runtime's default (spinning) waits.
+  std::fprintf(stderr, "note: restarting with OMP_WAIT_POLICY=passive failed\n");
+}
 
 }  // namespace llm::cpu

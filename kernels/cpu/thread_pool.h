@@ -33,9 +33,21 @@ void SetThreadPoolSize(int n);
 // The pool size EnterThreadPool applies.
 int ThreadPoolSize();
 
+// Whether EnterThreadPool pins a team that fills the cpuset (default true); false leaves the
+// threads to the OS scheduler (better on a machine whose cores other processes also load).
+void SetThreadPoolPinning(bool pin);
+
 // Sizes (and maybe pins) the calling thread's OpenMP team, once per thread and size; cheap
 // afterwards (a thread-local check).
 void EnterThreadPool();
+
+// Call first thing in main() of programs that run the model. OpenMP reads its settings when the
+// runtime loads, before main(): when OMP_WAIT_POLICY is unset, sets it to passive (threads that
+// wait at a barrier sleep instead of spinning) and re-executes the program with the same
+// arguments, once. Measured on the shared 2-core VM (load 13-17 from other processes), a bf16
+// decode step of bench_cpu_model at 2 threads took 150-260 ms passive against 530-2100 ms with
+// libgomp's default spinning. Set OMP_WAIT_POLICY=active yourself on dedicated cores.
+void ReexecWithOpenMpSettings(char** argv);
 
 // Whether EnterThreadPool pinned the calling thread's team.
 bool ThreadPoolPinned();
