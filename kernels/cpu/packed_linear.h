@@ -8,8 +8,9 @@
 // shared by every PackedLinear of the same (N, K, weight dtype, bias or not): one per row count
 // M < kRowChunk, and one for kRowChunk rows; a step with M >= kRowChunk runs M / kRowChunk
 // chunks of kRowChunk rows (the rows of x and out are contiguous) and one remainder. Reserve(M)
-// creates the primitives and the per-thread scratch for every M up to it, so that a step
-// allocates nothing; without it they are created at first use.
+// creates the primitives for every M up to it and grows the calling thread's scratch, so that
+// a step allocates nothing (another thread grows its own scratch at its first step); without
+// it the primitives are created at first use.
 //
 // Dtypes: x and out are f32. With bf16 weights (CPUs with native bf16 dot products: AVX512_BF16
 // or AMX, see CpuHasNativeBf16), x is rounded to bf16 (nearest even) into a per-thread scratch
@@ -20,8 +21,10 @@
 // Threads: oneDNN runs on the OpenMP pool (Debian's oneDNN is built with OpenMP), sized and
 // pinned by kernels/cpu/thread_pool.h.
 //
-// Thread-safety: Forward() may be called from several threads at once (each has its own
-// scratch and oneDNN stream).
+// Thread-safety: one thread at a time per PackedLinear (it keeps oneDNN memory objects whose
+// data handles each call sets); different PackedLinears, even of one shape class, may run on
+// different threads at once (the shared primitives are created under a lock; scratch and the
+// oneDNN stream are per thread).
 #ifndef LLM_KERNELS_CPU_PACKED_LINEAR_H_
 #define LLM_KERNELS_CPU_PACKED_LINEAR_H_
 
