@@ -304,13 +304,13 @@ void PrintSummary(const SummaryReporter& r) {
 int main(int argc, char** argv) {
   llm::cpu::ReexecWithOpenMpSettings(argv);
   llm::cpu::ReexecWithMatchingBlasKernels(argv);
-  // --threads=N: the pool size (default: the cpuset's CPUs); --pin-threads=false: unpinned.
+  // --threads=N: the pool size (default: the cpuset's CPUs); --pin-threads=true: pinned.
   for (int i = 1; i < argc; ++i) {
     const bool threads = std::strncmp(argv[i], "--threads=", 10) == 0;
     const bool pin = std::strncmp(argv[i], "--pin-threads=", 14) == 0;
     if (!threads && !pin) continue;
     if (threads) llm::cpu::SetThreadPoolSize(std::atoi(argv[i] + 10));
-    if (pin) llm::cpu::SetThreadPoolPinning(std::strcmp(argv[i] + 14, "false") != 0);
+    if (pin) llm::cpu::SetThreadPoolPinning(std::strcmp(argv[i] + 14, "true") == 0);
     for (int j = i; j + 1 < argc; ++j) argv[j] = argv[j + 1];
     --argc;
     --i;

@@ -62,13 +62,12 @@ int Run(int argc, char** argv) {
   flags.Add("shm-dir", &options.shm_directory,
             "the tmpfs for the shared-memory segment of the collectives (/dev/shm)");
   flags.Add("threads", &threads,
-            "threads of the CPU backend's one pool (OpenMP: oneDNN's GEMMs and the attention), "
-            "pinned one per CPU when they fill the cpuset; 0: the CPUs of this process's "
-            "cpuset (0)");
-  bool pin_threads = true;
+            "threads of the CPU backend's one pool (OpenMP: oneDNN's GEMMs and the attention); "
+            "0: the CPUs of this process's cpuset (0)");
+  bool pin_threads = false;
   flags.Add("pin-threads", &pin_threads,
-            "pin the pool's threads one per CPU when --threads fills the cpuset; false: leave "
-            "them to the OS scheduler (true)");
+            "pin the pool's threads one per CPU when --threads fills the cpuset (for dedicated "
+            "cores); false: leave them to the OS scheduler (false)");
   flags.Parse(argc, argv);
   if (options.port < 0 || options.port > 65535) Fail(2, "--port must be in [0, 65535]");
   if (threads < 0) Fail(2, "--threads must be >= 0");

@@ -13,7 +13,7 @@ namespace llm::cpu {
 namespace {
 
 std::atomic<int> g_pool_size{0};  // 0 = the cpuset's size
-std::atomic<bool> g_pin{true};
+std::atomic<bool> g_pin{false};
 std::atomic<int> g_generation{1};  // bumped by every setting: threads apply it again
 
 thread_local int t_entered_generation = 0;

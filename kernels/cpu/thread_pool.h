@@ -6,11 +6,15 @@
 // of CPUs in the process's affinity mask (its cpuset: sched_getaffinity). OpenMP keeps a pool per
 // thread that starts parallel regions, so the thread that runs a model step calls
 // EnterThreadPool() first: the first call on that thread sizes its OpenMP team to N
-// (omp_set_num_threads, no dynamic adjustment) and, when N equals the number of CPUs in the
-// cpuset, pins thread i of the team to the i-th CPU of the cpuset (sched_setaffinity from inside
-// a parallel region; threads then never migrate between cores and their caches). With fewer
-// threads than CPUs (e.g. several workers sharing a cpuset, --threads=1 each) the threads are not
-// pinned, so that workers do not all pile onto the first CPU.
+// (omp_set_num_threads, no dynamic adjustment). With pinning on (SetThreadPoolPinning, llm-worker
+// --pin-threads) and N equal to the number of CPUs in the cpuset, thread i of the team is pinned
+// to the i-th CPU of the cpuset (sched_setaffinity from inside a parallel region). Pinning is off
+// by default: measured on the shared 2-core VM under load 10-12 from other processes, f32 decode
+// steps of bench_cpu_model at 2 threads took 195-229 ms (batch 8) and 557-558 ms (batch 32)
+// unpinned against 1306-5472 ms and 1404-2873 ms pinned (a pinned thread cannot leave a core
+// that another process occupies, and every parallel region waits for it). Pin on dedicated
+// cores. With fewer threads than CPUs the threads are never pinned (several workers sharing a
+// cpuset would pile onto its first CPUs).
 //
 // OpenBLAS (kernels/cpu/linear.cc, the fp32 reference ops::Linear) keeps its own pthreads; the
 // model's GEMMs no longer call it (kernels/cpu/packed_linear.h), and EnterThreadPool sets it to
@@ -33,8 +37,8 @@ void SetThreadPoolSize(int n);
 // The pool size EnterThreadPool applies.
 int ThreadPoolSize();
 
-// Whether EnterThreadPool pins a team that fills the cpuset (default true); false leaves the
-// threads to the OS scheduler (better on a machine whose cores other processes also load).
+// Whether EnterThreadPool pins a team that fills the cpuset (default false: the threads are left
+// to the OS scheduler, better on a machine whose cores other processes also load).
 void SetThreadPoolPinning(bool pin);
 
 // Sizes (and maybe pins) the calling thread's OpenMP team, once per thread and size; cheap
