@@ -86,7 +86,14 @@ bool ThreadPoolPinned() { return t_pinned; }
 void ReexecWithOpenMpSettings(char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
   setenv("OMP_WAIT_POLICY", "passive", /*overwrite=*/1);
-  execv("/proc/self/exe", argv);
+  // The binary's real path rather than /proc/self/exe, so that the process keeps its name
+  // (comm), which tools and tests look processes up by.
+  char path[4096];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n > 0) {
+    path[n] = '\0';
+    execv(path, argv);
+  }
   // Still here: exec failed; run on with the runtime's default (spinning) waits.
   std::fprintf(stderr, "note: restarting with OMP_WAIT_POLICY=passive failed\n");
 }
