@@ -1,12 +1,19 @@
 // bench_cpu_model: decode steps of the CPU worker on a model shaped like Qwen2.5-0.5B (24
 // layers, hidden 896, 14 query / 2 KV heads, intermediate 4864, vocabulary 151,936, tied
-// embeddings, qkv bias) with random fp32 weights, at batch 1, 8 and 32.
+// embeddings, qkv bias) with random weights, at batch 1, 8 and 32, with f32 and with bf16 GEMM
+// weights (kernels/cpu/packed_linear.h; bf16 only on CPUs with AVX512_BF16 or AMX), on the
+// one thread pool (kernels/cpu/thread_pool.h: --threads=N, default the cpuset's CPUs).
 //
-// Decode is bound by memory bandwidth: every step reads every weight once. The baseline, in
-// the same process, is a large streaming copy (memcpy of 1 GiB; bandwidth counts the bytes
-// read and written). The summary prints tokens/s and the weight bytes read per second as a
-// share of that bandwidth (target: 70% at batch 1).
+// Two baselines in the same process: a large streaming copy (memcpy of 1 GiB; bandwidth counts
+// the bytes read and written), for batch 1, which is bound by reading every weight once; and
+// a large oneDNN GEMM per dtype (PackedLinear, 256 x 4096 x 4096), the compute peak the larger
+// batches are measured against. The summary prints per dtype and batch the step time, tokens/s,
+// GFLOP/s (the GEMMs' 2 * batch * weights plus the attention's 4 * batch * context * q_dim per
+// layer), their share of that dtype's GEMM peak, and batch 1's weight bytes per second as a
+// share of the copy bandwidth. Targets: a step at batch 8 costs at most 1.5x batch 1, and
+// batch 32 reaches 60% of the GEMM peak.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -16,8 +23,11 @@
 
 #include "bench/summary_reporter.h"
 #include "benchmark/benchmark.h"
+#include "cblas.h"
 #include "common/model_config.h"
 #include "kernels/cpu/blas_setup.h"
+#include "kernels/cpu/packed_linear.h"
+#include "kernels/cpu/thread_pool.h"
 #include "worker_service/cache_engine.h"
 #include "worker_service/model/llama.h"
 
@@ -45,13 +55,26 @@ ModelConfig Qwen25HalfB() {
   return c;
 }
 
-// Weight bytes one decode step reads: every matrix and vector once (the embedding only for
-// the LM head, which reads all of it; the lookup reads a few rows).
-double WeightBytes(const ModelConfig& c) {
+// Elements of the GEMM weights (every layer's and the LM head's).
+double GemmWeights(const ModelConfig& c) {
   const double h = c.hidden_size, d = c.head_dim, q = c.num_attention_heads * d,
                kv = c.num_key_value_heads * d, i = c.intermediate_size;
-  const double per_layer = h * q + 2 * h * kv + q * h + 3 * h * i + q + 2 * kv + 2 * h;
-  return 4.0 * (c.num_hidden_layers * per_layer + c.vocab_size * h + h);
+  return c.num_hidden_layers * (h * q + 2 * h * kv + q * h + 3 * h * i) + c.vocab_size * h;
+}
+
+// Weight bytes one decode step reads: every GEMM weight once in its dtype (the embedding only
+// for the LM head, which reads all of it; the lookup reads a few rows), the f32 vectors once.
+double WeightBytes(const ModelConfig& c, DType dtype) {
+  const double h = c.hidden_size, d = c.head_dim, q = c.num_attention_heads * d,
+               kv = c.num_key_value_heads * d;
+  const double vectors = c.num_hidden_layers * (q + 2 * kv + 2 * h) + h;
+  return DTypeSize(dtype) * GemmWeights(c) + 4.0 * vectors;
+}
+
+// Floating-point operations of one decode step of `batch` sequences at context kContext.
+double StepFlops(const ModelConfig& c, int batch) {
+  const double q = c.num_attention_heads * c.head_dim;
+  return 2.0 * batch * GemmWeights(c) + 4.0 * batch * (kContext + 1) * q * c.num_hidden_layers;
 }
 
 struct Fixture {
@@ -59,10 +82,17 @@ struct Fixture {
   std::unique_ptr<CacheEngine> cache;
 };
 
-Fixture& Get() {
-  static Fixture* f = [] {
+bool HasBf16() { return cpu::CpuHasNativeBf16(); }
+
+Fixture& Get(DType dtype) {
+  static std::map<DType, Fixture*> fixtures;
+  Fixture*& f = fixtures[dtype];
+  if (f != nullptr) return *f;
+  f = [dtype] {
     auto* fx = new Fixture;
-    auto model = LlamaModel::CreateRandom(Qwen25HalfB(), 1, nullptr);
+    ModelOptions options;
+    options.dtype = dtype;
+    auto model = LlamaModel::CreateRandom(Qwen25HalfB(), 1, nullptr, options);
     if (!model.ok()) {
       std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
       std::exit(1);
@@ -77,10 +107,18 @@ Fixture& Get() {
       std::memset(l.key.data, 0, l.key.nbytes());
       std::memset(l.value.data, 0, l.value.nbytes());
     }
+    // The GEMMs' primitives and scratch up front: the steps measured allocate nothing.
+    const absl::Status st = fx->model->Reserve(32, 32, kContext + 64);
+    if (!st.ok()) {
+      std::fprintf(stderr, "%s\n", st.ToString().c_str());
+      std::exit(1);
+    }
     return fx;
   }();
   return *f;
 }
+
+DType DTypeArg(int64_t arg) { return arg == 1 ? DType::kBF16 : DType::kF32; }
 
 // Decode steps for `batch` sequences whose context is kContext tokens. The cache holds zeros
 // for that context instead of a prefill's keys and values (the step's cost does not depend on
@@ -89,7 +127,12 @@ Fixture& Get() {
 // stays the same.
 void BM_DecodeStep(benchmark::State& state) {
   const int batch = static_cast<int>(state.range(0));
-  Fixture& f = Get();
+  const DType dtype = DTypeArg(state.range(1));
+  if (dtype == DType::kBF16 && !HasBf16()) {
+    state.SkipWithError("no AVX512_BF16 or AMX on this CPU");
+    return;
+  }
+  Fixture& f = Get(dtype);
   const int blocks_per_seq = (kContext + 64) / kBlockSize + 1;
   std::vector<int32_t> tables(batch * blocks_per_seq);
   std::iota(tables.begin(), tables.end(), 0);
@@ -113,13 +156,85 @@ void BM_DecodeStep(benchmark::State& state) {
   state.counters["tokens/s"] =
       benchmark::Counter(static_cast<double>(batch), benchmark::Counter::kIsIterationInvariantRate);
 }
+// dtype 0: f32 weights; 1: bf16 weights.
 BENCHMARK(BM_DecodeStep)
-    ->ArgName("batch")
-    ->Arg(1)
-    ->Arg(8)
-    ->Arg(32)
+    ->ArgNames({"batch", "bf16"})
+    ->ArgsProduct({{1, 8, 32}, {0, 1}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
+
+// Baseline: the compute peak of a large GEMM on packed weights in each dtype.
+constexpr int64_t kPeakM = 256, kPeakK = 4096, kPeakN = 4096;
+void BM_Baseline_Gemm(benchmark::State& state) {
+  const DType dtype = DTypeArg(state.range(0));
+  if (dtype == DType::kBF16 && !HasBf16()) {
+    state.SkipWithError("no AVX512_BF16 or AMX on this CPU");
+    return;
+  }
+  cpu::EnterThreadPool();
+  std::vector<float> w(kPeakN * kPeakK), x(kPeakM * kPeakK), out(kPeakM * kPeakN);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i % 17) * 0.01f - 0.08f;
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 13) * 0.01f - 0.06f;
+  std::unique_ptr<cpu::PackedLinear> p;
+  const ops::OpStatus created = cpu::PackedLinear::Create(
+      TensorView::Contiguous(w.data(), DType::kF32, {kPeakN, kPeakK}), {}, dtype, &p);
+  if (!created.ok()) {
+    state.SkipWithError(created.message.c_str());
+    return;
+  }
+  const TensorView xv = TensorView::Contiguous(x.data(), DType::kF32, {kPeakM, kPeakK});
+  const TensorView ov = TensorView::Contiguous(out.data(), DType::kF32, {kPeakM, kPeakN});
+  (void)p->Reserve(kPeakM);
+  (void)p->Forward(ov, xv);  // warm
+  for (auto _ : state) {
+    const ops::OpStatus st = p->Forward(ov, xv);
+    if (!st.ok()) state.SkipWithError(st.message.c_str());
+  }
+}
+BENCHMARK(BM_Baseline_Gemm)
+    ->ArgName("bf16")
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// One row (batch 1's GEMMs) on a gate_up-shaped weight (2 x 4864 x 896, 35 MB in f32): OpenBLAS
+// sgemv (ops::Linear, the fp32 reference; OpenBLAS given the pool's thread count) against the
+// packed oneDNN matmul in f32 and bf16. impl 0: OpenBLAS f32; 1: oneDNN f32; 2: oneDNN bf16.
+constexpr int64_t kRowN = 2 * 4864, kRowK = 896;
+void BM_OneRow(benchmark::State& state) {
+  const int impl = static_cast<int>(state.range(0));
+  if (impl == 2 && !HasBf16()) {
+    state.SkipWithError("no AVX512_BF16 or AMX on this CPU");
+    return;
+  }
+  cpu::EnterThreadPool();
+  openblas_set_num_threads(impl == 0 ? cpu::ThreadPoolSize() : 1);
+  std::vector<float> w(kRowN * kRowK), x(kRowK), out(kRowN);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i % 17) * 0.01f - 0.08f;
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 13) * 0.01f - 0.06f;
+  const TensorView wv = TensorView::Contiguous(w.data(), DType::kF32, {kRowN, kRowK});
+  const TensorView xv = TensorView::Contiguous(x.data(), DType::kF32, {1, kRowK});
+  const TensorView ov = TensorView::Contiguous(out.data(), DType::kF32, {1, kRowN});
+  std::unique_ptr<cpu::PackedLinear> p;
+  if (impl > 0) {
+    const ops::OpStatus st =
+        cpu::PackedLinear::Create(wv, {}, impl == 2 ? DType::kBF16 : DType::kF32, &p);
+    if (!st.ok()) {
+      state.SkipWithError(st.message.c_str());
+      return;
+    }
+    (void)p->Reserve(1);
+  }
+  for (auto _ : state) {
+    const ops::OpStatus st = p != nullptr ? p->Forward(ov, xv) : ops::Linear({}, ov, xv, wv, {});
+    if (!st.ok()) state.SkipWithError(st.message.c_str());
+  }
+  openblas_set_num_threads(1);
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * kRowN * kRowK *
+                          (impl == 2 ? 2 : 4));
+}
+BENCHMARK(BM_OneRow)->ArgName("impl")->Arg(0)->Arg(1)->Arg(2)->UseRealTime();
 
 // Baseline: a 1 GiB streaming copy.
 void BM_Baseline_StreamingCopy(benchmark::State& state) {
@@ -137,28 +252,69 @@ void BM_Baseline_StreamingCopy(benchmark::State& state) {
 BENCHMARK(BM_Baseline_StreamingCopy)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void PrintSummary(const SummaryReporter& r) {
+  const ModelConfig c = Qwen25HalfB();
   const double copy_s = r.seconds("BM_Baseline_StreamingCopy");
   const double bandwidth = copy_s > 0 ? 2.0 * (size_t{1} << 30) / copy_s : 0;
-  const double weights = WeightBytes(Qwen25HalfB());
-  std::printf("\nOpenBLAS kernels: %s\n", cpu::BlasCoreName().c_str());
+  std::printf("\nThreads: %d (pinned: %s); CPU bf16 (AVX512_BF16 or AMX): %s\n",
+              cpu::ThreadPoolSize(), cpu::ThreadPoolPinned() ? "yes" : "no",
+              HasBf16() ? "yes" : "no");
   std::printf("Streaming copy bandwidth (read + write): %.2f GB/s\n", bandwidth / 1e9);
-  std::printf("Weights read per decode step: %.2f GB (fp32)\n", weights / 1e9);
-  std::printf("%-8s %12s %12s %14s %12s\n", "batch", "step (ms)", "tokens/s", "weights GB/s",
-              "of copy bw");
-  for (int batch : {1, 8, 32}) {
-    const double s = r.seconds("BM_DecodeStep/batch:" + std::to_string(batch));
-    if (s <= 0) continue;
-    std::printf("%-8d %12.1f %12.1f %14.2f %11.0f%%\n", batch, s * 1e3, batch / s,
-                weights / s / 1e9, 100.0 * weights / s / bandwidth);
+  for (int d : {0, 1}) {
+    const DType dtype = DTypeArg(d);
+    const double gemm_s = r.seconds("BM_Baseline_Gemm/bf16:" + std::to_string(d));
+    if (gemm_s <= 0) continue;
+    const double peak = 2.0 * kPeakM * kPeakK * kPeakN / gemm_s;
+    const double weights = WeightBytes(c, dtype);
+    std::printf(
+        "\n%s weights: GEMM peak %.1f GFLOP/s (%lldx%lldx%lld); %.2f GB of weights read "
+        "per step\n",
+        DTypeName(dtype), peak / 1e9, static_cast<long long>(kPeakM),
+        static_cast<long long>(kPeakK), static_cast<long long>(kPeakN), weights / 1e9);
+    std::printf("%-6s %10s %10s %9s %8s %10s %8s %10s\n", "batch", "step (ms)", "tokens/s",
+                "GFLOP/s", "of peak", "vs batch1", "GB/s", "of copy bw");
+    const double s1 = r.seconds("BM_DecodeStep/batch:1/bf16:" + std::to_string(d));
+    for (int batch : {1, 8, 32}) {
+      const double s =
+          r.seconds("BM_DecodeStep/batch:" + std::to_string(batch) + "/bf16:" + std::to_string(d));
+      if (s <= 0) continue;
+      const double flops = StepFlops(c, batch) / s;
+      std::printf("%-6d %10.1f %10.1f %9.1f %7.0f%% %9.2fx %8.2f %9.0f%%\n", batch, s * 1e3,
+                  batch / s, flops / 1e9, 100.0 * flops / peak, s1 > 0 ? s / s1 : 0.0,
+                  weights / s / 1e9, 100.0 * weights / s / bandwidth);
+    }
   }
-  std::printf("Target: batch 1 at 70%% or more of the copy bandwidth.\n");
+  const char* names[] = {"OpenBLAS sgemv f32", "oneDNN packed f32", "oneDNN packed bf16"};
+  std::printf("\nOne row x [%lld, %lld] weight:\n", static_cast<long long>(kRowN),
+              static_cast<long long>(kRowK));
+  for (int impl = 0; impl < 3; ++impl) {
+    const double s = r.seconds("BM_OneRow/impl:" + std::to_string(impl));
+    if (s <= 0) continue;
+    const double bytes = static_cast<double>(kRowN) * kRowK * (impl == 2 ? 2 : 4);
+    std::printf("  %-20s %8.3f ms %8.2f GB/s of weights (%3.0f%% of copy bw)\n", names[impl],
+                s * 1e3, bytes / s / 1e9, 100.0 * bytes / s / bandwidth);
+  }
+  std::printf(
+      "Targets: batch 8 at most 1.5x batch 1's step; batch 32 at 60%% or more of the GEMM "
+      "peak; batch 1 at 70%% or more of the copy bandwidth.\n");
 }
 
 }  // namespace
 }  // namespace llm
 
 int main(int argc, char** argv) {
+  llm::cpu::ReexecWithOpenMpSettings(argv);
   llm::cpu::ReexecWithMatchingBlasKernels(argv);
+  // --threads=N: the pool size (default: the cpuset's CPUs); --pin-threads=true: pinned.
+  for (int i = 1; i < argc; ++i) {
+    const bool threads = std::strncmp(argv[i], "--threads=", 10) == 0;
+    const bool pin = std::strncmp(argv[i], "--pin-threads=", 14) == 0;
+    if (!threads && !pin) continue;
+    if (threads) llm::cpu::SetThreadPoolSize(std::atoi(argv[i] + 10));
+    if (pin) llm::cpu::SetThreadPoolPinning(std::strcmp(argv[i] + 14, "true") == 0);
+    for (int j = i; j + 1 < argc; ++j) argv[j] = argv[j + 1];
+    --argc;
+    --i;
+  }
   llm::SummaryReporter reporter;
   return llm::RunBenchmarksWithSummary(argc, argv, reporter, llm::PrintSummary);
 }

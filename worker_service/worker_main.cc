@@ -21,11 +21,11 @@
 #include <string>
 #include <thread>
 
-#include "cblas.h"
 #include "common/cluster_secret.h"
 #include "common/flag_parser.h"
 #include "common/port_file.h"
 #include "kernels/cpu/blas_setup.h"
+#include "kernels/cpu/thread_pool.h"
 #include "worker_service/model/device_context.h"
 #include "worker_service/worker_server.h"
 
@@ -62,7 +62,13 @@ int Run(int argc, char** argv) {
             "false: always Gloo over TCP (true)");
   flags.Add("shm-dir", &options.shm_directory,
             "the tmpfs for the shared-memory segment of the collectives (/dev/shm)");
-  flags.Add("threads", &threads, "OpenBLAS threads; 0: leave the default (0)");
+  flags.Add("threads", &threads,
+            "threads of the CPU backend's one pool (OpenMP: oneDNN's GEMMs and the attention); "
+            "0: the CPUs of this process's cpuset (0)");
+  bool pin_threads = false;
+  flags.Add("pin-threads", &pin_threads,
+            "pin the pool's threads one per CPU when --threads fills the cpuset (for dedicated "
+            "cores); false: leave them to the OS scheduler (false)");
   std::string cluster_secret_file;
   flags.Add("cluster-secret-file", &cluster_secret_file,
             "file holding the cluster secret every WorkerService call must present (e.g. a "
@@ -82,7 +88,8 @@ int Run(int argc, char** argv) {
     if (!context.ok())
       Fail(1, "--device=" + options.device + ": " + std::string(context.status().message()));
   }
-  if (threads > 0) openblas_set_num_threads(threads);
+  llm::cpu::SetThreadPoolSize(threads);  // 0: the cpuset's CPUs
+  llm::cpu::SetThreadPoolPinning(pin_threads);
 
   // SIGTERM and SIGINT: the handler writes to a pipe that a thread of ours reads (a handler
   // may run on any thread, OpenBLAS's included, and may do little more than write()).
@@ -126,6 +133,7 @@ int Run(int argc, char** argv) {
 }  // namespace llm
 
 int main(int argc, char** argv) {
+  llm::cpu::ReexecWithOpenMpSettings(argv);
   llm::cpu::ReexecWithMatchingBlasKernels(argv);
   return llm::Run(argc, argv);
 }

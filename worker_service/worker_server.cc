@@ -64,7 +64,9 @@ namespace {
 // The KV cache's dtype from InitRequest.kv_cache_dtype for a model of `model` dtype.
 absl::StatusOr<DType> ParseKvCacheDType(const std::string& name, DType model,
                                         const TensorDevice& device) {
-  if (name.empty() || name == "auto") return model;
+  // auto: the model's dtype; on cpu f32 (the CPU model's activations and attention are f32
+  // whatever its GEMM weights are).
+  if (name.empty() || name == "auto") return device.is_cpu() ? DType::kF32 : model;
   absl::StatusOr<DType> d = ParseModelDType(name, device);
   if (!d.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("kv_cache_dtype: ", d.status().message()));

@@ -104,7 +104,15 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
                      [](const auto& kv) { return kv.first == "worker_timeout"; })) {
       out << "  worker_timeout: 30\n";
     }
-    for (const auto& [k, v] : options.engine) out << "  " << k << ": " << v << "\n";
+    // float32 unless the test says otherwise: greedy outputs are compared with the in-process
+    // engine's (float32) and across TP sizes, which bf16 (auto's choice on CPUs with
+    // AVX512_BF16) does not promise bit for bit.
+    bool dtype_given = false;
+    for (const auto& [k, v] : options.engine) {
+      out << "  " << k << ": " << v << "\n";
+      dtype_given = dtype_given || k == "dtype";
+    }
+    if (!dtype_given) out << "  dtype: float32\n";
     out << "worker: {threads: 1}\n";
   }
   std::vector<std::string> argv = {std::string(LLM_BIN_DIR) + "/llm-cluster",

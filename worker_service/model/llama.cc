@@ -10,6 +10,7 @@
 #include "common/half.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
+#include "kernels/cpu/thread_pool.h"
 #include "worker_service/parallel/communicator.h"
 
 #ifdef LLM_WITH_CUDA
@@ -77,7 +78,7 @@ size_t Align(size_t bytes) { return (bytes + 255) / 256 * 256; }
 absl::StatusOr<DType> ParseModelDType(const std::string& name, const TensorDevice& device) {
   DType d;
   if (name.empty() || name == "auto") {
-    d = device.is_cuda() ? DType::kBF16 : DType::kF32;
+    d = device.is_cuda() || cpu::CpuHasNativeBf16() ? DType::kBF16 : DType::kF32;
   } else if (name == "float32" || name == "float" || name == "fp32") {
     d = DType::kF32;
   } else if (name == "bfloat16" || name == "bf16") {
@@ -88,9 +89,15 @@ absl::StatusOr<DType> ParseModelDType(const std::string& name, const TensorDevic
     return absl::InvalidArgumentError(
         absl::StrCat("dtype \"", name, "\" is not known (auto, float32, bfloat16 or float16)"));
   }
-  if (device.is_cpu() && d != DType::kF32) {
+  if (device.is_cpu() && d == DType::kF16) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "dtype ", name, " is not supported on device cpu (the CPU model computes in float32)"));
+        "dtype ", name, " is not supported on device cpu (expected float32 or bfloat16)"));
+  }
+  if (device.is_cpu() && d == DType::kBF16 && !cpu::CpuHasNativeBf16()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dtype ", name,
+                     " is not supported on this cpu (bf16 GEMMs need AVX512_BF16 or AMX; use "
+                     "float32)"));
   }
   return d;
 }
@@ -100,7 +107,8 @@ LlamaModel::LlamaModel(const ModelConfig& config, Communicator* comm, const Mode
       comm_(comm),
       context_(options.context),
       device_(options.context != nullptr ? options.context->device() : TensorDevice::Cpu()),
-      dtype_(options.dtype) {
+      dtype_(options.dtype),
+      act_dtype_(device_.is_cpu() ? DType::kF32 : options.dtype) {
   if (comm != nullptr) {
     rank_ = comm->rank();
     world_ = comm->world_size();
@@ -141,10 +149,12 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Make(const ModelConfig& 
                                                              Communicator* comm,
                                                              const ModelOptions& options) {
   std::unique_ptr<LlamaModel> m(new LlamaModel(config, comm, options));
-  if (m->device_.is_cpu() && m->dtype_ != DType::kF32) {
-    return absl::InvalidArgumentError(absl::StrCat("dtype ", DTypeName(m->dtype_),
-                                                   " is not supported on device cpu (the CPU "
-                                                   "model computes in float32)"));
+  if (m->device_.is_cpu() && m->dtype_ != DType::kF32 &&
+      !(m->dtype_ == DType::kBF16 && cpu::CpuHasNativeBf16())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dtype ", DTypeName(m->dtype_),
+                     " is not supported on device cpu (expected f32, or bf16 on a CPU with "
+                     "AVX512_BF16 or AMX)"));
   }
   if (m->dtype_ != DType::kF32 && m->dtype_ != DType::kBF16 && m->dtype_ != DType::kF16) {
     return absl::InvalidArgumentError(
@@ -200,7 +210,7 @@ absl::Status LlamaModel::AllocateOnDevice(DType dtype, std::initializer_list<int
 
 absl::Status LlamaModel::LoadWeights(const WeightSource* weights, uint64_t seed) {
   const int64_t h = config_.hidden_size, d = config_.head_dim, i_local = local_intermediate_;
-  const size_t esize = DTypeSize(dtype_);
+  const size_t esize = DTypeSize(act_dtype_);
   uint64_t state = seed * 0x9e3779b97f4a7c15ULL + 1;
   void* stream = context_ != nullptr ? context_->stream() : nullptr;
   std::vector<std::byte> staging;  // cuda: one slice on its way up
@@ -227,11 +237,11 @@ absl::Status LlamaModel::LoadWeights(const WeightSource* weights, uint64_t seed)
         random[i] = static_cast<float>(static_cast<double>(state >> 11) * 0x1.0p-53 - 0.5) * 0.1f;
       }
       for (int64_t i = 0; i < numel; ++i) {
-        if (dtype_ == DType::kF32) {
+        if (act_dtype_ == DType::kF32) {
           std::memcpy(host + i * 4, &random[i], 4);
         } else {
           const uint16_t b =
-              dtype_ == DType::kBF16 ? FloatToBf16(random[i]) : FloatToHalf(random[i]);
+              act_dtype_ == DType::kBF16 ? FloatToBf16(random[i]) : FloatToHalf(random[i]);
           std::memcpy(host + i * 2, &b, 2);
         }
       }
@@ -249,7 +259,7 @@ absl::Status LlamaModel::LoadWeights(const WeightSource* weights, uint64_t seed)
       } else if (st_shape.empty() || (dim == 1 && st_shape.size() != 2)) {
         return absl::InvalidArgumentError(absl::StrCat(name, " has an unexpected shape"));
       }
-      RETURN_IF_ERROR(weights->ReadSlice(name, dim, begin, end, ToStDType(dtype_),
+      RETURN_IF_ERROR(weights->ReadSlice(name, dim, begin, end, ToStDType(act_dtype_),
                                          std::span<std::byte>(host, bytes)));
     }
     if (device_.is_cuda()) {
@@ -259,7 +269,7 @@ absl::Status LlamaModel::LoadWeights(const WeightSource* weights, uint64_t seed)
     return absl::OkStatus();
   };
   auto alloc = [&](std::initializer_list<int64_t> shape, Tensor* t) -> absl::Status {
-    RETURN_IF_ERROR(AllocateOnDevice(dtype_, shape, t));
+    RETURN_IF_ERROR(AllocateOnDevice(act_dtype_, shape, t));
     weight_bytes_ += t->view().nbytes();
     return absl::OkStatus();
   };
@@ -338,6 +348,39 @@ absl::Status LlamaModel::LoadWeights(const WeightSource* weights, uint64_t seed)
         read(p + "mlp.down_proj.weight", 1, m0, m0 + i_local, {h, i_local}, &L.down_proj, 0));
   }
   if (context_ != nullptr) RETURN_IF_ERROR(context_->Synchronize());
+  if (device_.is_cpu()) RETURN_IF_ERROR(PackCpuWeights());
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::PackCpuWeights() {
+  auto pack = [&](Tensor* weight, Tensor* bias,
+                  std::unique_ptr<cpu::PackedLinear>* out) -> absl::Status {
+    RETURN_IF_ERROR(FromOp(cpu::PackedLinear::Create(
+        weight->view(), bias != nullptr && bias->allocated() ? bias->view() : TensorView{}, dtype_,
+        out)));
+    weight_bytes_ += (*out)->packed_bytes();
+    weight_bytes_ -= weight->view().nbytes();
+    *weight = Tensor();
+    if (bias != nullptr && bias->allocated()) {
+      weight_bytes_ -= bias->view().nbytes();
+      *bias = Tensor();
+    }
+    return absl::OkStatus();
+  };
+  for (Layer& L : layers_) {
+    RETURN_IF_ERROR(pack(&L.qkv_proj, &L.qkv_bias, &L.qkv_packed));
+    RETURN_IF_ERROR(pack(&L.o_proj, nullptr, &L.o_packed));
+    RETURN_IF_ERROR(pack(&L.gate_up_proj, nullptr, &L.gate_up_packed));
+    RETURN_IF_ERROR(pack(&L.down_proj, nullptr, &L.down_packed));
+  }
+  if (config_.tie_word_embeddings) {
+    // The embedding table stays (f32, for the lookup); the head is a packed copy of its rows.
+    RETURN_IF_ERROR(FromOp(cpu::PackedLinear::Create(
+        embed_.Prefix({vocab_per_rank_, config_.hidden_size}), {}, dtype_, &lm_head_packed_)));
+    weight_bytes_ += lm_head_packed_->packed_bytes();
+  } else {
+    RETURN_IF_ERROR(pack(&lm_head_, nullptr, &lm_head_packed_));
+  }
   return absl::OkStatus();
 }
 
@@ -380,6 +423,18 @@ absl::Status LlamaModel::Reserve(int64_t max_tokens, int64_t max_seqs, int64_t m
     }
     buf_.max_model_len = max_model_len;
   }
+  if (device_.is_cpu()) {
+    // The GEMMs' primitives for every row count up to these, and this thread's scratch.
+    for (const Layer& L : layers_) {
+      for (const cpu::PackedLinear* p :
+           {L.qkv_packed.get(), L.o_packed.get(), L.gate_up_packed.get(), L.down_packed.get()}) {
+        if (p != nullptr) RETURN_IF_ERROR(FromOp(p->Reserve(max_tokens)));
+      }
+    }
+    if (lm_head_packed_ != nullptr) {
+      RETURN_IF_ERROR(FromOp(lm_head_packed_->Reserve(std::min(max_tokens, max_seqs))));
+    }
+  }
   const int64_t blocks_per_seq = max_model_len;  // an upper bound for any block size >= 1
   return Grow(max_tokens, std::min(max_tokens, max_seqs), std::min(max_tokens, max_seqs),
               std::min(max_seqs * blocks_per_seq, int64_t{1} << 20));
@@ -396,19 +451,19 @@ absl::Status LlamaModel::Grow(int64_t tokens, int64_t rows, int64_t seqs, int64_
   if (tokens > b.tokens || rows > b.rows || (device_.is_cuda() && inputs_stale)) ReleaseGraphs();
   if (tokens > b.tokens) {
     tokens = std::max<int64_t>(tokens, 1);
-    RETURN_IF_ERROR(AllocateOnDevice(dtype_, {tokens, h}, &b.x));
-    RETURN_IF_ERROR(AllocateOnDevice(dtype_, {tokens, h}, &b.residual));
-    RETURN_IF_ERROR(AllocateOnDevice(dtype_, {tokens, (qh + 2 * kvh) * d}, &b.qkv));
-    RETURN_IF_ERROR(AllocateOnDevice(dtype_, {tokens, qh, d}, &b.q));
-    RETURN_IF_ERROR(AllocateOnDevice(dtype_, {tokens, kvh, d}, &b.k));
-    RETURN_IF_ERROR(AllocateOnDevice(dtype_, {tokens, kvh, d}, &b.v));
-    RETURN_IF_ERROR(AllocateOnDevice(dtype_, {tokens, qh, d}, &b.attn));
-    RETURN_IF_ERROR(AllocateOnDevice(dtype_, {tokens, 2 * il}, &b.gate_up));
-    RETURN_IF_ERROR(AllocateOnDevice(dtype_, {tokens, il}, &b.act));
+    RETURN_IF_ERROR(AllocateOnDevice(act_dtype_, {tokens, h}, &b.x));
+    RETURN_IF_ERROR(AllocateOnDevice(act_dtype_, {tokens, h}, &b.residual));
+    RETURN_IF_ERROR(AllocateOnDevice(act_dtype_, {tokens, (qh + 2 * kvh) * d}, &b.qkv));
+    RETURN_IF_ERROR(AllocateOnDevice(act_dtype_, {tokens, qh, d}, &b.q));
+    RETURN_IF_ERROR(AllocateOnDevice(act_dtype_, {tokens, kvh, d}, &b.k));
+    RETURN_IF_ERROR(AllocateOnDevice(act_dtype_, {tokens, kvh, d}, &b.v));
+    RETURN_IF_ERROR(AllocateOnDevice(act_dtype_, {tokens, qh, d}, &b.attn));
+    RETURN_IF_ERROR(AllocateOnDevice(act_dtype_, {tokens, 2 * il}, &b.gate_up));
+    RETURN_IF_ERROR(AllocateOnDevice(act_dtype_, {tokens, il}, &b.act));
     b.tokens = tokens;
   }
   if (rows > b.rows) {
-    RETURN_IF_ERROR(AllocateOnDevice(dtype_, {rows, h}, &b.selected));
+    RETURN_IF_ERROR(AllocateOnDevice(act_dtype_, {rows, h}, &b.selected));
     RETURN_IF_ERROR(AllocateOnDevice(DType::kF32, {rows, vp}, &b.local_logits));
     if (world_ > 1) {
       RETURN_IF_ERROR(AllocateOnDevice(DType::kF32, {world_, rows, vp}, &b.gathered));
@@ -656,7 +711,16 @@ absl::Status LlamaModel::Compute(const StepViews& sv, std::span<const LayerKvCac
   const ops::AttentionMetadata& meta = sv.meta;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const float eps = static_cast<float>(config_.rms_norm_eps);
-  const size_t esize = DTypeSize(dtype_);
+  const size_t esize = DTypeSize(act_dtype_);
+  if (device_.is_cpu()) cpu::EnterThreadPool();
+  // out = in weight^T (+ bias): the packed GEMM on cpu, ops::Linear on cuda.
+  auto linear = [&](const TensorView& out, const TensorView& in, const Tensor& weight,
+                    const Tensor& bias, const cpu::PackedLinear* packed) -> absl::Status {
+    if (packed != nullptr) return FromOp(packed->Forward(out, in));
+    return FromOp(
+        ops::Linear(ctx, out, in, weight.view(), bias.allocated() ? bias.view() : TensorView{}));
+  };
+  const Tensor no_tensor;
 
   const TensorView x = buf_.x.Prefix({t, h}), residual = buf_.residual.Prefix({t, h});
   const TensorView qkv = buf_.qkv.Prefix({t, (qh + 2 * kvh) * d});
@@ -687,20 +751,19 @@ absl::Status LlamaModel::Compute(const StepViews& sv, std::span<const LayerKvCac
     } else {
       RETURN_IF_ERROR(FromOp(ops::FusedAddRmsNorm(ctx, x, residual, L.input_norm.view(), eps)));
     }
-    RETURN_IF_ERROR(FromOp(ops::Linear(ctx, qkv, x, L.qkv_proj.view(),
-                                       L.qkv_bias.allocated() ? L.qkv_bias.view() : none)));
+    RETURN_IF_ERROR(linear(qkv, x, L.qkv_proj, L.qkv_bias, L.qkv_packed.get()));
     RETURN_IF_ERROR(split_qkv());
     RETURN_IF_ERROR(
         FromOp(ops::RotaryEmbeddingCached(ctx, positions, q, k, cos_sin_cache_.view())));
     RETURN_IF_ERROR(FromOp(ops::ReshapeAndCache(ctx, k, v, caches[l].key, caches[l].value, slots)));
     RETURN_IF_ERROR(
         FromOp(ops::PagedAttention(ctx, attn, q, caches[l].key, caches[l].value, meta, scale)));
-    RETURN_IF_ERROR(FromOp(ops::Linear(ctx, x, attn2, L.o_proj.view(), none)));
+    RETURN_IF_ERROR(linear(x, attn2, L.o_proj, no_tensor, L.o_packed.get()));
     RETURN_IF_ERROR(AllReduce(x));
     RETURN_IF_ERROR(FromOp(ops::FusedAddRmsNorm(ctx, x, residual, L.post_norm.view(), eps)));
-    RETURN_IF_ERROR(FromOp(ops::Linear(ctx, gate_up, x, L.gate_up_proj.view(), none)));
+    RETURN_IF_ERROR(linear(gate_up, x, L.gate_up_proj, no_tensor, L.gate_up_packed.get()));
     RETURN_IF_ERROR(FromOp(ops::SiluAndMul(ctx, act, gate_up)));
-    RETURN_IF_ERROR(FromOp(ops::Linear(ctx, x, act, L.down_proj.view(), none)));
+    RETURN_IF_ERROR(linear(x, act, L.down_proj, no_tensor, L.down_packed.get()));
     RETURN_IF_ERROR(AllReduce(x));
   }
   RETURN_IF_ERROR(FromOp(ops::FusedAddRmsNorm(ctx, x, residual, final_norm_.view(), eps)));
@@ -710,7 +773,11 @@ absl::Status LlamaModel::Compute(const StepViews& sv, std::span<const LayerKvCac
   RETURN_IF_ERROR(FromOp(ops::Embedding(ctx, selected, rows, x)));
   const TensorView head = config_.tie_word_embeddings ? embed_.Prefix({vp, h}) : lm_head_.view();
   const TensorView local = buf_.local_logits.Prefix(DType::kF32, {n, vp});
-  RETURN_IF_ERROR(FromOp(ops::Linear(ctx, local, selected, head, none)));
+  if (lm_head_packed_ != nullptr) {
+    RETURN_IF_ERROR(FromOp(lm_head_packed_->Forward(local, selected)));
+  } else {
+    RETURN_IF_ERROR(FromOp(ops::Linear(ctx, local, selected, head, none)));
+  }
   if (world_ == 1) {
     *logits = local;  // vp == vocab
     return absl::OkStatus();

@@ -17,10 +17,15 @@
 // q/k/v_proj are one fused weight [(q_heads + 2 kv_heads) * D, H] (one GEMM; its output split
 // into q, k and v), gate/up_proj one [2 I_local, H] (one GEMM into SiluAndMul).
 //
-// Device and dtype (ModelOptions): on cpu everything is fp32; on cuda weights and activations
-// are bf16 (the default there), f16 or f32, with fp32 accumulation inside every op and fp32
-// logits. Weights are read in the model's dtype (a BF16 checkpoint is copied, not converted
-// through fp32) and each rank uploads only its slices.
+// Device and dtype (ModelOptions): on cuda weights and activations are bf16 (the default
+// there), f16 or f32, with fp32 accumulation inside every op and fp32 logits. On cpu the
+// activations, norms, rotary, softmax, the KV cache and attention are fp32 whatever the dtype;
+// the GEMM weights (qkv, o, gate_up, down, the LM head) are packed at load for oneDNN
+// (kernels/cpu/packed_linear.h) in the model's dtype: f32, or bf16 (on CPUs with AVX512_BF16 or
+// AMX: the GEMM's input rounded to bf16, fp32 accumulation, f32 output). The embedding table
+// stays f32. CPU steps run on the one OpenMP pool (kernels/cpu/thread_pool.h). Weights are read in
+// the model's dtype (a BF16 checkpoint is copied, not converted through fp32) and each rank uploads
+// only its slices.
 //
 // Forward() runs one engine step: the tokens of every scheduled sequence in one batch (prefill
 // chunks and decode tokens mixed), writing their K and V into the cache and returning the
@@ -42,6 +47,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/model_config.h"
+#include "kernels/cpu/packed_linear.h"
 #include "kernels/device_tensor.h"
 #include "kernels/ops.h"
 #include "kernels/tensor.h"
@@ -74,10 +80,13 @@ struct LayerKvCache {
 // and stream; null = cpu.
 struct ModelOptions {
   DeviceContext* context = nullptr;
-  DType dtype = DType::kF32;  // weights and activations: f32; on cuda also bf16 or f16
+  // cuda: weights and activations, f32, bf16 or f16. cpu: the GEMM weights, f32 or bf16 (the
+  // latter only where CpuHasNativeBf16()); activations stay f32.
+  DType dtype = DType::kF32;
 };
 
-// "float32" / "bfloat16" / "float16" (also "auto": bf16 on cuda, f32 on cpu) for `device`:
+// "float32" / "bfloat16" / "float16" (also "auto": bf16 on cuda; on cpu bf16 where the CPU has
+// native bf16 dot products (AVX512_BF16 or AMX, as vLLM's CPU backend), else f32) for `device`:
 // the model's dtype, or INVALID_ARGUMENT naming what the device takes.
 absl::StatusOr<DType> ParseModelDType(const std::string& name, const TensorDevice& device);
 
@@ -156,6 +165,9 @@ class LlamaModel {
     Tensor post_norm;     // [H]
     Tensor gate_up_proj;  // [2 * I_local, H]: this rank's gate rows, then its up rows
     Tensor down_proj;     // [H, I_local]
+    // cpu: the four GEMMs' weights (and qkv's bias) packed for oneDNN; the Tensors above are
+    // then released.
+    std::unique_ptr<cpu::PackedLinear> qkv_packed, o_packed, gate_up_packed, down_packed;
   };
   // Activation and input buffers, sized for the largest step so far.
   struct Buffers {
@@ -196,6 +208,8 @@ class LlamaModel {
   void ReleaseGraphs();
   // From `weights`, or random (seeded) when it is null.
   absl::Status LoadWeights(const WeightSource* weights, uint64_t seed);
+  // cpu: packs the GEMM weights in dtype_ and releases their f32 copies.
+  absl::Status PackCpuWeights();
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Make(const ModelConfig& config,
                                                           Communicator* comm,
                                                           const ModelOptions& options);
@@ -209,6 +223,7 @@ class LlamaModel {
   DeviceContext* context_;
   TensorDevice device_;
   DType dtype_;
+  DType act_dtype_;  // activations and the tensors kept unpacked: dtype_ on cuda, f32 on cpu
   int rank_ = 0;
   int world_ = 1;
   int local_q_heads_ = 0;
@@ -220,7 +235,8 @@ class LlamaModel {
   ops::RopeConfig rope_;
   Tensor cos_sin_cache_;  // f32 [max_position_embeddings, head_dim]: cosines, then sines
   Tensor embed_;          // [Vp + 1, H]; rows past this rank's vocabulary are zero
-  Tensor lm_head_;        // [Vp, H]; unallocated when tied to embed_
+  Tensor lm_head_;        // [Vp, H]; unallocated when tied to embed_ (or packed, on cpu)
+  std::unique_ptr<cpu::PackedLinear> lm_head_packed_;  // cpu: the LM head (tied or not), packed
   Tensor final_norm_;
   std::vector<Layer> layers_;
   Buffers buf_;

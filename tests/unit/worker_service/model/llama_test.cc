@@ -2,13 +2,20 @@
 // from tools/models/make_golden.py), however the sequence is fed: one prefill, chunks of
 // random sizes mixed with other sequences' decode tokens in one batch, over KV blocks
 // scattered through a cache poisoned with NaN (a read of an unwritten slot would show).
+// LlamaGoldenTest runs the model in float32 (explicitly: the CPU's default dtype is bf16 where
+// the CPU has AVX512_BF16), within 1e-4 of transformers' fp32 logits, greedy tokens equal.
+// LlamaBf16GoldenTest runs it with bf16 GEMM weights (fp32 elsewhere) against the same fp32
+// goldens, at the tolerances stated there.
 #include "worker_service/model/llama.h"
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/packed_linear.h"
 #include "tests/unit/worker_service/model/model_test_util.h"
 
 namespace llm {
@@ -21,7 +28,9 @@ class LlamaGoldenTest : public ::testing::TestWithParam<const char*> {
     dir_ = std::string(GetParam()) == "fortune-llama"
                ? std::string(LLM_TEST_DATA_DIR) + "/../../models/fortune-llama"
                : std::string(LLM_TEST_DATA_DIR) + "/models/" + GetParam();
-    ASSERT_NO_FATAL_FAILURE(LoadTestModel(dir_, &model_));
+    ModelOptions options;
+    options.dtype = DType::kF32;
+    ASSERT_NO_FATAL_FAILURE(LoadTestModel(dir_, &model_, options));
     golden_ = LoadGolden(dir_, model_->vocab_size());
     ASSERT_EQ(golden_.ids.size(), 4u);
   }
@@ -29,6 +38,11 @@ class LlamaGoldenTest : public ::testing::TestWithParam<const char*> {
   std::unique_ptr<LlamaModel> model_;
   Golden golden_;
 };
+
+std::string ModelDir(const std::string& name) {
+  return name == "fortune-llama" ? std::string(LLM_TEST_DATA_DIR) + "/../../models/fortune-llama"
+                                 : std::string(LLM_TEST_DATA_DIR) + "/models/" + name;
+}
 
 TEST_P(LlamaGoldenTest, OnePrefillMatchesTransformers) {
   const double worst = RunAndCompare(*model_, golden_, 16, [](std::mt19937&) { return 1 << 20; });
@@ -89,6 +103,108 @@ TEST_P(LlamaGoldenTest, BadInputIsAnErrorNotACrash) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, LlamaGoldenTest,
+                         ::testing::Values("tiny-llama", "tiny-qwen2", "fortune-llama"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
+// bf16 GEMM weights on the CPU (x rounded to bf16 at each GEMM, fp32 accumulation; norms,
+// rotary, softmax, attention and the KV cache fp32) against transformers' fp32 logits. bf16
+// keeps 8 significant bits (relative rounding error up to 2^-9 per weight and input), so logits
+// move by about 1% of their scale: each row's RowError (max |diff| / max |golden|) must stay
+// under kBf16RowTolerance, and greedy tokens must be transformers' wherever its top-1 leads its
+// top-2 by more than kSafeMargin of the row's scale (at least a quarter of the positions here).
+constexpr double kBf16RowTolerance = 3e-2;
+constexpr double kSafeMargin = 0.1;
+
+class LlamaBf16GoldenTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    if (!cpu::CpuHasNativeBf16()) GTEST_SKIP() << "this CPU has neither AVX512_BF16 nor AMX";
+    dir_ = ModelDir(GetParam());
+    ModelOptions options;
+    options.dtype = DType::kBF16;
+    ASSERT_NO_FATAL_FAILURE(LoadTestModel(dir_, &model_, options));
+    ASSERT_EQ(model_->dtype(), DType::kBF16);
+    golden_ = LoadGolden(dir_, model_->vocab_size());
+    ASSERT_EQ(golden_.ids.size(), 4u);
+  }
+  std::string dir_;
+  std::unique_ptr<LlamaModel> model_;
+  Golden golden_;
+};
+
+TEST_P(LlamaBf16GoldenTest, LogitsAreTransformersWithinBf16Tolerance) {
+  std::vector<float> bf16_logits;
+  const double worst = RunAndCompare(
+      *model_, golden_, 16,
+      [](std::mt19937& rng) { return std::uniform_int_distribution<int>(1, 7)(rng); }, &bf16_logits,
+      kBf16RowTolerance);
+  RecordProperty("max_relative_error", std::to_string(worst));
+  // And bf16 differs from f32 (the weights really are bf16): the same feed in f32.
+  ModelOptions f32;
+  f32.dtype = DType::kF32;
+  std::unique_ptr<LlamaModel> reference;
+  ASSERT_NO_FATAL_FAILURE(LoadTestModel(dir_, &reference, f32));
+  std::vector<float> f32_logits;
+  RunAndCompare(
+      *reference, golden_, 16,
+      [](std::mt19937& rng) { return std::uniform_int_distribution<int>(1, 7)(rng); }, &f32_logits);
+  ASSERT_EQ(bf16_logits.size(), f32_logits.size());
+  // Row by row, bf16 against f32 within the same tolerance.
+  const int vocab = model_->vocab_size();
+  for (size_t r = 0; r * vocab < f32_logits.size(); ++r) {
+    EXPECT_LT(RowError(bf16_logits.data() + r * vocab, f32_logits.data() + r * vocab, vocab),
+              kBf16RowTolerance)
+        << "row " << r;
+  }
+  double max_diff = 0;
+  for (size_t i = 0; i < f32_logits.size(); ++i) {
+    max_diff = std::max(max_diff, static_cast<double>(std::fabs(bf16_logits[i] - f32_logits[i])));
+  }
+  EXPECT_GT(max_diff, 1e-4);
+}
+
+TEST_P(LlamaBf16GoldenTest, GreedyTokensAreTransformersWhereTheMarginIsSafe) {
+  const int vocab = model_->vocab_size();
+  int checked = 0, positions = 0;
+  for (size_t p = 0; p < golden_.ids.size(); ++p) {
+    const std::vector<int32_t>& ids = golden_.ids[p];
+    Cache cache(*model_, 64, 16);
+    std::vector<int32_t> blocks(cache.free.end() - 8, cache.free.end());
+    const int n = static_cast<int>(ids.size());
+    std::vector<int32_t> pos(n), rows(n);
+    std::vector<int64_t> slots(n);
+    for (int i = 0; i < n; ++i) {
+      pos[i] = rows[i] = i;
+      slots[i] = static_cast<int64_t>(blocks[i / 16]) * 16 + i % 16;
+    }
+    std::vector<int32_t> seq_lens{n}, qsl{0, n};
+    HostTensor logits;
+    ASSERT_TRUE(
+        model_->Forward({ids, pos, slots, blocks, 8, seq_lens, qsl, rows}, cache.layers, &logits)
+            .ok());
+    for (int i = golden_.prompt_lens[p] - 1; i + 1 < n; ++i) {
+      ++positions;
+      const float* want = golden_.logits[p].data() + static_cast<size_t>(i) * vocab;
+      std::vector<float> sorted(want, want + vocab);
+      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+      double scale = 0;
+      for (int v = 0; v < vocab; ++v) scale = std::max(scale, std::fabs(double(want[v])));
+      if (sorted[0] - sorted[1] <= kSafeMargin * scale) continue;
+      ++checked;
+      const float* row = logits.data<float>() + static_cast<size_t>(i) * vocab;
+      EXPECT_EQ(std::max_element(row, row + vocab) - row, ids[i + 1])
+          << "prompt " << p << " position " << i;
+    }
+  }
+  EXPECT_GE(checked * 4, positions) << checked << " of " << positions << " positions checked";
+  RecordProperty("positions_checked", std::to_string(checked) + "/" + std::to_string(positions));
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, LlamaBf16GoldenTest,
                          ::testing::Values("tiny-llama", "tiny-qwen2", "fortune-llama"),
                          [](const auto& info) {
                            std::string n = info.param;

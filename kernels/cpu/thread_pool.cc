@@ -1,0 +1,101 @@
+#include "kernels/cpu/thread_pool.h"
+
+#include <cblas.h>
+#include <omp.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+
+namespace llm::cpu {
+namespace {
+
+std::atomic<int> g_pool_size{0};  // 0 = the cpuset's size
+std::atomic<bool> g_pin{false};
+std::atomic<int> g_generation{1};  // bumped by every setting: threads apply it again
+
+thread_local int t_entered_generation = 0;
+thread_local bool t_pinned = false;
+
+std::vector<int> ReadAffinity() {
+  std::vector<int> cpus;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+    }
+  }
+  if (cpus.empty()) cpus.push_back(0);
+  return cpus;
+}
+
+// Read when the library loads, before any thread is pinned (a pinned thread's mask is one CPU).
+const std::vector<int> g_process_cpus = ReadAffinity();
+
+}  // namespace
+
+std::vector<int> AffinityCpus() { return g_process_cpus; }
+
+void SetThreadPoolSize(int n) {
+  g_pool_size.store(n > 0 ? n : 0);
+  g_generation.fetch_add(1);
+}
+
+void SetThreadPoolPinning(bool pin) {
+  g_pin.store(pin);
+  g_generation.fetch_add(1);
+}
+
+int ThreadPoolSize() {
+  const int n = g_pool_size.load();
+  if (n > 0) return n;
+  return static_cast<int>(g_process_cpus.size());
+}
+
+void EnterThreadPool() {
+  const int generation = g_generation.load();
+  if (t_entered_generation == generation) return;
+  t_entered_generation = generation;
+  const int n = ThreadPoolSize();
+  omp_set_dynamic(0);
+  omp_set_num_threads(n);
+  openblas_set_num_threads(1);
+  const std::vector<int>& cpus = g_process_cpus;
+  const bool pin = g_pin.load() && n == static_cast<int>(cpus.size()) && n > 1;
+  if (!pin && !t_pinned) return;
+    // Pin thread i to the i-th CPU, or (unpinning) give every thread the whole cpuset back.
+#pragma omp parallel num_threads(n)
+  {
+    cpu_set_t mask;
+    CPU_ZERO(&mask);
+    if (pin) {
+      CPU_SET(cpus[omp_get_thread_num() % cpus.size()], &mask);
+    } else {
+      for (int c : cpus) CPU_SET(c, &mask);
+    }
+    sched_setaffinity(0, sizeof(mask), &mask);
+  }
+  t_pinned = pin;
+}
+
+bool ThreadPoolPinned() { return t_pinned; }
+
+void ReexecWithOpenMpSettings(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  setenv("OMP_WAIT_POLICY", "passive", /*overwrite=*/1);
+  // The binary's real path rather than /proc/self/exe, so that the process keeps its name
+  // (comm), which tools and tests look processes up by.
+  char path[4096];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n > 0) {
+    path[n] = '\0';
+    execv(path, argv);
+  }
+  // Still here: exec failed; run on with the runtime's default (spinning) waits.
+  std::fprintf(stderr, "note: restarting with OMP_WAIT_POLICY=passive failed\n");
+}
+
+}  // namespace llm::cpu

@@ -1,0 +1,61 @@
+// The CPU backend's one thread pool: OpenMP's. Debian's oneDNN runs its matmuls on the OpenMP
+// runtime (libgomp), and the CPU attention's parallel loops use the same runtime, so a worker
+// has one pool of N threads that both share instead of oversubscribing the cores.
+//
+// N is the process's setting (SetThreadPoolSize: llm-worker --threads), by default the number
+// of CPUs in the process's affinity mask (its cpuset: sched_getaffinity). OpenMP keeps a pool per
+// thread that starts parallel regions, so the thread that runs a model step calls
+// EnterThreadPool() first: the first call on that thread sizes its OpenMP team to N
+// (omp_set_num_threads, no dynamic adjustment). With pinning on (SetThreadPoolPinning, llm-worker
+// --pin-threads) and N equal to the number of CPUs in the cpuset, thread i of the team is pinned
+// to the i-th CPU of the cpuset (sched_setaffinity from inside a parallel region). Pinning is off
+// by default: measured on the shared 2-core VM under load 10-12 from other processes, f32 decode
+// steps of bench_cpu_model at 2 threads took 195-229 ms (batch 8) and 557-558 ms (batch 32)
+// unpinned against 1306-5472 ms and 1404-2873 ms pinned (a pinned thread cannot leave a core
+// that another process occupies, and every parallel region waits for it). Pin on dedicated
+// cores. With fewer threads than CPUs the threads are never pinned (several workers sharing a
+// cpuset would pile onto its first CPUs).
+//
+// OpenBLAS (kernels/cpu/linear.cc, the fp32 reference ops::Linear) keeps its own pthreads; the
+// model's GEMMs no longer call it (kernels/cpu/packed_linear.h), and EnterThreadPool sets it to
+// one thread so that a call made from inside or next to an OpenMP region cannot oversubscribe.
+#ifndef LLM_KERNELS_CPU_THREAD_POOL_H_
+#define LLM_KERNELS_CPU_THREAD_POOL_H_
+
+#include <vector>
+
+namespace llm::cpu {
+
+// The CPUs this process may run on (sched_getaffinity when the library loaded), ascending;
+// never empty.
+std::vector<int> AffinityCpus();
+
+// The pool size for every thread that calls EnterThreadPool from now on; n <= 0 restores the
+// default (the size of AffinityCpus()).
+void SetThreadPoolSize(int n);
+
+// The pool size EnterThreadPool applies.
+int ThreadPoolSize();
+
+// Whether EnterThreadPool pins a team that fills the cpuset (default false: the threads are left
+// to the OS scheduler, better on a machine whose cores other processes also load).
+void SetThreadPoolPinning(bool pin);
+
+// Sizes (and maybe pins) the calling thread's OpenMP team, once per thread and size; cheap
+// afterwards (a thread-local check).
+void EnterThreadPool();
+
+// Call first thing in main() of programs that run the model. OpenMP reads its settings when the
+// runtime loads, before main(): when OMP_WAIT_POLICY is unset, sets it to passive (threads that
+// wait at a barrier sleep instead of spinning) and re-executes the program with the same
+// arguments, once. Measured on the shared 2-core VM (load 13-17 from other processes), a bf16
+// decode step of bench_cpu_model at 2 threads took 150-260 ms passive against 530-2100 ms with
+// libgomp's default spinning. Set OMP_WAIT_POLICY=active yourself on dedicated cores.
+void ReexecWithOpenMpSettings(char** argv);
+
+// Whether EnterThreadPool pinned the calling thread's team.
+bool ThreadPoolPinned();
+
+}  // namespace llm::cpu
+
+#endif  // LLM_KERNELS_CPU_THREAD_POOL_H_
