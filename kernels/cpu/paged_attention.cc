@@ -9,6 +9,7 @@
 //   acc[:]  = acc[:] * exp(m_old - m) + sum_i exp(score[i] - m) * value_cache[block][i][kvh][:]
 //   out[t][h][:] = acc[:] / l
 #include <immintrin.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -175,13 +176,23 @@ OpStatus PagedAttentionReference(const TensorView& out, const TensorView& query,
 // allocates nothing once they have grown to the batch's shape.
 namespace {
 
-constexpr int64_t kKeyTile = 32;      // keys per tile
-constexpr int64_t kMaxTileRows = 64;  // score rows (query rows x group) per prefill item, about
+constexpr int64_t kKeyTile = 32;  // keys per tile
+constexpr int64_t kMaxTileRows = 64;
+constexpr int64_t kMinSplitKeys = 256;  // keys per part, at least, of a split decode row  // score
+                                        // rows (query rows x group) per prefill item, about
 
 struct WorkItem {
   int32_t seq, kv_head;
   int32_t q_begin, q_end;  // the sequence's query rows q_begin .. q_end - 1
+  int32_t k_begin, k_end;  // its keys k_begin .. k_end - 1 (k_end -1: up to the last query's)
+  int32_t partial;         // -1: writes `out`; else writes partial `partial` (split decode)
   int64_t cost;            // score rows x keys
+};
+
+// A decode row whose keys were split over several items: partials first .. first + count - 1
+// hold each part's running max, sum and unnormalized output, merged after the items.
+struct Split {
+  int32_t seq, kv_head, first, count;
 };
 
 struct Problem {
@@ -195,15 +206,17 @@ struct Problem {
   int64_t num_heads, head_size, num_kv_heads, group, block_size, max_blocks;
   int64_t slot_stride, block_stride;  // floats between cache slots and between blocks
   float scale;
+  float* partials;  // split decode: per partial, m[group], l[group], o[group][head_size]
 };
 
 // One work item's geometry.
 struct ItemView {
-  int64_t first_token;  // query row of the item's first query in `query` / `out`
-  int64_t num_queries;  // query rows in the item
-  int64_t pos0;         // position of its first query
-  int64_t num_keys;     // keys 0 .. pos of its last query
-  int64_t rows;         // num_queries * group
+  int64_t first_token;         // query row of the item's first query in `query` / `out`
+  int64_t num_queries;         // query rows in the item
+  int64_t pos0;                // position of its first query
+  int64_t num_keys;            // keys 0 .. pos of its last query
+  int64_t rows;                // num_queries * group
+  int64_t key_begin, key_end;  // the keys this item reads (0 .. num_keys unless split)
   const int32_t* table;
 };
 
@@ -216,6 +229,8 @@ ItemView View(const Problem& pb, const WorkItem& it) {
   v.pos0 = context + it.q_begin;
   v.num_keys = context + it.q_end;
   v.rows = v.num_queries * pb.group;
+  v.key_begin = it.k_begin;
+  v.key_end = it.k_end < 0 ? v.num_keys : it.k_end;
   v.table = pb.block_tables + it.seq * pb.max_blocks;
   return v;
 }
@@ -264,6 +279,45 @@ void StoreOutput(const Problem& pb, const ItemView& v, int64_t kv_head, const fl
   }
 }
 
+int64_t PartialFloats(const Problem& pb) { return pb.group * (pb.head_size + 2); }
+
+// The item's result: `out` = o / l, or its partial (m, l, o) of a split decode row.
+void Finish(const Problem& pb, const ItemView& v, const WorkItem& it, const float* o,
+            const float* l, const float* m) {
+  if (it.partial < 0) {
+    StoreOutput(pb, v, it.kv_head, o, l);
+    return;
+  }
+  float* dst = pb.partials + it.partial * PartialFloats(pb);
+  std::copy(m, m + pb.group, dst);
+  std::copy(l, l + pb.group, dst + pb.group);
+  std::copy(o, o + pb.group * pb.head_size, dst + 2 * pb.group);
+}
+
+// out of a split decode row from its partials: with M = max_i m_i and w_i = exp(m_i - M),
+// out = sum_i w_i o_i / sum_i w_i l_i.
+void MergeSplit(const Problem& pb, const Split& sp) {
+  const int64_t dim = pb.head_size, stride = PartialFloats(pb);
+  const float* first = pb.partials + sp.first * stride;
+  const int64_t token = pb.query_start_loc[sp.seq];  // a decode row: the sequence's only query
+  for (int64_t g = 0; g < pb.group; ++g) {
+    float m_max = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < sp.count; ++i) m_max = std::max(m_max, first[i * stride + g]);
+    float* dst = pb.out + (token * pb.num_heads + sp.kv_head * pb.group + g) * dim;
+    std::fill(dst, dst + dim, 0.0f);
+    float l = 0.0f;
+    for (int64_t i = 0; i < sp.count; ++i) {
+      const float* part = first + i * stride;
+      const float w = std::exp(part[g] - m_max);
+      l += w * part[pb.group + g];
+      const float* o = part + 2 * pb.group + g * dim;
+      for (int64_t d = 0; d < dim; ++d) dst[d] += w * o[d];
+    }
+    const float inv_l = 1.0f / l;
+    for (int64_t d = 0; d < dim; ++d) dst[d] *= inv_l;
+  }
+}
+
 // Floats of one thread's buffers for an item of `rows` score rows (stride: rows rounded up).
 int64_t ScratchFloats(int64_t rows, int64_t stride, int64_t dim) {
   return dim * stride + kKeyTile * stride + 3 * stride + rows * dim;
@@ -292,8 +346,8 @@ void RunItemGeneric(const Problem& pb, const WorkItem& it) {
   std::fill(o, o + rows * dim, 0.0f);
   const float* keys[kKeyTile];
   const float* values[kKeyTile];
-  for (int64_t k0 = 0; k0 < v.num_keys; k0 += kKeyTile) {
-    const int64_t n = std::min(kKeyTile, v.num_keys - k0);
+  for (int64_t k0 = v.key_begin; k0 < v.key_end; k0 += kKeyTile) {
+    const int64_t n = std::min(kKeyTile, v.key_end - k0);
     TilePointers(pb, v, it.kv_head, k0, n, keys, values);
     for (int64_t i = 0; i < n; ++i) {
       float* si = s + i * stride;
@@ -326,7 +380,7 @@ void RunItemGeneric(const Problem& pb, const WorkItem& it) {
       }
     }
   }
-  StoreOutput(pb, v, it.kv_head, o, l);
+  Finish(pb, v, it, o, l, m);
 }
 
 #define LLM_AVX512 __attribute__((target("avx512f")))
@@ -370,8 +424,8 @@ LLM_AVX512 void RunItemAvx512(const Problem& pb, const WorkItem& it) {
   std::fill(o, o + rows * dim, 0.0f);
   const float* keys[kKeyTile];
   const float* values[kKeyTile];
-  for (int64_t k0 = 0; k0 < v.num_keys; k0 += kKeyTile) {
-    const int64_t n = std::min(kKeyTile, v.num_keys - k0);
+  for (int64_t k0 = v.key_begin; k0 < v.key_end; k0 += kKeyTile) {
+    const int64_t n = std::min(kKeyTile, v.key_end - k0);
     TilePointers(pb, v, it.kv_head, k0, n, keys, values);
     // S = Q K^T: 16 rows x 4 keys per step, each key element broadcast.
     for (int64_t rb = 0; rb < stride; rb += 16) {
@@ -455,7 +509,7 @@ LLM_AVX512 void RunItemAvx512(const Problem& pb, const WorkItem& it) {
       }
     }
   }
-  StoreOutput(pb, v, it.kv_head, o, l);
+  Finish(pb, v, it, o, l, m);
 }
 
 bool HasAvx512() {
@@ -489,9 +543,12 @@ OpStatus RunTiled(const TensorView& out, const TensorView& query, const TensorVi
   pb.block_stride = pb.block_size * pb.slot_stride;
   pb.scale = scale;
 
-  // Work items, the costliest first; the list is the calling thread's and kept between calls.
+  // Work items, the costliest first; the lists are the calling thread's, kept between calls.
   thread_local std::vector<WorkItem> items;
+  thread_local std::vector<Split> splits;
+  thread_local std::vector<float> partials;
   items.clear();
+  splits.clear();
   const int64_t num_seqs = metadata.seq_lens.shape[0];
   const int64_t tile_queries = std::max<int64_t>(1, kMaxTileRows / pb.group);
   for (int64_t s = 0; s < num_seqs; ++s) {
@@ -501,11 +558,46 @@ OpStatus RunTiled(const TensorView& out, const TensorView& query, const TensorVi
       const int64_t q1 = std::min(q_len, q0 + tile_queries);
       for (int64_t kvh = 0; kvh < pb.num_kv_heads; ++kvh) {
         items.push_back({static_cast<int32_t>(s), static_cast<int32_t>(kvh),
-                         static_cast<int32_t>(q0), static_cast<int32_t>(q1),
+                         static_cast<int32_t>(q0), static_cast<int32_t>(q1), 0, -1, -1,
                          (q1 - q0) * pb.group * (context + q1)});
       }
     }
   }
+  // Fewer items than about two per thread: decode rows with long contexts are split over
+  // their keys (whole key tiles of at least kMinSplitKeys keys each), so that every thread
+  // has work, and merged afterwards.
+  const int64_t threads = omp_get_max_threads();
+  if (threads > 1 && static_cast<int64_t>(items.size()) < 2 * threads) {
+    const int64_t want = (2 * threads + items.size() - 1) / std::max<size_t>(items.size(), 1);
+    const size_t unsplit = items.size();
+    int64_t num_partials = 0;
+    for (size_t i = 0; i < unsplit; ++i) {
+      WorkItem& it = items[i];
+      const int64_t num_keys = View(pb, it).num_keys;
+      const int64_t parts = std::min(want, num_keys / kMinSplitKeys);
+      if (it.q_end - it.q_begin != 1 || parts < 2) continue;
+      const int64_t tiles = (num_keys + kKeyTile - 1) / kKeyTile;
+      splits.push_back(
+          {it.seq, it.kv_head, static_cast<int32_t>(num_partials), static_cast<int32_t>(parts)});
+      const WorkItem whole = it;
+      for (int64_t p = 0; p < parts; ++p) {
+        WorkItem part = whole;
+        part.k_begin = static_cast<int32_t>(tiles * p / parts * kKeyTile);
+        part.k_end = static_cast<int32_t>(std::min(num_keys, tiles * (p + 1) / parts * kKeyTile));
+        part.partial = static_cast<int32_t>(num_partials++);
+        part.cost = pb.group * (part.k_end - part.k_begin);
+        if (p == 0) {
+          it = part;
+        } else {
+          items.push_back(part);
+        }
+      }
+    }
+    if (static_cast<int64_t>(partials.size()) < num_partials * PartialFloats(pb)) {
+      partials.resize(num_partials * PartialFloats(pb));
+    }
+  }
+  pb.partials = partials.data();
   std::sort(items.begin(), items.end(),
             [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
   const bool avx512 = allow_avx512 && HasAvx512() && pb.head_size % 16 == 0;
@@ -519,6 +611,7 @@ OpStatus RunTiled(const TensorView& out, const TensorView& query, const TensorVi
       RunItemGeneric(pb, list[i]);
     }
   }
+  for (const Split& sp : splits) MergeSplit(pb, sp);
   return OpStatus::Ok();
 }
 
