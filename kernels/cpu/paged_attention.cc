@@ -176,10 +176,12 @@ OpStatus PagedAttentionReference(const TensorView& out, const TensorView& query,
 // allocates nothing once they have grown to the batch's shape.
 namespace {
 
-constexpr int64_t kKeyTile = 32;  // keys per tile
-constexpr int64_t kMaxTileRows = 64;
-constexpr int64_t kMinSplitKeys = 256;  // keys per part, at least, of a split decode row  // score
-                                        // rows (query rows x group) per prefill item, about
+constexpr int64_t kKeyTile = 32;        // keys per tile
+constexpr int64_t kMaxTileRows = 64;    // score rows (query rows x group) per prefill item, about
+constexpr int64_t kMinSplitKeys = 256;  // keys per part, at least, of a split decode row
+// Below this much work (score rows x keys x head size, about a quarter of the FLOPs: some
+// 20 us on one core) a call runs on the calling thread: waking the pool costs more.
+constexpr int64_t kMinParallelWork = int64_t{1} << 19;
 
 struct WorkItem {
   int32_t seq, kv_head;
@@ -566,7 +568,9 @@ OpStatus RunTiled(const TensorView& out, const TensorView& query, const TensorVi
   // Fewer items than about two per thread: decode rows with long contexts are split over
   // their keys (whole key tiles of at least kMinSplitKeys keys each), so that every thread
   // has work, and merged afterwards.
-  const int64_t threads = omp_get_max_threads();
+  int64_t work = 0;
+  for (const WorkItem& it : items) work += it.cost * pb.head_size;
+  const int64_t threads = work >= kMinParallelWork ? omp_get_max_threads() : 1;
   if (threads > 1 && static_cast<int64_t>(items.size()) < 2 * threads) {
     const int64_t want = (2 * threads + items.size() - 1) / std::max<size_t>(items.size(), 1);
     const size_t unsplit = items.size();
@@ -603,7 +607,7 @@ OpStatus RunTiled(const TensorView& out, const TensorView& query, const TensorVi
   const bool avx512 = allow_avx512 && HasAvx512() && pb.head_size % 16 == 0;
   const int64_t num_items = static_cast<int64_t>(items.size());
   const WorkItem* list = items.data();
-#pragma omp parallel for schedule(dynamic, 1) if (num_items > 1)
+#pragma omp parallel for schedule(dynamic, 1) if (threads > 1 && num_items > 1)
   for (int64_t i = 0; i < num_items; ++i) {
     if (avx512) {
       RunItemAvx512(pb, list[i]);

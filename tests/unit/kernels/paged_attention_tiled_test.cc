@@ -154,15 +154,16 @@ TEST(PagedAttentionTiled, SameResultOnOneTwoAndThreeThreads) {
 }
 
 // Fewer work items than two per thread: long decode rows are split over their keys and the
-// parts merged (batch 1 with GQA and MQA, contexts of 257 to 3000 keys).
+// parts merged (batch 1 with GQA and MQA, contexts of 257 to 3000 keys; all but the 257 keys
+// above the op's threshold for running on the pool).
 TEST(PagedAttentionTiled, SplitDecodeMatchesReference) {
   const int saved = omp_get_max_threads();
   std::mt19937 rng(1806);
   const std::vector<Case> cases = {{14, 2, 64, 16, {{2047, 1}}},
                                    {8, 1, 128, 16, {{1499, 1}}},
-                                   {8, 1, 16, 32, {{2999, 1}}},
+                                   {16, 1, 16, 32, {{2999, 1}}},
                                    {4, 1, 64, 1, {{256, 1}}},
-                                   {9, 3, 64, 16, {{700, 1}, {600, 1}}}};
+                                   {9, 3, 64, 16, {{1400, 1}, {1200, 1}}}};
   for (int threads : {2, 3, 8}) {
     omp_set_num_threads(threads);
     for (const Case& c : cases) {
