@@ -46,6 +46,10 @@ OpStatus PagedAttention(const TensorView& out, const TensorView& query, const Te
                         const TensorView& value_cache, const AttentionMetadata& metadata,
                         float scale);
 
+// The threads PagedAttention uses at most, process-wide: n > 0, or 0 for OpenMP's
+// omp_get_max_threads() of the calling thread (the default).
+void SetPagedAttentionThreads(int n);
+
 // The same tiled algorithm in portable loops (std::exp), any head size: the fallback, exposed
 // so that tests cover it on AVX-512 machines too.
 OpStatus PagedAttentionPortable(const TensorView& out, const TensorView& query,

@@ -12,6 +12,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -514,6 +515,13 @@ LLM_AVX512 void RunItemAvx512(const Problem& pb, const WorkItem& it) {
   Finish(pb, v, it, o, l, m);
 }
 
+std::atomic<int> g_threads{0};  // SetPagedAttentionThreads; 0: OpenMP's
+
+int PagedAttentionThreads() {
+  const int n = g_threads.load(std::memory_order_relaxed);
+  return n > 0 ? n : omp_get_max_threads();
+}
+
 bool HasAvx512() {
   static const bool has = __builtin_cpu_supports("avx512f");
   return has;
@@ -570,7 +578,7 @@ OpStatus RunTiled(const TensorView& out, const TensorView& query, const TensorVi
   // has work, and merged afterwards.
   int64_t work = 0;
   for (const WorkItem& it : items) work += it.cost * pb.head_size;
-  const int64_t threads = work >= kMinParallelWork ? omp_get_max_threads() : 1;
+  const int64_t threads = work >= kMinParallelWork ? PagedAttentionThreads() : 1;
   if (threads > 1 && static_cast<int64_t>(items.size()) < 2 * threads) {
     const int64_t want = (2 * threads + items.size() - 1) / std::max<size_t>(items.size(), 1);
     const size_t unsplit = items.size();
@@ -607,7 +615,7 @@ OpStatus RunTiled(const TensorView& out, const TensorView& query, const TensorVi
   const bool avx512 = allow_avx512 && HasAvx512() && pb.head_size % 16 == 0;
   const int64_t num_items = static_cast<int64_t>(items.size());
   const WorkItem* list = items.data();
-#pragma omp parallel for schedule(dynamic, 1) if (threads > 1 && num_items > 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && num_items > 1)
   for (int64_t i = 0; i < num_items; ++i) {
     if (avx512) {
       RunItemAvx512(pb, list[i]);
@@ -626,6 +634,8 @@ OpStatus PagedAttention(const TensorView& out, const TensorView& query, const Te
                         float scale) {
   return RunTiled(out, query, key_cache, value_cache, metadata, scale, /*allow_avx512=*/true);
 }
+
+void SetPagedAttentionThreads(int n) { g_threads.store(std::max(n, 0), std::memory_order_relaxed); }
 
 OpStatus PagedAttentionPortable(const TensorView& out, const TensorView& query,
                                 const TensorView& key_cache, const TensorView& value_cache,

@@ -151,6 +151,13 @@ TEST(PagedAttentionTiled, SameResultOnOneTwoAndThreeThreads) {
     EXPECT_TRUE(MatchesReference(cpu::PagedAttention, c, rng)) << threads << " threads";
   }
   omp_set_num_threads(saved);
+  // The op's own cap, as llm-worker sets it, over OpenMP's default.
+  for (int threads : {1, 3}) {
+    cpu::SetPagedAttentionThreads(threads);
+    EXPECT_TRUE(MatchesReference(cpu::PagedAttention, c, rng))
+        << "SetPagedAttentionThreads(" << threads << ")";
+  }
+  cpu::SetPagedAttentionThreads(0);
 }
 
 // Fewer work items than two per thread: long decode rows are split over their keys and the
