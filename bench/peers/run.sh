@@ -133,7 +133,7 @@ engine:
   block_size: 16
   max_num_seqs: 64
   max_model_len: 2048
-  cpu_kv_cache_space: 1
+  cpu_kv_cache_space: 4   # GiB, as VLLM_CPU_KVCACHE_SPACE
   enable_prefix_caching: false
 worker: {threads: $THREADS}
 YAML
