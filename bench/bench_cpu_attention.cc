@@ -8,7 +8,8 @@
 // the single-threaded reference (cpu::PagedAttentionReference), in the same process; each row
 // of impl 0 also reports x_reference, its speed-up over impl 1 on the same shape (the reference
 // timed once per shape). Rates are per wall-clock second (UseRealTime); the thread count is
-// OpenMP's (OMP_NUM_THREADS).
+// OpenMP's (OMP_NUM_THREADS). BM_EmptyParallelRegion is the pool's fork-join cost on this
+// machine, the floor of every threaded row (calls below the op's work threshold run on one).
 #include <omp.h>
 
 #include <algorithm>
@@ -134,6 +135,21 @@ BENCHMARK(BM_Prefill)
     ->ArgsProduct({{0, 1}, {512, 2048}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
+
+// The pool's fork-join cost: an empty parallel region on all OpenMP threads. Where it is
+// large (a loaded or oversubscribed machine), the threaded rows above measure it, not the op.
+void BM_EmptyParallelRegion(benchmark::State& state) {
+  int sink = 0;
+  for (auto _ : state) {
+#pragma omp parallel
+    {
+      if (omp_get_thread_num() == 0) sink = omp_get_num_threads();
+    }
+    benchmark::DoNotOptimize(sink);
+  }
+  state.SetLabel(std::to_string(omp_get_max_threads()) + " threads");
+}
+BENCHMARK(BM_EmptyParallelRegion)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace llm::ops
