@@ -38,9 +38,29 @@ OpStatus ReshapeAndCache(const TensorView& key, const TensorView& value,
                          const TensorView& key_cache, const TensorView& value_cache,
                          const TensorView& slot_mapping);
 
+// Blocked flash-style (tiles of query rows x keys, online softmax), GQA groups together, on
+// the OpenMP pool over (sequence, kv head, query tile) work items; AVX-512 where the CPU has it
+// and the head size is a multiple of 16, else PagedAttentionPortable's loops. Each thread keeps
+// its scratch between calls (no allocation once grown).
 OpStatus PagedAttention(const TensorView& out, const TensorView& query, const TensorView& key_cache,
                         const TensorView& value_cache, const AttentionMetadata& metadata,
                         float scale);
+
+// The threads PagedAttention uses at most, process-wide: n > 0, or 0 for OpenMP's
+// omp_get_max_threads() of the calling thread (the default).
+void SetPagedAttentionThreads(int n);
+
+// The same tiled algorithm in portable loops (std::exp), any head size: the fallback, exposed
+// so that tests cover it on AVX-512 machines too.
+OpStatus PagedAttentionPortable(const TensorView& out, const TensorView& query,
+                                const TensorView& key_cache, const TensorView& value_cache,
+                                const AttentionMetadata& metadata, float scale);
+
+// The simple reference the others (and the CUDA kernels) are checked against: one query row
+// and kv head at a time, one block of keys per online-softmax step, single-threaded.
+OpStatus PagedAttentionReference(const TensorView& out, const TensorView& query,
+                                 const TensorView& key_cache, const TensorView& value_cache,
+                                 const AttentionMetadata& metadata, float scale);
 
 OpStatus CopyBlocks(std::span<const TensorView> key_caches,
                     std::span<const TensorView> value_caches, std::span<const BlockPair> pairs);

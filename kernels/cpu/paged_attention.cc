@@ -8,7 +8,11 @@
 //   score[i] = scale * q[t][h][:] . key_cache[block][i][kvh][:]
 //   acc[:]  = acc[:] * exp(m_old - m) + sum_i exp(score[i] - m) * value_cache[block][i][kvh][:]
 //   out[t][h][:] = acc[:] / l
+#include <immintrin.h>
+#include <omp.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -85,9 +89,9 @@ float Dot(const float* a, const float* b, int64_t n) {
 
 }  // namespace
 
-OpStatus PagedAttention(const TensorView& out, const TensorView& query, const TensorView& key_cache,
-                        const TensorView& value_cache, const AttentionMetadata& metadata,
-                        float scale) {
+OpStatus PagedAttentionReference(const TensorView& out, const TensorView& query,
+                                 const TensorView& key_cache, const TensorView& value_cache,
+                                 const AttentionMetadata& metadata, float scale) {
   const int64_t num_tokens = query.shape[0], num_heads = query.shape[1];
   const int64_t head_size = query.shape[2];
   const int64_t num_blocks = key_cache.shape[0], block_size = key_cache.shape[1];
@@ -157,6 +161,486 @@ OpStatus PagedAttention(const TensorView& out, const TensorView& query, const Te
     }
   }
   return OpStatus::Ok();
+}
+
+// The production op: the same attention, blocked flash-style. A work item is one sequence's
+// run of query rows (decode: its one row; prefill: a tile of rows) for one kv head; the rows of
+// all G query heads of the group make R = rows * G score rows that share every K and V tile.
+// Per tile of kKeyTile keys:
+//   S[i][r] = (scale * q_r) . k_i             (q transposed once per item: qt[d][r])
+//   S[i][r] = -inf where key i is after row r's position (causal)
+//   m_new[r] = max(m[r], max_i S[i][r]);  alpha[r] = exp(m[r] - m_new[r])
+//   P[i][r] = exp(S[i][r] - m_new[r]);    l[r] = l[r] * alpha[r] + sum_i P[i][r]
+//   O[r][:] = O[r][:] * alpha[r] + sum_i P[i][r] * v_i[:]
+// and out = O / l at the end. Work items run on the OpenMP pool (schedule(dynamic), the
+// costliest first); each thread's buffers are its own and are kept between calls, so a step
+// allocates nothing once they have grown to the batch's shape.
+namespace {
+
+constexpr int64_t kKeyTile = 32;        // keys per tile
+constexpr int64_t kMaxTileRows = 64;    // score rows (query rows x group) per prefill item, about
+constexpr int64_t kMinSplitKeys = 256;  // keys per part, at least, of a split decode row
+// Below this much work (score rows x keys x head size, about a quarter of the FLOPs: some
+// 20 us on one core) a call runs on the calling thread: waking the pool costs more.
+constexpr int64_t kMinParallelWork = int64_t{1} << 19;
+
+struct WorkItem {
+  int32_t seq, kv_head;
+  int32_t q_begin, q_end;  // the sequence's query rows q_begin .. q_end - 1
+  int32_t k_begin, k_end;  // its keys k_begin .. k_end - 1 (k_end -1: up to the last query's)
+  int32_t partial;         // -1: writes `out`; else writes partial `partial` (split decode)
+  int64_t cost;            // score rows x keys
+};
+
+// A decode row whose keys were split over several items: partials first .. first + count - 1
+// hold each part's running max, sum and unnormalized output, merged after the items.
+struct Split {
+  int32_t seq, kv_head, first, count;
+};
+
+struct Problem {
+  const float* query;
+  float* out;
+  const float* key_cache;
+  const float* value_cache;
+  const int32_t* query_start_loc;
+  const int32_t* seq_lens;
+  const int32_t* block_tables;
+  int64_t num_heads, head_size, num_kv_heads, group, block_size, max_blocks;
+  int64_t slot_stride, block_stride;  // floats between cache slots and between blocks
+  float scale;
+  float* partials;  // split decode: per partial, m[group], l[group], o[group][head_size]
+};
+
+// One work item's geometry.
+struct ItemView {
+  int64_t first_token;         // query row of the item's first query in `query` / `out`
+  int64_t num_queries;         // query rows in the item
+  int64_t pos0;                // position of its first query
+  int64_t num_keys;            // keys 0 .. pos of its last query
+  int64_t rows;                // num_queries * group
+  int64_t key_begin, key_end;  // the keys this item reads (0 .. num_keys unless split)
+  const int32_t* table;
+};
+
+ItemView View(const Problem& pb, const WorkItem& it) {
+  const int64_t q_len = pb.query_start_loc[it.seq + 1] - pb.query_start_loc[it.seq];
+  const int64_t context = pb.seq_lens[it.seq] - q_len;
+  ItemView v;
+  v.first_token = pb.query_start_loc[it.seq] + it.q_begin;
+  v.num_queries = it.q_end - it.q_begin;
+  v.pos0 = context + it.q_begin;
+  v.num_keys = context + it.q_end;
+  v.rows = v.num_queries * pb.group;
+  v.key_begin = it.k_begin;
+  v.key_end = it.k_end < 0 ? v.num_keys : it.k_end;
+  v.table = pb.block_tables + it.seq * pb.max_blocks;
+  return v;
+}
+
+// The cache rows of keys k0 .. k0 + n - 1 of one kv head.
+void TilePointers(const Problem& pb, const ItemView& v, int64_t kv_head, int64_t k0, int64_t n,
+                  const float** keys, const float** values) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t p = k0 + i;
+    const int64_t offset = v.table[p / pb.block_size] * pb.block_stride +
+                           (p % pb.block_size) * pb.slot_stride + kv_head * pb.head_size;
+    keys[i] = pb.key_cache + offset;
+    values[i] = pb.value_cache + offset;
+  }
+}
+
+// Rows of queries before key position p: row r = j * group + g is query j's, at position
+// pos0 + j, which must not see p when pos0 + j < p.
+int64_t MaskedRows(const ItemView& v, int64_t group, int64_t p) {
+  return p <= v.pos0 ? 0 : std::min(v.rows, (p - v.pos0) * group);
+}
+
+// q (scaled) transposed: qt[d * stride + r] for the item's rows, zero past them.
+void LoadQueries(const Problem& pb, const ItemView& v, int64_t kv_head, int64_t stride, float* qt) {
+  const int64_t dim = pb.head_size;
+  std::fill(qt, qt + dim * stride, 0.0f);
+  for (int64_t j = 0; j < v.num_queries; ++j) {
+    const float* q = pb.query + ((v.first_token + j) * pb.num_heads + kv_head * pb.group) * dim;
+    for (int64_t g = 0; g < pb.group; ++g) {
+      const int64_t r = j * pb.group + g;
+      for (int64_t d = 0; d < dim; ++d) qt[d * stride + r] = q[g * dim + d] * pb.scale;
+    }
+  }
+}
+
+void StoreOutput(const Problem& pb, const ItemView& v, int64_t kv_head, const float* o,
+                 const float* l) {
+  const int64_t dim = pb.head_size;
+  for (int64_t j = 0; j < v.num_queries; ++j) {
+    float* dst = pb.out + ((v.first_token + j) * pb.num_heads + kv_head * pb.group) * dim;
+    for (int64_t g = 0; g < pb.group; ++g) {
+      const int64_t r = j * pb.group + g;
+      const float inv_l = 1.0f / l[r];
+      for (int64_t d = 0; d < dim; ++d) dst[g * dim + d] = o[r * dim + d] * inv_l;
+    }
+  }
+}
+
+int64_t PartialFloats(const Problem& pb) { return pb.group * (pb.head_size + 2); }
+
+// The item's result: `out` = o / l, or its partial (m, l, o) of a split decode row.
+void Finish(const Problem& pb, const ItemView& v, const WorkItem& it, const float* o,
+            const float* l, const float* m) {
+  if (it.partial < 0) {
+    StoreOutput(pb, v, it.kv_head, o, l);
+    return;
+  }
+  float* dst = pb.partials + it.partial * PartialFloats(pb);
+  std::copy(m, m + pb.group, dst);
+  std::copy(l, l + pb.group, dst + pb.group);
+  std::copy(o, o + pb.group * pb.head_size, dst + 2 * pb.group);
+}
+
+// out of a split decode row from its partials: with M = max_i m_i and w_i = exp(m_i - M),
+// out = sum_i w_i o_i / sum_i w_i l_i.
+void MergeSplit(const Problem& pb, const Split& sp) {
+  const int64_t dim = pb.head_size, stride = PartialFloats(pb);
+  const float* first = pb.partials + sp.first * stride;
+  const int64_t token = pb.query_start_loc[sp.seq];  // a decode row: the sequence's only query
+  for (int64_t g = 0; g < pb.group; ++g) {
+    float m_max = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < sp.count; ++i) m_max = std::max(m_max, first[i * stride + g]);
+    float* dst = pb.out + (token * pb.num_heads + sp.kv_head * pb.group + g) * dim;
+    std::fill(dst, dst + dim, 0.0f);
+    float l = 0.0f;
+    for (int64_t i = 0; i < sp.count; ++i) {
+      const float* part = first + i * stride;
+      const float w = std::exp(part[g] - m_max);
+      l += w * part[pb.group + g];
+      const float* o = part + 2 * pb.group + g * dim;
+      for (int64_t d = 0; d < dim; ++d) dst[d] += w * o[d];
+    }
+    const float inv_l = 1.0f / l;
+    for (int64_t d = 0; d < dim; ++d) dst[d] *= inv_l;
+  }
+}
+
+// Floats of one thread's buffers for an item of `rows` score rows (stride: rows rounded up).
+int64_t ScratchFloats(int64_t rows, int64_t stride, int64_t dim) {
+  return dim * stride + kKeyTile * stride + 3 * stride + rows * dim;
+}
+
+// Each thread's buffers, grown to the largest item it has run and never shrunk.
+float* ThreadScratch(int64_t floats) {
+  thread_local std::vector<float> buffer;
+  if (static_cast<int64_t>(buffer.size()) < floats) buffer.resize(floats);
+  return buffer.data();
+}
+
+// Portable: any head size, any CPU (loops the compiler may vectorize; std::exp).
+void RunItemGeneric(const Problem& pb, const WorkItem& it) {
+  const ItemView v = View(pb, it);
+  const int64_t dim = pb.head_size, rows = v.rows, stride = rows;
+  float* qt = ThreadScratch(ScratchFloats(rows, stride, dim));
+  float* s = qt + dim * stride;
+  float* m = s + kKeyTile * stride;
+  float* l = m + stride;
+  float* alpha = l + stride;
+  float* o = alpha + stride;
+  LoadQueries(pb, v, it.kv_head, stride, qt);
+  std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
+  std::fill(l, l + rows, 0.0f);
+  std::fill(o, o + rows * dim, 0.0f);
+  const float* keys[kKeyTile];
+  const float* values[kKeyTile];
+  for (int64_t k0 = v.key_begin; k0 < v.key_end; k0 += kKeyTile) {
+    const int64_t n = std::min(kKeyTile, v.key_end - k0);
+    TilePointers(pb, v, it.kv_head, k0, n, keys, values);
+    for (int64_t i = 0; i < n; ++i) {
+      float* si = s + i * stride;
+      std::fill(si, si + rows, 0.0f);
+      for (int64_t d = 0; d < dim; ++d) {
+        const float kd = keys[i][d];
+        const float* qd = qt + d * stride;
+        for (int64_t r = 0; r < rows; ++r) si[r] += qd[r] * kd;
+      }
+      const int64_t masked = MaskedRows(v, pb.group, k0 + i);
+      std::fill(si, si + masked, -std::numeric_limits<float>::infinity());
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      float m_new = m[r];
+      for (int64_t i = 0; i < n; ++i) m_new = std::max(m_new, s[i * stride + r]);
+      alpha[r] = std::exp(m[r] - m_new);  // 0 on the first tile
+      float sum = 0.0f;
+      for (int64_t i = 0; i < n; ++i)
+        sum += (s[i * stride + r] = std::exp(s[i * stride + r] - m_new));
+      l[r] = l[r] * alpha[r] + sum;
+      m[r] = m_new;
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      float* orow = o + r * dim;
+      for (int64_t d = 0; d < dim; ++d) orow[d] *= alpha[r];
+      for (int64_t i = 0; i < n; ++i) {
+        const float p = s[i * stride + r];
+        const float* vi = values[i];
+        for (int64_t d = 0; d < dim; ++d) orow[d] += p * vi[d];
+      }
+    }
+  }
+  Finish(pb, v, it, o, l, m);
+}
+
+#define LLM_AVX512 __attribute__((target("avx512f")))
+
+// exp(x) for 16 floats: Cephes' expf polynomial (about 1 ulp on [-87.3, 88.4]) scaled by 2^n
+// with vscalefps; 0 below -87.3 (and for -inf), NaN for NaN.
+LLM_AVX512 inline __m512 Exp512(__m512 x) {
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_GE_OQ);
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.37f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  y = _mm512_maskz_mov_ps(live, _mm512_scalef_ps(y, n));
+  return _mm512_mask_mov_ps(y, nan, x);
+}
+
+// AVX-512: head sizes that are multiples of 16; score rows padded to 16 (one register).
+LLM_AVX512 void RunItemAvx512(const Problem& pb, const WorkItem& it) {
+  const ItemView v = View(pb, it);
+  const int64_t dim = pb.head_size, rows = v.rows, stride = (rows + 15) / 16 * 16;
+  float* qt = ThreadScratch(ScratchFloats(rows, stride, dim));
+  float* s = qt + dim * stride;
+  float* m = s + kKeyTile * stride;
+  float* l = m + stride;
+  float* alpha = l + stride;
+  float* o = alpha + stride;
+  LoadQueries(pb, v, it.kv_head, stride, qt);
+  for (int64_t r = 0; r < stride; r += 16) {
+    _mm512_storeu_ps(m + r, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
+    _mm512_storeu_ps(l + r, _mm512_setzero_ps());
+  }
+  std::fill(o, o + rows * dim, 0.0f);
+  const float* keys[kKeyTile];
+  const float* values[kKeyTile];
+  for (int64_t k0 = v.key_begin; k0 < v.key_end; k0 += kKeyTile) {
+    const int64_t n = std::min(kKeyTile, v.key_end - k0);
+    TilePointers(pb, v, it.kv_head, k0, n, keys, values);
+    // S = Q K^T: 16 rows x 4 keys per step, each key element broadcast.
+    for (int64_t rb = 0; rb < stride; rb += 16) {
+      int64_t i = 0;
+      for (; i + 4 <= n; i += 4) {
+        const float *k_a = keys[i], *k_b = keys[i + 1], *k_c = keys[i + 2], *k_d = keys[i + 3];
+        __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+        __m512 c = _mm512_setzero_ps(), e = _mm512_setzero_ps();
+        for (int64_t d = 0; d < dim; ++d) {
+          const __m512 q = _mm512_loadu_ps(qt + d * stride + rb);
+          a = _mm512_fmadd_ps(q, _mm512_set1_ps(k_a[d]), a);
+          b = _mm512_fmadd_ps(q, _mm512_set1_ps(k_b[d]), b);
+          c = _mm512_fmadd_ps(q, _mm512_set1_ps(k_c[d]), c);
+          e = _mm512_fmadd_ps(q, _mm512_set1_ps(k_d[d]), e);
+        }
+        _mm512_storeu_ps(s + i * stride + rb, a);
+        _mm512_storeu_ps(s + (i + 1) * stride + rb, b);
+        _mm512_storeu_ps(s + (i + 2) * stride + rb, c);
+        _mm512_storeu_ps(s + (i + 3) * stride + rb, e);
+      }
+      for (; i < n; ++i) {
+        __m512 a = _mm512_setzero_ps();
+        for (int64_t d = 0; d < dim; ++d) {
+          a = _mm512_fmadd_ps(_mm512_loadu_ps(qt + d * stride + rb), _mm512_set1_ps(keys[i][d]), a);
+        }
+        _mm512_storeu_ps(s + i * stride + rb, a);
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t masked = MaskedRows(v, pb.group, k0 + i);
+      std::fill(s + i * stride, s + i * stride + masked, -std::numeric_limits<float>::infinity());
+    }
+    // Online softmax, 16 rows per register.
+    for (int64_t rb = 0; rb < stride; rb += 16) {
+      const __m512 m_old = _mm512_loadu_ps(m + rb);
+      __m512 m_new = m_old;
+      for (int64_t i = 0; i < n; ++i)
+        m_new = _mm512_max_ps(_mm512_loadu_ps(s + i * stride + rb), m_new);
+      const __m512 a = Exp512(_mm512_sub_ps(m_old, m_new));  // 0 on the first tile
+      __m512 sum = _mm512_setzero_ps();
+      for (int64_t i = 0; i < n; ++i) {
+        const __m512 p = Exp512(_mm512_sub_ps(_mm512_loadu_ps(s + i * stride + rb), m_new));
+        _mm512_storeu_ps(s + i * stride + rb, p);
+        sum = _mm512_add_ps(sum, p);
+      }
+      _mm512_storeu_ps(l + rb, _mm512_fmadd_ps(_mm512_loadu_ps(l + rb), a, sum));
+      _mm512_storeu_ps(m + rb, m_new);
+      _mm512_storeu_ps(alpha + rb, a);
+    }
+    // O = O * alpha + P V: 64 columns of one row in four registers, each value row loaded once
+    // per 64 columns.
+    for (int64_t r = 0; r < rows; ++r) {
+      float* orow = o + r * dim;
+      const __m512 a = _mm512_set1_ps(alpha[r]);
+      int64_t d = 0;
+      for (; d + 64 <= dim; d += 64) {
+        __m512 o0 = _mm512_mul_ps(_mm512_loadu_ps(orow + d), a);
+        __m512 o1 = _mm512_mul_ps(_mm512_loadu_ps(orow + d + 16), a);
+        __m512 o2 = _mm512_mul_ps(_mm512_loadu_ps(orow + d + 32), a);
+        __m512 o3 = _mm512_mul_ps(_mm512_loadu_ps(orow + d + 48), a);
+        for (int64_t i = 0; i < n; ++i) {
+          const __m512 p = _mm512_set1_ps(s[i * stride + r]);
+          const float* vi = values[i] + d;
+          o0 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vi), o0);
+          o1 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vi + 16), o1);
+          o2 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vi + 32), o2);
+          o3 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vi + 48), o3);
+        }
+        _mm512_storeu_ps(orow + d, o0);
+        _mm512_storeu_ps(orow + d + 16, o1);
+        _mm512_storeu_ps(orow + d + 32, o2);
+        _mm512_storeu_ps(orow + d + 48, o3);
+      }
+      for (; d < dim; d += 16) {
+        __m512 o0 = _mm512_mul_ps(_mm512_loadu_ps(orow + d), a);
+        for (int64_t i = 0; i < n; ++i) {
+          o0 = _mm512_fmadd_ps(_mm512_set1_ps(s[i * stride + r]), _mm512_loadu_ps(values[i] + d),
+                               o0);
+        }
+        _mm512_storeu_ps(orow + d, o0);
+      }
+    }
+  }
+  Finish(pb, v, it, o, l, m);
+}
+
+std::atomic<int> g_threads{0};  // SetPagedAttentionThreads; 0: OpenMP's
+
+int PagedAttentionThreads() {
+  const int n = g_threads.load(std::memory_order_relaxed);
+  return n > 0 ? n : omp_get_max_threads();
+}
+
+bool HasAvx512() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
+}
+
+OpStatus RunTiled(const TensorView& out, const TensorView& query, const TensorView& key_cache,
+                  const TensorView& value_cache, const AttentionMetadata& metadata, float scale,
+                  bool allow_avx512) {
+  const int64_t num_tokens = query.shape[0];
+  const int64_t num_blocks = key_cache.shape[0];
+  Problem pb;
+  pb.num_heads = query.shape[1];
+  pb.head_size = query.shape[2];
+  pb.block_size = key_cache.shape[1];
+  pb.num_kv_heads = key_cache.shape[2];
+  if (OpStatus s = CheckMetadata(metadata, num_tokens, num_blocks, pb.block_size); !s.ok()) {
+    return s;
+  }
+  pb.group = pb.num_heads / pb.num_kv_heads;
+  pb.max_blocks = metadata.block_tables.shape[1];
+  pb.query = query.data_as<const float>();
+  pb.out = out.data_as<float>();
+  pb.key_cache = key_cache.data_as<const float>();
+  pb.value_cache = value_cache.data_as<const float>();
+  pb.query_start_loc = metadata.query_start_loc.data_as<const int32_t>();
+  pb.seq_lens = metadata.seq_lens.data_as<const int32_t>();
+  pb.block_tables = metadata.block_tables.data_as<const int32_t>();
+  pb.slot_stride = pb.num_kv_heads * pb.head_size;
+  pb.block_stride = pb.block_size * pb.slot_stride;
+  pb.scale = scale;
+
+  // Work items, the costliest first; the lists are the calling thread's, kept between calls.
+  thread_local std::vector<WorkItem> items;
+  thread_local std::vector<Split> splits;
+  thread_local std::vector<float> partials;
+  items.clear();
+  splits.clear();
+  const int64_t num_seqs = metadata.seq_lens.shape[0];
+  const int64_t tile_queries = std::max<int64_t>(1, kMaxTileRows / pb.group);
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int64_t q_len = pb.query_start_loc[s + 1] - pb.query_start_loc[s];
+    const int64_t context = pb.seq_lens[s] - q_len;
+    for (int64_t q0 = 0; q0 < q_len; q0 += tile_queries) {
+      const int64_t q1 = std::min(q_len, q0 + tile_queries);
+      for (int64_t kvh = 0; kvh < pb.num_kv_heads; ++kvh) {
+        items.push_back({static_cast<int32_t>(s), static_cast<int32_t>(kvh),
+                         static_cast<int32_t>(q0), static_cast<int32_t>(q1), 0, -1, -1,
+                         (q1 - q0) * pb.group * (context + q1)});
+      }
+    }
+  }
+  // Fewer items than about two per thread: decode rows with long contexts are split over
+  // their keys (whole key tiles of at least kMinSplitKeys keys each), so that every thread
+  // has work, and merged afterwards.
+  int64_t work = 0;
+  for (const WorkItem& it : items) work += it.cost * pb.head_size;
+  const int64_t threads = work >= kMinParallelWork ? PagedAttentionThreads() : 1;
+  if (threads > 1 && static_cast<int64_t>(items.size()) < 2 * threads) {
+    const int64_t want = (2 * threads + items.size() - 1) / std::max<size_t>(items.size(), 1);
+    const size_t unsplit = items.size();
+    int64_t num_partials = 0;
+    for (size_t i = 0; i < unsplit; ++i) {
+      WorkItem& it = items[i];
+      const int64_t num_keys = View(pb, it).num_keys;
+      const int64_t parts = std::min(want, num_keys / kMinSplitKeys);
+      if (it.q_end - it.q_begin != 1 || parts < 2) continue;
+      const int64_t tiles = (num_keys + kKeyTile - 1) / kKeyTile;
+      splits.push_back(
+          {it.seq, it.kv_head, static_cast<int32_t>(num_partials), static_cast<int32_t>(parts)});
+      const WorkItem whole = it;
+      for (int64_t p = 0; p < parts; ++p) {
+        WorkItem part = whole;
+        part.k_begin = static_cast<int32_t>(tiles * p / parts * kKeyTile);
+        part.k_end = static_cast<int32_t>(std::min(num_keys, tiles * (p + 1) / parts * kKeyTile));
+        part.partial = static_cast<int32_t>(num_partials++);
+        part.cost = pb.group * (part.k_end - part.k_begin);
+        if (p == 0) {
+          it = part;
+        } else {
+          items.push_back(part);
+        }
+      }
+    }
+    if (static_cast<int64_t>(partials.size()) < num_partials * PartialFloats(pb)) {
+      partials.resize(num_partials * PartialFloats(pb));
+    }
+  }
+  pb.partials = partials.data();
+  std::sort(items.begin(), items.end(),
+            [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
+  const bool avx512 = allow_avx512 && HasAvx512() && pb.head_size % 16 == 0;
+  const int64_t num_items = static_cast<int64_t>(items.size());
+  const WorkItem* list = items.data();
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && num_items > 1)
+  for (int64_t i = 0; i < num_items; ++i) {
+    if (avx512) {
+      RunItemAvx512(pb, list[i]);
+    } else {
+      RunItemGeneric(pb, list[i]);
+    }
+  }
+  for (const Split& sp : splits) MergeSplit(pb, sp);
+  return OpStatus::Ok();
+}
+
+}  // namespace
+
+OpStatus PagedAttention(const TensorView& out, const TensorView& query, const TensorView& key_cache,
+                        const TensorView& value_cache, const AttentionMetadata& metadata,
+                        float scale) {
+  return RunTiled(out, query, key_cache, value_cache, metadata, scale, /*allow_avx512=*/true);
+}
+
+void SetPagedAttentionThreads(int n) { g_threads.store(std::max(n, 0), std::memory_order_relaxed); }
+
+OpStatus PagedAttentionPortable(const TensorView& out, const TensorView& query,
+                                const TensorView& key_cache, const TensorView& value_cache,
+                                const AttentionMetadata& metadata, float scale) {
+  return RunTiled(out, query, key_cache, value_cache, metadata, scale, /*allow_avx512=*/false);
 }
 
 }  // namespace llm::ops::cpu

@@ -1,0 +1,228 @@
+// The production CPU PagedAttention (blocked flash-style, AVX-512 where available, on the
+// OpenMP pool) and its portable fallback against cpu::PagedAttentionReference, the simple
+// single-threaded implementation, on random caches with scattered blocks: head sizes 8 to 128,
+// MHA / GQA / MQA, block sizes 1 to 32, contexts from 1 to past several key tiles (none a
+// multiple of the block size), prefill from scratch, chunked prefill after cached context and
+// decode tokens in one batch. Every output starts as NaN, so a row the op does not write fails.
+// Tolerance: fp32 with sums in another order and exp() by a polynomial: |got - want| <=
+// 1e-5 + 1e-5 |want| (outputs are averages of values in [-1, 1]).
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/ops.h"
+#include "tests/unit/kernels/test_util.h"
+
+namespace llm::ops {
+namespace {
+
+using testing::Indices;
+using testing::Poisoned;
+using testing::Random;
+
+struct Seq {
+  int64_t num_cached;  // context already in the cache
+  int64_t q_len;       // this step's query tokens
+};
+
+struct Case {
+  int64_t heads, kv_heads, head_size, block_size;
+  std::vector<Seq> seqs;
+};
+
+std::string Describe(const Case& c) {
+  std::string s = "heads " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) +
+                  ", head_size " + std::to_string(c.head_size) + ", block_size " +
+                  std::to_string(c.block_size) + ", seqs";
+  for (const Seq& q : c.seqs) {
+    s += " (" + std::to_string(q.num_cached) + "+" + std::to_string(q.q_len) + ")";
+  }
+  return s;
+}
+
+// Runs `op` and the reference on the same random batch; compares every output element.
+using Op = OpStatus (*)(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                        const AttentionMetadata&, float);
+
+::testing::AssertionResult MatchesReference(Op op, const Case& c, std::mt19937& rng) {
+  const int64_t num_seqs = static_cast<int64_t>(c.seqs.size());
+  int64_t num_tokens = 0, max_blocks = 0, needed = 0;
+  for (const Seq& s : c.seqs) {
+    const int64_t blocks = (s.num_cached + s.q_len + c.block_size - 1) / c.block_size;
+    num_tokens += s.q_len;
+    needed += blocks;
+    max_blocks = std::max(max_blocks, blocks + 1);
+  }
+  const int64_t num_blocks = needed + 3;
+  std::vector<int64_t> perm(num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int64_t> tables(num_seqs * max_blocks, 0), seq_lens, qsl = {0};
+  size_t next = 0;
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int64_t len = c.seqs[s].num_cached + c.seqs[s].q_len;
+    for (int64_t b = 0; b * c.block_size < len; ++b) tables[s * max_blocks + b] = perm[next++];
+    seq_lens.push_back(len);
+    qsl.push_back(qsl.back() + c.seqs[s].q_len);
+  }
+  // Scores spread over several units so that the softmax is neither flat nor one-hot.
+  HostTensor key_cache = Random({num_blocks, c.block_size, c.kv_heads, c.head_size}, rng);
+  HostTensor value_cache = Random({num_blocks, c.block_size, c.kv_heads, c.head_size}, rng);
+  HostTensor query = Random({num_tokens, c.heads, c.head_size}, rng, -2.0f, 2.0f);
+  HostTensor got = Poisoned({num_tokens, c.heads, c.head_size});
+  HostTensor want = Poisoned({num_tokens, c.heads, c.head_size});
+  HostTensor t = Indices(tables, DType::kI32, {num_seqs, max_blocks});
+  HostTensor l = Indices(seq_lens, DType::kI32);
+  HostTensor q = Indices(qsl, DType::kI32);
+  const AttentionMetadata md{t.view(), l.view(), q.view()};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_size));
+  if (OpStatus s = cpu::PagedAttentionReference(want.view(), query.view(), key_cache.view(),
+                                                value_cache.view(), md, scale);
+      !s.ok()) {
+    return ::testing::AssertionFailure() << "reference: " << s.message;
+  }
+  if (OpStatus s = op(got.view(), query.view(), key_cache.view(), value_cache.view(), md, scale);
+      !s.ok()) {
+    return ::testing::AssertionFailure() << s.message;
+  }
+  int64_t bad = 0, first = -1;
+  const float* g = got.data<float>();
+  const float* w = want.data<float>();
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    if (!(std::abs(g[i] - w[i]) <= 1e-5f + 1e-5f * std::abs(w[i]))) {
+      if (first < 0) first = i;
+      ++bad;
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << bad << " of " << got.numel() << " differ; first at "
+                                       << first << ": got " << g[first] << ", want " << w[first];
+}
+
+std::vector<Case> Cases() {
+  // Decode at contexts 1, 17 and 2 tiles + 3; prefill of 1, of 70 (past the query tile) and of
+  // 9; chunked prefill of 33 after 50 cached and of 5 after 100.
+  const std::vector<Seq> mixed = {{0, 1},   {16, 1}, {66, 1},  {0, 70},
+                                  {50, 33}, {0, 9},  {100, 5}, {0, 1}};
+  std::vector<Case> cases;
+  for (int64_t head_size : {8, 16, 64, 80, 128}) {
+    for (auto [heads, kv] : {std::pair<int64_t, int64_t>{4, 4}, {14, 2}, {8, 1}, {6, 3}}) {
+      for (int64_t block_size : {1, 16, 32}) {
+        cases.push_back({heads, kv, head_size, block_size, mixed});
+      }
+    }
+  }
+  // Decode only, long contexts (many key tiles), the 0.5B shape.
+  cases.push_back({14, 2, 64, 16, {{511, 1}, {2047, 1}, {1000, 1}}});
+  // One sequence's prefill of 300 tokens: many query tiles of one sequence.
+  cases.push_back({14, 2, 64, 16, {{0, 300}}});
+  // Group larger than the query tile's rows (one query per item).
+  cases.push_back({128, 1, 64, 16, {{0, 20}, {7, 1}}});
+  return cases;
+}
+
+TEST(PagedAttentionTiled, MatchesReference) {
+  std::mt19937 rng(1801);
+  for (const Case& c : Cases())
+    EXPECT_TRUE(MatchesReference(cpu::PagedAttention, c, rng)) << Describe(c);
+}
+
+TEST(PagedAttentionTiled, PortableMatchesReference) {
+  std::mt19937 rng(1802);
+  for (const Case& c : Cases()) {
+    EXPECT_TRUE(MatchesReference(cpu::PagedAttentionPortable, c, rng)) << Describe(c);
+  }
+}
+
+TEST(PagedAttentionTiled, SameResultOnOneTwoAndThreeThreads) {
+  const int saved = omp_get_max_threads();
+  std::mt19937 rng(1803);
+  const Case c{14, 2, 64, 16, {{0, 70}, {50, 33}, {66, 1}, {2047, 1}}};
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    EXPECT_TRUE(MatchesReference(cpu::PagedAttention, c, rng)) << threads << " threads";
+  }
+  omp_set_num_threads(saved);
+  // The op's own cap, as llm-worker sets it, over OpenMP's default.
+  for (int threads : {1, 3}) {
+    cpu::SetPagedAttentionThreads(threads);
+    EXPECT_TRUE(MatchesReference(cpu::PagedAttention, c, rng))
+        << "SetPagedAttentionThreads(" << threads << ")";
+  }
+  cpu::SetPagedAttentionThreads(0);
+}
+
+// Fewer work items than two per thread: long decode rows are split over their keys and the
+// parts merged (batch 1 with GQA and MQA, contexts of 257 to 3000 keys; all but the 257 keys
+// above the op's threshold for running on the pool).
+TEST(PagedAttentionTiled, SplitDecodeMatchesReference) {
+  const int saved = omp_get_max_threads();
+  std::mt19937 rng(1806);
+  const std::vector<Case> cases = {{14, 2, 64, 16, {{2047, 1}}},
+                                   {8, 1, 128, 16, {{1499, 1}}},
+                                   {16, 1, 16, 32, {{2999, 1}}},
+                                   {4, 1, 64, 1, {{256, 1}}},
+                                   {9, 3, 64, 16, {{1400, 1}, {1200, 1}}}};
+  for (int threads : {2, 3, 8}) {
+    omp_set_num_threads(threads);
+    for (const Case& c : cases) {
+      EXPECT_TRUE(MatchesReference(cpu::PagedAttention, c, rng))
+          << Describe(c) << ", " << threads << " threads";
+      EXPECT_TRUE(MatchesReference(cpu::PagedAttentionPortable, c, rng))
+          << "portable, " << Describe(c) << ", " << threads << " threads";
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
+// A query far from every key (scores near +-60) overflows exp() without the running max.
+TEST(PagedAttentionTiled, LargeScoresStayFinite) {
+  std::mt19937 rng(1804);
+  const int64_t kBlocks = 8, kBlockSize = 16;
+  HostTensor key_cache = Random({kBlocks, kBlockSize, 1, 64}, rng, 0.5f, 1.0f);
+  HostTensor value_cache = Random({kBlocks, kBlockSize, 1, 64}, rng);
+  HostTensor query = Random({3, 2, 64}, rng, 1.5f, 2.0f);
+  HostTensor got = Poisoned({3, 2, 64}), want = Poisoned({3, 2, 64});
+  HostTensor t = Indices({3, 1, 4, 0, 6, 2, 7, 5}, DType::kI32, {1, 8});
+  HostTensor l = Indices({120}, DType::kI32);
+  HostTensor q = Indices({0, 3}, DType::kI32);
+  const AttentionMetadata md{t.view(), l.view(), q.view()};
+  ASSERT_TRUE(cpu::PagedAttentionReference(want.view(), query.view(), key_cache.view(),
+                                           value_cache.view(), md, 1.0f)
+                  .ok());
+  ASSERT_TRUE(
+      cpu::PagedAttention(got.view(), query.view(), key_cache.view(), value_cache.view(), md, 1.0f)
+          .ok());
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    ASSERT_TRUE(std::isfinite(got.data<float>()[i])) << i;
+    ASSERT_NEAR(got.data<float>()[i], want.data<float>()[i],
+                1e-5f + 1e-5f * std::abs(want.data<float>()[i]))
+        << i;
+  }
+}
+
+// The production op keeps the reference's metadata checks.
+TEST(PagedAttentionTiled, BadBlockIdIsAnError) {
+  std::mt19937 rng(1805);
+  HostTensor key_cache = Random({4, 4, 2, 16}, rng), value_cache = Random({4, 4, 2, 16}, rng);
+  HostTensor query = Random({1, 4, 16}, rng), out = Poisoned({1, 4, 16});
+  HostTensor t = Indices({0, 9}, DType::kI32, {1, 2});
+  HostTensor l = Indices({6}, DType::kI32);
+  HostTensor q = Indices({0, 1}, DType::kI32);
+  const AttentionMetadata md{t.view(), l.view(), q.view()};
+  EXPECT_EQ(
+      cpu::PagedAttention(out.view(), query.view(), key_cache.view(), value_cache.view(), md, 1.0f)
+          .message,
+      "PagedAttention: metadata.block_tables[0][1] = 9 is outside [0, 4)");
+}
+
+}  // namespace
+}  // namespace llm::ops
