@@ -194,9 +194,11 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<grpc::Byt
         if (!final_.has_value()) {
           final_ = grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
         }
-        if (e != nullptr && !finish_called_) {
+        // Not once aborted: the id may be a new call's by now (AbortAndEnd).
+        if (e != nullptr && !finish_called_ && !aborted_) {
           (void)e->engine->Abort(request_id_);  // NOT_FOUND when it finished meanwhile
         }
+        aborted_ = true;
       }
       next = NextLocked();
     }

@@ -256,7 +256,9 @@ TEST(NetnsTest, TensorParallelAcrossNamespacesOverGlooSurvivesACutLink) {
                                " --rendezvous-host=", net.SchedulerAddress(),
                                " --block-size=16 --max-model-len=512 --cpu-kv-cache-space=0.05 "
                                "--swap-space=0.05 --worker-timeout=600 --collective-timeout=120 "
-                               "--keepalive-time=1 --keepalive-timeout=2"),
+                               "--keepalive-time=1 --keepalive-timeout=2 "
+                               // float32: compared bit for bit with the TP=1 engine's tokens
+                               "--dtype=float32"),
                   scheduler_log);
   ASSERT_TRUE(scheduler.ok()) << scheduler.status();
   const std::string port = WaitForFile(scheduler_port, **scheduler, absl::Seconds(120));
