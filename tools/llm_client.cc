@@ -288,7 +288,13 @@ int Generate(const Args& a, v1::LLMService::Stub& stub) {
   SetDeadline(a, &ctx);
   const Clock::time_point t0 = Clock::now();
   std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader = stub.Generate(&ctx, req);
-  if (live && !a.prompt.empty()) std::fputs(a.prompt.c_str(), stdout);
+  // A completion continues the prompt, so it is printed first; a chat answers the user.
+  if (live && a.command == "chat") {
+    if (!a.system.empty()) std::printf("system: %s\n", a.system.c_str());
+    std::printf("user: %s\nassistant: ", a.prompt.c_str());
+  } else if (live && !a.prompt.empty()) {
+    std::fputs(a.prompt.c_str(), stdout);
+  }
   v1::GenerateResponse resp;
   while (reader->Read(&resp)) {
     const double t = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -319,7 +325,7 @@ int Generate(const Args& a, v1::LLMService::Stub& stub) {
   if (!status.ok()) return RpcFailed(status);
   if (!a.quiet && !live) {
     for (const auto& [index, t] : text) {
-      std::printf("[%u] %s%s\n\n", index, a.prompt.c_str(), t.c_str());
+      std::printf("[%u] %s%s\n\n", index, a.command == "chat" ? "" : a.prompt.c_str(), t.c_str());
     }
   }
   PrintLogprobs(logprobs);

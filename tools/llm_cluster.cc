@@ -73,6 +73,7 @@ namespace fs = std::filesystem;
 
 struct Args {
   std::string manifest;
+  std::string model;          // empty: the manifest's
   int scheduler_port = -1;    // -1: the manifest's
   int worker_base_port = -1;  // -1: the manifest's
   std::string port_file;
@@ -396,6 +397,9 @@ int Run(int argc, char** argv) {
       "Without a GPU, `device: cuda` manifests run with --worker-binary=llm-worker-emu (the "
       "worker built\nagainst the CUDA emulation: same flags, emulated devices, slow).");
   flags.Add("manifest", &args.manifest, "cluster manifest (deploy/local/tp2-cpu.yaml)");
+  flags.Add("model", &args.model,
+            "the model (a Hugging Face directory or a .gguf file), overriding the manifest's "
+            "(none)");
   flags.Add("scheduler-port", &args.scheduler_port,
             "the scheduler's port, overriding the manifest (0: any free port; -1: the "
             "manifest's) (-1)");
@@ -434,6 +438,7 @@ int Run(int argc, char** argv) {
     return 2;
   }
   if (args.worker_base_port >= 0) manifest->workers_base_port = args.worker_base_port;
+  if (!args.model.empty()) manifest->model = args.model;
   if (!manifest->EngineOption("ssl_ca_certs").empty()) {
     Log(absl::StrCat(args.manifest,
                      ": engine.ssl_ca_certs: llm-cluster's readiness check "

@@ -45,12 +45,14 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/cluster_secret.h"
 #include "common/flag_parser.h"
+#include "common/gguf.h"
 #include "common/grpc_security.h"
 #include "common/model_config.h"
 #include "common/port_file.h"
@@ -65,6 +67,7 @@
 #include "scheduler_service/engine/sharded_worker_client.h"
 #include "scheduler_service/engine/worker_group.h"
 #include "scheduler_service/http/openai_server.h"
+#include "scheduler_service/tokenizer/gguf_tokenizer.h"
 #include "scheduler_service/tokenizer/incremental_detokenizer.h"
 #include "scheduler_service/tokenizer/tokenizer.h"
 
@@ -206,7 +209,8 @@ Flags Parse(int argc, char** argv) {
   p.Add("collective-timeout", &f.collective_timeout,
         "seconds, sent to the workers: limit of the Gloo rendezvous and collectives (30)");
   p.Add("ssl-certfile", &f.ssl_certfile,
-        "PEM certificate chain: serve the public gRPC API and the HTTP API over TLS (with --ssl-keyfile) (none)");
+        "PEM certificate chain: serve the public gRPC API and the HTTP API over TLS (with "
+        "--ssl-keyfile) (none)");
   p.Add("ssl-keyfile", &f.ssl_keyfile, "PEM private key of --ssl-certfile (none)");
   p.Add("ssl-ca-certs", &f.ssl_ca_certs,
         "PEM CA certificates: require client certificates signed by them (none)");
@@ -383,6 +387,24 @@ std::string GroupDownReason(ServingEngine* engine, const std::vector<std::string
   return absl::StrCat("the worker group is down: ", health.message());
 }
 
+// The model's chat template: a GGUF file's tokenizer.chat_template, or a Hugging Face
+// directory's (LoadChatTemplate). Null when the model has none.
+absl::StatusOr<std::shared_ptr<const ChatTemplate>> LoadModelChatTemplate(
+    const std::string& model) {
+  if (!absl::EndsWith(model, ".gguf")) return LoadChatTemplate(model);
+  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(model);
+  if (!file.ok()) return file.status();
+  GgufChatInfo info = GgufChatInfoOf(**file);
+  if (info.chat_template.empty()) return nullptr;
+  absl::StatusOr<std::shared_ptr<const ChatTemplate>> t = ChatTemplate::Create(
+      std::move(info.chat_template), std::move(info.bos_token), std::move(info.eos_token));
+  if (!t.ok()) {
+    return absl::Status(t.status().code(),
+                        absl::StrCat(model, ": tokenizer.chat_template: ", t.status().message()));
+  }
+  return t;
+}
+
 void SetServing(grpc::HealthCheckServiceInterface* health, bool serving) {
   health->SetServingStatus(serving);
   health->SetServingStatus("llm.v1.LLMService", serving);
@@ -416,7 +438,8 @@ int Run(int argc, char** argv) {
   if (!store.ok()) Fail("rendezvous store: " + store.status().ToString());
 
   const TokenizerDetokenizerFactory detokenizers(tokenizer);
-  absl::StatusOr<std::shared_ptr<const ChatTemplate>> chat_template = LoadChatTemplate(flags.model);
+  absl::StatusOr<std::shared_ptr<const ChatTemplate>> chat_template =
+      LoadModelChatTemplate(flags.model);
   if (!chat_template.ok()) Fail(chat_template.status().ToString());
   LLMServiceOptions service_options = setup.service;
   service_options.chat_template = *std::move(chat_template);
