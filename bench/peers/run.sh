@@ -4,29 +4,28 @@
 # greedy, ignore_eos, closed loop at concurrency 1, 8 and 32) against each system in turn, one
 # server at a time, and prints one table (output tokens/s per concurrency; TTFT p50 and TPOT
 # p50 at the lowest concurrency). SCRATCH is what bench/peers/setup.sh installed. OUR_MODEL is
-# the directory our llm-scheduler serves (an HF directory: SCRATCH/model/hf is SmolLM2 as
-# vLLM gets it; llm-scheduler --model file.gguf is not there yet).
+# what our llm-scheduler serves: the HF directory vLLM gets (SCRATCH/model/hf) or a GGUF file.
 #
 #   bench/peers/run.sh /tmp/peers /tmp/peers/model/hf [--num-requests 64] [--output-len 128]
-#       [--concurrency "1 8 32"] [--systems "ours vllm-fp32 vllm-bf16 llamacpp-f32
-#       llamacpp-bf16 llamacpp-q4_1"] [--build build] [--threads 2]
+#       [--concurrency "1 8 32"] [--systems "ours-bf16 ours-fp32 vllm-fp32 vllm-bf16
+#       llamacpp-f32 llamacpp-bf16 llamacpp-q4_1"] [--build build] [--threads 2]
 #
-# Load generators: for vLLM and llama-server bench/peers/loadgen.py (OpenAI /v1/completions,
-# streaming, output tokens from the server's usage); for ours build/bench/llm-loadgen against
-# the gRPC API (ours has no /v1/completions yet), the same distributions (not the same
-# prompts: each draws its own with its own seed), token counts from the streamed token ids.
+# Load generator: bench/peers/loadgen.py for every system (OpenAI /v1/completions, streaming,
+# the same prompts, output tokens from the server's usage), ours through its OpenAI-compatible
+# HTTP API.
 # Server settings: vLLM with VLLM_CPU_KVCACHE_SPACE=4 VLLM_CPU_OMP_THREADS_BIND=0-1
 # VLLM_USE_AOT_COMPILE=0; llama-server -np 32 -c 32768 -cb -t 2 with "cache_prompt": false;
-# ours through llm-cluster, TP=1, fp32, --threads worker threads, prefix caching off.
+# ours through llm-cluster, TP=1, bf16 (auto: AVX512_BF16) or fp32, --threads worker threads,
+# prefix caching off.
 set -euo pipefail
 S=${1:?usage: run.sh SCRATCH OUR_MODEL [options]}
 OUR_MODEL=${2:?usage: run.sh SCRATCH OUR_MODEL [options]}
 shift 2
 S=$(cd "$S" && pwd)
-OUR_MODEL=$(cd "$OUR_MODEL" && pwd)
+OUR_MODEL=$(realpath "$OUR_MODEL")
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 NUM=64 OUT=128 CONC="1 8 32" BUILD=$REPO/build THREADS=2
-SYSTEMS="ours vllm-fp32 vllm-bf16 llamacpp-f32 llamacpp-bf16 llamacpp-q4_1"
+SYSTEMS="ours-bf16 ours-fp32 vllm-fp32 vllm-bf16 llamacpp-f32 llamacpp-bf16 llamacpp-q4_1"
 while [[ $# -gt 0 ]]; do
   case $1 in
     --num-requests) NUM=$2 ;;
@@ -119,8 +118,8 @@ run_llamacpp() {  # SYSTEM GGUF
   stop_server
 }
 
-run_ours() {
-  local manifest=$S/ours.yaml portfile=$S/ours.port
+run_ours() {  # SYSTEM DTYPE
+  local manifest=$S/$1.yaml portfile=$S/$1.port httpfile=$S/$1.http.port
   cat >"$manifest" <<YAML
 model: $OUR_MODEL
 tensor_parallel_size: 1
@@ -130,58 +129,41 @@ workers: {host: 127.0.0.1, base_port: 0}
 restart_workers: false
 startup_timeout_s: 600
 engine:
+  served_model_name: smollm2
+  dtype: $2
   block_size: 16
   max_num_seqs: 64
   max_model_len: 2048
   cpu_kv_cache_space: 4   # GiB, as VLLM_CPU_KVCACHE_SPACE
   enable_prefix_caching: false
+  http_port: 0
+  http_port_file: $httpfile
 worker: {threads: $THREADS}
 YAML
-  rm -f "$portfile"
-  log "ours: llm-cluster ($OUR_MODEL)"
+  rm -f "$portfile" "$httpfile"
+  log "$1: llm-cluster ($OUR_MODEL, $2)"
   "$BUILD/bin/llm-cluster" --manifest="$manifest" --port-file="$portfile" \
-    >"$LOGS/ours.server.log" 2>&1 &
+    >"$LOGS/$1.server.log" 2>&1 &
   SERVER_PID=$!
   for _ in $(seq 600); do
-    [[ -s $portfile ]] && break
+    [[ -s $portfile && -s $httpfile ]] && break
     kill -0 "$SERVER_PID" 2>/dev/null || break
     sleep 1
   done
-  if [[ ! -s $portfile ]]; then
-    log "ours: the cluster did not come up (see $LOGS/ours.server.log)"
+  if [[ ! -s $portfile || ! -s $httpfile ]]; then
+    log "$1: the cluster did not come up (see $LOGS/$1.server.log)"
     stop_server
     return
   fi
-  local port; port=$(cat "$portfile")
-  for c in $CONC; do
-    log "ours: concurrency $c"
-    local out
-    if out=$("$BUILD/bench/llm-loadgen" --address="127.0.0.1:$port" --num-requests="$NUM" \
-      --concurrency="$c" --rate=0 --min-prompt-len=64 --max-prompt-len=512 \
-      --min-output-len="$OUT" --max-output-len="$OUT" --temperature=0 \
-      2>>"$LOGS/ours.loadgen.log"); then
-      echo "$out" >>"$LOGS/ours.loadgen.log"
-      record ours "$c" "$("$VPY" -c '
-import json, re, sys
-t = sys.stdin.read()
-def num(label):
-    return float(re.search(re.escape(label) + r"\s+([0-9.]+)", t).group(1))
-print(json.dumps({"requests": int(num("Successful requests:")),
-                  "output_tokens": int(num("Total generated tokens:")),
-                  "duration_s": num("Benchmark duration (s):"),
-                  "output_tok_s": num("Output token throughput (tok/s):"),
-                  "ttft_p50_ms": num("P50 TTFT (ms):"), "tpot_p50_ms": num("P50 TPOT (ms):")}))
-' <<<"$out")"
-    else
-      log "ours: concurrency $c failed (see $LOGS/ours.loadgen.log)"
-    fi
-  done
+  # The same client as the peers': our OpenAI-compatible /v1/completions, the server's usage.
+  run_openai "$1" vllm "http://127.0.0.1:$(cat "$httpfile")"
   stop_server
 }
 
 for sys in $SYSTEMS; do
   case $sys in
-    ours) run_ours ;;
+    ours | ours-bf16) run_ours "$sys" auto ;;
+    ours-fp32) run_ours "$sys" float32 ;;
     vllm-fp32) run_vllm "$sys" float32 ;;
     vllm-bf16) run_vllm "$sys" bfloat16 ;;
     llamacpp-f32) run_llamacpp "$sys" "$S/model/smollm2.f32.gguf" ;;
