@@ -1,11 +1,5 @@
 #include "common/gguf.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstring>
 #include <limits>
 
@@ -337,33 +331,12 @@ int64_t GgufTensorInfo::numel() const {
 }
 
 absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    return absl::NotFoundError(absl::StrCat("gguf ", path, ": cannot open: ", std::strerror(err)));
-  }
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return absl::InternalError(absl::StrCat("gguf ", path, ": fstat: ", std::strerror(err)));
-  }
+  absl::StatusOr<MappedFile> mapped = MappedFile::Open(path, "gguf");
+  if (!mapped.ok()) return mapped.status();
   std::unique_ptr<GgufFile> f(new GgufFile());
   f->path_ = path;
-  const size_t size = static_cast<size_t>(st.st_size);
-  if (size > 0) {
-    void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (map == MAP_FAILED) {
-      const int err = errno;
-      ::close(fd);
-      return absl::InternalError(
-          absl::StrCat("gguf ", path, ": mmap failed: ", std::strerror(err)));
-    }
-    f->map_ = map;
-    f->map_size_ = size;
-    f->bytes_ = std::span<const std::byte>(static_cast<const std::byte*>(map), size);
-  }
-  ::close(fd);
+  f->mapped_ = *std::move(mapped);
+  f->bytes_ = f->mapped_.bytes();
   RETURN_IF_ERROR(f->Parse());
   return f;
 }
@@ -377,9 +350,7 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::FromBuffer(std::span<const s
   return f;
 }
 
-GgufFile::~GgufFile() {
-  if (map_ != nullptr) ::munmap(map_, map_size_);
-}
+GgufFile::~GgufFile() = default;
 
 absl::Status GgufFile::Parse() {
   Reader r(bytes_, path_);

@@ -34,6 +34,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/mapped_file.h"
 
 namespace llm {
 
@@ -145,8 +146,7 @@ class GgufFile {
   absl::Status Parse();
 
   std::string path_;
-  void* map_ = nullptr;  // owned mapping, when opened from a file
-  size_t map_size_ = 0;
+  MappedFile mapped_;  // when opened from a file
   std::span<const std::byte> bytes_;
   uint32_t version_ = 0;
   uint32_t alignment_ = kDefaultAlignment;

@@ -1,13 +1,7 @@
 #include "common/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
-#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -120,33 +114,12 @@ int64_t StTensorInfo::numel() const {
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return absl::NotFoundError(
-        absl::StrCat("safetensors ", path, ": cannot open: ", std::strerror(errno)));
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return absl::InternalError(absl::StrCat("safetensors ", path, ": ", std::strerror(err)));
-  }
+  absl::StatusOr<MappedFile> mapped = MappedFile::Open(path, "safetensors");
+  if (!mapped.ok()) return mapped.status();
   std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
   file->path_ = path;
-  const size_t size = static_cast<size_t>(st.st_size);
-  if (size > 0) {
-    void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (map == MAP_FAILED) {
-      const int err = errno;
-      ::close(fd);
-      return absl::InternalError(
-          absl::StrCat("safetensors ", path, ": mmap failed: ", std::strerror(err)));
-    }
-    file->map_ = map;
-    file->map_size_ = size;
-    file->bytes_ = {static_cast<const std::byte*>(map), size};
-  }
-  ::close(fd);
+  file->mapped_ = *std::move(mapped);
+  file->bytes_ = file->mapped_.bytes();
   RETURN_IF_ERROR(file->Parse());
   return file;
 }
@@ -160,9 +133,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::FromBuffer(
   return file;
 }
 
-SafetensorsFile::~SafetensorsFile() {
-  if (map_ != nullptr) ::munmap(map_, map_size_);
-}
+SafetensorsFile::~SafetensorsFile() = default;
 
 absl::Status SafetensorsFile::Parse() {
   if (bytes_.size() < 8) {

@@ -26,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/mapped_file.h"
 
 namespace llm {
 
@@ -71,8 +72,7 @@ class SafetensorsFile {
   absl::Status Parse();
 
   std::string path_;
-  void* map_ = nullptr;  // owned mapping, when opened from a file
-  size_t map_size_ = 0;
+  MappedFile mapped_;  // when opened from a file
   std::span<const std::byte> bytes_;
   std::map<std::string, std::string> metadata_;
   std::vector<StTensorInfo> tensors_;

@@ -263,6 +263,24 @@ absl::StatusOr<v1::GetModelInfoResponse> GetModelInfo(v1::LLMService::Stub& stub
   return r;
 }
 
+absl::Duration TimeUntilNotServing(const HealthChecker& health, absl::Time since,
+                                   absl::Duration limit) {
+  while (absl::Now() - since < limit) {
+    if (health.Check("", absl::Seconds(5)) != HealthChecker::kServing) return absl::Now() - since;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return absl::InfiniteDuration();
+}
+
+bool WaitUntilServing(const HealthChecker& health, absl::Duration limit) {
+  const absl::Time deadline = absl::Now() + limit;
+  while (absl::Now() < deadline) {
+    if (health.Check("", absl::Seconds(5)) == HealthChecker::kServing) return true;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return false;
+}
+
 absl::StatusOr<v1::GetStatsResponse> WaitUntilAllBlocksFree(v1::LLMService::Stub& stub,
                                                             absl::Duration timeout) {
   absl::StatusOr<v1::GetModelInfoResponse> info = GetModelInfo(stub);

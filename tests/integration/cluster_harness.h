@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "llm/v1/llm_service.grpc.pb.h"
 #include "tools/child_process.h"
+#include "tools/health_check.h"
 
 namespace llm::testing {
 
@@ -109,6 +110,13 @@ absl::StatusOr<v1::GetStatsResponse> GetStats(v1::LLMService::Stub& stub);
 absl::StatusOr<v1::GetModelInfoResponse> GetModelInfo(v1::LLMService::Stub& stub);
 // Polls GetStats until nothing runs or waits and every device block is free; the last stats
 // otherwise.
+// Polls `health` (the scheduler's grpc.health.v1) until it is not SERVING: how long that took
+// since `since` (InfiniteDuration when it still serves after `limit`).
+absl::Duration TimeUntilNotServing(const HealthChecker& health, absl::Time since,
+                                   absl::Duration limit);
+// Polls `health` until it is SERVING; false when it is not within `limit`.
+bool WaitUntilServing(const HealthChecker& health, absl::Duration limit);
+
 absl::StatusOr<v1::GetStatsResponse> WaitUntilAllBlocksFree(v1::LLMService::Stub& stub,
                                                             absl::Duration timeout);
 

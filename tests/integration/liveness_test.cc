@@ -55,26 +55,6 @@ class ContinueOnExit {
   pid_t pid_;
 };
 
-// Polls the scheduler's health until it is not SERVING; how long that took (InfiniteDuration
-// when it still serves after `limit`).
-absl::Duration TimeUntilNotServing(const HealthChecker& health, absl::Time since,
-                                   absl::Duration limit) {
-  while (absl::Now() - since < limit) {
-    if (health.Check("", absl::Seconds(5)) != HealthChecker::kServing) return absl::Now() - since;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return absl::InfiniteDuration();
-}
-
-bool WaitUntilServing(const HealthChecker& health, absl::Duration limit) {
-  const absl::Time deadline = absl::Now() + limit;
-  while (absl::Now() < deadline) {
-    if (health.Check("", absl::Seconds(5)) == HealthChecker::kServing) return true;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return false;
-}
-
 // A long greedy stream of kPrompt: once its first response is read, `interrupt` runs and
 // returns how long the scheduler took to notice (health not SERVING); then `resume` runs and
 // the stream is read to its end. Checks how it ended against `reference` (kLongMaxTokens).

@@ -186,24 +186,6 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> StartLogged(const std::string& com
       {.argv = {"/bin/sh", "-c", absl::StrCat("exec ", command, " >", log, " 2>&1")}});
 }
 
-absl::Duration TimeUntilNotServing(const HealthChecker& health, absl::Time since,
-                                   absl::Duration limit) {
-  while (absl::Now() - since < limit) {
-    if (health.Check("", absl::Seconds(5)) != HealthChecker::kServing) return absl::Now() - since;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return absl::InfiniteDuration();
-}
-
-bool WaitUntilServing(const HealthChecker& health, absl::Duration limit) {
-  const absl::Time deadline = absl::Now() + limit;
-  while (absl::Now() < deadline) {
-    if (health.Check("", absl::Seconds(5)) == HealthChecker::kServing) return true;
-    absl::SleepFor(absl::Milliseconds(100));
-  }
-  return false;
-}
-
 std::vector<std::vector<int32_t>> GreedyOutputs(v1::LLMService::Stub& stub, int max_tokens) {
   std::vector<std::vector<int32_t>> out;
   for (const std::string& p : Prompts()) {
