@@ -10,9 +10,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/grpc_security.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/grpc_security.h"
 #include "glog/logging.h"
 #include "protocol/step_codec.h"
 

@@ -16,9 +16,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/grpc_security.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "common/grpc_security.h"
 #include "common/port_file.h"
 #include "tools/local_engine.h"
 
@@ -142,8 +142,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
     absl::SleepFor(absl::Milliseconds(20));
   }
   c->address_ = absl::StrCat("127.0.0.1:", *port);
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = CreatePublicChannel(
-      c->address_, {.tls_ca = options.tls_ca, .api_key = options.api_key});
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      CreatePublicChannel(c->address_, {.tls_ca = options.tls_ca, .api_key = options.api_key});
   if (!channel.ok()) return channel.status();
   c->stub_ = v1::LLMService::NewStub(*std::move(channel));
   for (pid_t pid : c->Children()) c->seen_children_.push_back(pid);

@@ -58,7 +58,6 @@ constexpr int kLongMaxTokens = 400;
 // noticed within kNoticedWithin was noticed by keepalive (generous for a loaded 2-core host).
 constexpr absl::Duration kNoticedWithin = absl::Seconds(30);
 
-
 const std::vector<std::string>& Prompts() {
   static const auto* p = new std::vector<std::string>{
       "Once upon a time",

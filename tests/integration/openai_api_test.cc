@@ -124,9 +124,11 @@ TEST(OpenAIApiTest, ServesHttpsWithTheGivenCertificate) {
   const std::string http_port_file = dir + "/http.port";
   ClusterOptions options;
   options.model = std::string(LLM_SOURCE_DIR) + "/models/fortune-llama";
-  options.engine = {
-      {"max_model_len", "512"}, {"http_port", "0"}, {"http_port_file", http_port_file},
-      {"ssl_certfile", cert},   {"ssl_keyfile", key}};
+  options.engine = {{"max_model_len", "512"},
+                    {"http_port", "0"},
+                    {"http_port_file", http_port_file},
+                    {"ssl_certfile", cert},
+                    {"ssl_keyfile", key}};
   options.api_key = kApiKey;
   options.tls_ca = cert;
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);

@@ -331,8 +331,8 @@ TEST(WorkerServer, LifecycleAnswersFollowTheModelAndTheMemoryFigures) {
 // The scheduler's channels send keepalive PINGs every few seconds, with no data between steps.
 // gRPC servers by default count such PINGs as strikes and, after two, close the connection
 // with GOAWAY "too_many_pings", which would break every Step stream. The worker accepts them:
-// a call held open on a channel that PINGs every 100 ms (gRPC makes it 1 s) without data is still open after 6 s
-// (it ends CANCELLED by the client, not UNAVAILABLE by the server).
+// a call held open on a channel that PINGs every 100 ms (gRPC makes it 1 s) without data is still
+// open after 6 s (it ends CANCELLED by the client, not UNAVAILABLE by the server).
 TEST(WorkerServer, KeepalivePingsWithoutDataDoNotCloseTheConnection) {
   Worker w;
   grpc::ChannelArguments args;
