@@ -16,6 +16,36 @@
 
 namespace llm {
 
+// Calls unary `method` ("/package.Service/Method") with `request_bytes` as the serialized
+// request over a generic stub (30 s deadline); the response's bytes go to `response_bytes`
+// when it is not null.
+inline grpc::Status GrpcRawUnaryCall(const std::shared_ptr<grpc::Channel>& channel,
+                                     const std::string& method, const std::string& request_bytes,
+                                     std::string* response_bytes = nullptr) {
+  grpc::Slice slice(request_bytes);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  absl::Notification done;
+  grpc::Status status;
+  stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
+    status = std::move(s);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  if (status.ok() && response_bytes != nullptr) {
+    std::vector<grpc::Slice> slices;
+    if (!response.Dump(&slices).ok()) return grpc::Status(grpc::StatusCode::INTERNAL, "Dump");
+    response_bytes->clear();
+    for (const grpc::Slice& sl : slices) {
+      response_bytes->append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+    }
+  }
+  return status;
+}
+
 // The serving status of `service` ("" is the whole server): 1 SERVING, 2 NOT_SERVING, 0
 // UNKNOWN; -1 when the call fails.
 inline int GrpcHealthCheck(const std::shared_ptr<grpc::Channel>& channel,
@@ -27,26 +57,10 @@ inline int GrpcHealthCheck(const std::shared_ptr<grpc::Channel>& channel,
     request_bytes.push_back(static_cast<char>(service.size()));  // < 128 bytes
     request_bytes += service;
   }
-  grpc::Slice slice(request_bytes);
-  grpc::ByteBuffer request(&slice, 1);
-  grpc::ByteBuffer response;
-  grpc::GenericStub stub(channel);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  absl::Notification done;
-  grpc::Status status;
-  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
-                 [&](grpc::Status s) {
-                   status = std::move(s);
-                   done.Notify();
-                 });
-  done.WaitForNotification();
-  if (!status.ok()) return -1;
-  std::vector<grpc::Slice> slices;
-  if (!response.Dump(&slices).ok()) return -1;
   std::string bytes;
-  for (const grpc::Slice& s : slices)
-    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  if (!GrpcRawUnaryCall(channel, "/grpc.health.v1.Health/Check", request_bytes, &bytes).ok()) {
+    return -1;
+  }
   // HealthCheckResponse { ServingStatus status = 1; }: empty for UNKNOWN.
   if (bytes.empty()) return 0;
   if (bytes.size() == 2 && bytes[0] == 0x08) return bytes[1];

@@ -25,6 +25,7 @@
 #include "scheduler_service/tokenizer/incremental_detokenizer.h"
 #include "scheduler_service/tokenizer/tokenizer.h"
 #include "tests/testing/fake_executor.h"
+#include "tests/testing/grpc_probe.h"
 
 namespace llm {
 namespace {
@@ -809,21 +810,7 @@ TEST_F(LLMServiceTest, ApiKeyIsRequiredOnEveryCall) {
 // Sends `bytes` as the request of /llm.v1.LLMService/Generate over a generic stub.
 grpc::Status SendRawGenerate(const std::shared_ptr<grpc::Channel>& channel,
                              const std::string& bytes) {
-  grpc::Slice slice(bytes);
-  grpc::ByteBuffer request(&slice, 1);
-  grpc::ByteBuffer response;
-  grpc::GenericStub stub(channel);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  absl::Notification done;
-  grpc::Status status;
-  stub.UnaryCall(&ctx, "/llm.v1.LLMService/Generate", grpc::StubOptions(), &request, &response,
-                 [&](grpc::Status s) {
-                   status = std::move(s);
-                   done.Notify();
-                 });
-  done.WaitForNotification();
-  return status;
+  return GrpcRawUnaryCall(channel, "/llm.v1.LLMService/Generate", bytes);
 }
 
 TEST_F(LLMServiceTest, UnparseableRequestIsInvalidWithAMessage) {
