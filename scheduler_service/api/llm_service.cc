@@ -376,8 +376,10 @@ std::shared_ptr<ServingEngine> LLMService::Detach(const grpc::Status& status) {
     for (auto& [id, call] : calls_) calls.push_back(call);
   }
   for (auto& call : calls) {
-    if (engine != nullptr) (void)engine->engine->Abort(call->request_id());
+    // End before the abort: an engine may report the abort at once (a paused one does), and
+    // the client must read `status`, not "request ... aborted".
     call->End(status);
+    if (engine != nullptr) (void)engine->engine->Abort(call->request_id());
   }
   return engine;
 }

@@ -569,24 +569,27 @@ int Run(int argc, char** argv) {
   };
   // An engine paused on a failed step (a worker died or stalled) cannot finish what is in
   // flight until the group is rebuilt: no drain then.
-  absl::Status paused;
-  if (std::shared_ptr<ServingEngine> held = serving_engine();
-      held != nullptr && held->engine != nullptr) {
-    paused = held->engine->paused_on();
-  }
-  if (paused.ok()) {
-    LOG(INFO) << "signal " << sig << ": draining " << service.num_calls()
-              << " request(s) in flight, for up to " << flags.drain_timeout << " s";
-    const absl::Time drain_deadline = absl::Now() + absl::Seconds(flags.drain_timeout);
-    while (service.num_calls() > 0 && absl::Now() < drain_deadline) {
-      const timespec poll = {.tv_sec = 0, .tv_nsec = 20'000'000};
-      if (sigtimedwait(&signals, nullptr, &poll) > 0) {
-        LOG(INFO) << "second signal: ending the drain";
-        break;
-      }
+  // The group is down (the engine paused on a failed step, or the service recovering), now or
+  // at any point of the drain: nothing in flight can finish until the group is rebuilt, so
+  // the drain ends and the clients are told why.
+  auto group_down = [&] {
+    if (!service.ready()) return true;
+    std::shared_ptr<ServingEngine> held = serving_engine();
+    return held != nullptr && held->engine != nullptr && !held->engine->paused_on().ok();
+  };
+  LOG(INFO) << "signal " << sig << ": draining " << service.num_calls()
+            << " request(s) in flight, for up to " << flags.drain_timeout << " s";
+  const absl::Time drain_deadline = absl::Now() + absl::Seconds(flags.drain_timeout);
+  while (service.num_calls() > 0 && absl::Now() < drain_deadline) {
+    if (group_down()) {
+      LOG(INFO) << "the worker group is down: ending the drain";
+      break;
     }
-  } else {
-    LOG(INFO) << "signal " << sig << ": not draining, the worker group is down: " << paused;
+    const timespec poll = {.tv_sec = 0, .tv_nsec = 20'000'000};
+    if (sigtimedwait(&signals, nullptr, &poll) > 0) {
+      LOG(INFO) << "second signal: ending the drain";
+      break;
+    }
   }
   LOG(INFO) << "shutting down; " << service.num_calls() << " request(s) still in flight end";
   // Say so to the clients when the group is down (a worker died, and llm-cluster, which does
