@@ -1,10 +1,12 @@
 #include "worker_service/model_runner.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "glog/logging.h"
 #ifdef LLM_WITH_CUDA
 #include "worker_service/device_sampler.h"
 #endif
@@ -76,10 +78,17 @@ absl::Status ModelRunner::Execute(const SchedulerOutput& step, ModelOutput* out)
     return absl::OkStatus();
   }
 #endif
+  const auto start = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(model_->Forward(input, cache_->device_caches(), &logits_));
   RETURN_IF_ERROR(FetchLogits());
   RETURN_IF_ERROR(CheckFinite(step.step_id));
-  return Sample(out);
+  RETURN_IF_ERROR(Sample(out));
+  VLOG(1)
+      << "step " << step.step_id << ": " << in.num_tokens() << " tokens of " << in.num_seqs()
+      << " sequences, "
+      << std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count()
+      << " ms";
+  return absl::OkStatus();
 }
 
 absl::Status ModelRunner::FetchLogits() {
