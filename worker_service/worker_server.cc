@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <new>
 #include <utility>
@@ -94,6 +95,14 @@ WorkerServer::~WorkerServer() {
   Stop();
   absl::MutexLock lock(&stopper_mu_);
   if (stopper_.joinable()) stopper_.join();
+}
+
+void WorkerServer::RunModelWork(const std::function<void()>& fn) {
+  if (device_.is_cpu()) {
+    compute_.Run(fn);
+  } else {
+    fn();
+  }
 }
 
 absl::Status WorkerServer::Start() {
@@ -266,8 +275,11 @@ absl::Status WorkerServer::DoInit(const v1::InitRequest& request, v1::InitRespon
   if (model_ == nullptr || !(model_key_ == key)) {
     model_.reset();
     comm_ = world > 1 ? std::make_unique<ReboundCommunicator>(rank, world) : nullptr;
-    absl::StatusOr<std::unique_ptr<LlamaModel>> model = LlamaModel::Load(
-        request.model_path(), *config, comm_.get(), {context_.get(), *model_dtype});
+    absl::StatusOr<std::unique_ptr<LlamaModel>> model = absl::InternalError("not loaded");
+    RunModelWork([&] {
+      model = LlamaModel::Load(request.model_path(), *config, comm_.get(),
+                               {context_.get(), *model_dtype});
+    });
     if (!model.ok()) return model.status();
     model_ = std::move(*model);
     model_key_ = key;
@@ -498,7 +510,7 @@ void WorkerServer::RunStep(const v1::StepRequest& request, uint64_t generation,
       ModelOutput output;
       if (status.ok()) {
         const Clock::time_point t0 = Clock::now();
-        status = runner_->Execute(decoded.output, &output);
+        RunModelWork([&] { status = runner_->Execute(decoded.output, &output); });
         forward_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       }
       if (status.ok()) {

@@ -45,6 +45,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -56,6 +57,7 @@
 #include "absl/time/time.h"
 #include "gloo/rendezvous/store.h"
 #include "grpcpp/grpcpp.h"
+#include "kernels/cpu/thread_pool.h"
 #include "kernels/tensor.h"
 #include "llm/v1/worker_service.grpc.pb.h"
 
@@ -156,8 +158,14 @@ class WorkerServer final
   // Starts the thread that Stop()s the server (once).
   void StopSoon();
 
+  // Model work (loading, which packs the GEMM weights on the OpenMP pool, and steps): on the CPU
+  // on compute_, so that one OpenMP team serves it all (kernels/cpu/thread_pool.h); on cuda on
+  // the calling thread, whose device context is current.
+  void RunModelWork(const std::function<void()>& fn);
+
   const WorkerServerOptions options_;
   TensorDevice device_;  // options_.device, parsed by Start()
+  cpu::ComputeThread compute_;
 
   // The model, the group and the cache: Init, ProfileMemory, InitCache and steps.
   absl::Mutex mu_;

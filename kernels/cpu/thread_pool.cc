@@ -6,8 +6,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
+#include <thread>
 
 namespace llm::cpu {
 namespace {
@@ -15,6 +18,10 @@ namespace {
 std::atomic<int> g_pool_size{0};  // 0 = the cpuset's size
 std::atomic<bool> g_pin{false};
 std::atomic<int> g_generation{1};  // bumped by every setting: threads apply it again
+
+// ReexecWithOpenMpSettings: spins before a waiting thread sleeps (libgomp counts about 100,000
+// per millisecond).
+constexpr char kSpinCount[] = "20000";
 
 thread_local int t_entered_generation = 0;
 thread_local bool t_pinned = false;
@@ -84,8 +91,10 @@ void EnterThreadPool() {
 bool ThreadPoolPinned() { return t_pinned; }
 
 void ReexecWithOpenMpSettings(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
-  setenv("OMP_WAIT_POLICY", "passive", /*overwrite=*/1);
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr) {
+    return;
+  }
+  setenv("GOMP_SPINCOUNT", kSpinCount, /*overwrite=*/1);
   // The binary's real path rather than /proc/self/exe, so that the process keeps its name
   // (comm), which tools and tests look processes up by.
   char path[4096];
@@ -94,8 +103,47 @@ void ReexecWithOpenMpSettings(char** argv) {
     path[n] = '\0';
     execv(path, argv);
   }
-  // Still here: exec failed; run on with the runtime's default (spinning) waits.
-  std::fprintf(stderr, "note: restarting with OMP_WAIT_POLICY=passive failed\n");
+  // Still here: exec failed; run on with the runtime's default waits.
+  std::fprintf(stderr, "note: restarting with GOMP_SPINCOUNT=%s failed\n", kSpinCount);
+}
+
+ComputeThread::ComputeThread() : thread_([this] { Loop(); }) {}
+
+ComputeThread::~ComputeThread() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void ComputeThread::Run(const std::function<void()>& fn) {
+  if (std::this_thread::get_id() == thread_.get_id()) {
+    fn();
+    return;
+  }
+  std::lock_guard<std::mutex> turn(turn_);  // one caller at a time
+  std::unique_lock<std::mutex> lock(mu_);
+  job_ = &fn;
+  done_ = false;
+  cv_.notify_all();
+  cv_.wait(lock, [this] { return done_; });
+}
+
+void ComputeThread::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [this] { return job_ != nullptr || stop_; });
+    if (job_ == nullptr) return;  // stopping, nothing pending
+    const std::function<void()>* job = job_;
+    lock.unlock();
+    (*job)();
+    lock.lock();
+    job_ = nullptr;
+    done_ = true;
+    cv_.notify_all();
+  }
 }
 
 }  // namespace llm::cpu

@@ -22,6 +22,10 @@
 #ifndef LLM_KERNELS_CPU_THREAD_POOL_H_
 #define LLM_KERNELS_CPU_THREAD_POOL_H_
 
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 namespace llm::cpu {
@@ -46,15 +50,46 @@ void SetThreadPoolPinning(bool pin);
 void EnterThreadPool();
 
 // Call first thing in main() of programs that run the model. OpenMP reads its settings when the
-// runtime loads, before main(): when OMP_WAIT_POLICY is unset, sets it to passive (threads that
-// wait at a barrier sleep instead of spinning) and re-executes the program with the same
-// arguments, once. Measured on the shared 2-core VM (load 13-17 from other processes), a bf16
-// decode step of bench_cpu_model at 2 threads took 150-260 ms passive against 530-2100 ms with
-// libgomp's default spinning. Set OMP_WAIT_POLICY=active yourself on dedicated cores.
+// runtime loads, before main(): when neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT is set, sets
+// GOMP_SPINCOUNT=20000 (a thread waiting at a barrier or for the next parallel region spins
+// about 0.2 ms, then sleeps) and re-executes the program with the same arguments, once. A step
+// runs hundreds of parallel regions a few microseconds apart: sleeping at once between them
+// (OMP_WAIT_POLICY=passive) made SmolLM2's batch-1 decode step 12.4 ms in bench_cpu_model
+// against 7.7 ms spinning, and libgomp's default spin (about 3 ms) keeps a core busy long after
+// a step, while the scheduler process wants it. On dedicated cores OMP_WAIT_POLICY=active may
+// do better; on cores that other processes load, passive.
 void ReexecWithOpenMpSettings(char** argv);
 
 // Whether EnterThreadPool pinned the calling thread's team.
 bool ThreadPoolPinned();
+
+// A thread that runs the work handed to it, one job at a time: Run(fn) returns when fn has
+// run there (from the thread itself, at once). Callers on several threads take turns. Why: libgomp
+// keeps a team of threads per thread that starts parallel regions, and once a process holds
+// more OpenMP threads than CPUs it stops spinning at barriers (it "throttles" to sleeping at
+// once), so that each of a step's hundreds of parallel regions pays a futex wake-up. A worker
+// whose model loaded on one gRPC thread and whose steps ran on another held two teams:
+// SmolLM2's batch-1 decode step took 11.1 ms there against 7.1 ms with all model work on one
+// thread. llm-worker's server owns one (one per rank: ranks that share a process, as in tests,
+// must not wait on each other's steps).
+class ComputeThread {
+ public:
+  ComputeThread();
+  ~ComputeThread();  // joins; no Run may be in progress
+  ComputeThread(const ComputeThread&) = delete;
+  ComputeThread& operator=(const ComputeThread&) = delete;
+
+  void Run(const std::function<void()>& fn);
+
+ private:
+  void Loop();
+
+  std::mutex turn_, mu_;
+  std::condition_variable cv_;
+  const std::function<void()>* job_ = nullptr;  // guarded by mu_
+  bool done_ = false, stop_ = false;            // guarded by mu_
+  std::thread thread_;                          // last: starts once the members above exist
+};
 
 }  // namespace llm::cpu
 

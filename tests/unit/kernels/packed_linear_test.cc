@@ -5,8 +5,13 @@
 // Outputs are poisoned (NaN) before each call, so an unwritten element fails.
 #include "kernels/cpu/packed_linear.h"
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <mutex>
 #include <random>
+#include <set>
+#include <thread>
 #include <vector>
 
 #include "common/half.h"
@@ -176,6 +181,44 @@ TEST(ThreadPool, SizeDefaultsToTheCpusetAndFollowsTheSetting) {
   EXPECT_EQ(ThreadPoolSize(), 1);
   SetThreadPoolSize(0);
   EXPECT_EQ(ThreadPoolSize(), static_cast<int>(AffinityCpus().size()));
+}
+
+// Work handed over from several threads runs on one thread, one job at a time, and has ended
+// when the call returns; a call from the compute thread itself runs at once (no deadlock).
+TEST(ThreadPool, ComputeThreadRunsEveryCallersWorkOnOneThreadInTurn) {
+  ComputeThread compute;
+  std::mutex mu;
+  std::set<std::thread::id> ran_on;
+  std::atomic<int> inside{0}, most_inside{0}, done{0};
+  auto job = [&] {
+    const int now = ++inside;
+    int seen = most_inside.load();
+    while (now > seen && !most_inside.compare_exchange_weak(seen, now)) {
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ran_on.insert(std::this_thread::get_id());
+    }
+    --inside;
+  };
+  std::vector<std::thread> callers;
+  for (int c = 0; c < 4; ++c) {
+    callers.emplace_back([&] {
+      for (int i = 0; i < 5; ++i) {
+        compute.Run(job);
+        ++done;
+      }
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  EXPECT_EQ(done.load(), 20);
+  EXPECT_EQ(most_inside.load(), 1);
+  ASSERT_EQ(ran_on.size(), 1u);
+  EXPECT_NE(*ran_on.begin(), std::this_thread::get_id());
+  bool nested = false;
+  compute.Run([&] { compute.Run([&] { nested = true; }); });
+  EXPECT_TRUE(nested);
 }
 
 }  // namespace
