@@ -10,11 +10,13 @@
 // timed once per shape). Rates are per wall-clock second (UseRealTime); the thread count is
 // OpenMP's (OMP_NUM_THREADS). BM_EmptyParallelRegion is the pool's fork-join cost on this
 // machine, the floor of every threaded row (calls below the op's work threshold run on one).
+// --shape=smollm2: SmolLM2-135M's 9 query / 3 kv heads instead of 14 / 2.
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <numeric>
 #include <random>
@@ -30,7 +32,10 @@
 namespace llm::ops {
 namespace {
 
-constexpr int64_t kHeads = 14, kKvHeads = 2, kHeadSize = 64, kBlockSize = 16;
+constexpr int64_t kHeadSize = 64, kBlockSize = 16;
+// Query and kv heads: 14 / 2 (Qwen2.5-0.5B, the default) or, with --shape=smollm2, 9 / 3
+// (SmolLM2-135M, the model bench/peers serves).
+int64_t kHeads = 14, kKvHeads = 2;
 
 HostTensor Random(std::initializer_list<int64_t> shape, uint32_t seed) {
   HostTensor t(DType::kF32, shape);
@@ -154,4 +159,21 @@ BENCHMARK(BM_EmptyParallelRegion)->UseRealTime()->Unit(benchmark::kMicrosecond);
 }  // namespace
 }  // namespace llm::ops
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) != "--shape=smollm2") continue;
+    llm::ops::kHeads = 9;
+    llm::ops::kKvHeads = 3;
+    for (int j = i; j + 1 < argc; ++j) argv[j] = argv[j + 1];
+    --argc;
+    --i;
+  }
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  std::printf("Attention shape: %lld query heads, %lld kv heads, head size %lld\n",
+              static_cast<long long>(llm::ops::kHeads), static_cast<long long>(llm::ops::kKvHeads),
+              static_cast<long long>(llm::ops::kHeadSize));
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

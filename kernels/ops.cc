@@ -40,9 +40,9 @@ constexpr DType kBF16 = DType::kBF16;
 
 // KV caches may be f16 or bf16 on cuda; the CPU backend (the fp32 reference) takes f32 only.
 OpStatus CheckCpuCache(const char* op, const char* arg, const TensorView& cache) {
-  if (cache.dtype == kF32) return OpStatus::Ok();
-  return Error(op,
-               std::string(arg) + ": the CPU backend takes f32 caches, got " + cache.ToString());
+  if (cache.dtype == kF32 || cache.dtype == kBF16) return OpStatus::Ok();
+  return Error(op, std::string(arg) + ": the CPU backend takes f32 or bf16 caches, got " +
+                       cache.ToString());
 }
 
 // Activations may be f32, bf16 or f16 on cuda; the CPU backend takes f32 only. Checked once

@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "common/half.h"
+#include "kernels/cpu/avx512_math.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/op_check.h"
 
@@ -74,24 +76,31 @@ OpStatus CheckMetadata(const AttentionMetadata& md, int64_t num_tokens, int64_t 
   return OpStatus::Ok();
 }
 
+// A cache element as a float: the caches are f32 (float) or bf16 (uint16_t, its bits).
+inline float ToFloat(float x) { return x; }
+inline float ToFloat(uint16_t x) { return Bf16ToFloat(x); }
+
 // a . b over n floats, in 8 independent lanes so that the compiler can vectorize it.
-float Dot(const float* a, const float* b, int64_t n) {
+template <typename T>
+float Dot(const float* a, const T* b, int64_t n) {
   float lanes[8] = {};
   int64_t d = 0;
   for (; d + 8 <= n; d += 8) {
-    for (int j = 0; j < 8; ++j) lanes[j] += a[d + j] * b[d + j];
+    for (int j = 0; j < 8; ++j) lanes[j] += a[d + j] * ToFloat(b[d + j]);
   }
   float sum = 0.0f;
   for (int j = 0; j < 8; ++j) sum += lanes[j];
-  for (; d < n; ++d) sum += a[d] * b[d];
+  for (; d < n; ++d) sum += a[d] * ToFloat(b[d]);
   return sum;
 }
 
 }  // namespace
 
-OpStatus PagedAttentionReference(const TensorView& out, const TensorView& query,
-                                 const TensorView& key_cache, const TensorView& value_cache,
-                                 const AttentionMetadata& metadata, float scale) {
+namespace {
+
+template <typename T>
+OpStatus Reference(const TensorView& out, const TensorView& query, const TensorView& key_cache,
+                   const TensorView& value_cache, const AttentionMetadata& metadata, float scale) {
   const int64_t num_tokens = query.shape[0], num_heads = query.shape[1];
   const int64_t head_size = query.shape[2];
   const int64_t num_blocks = key_cache.shape[0], block_size = key_cache.shape[1];
@@ -105,8 +114,8 @@ OpStatus PagedAttentionReference(const TensorView& out, const TensorView& query,
   const int32_t* qsl = metadata.query_start_loc.data_as<const int32_t>();
   const int32_t* seq_lens = metadata.seq_lens.data_as<const int32_t>();
   const int32_t* tables = metadata.block_tables.data_as<const int32_t>();
-  const float* kc = key_cache.data_as<const float>();
-  const float* vc = value_cache.data_as<const float>();
+  const T* kc = key_cache.data_as<const T>();
+  const T* vc = value_cache.data_as<const T>();
   const int64_t slot_stride = num_kv_heads * head_size;   // cache[b][i][h][d]: one slot
   const int64_t block_stride = block_size * slot_stride;  // one block
 
@@ -128,10 +137,10 @@ OpStatus PagedAttentionReference(const TensorView& out, const TensorView& query,
         std::fill(acc.begin(), acc.end(), 0.0f);
         for (int64_t b = 0; b * block_size < num_keys; ++b) {
           const int64_t n = std::min(block_size, num_keys - b * block_size);
-          const float* kb = kc + table[b] * block_stride + kvh * head_size;
-          const float* vb = vc + table[b] * block_stride + kvh * head_size;
+          const T* kb = kc + table[b] * block_stride + kvh * head_size;
+          const T* vb = vc + table[b] * block_stride + kvh * head_size;
           for (int64_t i = 0; i < n; ++i) {
-            const float* k = kb + i * slot_stride;  // key_cache[table[b]][i][kvh][:]
+            const T* k = kb + i * slot_stride;  // key_cache[table[b]][i][kvh][:]
             for (int64_t g = 0; g < group; ++g) {
               scores[g * block_size + i] = Dot(q + g * head_size, k, head_size) * scale;
             }
@@ -146,8 +155,8 @@ OpStatus PagedAttentionReference(const TensorView& out, const TensorView& query,
             for (int64_t i = 0; i < n; ++i) {
               const float p = std::exp(sc[i] - m_new);
               l[g] += p;
-              const float* v = vb + i * slot_stride;  // value_cache[table[b]][i][kvh][:]
-              for (int64_t d = 0; d < head_size; ++d) a[d] += p * v[d];
+              const T* v = vb + i * slot_stride;  // value_cache[table[b]][i][kvh][:]
+              for (int64_t d = 0; d < head_size; ++d) a[d] += p * ToFloat(v[d]);
             }
             m[g] = m_new;
           }
@@ -161,6 +170,17 @@ OpStatus PagedAttentionReference(const TensorView& out, const TensorView& query,
     }
   }
   return OpStatus::Ok();
+}
+
+}  // namespace
+
+OpStatus PagedAttentionReference(const TensorView& out, const TensorView& query,
+                                 const TensorView& key_cache, const TensorView& value_cache,
+                                 const AttentionMetadata& metadata, float scale) {
+  if (key_cache.dtype == DType::kBF16) {
+    return Reference<uint16_t>(out, query, key_cache, value_cache, metadata, scale);
+  }
+  return Reference<float>(out, query, key_cache, value_cache, metadata, scale);
 }
 
 // The production op: the same attention, blocked flash-style. A work item is one sequence's
@@ -186,6 +206,7 @@ constexpr int64_t kMinParallelWork = int64_t{1} << 19;
 
 struct WorkItem {
   int32_t seq, kv_head;
+  int32_t kv_count;        // kv heads kv_head .. kv_head + kv_count - 1 (RunRowAvx512: all)
   int32_t q_begin, q_end;  // the sequence's query rows q_begin .. q_end - 1
   int32_t k_begin, k_end;  // its keys k_begin .. k_end - 1 (k_end -1: up to the last query's)
   int32_t partial;         // -1: writes `out`; else writes partial `partial` (split decode)
@@ -195,21 +216,22 @@ struct WorkItem {
 // A decode row whose keys were split over several items: partials first .. first + count - 1
 // hold each part's running max, sum and unnormalized output, merged after the items.
 struct Split {
-  int32_t seq, kv_head, first, count;
+  int32_t seq, kv_head, kv_count, first, count;
 };
 
 struct Problem {
   const float* query;
   float* out;
-  const float* key_cache;
-  const float* value_cache;
+  const void* key_cache;  // f32 or bf16 (the item functions' T)
+  const void* value_cache;
   const int32_t* query_start_loc;
   const int32_t* seq_lens;
   const int32_t* block_tables;
   int64_t num_heads, head_size, num_kv_heads, group, block_size, max_blocks;
   int64_t slot_stride, block_stride;  // floats between cache slots and between blocks
   float scale;
-  float* partials;  // split decode: per partial, m[group], l[group], o[group][head_size]
+  float* partials;  // split decode: per partial and its item's H = kv_count * group heads,
+                    // m[H], l[H], o[H][head_size] (PartialFloats apart)
 };
 
 // One work item's geometry.
@@ -239,14 +261,15 @@ ItemView View(const Problem& pb, const WorkItem& it) {
 }
 
 // The cache rows of keys k0 .. k0 + n - 1 of one kv head.
+template <typename T>
 void TilePointers(const Problem& pb, const ItemView& v, int64_t kv_head, int64_t k0, int64_t n,
-                  const float** keys, const float** values) {
+                  const T** keys, const T** values) {
   for (int64_t i = 0; i < n; ++i) {
     const int64_t p = k0 + i;
     const int64_t offset = v.table[p / pb.block_size] * pb.block_stride +
                            (p % pb.block_size) * pb.slot_stride + kv_head * pb.head_size;
-    keys[i] = pb.key_cache + offset;
-    values[i] = pb.value_cache + offset;
+    keys[i] = static_cast<const T*>(pb.key_cache) + offset;
+    values[i] = static_cast<const T*>(pb.value_cache) + offset;
   }
 }
 
@@ -282,19 +305,31 @@ void StoreOutput(const Problem& pb, const ItemView& v, int64_t kv_head, const fl
   }
 }
 
-int64_t PartialFloats(const Problem& pb) { return pb.group * (pb.head_size + 2); }
+int64_t PartialFloats(const Problem& pb) { return pb.num_heads * (pb.head_size + 2); }
 
 // The item's result: `out` = o / l, or its partial (m, l, o) of a split decode row.
 void Finish(const Problem& pb, const ItemView& v, const WorkItem& it, const float* o,
             const float* l, const float* m) {
+  const int64_t heads = it.kv_count * pb.group;
   if (it.partial < 0) {
-    StoreOutput(pb, v, it.kv_head, o, l);
+    if (it.kv_count == 1) {
+      StoreOutput(pb, v, it.kv_head, o, l);
+      return;
+    }
+    // One query row: its heads are contiguous in `out`.
+    float* dst = pb.out + (v.first_token * pb.num_heads + it.kv_head * pb.group) * pb.head_size;
+    for (int64_t h = 0; h < heads; ++h) {
+      const float inv_l = 1.0f / l[h];
+      for (int64_t d = 0; d < pb.head_size; ++d) {
+        dst[h * pb.head_size + d] = o[h * pb.head_size + d] * inv_l;
+      }
+    }
     return;
   }
   float* dst = pb.partials + it.partial * PartialFloats(pb);
-  std::copy(m, m + pb.group, dst);
-  std::copy(l, l + pb.group, dst + pb.group);
-  std::copy(o, o + pb.group * pb.head_size, dst + 2 * pb.group);
+  std::copy(m, m + heads, dst);
+  std::copy(l, l + heads, dst + heads);
+  std::copy(o, o + heads * pb.head_size, dst + 2 * heads);
 }
 
 // out of a split decode row from its partials: with M = max_i m_i and w_i = exp(m_i - M),
@@ -303,7 +338,8 @@ void MergeSplit(const Problem& pb, const Split& sp) {
   const int64_t dim = pb.head_size, stride = PartialFloats(pb);
   const float* first = pb.partials + sp.first * stride;
   const int64_t token = pb.query_start_loc[sp.seq];  // a decode row: the sequence's only query
-  for (int64_t g = 0; g < pb.group; ++g) {
+  const int64_t heads = sp.kv_count * pb.group;
+  for (int64_t g = 0; g < heads; ++g) {
     float m_max = -std::numeric_limits<float>::infinity();
     for (int64_t i = 0; i < sp.count; ++i) m_max = std::max(m_max, first[i * stride + g]);
     float* dst = pb.out + (token * pb.num_heads + sp.kv_head * pb.group + g) * dim;
@@ -312,8 +348,8 @@ void MergeSplit(const Problem& pb, const Split& sp) {
     for (int64_t i = 0; i < sp.count; ++i) {
       const float* part = first + i * stride;
       const float w = std::exp(part[g] - m_max);
-      l += w * part[pb.group + g];
-      const float* o = part + 2 * pb.group + g * dim;
+      l += w * part[heads + g];
+      const float* o = part + 2 * heads + g * dim;
       for (int64_t d = 0; d < dim; ++d) dst[d] += w * o[d];
     }
     const float inv_l = 1.0f / l;
@@ -334,6 +370,7 @@ float* ThreadScratch(int64_t floats) {
 }
 
 // Portable: any head size, any CPU (loops the compiler may vectorize; std::exp).
+template <typename T>
 void RunItemGeneric(const Problem& pb, const WorkItem& it) {
   const ItemView v = View(pb, it);
   const int64_t dim = pb.head_size, rows = v.rows, stride = rows;
@@ -347,8 +384,8 @@ void RunItemGeneric(const Problem& pb, const WorkItem& it) {
   std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
   std::fill(l, l + rows, 0.0f);
   std::fill(o, o + rows * dim, 0.0f);
-  const float* keys[kKeyTile];
-  const float* values[kKeyTile];
+  const T* keys[kKeyTile];
+  const T* values[kKeyTile];
   for (int64_t k0 = v.key_begin; k0 < v.key_end; k0 += kKeyTile) {
     const int64_t n = std::min(kKeyTile, v.key_end - k0);
     TilePointers(pb, v, it.kv_head, k0, n, keys, values);
@@ -356,7 +393,7 @@ void RunItemGeneric(const Problem& pb, const WorkItem& it) {
       float* si = s + i * stride;
       std::fill(si, si + rows, 0.0f);
       for (int64_t d = 0; d < dim; ++d) {
-        const float kd = keys[i][d];
+        const float kd = ToFloat(keys[i][d]);
         const float* qd = qt + d * stride;
         for (int64_t r = 0; r < rows; ++r) si[r] += qd[r] * kd;
       }
@@ -378,38 +415,23 @@ void RunItemGeneric(const Problem& pb, const WorkItem& it) {
       for (int64_t d = 0; d < dim; ++d) orow[d] *= alpha[r];
       for (int64_t i = 0; i < n; ++i) {
         const float p = s[i * stride + r];
-        const float* vi = values[i];
-        for (int64_t d = 0; d < dim; ++d) orow[d] += p * vi[d];
+        const T* vi = values[i];
+        for (int64_t d = 0; d < dim; ++d) orow[d] += p * ToFloat(vi[d]);
       }
     }
   }
   Finish(pb, v, it, o, l, m);
 }
 
-#define LLM_AVX512 __attribute__((target("avx512f")))
-
-// exp(x) for 16 floats: Cephes' expf polynomial (about 1 ulp on [-87.3, 88.4]) scaled by 2^n
-// with vscalefps; 0 below -87.3 (and for -inf), NaN for NaN.
-LLM_AVX512 inline __m512 Exp512(__m512 x) {
-  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_GE_OQ);
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.37f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  y = _mm512_maskz_mov_ps(live, _mm512_scalef_ps(y, n));
-  return _mm512_mask_mov_ps(y, nan, x);
+// 16 cache elements as floats: f32 as they are; bf16 widened (its bits are a float's top half).
+LLM_AVX512 inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
+LLM_AVX512 inline __m512 Load16(const uint16_t* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
 }
 
 // AVX-512: head sizes that are multiples of 16; score rows padded to 16 (one register).
+template <typename T>
 LLM_AVX512 void RunItemAvx512(const Problem& pb, const WorkItem& it) {
   const ItemView v = View(pb, it);
   const int64_t dim = pb.head_size, rows = v.rows, stride = (rows + 15) / 16 * 16;
@@ -425,8 +447,8 @@ LLM_AVX512 void RunItemAvx512(const Problem& pb, const WorkItem& it) {
     _mm512_storeu_ps(l + r, _mm512_setzero_ps());
   }
   std::fill(o, o + rows * dim, 0.0f);
-  const float* keys[kKeyTile];
-  const float* values[kKeyTile];
+  const T* keys[kKeyTile];
+  const T* values[kKeyTile];
   for (int64_t k0 = v.key_begin; k0 < v.key_end; k0 += kKeyTile) {
     const int64_t n = std::min(kKeyTile, v.key_end - k0);
     TilePointers(pb, v, it.kv_head, k0, n, keys, values);
@@ -434,15 +456,15 @@ LLM_AVX512 void RunItemAvx512(const Problem& pb, const WorkItem& it) {
     for (int64_t rb = 0; rb < stride; rb += 16) {
       int64_t i = 0;
       for (; i + 4 <= n; i += 4) {
-        const float *k_a = keys[i], *k_b = keys[i + 1], *k_c = keys[i + 2], *k_d = keys[i + 3];
+        const T *k_a = keys[i], *k_b = keys[i + 1], *k_c = keys[i + 2], *k_d = keys[i + 3];
         __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
         __m512 c = _mm512_setzero_ps(), e = _mm512_setzero_ps();
         for (int64_t d = 0; d < dim; ++d) {
           const __m512 q = _mm512_loadu_ps(qt + d * stride + rb);
-          a = _mm512_fmadd_ps(q, _mm512_set1_ps(k_a[d]), a);
-          b = _mm512_fmadd_ps(q, _mm512_set1_ps(k_b[d]), b);
-          c = _mm512_fmadd_ps(q, _mm512_set1_ps(k_c[d]), c);
-          e = _mm512_fmadd_ps(q, _mm512_set1_ps(k_d[d]), e);
+          a = _mm512_fmadd_ps(q, _mm512_set1_ps(ToFloat(k_a[d])), a);
+          b = _mm512_fmadd_ps(q, _mm512_set1_ps(ToFloat(k_b[d])), b);
+          c = _mm512_fmadd_ps(q, _mm512_set1_ps(ToFloat(k_c[d])), c);
+          e = _mm512_fmadd_ps(q, _mm512_set1_ps(ToFloat(k_d[d])), e);
         }
         _mm512_storeu_ps(s + i * stride + rb, a);
         _mm512_storeu_ps(s + (i + 1) * stride + rb, b);
@@ -452,7 +474,8 @@ LLM_AVX512 void RunItemAvx512(const Problem& pb, const WorkItem& it) {
       for (; i < n; ++i) {
         __m512 a = _mm512_setzero_ps();
         for (int64_t d = 0; d < dim; ++d) {
-          a = _mm512_fmadd_ps(_mm512_loadu_ps(qt + d * stride + rb), _mm512_set1_ps(keys[i][d]), a);
+          a = _mm512_fmadd_ps(_mm512_loadu_ps(qt + d * stride + rb),
+                              _mm512_set1_ps(ToFloat(keys[i][d])), a);
         }
         _mm512_storeu_ps(s + i * stride + rb, a);
       }
@@ -491,11 +514,11 @@ LLM_AVX512 void RunItemAvx512(const Problem& pb, const WorkItem& it) {
         __m512 o3 = _mm512_mul_ps(_mm512_loadu_ps(orow + d + 48), a);
         for (int64_t i = 0; i < n; ++i) {
           const __m512 p = _mm512_set1_ps(s[i * stride + r]);
-          const float* vi = values[i] + d;
-          o0 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vi), o0);
-          o1 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vi + 16), o1);
-          o2 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vi + 32), o2);
-          o3 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vi + 48), o3);
+          const T* vi = values[i] + d;
+          o0 = _mm512_fmadd_ps(p, Load16(vi), o0);
+          o1 = _mm512_fmadd_ps(p, Load16(vi + 16), o1);
+          o2 = _mm512_fmadd_ps(p, Load16(vi + 32), o2);
+          o3 = _mm512_fmadd_ps(p, Load16(vi + 48), o3);
         }
         _mm512_storeu_ps(orow + d, o0);
         _mm512_storeu_ps(orow + d + 16, o1);
@@ -505,10 +528,118 @@ LLM_AVX512 void RunItemAvx512(const Problem& pb, const WorkItem& it) {
       for (; d < dim; d += 16) {
         __m512 o0 = _mm512_mul_ps(_mm512_loadu_ps(orow + d), a);
         for (int64_t i = 0; i < n; ++i) {
-          o0 = _mm512_fmadd_ps(_mm512_set1_ps(s[i * stride + r]), _mm512_loadu_ps(values[i] + d),
-                               o0);
+          o0 = _mm512_fmadd_ps(_mm512_set1_ps(s[i * stride + r]), Load16(values[i] + d), o0);
         }
         _mm512_storeu_ps(orow + d, o0);
+      }
+    }
+  }
+  Finish(pb, v, it, o, l, m);
+}
+
+// Sums of 16 vectors: lane i of the result is the sum of v[i]'s 16 lanes (45 shuffles and adds
+// for the 16, against 16 x 8 for one reduction each).
+LLM_AVX512 inline __m512 Sum16(const __m512 v[16]) {
+  __m512 w[8], x[4];
+  for (int j = 0; j < 8; ++j) {  // 128-bit chunk c: (a, b, a, b) partial sums of v[2j], v[2j+1]
+    w[j] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * j], v[2 * j + 1]),
+                         _mm512_unpackhi_ps(v[2 * j], v[2 * j + 1]));
+  }
+  for (int j = 0; j < 4; ++j) {  // chunk c: partial sums of v[4j .. 4j + 3], in order
+    x[j] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * j], w[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(w[2 * j], w[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  // Add the four chunks of each x[j]: pairwise twice.
+  const __m512 y0 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 y1 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(y0, y1, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(y0, y1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// AVX-512 for one query row (a decode row, or one part of a split one) and all its heads
+// (the item's kv heads and their query heads, H = kv_count * group): a group's G query heads
+// are too few to fill a register of score rows (RunItemAvx512 pads them to 16), so the keys go
+// across the lanes instead; and the item reads every kv head of each cache slot it visits, so
+// that the cache is read in whole slots. Per tile of 16 keys and per head h:
+//   S[i] = sum(q_h * k_i) (16 dot products, summed by Sum16), -inf past the tile's keys;
+//   m' = max(m, max_i S[i]);  P = exp(S - m');  l = l exp(m - m') + sum P;
+//   o = o exp(m - m') + sum_i P[i] v_i.
+// No causal mask: every key of the item is at or before the row's position.
+constexpr int64_t kLaneKeys = 16;
+template <typename T>
+LLM_AVX512 void RunRowAvx512(const Problem& pb, const WorkItem& it) {
+  const ItemView v = View(pb, it);
+  const int64_t dim = pb.head_size, group = pb.group, heads = it.kv_count * group;
+  float* q = ThreadScratch(heads * dim + 2 * heads + heads * dim + kLaneKeys);
+  float* m = q + heads * dim;
+  float* l = m + heads;
+  float* o = l + heads;
+  float* p = o + heads * dim;
+  const float* src = pb.query + (v.first_token * pb.num_heads + it.kv_head * group) * dim;
+  const __m512 scale = _mm512_set1_ps(pb.scale);
+  for (int64_t c = 0; c < heads * dim; c += 16) {
+    _mm512_storeu_ps(q + c, _mm512_mul_ps(_mm512_loadu_ps(src + c), scale));
+  }
+  std::fill(m, m + heads, -std::numeric_limits<float>::infinity());
+  std::fill(l, l + heads, 0.0f);
+  std::fill(o, o + heads * dim, 0.0f);
+  const T* keys[kKeyTile];
+  const T* values[kKeyTile];
+  __m512 dots[kLaneKeys];
+  for (int64_t k0 = v.key_begin; k0 < v.key_end; k0 += kLaneKeys) {
+    const int64_t n = std::min(kLaneKeys, v.key_end - k0);
+    TilePointers(pb, v, it.kv_head, k0, n, keys, values);
+    const __mmask16 live = static_cast<__mmask16>((1u << n) - 1);
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t offset = h / group * dim;  // the kv head's place in a cache slot
+      const float* qh = q + h * dim;
+      for (int64_t i = 0; i < kLaneKeys; ++i) {
+        __m512 a = _mm512_setzero_ps();
+        if (i < n) {
+          const T* k = keys[i] + offset;
+          for (int64_t c = 0; c < dim; c += 16) {
+            a = _mm512_fmadd_ps(_mm512_loadu_ps(qh + c), Load16(k + c), a);
+          }
+        }
+        dots[i] = a;
+      }
+      const __m512 scores = _mm512_mask_mov_ps(
+          _mm512_set1_ps(-std::numeric_limits<float>::infinity()), live, Sum16(dots));
+      const float m_new = std::max(m[h], _mm512_reduce_max_ps(scores));
+      const float alpha = std::exp(m[h] - m_new);  // 0 on the first tile
+      const __m512 probs = Exp512(_mm512_sub_ps(scores, _mm512_set1_ps(m_new)));
+      l[h] = l[h] * alpha + _mm512_reduce_add_ps(probs);
+      m[h] = m_new;
+      _mm512_storeu_ps(p, probs);
+      float* oh = o + h * dim;
+      const __m512 a = _mm512_set1_ps(alpha);
+      int64_t d = 0;
+      for (; d + 64 <= dim; d += 64) {
+        __m512 o0 = _mm512_mul_ps(_mm512_loadu_ps(oh + d), a);
+        __m512 o1 = _mm512_mul_ps(_mm512_loadu_ps(oh + d + 16), a);
+        __m512 o2 = _mm512_mul_ps(_mm512_loadu_ps(oh + d + 32), a);
+        __m512 o3 = _mm512_mul_ps(_mm512_loadu_ps(oh + d + 48), a);
+        for (int64_t i = 0; i < n; ++i) {
+          const __m512 pi = _mm512_set1_ps(p[i]);
+          const T* vi = values[i] + offset + d;
+          o0 = _mm512_fmadd_ps(pi, Load16(vi), o0);
+          o1 = _mm512_fmadd_ps(pi, Load16(vi + 16), o1);
+          o2 = _mm512_fmadd_ps(pi, Load16(vi + 32), o2);
+          o3 = _mm512_fmadd_ps(pi, Load16(vi + 48), o3);
+        }
+        _mm512_storeu_ps(oh + d, o0);
+        _mm512_storeu_ps(oh + d + 16, o1);
+        _mm512_storeu_ps(oh + d + 32, o2);
+        _mm512_storeu_ps(oh + d + 48, o3);
+      }
+      for (; d < dim; d += 16) {
+        __m512 o0 = _mm512_mul_ps(_mm512_loadu_ps(oh + d), a);
+        for (int64_t i = 0; i < n; ++i) {
+          o0 = _mm512_fmadd_ps(_mm512_set1_ps(p[i]), Load16(values[i] + offset + d), o0);
+        }
+        _mm512_storeu_ps(oh + d, o0);
       }
     }
   }
@@ -522,9 +653,15 @@ int PagedAttentionThreads() {
   return n > 0 ? n : omp_get_max_threads();
 }
 
-bool HasAvx512() {
-  static const bool has = __builtin_cpu_supports("avx512f");
-  return has;
+// The item functions for one cache element type.
+struct Kernels {
+  void (*row_avx512)(const Problem&, const WorkItem&);
+  void (*item_avx512)(const Problem&, const WorkItem&);
+  void (*item_generic)(const Problem&, const WorkItem&);
+};
+template <typename T>
+Kernels KernelsFor() {
+  return {&RunRowAvx512<T>, &RunItemAvx512<T>, &RunItemGeneric<T>};
 }
 
 OpStatus RunTiled(const TensorView& out, const TensorView& query, const TensorView& key_cache,
@@ -544,8 +681,8 @@ OpStatus RunTiled(const TensorView& out, const TensorView& query, const TensorVi
   pb.max_blocks = metadata.block_tables.shape[1];
   pb.query = query.data_as<const float>();
   pb.out = out.data_as<float>();
-  pb.key_cache = key_cache.data_as<const float>();
-  pb.value_cache = value_cache.data_as<const float>();
+  pb.key_cache = key_cache.data;
+  pb.value_cache = value_cache.data;
   pb.query_start_loc = metadata.query_start_loc.data_as<const int32_t>();
   pb.seq_lens = metadata.seq_lens.data_as<const int32_t>();
   pb.block_tables = metadata.block_tables.data_as<const int32_t>();
@@ -561,13 +698,21 @@ OpStatus RunTiled(const TensorView& out, const TensorView& query, const TensorVi
   splits.clear();
   const int64_t num_seqs = metadata.seq_lens.shape[0];
   const int64_t tile_queries = std::max<int64_t>(1, kMaxTileRows / pb.group);
+  const bool avx512 = allow_avx512 && HasAvx512() && pb.head_size % 16 == 0;
+  // Decode rows whose groups are narrower than a register: one item per row, all kv heads.
+  const bool rows_all_heads = avx512 && pb.group < kLaneKeys;
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t q_len = pb.query_start_loc[s + 1] - pb.query_start_loc[s];
     const int64_t context = pb.seq_lens[s] - q_len;
+    if (q_len == 1 && rows_all_heads) {
+      items.push_back({static_cast<int32_t>(s), 0, static_cast<int32_t>(pb.num_kv_heads), 0, 1, 0,
+                       -1, -1, pb.num_heads * (context + 1)});
+      continue;
+    }
     for (int64_t q0 = 0; q0 < q_len; q0 += tile_queries) {
       const int64_t q1 = std::min(q_len, q0 + tile_queries);
       for (int64_t kvh = 0; kvh < pb.num_kv_heads; ++kvh) {
-        items.push_back({static_cast<int32_t>(s), static_cast<int32_t>(kvh),
+        items.push_back({static_cast<int32_t>(s), static_cast<int32_t>(kvh), 1,
                          static_cast<int32_t>(q0), static_cast<int32_t>(q1), 0, -1, -1,
                          (q1 - q0) * pb.group * (context + q1)});
       }
@@ -589,15 +734,15 @@ OpStatus RunTiled(const TensorView& out, const TensorView& query, const TensorVi
       const int64_t parts = std::min(want, num_keys / kMinSplitKeys);
       if (it.q_end - it.q_begin != 1 || parts < 2) continue;
       const int64_t tiles = (num_keys + kKeyTile - 1) / kKeyTile;
-      splits.push_back(
-          {it.seq, it.kv_head, static_cast<int32_t>(num_partials), static_cast<int32_t>(parts)});
+      splits.push_back({it.seq, it.kv_head, it.kv_count, static_cast<int32_t>(num_partials),
+                        static_cast<int32_t>(parts)});
       const WorkItem whole = it;
       for (int64_t p = 0; p < parts; ++p) {
         WorkItem part = whole;
         part.k_begin = static_cast<int32_t>(tiles * p / parts * kKeyTile);
         part.k_end = static_cast<int32_t>(std::min(num_keys, tiles * (p + 1) / parts * kKeyTile));
         part.partial = static_cast<int32_t>(num_partials++);
-        part.cost = pb.group * (part.k_end - part.k_begin);
+        part.cost = it.kv_count * pb.group * (part.k_end - part.k_begin);
         if (p == 0) {
           it = part;
         } else {
@@ -612,15 +757,17 @@ OpStatus RunTiled(const TensorView& out, const TensorView& query, const TensorVi
   pb.partials = partials.data();
   std::sort(items.begin(), items.end(),
             [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
-  const bool avx512 = allow_avx512 && HasAvx512() && pb.head_size % 16 == 0;
+  const Kernels k = key_cache.dtype == DType::kBF16 ? KernelsFor<uint16_t>() : KernelsFor<float>();
   const int64_t num_items = static_cast<int64_t>(items.size());
   const WorkItem* list = items.data();
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && num_items > 1)
   for (int64_t i = 0; i < num_items; ++i) {
-    if (avx512) {
-      RunItemAvx512(pb, list[i]);
+    if (rows_all_heads && list[i].q_end - list[i].q_begin == 1) {
+      k.row_avx512(pb, list[i]);
+    } else if (avx512) {
+      k.item_avx512(pb, list[i]);
     } else {
-      RunItemGeneric(pb, list[i]);
+      k.item_generic(pb, list[i]);
     }
   }
   for (const Split& sp : splits) MergeSplit(pb, sp);

@@ -2,6 +2,7 @@
 #include <cstring>
 #include <string>
 
+#include "common/half.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/op_check.h"
 
@@ -27,6 +28,17 @@ OpStatus ReshapeAndCache(const TensorView& key, const TensorView& value,
     const int64_t slot = internal::IndexAt(slot_mapping, t);
     if (slot == -1) continue;
     // cache[slot / bs][slot % bs][h][d] = kv[t][h][d]: slots are consecutive rows of Hkv * D.
+    if (key_cache.dtype == DType::kBF16) {  // rounded to nearest even
+      uint16_t* kc = key_cache.data_as<uint16_t>() + slot * row;
+      uint16_t* vc = value_cache.data_as<uint16_t>() + slot * row;
+      const float* k = key.data_as<const float>() + t * row;
+      const float* v = value.data_as<const float>() + t * row;
+      for (int64_t i = 0; i < row; ++i) {
+        kc[i] = FloatToBf16(k[i]);
+        vc[i] = FloatToBf16(v[i]);
+      }
+      continue;
+    }
     std::memcpy(key_cache.data_as<float>() + slot * row, key.data_as<const float>() + t * row,
                 row * sizeof(float));
     std::memcpy(value_cache.data_as<float>() + slot * row, value.data_as<const float>() + t * row,

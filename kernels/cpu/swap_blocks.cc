@@ -11,7 +11,9 @@ OpStatus SwapBlocks(std::span<const TensorView> srcs, std::span<const TensorView
                     std::span<const BlockPair> pairs) {
   const TensorView& src = srcs[0];
   const TensorView& dst = dsts[0];
-  const int64_t block_numel = src.shape[1] * src.shape[2] * src.shape[3];
+  // Bytes of one block (f32 or bf16 caches).
+  const int64_t block_bytes =
+      src.shape[1] * src.shape[2] * src.shape[3] * static_cast<int64_t>(DTypeSize(src.dtype));
   for (size_t i = 0; i < pairs.size(); ++i) {
     const BlockPair& p = pairs[i];
     if (p.src < 0 || p.src >= src.shape[0]) {
@@ -28,9 +30,8 @@ OpStatus SwapBlocks(std::span<const TensorView> srcs, std::span<const TensorView
   for (size_t i = 0; i < srcs.size(); ++i) {
     for (const BlockPair& p : pairs) {
       // dst[p.dst][:][:][:] = src[p.src][:][:][:]; memmove: src and dst may be one cache.
-      std::memmove(dsts[i].data_as<float>() + p.dst * block_numel,
-                   srcs[i].data_as<const float>() + p.src * block_numel,
-                   block_numel * sizeof(float));
+      std::memmove(dsts[i].data_as<char>() + p.dst * block_bytes,
+                   srcs[i].data_as<const char>() + p.src * block_bytes, block_bytes);
     }
   }
   return OpStatus::Ok();

@@ -13,9 +13,11 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "common/half.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ops.h"
@@ -52,7 +54,20 @@ std::string Describe(const Case& c) {
 using Op = OpStatus (*)(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
                         const AttentionMetadata&, float);
 
-::testing::AssertionResult MatchesReference(Op op, const Case& c, std::mt19937& rng) {
+// The same values in a bf16 tensor (rounded to nearest even).
+HostTensor ToBf16(const HostTensor& f32) {
+  const TensorView& v = f32.view();
+  HostTensor b(DType::kBF16, std::span<const int64_t>(v.shape.data(), v.ndim));
+  for (int64_t i = 0; i < f32.numel(); ++i) {
+    b.data<uint16_t>()[i] = FloatToBf16(f32.data<float>()[i]);
+  }
+  return b;
+}
+
+// cache_dtype kBF16: both ops read the same bf16 caches (the op under test and the reference
+// widen the same values, so the tolerance stays fp32's).
+::testing::AssertionResult MatchesReference(Op op, const Case& c, std::mt19937& rng,
+                                            DType cache_dtype = DType::kF32) {
   const int64_t num_seqs = static_cast<int64_t>(c.seqs.size());
   int64_t num_tokens = 0, max_blocks = 0, needed = 0;
   for (const Seq& s : c.seqs) {
@@ -76,6 +91,10 @@ using Op = OpStatus (*)(const TensorView&, const TensorView&, const TensorView&,
   // Scores spread over several units so that the softmax is neither flat nor one-hot.
   HostTensor key_cache = Random({num_blocks, c.block_size, c.kv_heads, c.head_size}, rng);
   HostTensor value_cache = Random({num_blocks, c.block_size, c.kv_heads, c.head_size}, rng);
+  if (cache_dtype == DType::kBF16) {
+    key_cache = ToBf16(key_cache);
+    value_cache = ToBf16(value_cache);
+  }
   HostTensor query = Random({num_tokens, c.heads, c.head_size}, rng, -2.0f, 2.0f);
   HostTensor got = Poisoned({num_tokens, c.heads, c.head_size});
   HostTensor want = Poisoned({num_tokens, c.heads, c.head_size});
@@ -133,6 +152,43 @@ TEST(PagedAttentionTiled, MatchesReference) {
   std::mt19937 rng(1801);
   for (const Case& c : Cases())
     EXPECT_TRUE(MatchesReference(cpu::PagedAttention, c, rng)) << Describe(c);
+}
+
+// bf16 caches (a bf16 model's KV cache on the CPU): every path, every case.
+TEST(PagedAttentionTiled, Bf16CachesMatchTheReference) {
+  std::mt19937 rng(1807);
+  for (const Case& c : Cases()) {
+    EXPECT_TRUE(MatchesReference(cpu::PagedAttention, c, rng, DType::kBF16)) << Describe(c);
+    EXPECT_TRUE(MatchesReference(cpu::PagedAttentionPortable, c, rng, DType::kBF16))
+        << "portable, " << Describe(c);
+  }
+}
+
+// The reference on bf16 caches is the reference on their values widened to f32, bit for bit.
+TEST(PagedAttentionTiled, Bf16ReferenceReadsTheWidenedValues) {
+  std::mt19937 rng(1808);
+  const int64_t kBlocks = 6, kBlockSize = 16, kKv = 2, kHeads = 6, kDim = 64;
+  HostTensor k16 = ToBf16(Random({kBlocks, kBlockSize, kKv, kDim}, rng));
+  HostTensor v16 = ToBf16(Random({kBlocks, kBlockSize, kKv, kDim}, rng));
+  HostTensor k32(DType::kF32, {kBlocks, kBlockSize, kKv, kDim});
+  HostTensor v32(DType::kF32, {kBlocks, kBlockSize, kKv, kDim});
+  for (int64_t i = 0; i < k16.numel(); ++i) {
+    k32.data<float>()[i] = Bf16ToFloat(k16.data<uint16_t>()[i]);
+    v32.data<float>()[i] = Bf16ToFloat(v16.data<uint16_t>()[i]);
+  }
+  HostTensor query = Random({5, kHeads, kDim}, rng, -2.0f, 2.0f);
+  HostTensor a = Poisoned({5, kHeads, kDim}), b = Poisoned({5, kHeads, kDim});
+  HostTensor t = Indices({4, 1, 5, 0, 2, 3}, DType::kI32, {2, 3});
+  HostTensor l = Indices({40, 33}, DType::kI32);
+  HostTensor q = Indices({0, 4, 5}, DType::kI32);
+  const AttentionMetadata md{t.view(), l.view(), q.view()};
+  ASSERT_TRUE(
+      cpu::PagedAttentionReference(a.view(), query.view(), k16.view(), v16.view(), md, 0.125f)
+          .ok());
+  ASSERT_TRUE(
+      cpu::PagedAttentionReference(b.view(), query.view(), k32.view(), v32.view(), md, 0.125f)
+          .ok());
+  for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.data<float>()[i], b.data<float>()[i]) << i;
 }
 
 TEST(PagedAttentionTiled, PortableMatchesReference) {

@@ -4,6 +4,7 @@
 #include <random>
 #include <vector>
 
+#include "common/half.h"
 #include "gtest/gtest.h"
 #include "kernels/ops.h"
 #include "tests/unit/kernels/test_util.h"
@@ -76,8 +77,8 @@ TEST(ReshapeAndCache, ASlotOutsideTheCacheIsAnErrorAndWritesNothing) {
 namespace llm::ops {
 namespace {
 
-// f16 / bf16 KV caches are for the CUDA backend: the CPU ops (the fp32 reference) reject them
-// by name, and both caches must share one dtype on any device.
+// f16 KV caches are for the CUDA backend: the CPU ops reject them by name, and both caches must
+// share one dtype on any device.
 TEST(KvCacheDTypes, HalfCachesAreRejectedByTheCpuBackendAndMustMatch) {
   std::mt19937 rng(51);
   HostTensor key = Random({1, kKvHeads, kHeadSize}, rng);
@@ -87,11 +88,11 @@ TEST(KvCacheDTypes, HalfCachesAreRejectedByTheCpuBackendAndMustMatch) {
   HostTensor bf16_k(DType::kBF16, {kBlocks, kBlockSize, kKvHeads, kHeadSize});
   HostTensor bf16_v(DType::kBF16, {kBlocks, kBlockSize, kKvHeads, kHeadSize});
   HostTensor f16_k(DType::kF16, {kBlocks, kBlockSize, kKvHeads, kHeadSize});
-  EXPECT_EQ(
-      ReshapeAndCache({}, key.view(), value.view(), bf16_k.view(), bf16_v.view(), slots.view())
-          .message,
-      "ReshapeAndCache: key_cache: the CPU backend takes f32 caches, got bf16 [5, 4, 2, 3] on "
-      "cpu");
+  HostTensor f16_v(DType::kF16, {kBlocks, kBlockSize, kKvHeads, kHeadSize});
+  EXPECT_EQ(ReshapeAndCache({}, key.view(), value.view(), f16_k.view(), f16_v.view(), slots.view())
+                .message,
+            "ReshapeAndCache: key_cache: the CPU backend takes f32 or bf16 caches, got f16 "
+            "[5, 4, 2, 3] on cpu");
   EXPECT_EQ(
       ReshapeAndCache({}, key.view(), value.view(), bf16_k.view(), f32_cache.view(), slots.view())
           .message,
@@ -102,12 +103,13 @@ TEST(KvCacheDTypes, HalfCachesAreRejectedByTheCpuBackendAndMustMatch) {
       "ReshapeAndCache: value_cache: expected f16 [5, 4, 2, 3], got bf16 [5, 4, 2, 3] on cpu");
 
   const std::vector<BlockPair> pairs = {{0, 1}};
-  const std::vector<TensorView> ks = {bf16_k.view()}, vs = {bf16_v.view()};
+  const std::vector<TensorView> ks = {f16_k.view()}, vs = {f16_v.view()};
   EXPECT_EQ(CopyBlocks({}, ks, vs, pairs).message,
-            "CopyBlocks: key_caches[0]: the CPU backend takes f32 caches, got bf16 [5, 4, 2, 3] "
+            "CopyBlocks: key_caches[0]: the CPU backend takes f32 or bf16 caches, got f16 "
+            "[5, 4, 2, 3] on cpu");
+  EXPECT_EQ(SwapBlocks({}, f16_k.view(), f16_v.view(), pairs).message,
+            "SwapBlocks: src[0]: the CPU backend takes f32 or bf16 caches, got f16 [5, 4, 2, 3] "
             "on cpu");
-  EXPECT_EQ(SwapBlocks({}, bf16_k.view(), bf16_v.view(), pairs).message,
-            "SwapBlocks: src[0]: the CPU backend takes f32 caches, got bf16 [5, 4, 2, 3] on cpu");
   EXPECT_EQ(SwapBlocks({}, bf16_k.view(), f32_cache.view(), pairs).message,
             "SwapBlocks: dst[0]: expected bf16 [?, 4, 2, 3], got f32 [5, 4, 2, 3] on cpu");
 
@@ -117,8 +119,55 @@ TEST(KvCacheDTypes, HalfCachesAreRejectedByTheCpuBackendAndMustMatch) {
   const AttentionMetadata md{tables.view(), seq_lens.view(), qsl.view(), 1};
   EXPECT_EQ(
       PagedAttention({}, out.view(), query.view(), f16_k.view(), f16_k.view(), md, 1.0f).message,
-      "PagedAttention: key_cache: the CPU backend takes f32 caches, got f16 [5, 4, 2, 3] on "
-      "cpu");
+      "PagedAttention: key_cache: the CPU backend takes f32 or bf16 caches, got f16 "
+      "[5, 4, 2, 3] on cpu");
+}
+
+// bf16 caches on the CPU (a bf16 model's): each token's K and V land in their slot rounded to
+// nearest even, every other slot keeps its bits; CopyBlocks and SwapBlocks move whole bf16
+// blocks.
+TEST(KvCacheDTypes, Bf16CachesOnTheCpuHoldTheRoundedValuesAndMoveWhole) {
+  std::mt19937 rng(52);
+  const std::vector<int64_t> slots = {3, -1, 17, 8};
+  HostTensor key = Random({4, kKvHeads, kHeadSize}, rng);
+  HostTensor value = Random({4, kKvHeads, kHeadSize}, rng);
+  HostTensor k(DType::kBF16, {kBlocks, kBlockSize, kKvHeads, kHeadSize});
+  HostTensor v(DType::kBF16, {kBlocks, kBlockSize, kKvHeads, kHeadSize});
+  for (int64_t i = 0; i < k.numel(); ++i) {
+    k.data<uint16_t>()[i] = static_cast<uint16_t>(rng());
+    v.data<uint16_t>()[i] = static_cast<uint16_t>(rng());
+  }
+  std::vector<uint16_t> want_k(k.data<uint16_t>(), k.data<uint16_t>() + k.numel());
+  std::vector<uint16_t> want_v(v.data<uint16_t>(), v.data<uint16_t>() + v.numel());
+  for (size_t t = 0; t < slots.size(); ++t) {
+    if (slots[t] < 0) continue;
+    for (int64_t i = 0; i < kRow; ++i) {
+      want_k[slots[t] * kRow + i] = FloatToBf16(key.data<float>()[t * kRow + i]);
+      want_v[slots[t] * kRow + i] = FloatToBf16(value.data<float>()[t * kRow + i]);
+    }
+  }
+  HostTensor slot_mapping = Indices(slots, DType::kI64);
+  ASSERT_TRUE(
+      ReshapeAndCache({}, key.view(), value.view(), k.view(), v.view(), slot_mapping.view()).ok());
+  EXPECT_EQ(std::vector<uint16_t>(k.data<uint16_t>(), k.data<uint16_t>() + k.numel()), want_k);
+  EXPECT_EQ(std::vector<uint16_t>(v.data<uint16_t>(), v.data<uint16_t>() + v.numel()), want_v);
+
+  const int64_t block = kBlockSize * kRow;  // elements
+  const std::vector<BlockPair> copy = {{4, 1}};
+  const std::vector<TensorView> ks = {k.view()}, vs = {v.view()};
+  ASSERT_TRUE(CopyBlocks({}, ks, vs, copy).ok());
+  EXPECT_EQ(std::memcmp(k.data<uint16_t>() + 1 * block, k.data<uint16_t>() + 4 * block,
+                        block * sizeof(uint16_t)),
+            0);
+  EXPECT_EQ(std::memcmp(v.data<uint16_t>() + 1 * block, v.data<uint16_t>() + 4 * block,
+                        block * sizeof(uint16_t)),
+            0);
+  HostTensor host(DType::kBF16, {2, kBlockSize, kKvHeads, kHeadSize});
+  const std::vector<BlockPair> out = {{2, 1}};
+  ASSERT_TRUE(SwapBlocks({}, k.view(), host.view(), out).ok());
+  EXPECT_EQ(std::memcmp(host.data<uint16_t>() + block, k.data<uint16_t>() + 2 * block,
+                        block * sizeof(uint16_t)),
+            0);
 }
 
 }  // namespace

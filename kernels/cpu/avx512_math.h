@@ -1,0 +1,42 @@
+// AVX-512 helpers the CPU ops share (compiled for avx512f by function attribute, so callers pick
+// them at run time: HasAvx512()).
+#ifndef LLM_KERNELS_CPU_AVX512_MATH_H_
+#define LLM_KERNELS_CPU_AVX512_MATH_H_
+
+#include <immintrin.h>
+
+#define LLM_AVX512 __attribute__((target("avx512f")))
+
+namespace llm::ops::cpu {
+
+// Whether this CPU runs AVX-512 (avx512f).
+inline bool HasAvx512() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
+}
+
+// exp(x) for 16 floats: Cephes' expf polynomial (about 1 ulp on [-87.3, 88.4]) scaled by 2^n
+// with vscalefps; 0 below -87.3 (and for -inf), +inf above 88.37 clamps to exp(88.37), NaN for
+// NaN.
+LLM_AVX512 inline __m512 Exp512(__m512 x) {
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_GE_OQ);
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.37f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  y = _mm512_maskz_mov_ps(live, _mm512_scalef_ps(y, n));
+  return _mm512_mask_mov_ps(y, nan, x);
+}
+
+}  // namespace llm::ops::cpu
+
+#endif  // LLM_KERNELS_CPU_AVX512_MATH_H_
