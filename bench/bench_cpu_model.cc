@@ -3,6 +3,8 @@
 // embeddings, qkv bias) with random weights, at batch 1, 8 and 32, with f32 and with bf16 GEMM
 // weights (kernels/cpu/packed_linear.h; bf16 only on CPUs with AVX512_BF16 or AMX), on the
 // one thread pool (kernels/cpu/thread_pool.h: --threads=N, default the cpuset's CPUs).
+// --shape=smollm2: SmolLM2-135M's shape instead (30 layers, hidden 576, 9 query / 3 KV heads,
+// intermediate 1536, vocabulary 49,152, tied embeddings), the model bench/peers serves.
 //
 // Two baselines in the same process: a large streaming copy (memcpy of 1 GiB; bandwidth counts
 // the bytes read and written), for batch 1, which is bound by reading every weight once; and
@@ -36,6 +38,24 @@ namespace {
 
 constexpr int kBlockSize = 16;
 constexpr int kContext = 256;  // tokens of context per sequence during the decode steps
+
+ModelConfig SmolLm2() {
+  ModelConfig c;
+  c.architecture = "LlamaForCausalLM";
+  c.vocab_size = 49152;
+  c.hidden_size = 576;
+  c.intermediate_size = 1536;
+  c.num_hidden_layers = 30;
+  c.num_attention_heads = 9;
+  c.num_key_value_heads = 3;
+  c.head_dim = 64;
+  c.max_position_embeddings = 8192;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 100000.0;
+  c.tie_word_embeddings = true;
+  c.attention_bias = false;
+  return c;
+}
 
 ModelConfig Qwen25HalfB() {
   ModelConfig c;
@@ -77,6 +97,10 @@ double StepFlops(const ModelConfig& c, int batch) {
   return 2.0 * batch * GemmWeights(c) + 4.0 * batch * (kContext + 1) * q * c.num_hidden_layers;
 }
 
+// --shape=qwen0.5b (default) or --shape=smollm2 (SmolLM2-135M, the model bench/peers serves).
+bool g_smollm2 = false;
+ModelConfig BenchConfig() { return g_smollm2 ? SmolLm2() : Qwen25HalfB(); }
+
 struct Fixture {
   std::unique_ptr<LlamaModel> model;
   std::unique_ptr<CacheEngine> cache;
@@ -92,16 +116,17 @@ Fixture& Get(DType dtype) {
     auto* fx = new Fixture;
     ModelOptions options;
     options.dtype = dtype;
-    auto model = LlamaModel::CreateRandom(Qwen25HalfB(), 1, nullptr, options);
+    auto model = LlamaModel::CreateRandom(BenchConfig(), 1, nullptr, options);
     if (!model.ok()) {
       std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
       std::exit(1);
     }
     fx->model = std::move(*model);
     const int blocks_per_seq = (kContext + 64) / kBlockSize + 1;
+    // The KV cache in the model's dtype, as llm-worker's kv_cache_dtype auto keeps it.
     fx->cache = std::make_unique<CacheEngine>(
         CacheShape{fx->model->num_layers(), fx->model->num_local_kv_heads(), fx->model->head_dim(),
-                   kBlockSize},
+                   kBlockSize, dtype},
         32 * blocks_per_seq, 1);
     for (const LayerKvCache& l : fx->cache->device_caches()) {
       std::memset(l.key.data, 0, l.key.nbytes());
@@ -252,7 +277,8 @@ void BM_Baseline_StreamingCopy(benchmark::State& state) {
 BENCHMARK(BM_Baseline_StreamingCopy)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void PrintSummary(const SummaryReporter& r) {
-  const ModelConfig c = Qwen25HalfB();
+  const ModelConfig c = BenchConfig();
+  std::printf("\nModel shape: %s\n", g_smollm2 ? "SmolLM2-135M" : "Qwen2.5-0.5B");
   const double copy_s = r.seconds("BM_Baseline_StreamingCopy");
   const double bandwidth = copy_s > 0 ? 2.0 * (size_t{1} << 30) / copy_s : 0;
   std::printf("\nThreads: %d (pinned: %s); CPU bf16 (AVX512_BF16 or AMX): %s\n",
@@ -308,7 +334,9 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const bool threads = std::strncmp(argv[i], "--threads=", 10) == 0;
     const bool pin = std::strncmp(argv[i], "--pin-threads=", 14) == 0;
-    if (!threads && !pin) continue;
+    const bool shape = std::strncmp(argv[i], "--shape=", 8) == 0;
+    if (!threads && !pin && !shape) continue;
+    if (shape) llm::g_smollm2 = std::strcmp(argv[i] + 8, "smollm2") == 0;
     if (threads) llm::cpu::SetThreadPoolSize(std::atoi(argv[i] + 10));
     if (pin) llm::cpu::SetThreadPoolPinning(std::strcmp(argv[i] + 14, "true") == 0);
     for (int j = i; j + 1 < argc; ++j) argv[j] = argv[j + 1];

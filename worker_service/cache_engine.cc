@@ -29,11 +29,11 @@ absl::StatusOr<std::unique_ptr<CacheEngine>> CacheEngine::Create(const CacheShap
         absl::StrCat("KV cache: ", num_device_blocks, " device and ", num_host_blocks,
                      " host blocks of ", shape.num_layers, " layers: every count must be >= 1"));
   }
-  if (!(shape.dtype == DType::kF32 ||
-        (cuda && (shape.dtype == DType::kBF16 || shape.dtype == DType::kF16)))) {
+  if (!(shape.dtype == DType::kF32 || shape.dtype == DType::kBF16 ||
+        (cuda && shape.dtype == DType::kF16))) {
     return absl::InvalidArgumentError(absl::StrCat("KV cache dtype ", DTypeName(shape.dtype),
                                                    " is not supported on ", cuda ? "cuda" : "cpu",
-                                                   cuda ? " (f32, f16, bf16)" : " (f32)"));
+                                                   cuda ? " (f32, f16, bf16)" : " (f32, bf16)"));
   }
   std::unique_ptr<CacheEngine> engine(
       new CacheEngine(shape, num_device_blocks, num_host_blocks, context, true));

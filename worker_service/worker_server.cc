@@ -65,9 +65,10 @@ namespace {
 // The KV cache's dtype from InitRequest.kv_cache_dtype for a model of `model` dtype.
 absl::StatusOr<DType> ParseKvCacheDType(const std::string& name, DType model,
                                         const TensorDevice& device) {
-  // auto: the model's dtype; on cpu f32 (the CPU model's activations and attention are f32
-  // whatever its GEMM weights are).
-  if (name.empty() || name == "auto") return device.is_cpu() ? DType::kF32 : model;
+  // auto: the model's dtype, as vLLM's: on cpu a bf16 model keeps bf16 keys and values (the
+  // attention widens them to f32 as it reads them), which halves the bytes a decode step
+  // reads from the cache; an f32 model keeps f32.
+  if (name.empty() || name == "auto") return model;
   absl::StatusOr<DType> d = ParseModelDType(name, device);
   if (!d.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("kv_cache_dtype: ", d.status().message()));

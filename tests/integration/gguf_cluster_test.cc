@@ -66,7 +66,9 @@ TEST(GgufRealModelTest, SmolLm2AnswersTheCapitalOfFrance) {
   }
   ClusterOptions o;
   o.model = path;
-  o.engine = {{"max_model_len", "512"}};
+  // As `make run` serves it: dtype auto (bf16 GEMM weights and KV cache on CPUs with
+  // AVX512_BF16 or AMX, else float32).
+  o.engine = {{"max_model_len", "512"}, {"dtype", "auto"}};
   absl::StatusOr<std::unique_ptr<LocalCluster>> c = LocalCluster::Start(o);
   ASSERT_TRUE(c.ok()) << c.status();
   GenerateResult r = Generate((*c)->stub(), GreedyRequest("The capital of France is", 8, false),

@@ -21,6 +21,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/packed_linear.h"
 #include "protocol/step_codec.h"
 #include "scheduler_service/engine/engine_core.h"
 #include "tests/testing/grpc_probe.h"
@@ -324,6 +325,24 @@ TEST(WorkerServer, LifecycleAnswersFollowTheModelAndTheMemoryFigures) {
   EXPECT_THAT(w.Health().detail(), StartsWith("not initialized"));
   ASSERT_TRUE(w.InitCache(16, 8, 0).ok());
   EXPECT_EQ(w.Health().detail(), "ready");
+
+  // kv_cache_dtype auto is the model's dtype: a bf16 model's blocks take half the bytes, so
+  // the same space holds twice the blocks; float32 asked for keeps f32.
+  if (cpu::CpuHasNativeBf16()) {
+    v1::InitRequest bf16 = MakeInit();
+    bf16.set_dtype("auto");
+    ASSERT_TRUE(w.Init(bf16).ok());
+    profile.set_block_size(16);
+    v1::ProfileMemoryResponse half;
+    ASSERT_TRUE(w.ProfileMemory(profile, &half).ok());
+    EXPECT_EQ(half.bytes_per_block(), bytes / 2);
+    ASSERT_TRUE(w.InitCache(16, half.num_gpu_blocks(), 0).ok());
+    EXPECT_EQ(w.Health().detail(), "ready");
+    bf16.set_kv_cache_dtype("float32");
+    ASSERT_TRUE(w.Init(bf16).ok());
+    ASSERT_TRUE(w.ProfileMemory(profile, &half).ok());
+    EXPECT_EQ(half.bytes_per_block(), bytes);
+  }
 }
 
 // world_size and rank are uint32 on the wire: one past INT_MAX must not wrap to a negative

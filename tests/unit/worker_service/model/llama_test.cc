@@ -111,7 +111,8 @@ INSTANTIATE_TEST_SUITE_P(Models, LlamaGoldenTest,
                          });
 
 // bf16 GEMM weights on the CPU (x rounded to bf16 at each GEMM, fp32 accumulation; norms,
-// rotary, softmax, attention and the KV cache fp32) against transformers' fp32 logits. bf16
+// rotary, softmax and attention fp32, the KV cache fp32 or bf16) against transformers' fp32
+// logits. bf16
 // keeps 8 significant bits (relative rounding error up to 2^-9 per weight and input), so logits
 // move by about 1% of their scale: each row's RowError (max |diff| / max |golden|) must stay
 // under kBf16RowTolerance, and greedy tokens must be transformers' wherever its top-1 leads its
@@ -167,12 +168,23 @@ TEST_P(LlamaBf16GoldenTest, LogitsAreTransformersWithinBf16Tolerance) {
   EXPECT_GT(max_diff, 1e-4);
 }
 
+// With a bf16 KV cache as well (what `kv_cache_dtype: auto` gives a bf16 model on the CPU):
+// keys and values rounded to bf16 as they are stored, the same tolerance.
+TEST_P(LlamaBf16GoldenTest, LogitsWithABf16KvCacheAreTransformersWithinBf16Tolerance) {
+  std::vector<float> logits;
+  const double worst = RunAndCompare(
+      *model_, golden_, 16,
+      [](std::mt19937& rng) { return std::uniform_int_distribution<int>(1, 7)(rng); }, &logits,
+      kBf16RowTolerance, DType::kBF16);
+  RecordProperty("max_relative_error", std::to_string(worst));
+}
+
 TEST_P(LlamaBf16GoldenTest, GreedyTokensAreTransformersWhereTheMarginIsSafe) {
   const int vocab = model_->vocab_size();
   int checked = 0, positions = 0;
   for (size_t p = 0; p < golden_.ids.size(); ++p) {
     const std::vector<int32_t>& ids = golden_.ids[p];
-    Cache cache(*model_, 64, 16);
+    Cache cache(*model_, 64, 16, DType::kBF16);  // as served: kv_cache_dtype auto
     std::vector<int32_t> blocks(cache.free.end() - 8, cache.free.end());
     const int n = static_cast<int>(ids.size());
     std::vector<int32_t> pos(n), rows(n);

@@ -70,8 +70,9 @@ struct Cache {
     }
     for (int l = 0; l < m.num_layers() && engine == nullptr; ++l) {
       for (int kv = 0; kv < 2; ++kv) {
-        HostTensor t(DType::kF32, {num_blocks, block_size, m.num_local_kv_heads(), m.head_dim()});
-        std::fill_n(t.data<float>(), t.numel(), std::numeric_limits<float>::quiet_NaN());
+        HostTensor t(kv_dtype, {num_blocks, block_size, m.num_local_kv_heads(), m.head_dim()});
+        // Poison: all-ones bytes are NaN in f32 and bf16.
+        std::memset(t.data<char>(), 0xFF, t.numel() * DTypeSize(kv_dtype));
         tensors.push_back(std::move(t));
       }
       layers.push_back({tensors[2 * l].view(), tensors[2 * l + 1].view()});
