@@ -16,7 +16,10 @@ using testing::Random;
 
 TEST(SiluAndMul, MatchesTheFormula) {
   std::mt19937 rng(20);
-  for (auto [tokens, inter] : {std::pair<int64_t, int64_t>{1, 1}, {3, 7}, {16, 300}}) {
+  // Up to rows past the op's threshold for the OpenMP pool (64 x 1536); widths with and
+  // without a partial AVX-512 register.
+  for (auto [tokens, inter] :
+       {std::pair<int64_t, int64_t>{1, 1}, {3, 7}, {16, 300}, {2, 32}, {64, 1536}, {40, 1001}}) {
     HostTensor x = Random({tokens, 2 * inter}, rng, -8.0f, 8.0f);
     HostTensor out = Poisoned({tokens, inter});
     ASSERT_TRUE(SiluAndMul({}, out.view(), x.view()).ok());
@@ -29,6 +32,34 @@ TEST(SiluAndMul, MatchesTheFormula) {
       }
     }
     EXPECT_TRUE(AllClose(out.data<float>(), want, 1e-6, 1e-5)) << tokens << "x" << inter;
+  }
+}
+
+// Tensor parallelism splits each row over the ranks: an element's result must not depend on
+// where in the row it falls (a partial register at the end of one rank's half, a full one in
+// the whole row).
+TEST(SiluAndMul, HalvesOfARowGiveTheWholeRowsBits) {
+  std::mt19937 rng(21);
+  const int64_t tokens = 5, inter = 42;  // halves of 21: each ends in a partial register
+  HostTensor x = Random({tokens, 2 * inter}, rng, -8.0f, 8.0f);
+  HostTensor whole = Poisoned({tokens, inter});
+  ASSERT_TRUE(SiluAndMul({}, whole.view(), x.view()).ok());
+  for (int64_t half = 0; half < 2; ++half) {
+    const int64_t n = inter / 2;
+    HostTensor xh(DType::kF32, {tokens, 2 * n}), oh = Poisoned({tokens, n});
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t i = 0; i < n; ++i) {
+        xh.data<float>()[t * 2 * n + i] = x.data<float>()[t * 2 * inter + half * n + i];
+        xh.data<float>()[t * 2 * n + n + i] = x.data<float>()[t * 2 * inter + inter + half * n + i];
+      }
+    }
+    ASSERT_TRUE(SiluAndMul({}, oh.view(), xh.view()).ok());
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(oh.data<float>()[t * n + i], whole.data<float>()[t * inter + half * n + i])
+            << "token " << t << ", half " << half << ", element " << i;
+      }
+    }
   }
 }
 
