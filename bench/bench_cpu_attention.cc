@@ -5,10 +5,11 @@
 //   BM_Prefill/impl/prompt        one sequence's prompt from scratch (causal): GFLOP/s =
 //                                 4 * D * heads * prompt * (prompt + 1) / 2 per second
 // impl 0 is the production op (cpu::PagedAttention: tiled, AVX-512, on the OpenMP pool), impl 1
-// the single-threaded reference (cpu::PagedAttentionReference), in the same process; each row
-// of impl 0 also reports x_reference, its speed-up over impl 1 on the same shape (the reference
-// timed once per shape). Rates are per wall-clock second (UseRealTime); the thread count is
-// OpenMP's (OMP_NUM_THREADS). BM_EmptyParallelRegion is the pool's fork-join cost on this
+// the single-threaded reference (cpu::PagedAttentionReference), impl 2 the production op on
+// bf16 caches (a bf16 model's; KV_GB/s counts 2-byte elements), in the same process; each row
+// of impls 0 and 2 also reports x_reference, its speed-up over impl 1 on the same shape (the
+// reference timed once per shape). Rates are per wall-clock second (UseRealTime); the thread count
+// is OpenMP's (OMP_NUM_THREADS). BM_EmptyParallelRegion is the pool's fork-join cost on this
 // machine, the floor of every threaded row (calls below the op's work threshold run on one).
 // --shape=smollm2: SmolLM2-135M's 9 query / 3 kv heads instead of 14 / 2.
 #include <omp.h>
@@ -20,11 +21,13 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "benchmark/benchmark.h"
+#include "common/half.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ops.h"
 #include "kernels/tensor.h"
@@ -65,20 +68,38 @@ struct Batch {
     md = {tables.view(), seq_lens.view(), qsl.view(), static_cast<int>(context_len)};
   }
 
-  bool Run(bool reference) {
+  // impl 0: the production op; 1: the reference; 2: the production op on bf16 caches.
+  bool Run(int impl) {
     const float scale = 1.0f / std::sqrt(float(kHeadSize));
+    if (impl == 2 && key_cache16.view().data == nullptr) {
+      key_cache16 = ToBf16(key_cache);
+      value_cache16 = ToBf16(value_cache);
+    }
     const OpStatus s =
-        reference ? cpu::PagedAttentionReference(out.view(), query.view(), key_cache.view(),
-                                                 value_cache.view(), md, scale)
-                  : cpu::PagedAttention(out.view(), query.view(), key_cache.view(),
-                                        value_cache.view(), md, scale);
+        impl == 1   ? cpu::PagedAttentionReference(out.view(), query.view(), key_cache.view(),
+                                                   value_cache.view(), md, scale)
+        : impl == 2 ? cpu::PagedAttention(out.view(), query.view(), key_cache16.view(),
+                                          value_cache16.view(), md, scale)
+                    : cpu::PagedAttention(out.view(), query.view(), key_cache.view(),
+                                          value_cache.view(), md, scale);
     benchmark::DoNotOptimize(out.data<float>()[0]);
     return s.ok();
   }
 
   int64_t blocks_per_seq;
   HostTensor key_cache, value_cache, query, out, tables, seq_lens, qsl;
+  HostTensor key_cache16, value_cache16;  // impl 2's, made on first use
   AttentionMetadata md;
+
+ private:
+  static HostTensor ToBf16(const HostTensor& f32) {
+    const TensorView& v = f32.view();
+    HostTensor b(DType::kBF16, std::span<const int64_t>(v.shape.data(), v.ndim));
+    for (int64_t i = 0; i < f32.numel(); ++i) {
+      b.data<uint16_t>()[i] = FloatToBf16(f32.data<float>()[i]);
+    }
+    return b;
+  }
 };
 
 // Seconds of one reference run on this shape, measured once per process (the best of 3).
@@ -90,7 +111,7 @@ double ReferenceSeconds(int64_t num_seqs, int64_t context_len, int64_t q_len) {
   double best = 1e30;
   for (int i = 0; i < 3; ++i) {
     const auto start = std::chrono::steady_clock::now();
-    b.Run(/*reference=*/true);
+    b.Run(/*impl=*/1);
     best = std::min(
         best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
@@ -98,12 +119,14 @@ double ReferenceSeconds(int64_t num_seqs, int64_t context_len, int64_t q_len) {
 }
 
 void Measure(benchmark::State& state, int64_t num_seqs, int64_t context_len, int64_t q_len) {
-  const bool reference = state.range(0) == 1;
+  const int impl = static_cast<int>(state.range(0));
+  const bool reference = impl == 1;
   Batch b(num_seqs, context_len, q_len);
+  b.Run(impl);  // warm (and impl 2's bf16 caches made)
   const auto start = std::chrono::steady_clock::now();
   int64_t runs = 0;
   for (auto _ : state) {
-    if (!b.Run(reference)) state.SkipWithError("PagedAttention failed");
+    if (!b.Run(impl)) state.SkipWithError("PagedAttention failed");
     ++runs;
   }
   const double per_run =
@@ -112,19 +135,21 @@ void Measure(benchmark::State& state, int64_t num_seqs, int64_t context_len, int
     state.counters["x_reference"] = ReferenceSeconds(num_seqs, context_len, q_len) / per_run;
   }
   state.SetLabel(reference ? "reference, 1 thread"
-                           : "tiled, " + std::to_string(omp_get_max_threads()) + " threads");
+                           : std::string(impl == 2 ? "tiled bf16 KV, " : "tiled, ") +
+                                 std::to_string(omp_get_max_threads()) + " threads");
 }
 
 void BM_Decode(benchmark::State& state) {
   const int64_t num_seqs = state.range(1), context_len = state.range(2);
   Measure(state, num_seqs, context_len, 1);
   state.counters["KV_GB/s"] =
-      benchmark::Counter(2.0 * num_seqs * context_len * kKvHeads * kHeadSize * sizeof(float) * 1e-9,
+      benchmark::Counter(2.0 * num_seqs * context_len * kKvHeads * kHeadSize *
+                             (state.range(0) == 2 ? 2 : sizeof(float)) * 1e-9,
                          benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_Decode)
     ->ArgNames({"impl", "seqs", "context"})
-    ->ArgsProduct({{0, 1}, {1, 8, 32}, {512, 2048}})
+    ->ArgsProduct({{0, 1, 2}, {1, 8, 32}, {512, 2048}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
@@ -137,7 +162,7 @@ void BM_Prefill(benchmark::State& state) {
 }
 BENCHMARK(BM_Prefill)
     ->ArgNames({"impl", "prompt"})
-    ->ArgsProduct({{0, 1}, {512, 2048}})
+    ->ArgsProduct({{0, 1, 2}, {512, 2048}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 

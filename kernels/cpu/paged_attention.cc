@@ -430,6 +430,32 @@ LLM_AVX512 inline __m512 Load16(const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
 }
 
+// A tile's key and value rows as f32, `width` floats each from the given rows: the cache's own
+// rows when it is f32; bf16 rows widened once into the calling thread's buffer, so that the
+// loops over score row blocks or query heads convert each element once per tile.
+LLM_AVX512 inline void WidenTile(const float* const* keys, const float* const* values, int64_t n,
+                                 int64_t /*width*/, const float** kf, const float** vf) {
+  std::copy(keys, keys + n, kf);
+  std::copy(values, values + n, vf);
+}
+LLM_AVX512 inline void WidenTile(const uint16_t* const* keys, const uint16_t* const* values,
+                                 int64_t n, int64_t width, const float** kf, const float** vf) {
+  thread_local std::vector<float> buffer;
+  if (static_cast<int64_t>(buffer.size()) < 2 * kKeyTile * width) {
+    buffer.resize(2 * kKeyTile * width);
+  }
+  float* k = buffer.data();
+  float* v = k + kKeyTile * width;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t c = 0; c < width; c += 16) {
+      _mm512_storeu_ps(k + i * width + c, Load16(keys[i] + c));
+      _mm512_storeu_ps(v + i * width + c, Load16(values[i] + c));
+    }
+    kf[i] = k + i * width;
+    vf[i] = v + i * width;
+  }
+}
+
 // AVX-512: head sizes that are multiples of 16; score rows padded to 16 (one register).
 template <typename T>
 LLM_AVX512 void RunItemAvx512(const Problem& pb, const WorkItem& it) {
@@ -452,19 +478,22 @@ LLM_AVX512 void RunItemAvx512(const Problem& pb, const WorkItem& it) {
   for (int64_t k0 = v.key_begin; k0 < v.key_end; k0 += kKeyTile) {
     const int64_t n = std::min(kKeyTile, v.key_end - k0);
     TilePointers(pb, v, it.kv_head, k0, n, keys, values);
+    const float* kf[kKeyTile];
+    const float* vf[kKeyTile];
+    WidenTile(keys, values, n, dim, kf, vf);
     // S = Q K^T: 16 rows x 4 keys per step, each key element broadcast.
     for (int64_t rb = 0; rb < stride; rb += 16) {
       int64_t i = 0;
       for (; i + 4 <= n; i += 4) {
-        const T *k_a = keys[i], *k_b = keys[i + 1], *k_c = keys[i + 2], *k_d = keys[i + 3];
+        const float *k_a = kf[i], *k_b = kf[i + 1], *k_c = kf[i + 2], *k_d = kf[i + 3];
         __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
         __m512 c = _mm512_setzero_ps(), e = _mm512_setzero_ps();
         for (int64_t d = 0; d < dim; ++d) {
           const __m512 q = _mm512_loadu_ps(qt + d * stride + rb);
-          a = _mm512_fmadd_ps(q, _mm512_set1_ps(ToFloat(k_a[d])), a);
-          b = _mm512_fmadd_ps(q, _mm512_set1_ps(ToFloat(k_b[d])), b);
-          c = _mm512_fmadd_ps(q, _mm512_set1_ps(ToFloat(k_c[d])), c);
-          e = _mm512_fmadd_ps(q, _mm512_set1_ps(ToFloat(k_d[d])), e);
+          a = _mm512_fmadd_ps(q, _mm512_set1_ps(k_a[d]), a);
+          b = _mm512_fmadd_ps(q, _mm512_set1_ps(k_b[d]), b);
+          c = _mm512_fmadd_ps(q, _mm512_set1_ps(k_c[d]), c);
+          e = _mm512_fmadd_ps(q, _mm512_set1_ps(k_d[d]), e);
         }
         _mm512_storeu_ps(s + i * stride + rb, a);
         _mm512_storeu_ps(s + (i + 1) * stride + rb, b);
@@ -474,8 +503,7 @@ LLM_AVX512 void RunItemAvx512(const Problem& pb, const WorkItem& it) {
       for (; i < n; ++i) {
         __m512 a = _mm512_setzero_ps();
         for (int64_t d = 0; d < dim; ++d) {
-          a = _mm512_fmadd_ps(_mm512_loadu_ps(qt + d * stride + rb),
-                              _mm512_set1_ps(ToFloat(keys[i][d])), a);
+          a = _mm512_fmadd_ps(_mm512_loadu_ps(qt + d * stride + rb), _mm512_set1_ps(kf[i][d]), a);
         }
         _mm512_storeu_ps(s + i * stride + rb, a);
       }
@@ -514,11 +542,11 @@ LLM_AVX512 void RunItemAvx512(const Problem& pb, const WorkItem& it) {
         __m512 o3 = _mm512_mul_ps(_mm512_loadu_ps(orow + d + 48), a);
         for (int64_t i = 0; i < n; ++i) {
           const __m512 p = _mm512_set1_ps(s[i * stride + r]);
-          const T* vi = values[i] + d;
-          o0 = _mm512_fmadd_ps(p, Load16(vi), o0);
-          o1 = _mm512_fmadd_ps(p, Load16(vi + 16), o1);
-          o2 = _mm512_fmadd_ps(p, Load16(vi + 32), o2);
-          o3 = _mm512_fmadd_ps(p, Load16(vi + 48), o3);
+          const float* vi = vf[i] + d;
+          o0 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vi), o0);
+          o1 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vi + 16), o1);
+          o2 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vi + 32), o2);
+          o3 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vi + 48), o3);
         }
         _mm512_storeu_ps(orow + d, o0);
         _mm512_storeu_ps(orow + d + 16, o1);
@@ -528,7 +556,7 @@ LLM_AVX512 void RunItemAvx512(const Problem& pb, const WorkItem& it) {
       for (; d < dim; d += 16) {
         __m512 o0 = _mm512_mul_ps(_mm512_loadu_ps(orow + d), a);
         for (int64_t i = 0; i < n; ++i) {
-          o0 = _mm512_fmadd_ps(_mm512_set1_ps(s[i * stride + r]), Load16(values[i] + d), o0);
+          o0 = _mm512_fmadd_ps(_mm512_set1_ps(s[i * stride + r]), _mm512_loadu_ps(vf[i] + d), o0);
         }
         _mm512_storeu_ps(orow + d, o0);
       }
@@ -588,9 +616,26 @@ LLM_AVX512 void RunRowAvx512(const Problem& pb, const WorkItem& it) {
   const T* keys[kKeyTile];
   const T* values[kKeyTile];
   __m512 dots[kLaneKeys];
+  const int64_t slot_bytes = it.kv_count * dim * static_cast<int64_t>(sizeof(T));
+  const T* next_keys[kKeyTile];
+  const T* next_values[kKeyTile];
   for (int64_t k0 = v.key_begin; k0 < v.key_end; k0 += kLaneKeys) {
     const int64_t n = std::min(kLaneKeys, v.key_end - k0);
     TilePointers(pb, v, it.kv_head, k0, n, keys, values);
+    // The next tile's rows are in another block, somewhere else in the cache, where the
+    // hardware prefetcher does not follow: ask for them now.
+    if (const int64_t next = std::min(kLaneKeys, v.key_end - k0 - kLaneKeys); next > 0) {
+      TilePointers(pb, v, it.kv_head, k0 + kLaneKeys, next, next_keys, next_values);
+      for (int64_t i = 0; i < next; ++i) {
+        for (int64_t b = 0; b < slot_bytes; b += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(next_keys[i]) + b, _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(next_values[i]) + b, _MM_HINT_T0);
+        }
+      }
+    }
+    const float* kf[kKeyTile];
+    const float* vf[kKeyTile];
+    WidenTile(keys, values, n, it.kv_count * dim, kf, vf);  // the item's kv heads of each slot
     const __mmask16 live = static_cast<__mmask16>((1u << n) - 1);
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t offset = h / group * dim;  // the kv head's place in a cache slot
@@ -598,9 +643,9 @@ LLM_AVX512 void RunRowAvx512(const Problem& pb, const WorkItem& it) {
       for (int64_t i = 0; i < kLaneKeys; ++i) {
         __m512 a = _mm512_setzero_ps();
         if (i < n) {
-          const T* k = keys[i] + offset;
+          const float* k = kf[i] + offset;
           for (int64_t c = 0; c < dim; c += 16) {
-            a = _mm512_fmadd_ps(_mm512_loadu_ps(qh + c), Load16(k + c), a);
+            a = _mm512_fmadd_ps(_mm512_loadu_ps(qh + c), _mm512_loadu_ps(k + c), a);
           }
         }
         dots[i] = a;
@@ -623,11 +668,11 @@ LLM_AVX512 void RunRowAvx512(const Problem& pb, const WorkItem& it) {
         __m512 o3 = _mm512_mul_ps(_mm512_loadu_ps(oh + d + 48), a);
         for (int64_t i = 0; i < n; ++i) {
           const __m512 pi = _mm512_set1_ps(p[i]);
-          const T* vi = values[i] + offset + d;
-          o0 = _mm512_fmadd_ps(pi, Load16(vi), o0);
-          o1 = _mm512_fmadd_ps(pi, Load16(vi + 16), o1);
-          o2 = _mm512_fmadd_ps(pi, Load16(vi + 32), o2);
-          o3 = _mm512_fmadd_ps(pi, Load16(vi + 48), o3);
+          const float* vi = vf[i] + offset + d;
+          o0 = _mm512_fmadd_ps(pi, _mm512_loadu_ps(vi), o0);
+          o1 = _mm512_fmadd_ps(pi, _mm512_loadu_ps(vi + 16), o1);
+          o2 = _mm512_fmadd_ps(pi, _mm512_loadu_ps(vi + 32), o2);
+          o3 = _mm512_fmadd_ps(pi, _mm512_loadu_ps(vi + 48), o3);
         }
         _mm512_storeu_ps(oh + d, o0);
         _mm512_storeu_ps(oh + d + 16, o1);
@@ -637,7 +682,7 @@ LLM_AVX512 void RunRowAvx512(const Problem& pb, const WorkItem& it) {
       for (; d < dim; d += 16) {
         __m512 o0 = _mm512_mul_ps(_mm512_loadu_ps(oh + d), a);
         for (int64_t i = 0; i < n; ++i) {
-          o0 = _mm512_fmadd_ps(_mm512_set1_ps(p[i]), Load16(values[i] + offset + d), o0);
+          o0 = _mm512_fmadd_ps(_mm512_set1_ps(p[i]), _mm512_loadu_ps(vf[i] + offset + d), o0);
         }
         _mm512_storeu_ps(oh + d, o0);
       }
