@@ -430,6 +430,42 @@ LLM_AVX512 inline __m512 Load16(const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
 }
 
+// out[0:dim] = out * alpha + sum_i p[i * p_stride] * values[i][offset : offset + dim] over a
+// tile's n keys: 64 columns in four registers at a time, each value row loaded once per 64
+// columns.
+LLM_AVX512 inline void RescaleAndAddValues(float* out, float alpha, const float* p,
+                                           int64_t p_stride, const float* const* values,
+                                           int64_t offset, int64_t n, int64_t dim) {
+  const __m512 a = _mm512_set1_ps(alpha);
+  int64_t d = 0;
+  for (; d + 64 <= dim; d += 64) {
+    __m512 o0 = _mm512_mul_ps(_mm512_loadu_ps(out + d), a);
+    __m512 o1 = _mm512_mul_ps(_mm512_loadu_ps(out + d + 16), a);
+    __m512 o2 = _mm512_mul_ps(_mm512_loadu_ps(out + d + 32), a);
+    __m512 o3 = _mm512_mul_ps(_mm512_loadu_ps(out + d + 48), a);
+    for (int64_t i = 0; i < n; ++i) {
+      const __m512 pi = _mm512_set1_ps(p[i * p_stride]);
+      const float* vi = values[i] + offset + d;
+      o0 = _mm512_fmadd_ps(pi, _mm512_loadu_ps(vi), o0);
+      o1 = _mm512_fmadd_ps(pi, _mm512_loadu_ps(vi + 16), o1);
+      o2 = _mm512_fmadd_ps(pi, _mm512_loadu_ps(vi + 32), o2);
+      o3 = _mm512_fmadd_ps(pi, _mm512_loadu_ps(vi + 48), o3);
+    }
+    _mm512_storeu_ps(out + d, o0);
+    _mm512_storeu_ps(out + d + 16, o1);
+    _mm512_storeu_ps(out + d + 32, o2);
+    _mm512_storeu_ps(out + d + 48, o3);
+  }
+  for (; d < dim; d += 16) {
+    __m512 o0 = _mm512_mul_ps(_mm512_loadu_ps(out + d), a);
+    for (int64_t i = 0; i < n; ++i) {
+      o0 = _mm512_fmadd_ps(_mm512_set1_ps(p[i * p_stride]), _mm512_loadu_ps(values[i] + offset + d),
+                           o0);
+    }
+    _mm512_storeu_ps(out + d, o0);
+  }
+}
+
 // A tile's key and value rows as f32, `width` floats each from the given rows: the cache's own
 // rows when it is f32; bf16 rows widened once into the calling thread's buffer, so that the
 // loops over score row blocks or query heads convert each element once per tile.
@@ -529,37 +565,9 @@ LLM_AVX512 void RunItemAvx512(const Problem& pb, const WorkItem& it) {
       _mm512_storeu_ps(m + rb, m_new);
       _mm512_storeu_ps(alpha + rb, a);
     }
-    // O = O * alpha + P V: 64 columns of one row in four registers, each value row loaded once
-    // per 64 columns.
+    // O = O * alpha + P V, row by row.
     for (int64_t r = 0; r < rows; ++r) {
-      float* orow = o + r * dim;
-      const __m512 a = _mm512_set1_ps(alpha[r]);
-      int64_t d = 0;
-      for (; d + 64 <= dim; d += 64) {
-        __m512 o0 = _mm512_mul_ps(_mm512_loadu_ps(orow + d), a);
-        __m512 o1 = _mm512_mul_ps(_mm512_loadu_ps(orow + d + 16), a);
-        __m512 o2 = _mm512_mul_ps(_mm512_loadu_ps(orow + d + 32), a);
-        __m512 o3 = _mm512_mul_ps(_mm512_loadu_ps(orow + d + 48), a);
-        for (int64_t i = 0; i < n; ++i) {
-          const __m512 p = _mm512_set1_ps(s[i * stride + r]);
-          const float* vi = vf[i] + d;
-          o0 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vi), o0);
-          o1 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vi + 16), o1);
-          o2 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vi + 32), o2);
-          o3 = _mm512_fmadd_ps(p, _mm512_loadu_ps(vi + 48), o3);
-        }
-        _mm512_storeu_ps(orow + d, o0);
-        _mm512_storeu_ps(orow + d + 16, o1);
-        _mm512_storeu_ps(orow + d + 32, o2);
-        _mm512_storeu_ps(orow + d + 48, o3);
-      }
-      for (; d < dim; d += 16) {
-        __m512 o0 = _mm512_mul_ps(_mm512_loadu_ps(orow + d), a);
-        for (int64_t i = 0; i < n; ++i) {
-          o0 = _mm512_fmadd_ps(_mm512_set1_ps(s[i * stride + r]), _mm512_loadu_ps(vf[i] + d), o0);
-        }
-        _mm512_storeu_ps(orow + d, o0);
-      }
+      RescaleAndAddValues(o + r * dim, alpha[r], s + r, stride, vf, 0, n, dim);
     }
   }
   Finish(pb, v, it, o, l, m);
@@ -658,34 +666,7 @@ LLM_AVX512 void RunRowAvx512(const Problem& pb, const WorkItem& it) {
       l[h] = l[h] * alpha + _mm512_reduce_add_ps(probs);
       m[h] = m_new;
       _mm512_storeu_ps(p, probs);
-      float* oh = o + h * dim;
-      const __m512 a = _mm512_set1_ps(alpha);
-      int64_t d = 0;
-      for (; d + 64 <= dim; d += 64) {
-        __m512 o0 = _mm512_mul_ps(_mm512_loadu_ps(oh + d), a);
-        __m512 o1 = _mm512_mul_ps(_mm512_loadu_ps(oh + d + 16), a);
-        __m512 o2 = _mm512_mul_ps(_mm512_loadu_ps(oh + d + 32), a);
-        __m512 o3 = _mm512_mul_ps(_mm512_loadu_ps(oh + d + 48), a);
-        for (int64_t i = 0; i < n; ++i) {
-          const __m512 pi = _mm512_set1_ps(p[i]);
-          const float* vi = vf[i] + offset + d;
-          o0 = _mm512_fmadd_ps(pi, _mm512_loadu_ps(vi), o0);
-          o1 = _mm512_fmadd_ps(pi, _mm512_loadu_ps(vi + 16), o1);
-          o2 = _mm512_fmadd_ps(pi, _mm512_loadu_ps(vi + 32), o2);
-          o3 = _mm512_fmadd_ps(pi, _mm512_loadu_ps(vi + 48), o3);
-        }
-        _mm512_storeu_ps(oh + d, o0);
-        _mm512_storeu_ps(oh + d + 16, o1);
-        _mm512_storeu_ps(oh + d + 32, o2);
-        _mm512_storeu_ps(oh + d + 48, o3);
-      }
-      for (; d < dim; d += 16) {
-        __m512 o0 = _mm512_mul_ps(_mm512_loadu_ps(oh + d), a);
-        for (int64_t i = 0; i < n; ++i) {
-          o0 = _mm512_fmadd_ps(_mm512_set1_ps(p[i]), _mm512_loadu_ps(vf[i] + offset + d), o0);
-        }
-        _mm512_storeu_ps(oh + d, o0);
-      }
+      RescaleAndAddValues(o + h * dim, alpha, p, 1, vf, offset, n, dim);
     }
   }
   Finish(pb, v, it, o, l, m);
