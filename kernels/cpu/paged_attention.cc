@@ -8,6 +8,8 @@
 //   score[i] = scale * q[t][h][:] . key_cache[block][i][kvh][:]
 //   acc[:]  = acc[:] * exp(m_old - m) + sum_i exp(score[i] - m) * value_cache[block][i][kvh][:]
 //   out[t][h][:] = acc[:] / l
+// The caches are f32 or bf16 (a bf16 model's); bf16 keys and values are widened to f32 as they
+// are read, and all arithmetic is f32.
 #include <immintrin.h>
 #include <omp.h>
 
@@ -228,7 +230,7 @@ struct Problem {
   const int32_t* seq_lens;
   const int32_t* block_tables;
   int64_t num_heads, head_size, num_kv_heads, group, block_size, max_blocks;
-  int64_t slot_stride, block_stride;  // floats between cache slots and between blocks
+  int64_t slot_stride, block_stride;  // cache elements between slots and between blocks
   float scale;
   float* partials;  // split decode: per partial and its item's H = kv_count * group heads,
                     // m[H], l[H], o[H][head_size] (PartialFloats apart)
