@@ -425,8 +425,7 @@ void RunItemGeneric(const Problem& pb, const WorkItem& it) {
   Finish(pb, v, it, o, l, m);
 }
 
-// 16 cache elements as floats: f32 as they are; bf16 widened (its bits are a float's top half).
-LLM_AVX512 inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
+// 16 bf16 cache elements as floats (a bf16's bits are a float's top half).
 LLM_AVX512 inline __m512 Load16(const uint16_t* p) {
   const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
@@ -623,29 +622,30 @@ LLM_AVX512 void RunRowAvx512(const Problem& pb, const WorkItem& it) {
   std::fill(m, m + heads, -std::numeric_limits<float>::infinity());
   std::fill(l, l + heads, 0.0f);
   std::fill(o, o + heads * dim, 0.0f);
-  const T* keys[kKeyTile];
-  const T* values[kKeyTile];
+  // This tile's cache rows and the next tile's, which were looked up (and prefetched) one tile
+  // ahead: the tile in hand uses keys[t] and values[t], the next one keys[t ^ 1], values[t ^ 1].
+  const T* keys[2][kLaneKeys];
+  const T* values[2][kLaneKeys];
   __m512 dots[kLaneKeys];
   const int64_t slot_bytes = it.kv_count * dim * static_cast<int64_t>(sizeof(T));
-  const T* next_keys[kKeyTile];
-  const T* next_values[kKeyTile];
-  for (int64_t k0 = v.key_begin; k0 < v.key_end; k0 += kLaneKeys) {
+  TilePointers(pb, v, it.kv_head, v.key_begin, std::min(kLaneKeys, v.key_end - v.key_begin),
+               keys[0], values[0]);
+  for (int64_t k0 = v.key_begin, t = 0; k0 < v.key_end; k0 += kLaneKeys, t ^= 1) {
     const int64_t n = std::min(kLaneKeys, v.key_end - k0);
-    TilePointers(pb, v, it.kv_head, k0, n, keys, values);
     // The next tile's rows are in another block, somewhere else in the cache, where the
     // hardware prefetcher does not follow: ask for them now.
     if (const int64_t next = std::min(kLaneKeys, v.key_end - k0 - kLaneKeys); next > 0) {
-      TilePointers(pb, v, it.kv_head, k0 + kLaneKeys, next, next_keys, next_values);
+      TilePointers(pb, v, it.kv_head, k0 + kLaneKeys, next, keys[t ^ 1], values[t ^ 1]);
       for (int64_t i = 0; i < next; ++i) {
         for (int64_t b = 0; b < slot_bytes; b += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(next_keys[i]) + b, _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(next_values[i]) + b, _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(keys[t ^ 1][i]) + b, _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(values[t ^ 1][i]) + b, _MM_HINT_T0);
         }
       }
     }
     const float* kf[kKeyTile];
     const float* vf[kKeyTile];
-    WidenTile(keys, values, n, it.kv_count * dim, kf, vf);  // the item's kv heads of each slot
+    WidenTile(keys[t], values[t], n, it.kv_count * dim, kf, vf);  // the item's kv heads per slot
     const __mmask16 live = static_cast<__mmask16>((1u << n) - 1);
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t offset = h / group * dim;  // the kv head's place in a cache slot
