@@ -6,12 +6,20 @@
 #include <immintrin.h>
 
 #define LLM_AVX512 __attribute__((target("avx512f")))
+// vdpbf16ps and friends (AVX512_BF16): pairs of bf16 products summed into f32 lanes.
+#define LLM_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 
 namespace llm::ops::cpu {
 
 // Whether this CPU runs AVX-512 (avx512f).
 inline bool HasAvx512() {
   static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
+}
+
+// Whether this CPU runs AVX512_BF16 (Cooper Lake, Sapphire Rapids and later; Zen 4 and later).
+inline bool HasAvx512Bf16() {
+  static const bool has = __builtin_cpu_supports("avx512bf16");
   return has;
 }
 

@@ -39,9 +39,12 @@ OpStatus ReshapeAndCache(const TensorView& key, const TensorView& value,
                          const TensorView& slot_mapping);
 
 // Blocked flash-style (tiles of query rows x keys, online softmax), GQA groups together, on
-// the OpenMP pool over (sequence, kv head, query tile) work items; AVX-512 where the CPU has it
-// and the head size is a multiple of 16, else PagedAttentionPortable's loops. Each thread keeps
-// its scratch between calls (no allocation once grown).
+// the OpenMP pool over (sequence, kv head, query tile) work items. f32 caches: AVX-512 where the
+// CPU has it and the head size is a multiple of 16; bf16 caches: bf16 x bf16 products summed in
+// f32 (vdpbf16ps) where the CPU has AVX512_BF16 and the head size is a multiple of 32, with the
+// scaled query and the softmax weights rounded to bf16 (see paged_attention.cc); else
+// PagedAttentionPortable's loops. Each thread keeps its scratch between calls (no allocation
+// once grown).
 OpStatus PagedAttention(const TensorView& out, const TensorView& query, const TensorView& key_cache,
                         const TensorView& value_cache, const AttentionMetadata& metadata,
                         float scale);

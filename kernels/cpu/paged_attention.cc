@@ -8,16 +8,24 @@
 //   score[i] = scale * q[t][h][:] . key_cache[block][i][kvh][:]
 //   acc[:]  = acc[:] * exp(m_old - m) + sum_i exp(score[i] - m) * value_cache[block][i][kvh][:]
 //   out[t][h][:] = acc[:] / l
-// The caches are f32 or bf16 (a bf16 model's); bf16 keys and values are widened to f32 as they
-// are read, and all arithmetic is f32.
+// The caches are f32 or bf16 (a bf16 model's). With f32 caches all arithmetic is f32. With bf16
+// caches the products are bf16 x bf16 summed in f32, as vdpbf16ps computes them: the scaled
+// query scale * q is rounded to bf16 (nearest even) before its dot products with the keys, and
+// the tiled paths round the softmax weights exp(score - m) to bf16 before their products with the
+// values (the sum l adds the f32 weights); the reference keeps its weights in f32, so that the
+// tiled paths differ from it by at most 2^-9 max|v| (each weight's relative rounding error, at
+// most 2^-9) beyond f32 rounding. As in a bf16 model on PyTorch, whose query and probabilities
+// are bf16 tensors.
 #include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/half.h"
@@ -82,6 +90,14 @@ OpStatus CheckMetadata(const AttentionMetadata& md, int64_t num_tokens, int64_t 
 inline float ToFloat(float x) { return x; }
 inline float ToFloat(uint16_t x) { return Bf16ToFloat(x); }
 
+// x as the product of a bf16 multiplicand with a cache of type T sees it: itself against f32
+// caches, rounded to bf16 (nearest even) against bf16 caches.
+template <typename T>
+float AsMultiplicand(float x) {
+  if constexpr (std::is_same_v<T, uint16_t>) return Bf16ToFloat(FloatToBf16(x));
+  return x;
+}
+
 // a . b over n floats, in 8 independent lanes so that the compiler can vectorize it.
 template <typename T>
 float Dot(const float* a, const T* b, int64_t n) {
@@ -125,6 +141,7 @@ OpStatus Reference(const TensorView& out, const TensorView& query, const TensorV
   // the unnormalized output.
   std::vector<float> scores(group * block_size);
   std::vector<float> m(group), l(group), acc(group * head_size);
+  std::vector<float> q_bf16(std::is_same_v<T, uint16_t> ? group * head_size : 0);
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t q_len = qsl[s + 1] - qsl[s];
     const int32_t* table = tables + s * max_blocks;
@@ -134,6 +151,14 @@ OpStatus Reference(const TensorView& out, const TensorView& query, const TensorV
       for (int64_t kvh = 0; kvh < num_kv_heads; ++kvh) {
         // q[t][kvh * group + g][:] for the group's query heads, which share every key and value.
         const float* q = query.data_as<const float>() + (t * num_heads + kvh * group) * head_size;
+        float q_scale = scale;  // bf16 caches: the scaled query rounded to bf16 instead
+        if constexpr (std::is_same_v<T, uint16_t>) {
+          for (int64_t i = 0; i < group * head_size; ++i) {
+            q_bf16[i] = AsMultiplicand<T>(q[i] * scale);
+          }
+          q = q_bf16.data();
+          q_scale = 1.0f;
+        }
         std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
         std::fill(l.begin(), l.end(), 0.0f);
         std::fill(acc.begin(), acc.end(), 0.0f);
@@ -144,7 +169,7 @@ OpStatus Reference(const TensorView& out, const TensorView& query, const TensorV
           for (int64_t i = 0; i < n; ++i) {
             const T* k = kb + i * slot_stride;  // key_cache[table[b]][i][kvh][:]
             for (int64_t g = 0; g < group; ++g) {
-              scores[g * block_size + i] = Dot(q + g * head_size, k, head_size) * scale;
+              scores[g * block_size + i] = Dot(q + g * head_size, k, head_size) * q_scale;
             }
           }
           for (int64_t g = 0; g < group; ++g) {
@@ -281,7 +306,9 @@ int64_t MaskedRows(const ItemView& v, int64_t group, int64_t p) {
   return p <= v.pos0 ? 0 : std::min(v.rows, (p - v.pos0) * group);
 }
 
-// q (scaled) transposed: qt[d * stride + r] for the item's rows, zero past them.
+// q (scaled; rounded to bf16 for bf16 caches) transposed: qt[d * stride + r] for the item's
+// rows, zero past them.
+template <typename T>
 void LoadQueries(const Problem& pb, const ItemView& v, int64_t kv_head, int64_t stride, float* qt) {
   const int64_t dim = pb.head_size;
   std::fill(qt, qt + dim * stride, 0.0f);
@@ -289,7 +316,9 @@ void LoadQueries(const Problem& pb, const ItemView& v, int64_t kv_head, int64_t 
     const float* q = pb.query + ((v.first_token + j) * pb.num_heads + kv_head * pb.group) * dim;
     for (int64_t g = 0; g < pb.group; ++g) {
       const int64_t r = j * pb.group + g;
-      for (int64_t d = 0; d < dim; ++d) qt[d * stride + r] = q[g * dim + d] * pb.scale;
+      for (int64_t d = 0; d < dim; ++d) {
+        qt[d * stride + r] = AsMultiplicand<T>(q[g * dim + d] * pb.scale);
+      }
     }
   }
 }
@@ -371,6 +400,13 @@ float* ThreadScratch(int64_t floats) {
   return buffer.data();
 }
 
+// The same for 32-bit words (bf16 pairs).
+uint32_t* ThreadWords(int64_t words) {
+  thread_local std::vector<uint32_t> buffer;
+  if (static_cast<int64_t>(buffer.size()) < words) buffer.resize(words);
+  return buffer.data();
+}
+
 // Portable: any head size, any CPU (loops the compiler may vectorize; std::exp).
 template <typename T>
 void RunItemGeneric(const Problem& pb, const WorkItem& it) {
@@ -382,7 +418,7 @@ void RunItemGeneric(const Problem& pb, const WorkItem& it) {
   float* l = m + stride;
   float* alpha = l + stride;
   float* o = alpha + stride;
-  LoadQueries(pb, v, it.kv_head, stride, qt);
+  LoadQueries<T>(pb, v, it.kv_head, stride, qt);
   std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
   std::fill(l, l + rows, 0.0f);
   std::fill(o, o + rows * dim, 0.0f);
@@ -416,19 +452,13 @@ void RunItemGeneric(const Problem& pb, const WorkItem& it) {
       float* orow = o + r * dim;
       for (int64_t d = 0; d < dim; ++d) orow[d] *= alpha[r];
       for (int64_t i = 0; i < n; ++i) {
-        const float p = s[i * stride + r];
+        const float p = AsMultiplicand<T>(s[i * stride + r]);
         const T* vi = values[i];
         for (int64_t d = 0; d < dim; ++d) orow[d] += p * ToFloat(vi[d]);
       }
     }
   }
   Finish(pb, v, it, o, l, m);
-}
-
-// 16 bf16 cache elements as floats (a bf16's bits are a float's top half).
-LLM_AVX512 inline __m512 Load16(const uint16_t* p) {
-  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
 }
 
 // out[0:dim] = out * alpha + sum_i p[i * p_stride] * values[i][offset : offset + dim] over a
@@ -467,34 +497,35 @@ LLM_AVX512 inline void RescaleAndAddValues(float* out, float alpha, const float*
   }
 }
 
-// A tile's key and value rows as f32, `width` floats each from the given rows: the cache's own
-// rows when it is f32; bf16 rows widened once into the calling thread's buffer, so that the
-// loops over score row blocks or query heads convert each element once per tile.
-LLM_AVX512 inline void WidenTile(const float* const* keys, const float* const* values, int64_t n,
-                                 int64_t /*width*/, const float** kf, const float** vf) {
-  std::copy(keys, keys + n, kf);
-  std::copy(values, values + n, vf);
-}
-LLM_AVX512 inline void WidenTile(const uint16_t* const* keys, const uint16_t* const* values,
-                                 int64_t n, int64_t width, const float** kf, const float** vf) {
-  thread_local std::vector<float> buffer;
-  if (static_cast<int64_t>(buffer.size()) < 2 * kKeyTile * width) {
-    buffer.resize(2 * kKeyTile * width);
-  }
-  float* k = buffer.data();
-  float* v = k + kKeyTile * width;
+// A tile's scores s[i * stride + r] (keys k0 .. k0 + n - 1) to weights: the causal mask, then
+// the online softmax 16 rows per register: m and l updated, alpha = exp(m - m') (0 on the
+// first tile), s = exp(s - m').
+LLM_AVX512 inline void TileSoftmax(const Problem& pb, const ItemView& v, int64_t k0, int64_t n,
+                                   int64_t stride, float* s, float* m, float* l, float* alpha) {
   for (int64_t i = 0; i < n; ++i) {
-    for (int64_t c = 0; c < width; c += 16) {
-      _mm512_storeu_ps(k + i * width + c, Load16(keys[i] + c));
-      _mm512_storeu_ps(v + i * width + c, Load16(values[i] + c));
+    const int64_t masked = MaskedRows(v, pb.group, k0 + i);
+    std::fill(s + i * stride, s + i * stride + masked, -std::numeric_limits<float>::infinity());
+  }
+  for (int64_t rb = 0; rb < stride; rb += 16) {
+    const __m512 m_old = _mm512_loadu_ps(m + rb);
+    __m512 m_new = m_old;
+    for (int64_t i = 0; i < n; ++i)
+      m_new = _mm512_max_ps(_mm512_loadu_ps(s + i * stride + rb), m_new);
+    const __m512 a = Exp512(_mm512_sub_ps(m_old, m_new));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; ++i) {
+      const __m512 p = Exp512(_mm512_sub_ps(_mm512_loadu_ps(s + i * stride + rb), m_new));
+      _mm512_storeu_ps(s + i * stride + rb, p);
+      sum = _mm512_add_ps(sum, p);
     }
-    kf[i] = k + i * width;
-    vf[i] = v + i * width;
+    _mm512_storeu_ps(l + rb, _mm512_fmadd_ps(_mm512_loadu_ps(l + rb), a, sum));
+    _mm512_storeu_ps(m + rb, m_new);
+    _mm512_storeu_ps(alpha + rb, a);
   }
 }
 
-// AVX-512: head sizes that are multiples of 16; score rows padded to 16 (one register).
-template <typename T>
+// AVX-512, f32 caches: head sizes that are multiples of 16; score rows padded to 16 (one
+// register).
 LLM_AVX512 void RunItemAvx512(const Problem& pb, const WorkItem& it) {
   const ItemView v = View(pb, it);
   const int64_t dim = pb.head_size, rows = v.rows, stride = (rows + 15) / 16 * 16;
@@ -504,20 +535,17 @@ LLM_AVX512 void RunItemAvx512(const Problem& pb, const WorkItem& it) {
   float* l = m + stride;
   float* alpha = l + stride;
   float* o = alpha + stride;
-  LoadQueries(pb, v, it.kv_head, stride, qt);
+  LoadQueries<float>(pb, v, it.kv_head, stride, qt);
   for (int64_t r = 0; r < stride; r += 16) {
     _mm512_storeu_ps(m + r, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
     _mm512_storeu_ps(l + r, _mm512_setzero_ps());
   }
   std::fill(o, o + rows * dim, 0.0f);
-  const T* keys[kKeyTile];
-  const T* values[kKeyTile];
+  const float* kf[kKeyTile];
+  const float* vf[kKeyTile];
   for (int64_t k0 = v.key_begin; k0 < v.key_end; k0 += kKeyTile) {
     const int64_t n = std::min(kKeyTile, v.key_end - k0);
-    TilePointers(pb, v, it.kv_head, k0, n, keys, values);
-    const float* kf[kKeyTile];
-    const float* vf[kKeyTile];
-    WidenTile(keys, values, n, dim, kf, vf);
+    TilePointers(pb, v, it.kv_head, k0, n, kf, vf);
     // S = Q K^T: 16 rows x 4 keys per step, each key element broadcast.
     for (int64_t rb = 0; rb < stride; rb += 16) {
       int64_t i = 0;
@@ -545,27 +573,7 @@ LLM_AVX512 void RunItemAvx512(const Problem& pb, const WorkItem& it) {
         _mm512_storeu_ps(s + i * stride + rb, a);
       }
     }
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t masked = MaskedRows(v, pb.group, k0 + i);
-      std::fill(s + i * stride, s + i * stride + masked, -std::numeric_limits<float>::infinity());
-    }
-    // Online softmax, 16 rows per register.
-    for (int64_t rb = 0; rb < stride; rb += 16) {
-      const __m512 m_old = _mm512_loadu_ps(m + rb);
-      __m512 m_new = m_old;
-      for (int64_t i = 0; i < n; ++i)
-        m_new = _mm512_max_ps(_mm512_loadu_ps(s + i * stride + rb), m_new);
-      const __m512 a = Exp512(_mm512_sub_ps(m_old, m_new));  // 0 on the first tile
-      __m512 sum = _mm512_setzero_ps();
-      for (int64_t i = 0; i < n; ++i) {
-        const __m512 p = Exp512(_mm512_sub_ps(_mm512_loadu_ps(s + i * stride + rb), m_new));
-        _mm512_storeu_ps(s + i * stride + rb, p);
-        sum = _mm512_add_ps(sum, p);
-      }
-      _mm512_storeu_ps(l + rb, _mm512_fmadd_ps(_mm512_loadu_ps(l + rb), a, sum));
-      _mm512_storeu_ps(m + rb, m_new);
-      _mm512_storeu_ps(alpha + rb, a);
-    }
+    TileSoftmax(pb, v, k0, n, stride, s, m, l, alpha);
     // O = O * alpha + P V, row by row.
     for (int64_t r = 0; r < rows; ++r) {
       RescaleAndAddValues(o + r * dim, alpha[r], s + r, stride, vf, 0, n, dim);
@@ -605,7 +613,61 @@ LLM_AVX512 inline __m512 Sum16(const __m512 v[16]) {
 //   o = o exp(m - m') + sum_i P[i] v_i.
 // No causal mask: every key of the item is at or before the row's position.
 constexpr int64_t kLaneKeys = 16;
+
+// The cache rows of a row item's tiles of kLaneKeys keys, each tile's looked up (and its slots
+// prefetched) while the tile before it is in hand: the next tile's rows are in another block,
+// somewhere else in the cache, where the hardware prefetcher does not follow.
 template <typename T>
+class RowTiles {
+ public:
+  RowTiles(const Problem& pb, const ItemView& v, const WorkItem& it)
+      : pb_(pb), v_(v), kv_head_(it.kv_head), slot_bytes_(it.kv_count * pb.head_size * sizeof(T)) {
+    TilePointers(pb, v, kv_head_, v.key_begin, std::min(kLaneKeys, v.key_end - v.key_begin),
+                 keys_[0], values_[0]);
+  }
+
+  // Moves to the tile of keys k0 .. k0 + n - 1 (k0: v.key_begin, then kLaneKeys further each
+  // call; n = min(kLaneKeys, key_end - k0)), whose rows are then keys() and values().
+  void Advance(int64_t k0) {
+    t_ ^= static_cast<int>(k0 != v_.key_begin);
+    const int64_t next = std::min(kLaneKeys, v_.key_end - k0 - kLaneKeys);
+    if (next <= 0) return;
+    TilePointers(pb_, v_, kv_head_, k0 + kLaneKeys, next, keys_[t_ ^ 1], values_[t_ ^ 1]);
+    for (int64_t i = 0; i < next; ++i) {
+      for (int64_t b = 0; b < slot_bytes_; b += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(keys_[t_ ^ 1][i]) + b, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(values_[t_ ^ 1][i]) + b, _MM_HINT_T0);
+      }
+    }
+  }
+  const T* const* keys() const { return keys_[t_]; }
+  const T* const* values() const { return values_[t_]; }
+
+ private:
+  const Problem& pb_;
+  const ItemView& v_;
+  const int64_t kv_head_, slot_bytes_;
+  int t_ = 0;  // the tile in hand: keys_[t_], the next one keys_[t_ ^ 1]
+  const T* keys_[2][kLaneKeys];
+  const T* values_[2][kLaneKeys];
+};
+
+// One head's online-softmax step over a tile: m and l updated; returns P = exp(S - m') (0 past
+// the tile's n keys) and sets alpha = exp(m - m') (0 on the first tile).
+LLM_AVX512 inline __m512 RowSoftmax(const __m512 dots[kLaneKeys], int64_t n, float* m, float* l,
+                                    float* alpha) {
+  const __mmask16 live = static_cast<__mmask16>((1u << n) - 1);
+  const __m512 scores = _mm512_mask_mov_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()),
+                                           live, Sum16(dots));
+  const float m_new = std::max(*m, _mm512_reduce_max_ps(scores));
+  *alpha = std::exp(*m - m_new);
+  const __m512 probs = Exp512(_mm512_sub_ps(scores, _mm512_set1_ps(m_new)));
+  *l = *l * *alpha + _mm512_reduce_add_ps(probs);
+  *m = m_new;
+  return probs;
+}
+
+// f32 caches.
 LLM_AVX512 void RunRowAvx512(const Problem& pb, const WorkItem& it) {
   const ItemView v = View(pb, it);
   const int64_t dim = pb.head_size, group = pb.group, heads = it.kv_count * group;
@@ -622,55 +684,274 @@ LLM_AVX512 void RunRowAvx512(const Problem& pb, const WorkItem& it) {
   std::fill(m, m + heads, -std::numeric_limits<float>::infinity());
   std::fill(l, l + heads, 0.0f);
   std::fill(o, o + heads * dim, 0.0f);
-  // This tile's cache rows and the next tile's, which were looked up (and prefetched) one tile
-  // ahead: the tile in hand uses keys[t] and values[t], the next one keys[t ^ 1], values[t ^ 1].
-  const T* keys[2][kLaneKeys];
-  const T* values[2][kLaneKeys];
+  RowTiles<float> tiles(pb, v, it);
   __m512 dots[kLaneKeys];
-  const int64_t slot_bytes = it.kv_count * dim * static_cast<int64_t>(sizeof(T));
-  TilePointers(pb, v, it.kv_head, v.key_begin, std::min(kLaneKeys, v.key_end - v.key_begin),
-               keys[0], values[0]);
-  for (int64_t k0 = v.key_begin, t = 0; k0 < v.key_end; k0 += kLaneKeys, t ^= 1) {
+  for (int64_t k0 = v.key_begin; k0 < v.key_end; k0 += kLaneKeys) {
     const int64_t n = std::min(kLaneKeys, v.key_end - k0);
-    // The next tile's rows are in another block, somewhere else in the cache, where the
-    // hardware prefetcher does not follow: ask for them now.
-    if (const int64_t next = std::min(kLaneKeys, v.key_end - k0 - kLaneKeys); next > 0) {
-      TilePointers(pb, v, it.kv_head, k0 + kLaneKeys, next, keys[t ^ 1], values[t ^ 1]);
-      for (int64_t i = 0; i < next; ++i) {
-        for (int64_t b = 0; b < slot_bytes; b += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(keys[t ^ 1][i]) + b, _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(values[t ^ 1][i]) + b, _MM_HINT_T0);
-        }
-      }
-    }
-    const float* kf[kKeyTile];
-    const float* vf[kKeyTile];
-    WidenTile(keys[t], values[t], n, it.kv_count * dim, kf, vf);  // the item's kv heads per slot
-    const __mmask16 live = static_cast<__mmask16>((1u << n) - 1);
+    tiles.Advance(k0);
+    const float* const* keys = tiles.keys();
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t offset = h / group * dim;  // the kv head's place in a cache slot
       const float* qh = q + h * dim;
       for (int64_t i = 0; i < kLaneKeys; ++i) {
         __m512 a = _mm512_setzero_ps();
         if (i < n) {
-          const float* k = kf[i] + offset;
+          const float* k = keys[i] + offset;
           for (int64_t c = 0; c < dim; c += 16) {
             a = _mm512_fmadd_ps(_mm512_loadu_ps(qh + c), _mm512_loadu_ps(k + c), a);
           }
         }
         dots[i] = a;
       }
-      const __m512 scores = _mm512_mask_mov_ps(
-          _mm512_set1_ps(-std::numeric_limits<float>::infinity()), live, Sum16(dots));
-      const float m_new = std::max(m[h], _mm512_reduce_max_ps(scores));
-      const float alpha = std::exp(m[h] - m_new);  // 0 on the first tile
-      const __m512 probs = Exp512(_mm512_sub_ps(scores, _mm512_set1_ps(m_new)));
-      l[h] = l[h] * alpha + _mm512_reduce_add_ps(probs);
-      m[h] = m_new;
-      _mm512_storeu_ps(p, probs);
-      RescaleAndAddValues(o + h * dim, alpha, p, 1, vf, offset, n, dim);
+      float alpha;
+      _mm512_storeu_ps(p, RowSoftmax(dots, n, m + h, l + h, &alpha));
+      RescaleAndAddValues(o + h * dim, alpha, p, 1, tiles.values(), offset, n, dim);
     }
   }
+  Finish(pb, v, it, o, l, m);
+}
+
+// ---- bf16 caches on AVX512_BF16 (head sizes that are multiples of 32) ----
+//
+// vdpbf16ps(acc, a, b) adds a[2l] b[2l] + a[2l + 1] b[2l + 1] to lane l of acc: 32 bf16 products
+// per instruction, summed in f32. For P V the pairs are two keys: the values of keys 2j and
+// 2j + 1 interleaved (PairValues) against the pair of their weights broadcast. The unpack
+// instructions that interleave them work within 128-bit lanes, so the output accumulates with
+// its columns permuted (per 32 columns: the unpacklo half, then the unpackhi half) and is put
+// back in order once per item (UnpairColumns).
+
+// One register of paired values in memory (PairValues), aligned for whole-line loads.
+struct alignas(64) PairReg {
+  uint16_t bf16[32];
+};
+LLM_AVX512_BF16 inline __m512bh Pairs(const PairReg* r) { return (__m512bh)_mm512_load_si512(r); }
+
+// 32 bits from p (a pair of bf16), unaligned.
+inline uint32_t LoadPair(const uint16_t* p) {
+  uint32_t x;
+  std::memcpy(&x, p, sizeof(x));
+  return x;
+}
+
+// The values of a tile's n keys in pairs: for keys 2j and 2j + 1 (zeros for a missing last one)
+// and each 32 columns c of `width`, out[(j * width / 32 + c / 32) * 2 + 0 / 1] is the unpacklo /
+// unpackhi of the two rows' 32 columns: its dword lane l holds both keys' column
+// c + 8 (l / 4) + l % 4, plus 4 in the unpackhi half.
+LLM_AVX512_BF16 inline void PairValues(const uint16_t* const* values, int64_t n, int64_t width,
+                                       PairReg* out) {
+  for (int64_t j = 0; 2 * j < n; ++j) {
+    const uint16_t* a = values[2 * j];
+    const uint16_t* b = 2 * j + 1 < n ? values[2 * j + 1] : nullptr;
+    for (int64_t c = 0; c < width; c += 32, out += 2) {
+      const __m512i x = _mm512_loadu_si512(a + c);
+      const __m512i y = b != nullptr ? _mm512_loadu_si512(b + c) : _mm512_setzero_si512();
+      _mm512_store_si512(out, _mm512_unpacklo_epi16(x, y));
+      _mm512_store_si512(out + 1, _mm512_unpackhi_epi16(x, y));
+    }
+  }
+}
+
+// out[0:dim] (permuted columns) = out * alpha + sum over the tile's pairs j of
+// w[j * w_stride] . values (w: the pairs of weights; vp: PairValues' registers for this kv
+// head, vp_stride registers from one pair to the next).
+LLM_AVX512_BF16 inline void RescaleAndAddPairs(float* out, float alpha, const uint32_t* w,
+                                               int64_t w_stride, const PairReg* vp,
+                                               int64_t vp_stride, int64_t pairs, int64_t dim) {
+  const __m512 a = _mm512_set1_ps(alpha);
+  int64_t c = 0;
+  for (; c + 64 <= dim; c += 64) {  // 64 columns: four accumulators
+    __m512 o0 = _mm512_mul_ps(_mm512_loadu_ps(out + c), a);
+    __m512 o1 = _mm512_mul_ps(_mm512_loadu_ps(out + c + 16), a);
+    __m512 o2 = _mm512_mul_ps(_mm512_loadu_ps(out + c + 32), a);
+    __m512 o3 = _mm512_mul_ps(_mm512_loadu_ps(out + c + 48), a);
+    const PairReg* x = vp + c / 16;
+    for (int64_t j = 0; j < pairs; ++j, x += vp_stride) {
+      const __m512bh wj = (__m512bh)_mm512_set1_epi32(static_cast<int>(w[j * w_stride]));
+      o0 = _mm512_dpbf16_ps(o0, wj, Pairs(x + 0));
+      o1 = _mm512_dpbf16_ps(o1, wj, Pairs(x + 1));
+      o2 = _mm512_dpbf16_ps(o2, wj, Pairs(x + 2));
+      o3 = _mm512_dpbf16_ps(o3, wj, Pairs(x + 3));
+    }
+    _mm512_storeu_ps(out + c, o0);
+    _mm512_storeu_ps(out + c + 16, o1);
+    _mm512_storeu_ps(out + c + 32, o2);
+    _mm512_storeu_ps(out + c + 48, o3);
+  }
+  if (c < dim) {  // 32 columns left
+    __m512 o0 = _mm512_mul_ps(_mm512_loadu_ps(out + c), a);
+    __m512 o1 = _mm512_mul_ps(_mm512_loadu_ps(out + c + 16), a);
+    const PairReg* x = vp + c / 16;
+    for (int64_t j = 0; j < pairs; ++j, x += vp_stride) {
+      const __m512bh wj = (__m512bh)_mm512_set1_epi32(static_cast<int>(w[j * w_stride]));
+      o0 = _mm512_dpbf16_ps(o0, wj, Pairs(x + 0));
+      o1 = _mm512_dpbf16_ps(o1, wj, Pairs(x + 1));
+    }
+    _mm512_storeu_ps(out + c, o0);
+    _mm512_storeu_ps(out + c + 16, o1);
+  }
+}
+
+// `rows` rows of dim columns, in place: PairValues' column order back to 0 .. dim - 1.
+LLM_AVX512_BF16 inline void UnpairColumns(float* o, int64_t rows, int64_t dim) {
+  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i second =
+      _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (int64_t c = 0; c < rows * dim; c += 32) {
+    const __m512 lo = _mm512_loadu_ps(o + c), hi = _mm512_loadu_ps(o + c + 16);
+    _mm512_storeu_ps(o + c, _mm512_permutex2var_ps(lo, first, hi));
+    _mm512_storeu_ps(o + c + 16, _mm512_permutex2var_ps(lo, second, hi));
+  }
+}
+
+// Each thread's buffer of paired values, grown as needed.
+PairReg* ThreadPairs(int64_t registers) {
+  thread_local std::vector<PairReg> buffer;
+  if (static_cast<int64_t>(buffer.size()) < registers) buffer.resize(registers);
+  return buffer.data();
+}
+
+// The row kernel on bf16 caches: q rounded to bf16 once, S by vdpbf16ps straight from the
+// cache rows, P rounded to bf16 in pairs against the tile's paired values.
+LLM_AVX512_BF16 void RunRowBf16(const Problem& pb, const WorkItem& it) {
+  const ItemView v = View(pb, it);
+  const int64_t dim = pb.head_size, group = pb.group, heads = it.kv_count * group;
+  const int64_t width = it.kv_count * dim;  // columns of a slot the item reads
+  uint16_t* q = reinterpret_cast<uint16_t*>(ThreadWords(heads * dim / 2));  // scale * q, bf16
+  float* m = ThreadScratch(2 * heads + heads * dim);
+  float* l = m + heads;
+  float* o = l + heads;
+  const float* src = pb.query + (v.first_token * pb.num_heads + it.kv_head * group) * dim;
+  const __m512 scale = _mm512_set1_ps(pb.scale);
+  for (int64_t c = 0; c < heads * dim; c += 16) {
+    const __m256bh qb = _mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(src + c), scale));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + c), (__m256i)qb);
+  }
+  std::fill(m, m + heads, -std::numeric_limits<float>::infinity());
+  std::fill(l, l + heads, 0.0f);
+  std::fill(o, o + heads * dim, 0.0f);
+  PairReg* vp = ThreadPairs(kLaneKeys / 2 * width / 16);
+  RowTiles<uint16_t> tiles(pb, v, it);
+  __m512 dots[kLaneKeys];
+  alignas(32) uint32_t w[kLaneKeys / 2];
+  for (int64_t k0 = v.key_begin; k0 < v.key_end; k0 += kLaneKeys) {
+    const int64_t n = std::min(kLaneKeys, v.key_end - k0);
+    tiles.Advance(k0);
+    const uint16_t* const* keys = tiles.keys();
+    PairValues(tiles.values(), n, width, vp);
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t offset = h / group * dim;  // the kv head's place in a cache slot
+      const uint16_t* qh = q + h * dim;
+      for (int64_t i = 0; i < kLaneKeys; ++i) {
+        __m512 a = _mm512_setzero_ps();
+        if (i < n) {
+          const uint16_t* k = keys[i] + offset;
+          for (int64_t c = 0; c < dim; c += 32) {
+            a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(qh + c),
+                                 (__m512bh)_mm512_loadu_si512(k + c));
+          }
+        }
+        dots[i] = a;
+      }
+      float alpha;
+      const __m512 probs = RowSoftmax(dots, n, m + h, l + h, &alpha);
+      // Weights of keys 2j, 2j + 1 in dword j.
+      _mm256_store_si256(reinterpret_cast<__m256i*>(w), (__m256i)_mm512_cvtneps_pbh(probs));
+      RescaleAndAddPairs(o + h * dim, alpha, w, 1, vp + offset / 16, width / 16, (n + 1) / 2, dim);
+    }
+  }
+  UnpairColumns(o, heads, dim);
+  Finish(pb, v, it, o, l, m);
+}
+
+// The tiled item kernel on bf16 caches (prefill rows, and decode rows of groups of 16 or more):
+// Q in pairs of columns, qt[d / 2][r] = bf16 of row r's columns d and d + 1 (scaled), against
+// each key's pair of the same columns broadcast, S summed in f32 by vdpbf16ps; the softmax as
+// RunItemAvx512's; P rounded to bf16 in pairs of keys per row against the tile's paired values.
+LLM_AVX512_BF16 void RunItemBf16(const Problem& pb, const WorkItem& it) {
+  const ItemView v = View(pb, it);
+  const int64_t dim = pb.head_size, rows = v.rows, stride = (rows + 15) / 16 * 16;
+  float* s = ThreadScratch(kKeyTile * stride + 3 * stride + rows * dim);
+  float* m = s + kKeyTile * stride;
+  float* l = m + stride;
+  float* alpha = l + stride;
+  float* o = alpha + stride;
+  uint32_t* qt = ThreadWords(dim / 2 * stride + kKeyTile / 2 * stride);
+  uint32_t* w = qt + dim / 2 * stride;  // w[j * stride + r]: row r's weights of keys 2j, 2j + 1
+  std::fill(qt, qt + dim / 2 * stride, 0u);
+  for (int64_t j = 0; j < v.num_queries; ++j) {
+    const float* q = pb.query + ((v.first_token + j) * pb.num_heads + it.kv_head * pb.group) * dim;
+    for (int64_t g = 0; g < pb.group; ++g) {
+      const int64_t r = j * pb.group + g;
+      for (int64_t d = 0; d < dim; d += 2) {
+        qt[d / 2 * stride + r] = FloatToBf16(q[g * dim + d] * pb.scale) |
+                                 static_cast<uint32_t>(FloatToBf16(q[g * dim + d + 1] * pb.scale))
+                                     << 16;
+      }
+    }
+  }
+  for (int64_t r = 0; r < stride; r += 16) {
+    _mm512_storeu_ps(m + r, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
+    _mm512_storeu_ps(l + r, _mm512_setzero_ps());
+  }
+  std::fill(o, o + rows * dim, 0.0f);
+  PairReg* vp = ThreadPairs(kKeyTile / 2 * dim / 16);
+  const uint16_t* keys[kKeyTile];
+  const uint16_t* values[kKeyTile];
+  for (int64_t k0 = v.key_begin; k0 < v.key_end; k0 += kKeyTile) {
+    const int64_t n = std::min(kKeyTile, v.key_end - k0);
+    TilePointers(pb, v, it.kv_head, k0, n, keys, values);
+    // S = Q K^T: 16 rows x 4 keys per step, each key's pair of columns broadcast.
+    for (int64_t rb = 0; rb < stride; rb += 16) {
+      int64_t i = 0;
+      for (; i + 4 <= n; i += 4) {
+        const uint16_t *k_a = keys[i], *k_b = keys[i + 1], *k_c = keys[i + 2], *k_d = keys[i + 3];
+        __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+        __m512 c = _mm512_setzero_ps(), e = _mm512_setzero_ps();
+        for (int64_t d = 0; d < dim; d += 2) {
+          const __m512bh q = (__m512bh)_mm512_loadu_si512(qt + d / 2 * stride + rb);
+          a = _mm512_dpbf16_ps(a, q,
+                               (__m512bh)_mm512_set1_epi32(static_cast<int>(LoadPair(k_a + d))));
+          b = _mm512_dpbf16_ps(b, q,
+                               (__m512bh)_mm512_set1_epi32(static_cast<int>(LoadPair(k_b + d))));
+          c = _mm512_dpbf16_ps(c, q,
+                               (__m512bh)_mm512_set1_epi32(static_cast<int>(LoadPair(k_c + d))));
+          e = _mm512_dpbf16_ps(e, q,
+                               (__m512bh)_mm512_set1_epi32(static_cast<int>(LoadPair(k_d + d))));
+        }
+        _mm512_storeu_ps(s + i * stride + rb, a);
+        _mm512_storeu_ps(s + (i + 1) * stride + rb, b);
+        _mm512_storeu_ps(s + (i + 2) * stride + rb, c);
+        _mm512_storeu_ps(s + (i + 3) * stride + rb, e);
+      }
+      for (; i < n; ++i) {
+        __m512 a = _mm512_setzero_ps();
+        for (int64_t d = 0; d < dim; d += 2) {
+          a = _mm512_dpbf16_ps(
+              a, (__m512bh)_mm512_loadu_si512(qt + d / 2 * stride + rb),
+              (__m512bh)_mm512_set1_epi32(static_cast<int>(LoadPair(keys[i] + d))));
+        }
+        _mm512_storeu_ps(s + i * stride + rb, a);
+      }
+    }
+    TileSoftmax(pb, v, k0, n, stride, s, m, l, alpha);
+    // The weights in pairs of keys, bf16: key 2j's in the low half of w[j * stride + r].
+    for (int64_t j = 0; 2 * j < n; ++j) {
+      for (int64_t rb = 0; rb < stride; rb += 16) {
+        const __m512i lo = _mm512_cvtepu16_epi32(
+            (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(s + 2 * j * stride + rb)));
+        const __m512i hi = 2 * j + 1 < n ? _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(
+                                               _mm512_loadu_ps(s + (2 * j + 1) * stride + rb)))
+                                         : _mm512_setzero_si512();
+        _mm512_storeu_si512(w + j * stride + rb, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+      }
+    }
+    PairValues(values, n, dim, vp);
+    // O = O * alpha + P V, row by row.
+    for (int64_t r = 0; r < rows; ++r) {
+      RescaleAndAddPairs(o + r * dim, alpha[r], w + r, stride, vp, dim / 16, (n + 1) / 2, dim);
+    }
+  }
+  UnpairColumns(o, rows, dim);
   Finish(pb, v, it, o, l, m);
 }
 
@@ -681,15 +962,25 @@ int PagedAttentionThreads() {
   return n > 0 ? n : omp_get_max_threads();
 }
 
-// The item functions for one cache element type.
+// The item functions for a call: `row` for decode rows when the vector path takes them all
+// heads at a time (null: `item` does), `item` for the rest.
 struct Kernels {
-  void (*row_avx512)(const Problem&, const WorkItem&);
-  void (*item_avx512)(const Problem&, const WorkItem&);
-  void (*item_generic)(const Problem&, const WorkItem&);
+  void (*row)(const Problem&, const WorkItem&);
+  void (*item)(const Problem&, const WorkItem&);
 };
-template <typename T>
-Kernels KernelsFor() {
-  return {&RunRowAvx512<T>, &RunItemAvx512<T>, &RunItemGeneric<T>};
+// f32 caches: AVX-512 for head sizes that are multiples of 16. bf16 caches: AVX512_BF16 for
+// multiples of 32. Else the portable loops.
+Kernels PickKernels(DType cache_dtype, int64_t head_size, int64_t group, bool allow_vector) {
+  if (cache_dtype == DType::kBF16) {
+    if (allow_vector && HasAvx512Bf16() && head_size % 32 == 0) {
+      return {group < kLaneKeys ? &RunRowBf16 : nullptr, &RunItemBf16};
+    }
+    return {nullptr, &RunItemGeneric<uint16_t>};
+  }
+  if (allow_vector && HasAvx512() && head_size % 16 == 0) {
+    return {group < kLaneKeys ? &RunRowAvx512 : nullptr, &RunItemAvx512};
+  }
+  return {nullptr, &RunItemGeneric<float>};
 }
 
 OpStatus RunTiled(const TensorView& out, const TensorView& query, const TensorView& key_cache,
@@ -726,9 +1017,9 @@ OpStatus RunTiled(const TensorView& out, const TensorView& query, const TensorVi
   splits.clear();
   const int64_t num_seqs = metadata.seq_lens.shape[0];
   const int64_t tile_queries = std::max<int64_t>(1, kMaxTileRows / pb.group);
-  const bool avx512 = allow_avx512 && HasAvx512() && pb.head_size % 16 == 0;
+  const Kernels kernels = PickKernels(key_cache.dtype, pb.head_size, pb.group, allow_avx512);
   // Decode rows whose groups are narrower than a register: one item per row, all kv heads.
-  const bool rows_all_heads = avx512 && pb.group < kLaneKeys;
+  const bool rows_all_heads = kernels.row != nullptr;
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t q_len = pb.query_start_loc[s + 1] - pb.query_start_loc[s];
     const int64_t context = pb.seq_lens[s] - q_len;
@@ -785,17 +1076,14 @@ OpStatus RunTiled(const TensorView& out, const TensorView& query, const TensorVi
   pb.partials = partials.data();
   std::sort(items.begin(), items.end(),
             [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
-  const Kernels k = key_cache.dtype == DType::kBF16 ? KernelsFor<uint16_t>() : KernelsFor<float>();
   const int64_t num_items = static_cast<int64_t>(items.size());
   const WorkItem* list = items.data();
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && num_items > 1)
   for (int64_t i = 0; i < num_items; ++i) {
     if (rows_all_heads && list[i].q_end - list[i].q_begin == 1) {
-      k.row_avx512(pb, list[i]);
-    } else if (avx512) {
-      k.item_avx512(pb, list[i]);
+      kernels.row(pb, list[i]);
     } else {
-      k.item_generic(pb, list[i]);
+      kernels.item(pb, list[i]);
     }
   }
   for (const Split& sp : splits) MergeSplit(pb, sp);
