@@ -1,6 +1,7 @@
 #include "worker_service/model_runner.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 
@@ -12,6 +13,23 @@
 #endif
 
 namespace llm {
+
+int64_t FirstNonFinite(std::span<const float> values) {
+  constexpr size_t kChunk = 4096;
+  for (size_t c = 0; c < values.size(); c += kChunk) {
+    const size_t end = std::min(values.size(), c + kChunk);
+    uint32_t bad = 0;  // any value with all exponent bits set
+    for (size_t i = c; i < end; ++i) {
+      bad |=
+          static_cast<uint32_t>((std::bit_cast<uint32_t>(values[i]) & 0x7F800000u) == 0x7F800000u);
+    }
+    if (bad == 0) continue;
+    for (size_t i = c; i < end; ++i) {
+      if (!std::isfinite(values[i])) return static_cast<int64_t>(i);
+    }
+  }
+  return -1;
+}
 
 ModelRunner::ModelRunner(LlamaModel* model, CacheEngine* cache, DeviceSampler* device_sampler)
     : model_(model),
@@ -147,15 +165,11 @@ SequenceSampler* ModelRunner::SamplerFor(int32_t slot, int seq_index) {
 // Non-finite logits mean a kernel or model bug (or KV read from a slot never written): fail
 // the step rather than sample garbage.
 absl::Status ModelRunner::CheckFinite(int64_t step_id) const {
-  const float* logits = logits_.data_as<float>();
-  for (int64_t i = 0; i < logits_.numel(); ++i) {
-    if (!std::isfinite(logits[i])) {
-      return absl::InternalError(absl::StrCat("step ", step_id, ": logit ",
-                                              i % model_->vocab_size(), " of row ",
-                                              i / model_->vocab_size(), " is not finite"));
-    }
-  }
-  return absl::OkStatus();
+  const int64_t i =
+      FirstNonFinite({logits_.data_as<float>(), static_cast<size_t>(logits_.numel())});
+  if (i < 0) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("step ", step_id, ": logit ", i % model_->vocab_size(),
+                                          " of row ", i / model_->vocab_size(), " is not finite"));
 }
 
 bool ModelRunner::CollectSamplers() {

@@ -18,7 +18,9 @@
 #ifndef LLM_WORKER_SERVICE_MODEL_RUNNER_H_
 #define LLM_WORKER_SERVICE_MODEL_RUNNER_H_
 
+#include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -35,6 +37,12 @@
 namespace llm {
 
 class DeviceSampler;
+
+// The index of the first of `values` that is inf or NaN, or -1: a chunk at a time without an
+// early exit, so that the compiler vectorizes the test; the index is looked for only in a bad
+// chunk. (The scalar loop with an early return took about 1 ms a step on SmolLM2's logits at
+// batch 32: 1.6 M floats.)
+int64_t FirstNonFinite(std::span<const float> values);
 
 class ModelRunner : public Executor {
  public:

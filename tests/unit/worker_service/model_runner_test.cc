@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -41,6 +42,28 @@ struct Config {
   int max_num_batched_tokens = 512;
   int max_num_seqs = 256;
 };
+
+// The step's logits check: inf, -inf or NaN anywhere (in the first, a middle or the last
+// chunk of the scan, or in its tail) is found at its index; finite extremes are not.
+TEST(FirstNonFinite, FindsTheFirstInfOrNanWherever) {
+  std::vector<float> v(3 * 4096 + 77);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 13) - 6.0f;
+  v[5] = std::numeric_limits<float>::max();
+  v[6] = -std::numeric_limits<float>::max();
+  v[7] = std::numeric_limits<float>::denorm_min();
+  EXPECT_EQ(FirstNonFinite(v), -1);
+  for (size_t at : {size_t{0}, size_t{4095}, size_t{4096}, size_t{9000}, v.size() - 1}) {
+    for (float bad :
+         {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+          std::numeric_limits<float>::quiet_NaN()}) {
+      std::vector<float> w = v;
+      w[at] = bad;
+      if (at + 3 < w.size()) w[at + 3] = bad;  // a later one is not the first
+      EXPECT_EQ(FirstNonFinite(w), static_cast<int64_t>(at)) << at << " " << bad;
+    }
+  }
+  EXPECT_EQ(FirstNonFinite({}), -1);
+}
 
 class ModelRunnerTest : public ::testing::Test {
  protected:
