@@ -679,7 +679,7 @@ LLM_AVX512 inline __m512 RowSoftmax(const __m512 dots[kLaneKeys], int64_t n, flo
   const __m512 scores = _mm512_mask_mov_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()),
                                            live, Sum16(dots));
   const float m_new = std::max(*m, _mm512_reduce_max_ps(scores));
-  *alpha = std::exp(*m - m_new);
+  *alpha = m_new == *m ? 1.0f : std::exp(*m - m_new);  // the max seldom moves after a few tiles
   const __m512 probs = Exp512(_mm512_sub_ps(scores, _mm512_set1_ps(m_new)));
   *l = *l * *alpha + _mm512_reduce_add_ps(probs);
   *m = m_new;
