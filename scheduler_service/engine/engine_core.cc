@@ -1,6 +1,7 @@
 #include "scheduler_service/engine/engine_core.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -192,8 +193,11 @@ absl::StatusOr<bool> EngineCore::StepOnce() {
     return false;
   }
   if (!scheduler_.HasUnfinishedRequests() && !scheduler_.has_finished_to_report()) return false;
+  const auto t0 = std::chrono::steady_clock::now();
   const SchedulerOutput& step = scheduler_.Schedule();
+  const auto t1 = std::chrono::steady_clock::now();
   absl::Status s = executor_->Execute(step, &model_output_);
+  const auto t2 = std::chrono::steady_clock::now();
   if (!s.ok()) {
     OnExecutorFailure(step, s);
     return s;
@@ -219,6 +223,13 @@ absl::StatusOr<bool> EngineCore::StepOnce() {
     streams_.erase(it);
     Release(id, generation);
     cb({.output = &out, .outputs = *outputs});
+  }
+  if (VLOG_IS_ON(1)) {
+    const auto t4 = std::chrono::steady_clock::now();
+    using Ms = std::chrono::duration<double, std::milli>;
+    VLOG(1) << "engine step " << step.step_id << ": schedule " << Ms(t1 - t0).count()
+            << " ms, execute " << Ms(t2 - t1).count() << " ms, outputs " << Ms(t4 - t2).count()
+            << " ms";
   }
   return true;
 }
