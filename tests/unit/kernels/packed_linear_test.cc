@@ -32,8 +32,17 @@ struct Dims {
 };
 
 // Row counts around the chunk size (kRowChunk = 64) and its multiples, odd K and N, M = 1.
-const Dims kShapes[] = {{1, 1, 1},      {1, 300, 257}, {2, 17, 3},     {7, 33, 65},   {31, 96, 129},
-                        {64, 256, 128}, {65, 64, 77},  {130, 129, 33}, {200, 45, 300}};
+const Dims kShapes[] = {{1, 1, 1},
+                        {1, 300, 257},
+                        {2, 17, 3},
+                        {7, 33, 65},
+                        {31, 96, 129},
+                        {64, 256, 128},
+                        {65, 64, 77},
+                        {130, 129, 33},
+                        {200, 45, 300},
+                        // 99,900 inputs: bf16 rounding on the pool, in parts with a ragged last.
+                        {300, 333, 40}};
 
 float RoundBf16(float f) { return Bf16ToFloat(FloatToBf16(f)); }
 
