@@ -55,7 +55,7 @@ struct RowPrimitive {
 struct ShapeClass {
   std::mutex mu;
   dnnl::memory::desc packed;  // the weights' layout, chosen once (format_tag::any)
-  std::vector<std::optional<RowPrimitive>> by_m;  // [kRowChunk + 1]
+  std::vector<std::optional<RowPrimitive>> by_m;  // [Slot(m)]
 };
 using ShapeKey = std::tuple<int64_t, int64_t, bool, bool>;  // n, k, bf16, bias
 
@@ -66,7 +66,7 @@ std::shared_ptr<ShapeClass> GetShapeClass(const ShapeKey& key) {
   std::shared_ptr<ShapeClass>& c = (*classes)[key];
   if (c == nullptr) {
     c = std::make_shared<ShapeClass>();
-    c->by_m.resize(PackedLinear::kRowChunk + 1);
+    c->by_m.resize(PackedLinear::kRowChunk + 2);
   }
   return c;
 }
@@ -115,16 +115,19 @@ struct PackedLinear::Impl {
     dnnl::memory src, dst, pad;
     const RowPrimitive* prim = nullptr;
   };
-  mutable std::vector<std::optional<Args>> args;  // [kRowChunk + 1]
+  mutable std::vector<std::optional<Args>> args;  // [Slot(m)]
 
-  // The primitive for m rows (m <= kRowChunk), created on first use.
+  // Where the primitive for m rows is kept: m <= kRowChunk, or kBigChunk after them.
+  static int64_t Slot(int64_t m) { return m == kBigChunk ? kRowChunk + 1 : m; }
+
+  // The primitive for m rows (m <= kRowChunk or m == kBigChunk), created on first use.
   OpStatus Get(int64_t m, int64_t n, int64_t k, bool bf16, bool has_bias, const Args** out) const {
-    std::optional<Args>& a = args[m];
+    std::optional<Args>& a = args[Slot(m)];
     if (!a) {
       const RowPrimitive* rp;
       {
         std::lock_guard<std::mutex> lock(shape->mu);
-        std::optional<RowPrimitive>& slot = shape->by_m[m];
+        std::optional<RowPrimitive>& slot = shape->by_m[Slot(m)];
         if (!slot) {
           try {
             dnnl::matmul::primitive_desc pd = MakeDesc(m, n, k, bf16, has_bias, shape->packed);
@@ -188,7 +191,7 @@ OpStatus PackedLinear::Create(const TensorView& weight, const TensorView& bias, 
   p->has_bias_ = bias.present();
   p->impl_ = std::make_unique<Impl>();
   Impl& impl = *p->impl_;
-  impl.args.resize(kRowChunk + 1);
+  impl.args.resize(kRowChunk + 2);
   try {
     impl.shape = GetShapeClass({n, k, bf16, bias.present()});
     {
@@ -231,8 +234,8 @@ size_t PackedLinear::packed_bytes() const {
 std::string PackedLinear::ImplementationName(int64_t m) const {
   if (m < 1) return "";
   const Impl::Args* a;
-  if (!impl_->Get(std::min(m, kRowChunk), n_, k_, weight_dtype_ == DType::kBF16, has_bias_, &a)
-           .ok()) {
+  const int64_t rows = m >= kBigChunk ? kBigChunk : std::min(m, kRowChunk);  // its first chunk's
+  if (!impl_->Get(rows, n_, k_, weight_dtype_ == DType::kBF16, has_bias_, &a).ok()) {
     return "";
   }
   return a->prim->impl;
@@ -245,6 +248,11 @@ OpStatus PackedLinear::Reserve(int64_t max_m) const {
   for (int64_t m = 1; m <= std::min(max_m, kRowChunk); ++m) {
     const Impl::Args* a;
     if (OpStatus st = impl_->Get(m, n_, k_, bf16, has_bias_, &a); !st.ok()) return st;
+    pad = std::max(pad, a->prim->scratch_bytes);
+  }
+  if (max_m >= kBigChunk) {
+    const Impl::Args* a;
+    if (OpStatus st = impl_->Get(kBigChunk, n_, k_, bf16, has_bias_, &a); !st.ok()) return st;
     pad = std::max(pad, a->prim->scratch_bytes);
   }
   s.GrowPad(pad);
@@ -289,7 +297,7 @@ OpStatus PackedLinear::Forward(const TensorView& out, const TensorView& x) const
   char* dst = static_cast<char*>(out.data);
   const size_t dst_row_bytes = static_cast<size_t>(n_) * 4;
   for (int64_t row = 0; row < m;) {
-    const int64_t rows = std::min(m - row, kRowChunk);
+    const int64_t rows = m - row >= kBigChunk ? kBigChunk : std::min(m - row, kRowChunk);
     const Impl::Args* a;
     if (OpStatus st = impl_->Get(rows, n_, k_, bf16, has_bias_, &a); !st.ok()) return st;
     s.GrowPad(a->prim->scratch_bytes);

@@ -6,11 +6,14 @@
 // f32 or bf16. Forward() never packs a weight: it runs a cached matmul primitive on the packed
 // weight with the bias fused (no separate pass). Primitives are created per shape class and
 // shared by every PackedLinear of the same (N, K, weight dtype, bias or not): one per row count
-// M < kRowChunk, and one for kRowChunk rows; a step with M >= kRowChunk runs M / kRowChunk
-// chunks of kRowChunk rows (the rows of x and out are contiguous) and one remainder. Reserve(M)
-// creates the primitives for every M up to it and grows the calling thread's scratch, so that
-// a step allocates nothing (another thread grows its own scratch at its first step); without
-// it the primitives are created at first use.
+// M < kRowChunk, one for kRowChunk rows and one for kBigChunk rows; a step with M >= kBigChunk
+// (a prefill) first runs M / kBigChunk chunks of kBigChunk rows, then the rest in chunks of
+// kRowChunk rows (the rows of x and out are contiguous) and one remainder. Served prefill of
+// SmolLM2 in bf16 (prompts of 64-512 tokens, chunks of 64 only before): 2,640-2,915 -> 2,940-2,950
+// prompt tokens/s, TTFT p50 91-105 -> 89 ms; 256-row chunks measured about the same as 128 and
+// 512-row ones no better than 64. Reserve(M) creates the primitives for every M up to it and grows
+// the calling thread's scratch, so that a step allocates nothing (another thread grows its own
+// scratch at its first step); without it the primitives are created at first use.
 //
 // Dtypes: x and out are f32. With bf16 weights (CPUs with native bf16 dot products: AVX512_BF16
 // or AMX, see CpuHasNativeBf16), x is rounded to bf16 (nearest even) into a per-thread scratch
@@ -45,6 +48,8 @@ class PackedLinear {
  public:
   // Rows per chunk of a large step (see above).
   static constexpr int64_t kRowChunk = 64;
+  // Rows per chunk of a prefill-sized step, before the kRowChunk ones.
+  static constexpr int64_t kBigChunk = 128;
 
   // Packs `weight` (f32 [N, K], contiguous, on cpu) and copies `bias` (f32 [N] or absent: data
   // == nullptr) as `weight_dtype` (kF32 or kBF16; kBF16 rounds each weight to nearest even).

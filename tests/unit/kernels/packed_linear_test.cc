@@ -31,7 +31,8 @@ struct Dims {
   int64_t m, k, n;
 };
 
-// Row counts around the chunk size (kRowChunk = 64) and its multiples, odd K and N, M = 1.
+// Row counts around the chunk sizes (kRowChunk = 64, kBigChunk = 128) and past them, odd K and
+// N, M = 1.
 const Dims kShapes[] = {{1, 1, 1},
                         {1, 300, 257},
                         {2, 17, 3},
@@ -149,8 +150,9 @@ TEST(PackedLinear, UsesOptimizedKernels) {
     if (dtype == DType::kBF16 && !CpuHasNativeBf16()) continue;
     std::unique_ptr<PackedLinear> p;
     ASSERT_TRUE(PackedLinear::Create(w.view(), {}, dtype, &p).ok());
-    ASSERT_TRUE(p->Reserve(PackedLinear::kRowChunk).ok());
-    for (int64_t m : {int64_t{1}, int64_t{8}, int64_t{32}, PackedLinear::kRowChunk}) {
+    ASSERT_TRUE(p->Reserve(PackedLinear::kBigChunk).ok());
+    for (int64_t m :
+         {int64_t{1}, int64_t{8}, int64_t{32}, PackedLinear::kRowChunk, PackedLinear::kBigChunk}) {
       const std::string impl = p->ImplementationName(m);
       EXPECT_FALSE(impl.empty());
       EXPECT_EQ(impl.find("ref"), std::string::npos)
