@@ -10,7 +10,8 @@
 //   out[t][h][:] = acc[:] / l
 // The caches are f32 or bf16 (a bf16 model's). With f32 caches all arithmetic is f32. With bf16
 // caches the products are bf16 x bf16 summed in f32, as vdpbf16ps computes them: the scaled
-// query scale * q is rounded to bf16 (nearest even) before its dot products with the keys, and
+// query scale * q is rounded to bf16 (nearest even; the row kernel's vcvtneps2bf16 also takes a
+// denormal for zero) before its dot products with the keys, and
 // the tiled paths round the softmax weights exp(score - m) to bf16 before their products with the
 // values (the sum l adds the f32 weights); the reference keeps its weights in f32, so that the
 // tiled paths differ from it by at most 2^-9 max|v| (each weight's relative rounding error, at
