@@ -498,6 +498,17 @@ LLM_AVX512 inline void RescaleAndAddValues(float* out, float alpha, const float*
   }
 }
 
+// The online softmax's start for `stride` score rows (a multiple of 16): m = -inf, l = 0, and
+// the `outputs` floats of o = 0.
+LLM_AVX512 inline void StartRunningSums(int64_t stride, int64_t outputs, float* m, float* l,
+                                        float* o) {
+  for (int64_t r = 0; r < stride; r += 16) {
+    _mm512_storeu_ps(m + r, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
+    _mm512_storeu_ps(l + r, _mm512_setzero_ps());
+  }
+  std::fill(o, o + outputs, 0.0f);
+}
+
 // A tile's scores s[i * stride + r] (keys k0 .. k0 + n - 1) to weights: the causal mask, then
 // the online softmax 16 rows per register: m and l updated, alpha = exp(m - m') (0 on the
 // first tile), s = exp(s - m').
@@ -537,11 +548,7 @@ LLM_AVX512 void RunItemAvx512(const Problem& pb, const WorkItem& it) {
   float* alpha = l + stride;
   float* o = alpha + stride;
   LoadQueries<float>(pb, v, it.kv_head, stride, qt);
-  for (int64_t r = 0; r < stride; r += 16) {
-    _mm512_storeu_ps(m + r, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
-    _mm512_storeu_ps(l + r, _mm512_setzero_ps());
-  }
-  std::fill(o, o + rows * dim, 0.0f);
+  StartRunningSums(stride, rows * dim, m, l, o);
   const float* kf[kKeyTile];
   const float* vf[kKeyTile];
   for (int64_t k0 = v.key_begin; k0 < v.key_end; k0 += kKeyTile) {
@@ -909,11 +916,7 @@ LLM_AVX512_BF16 void RunItemBf16(const Problem& pb, const WorkItem& it) {
       }
     }
   }
-  for (int64_t r = 0; r < stride; r += 16) {
-    _mm512_storeu_ps(m + r, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
-    _mm512_storeu_ps(l + r, _mm512_setzero_ps());
-  }
-  std::fill(o, o + rows * dim, 0.0f);
+  StartRunningSums(stride, rows * dim, m, l, o);
   PairReg* vp = ThreadPairs(kKeyTile / 2 * dim / 16);
   const uint16_t* keys[kKeyTile];
   const uint16_t* values[kKeyTile];
