@@ -241,9 +241,10 @@ TEST(PagedAttentionTiled, SameResultOnOneTwoAndThreeThreads) {
   cpu::SetPagedAttentionThreads(0);
 }
 
-// Fewer work items than two per thread: long decode rows are split over their keys and the
-// parts merged (f32 and bf16 caches) (batch 1 with GQA and MQA, contexts of 257 to 3000 keys; all
-// but the 257 keys above the op's threshold for running on the pool).
+// Fewer work items than two per thread: decode rows are split over their keys and the parts
+// merged (f32 and bf16 caches) (batch 1 with GQA and MQA, contexts of 100 to 3000 keys: parts of
+// two tiles and more, a last part shorter than the others, and the 100 keys of two heads below
+// the op's threshold for running on the pool).
 TEST(PagedAttentionTiled, SplitDecodeMatchesReference) {
   const int saved = omp_get_max_threads();
   std::mt19937 rng(1806);
@@ -251,7 +252,9 @@ TEST(PagedAttentionTiled, SplitDecodeMatchesReference) {
                                    {8, 1, 128, 16, {{1499, 1}}},
                                    {16, 1, 16, 32, {{2999, 1}}},
                                    {4, 1, 64, 1, {{256, 1}}},
-                                   {9, 3, 64, 16, {{1400, 1}, {1200, 1}}}};
+                                   {9, 3, 64, 16, {{1400, 1}, {1200, 1}}},
+                                   {9, 3, 64, 16, {{130, 1}}},
+                                   {2, 1, 64, 16, {{100, 1}}}};
   for (int threads : {2, 3, 8}) {
     omp_set_num_threads(threads);
     for (const Case& c : cases) {
