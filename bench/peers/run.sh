@@ -8,7 +8,17 @@
 #
 #   bench/peers/run.sh /tmp/peers /tmp/peers/model/hf [--num-requests 64] [--output-len 128]
 #       [--concurrency "1 8 32"] [--systems "ours-bf16 ours-fp32 vllm-fp32 vllm-bf16
-#       llamacpp-f32 llamacpp-bf16 llamacpp-q4_1"] [--build build] [--threads 2]
+#       llamacpp-f32 llamacpp-bf16 llamacpp-q4_1"] [--build build] [--threads 2] [--rounds R]
+#
+# --rounds R (interleaved): every system's server is started first and stays up; then, R times,
+# each concurrency is measured on each system in turn (the order rotating by one system per
+# round), so that the systems compared at one concurrency ran within a few minutes of each
+# other. Why: this VM's memory bandwidth and CPU time drift by 10-20% over minutes, and one
+# server after the other (the default) puts minutes between the systems of one comparison (our
+# c=1 TPOT 6.5, 6.6 and 7.8 ms in three runs of one binary within half an hour). The idle
+# servers wait on their sockets (the whole machine's idle time is logged before the rounds).
+# The table gives each cell's median over the rounds and, per concurrency, ours against the
+# best peer in each round.
 #
 # Load generator: bench/peers/loadgen.py for every system (OpenAI /v1/completions, streaming,
 # the same prompts, output tokens from the server's usage), ours through its OpenAI-compatible
@@ -28,7 +38,7 @@ shift 2
 S=$(cd "$S" && pwd)
 OUR_MODEL=$(realpath "$OUR_MODEL")
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
-NUM=64 OUT=128 CONC="1 8 32" BUILD=$REPO/build THREADS=2
+NUM=64 OUT=128 CONC="1 8 32" BUILD=$REPO/build THREADS=2 ROUNDS=0
 SYSTEMS="ours-bf16 ours-fp32 vllm-fp32 vllm-bf16 llamacpp-f32 llamacpp-bf16 llamacpp-q4_1"
 while [[ $# -gt 0 ]]; do
   case $1 in
@@ -38,6 +48,7 @@ while [[ $# -gt 0 ]]; do
     --systems) SYSTEMS=$2 ;;
     --build) BUILD=$(cd "$2" && pwd) ;;
     --threads) THREADS=$2 ;;
+    --rounds) ROUNDS=$2 ;;
     *) echo "run.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift 2
@@ -51,17 +62,24 @@ VOCAB=$("$VPY" -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab_si
   "$S/model/hf/config.json")
 log() { echo "[peers $(date -u +%H:%M:%S)] $*" >&2; }
 
-SERVER_PID=
-stop_server() {
-  if [[ -n $SERVER_PID ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
-    kill -TERM "$SERVER_PID" 2>/dev/null || true
-    for _ in $(seq 60); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 1; done
-    kill -KILL "$SERVER_PID" 2>/dev/null || true
-    wait "$SERVER_PID" 2>/dev/null || true
+# The servers up, by system: their pid, the loadgen's --server flavour and base URL.
+declare -A PID KIND URL
+SERVER_PID=  # the one being started
+stop_server() {  # SYSTEM
+  local pid=${PID[$1]:-}
+  if [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
   fi
-  SERVER_PID=
+  unset "PID[$1]"
 }
-trap stop_server EXIT
+stop_all() {
+  local sys
+  for sys in "${!PID[@]}"; do stop_server "$sys"; done
+}
+trap stop_all EXIT
 
 free_port() { "$VPY" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
 
@@ -74,26 +92,37 @@ wait_http() {  # URL PATH TIMEOUT_S
   return 1
 }
 
-record() {  # SYSTEM CONCURRENCY JSON
-  "$VPY" -c "import json,sys; d=json.loads(sys.argv[3]); d.update(system=sys.argv[1], c=int(sys.argv[2])); print(json.dumps(d))" \
-    "$1" "$2" "$3" >>"$RESULTS"
+record() {  # SYSTEM CONCURRENCY ROUND JSON
+  "$VPY" -c "import json,sys; d=json.loads(sys.argv[4]); d.update(system=sys.argv[1], c=int(sys.argv[2]), round=int(sys.argv[3])); print(json.dumps(d))" \
+    "$1" "$2" "$3" "$4" >>"$RESULTS"
 }
 
-run_openai() {  # SYSTEM SERVER(vllm|llamacpp) URL
-  for c in $CONC; do
-    log "$1: concurrency $c"
-    local line
-    if line=$("$VPY" "$REPO/bench/peers/loadgen.py" --url "$3" --server "$2" --model smollm2 \
-      --num-requests "$NUM" --concurrency "$c" --output-len "$OUT" --vocab "$VOCAB" \
-      2>>"$LOGS/$1.loadgen.log"); then
-      record "$1" "$c" "$line"
-    else
-      log "$1: concurrency $c failed (see $LOGS/$1.loadgen.log)"
-    fi
-  done
+# The workload against a server that is up. Its prompts (loadgen's --seed) are the same for
+# every system at one concurrency and round, and differ from one concurrency or round to the
+# next: a server never sees a prompt twice, so that no prefix cache (vLLM's is on by default)
+# turns a later measurement's prefills into cache hits. (Before, every concurrency sent the
+# same 64 prompts: vLLM's c=8 and c=32 figures up to commit 10f4f3a had most of their prefill
+# served from its prefix cache.)
+load() {  # SYSTEM CONCURRENCY ROUND
+  log "$1: concurrency $2${3:+ (round $3)}"
+  local line
+  if line=$("$VPY" "$REPO/bench/peers/loadgen.py" --url "${URL[$1]}" --server "${KIND[$1]}" \
+    --model smollm2 --num-requests "$NUM" --concurrency "$2" --output-len "$OUT" \
+    --vocab "$VOCAB" --seed "$((1000 * ${3:-0} + $2))" 2>>"$LOGS/$1.loadgen.log"); then
+    record "$1" "$2" "${3:-0}" "$line"
+  else
+    log "$1: concurrency $2 failed (see $LOGS/$1.loadgen.log)"
+  fi
 }
 
-run_vllm() {  # SYSTEM DTYPE
+up() {  # SYSTEM KIND URL: the server SERVER_PID answers
+  PID[$1]=$SERVER_PID
+  KIND[$1]=$2
+  URL[$1]=$3
+  SERVER_PID=
+}
+
+start_vllm() {  # SYSTEM DTYPE
   local port; port=$(free_port)
   log "$1: vllm serve ($2) on $port"
   VLLM_CPU_KVCACHE_SPACE=4 VLLM_CPU_OMP_THREADS_BIND=0-1 VLLM_USE_AOT_COMPILE=0 \
@@ -101,28 +130,30 @@ run_vllm() {  # SYSTEM DTYPE
     --host 127.0.0.1 --port "$port" --max-model-len 2048 >"$LOGS/$1.server.log" 2>&1 &
   SERVER_PID=$!
   if wait_http "http://127.0.0.1:$port" /health 900; then
-    run_openai "$1" vllm "http://127.0.0.1:$port"
+    up "$1" vllm "http://127.0.0.1:$port"
   else
     log "$1: the server did not come up (see $LOGS/$1.server.log)"
+    PID[$1]=$SERVER_PID
+    stop_server "$1"
   fi
-  stop_server
 }
 
-run_llamacpp() {  # SYSTEM GGUF
+start_llamacpp() {  # SYSTEM GGUF
   local port; port=$(free_port)
   log "$1: llama-server $(basename "$2") on $port"
   "$S/llama.cpp/build/bin/llama-server" -m "$2" --alias smollm2 --host 127.0.0.1 --port "$port" \
     -np 32 -c 32768 -cb -t 2 >"$LOGS/$1.server.log" 2>&1 &
   SERVER_PID=$!
   if wait_http "http://127.0.0.1:$port" /health 300; then
-    run_openai "$1" llamacpp "http://127.0.0.1:$port"
+    up "$1" llamacpp "http://127.0.0.1:$port"
   else
     log "$1: the server did not come up (see $LOGS/$1.server.log)"
+    PID[$1]=$SERVER_PID
+    stop_server "$1"
   fi
-  stop_server
 }
 
-run_ours() {  # SYSTEM DTYPE CHUNKED_PREFILL(true|false) MAX_NUM_BATCHED_TOKENS
+start_ours() {  # SYSTEM DTYPE CHUNKED_PREFILL(true|false) MAX_NUM_BATCHED_TOKENS
   local manifest=$S/$1.yaml portfile=$S/$1.port httpfile=$S/$1.http.port
   cat >"$manifest" <<YAML
 model: $OUR_MODEL
@@ -158,45 +189,100 @@ YAML
   done
   if [[ ! -s $portfile || ! -s $httpfile ]]; then
     log "$1: the cluster did not come up (see $LOGS/$1.server.log)"
-    stop_server
+    PID[$1]=$SERVER_PID
+    stop_server "$1"
     return
   fi
   # The same client as the peers': our OpenAI-compatible /v1/completions, the server's usage.
-  run_openai "$1" vllm "http://127.0.0.1:$(cat "$httpfile")"
-  stop_server
+  up "$1" vllm "http://127.0.0.1:$(cat "$httpfile")"
 }
 
-for sys in $SYSTEMS; do
-  case $sys in
-    ours | ours-bf16) run_ours "$sys" auto true 512 ;;
-    ours-fp32) run_ours "$sys" float32 true 512 ;;
-    ours-bf16-whole) run_ours "$sys" auto false 2048 ;;
-    vllm-fp32) run_vllm "$sys" float32 ;;
-    vllm-bf16) run_vllm "$sys" bfloat16 ;;
-    llamacpp-f32) run_llamacpp "$sys" "$S/model/smollm2.f32.gguf" ;;
-    llamacpp-bf16) run_llamacpp "$sys" "$S/model/smollm2.bf16.gguf" ;;
-    llamacpp-q4_1) run_llamacpp "$sys" "$S/model/smollm2.q4_1.gguf" ;;
-    *) log "unknown system $sys" ;;
+start() {  # SYSTEM
+  case $1 in
+    ours | ours-bf16) start_ours "$1" auto true 512 ;;
+    ours-fp32) start_ours "$1" float32 true 512 ;;
+    ours-bf16-whole) start_ours "$1" auto false 2048 ;;
+    vllm-fp32) start_vllm "$1" float32 ;;
+    vllm-bf16) start_vllm "$1" bfloat16 ;;
+    llamacpp-f32) start_llamacpp "$1" "$S/model/smollm2.f32.gguf" ;;
+    llamacpp-bf16) start_llamacpp "$1" "$S/model/smollm2.bf16.gguf" ;;
+    llamacpp-q4_1) start_llamacpp "$1" "$S/model/smollm2.q4_1.gguf" ;;
+    *) log "unknown system $1" ;;
   esac
-done
+}
+
+if ((ROUNDS == 0)); then
+  # One server at a time.
+  for sys in $SYSTEMS; do
+    start "$sys"
+    [[ -n ${PID[$sys]:-} ]] || continue
+    for c in $CONC; do load "$sys" "$c"; done
+    stop_server "$sys"
+  done
+else
+  read -r -a order <<<"$SYSTEMS"
+  for sys in "${order[@]}"; do start "$sys"; done
+  # What the idle servers take: the machine's idle share over 10 s with every server up.
+  read -r _ u1 n1 s1 i1 _ </proc/stat
+  sleep 10
+  read -r _ u2 n2 s2 i2 _ </proc/stat
+  log "all servers up; machine idle over 10 s: $(((i2 - i1) * 100 / (u2 + n2 + s2 + i2 - u1 - n1 - s1 - i1)))%"
+  for ((r = 1; r <= ROUNDS; r++)); do
+    for c in $CONC; do
+      for ((j = 0; j < ${#order[@]}; j++)); do
+        sys=${order[$(((j + r - 1) % ${#order[@]}))]}
+        [[ -n ${PID[$sys]:-} ]] && load "$sys" "$c" "$r"
+      done
+    done
+  done
+  stop_all
+fi
 
 "$VPY" - "$RESULTS" "$SYSTEMS" "$CONC" "$NUM" "$OUT" <<'PYEOF'
 import json, sys
+import statistics
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 systems, conc = sys.argv[2].split(), [int(c) for c in sys.argv[3].split()]
-by = {(r["system"], r["c"]): r for r in rows}
+rounds = sorted({r["round"] for r in rows})
+by = {}
+for r in rows:
+    by.setdefault((r["system"], r["c"]), []).append(r)
 lo = min(conc)
+def med(s, c, key):
+    rs = by.get((s, c))
+    return statistics.median(r[key] for r in rs) if rs else None
 print(f"\n{sys.argv[4]} requests, prompts uniform 64-512 random ids, {sys.argv[5]} output tokens,"
-      " greedy, ignore_eos, closed loop. Output tokens/s:\n")
-head = ["System"] + [f"c={c}" for c in conc] + [f"TTFT p50, c={lo}", f"TPOT p50, c={lo}"]
+      " greedy, ignore_eos, closed loop. Output tokens/s"
+      + (f" (median of {len(rounds)} interleaved rounds)" if rounds != [0] else "") + ":\n")
+head = ["System"] + [f"c={c}" for c in conc] + [f"TTFT p50, c={c}" for c in conc] + \
+    [f"TPOT p50, c={lo}"]
 print("| " + " | ".join(head) + " |")
 print("|" + "---|" * len(head))
 for s in systems:
-    cells = [s]
-    for c in conc:
-        r = by.get((s, c))
-        cells.append(f"{r['output_tok_s']:.1f}" if r else "—")
-    r = by.get((s, lo))
-    cells += [f"{r['ttft_p50_ms']:.0f} ms", f"{r['tpot_p50_ms']:.1f} ms"] if r else ["—", "—"]
+    tok = [med(s, c, "output_tok_s") for c in conc]
+    ttft = [med(s, c, "ttft_p50_ms") for c in conc]
+    tpot = med(s, lo, "tpot_p50_ms")
+    cells = [s] + [f"{v:.1f}" if v is not None else "—" for v in tok]
+    cells += [f"{v:.0f} ms" if v is not None else "—" for v in ttft]
+    cells += [f"{tpot:.1f} ms" if tpot is not None else "—"]
     print("| " + " | ".join(cells) + " |")
+# Ours against the best peer of the same round (the same run without --rounds).
+ours = [s for s in systems if s.startswith("ours")]
+peers = [s for s in systems if not s.startswith("ours")]
+if ours and peers:
+    print()
+    for s in ours:
+        for c in conc:
+            parts = []
+            for rnd in rounds:
+                mine = [r for r in by.get((s, c), []) if r["round"] == rnd]
+                theirs = [(r["output_tok_s"], r["ttft_p50_ms"], p) for p in peers
+                          for r in by.get((p, c), []) if r["round"] == rnd]
+                if not mine or not theirs:
+                    continue
+                best = max(theirs)
+                parts.append(f"{mine[0]['output_tok_s'] / best[0]:.2f}x {best[2]}, TTFT "
+                             f"{mine[0]['ttft_p50_ms']:.0f} vs {min(t[1] for t in theirs):.0f} ms")
+            if parts:
+                print(f"{s} c={c}, per round: " + "; ".join(parts))
 PYEOF
