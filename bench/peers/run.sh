@@ -284,5 +284,6 @@ if ours and peers:
                 parts.append(f"{mine[0]['output_tok_s'] / best[0]:.2f}x {best[2]}, TTFT "
                              f"{mine[0]['ttft_p50_ms']:.0f} vs {min(t[1] for t in theirs):.0f} ms")
             if parts:
-                print(f"{s} c={c}, per round: " + "; ".join(parts))
+                label = "per round" if rounds != [0] else "against the best peer"
+                print(f"{s} c={c}, {label}: " + "; ".join(parts))
 PYEOF
