@@ -229,7 +229,7 @@ constexpr int64_t kKeyTile = 32;       // keys per tile
 constexpr int64_t kMaxTileRows = 64;   // score rows (query rows x group) per prefill item, about
 constexpr int64_t kMinSplitKeys = 64;  // keys per part, at least, of a split decode row
 // Below this much work (score rows x keys x head size, about a quarter of the FLOPs: some
-// 1.5 us on one core) a call runs on the calling thread: a parallel region on the spinning pool
+// 1.3 us on one core) a call runs on the calling thread: a parallel region on the spinning pool
 // costs about 1 us (bench_cpu_attention's BM_EmptyParallelRegion). It was 2^19 while the pool
 // slept between regions; at 2^15 SmolLM2's batch-1 decode (9 heads, a 512-key context) splits
 // in four on two threads: 20-21 -> 12-14 us a layer.

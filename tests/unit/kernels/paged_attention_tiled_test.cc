@@ -243,8 +243,8 @@ TEST(PagedAttentionTiled, SameResultOnOneTwoAndThreeThreads) {
 
 // Fewer work items than two per thread: decode rows are split over their keys and the parts
 // merged (f32 and bf16 caches) (batch 1 with GQA and MQA, contexts of 100 to 3000 keys: parts of
-// two tiles and more, a last part shorter than the others, and the 100 keys of two heads below
-// the op's threshold for running on the pool).
+// two tiles and more, 130 keys in two parts of 64 and 66 (the last ends in a partial tile), and
+// the 100 keys of two heads below the op's threshold for running on the pool).
 TEST(PagedAttentionTiled, SplitDecodeMatchesReference) {
   const int saved = omp_get_max_threads();
   std::mt19937 rng(1806);
