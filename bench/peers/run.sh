@@ -122,6 +122,13 @@ up() {  # SYSTEM KIND URL: the server SERVER_PID answers
   SERVER_PID=
 }
 
+not_up() {  # SYSTEM WHAT: the server SERVER_PID did not come up; stop what is left of it
+  log "$1: $2 did not come up (see $LOGS/$1.server.log)"
+  PID[$1]=$SERVER_PID
+  SERVER_PID=
+  stop_server "$1"
+}
+
 start_vllm() {  # SYSTEM DTYPE
   local port; port=$(free_port)
   log "$1: vllm serve ($2) on $port"
@@ -132,9 +139,7 @@ start_vllm() {  # SYSTEM DTYPE
   if wait_http "http://127.0.0.1:$port" /health 900; then
     up "$1" vllm "http://127.0.0.1:$port"
   else
-    log "$1: the server did not come up (see $LOGS/$1.server.log)"
-    PID[$1]=$SERVER_PID
-    stop_server "$1"
+    not_up "$1" "the server"
   fi
 }
 
@@ -147,9 +152,7 @@ start_llamacpp() {  # SYSTEM GGUF
   if wait_http "http://127.0.0.1:$port" /health 300; then
     up "$1" llamacpp "http://127.0.0.1:$port"
   else
-    log "$1: the server did not come up (see $LOGS/$1.server.log)"
-    PID[$1]=$SERVER_PID
-    stop_server "$1"
+    not_up "$1" "the server"
   fi
 }
 
@@ -188,9 +191,7 @@ YAML
     sleep 1
   done
   if [[ ! -s $portfile || ! -s $httpfile ]]; then
-    log "$1: the cluster did not come up (see $LOGS/$1.server.log)"
-    PID[$1]=$SERVER_PID
-    stop_server "$1"
+    not_up "$1" "the cluster"
     return
   fi
   # The same client as the peers': our OpenAI-compatible /v1/completions, the server's usage.

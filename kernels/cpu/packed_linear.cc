@@ -46,6 +46,16 @@ ThreadScratch& Scratch() {
   return s;
 }
 
+// Where the primitive for a row count is kept: 1 .. kRowChunk at their count, kBigChunk after.
+constexpr int64_t kNumSlots = PackedLinear::kRowChunk + 2;
+int64_t Slot(int64_t m) { return m == PackedLinear::kBigChunk ? PackedLinear::kRowChunk + 1 : m; }
+
+// The rows of the next chunk when `left` rows remain (see packed_linear.h).
+int64_t ChunkRows(int64_t left) {
+  return left >= PackedLinear::kBigChunk ? PackedLinear::kBigChunk
+                                         : std::min(left, PackedLinear::kRowChunk);
+}
+
 // One primitive per row count, shared by every weight of one shape class.
 struct RowPrimitive {
   dnnl::matmul prim;
@@ -66,7 +76,7 @@ std::shared_ptr<ShapeClass> GetShapeClass(const ShapeKey& key) {
   std::shared_ptr<ShapeClass>& c = (*classes)[key];
   if (c == nullptr) {
     c = std::make_shared<ShapeClass>();
-    c->by_m.resize(PackedLinear::kRowChunk + 2);
+    c->by_m.resize(kNumSlots);
   }
   return c;
 }
@@ -116,9 +126,6 @@ struct PackedLinear::Impl {
     const RowPrimitive* prim = nullptr;
   };
   mutable std::vector<std::optional<Args>> args;  // [Slot(m)]
-
-  // Where the primitive for m rows is kept: m <= kRowChunk, or kBigChunk after them.
-  static int64_t Slot(int64_t m) { return m == kBigChunk ? kRowChunk + 1 : m; }
 
   // The primitive for m rows (m <= kRowChunk or m == kBigChunk), created on first use.
   OpStatus Get(int64_t m, int64_t n, int64_t k, bool bf16, bool has_bias, const Args** out) const {
@@ -191,7 +198,7 @@ OpStatus PackedLinear::Create(const TensorView& weight, const TensorView& bias, 
   p->has_bias_ = bias.present();
   p->impl_ = std::make_unique<Impl>();
   Impl& impl = *p->impl_;
-  impl.args.resize(kRowChunk + 2);
+  impl.args.resize(kNumSlots);
   try {
     impl.shape = GetShapeClass({n, k, bf16, bias.present()});
     {
@@ -234,8 +241,7 @@ size_t PackedLinear::packed_bytes() const {
 std::string PackedLinear::ImplementationName(int64_t m) const {
   if (m < 1) return "";
   const Impl::Args* a;
-  const int64_t rows = m >= kBigChunk ? kBigChunk : std::min(m, kRowChunk);  // its first chunk's
-  if (!impl_->Get(rows, n_, k_, weight_dtype_ == DType::kBF16, has_bias_, &a).ok()) {
+  if (!impl_->Get(ChunkRows(m), n_, k_, weight_dtype_ == DType::kBF16, has_bias_, &a).ok()) {
     return "";
   }
   return a->prim->impl;
@@ -297,7 +303,7 @@ OpStatus PackedLinear::Forward(const TensorView& out, const TensorView& x) const
   char* dst = static_cast<char*>(out.data);
   const size_t dst_row_bytes = static_cast<size_t>(n_) * 4;
   for (int64_t row = 0; row < m;) {
-    const int64_t rows = m - row >= kBigChunk ? kBigChunk : std::min(m - row, kRowChunk);
+    const int64_t rows = ChunkRows(m - row);
     const Impl::Args* a;
     if (OpStatus st = impl_->Get(rows, n_, k_, bf16, has_bias_, &a); !st.ok()) return st;
     s.GrowPad(a->prim->scratch_bytes);
