@@ -330,12 +330,15 @@ void PrintSummary(const SummaryReporter& r) {
 int main(int argc, char** argv) {
   llm::cpu::ReexecWithOpenMpSettings(argv);
   llm::cpu::ReexecWithMatchingBlasKernels(argv);
-  // --threads=N: the pool size (default: the cpuset's CPUs); --pin-threads=true: pinned.
+  // --threads=N: the pool size (default: the cpuset's CPUs); --pin-threads=true: pinned;
+  // --coded-weights=false: bf16 steps of 1 to 4 rows on oneDNN, not the 12-bit coded weights.
   for (int i = 1; i < argc; ++i) {
     const bool threads = std::strncmp(argv[i], "--threads=", 10) == 0;
     const bool pin = std::strncmp(argv[i], "--pin-threads=", 14) == 0;
     const bool shape = std::strncmp(argv[i], "--shape=", 8) == 0;
-    if (!threads && !pin && !shape) continue;
+    const bool coded = std::strncmp(argv[i], "--coded-weights=", 16) == 0;
+    if (!threads && !pin && !shape && !coded) continue;
+    if (coded) llm::cpu::SetCodedWeights(std::strcmp(argv[i] + 16, "true") == 0);
     if (shape) llm::g_smollm2 = std::strcmp(argv[i] + 8, "smollm2") == 0;
     if (threads) llm::cpu::SetThreadPoolSize(std::atoi(argv[i] + 10));
     if (pin) llm::cpu::SetThreadPoolPinning(std::strcmp(argv[i] + 14, "true") == 0);

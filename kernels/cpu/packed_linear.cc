@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "common/half.h"
+#include "kernels/cpu/coded_gemv.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace llm::cpu {
@@ -21,6 +23,8 @@ using tag = dnnl::memory::format_tag;
 using ops::OpStatus;
 
 std::string Shape2(const TensorView& t) { return t.ToString(); }
+
+std::atomic<bool> g_coded_weights{true};
 
 const dnnl::engine& Engine() {
   static const dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
@@ -107,6 +111,8 @@ __attribute__((target("avx512f,avx512bf16"))) void ToBf16(const float* src, uint
 
 }  // namespace
 
+void SetCodedWeights(bool on) { g_coded_weights = on; }
+
 bool CpuHasNativeBf16() {
   static const bool has = [] {
     const unsigned isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
@@ -118,8 +124,9 @@ bool CpuHasNativeBf16() {
 
 struct PackedLinear::Impl {
   std::shared_ptr<ShapeClass> shape;
-  dnnl::memory weights;  // packed, owned by oneDNN
-  dnnl::memory bias;     // f32 [1, N]
+  dnnl::memory weights;                    // packed, owned by oneDNN
+  dnnl::memory bias;                       // f32 [1, N]
+  std::unique_ptr<CodedBf16Matrix> coded;  // small steps' copy, or null
   // Per row count: memory objects over the caller's x and out (their handles set per call).
   struct Args {
     dnnl::memory src, dst, pad;
@@ -218,6 +225,7 @@ OpStatus PackedLinear::Create(const TensorView& weight, const TensorView& bias, 
       ToBf16(weight.data_as<const float>(), rounded.data(), n * k);
       plain_data = rounded.data();
     }
+    if (bf16 && g_coded_weights) impl.coded = CodedBf16Matrix::Create(rounded.data(), n, k);
     dnnl::memory plain({{k, n}, bf16 ? dt::bf16 : dt::f32, tag::ba}, Engine(), plain_data);
     impl.weights = dnnl::memory(impl.shape->packed, Engine());
     dnnl::reorder(plain, impl.weights).execute(stream, plain, impl.weights);
@@ -235,11 +243,19 @@ OpStatus PackedLinear::Create(const TensorView& weight, const TensorView& bias, 
 }
 
 size_t PackedLinear::packed_bytes() const {
-  return impl_->weights.get_desc().get_size() + (has_bias_ ? static_cast<size_t>(n_) * 4 : 0);
+  return impl_->weights.get_desc().get_size() + (has_bias_ ? static_cast<size_t>(n_) * 4 : 0) +
+         (impl_->coded != nullptr ? impl_->coded->bytes() : 0);
+}
+
+bool PackedLinear::has_coded() const { return impl_->coded != nullptr; }
+
+bool PackedLinear::UsesCoded(int64_t m) const {
+  return impl_->coded != nullptr && m >= 1 && m <= CodedBf16Matrix::kMaxRows;
 }
 
 std::string PackedLinear::ImplementationName(int64_t m) const {
   if (m < 1) return "";
+  if (UsesCoded(m)) return "coded_bf16";
   const Impl::Args* a;
   if (!impl_->Get(ChunkRows(m), n_, k_, weight_dtype_ == DType::kBF16, has_bias_, &a).ok()) {
     return "";
@@ -299,6 +315,13 @@ OpStatus PackedLinear::Forward(const TensorView& out, const TensorView& x) const
     }
     src = reinterpret_cast<const char*>(s.src16.data());
     src_row_bytes = static_cast<size_t>(k_) * 2;
+  }
+  if (UsesCoded(m)) {
+    impl_->coded->Forward(
+        s.src16.data(), static_cast<int>(m),
+        has_bias_ ? static_cast<const float*>(impl_->bias.get_data_handle()) : nullptr,
+        out.data_as<float>());
+    return OpStatus::Ok();
   }
   char* dst = static_cast<char*>(out.data);
   const size_t dst_row_bytes = static_cast<size_t>(n_) * 4;

@@ -21,6 +21,16 @@
 // With f32 weights everything is fp32 (oneDNN's default strict fp32 math: no implicit bf16 or
 // tf32).
 //
+// Small M (decode): with bf16 weights whose K is a multiple of 64, on CPUs with AVX512_VBMI,
+// Create also keeps the weight coded in 12 bits per weight, losslessly (kernels/cpu/coded_gemv.h),
+// and Forward runs steps of 1 to CodedBf16Matrix::kMaxRows rows on it instead of oneDNN: such a
+// step reads each weight once and is bound by memory bandwidth. SmolLM2's decode GEMMs, out of
+// cache, 2 threads (bench_cpu_gemv): 1 row 1.40-1.49x, 2 rows 1.39-1.42x, 4 rows 1.09-1.14x the
+// speed of oneDNN on the packed bf16 weight. The result is the same bf16 matmul (same weights,
+// same x rounding, vdpbf16ps), up to the order of the fp32 sums. The cost is memory: the coded
+// copy is 3/4 of the bf16 weight's bytes on top of it. SetCodedWeights(false) (llm-worker
+// --coded-weights=false) turns it off for the PackedLinears created after.
+//
 // Threads: oneDNN runs on the OpenMP pool (Debian's oneDNN is built with OpenMP), sized and
 // pinned by kernels/cpu/thread_pool.h.
 //
@@ -43,6 +53,10 @@ namespace llm::cpu {
 // True when this CPU has native bf16 dot products (AVX512_BF16, or AMX-BF16), checked once with
 // cpuid at run time. bf16 weights are refused without them (emulated bf16 is slower than fp32).
 bool CpuHasNativeBf16();
+
+// Whether PackedLinears created from now on keep the coded copy for small steps where they can
+// (see above; default true). Process-wide, like the thread pool's size.
+void SetCodedWeights(bool on);
 
 class PackedLinear {
  public:
@@ -74,15 +88,20 @@ class PackedLinear {
   int64_t k() const { return k_; }
   DType weight_dtype() const { return weight_dtype_; }
   bool has_bias() const { return has_bias_; }
-  // Bytes of the packed weight and bias.
+  // Bytes of the packed weight and bias, and of the coded copy if any.
   size_t packed_bytes() const;
-  // oneDNN's implementation for `m` rows (e.g. "brg:avx512_core_bf16"), for tests and benches.
+  // Whether steps of 1 to CodedBf16Matrix::kMaxRows rows run on the coded copy.
+  bool has_coded() const;
+  // The implementation for `m` rows: oneDNN's (e.g. "brg:avx512_core_bf16") or "coded_bf16",
+  // for tests and benches.
   std::string ImplementationName(int64_t m) const;
 
   struct Impl;
 
  private:
   PackedLinear() = default;
+  // Whether a step of m rows runs on the coded copy.
+  bool UsesCoded(int64_t m) const;
   int64_t n_ = 0, k_ = 0;
   DType weight_dtype_ = DType::kF32;
   bool has_bias_ = false;
