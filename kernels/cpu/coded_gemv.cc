@@ -76,6 +76,8 @@ std::unique_ptr<CodedBf16Matrix> CodedBf16Matrix::Create(const uint16_t* weight,
     for (int c = 0; c < kZeroCode; ++c) covered += count[e + c];
     if (covered > best) best = covered, base = e;
   }
+  // Exceptions are added one by one: past 1 in 64 weights coding would not pay.
+  if (n * k - best - count[0] > n * k / 64) return nullptr;
   std::unique_ptr<CodedBf16Matrix> m(new CodedBf16Matrix());
   m->n_ = n;
   m->k_ = k;

@@ -41,8 +41,9 @@ class CodedBf16Matrix {
   // Rows of x one Forward takes.
   static constexpr int kMaxRows = 4;
 
-  // Codes `weight` (bf16 bits [n, k], row-major); null when k is not a multiple of 64 or the
-  // CPU lacks the instructions. The weight's memory can be freed afterwards.
+  // Codes `weight` (bf16 bits [n, k], row-major); null when k is not a multiple of 64, the CPU
+  // lacks the instructions, or more than 1 in 64 weights would be exceptions (a matrix whose
+  // weights spread over many exponents). The weight's memory can be freed afterwards.
   static std::unique_ptr<CodedBf16Matrix> Create(const uint16_t* weight, int64_t n, int64_t k);
 
   // out[i][j] = sum_c x[i][c] * weight[j][c] (+ bias[j]) for i < m: x bf16 [m, k], out f32

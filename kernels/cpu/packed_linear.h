@@ -25,10 +25,11 @@
 // Create also keeps the weight coded in 12 bits per weight, losslessly (kernels/cpu/coded_gemv.h),
 // and Forward runs steps of 1 to CodedBf16Matrix::kMaxRows rows on it instead of oneDNN: such a
 // step reads each weight once and is bound by memory bandwidth. SmolLM2's decode GEMMs, out of
-// cache, 2 threads (bench_cpu_gemv): 1 row 1.40-1.49x, 2 rows 1.39-1.42x, 4 rows 1.09-1.14x the
-// speed of oneDNN on the packed bf16 weight. The result is the same bf16 matmul (same weights,
-// same x rounding, vdpbf16ps), up to the order of the fp32 sums. The cost is memory: the coded
-// copy is 3/4 of the bf16 weight's bytes on top of it. SetCodedWeights(false) (llm-worker
+// cache, 2 threads (bench_cpu_gemv, three runs): 1 row 1.39x, 1.43x, 1.93x (the baseline in a
+// slow minute), 2 rows 1.32-1.52x, 4 rows 1.35-1.43x the speed of oneDNN on the packed weight. The
+// result is the same bf16 matmul (same weights, same x rounding, vdpbf16ps), up to the order of the
+// fp32 sums. The cost is memory: the coded copy is 3/4 of the bf16 weight's bytes on top of it.
+// SetCodedWeights(false) (llm-worker
 // --coded-weights=false) turns it off for the PackedLinears created after.
 //
 // Threads: oneDNN runs on the OpenMP pool (Debian's oneDNN is built with OpenMP), sized and

@@ -26,8 +26,9 @@ using ops::testing::Poisoned;
 using ops::testing::Random;
 
 // A weight like a trained model's (normal, sigma 0.05) in bf16 bits, with in every row: +0, -0,
-// a positive and a negative subnormal, and two exceptions, one far above the matrix's exponents
-// (+-16..64) and one far below (about 1e-12); `*num_exceptions` is how many of the latter kind.
+// a positive and a negative subnormal, and one exception (1 in 64 weights at most, what Create
+// codes), far above the matrix's exponents (+-16..64) in even rows and far below (about 1e-12)
+// in odd ones; `*num_exceptions` is how many.
 std::vector<uint16_t> ModelLikeWeight(int64_t n, int64_t k, std::mt19937& rng,
                                       int64_t* num_exceptions) {
   std::normal_distribution<float> normal(0.0f, 0.05f);
@@ -48,10 +49,13 @@ std::vector<uint16_t> ModelLikeWeight(int64_t n, int64_t k, std::mt19937& rng,
     row[col(rng)] = 0x8000;  // -0
     row[col(rng)] = 0x0003;  // subnormal
     row[col(rng)] = 0x8041;  // negative subnormal
-    const int64_t big = col(rng), tiny = col(rng);
-    row[big] = FloatToBf16((r % 2 ? -1.0f : 1.0f) * (16.0f + static_cast<float>(r % 48)));
-    row[tiny] = FloatToBf16(1e-12f * static_cast<float>(1 + r % 7));
-    *num_exceptions += big == tiny ? 1 : 2;
+    const int64_t c = col(rng);
+    if (r % 2 == 0) {
+      row[c] = FloatToBf16((r % 4 ? -1.0f : 1.0f) * (16.0f + static_cast<float>(r % 48)));
+    } else {
+      row[c] = FloatToBf16(1e-12f * static_cast<float>(1 + r % 7));
+    }
+    ++*num_exceptions;
   }
   return w;
 }
@@ -131,11 +135,27 @@ TEST(CodedBf16Matrix, ForwardMatchesAnFp64Loop) {
   omp_set_num_threads(saved_threads);
 }
 
-TEST(CodedBf16Matrix, NeedsKAMultipleOf64) {
+TEST(CodedBf16Matrix, RefusesWhatItCannotCodeWell) {
+  if (!CodedGemvSupported()) GTEST_SKIP() << "this CPU lacks AVX512_BF16 or AVX512_VBMI";
+  // K not a multiple of 64, or no rows.
   const std::vector<uint16_t> w(100 * 96, FloatToBf16(0.5f));
   EXPECT_EQ(CodedBf16Matrix::Create(w.data(), 100, 96), nullptr);
   EXPECT_EQ(CodedBf16Matrix::Create(w.data(), 150, 32), nullptr);
   EXPECT_EQ(CodedBf16Matrix::Create(w.data(), 0, 64), nullptr);
+  EXPECT_NE(CodedBf16Matrix::Create(w.data(), 150, 64), nullptr);
+  // Weights over 30 exponents, evenly: half of them would be exceptions.
+  std::vector<uint16_t> spread(64 * 64);
+  for (size_t i = 0; i < spread.size(); ++i) {
+    spread[i] = FloatToBf16(std::ldexp(1.0f, -static_cast<int>(i % 30)));
+  }
+  EXPECT_EQ(CodedBf16Matrix::Create(spread.data(), 64, 64), nullptr);
+  // The same with 1 weight in 100 outside 15 exponents: coded.
+  for (size_t i = 0; i < spread.size(); ++i) {
+    spread[i] = FloatToBf16(std::ldexp(1.0f, -static_cast<int>(i % 100 == 0 ? 20 : i % 15)));
+  }
+  std::unique_ptr<CodedBf16Matrix> m = CodedBf16Matrix::Create(spread.data(), 64, 64);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->num_exceptions(), 41);
 }
 
 // A bf16 PackedLinear runs steps of 1 to kMaxRows rows on its coded copy (when K allows) and
