@@ -1,17 +1,19 @@
 // Small-M matmuls on bf16 weights stored in 12 bits per weight, losslessly: batch-1 decode on
-// the CPU reads every weight once per token and is bound by memory bandwidth, so reading 3/4
-// of the bytes makes it faster by up to 4/3.
+// the CPU reads every weight once per token and is bound by memory bandwidth, so reading 3/4 of
+// the bytes is the lever (bench_cpu_gemv: 1.3-1.5x oneDNN on SmolLM2's decode GEMMs).
 //
 // A bf16 weight is sign, 8 exponent bits and 7 mantissa bits. A trained model's weights use few
-// exponents (SmolLM2-135M: all but 0.01% of each matrix's weights lie in 15 consecutive
-// exponents), so a CodedBf16Matrix stores per weight one byte of sign and mantissa and a 4-bit
-// code: codes 0..14 are the 15 consecutive exponents that cover the most weights of the matrix,
-// code 15 is exponent 0 (zeros and subnormals). The rest, the exceptions, are stored as code 15
+// exponents (SmolLM2-135M in bf16: all but 0.01% of its weights lie in the 15 consecutive
+// exponents that cover the most of their matrix, 0.05% at most in one matrix), so a
+// CodedBf16Matrix stores per weight one byte of sign and mantissa and a 4-bit code: codes
+// 0..14 are the 15 consecutive exponents that cover the most weights of the matrix, code 15 is
+// exponent 0 (zeros and subnormals). The rest, the exceptions, are stored as code 15
 // with sign and mantissa 0 (the weight reads as +0) and listed (row, column, value); Forward adds
 // their products after the row's dot product. Every weight is thus used at its exact bf16 value:
-// the result is that of a bf16 matmul (bf16 x bf16 products summed in fp32, vdpbf16ps, as
-// oneDNN's), up to the order of the fp32 sums. The idea is DFloat11's (lossless exponent
-// coding), with a fixed-width code that AVX-512 VBMI decodes in registers (vpermb on the codes).
+// the result is that of a bf16 matmul (bf16 x bf16 products summed in fp32 with vdpbf16ps,
+// which reads subnormals as zero, as oneDNN's bf16 kernels do), up to the order of the sums.
+// The idea is DFloat11's (lossless exponent coding), with a fixed-width code that AVX-512 VBMI
+// decodes in registers (vpermb on the codes).
 //
 // Layout: per row, per group of 64 weights, 64 bytes of sign and mantissa, then 32 bytes of codes
 // (two per byte), the group's weights permuted so that the decode's in-lane byte interleave
