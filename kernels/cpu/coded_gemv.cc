@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cstring>
 
 #include "common/half.h"
 
@@ -103,8 +102,7 @@ std::unique_ptr<CodedBf16Matrix> CodedBf16Matrix::Create(const uint16_t* weight,
         } else {
           code = kZeroCode;
           sm = 0;
-          m->exceptions_.push_back(
-              {static_cast<int32_t>(r), static_cast<int32_t>(col), Bf16ToFloat(w)});
+          m->exceptions_.push_back({static_cast<int32_t>(r), static_cast<int32_t>(col), w});
         }
         const int p = BytePosition(c);
         group[p] = sm;
@@ -128,14 +126,16 @@ std::vector<uint16_t> CodedBf16Matrix::DecodeRow(int64_t r) const {
     row[col] =
         static_cast<uint16_t>(((sm & 0x80) << 8) | (high_[code] << 8) | low_[code] | (sm & 0x7F));
   }
-  auto e = std::lower_bound(exceptions_.begin(), exceptions_.end(), r,
-                            [](const Exception& a, int64_t row) { return a.row < row; });
-  for (; e != exceptions_.end() && e->row == r; ++e) {
-    uint32_t bits;
-    std::memcpy(&bits, &e->value, 4);
-    row[e->col] = static_cast<uint16_t>(bits >> 16);
+  for (auto e = FirstException(r); e != exceptions_.end() && e->row == r; ++e) {
+    row[e->col] = e->bits;
   }
   return row;
+}
+
+std::vector<CodedBf16Matrix::Exception>::const_iterator CodedBf16Matrix::FirstException(
+    int64_t row) const {
+  return std::lower_bound(exceptions_.begin(), exceptions_.end(), row,
+                          [](const Exception& a, int64_t r) { return a.row < r; });
 }
 
 size_t CodedBf16Matrix::bytes() const {
@@ -185,10 +185,9 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi,avx512bf16"))) void CodedBf16
                r);
   }
   // The exceptions of these rows.
-  auto e = std::lower_bound(exceptions_.begin(), exceptions_.end(), r0,
-                            [](const Exception& a, int64_t row) { return a.row < row; });
-  for (; e != exceptions_.end() && e->row < r1; ++e) {
-    for (int j = 0; j < M; ++j) out[j * n_ + e->row] += Bf16ToFloat(x[j * k_ + e->col]) * e->value;
+  for (auto e = FirstException(r0); e != exceptions_.end() && e->row < r1; ++e) {
+    const float w = Bf16ToFloat(e->bits);
+    for (int j = 0; j < M; ++j) out[j * n_ + e->row] += Bf16ToFloat(x[j * k_ + e->col]) * w;
   }
 }
 

@@ -61,14 +61,16 @@ class CodedBf16Matrix {
   // included: the weight given to Create, bit for bit. For tests.
   std::vector<uint16_t> DecodeRow(int64_t r) const;
 
+ private:
   struct Exception {
     int32_t row = 0;
     int32_t col = 0;
-    float value = 0;
+    uint16_t bits = 0;  // the weight, bf16
   };
 
- private:
   CodedBf16Matrix() = default;
+  // The first exception of row `row` or of a later one.
+  std::vector<Exception>::const_iterator FirstException(int64_t row) const;
   // Rows [r0, r1) of out for the m rows of x.
   template <int M>
   void Rows(const uint16_t* x, const float* bias, float* out, int64_t r0, int64_t r1) const;
