@@ -7,16 +7,29 @@
 // step on the context's stream (inputs packed into pinned memory and uploaded in one copy,
 // then embedding, 32 layers, final norm, LM head, f32 logits for every sequence), timed with
 // CUDA events recorded on that stream around it; the host wall time of the same span (launch
-// overhead included: eager mode, no CUDA graphs) is the wall_ms counter. The KV cache holds
-// zeros for the context instead of a prefill's keys and values (a step's cost does not depend
-// on their values); each step writes one token per sequence at position `context`, the same
-// slot every time, so the work per step stays the same.
+// overhead included) is the wall_ms counter. BM_DecodeStep runs the step eagerly (a launch per
+// kernel); with --graphs BM_DecodeStepGraphs also runs it from CUDA graphs
+// (LlamaModel::EnableCudaGraphs, as the served worker runs decode steps: one graph per batch
+// size, captured in the warm-up step), in the same process, so that the two wall_ms say what
+// the launches cost. The KV cache holds zeros for the context instead of a prefill's keys and
+// values (a step's cost does not depend on their values); each step writes one token per
+// sequence at position `context`, the same slot every time, so the work per step stays the
+// same.
 //
 // A decode step is bound by memory bandwidth: it reads every weight once (the embedding table
-// only for its looked-up rows) and the K and V of every context token of every layer. The
-// baseline, in the same run, is a device-to-device cudaMemcpyAsync of 1 GiB (its bandwidth
-// counts the bytes read and written). The summary prints per batch size: step time, tokens/s,
-// the bytes read (weights + KV) per second and their share of the copy's bandwidth.
+// only for its looked-up rows) and the K and V of every context token of every layer. Two
+// references, both in the JSON counters of every decode benchmark:
+//   - the baseline measured in the same run, BM_Baseline_DeviceCopy: a device-to-device
+//     cudaMemcpyAsync of 1 GiB, its bandwidth counting the bytes read and written;
+//   - the paper bound: the step's bytes at the device's nominal memory bandwidth
+//     (bench/hbm_bandwidth.h: memory clock x 2 x bus width from the driver, else a table by
+//     name), the step time no kernel schedule can beat.
+// Counters of BM_DecodeStep and BM_DecodeStepGraphs (per step; the run's time is step_ms):
+//   batch, graphs (0 or 1); step_ms (CUDA events), wall_ms (host clock, launches included);
+//   tokens/s; read_GB (weights + KV bytes the step reads), kv_GB; read_GB/s; copy_GB/s (the
+//   baseline's) and of_copy (read_GB/s over it); paper_ms (read_GB at the nominal bandwidth)
+//   and of_paper (paper_ms / step_ms). The JSON's context has device, hbm_nominal_GB/s and
+//   hbm_nominal_source. The summary prints the same table.
 //
 // Flags (before Google Benchmark's own):
 //   --layers=N     decoder layers (1..32; also env LLM_BENCH_LAYERS), for devices with less
@@ -24,6 +37,7 @@
 //                  of context per sequence;
 //   --context=N    tokens of context per sequence (default 512);
 //   --max_batch=N  largest batch size (power of two up to it; default 256);
+//   --graphs       also run every batch size from CUDA graphs (BM_DecodeStepGraphs);
 //   --tiny         tiny shapes (2 layers, hidden 512, 4 query / 1 KV heads of 128, vocabulary
 //                  1024, context 64, batch up to 4, 2 iterations) whose logits must come out
 //                  finite: the smoke check that runs under the CUDA emulation (the target
@@ -37,6 +51,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -44,6 +59,7 @@
 #include <string_view>
 #include <vector>
 
+#include "bench/hbm_bandwidth.h"
 #include "bench/summary_reporter.h"
 #include "benchmark/benchmark.h"
 #include "common/model_config.h"
@@ -62,10 +78,19 @@ struct Options {
   int layers = 32;
   int context = 512;
   int max_batch = 256;
+  bool graphs = false;
   bool tiny = false;
 };
 Options g_options;
-bool g_failed = false;  // a step failed, or (--tiny) the logits were not finite
+bool g_failed = false;          // a step failed, or (--tiny) the logits were not finite
+double g_copy_bytes_per_s = 0;  // BM_Baseline_DeviceCopy's (read + written), once it has run
+NominalBandwidth g_nominal;     // the device's nominal memory bandwidth, from main()
+
+// What one decode benchmark measured, for the summary: the figures of its JSON counters.
+struct StepFigures {
+  double step_s = 0, wall_s = 0;
+};
+std::map<std::pair<bool, int>, StepFigures> g_steps;  // by (graphs, batch)
 
 ModelConfig Llama3_8B(int layers) {
   ModelConfig c;
@@ -197,23 +222,33 @@ void BM_Baseline_DeviceCopy(benchmark::State& state) {
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
+  double total_s = 0;
+  bool ok = true;
   for (auto _ : state) {
     cudaEventRecord(start);
     cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice);
     cudaEventRecord(stop);
-    if (!Check(cudaEventSynchronize(stop), "cudaMemcpyAsync", &state)) break;
+    if (!Check(cudaEventSynchronize(stop), "cudaMemcpyAsync", &state)) {
+      ok = false;
+      break;
+    }
     float ms = 0.0f;
     cudaEventElapsedTime(&ms, start, stop);
+    total_s += ms * 1e-3;
     state.SetIterationTime(ms * 1e-3);
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   cudaFree(src);
   cudaFree(dst);
+  if (!ok || total_s <= 0) return;
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * 2 * bytes));
+  g_copy_bytes_per_s = 2.0 * bytes * static_cast<double>(state.iterations()) / total_s;
+  state.counters["copy_GB/s"] = g_copy_bytes_per_s / 1e9;
 }
 
-void BM_DecodeStep(benchmark::State& state) {
+// Args: batch. `graphs`: run the steps from CUDA graphs (else eagerly).
+void BM_DecodeStep(benchmark::State& state, bool graphs) {
   const int batch = static_cast<int>(state.range(0));
   Fixture& f = Get();
   if (!f.error.empty()) {
@@ -221,6 +256,7 @@ void BM_DecodeStep(benchmark::State& state) {
     g_failed = true;
     return;
   }
+  f.model->EnableCudaGraphs(graphs ? g_options.max_batch : 0);
   const int bps = BlocksPerSeq(), context = g_options.context;
   // Blocks scattered over the cache, as after a while of serving.
   std::vector<int32_t> tables(batch * bps);
@@ -239,7 +275,7 @@ void BM_DecodeStep(benchmark::State& state) {
   const ForwardInput input{ids, pos, slots, tables, bps, lens, qsl, rows};
   auto stream = static_cast<cudaStream_t>(f.context->stream());
   TensorView logits;
-  // Warm-up (first-use costs: cuBLASLt's algorithm choice, buffers).
+  // Warm-up (first-use costs: cuBLASLt's algorithm choice, buffers; with graphs the capture).
   absl::Status st = f.model->Forward(input, f.cache->device_caches(), &logits);
   if (st.ok()) st = f.model->Synchronize();
   if (!st.ok()) {
@@ -247,10 +283,11 @@ void BM_DecodeStep(benchmark::State& state) {
     g_failed = true;
     return;
   }
+  const int64_t replays_before = f.model->graph_replays();
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
-  double wall_s = 0;
+  double wall_s = 0, step_s = 0;
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
     cudaEventRecord(start, stream);
@@ -265,11 +302,21 @@ void BM_DecodeStep(benchmark::State& state) {
     wall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     float ms = 0.0f;
     cudaEventElapsedTime(&ms, start, stop);
+    step_s += ms * 1e-3;
     state.SetIterationTime(ms * 1e-3);
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   if (!st.ok() || state.iterations() == 0) return;
+  // A graphs benchmark whose steps ran eagerly would report eager figures under its name.
+  const int64_t replays = f.model->graph_replays() - replays_before;
+  if (graphs && replays != static_cast<int64_t>(state.iterations())) {
+    const std::string msg = "graphs: " + std::to_string(replays) + " of " +
+                            std::to_string(state.iterations()) + " steps ran from a graph";
+    state.SkipWithError(msg.c_str());
+    g_failed = true;
+    return;
+  }
   // The last step's logits: [batch, vocab] f32, all finite.
   std::vector<float> host(static_cast<size_t>(logits.numel()));
   if (!Check(cudaMemcpy(host.data(), logits.data, host.size() * 4, cudaMemcpyDeviceToHost),
@@ -289,44 +336,59 @@ void BM_DecodeStep(benchmark::State& state) {
     }
     std::printf("warning: %s\n", msg.c_str());
   }
+  const double n = static_cast<double>(state.iterations());
+  const StepFigures fig{step_s / n, wall_s / n};
+  g_steps[{graphs, batch}] = fig;
   const ModelConfig c = Config();
-  state.counters["tokens/s"] =
-      benchmark::Counter(static_cast<double>(batch), benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["read_GB/s"] =
-      benchmark::Counter((WeightBytesRead(c, batch) + KvBytesRead(c, batch)) / 1e9,
-                         benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["wall_ms"] = wall_s * 1e3 / static_cast<double>(state.iterations());
+  const double kv = KvBytesRead(c, batch), bytes = WeightBytesRead(c, batch) + kv;
+  const double paper_s = g_nominal.bytes_per_s > 0 ? bytes / g_nominal.bytes_per_s : 0.0;
+  const double read_bytes_per_s = bytes / fig.step_s;
+  state.counters["batch"] = batch;
+  state.counters["graphs"] = graphs ? 1 : 0;
+  state.counters["step_ms"] = fig.step_s * 1e3;
+  state.counters["wall_ms"] = fig.wall_s * 1e3;
+  state.counters["tokens/s"] = batch / fig.step_s;
+  state.counters["read_GB"] = bytes / 1e9;
+  state.counters["kv_GB"] = kv / 1e9;
+  state.counters["read_GB/s"] = read_bytes_per_s / 1e9;
+  state.counters["copy_GB/s"] = g_copy_bytes_per_s / 1e9;
+  state.counters["of_copy"] = g_copy_bytes_per_s > 0 ? read_bytes_per_s / g_copy_bytes_per_s : 0.0;
+  state.counters["paper_ms"] = paper_s * 1e3;
+  state.counters["of_paper"] = paper_s / fig.step_s;
 }
 
-// Seconds per iteration of `name` (Google Benchmark appends /iterations:N, which the reporter
-// cuts with what follows, or /manual_time).
-double Seconds(const SummaryReporter& r, const std::string& name) {
-  const double s = r.seconds(name + "/manual_time");
-  return s > 0 ? s : r.seconds(name);
-}
-
-void PrintSummary(const SummaryReporter& r) {
+// The table of the decode benchmarks' counters (the figures of each one's last run, the one
+// Google Benchmark reports), batch by batch, eager then graphs.
+void PrintSummary(const SummaryReporter& /*times: the counters have them*/) {
   const ModelConfig c = Config();
-  const double copy_bytes = g_options.tiny ? (size_t{16} << 20) : kGiB;
-  const double copy_s = Seconds(r, "BM_Baseline_DeviceCopy");
-  const double bandwidth = copy_s > 0 ? 2.0 * copy_bytes / copy_s : 0;
-  std::printf("\nDevice-to-device copy bandwidth (read + write): %.1f GB/s\n", bandwidth / 1e9);
+  std::printf(
+      "\nDevice-to-device copy bandwidth (read + write): %.1f GB/s; nominal memory "
+      "bandwidth %.1f GB/s (%s)\n",
+      g_copy_bytes_per_s / 1e9, g_nominal.bytes_per_s / 1e9, g_nominal.source.c_str());
   std::printf("%d layers, context %d tokens per sequence; weights read per step: %.2f GB (bf16)\n",
               c.num_hidden_layers, g_options.context, WeightBytesRead(c, 1) / 1e9);
-  std::printf("%-6s %10s %12s %10s %10s %12s %9s %14s\n", "batch", "step (ms)", "tokens/s",
-              "KV (GB)", "read (GB)", "read GB/s", "of copy", "copy-bound ms");
+  std::printf("%-6s %-6s %10s %10s %12s %9s %10s %10s %8s %9s %9s\n", "batch", "mode", "step (ms)",
+              "wall (ms)", "tokens/s", "KV (GB)", "read (GB)", "read GB/s", "of copy", "paper ms",
+              "of paper");
   for (int batch = 1; batch <= g_options.max_batch; batch *= 2) {
-    const double s = Seconds(r, "BM_DecodeStep/batch:" + std::to_string(batch));
-    if (s <= 0) continue;
-    const double kv = KvBytesRead(c, batch), bytes = WeightBytesRead(c, batch) + kv;
-    std::printf("%-6d %10.3f %12.1f %10.2f %10.2f %12.1f %8.0f%% %14.3f\n", batch, s * 1e3,
-                batch / s, kv / 1e9, bytes / 1e9, bytes / s / 1e9,
-                bandwidth > 0 ? 100.0 * bytes / s / bandwidth : 0.0,
-                bandwidth > 0 ? 1e3 * bytes / bandwidth : 0.0);
+    for (const bool graphs : {false, true}) {
+      auto it = g_steps.find({graphs, batch});
+      if (it == g_steps.end()) continue;
+      const StepFigures& fig = it->second;
+      const double kv = KvBytesRead(c, batch), bytes = WeightBytesRead(c, batch) + kv;
+      const double paper_s = g_nominal.bytes_per_s > 0 ? bytes / g_nominal.bytes_per_s : 0.0;
+      std::printf("%-6d %-6s %10.3f %10.3f %12.1f %9.2f %10.2f %10.1f %7.0f%% %9.3f %8.0f%%\n",
+                  batch, graphs ? "graphs" : "eager", fig.step_s * 1e3, fig.wall_s * 1e3,
+                  batch / fig.step_s, kv / 1e9, bytes / 1e9, bytes / fig.step_s / 1e9,
+                  g_copy_bytes_per_s > 0 ? 100.0 * bytes / fig.step_s / g_copy_bytes_per_s : 0.0,
+                  paper_s * 1e3, 100.0 * paper_s / fig.step_s);
+    }
   }
   std::printf(
-      "step: CUDA events around Forward on the model's stream; copy-bound ms: the bytes read at "
-      "the copy's bandwidth (what a step could take if it only streamed its bytes).\n");
+      "step: CUDA events around Forward on the model's stream; wall: the host's clock over the "
+      "same span (launches included); paper ms: the bytes read at the nominal bandwidth (what a "
+      "step would take if it only streamed its bytes at the data sheet's rate); of paper: paper "
+      "ms / step.\n");
 }
 
 // Parses --name=<int> into *out (in [lo, hi]); false when `arg` is not that flag. Exits 2 with
@@ -367,6 +429,10 @@ void ParseFlags(int* argc, char** argv) {
     }
     if (arg == "--tiny") {
       g_options.tiny = true;
+      continue;
+    }
+    if (arg == "--graphs") {
+      g_options.graphs = true;
       continue;
     }
     argv[kept++] = argv[i];
@@ -410,6 +476,10 @@ int main(int argc, char** argv) {
   }
   std::printf("device 0: %s (sm_%d%d), %.1f GB\n", info.name.c_str(), info.major, info.minor,
               info.total_memory / 1e9);
+  llm::g_nominal = llm::NominalHbmBandwidth(0, info.name);
+  benchmark::AddCustomContext("device", info.name);
+  benchmark::AddCustomContext("hbm_nominal_GB/s", std::to_string(llm::g_nominal.bytes_per_s / 1e9));
+  benchmark::AddCustomContext("hbm_nominal_source", llm::g_nominal.source);
 #ifdef LLM_CUDA_EMU
   std::printf(
       "EMULATED CUDA (kernels/cuda/emu): this run checks that the code path works; its times "
@@ -441,12 +511,16 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("BM_Baseline_DeviceCopy", llm::BM_Baseline_DeviceCopy)
       ->UseManualTime()
       ->Unit(benchmark::kMillisecond);
-  auto* decode = benchmark::RegisterBenchmark("BM_DecodeStep", llm::BM_DecodeStep)
-                     ->ArgName("batch")
-                     ->UseManualTime()
-                     ->Unit(benchmark::kMillisecond);
-  for (int batch = 1; batch <= g_options.max_batch; batch *= 2) decode->Arg(batch);
-  if (g_options.tiny) decode->Iterations(2);
+  for (const bool graphs : {false, true}) {
+    if (graphs && !g_options.graphs) break;
+    auto* decode = benchmark::RegisterBenchmark(graphs ? "BM_DecodeStepGraphs" : "BM_DecodeStep",
+                                                llm::BM_DecodeStep, graphs)
+                       ->ArgName("batch")
+                       ->UseManualTime()
+                       ->Unit(benchmark::kMillisecond);
+    for (int batch = 1; batch <= g_options.max_batch; batch *= 2) decode->Arg(batch);
+    if (g_options.tiny) decode->Iterations(2);
+  }
   llm::SummaryReporter reporter;
   const int rc = llm::RunBenchmarksWithSummary(argc, argv, reporter, llm::PrintSummary);
   return rc != 0 ? rc : (llm::g_failed ? 1 : 0);
