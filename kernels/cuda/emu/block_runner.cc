@@ -311,6 +311,44 @@ void PoisonShared() {
   if (region.size != 0) std::memset(region.data, 0x7f, region.size);
 }
 
+// This OS thread's dynamic shared memory: the block's shared_bytes (rounded up to 16) end at a
+// PROT_NONE page, so that an access past them faults (SegvHandler in runtime.cc names it)
+// instead of reading another buffer.
+thread_local char* t_dynamic_guard = nullptr;
+
+class DynamicSharedBuffer {
+ public:
+  ~DynamicSharedBuffer() {
+    if (mapping_ != nullptr) munmap(mapping_, kMapBytes + kGuardBytes);
+  }
+  // The buffer for a block of `bytes`, filled with 0x7f bytes as the static __shared__ section.
+  unsigned char* Poisoned(size_t bytes) {
+    if (mapping_ == nullptr) Map();
+    const size_t rounded = (bytes + 15) / 16 * 16;
+    char* begin = t_dynamic_guard - rounded;
+    std::memset(begin, 0x7f, rounded);
+    return reinterpret_cast<unsigned char*>(begin);
+  }
+
+ private:
+  static constexpr size_t kMapBytes = (kMaxDynamicSharedBytes + 4095) / 4096 * 4096;
+
+  void Map() {
+    void* p = mmap(nullptr, kMapBytes + kGuardBytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      std::fprintf(stderr, "emulated CUDA: cannot map dynamic shared memory\n");
+      std::abort();
+    }
+    mapping_ = static_cast<char*>(p);
+    t_dynamic_guard = mapping_ + kMapBytes;
+    mprotect(t_dynamic_guard, kGuardBytes, PROT_NONE);
+  }
+
+  char* mapping_ = nullptr;
+};
+thread_local DynamicSharedBuffer t_dynamic_shared;
+
 // Runs block `index` (x fastest) of the launch on this OS thread: "" or the fault.
 std::string RunBlock(const GridLaunch& launch, uint64_t index) {
   thread_local std::vector<Fiber> fibers;
@@ -321,6 +359,7 @@ std::string RunBlock(const GridLaunch& launch, uint64_t index) {
   t_block.block_dim = bd;
   t_block.grid_dim = g;
   PoisonShared();
+  t_block.dynamic_shared = t_dynamic_shared.Poisoned(launch.shared_bytes);
   const int n = static_cast<int>(bd.x * bd.y * bd.z);
   const int num_warps = (n + 31) / 32;
   Block b;
@@ -522,6 +561,11 @@ uint64_t WarpCollective(WarpOp op, unsigned mask, uint64_t value, int arg, int w
   }
   Yield();  // also after completing: the other runnable fibers may go first
   return f->result;
+}
+
+bool IsDynamicSharedGuard(const void* addr) {
+  const char* a = static_cast<const char*>(addr);
+  return t_dynamic_guard != nullptr && a >= t_dynamic_guard && a < t_dynamic_guard + kGuardBytes;
 }
 
 std::string RunGrid(const GridLaunch& launch) { return Pool::Get().Run(launch); }

@@ -8,6 +8,9 @@
 // threads at once, so races between blocks are real. `__shared__` is `static thread_local`:
 // the fibers of a block share it, blocks on other OS threads have their own; it is filled
 // with 0x7f bytes at every block start (shared.ld), so a read before a write sees poison.
+// Dynamic shared memory (kernels/cuda/shared_memory.cuh) is a buffer of the launch's
+// shared_bytes per OS thread, poisoned the same way at every block start and followed by a
+// PROT_NONE page.
 //
 // Faults, reported as a sticky launch error naming the kernel's launch site and the source
 // line (and printed to stderr): a __syncthreads that only part of the block reaches (others
@@ -59,6 +62,7 @@ struct BlockState {
   uint3 block_idx;
   dim3 block_dim;
   dim3 grid_dim;
+  unsigned char* dynamic_shared;  // the launch's shared_bytes, 16-byte aligned
 };
 inline thread_local ThreadState* t_thread = nullptr;
 inline thread_local BlockState t_block{};

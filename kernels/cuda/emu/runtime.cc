@@ -89,6 +89,8 @@ struct Device {
   CUstream_st* legacy = nullptr;
   std::vector<CUstream_st*> streams;  // every live stream but the legacy one
   cudaError_t sticky = cudaSuccess;
+  // cudaFuncAttributeMaxDynamicSharedMemorySize per kernel; kDefaultDynamicSharedBytes if unset.
+  std::map<const void*, size_t> max_dynamic_shared;
 };
 
 std::recursive_mutex g_mu;  // every runtime call
@@ -125,6 +127,15 @@ size_t EnvSize(const char* name, size_t fallback) {
 
 void SegvHandler(int sig, siginfo_t* info, void*) {
   const uintptr_t addr = reinterpret_cast<uintptr_t>(info->si_addr);
+  if (IsDynamicSharedGuard(info->si_addr)) {
+    char msg[160];
+    const int len = std::snprintf(msg, sizeof(msg),
+                                  "a kernel accessed %p, past the end of its dynamic shared "
+                                  "memory (emulated CUDA)\n",
+                                  info->si_addr);
+    (void)!write(STDERR_FILENO, msg, len);
+    std::abort();
+  }
   if (g_devices != nullptr) {
     for (const Device& d : *g_devices) {
       const uintptr_t base = reinterpret_cast<uintptr_t>(d.base);
@@ -463,6 +474,8 @@ const char* ErrorText(cudaError_t e) {
       return "initialization error";
     case cudaErrorInvalidConfiguration:
       return "invalid configuration argument";
+    case cudaErrorInvalidDeviceFunction:
+      return "invalid device function";
     case cudaErrorInvalidDevicePointer:
       return "invalid device pointer";
     case cudaErrorInvalidMemcpyDirection:
@@ -505,13 +518,20 @@ void EnqueueKernel(const void* kernel, const GridArg& grid, dim3 block, size_t s
   const dim3 g = grid.dim;
   const uint64_t threads = static_cast<uint64_t>(block.x) * block.y * block.z;
   if (g.x == 0 || g.y == 0 || g.z == 0 || g.x > 2147483647u || g.y > 65535 || g.z > 65535 ||
-      threads == 0 || threads > 1024 || block.x > 1024 || block.y > 1024 || block.z > 64 ||
-      shared_bytes > 0) {  // dynamic shared memory is not emulated
+      threads == 0 || threads > 1024 || block.x > 1024 || block.y > 1024 || block.z > 64) {
     Fail(cudaErrorInvalidConfiguration);
     return;
   }
+  // Only the dynamic part is checked: the static __shared__ variables of all kernels share one
+  // section (shared.ld), so a kernel's own static size is unknown here.
+  const std::map<const void*, size_t>& limits = Devices()[s->device].max_dynamic_shared;
+  const auto limit = limits.find(kernel);
+  if (shared_bytes > (limit != limits.end() ? limit->second : kDefaultDynamicSharedBytes)) {
+    Fail(cudaErrorInvalidValue);
+    return;
+  }
   auto launch = std::make_shared<GridLaunch>(
-      GridLaunch{KernelName(kernel, grid), g, block, std::move(body), ++g_launches});
+      GridLaunch{KernelName(kernel, grid), g, block, shared_bytes, std::move(body), ++g_launches});
   const int device = s->device;
   Enqueue(
       s,
@@ -598,7 +618,8 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   *prop = cudaDeviceProp{};
   std::snprintf(prop->name, sizeof(prop->name), "NVIDIA H100 80GB HBM3 (emulated CUDA)");
   prop->totalGlobalMem = Devices()[device].size;
-  prop->sharedMemPerBlock = 48 * 1024;
+  prop->sharedMemPerBlock = kDefaultDynamicSharedBytes;
+  prop->sharedMemPerBlockOptin = kMaxDynamicSharedBytes;
   prop->regsPerBlock = 65536;
   prop->warpSize = 32;
   prop->maxThreadsPerBlock = 1024;
@@ -626,6 +647,12 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
     case cudaDevAttrMultiProcessorCount:
       *value = 132;  // as cudaGetDeviceProperties' multiProcessorCount
       return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlock:
+      *value = static_cast<int>(kDefaultDynamicSharedBytes);
+      return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = static_cast<int>(kMaxDynamicSharedBytes);
+      return cudaSuccess;
   }
   return Fail(cudaErrorInvalidValue);
 }
@@ -648,9 +675,26 @@ cudaError_t cudaDeviceReset() {
     auto it = d.allocations.begin();
     Release(d, it->first, it->second);
   }
+  d.max_dynamic_shared.clear();  // the context's function attributes go with it
   d.sticky = cudaSuccess;
   t_last_error = cudaSuccess;
   return cudaSuccess;
+}
+
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  EMU_LOCK;
+  if (func == nullptr) return Fail(cudaErrorInvalidDeviceFunction);
+  switch (attr) {
+    case cudaFuncAttributeMaxDynamicSharedMemorySize:
+      if (value < 0 || static_cast<size_t>(value) > kMaxDynamicSharedBytes) {
+        return Fail(cudaErrorInvalidValue);
+      }
+      Current().max_dynamic_shared[func] = static_cast<size_t>(value);
+      return cudaSuccess;
+    case cudaFuncAttributePreferredSharedMemoryCarveout:  // a hint, without effect here
+      return value >= -1 && value <= 100 ? cudaSuccess : Fail(cudaErrorInvalidValue);
+  }
+  return Fail(cudaErrorInvalidValue);
 }
 
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {

@@ -27,9 +27,16 @@
 //   NCCL's collectives, which wait at a gate for their peers: a stream query returns
 //   cudaErrorNotReady there instead of blocking.
 //
-// Not emulated (calls fail to compile, since they are not declared): dynamic shared memory,
-// peer access, managed memory, the per-thread default stream, graphs built node by node.
-// Thread-safety: every call may be made from any host thread (one lock serializes them).
+// - Dynamic shared memory: a launch's shared_bytes may be at most 48 KB
+//   (sharedMemPerBlock), or what cudaFuncSetAttribute(kernel,
+//   cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) allowed that kernel on the current
+//   device, up to 227 KB (sharedMemPerBlockOptin, an H100's); more fails the launch with
+//   cudaErrorInvalidValue, as on a GPU. Only the dynamic part is checked: the kernels' static
+//   __shared__ variables are not counted. cudaDeviceReset forgets the attributes.
+//
+// Not emulated (calls fail to compile, since they are not declared): peer access, managed memory,
+// the per-thread default stream, graphs built node by node. Thread-safety: every call may be made
+// from any host thread (one lock serializes them).
 #ifndef LLM_KERNELS_CUDA_EMU_RUNTIME_H_
 #define LLM_KERNELS_CUDA_EMU_RUNTIME_H_
 
@@ -45,6 +52,7 @@ enum cudaError_t {
   cudaErrorInvalidConfiguration = 9,
   cudaErrorInvalidDevicePointer = 17,
   cudaErrorInvalidMemcpyDirection = 21,
+  cudaErrorInvalidDeviceFunction = 98,
   cudaErrorNoDevice = 100,
   cudaErrorInvalidDevice = 101,
   cudaErrorInvalidResourceHandle = 400,
@@ -122,6 +130,7 @@ struct cudaDeviceProp {
   int multiProcessorCount;
   int maxThreadsPerMultiProcessor;
   size_t sharedMemPerMultiprocessor;
+  size_t sharedMemPerBlockOptin;
   int memoryBusWidth;
   int l2CacheSize;
 };
@@ -132,12 +141,24 @@ cudaError_t cudaGetDevice(int* device);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
 // The attributes this project reads (values as cudaGetDeviceProperties reports them).
 enum cudaDeviceAttr {
+  cudaDevAttrMaxSharedMemoryPerBlock = 8,
   cudaDevAttrMultiProcessorCount = 16,
+  cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
 };
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
 cudaError_t cudaDeviceSynchronize();
 cudaError_t cudaDeviceReset();
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total);
+
+enum cudaFuncAttribute {
+  cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+  cudaFuncAttributePreferredSharedMemoryCarveout = 9,
+};
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value);
+template <typename T>  // cuda_runtime.h's overload for a kernel's function pointer
+cudaError_t cudaFuncSetAttribute(T* func, cudaFuncAttribute attr, int value) {
+  return cudaFuncSetAttribute(reinterpret_cast<const void*>(func), attr, value);
+}
 
 cudaError_t cudaGetLastError();
 cudaError_t cudaPeekAtLastError();
