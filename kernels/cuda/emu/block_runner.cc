@@ -34,6 +34,14 @@ constexpr size_t kGuardBytes = 4096;
 
 enum class FiberState { kRunnable, kBarrier, kWarp, kExited, kFaulted };
 
+// A cp.async issued and not yet performed: the source bytes as read at the issue (zero-filled
+// past src_bytes), written to dst by a wait.
+struct PendingCopy {
+  void* dst;
+  int bytes;
+  unsigned char data[16];
+};
+
 struct Fiber {
   bctx::fcontext_t ctx = nullptr;
   FiberState state = FiberState::kRunnable;
@@ -41,6 +49,8 @@ struct Fiber {
   int warp = 0;
   int lane = 0;
   uint64_t result = 0;
+  std::vector<PendingCopy> copies;  // in issue order
+  std::vector<size_t> group_ends;   // committed groups, oldest first: ends in `copies`
 };
 
 // A warp collective some lanes of `mask` have reached.
@@ -380,6 +390,8 @@ std::string RunBlock(const GridLaunch& launch, uint64_t index) {
     f.warp = i / 32;
     f.lane = i % 32;
     f.result = 0;
+    f.copies.clear();  // an earlier block's copies never waited for are dropped
+    f.group_ends.clear();
     f.ctx = bctx::make_fcontext(t_stacks.Top(i), kStackBytes, FiberMain);
     order[i] = i;
   }
@@ -561,6 +573,51 @@ uint64_t WarpCollective(WarpOp op, unsigned mask, uint64_t value, int arg, int w
   }
   Yield();  // also after completing: the other runnable fibers may go first
   return f->result;
+}
+
+void AsyncCopy(void* dst, const void* src, int bytes, int src_bytes,
+               const std::source_location& where) {
+  CurrentBlock("cp.async");
+  Fiber* f = t_fiber;
+  auto what = [&] { return "cp.async of " + std::to_string(bytes) + " bytes at " + Site(where); };
+  if (bytes != 4 && bytes != 8 && bytes != 16) Fault(what() + ": the size is not 4, 8 or 16");
+  if (src_bytes < 0 || src_bytes > bytes) {
+    Fault(what() + ": src-size " + std::to_string(src_bytes) + " is outside [0, cp-size]");
+  }
+  if (reinterpret_cast<uintptr_t>(dst) % bytes != 0 ||
+      reinterpret_cast<uintptr_t>(src) % bytes != 0) {
+    char buf[96];
+    std::snprintf(buf, sizeof(buf), ": misaligned (shared %p, global %p)", dst, src);
+    Fault(what() + buf);
+  }
+  PendingCopy copy{dst, bytes, {}};
+  std::memcpy(copy.data, src, static_cast<size_t>(src_bytes));
+  f->copies.push_back(copy);
+}
+
+void AsyncCommitGroup() {
+  CurrentBlock("cp.async.commit_group");
+  t_fiber->group_ends.push_back(t_fiber->copies.size());
+}
+
+void AsyncWaitGroup(int n) {
+  CurrentBlock("cp.async.wait_group");
+  Fiber* f = t_fiber;
+  if (n < 0) {  // wait_all: every copy, committed or not
+    f->group_ends.assign(1, f->copies.size());
+    n = 0;
+  }
+  const size_t groups = f->group_ends.size();
+  if (groups <= static_cast<size_t>(n)) return;
+  const size_t done_groups = groups - static_cast<size_t>(n);
+  const size_t done = f->group_ends[done_groups - 1];
+  for (size_t i = 0; i < done; ++i) {
+    std::memcpy(f->copies[i].dst, f->copies[i].data, static_cast<size_t>(f->copies[i].bytes));
+  }
+  f->copies.erase(f->copies.begin(), f->copies.begin() + static_cast<std::ptrdiff_t>(done));
+  f->group_ends.erase(f->group_ends.begin(),
+                      f->group_ends.begin() + static_cast<std::ptrdiff_t>(done_groups));
+  for (size_t& end : f->group_ends) end -= done;
 }
 
 bool IsDynamicSharedGuard(const void* addr) {

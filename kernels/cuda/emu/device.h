@@ -10,7 +10,8 @@
 // with 0x7f bytes at every block start (shared.ld), so a read before a write sees poison.
 // Dynamic shared memory (kernels/cuda/shared_memory.cuh) is a buffer of the launch's
 // shared_bytes per OS thread, poisoned the same way at every block start and followed by a
-// PROT_NONE page.
+// PROT_NONE page. cp.async (kernels/cuda/async_copy.cuh) is queued per thread and performed by
+// that thread's waits.
 //
 // Faults, reported as a sticky launch error naming the kernel's launch site and the source
 // line (and printed to stderr): a __syncthreads that only part of the block reaches (others
@@ -72,6 +73,16 @@ void SyncThreads(const std::source_location& where);
 enum class WarpOp { kSync, kShfl, kShflUp, kShflDown, kShflXor, kBallot };
 uint64_t WarpCollective(WarpOp op, unsigned mask, uint64_t value, int arg, int width,
                         const std::source_location& where);
+
+// cp.async of the calling thread: AsyncCopy reads `src_bytes` of `src` now (and zero-fills
+// the rest of `bytes`) but writes `dst` only when a wait performs it; AsyncCommitGroup closes a
+// group of the copies issued since the last one; AsyncWaitGroup(n) performs every committed
+// group but the newest n (n < 0: every copy, committed or not). A copy the thread never waits
+// for is never performed.
+void AsyncCopy(void* dst, const void* src, int bytes, int src_bytes,
+               const std::source_location& where);
+void AsyncCommitGroup();
+void AsyncWaitGroup(int n);
 
 template <typename T>
 uint64_t ToBits(T v) {
