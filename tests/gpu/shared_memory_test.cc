@@ -69,7 +69,7 @@ class DeviceBuffer {
   size_t n_;
 };
 
-class DynamicSharedMemoryTest : public CudaTest {
+class CudaDynamicSharedMemory : public CudaTest {
  protected:
   static int OptinBytes() {
     int bytes = 0;
@@ -98,12 +98,12 @@ class DynamicSharedMemoryTest : public CudaTest {
   }
 };
 
-TEST_F(DynamicSharedMemoryTest, UpTo48KbNeedsNoAttribute) {
+TEST_F(CudaDynamicSharedMemory, UpTo48KbNeedsNoAttribute) {
   FillAndCheck<1>(4 * 1024, 2, 128);
   FillAndCheck<1>(48 * 1024, 2, 256);
 }
 
-TEST_F(DynamicSharedMemoryTest, LargeBuffersAfterTheAttribute) {
+TEST_F(CudaDynamicSharedMemory, LargeBuffersAfterTheAttribute) {
   const int optin = OptinBytes();
   ASSERT_GE(optin, 100 * 1024);
   ASSERT_EQ(cudaFuncSetAttribute(FillReversedKernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -114,7 +114,7 @@ TEST_F(DynamicSharedMemoryTest, LargeBuffersAfterTheAttribute) {
   FillAndCheck<0>(optin, 2, 512);
 }
 
-TEST_F(DynamicSharedMemoryTest, TheBlocksOfAGridEachHaveTheirOwnBuffer) {
+TEST_F(CudaDynamicSharedMemory, TheBlocksOfAGridEachHaveTheirOwnBuffer) {
   ASSERT_EQ(cudaFuncSetAttribute(FillReversedKernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  64 * 1024),
             cudaSuccess);
@@ -123,7 +123,7 @@ TEST_F(DynamicSharedMemoryTest, TheBlocksOfAGridEachHaveTheirOwnBuffer) {
   FillAndCheck<0>(64 * 1024, 24, 128);
 }
 
-TEST_F(DynamicSharedMemoryTest, Above48KbTheLaunchFailsWithoutTheAttribute) {
+TEST_F(CudaDynamicSharedMemory, Above48KbTheLaunchFailsWithoutTheAttribute) {
   DeviceBuffer<uint32_t> out((48 * 1024 + 16) / 4);
   cudaGetLastError();
   Launch(FillReversedKernel<2>, 1, 128, 48 * 1024 + 16, nullptr, out.get(), 16);
@@ -132,7 +132,7 @@ TEST_F(DynamicSharedMemoryTest, Above48KbTheLaunchFailsWithoutTheAttribute) {
   FillAndCheck<2>(48 * 1024, 1, 128);
 }
 
-TEST_F(DynamicSharedMemoryTest, TheAttributeStopsAtTheOptinMaximum) {
+TEST_F(CudaDynamicSharedMemory, TheAttributeStopsAtTheOptinMaximum) {
   const int optin = OptinBytes();
   EXPECT_EQ(cudaFuncSetAttribute(FillReversedKernel<3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  optin + 1),
@@ -183,7 +183,7 @@ __global__ void PipelinedCopyKernel(const float* src, int n, float* dst, int num
   }
 }
 
-class AsyncCopyTest : public CudaTest {
+class CudaAsyncCopy : public CudaTest {
  protected:
   template <int kBytes>
   static void CheckPipelinedCopy(int n, int blocks, int threads) {
@@ -207,11 +207,11 @@ class AsyncCopyTest : public CudaTest {
   }
 };
 
-TEST_F(AsyncCopyTest, TwoStagePipelineCopies16ByteVectors) {
+TEST_F(CudaAsyncCopy, TwoStagePipelineCopies16ByteVectors) {
   CheckPipelinedCopy<16>(128 * 4 * 10, 3, 128);  // whole tiles, several per block
 }
 
-TEST_F(AsyncCopyTest, PartialLastTileIsZeroFilled) {
+TEST_F(CudaAsyncCopy, PartialLastTileIsZeroFilled) {
   CheckPipelinedCopy<16>(128 * 4 * 5 + 37, 2, 128);  // a partial vector in the last tile
   CheckPipelinedCopy<8>(64 * 2 * 7 + 3, 2, 64);
   CheckPipelinedCopy<4>(96 * 9 + 50, 4, 96);
