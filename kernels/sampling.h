@@ -55,15 +55,19 @@ OpStatus CreateWorkspace(int ordinal, int max_rows, int vocab_size, int max_logp
 // Frees it (after synchronizing the device's work on it). Null is fine.
 void DestroyWorkspace(Workspace* ws);
 
-// Pinned host staging: the parameters of rows [0, rows) for the next Sample, and per slot a
-// prompt bitmap of ceil(vocab_size / 32) words for InitSlot.
+// Pinned host staging: the parameters of rows [0, rows) for the next Sample, per slot a
+// prompt bitmap of ceil(vocab_size / 32) words for InitSlot, and one row of vocab_size output
+// counts (all slots share it; null without slots).
 RowParams* HostParams(Workspace* ws);
 uint32_t* PromptStaging(Workspace* ws, int slot);
+int32_t* CountStaging(Workspace* ws);
 
-// Stream-ordered on ctx.stream: slot `slot`'s counts set to zero and its prompt bitmap to
-// PromptStaging(ws, slot) (with_prompt) or to zero. The staging stays untouched until the
-// stream has run the copy (the next Sample synchronizes it).
-OpStatus InitSlot(const OpContext& ctx, Workspace* ws, int slot, bool with_prompt);
+// Stream-ordered on ctx.stream: slot `slot`'s counts set to CountStaging(ws) (with_counts) or
+// to zero, and its prompt bitmap to PromptStaging(ws, slot) (with_prompt) or to zero. The
+// staging stays untouched until the stream has run the copy (the next Sample synchronizes it;
+// the shared count row must be waited for before it is filled again).
+OpStatus InitSlot(const OpContext& ctx, Workspace* ws, int slot, bool with_prompt,
+                  bool with_counts = false);
 // Stream-ordered: slot `to` becomes a copy of slot `from` (counts and prompt bitmap).
 OpStatus CopySlot(const OpContext& ctx, Workspace* ws, int from, int to);
 

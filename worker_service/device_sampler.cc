@@ -4,7 +4,9 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/runtime_api.h"
 #include "kernels/sampling.h"
 
 namespace llm {
@@ -20,20 +22,37 @@ absl::StatusOr<std::unique_ptr<DeviceSampler>> DeviceSampler::Create(const Optio
 }
 
 DeviceSampler::DeviceSampler(const Options& options, ops::sampling::Workspace* ws)
-    : options_(options), ws_(ws) {
+    : options_(options), ws_(ws), owners_(std::max(0, options.max_penalty_slots), nullptr) {
   for (int s = options.max_penalty_slots - 1; s >= 0; --s) free_slots_.push_back(s);
 }
 
 DeviceSampler::~DeviceSampler() { ops::sampling::DestroyWorkspace(ws_); }
 
-absl::StatusOr<int> DeviceSampler::AcquireSlot() {
+absl::StatusOr<int> DeviceSampler::AcquireSlot(SequenceSampler* seq,
+                                               std::span<SequenceSampler* const> rows) {
   if (free_slots_.empty()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "DeviceSampler: no free penalty slot for a sequence with penalties (all ",
-        options_.max_penalty_slots, " in use; raise max_penalty_slots or Drop finished ones)"));
+    // Take the slot of a sequence that does not sample in this step (swapped out, or waiting
+    // for its turn); it gets a slot again, with its counts uploaded, when it next samples.
+    const absl::flat_hash_set<const SequenceSampler*> in_step(rows.begin(), rows.end());
+    for (int slot = 0; slot < static_cast<int>(owners_.size()); ++slot) {
+      SequenceSampler* owner = owners_[slot];
+      if (owner == nullptr || in_step.contains(owner)) continue;
+      owner->device_slot_ = -1;
+      owners_[slot] = nullptr;
+      free_slots_.push_back(slot);
+      ++evictions_;
+      break;
+    }
+  }
+  if (free_slots_.empty()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("DeviceSampler: no free penalty slot for a sequence with penalties (all ",
+                     options_.max_penalty_slots, " held by sequences of this step)"));
   }
   const int slot = free_slots_.back();
   free_slots_.pop_back();
+  owners_[slot] = seq;
+  seq->device_slot_ = slot;
   return slot;
 }
 
@@ -66,9 +85,8 @@ absl::Status DeviceSampler::Sample(const ops::OpContext& ctx, const TensorView& 
     SequenceSampler& seq = *rows[r];
     const SamplingParams& p = seq.params();
     if (seq.has_penalties() && seq.device_slot_ < 0) {
-      absl::StatusOr<int> slot = AcquireSlot();
+      absl::StatusOr<int> slot = AcquireSlot(&seq, rows);
       if (!slot.ok()) return slot.status();
-      seq.device_slot_ = *slot;
       const bool with_prompt = !seq.prompt_tokens().empty();
       if (with_prompt) {
         uint32_t* bits = ops::sampling::PromptStaging(ws_, *slot);
@@ -77,8 +95,25 @@ absl::Status DeviceSampler::Sample(const ops::OpContext& ctx, const TensorView& 
           if (t >= 0 && t < options_.vocab_size) bits[t >> 5] |= 1u << (t & 31);
         }
       }
-      ops::OpStatus st = ops::sampling::InitSlot(ctx, ws_, *slot, with_prompt);
+      // The sequence's output so far (AddOutputToken: a sequence resumed on this worker, or
+      // one whose slot was taken) starts the device counts, which Sample keeps from then on.
+      const bool with_counts = !seq.output_counts_.empty();
+      if (with_counts) {
+        int32_t* counts = ops::sampling::CountStaging(ws_);
+        std::memset(counts, 0, static_cast<size_t>(options_.vocab_size) * sizeof(int32_t));
+        for (const auto& [t, c] : seq.output_counts_) {
+          if (t >= 0 && t < options_.vocab_size) counts[t] = c;
+        }
+      }
+      ops::OpStatus st = ops::sampling::InitSlot(ctx, ws_, *slot, with_prompt, with_counts);
       if (!st.ok()) return absl::InternalError(st.message);
+      // The count staging is one row for all slots: the copy must be done before another
+      // sequence's counts are written into it (rare: resumed or evicted sequences only).
+      if (with_counts) {
+        if (std::string err = cuda::StreamSynchronize(ctx.stream); !err.empty()) {
+          return absl::InternalError(absl::StrCat("DeviceSampler::Sample: ", err));
+        }
+      }
     }
     ops::sampling::RowParams& rp = params[r];
     rp.temperature = Sampler::IsGreedy(p) ? 0.0f : static_cast<float>(p.temperature);
@@ -123,6 +158,7 @@ absl::Status DeviceSampler::Sample(const ops::OpContext& ctx, const TensorView& 
 
 void DeviceSampler::Drop(SequenceSampler* seq) {
   if (seq->device_slot_ < 0) return;
+  owners_[seq->device_slot_] = nullptr;
   free_slots_.push_back(seq->device_slot_);
   seq->device_slot_ = -1;
 }
@@ -131,9 +167,10 @@ absl::Status DeviceSampler::Fork(const ops::OpContext& ctx, const SequenceSample
                                  SequenceSampler* child) {
   if (parent.device_slot_ < 0) return absl::OkStatus();
   if (child->device_slot_ < 0) {
-    absl::StatusOr<int> slot = AcquireSlot();
+    // The parent keeps its slot (compared by address only).
+    SequenceSampler* const keep[] = {const_cast<SequenceSampler*>(&parent)};
+    absl::StatusOr<int> slot = AcquireSlot(child, keep);
     if (!slot.ok()) return slot.status();
-    child->device_slot_ = *slot;
   }
   ops::OpStatus st = ops::sampling::CopySlot(ctx, ws_, parent.device_slot_, child->device_slot_);
   if (!st.ok()) return absl::InternalError(absl::StrCat("DeviceSampler::Fork: ", st.message));

@@ -10,14 +10,17 @@
 // the device, so nothing crosses per step. Slots are dense rows rather than sparse lists so
 // that the penalty pass is one coalesced read per vocabulary entry with no sort or hash; they
 // are allocated (with everything else) once, for `max_penalty_slots` sequences, and only
-// penalized sequences take one, since most requests have no penalties. The device counts
-// start at the sequence's first device Sample: tokens added with AddOutputToken before it
-// (host sampling) are not carried over.
+// penalized sequences take one, since most requests have no penalties. A slot starts from the
+// counts the SequenceSampler holds (AddOutputToken: the tokens of a sequence resumed on this
+// worker), uploaded with one wait. When every slot is held, a sequence that does not sample in
+// the step gives its slot up (swapped out, say) and takes one again, from its host counts, when
+// it next samples: so the slots never run out while they are at least the rows of a step.
 //
 // Thread-compatible. The calling thread's current device must be options.device.
 #ifndef LLM_WORKER_SERVICE_DEVICE_SAMPLER_H_
 #define LLM_WORKER_SERVICE_DEVICE_SAMPLER_H_
 
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <vector>
@@ -68,14 +71,19 @@ class DeviceSampler {
                     SequenceSampler* child);
 
   int free_penalty_slots() const { return static_cast<int>(free_slots_.size()); }
+  // Slots taken from a sequence outside the step that needed one.
+  int64_t slot_evictions() const { return evictions_; }
 
  private:
   DeviceSampler(const Options& options, ops::sampling::Workspace* ws);
-  absl::StatusOr<int> AcquireSlot();
+  // A slot for `seq` (recorded in it); when none is free, the slot of a sequence not in `rows`.
+  absl::StatusOr<int> AcquireSlot(SequenceSampler* seq, std::span<SequenceSampler* const> rows);
 
   Options options_;
   ops::sampling::Workspace* ws_;
   std::vector<int> free_slots_;
+  std::vector<SequenceSampler*> owners_;  // by slot; null when free
+  int64_t evictions_ = 0;
 };
 
 }  // namespace llm

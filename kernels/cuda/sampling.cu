@@ -40,6 +40,7 @@ struct Workspace {
   int32_t* d_counts = nullptr;
   uint32_t* d_masks = nullptr;
   uint32_t* h_prompt = nullptr;
+  int32_t* h_counts = nullptr;  // one row, InitSlot's with_counts
 };
 
 namespace {
@@ -467,6 +468,7 @@ OpStatus CreateWorkspace(int ordinal, int max_rows, int vocab_size, int max_logp
   LLM_SAMPLING_ALLOC(cudaMallocHost(&ws->h_results, rows * ws->result_stride));
   if (slots > 0) {
     LLM_SAMPLING_ALLOC(cudaMallocHost(&ws->h_prompt, slots * ws->mask_words * sizeof(uint32_t)));
+    LLM_SAMPLING_ALLOC(cudaMallocHost(&ws->h_counts, vocab_size * sizeof(int32_t)));
     LLM_SAMPLING_ALLOC(cudaMalloc(&ws->d_counts, slots * vocab_size * sizeof(int32_t)));
     LLM_SAMPLING_ALLOC(cudaMalloc(&ws->d_masks, slots * ws->mask_words * sizeof(uint32_t)));
   }
@@ -488,6 +490,7 @@ void DestroyWorkspace(Workspace* ws) {
   cudaFree(ws->d_results);
   cudaFreeHost(ws->h_results);
   cudaFreeHost(ws->h_prompt);
+  cudaFreeHost(ws->h_counts);
   cudaFree(ws->d_counts);
   cudaFree(ws->d_masks);
   if (current >= 0) cudaSetDevice(current);
@@ -500,7 +503,10 @@ uint32_t* PromptStaging(Workspace* ws, int slot) {
   return ws->h_prompt + static_cast<size_t>(slot) * ws->mask_words;
 }
 
-OpStatus InitSlot(const OpContext& ctx, Workspace* ws, int slot, bool with_prompt) {
+int32_t* CountStaging(Workspace* ws) { return ws->h_counts; }
+
+OpStatus InitSlot(const OpContext& ctx, Workspace* ws, int slot, bool with_prompt,
+                  bool with_counts) {
   constexpr const char* kOp = "sampling::InitSlot";
   if (slot < 0 || slot >= ws->num_slots) {
     return Fail(kOp, "slot " + std::to_string(slot) + " is not in [0, " +
@@ -513,7 +519,14 @@ OpStatus InitSlot(const OpContext& ctx, Workspace* ws, int slot, bool with_promp
   const size_t mask_bytes = ws->mask_words * sizeof(uint32_t);
   int32_t* counts = ws->d_counts + static_cast<size_t>(slot) * ws->vocab;
   uint32_t* mask = ws->d_masks + static_cast<size_t>(slot) * ws->mask_words;
-  LLM_CUDA_OP_RETURN_IF_ERROR(kOp, cudaMemsetAsync(counts, 0, ws->vocab * sizeof(int32_t), stream));
+  if (with_counts) {
+    LLM_CUDA_OP_RETURN_IF_ERROR(kOp,
+                                cudaMemcpyAsync(counts, ws->h_counts, ws->vocab * sizeof(int32_t),
+                                                cudaMemcpyHostToDevice, stream));
+  } else {
+    LLM_CUDA_OP_RETURN_IF_ERROR(kOp,
+                                cudaMemsetAsync(counts, 0, ws->vocab * sizeof(int32_t), stream));
+  }
   if (!with_prompt) {
     LLM_CUDA_OP_RETURN_IF_ERROR(kOp, cudaMemsetAsync(mask, 0, mask_bytes, stream));
   } else {

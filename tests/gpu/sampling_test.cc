@@ -371,21 +371,88 @@ TEST_F(CudaSampling, BadArgumentsAreErrors) {
   s = ds->Sample({}, ok.view(), one, &out);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_EQ(c.num_samples(), 0u);
-  // Penalty slots run out: max_rows (2) by default.
+  // Penalty slots run out only when the step's own penalized rows outnumber them.
+  absl::StatusOr<std::unique_ptr<DeviceSampler>> one_slot =
+      DeviceSampler::Create({.device = 0, .max_rows = 2, .vocab_size = 50, .max_penalty_slots = 1});
+  ASSERT_TRUE(one_slot.ok()) << one_slot.status();
   SamplingParams pen = Params(1.0, 1);
   pen.presence_penalty = 1.0;
-  SequenceSampler x(pen, 0, {}), y(pen, 0, {}), z(pen, 0, {});
-  for (SequenceSampler* seq : {&x, &y}) {
-    std::vector<SequenceSampler*> r{seq};
-    ASSERT_TRUE(ds->Sample({}, ok.view(), r, &out).ok());
-  }
-  std::vector<SequenceSampler*> r{&z};
-  s = ds->Sample({}, ok.view(), r, &out);
+  SequenceSampler x(pen, 0, {}), y(pen, 0, {});
+  std::vector<SequenceSampler*> both{&x, &y};
+  DeviceTensor two(Logits(2, 50, rng));
+  s = (*one_slot)->Sample({}, two.view(), both, &out);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
-  ds->Drop(&x);
-  EXPECT_TRUE(ds->Sample({}, ok.view(), r, &out).ok());
-  ds->Drop(&y);
-  ds->Drop(&z);
+  EXPECT_NE(s.message().find("held by sequences of this step"), std::string::npos) << s;
+  (*one_slot)->Drop(&x);
+  (*one_slot)->Drop(&y);
+}
+
+// As the model runner keeps them: every sequence's own SequenceSampler also counts its output
+// (AddOutputToken, from the step's diff), on both sides.
+StepResult StepAsTheRunner(DeviceSampler& ds, const std::vector<Twin*>& rows,
+                           const HostTensor& logits) {
+  const int vocab = static_cast<int>(logits.view().shape[1]);
+  std::vector<SequenceSampler*> host, device;
+  for (Twin* t : rows) {
+    host.push_back(t->host.get());
+    device.push_back(t->device.get());
+  }
+  StepResult r;
+  std::vector<float> copy(logits.data<float>(), logits.data<float>() + logits.numel());
+  r.host = Sampler::Sample(copy, vocab, host);
+  DeviceTensor d_logits(logits);
+  const absl::Status s = ds.Sample({}, d_logits.view(), device, &r.device);
+  EXPECT_TRUE(s.ok()) << s;
+  if (!s.ok()) r.device.assign(rows.size(), SampledToken{-1});
+  for (size_t i = 0; i < rows.size(); ++i) {
+    rows[i]->host->AddOutputToken(r.host[i].token);
+    rows[i]->device->AddOutputToken(r.device[i].token);
+  }
+  return r;
+}
+
+// A sequence whose penalty slot went to another (it was not in that step: swapped out, say)
+// takes one again from its host counts and samples on as the host does; so does a sequence that
+// arrives with output already (resumed on a new worker), whose counts start from its host ones.
+TEST_F(CudaSampling, EvictedAndResumedSequencesKeepTheirCounts) {
+  std::mt19937 rng(11);
+  const int vocab = 64;
+  absl::StatusOr<std::unique_ptr<DeviceSampler>> created = DeviceSampler::Create(
+      {.device = 0, .max_rows = 2, .vocab_size = vocab, .max_penalty_slots = 2});
+  ASSERT_TRUE(created.ok()) << created.status();
+  DeviceSampler& ds = **created;
+  SamplingParams p = Params(0.0, 5);  // greedy: the penalties alone move the tokens
+  p.frequency_penalty = 0.8;
+  p.repetition_penalty = 1.4;
+  SamplingParams q = Params(0.9, 6);
+  q.presence_penalty = 1.2;
+  Twin a(p, 0, {1, 2}), b(q, 0, {3}), c(p, 0, {4});
+  const HostTensor two = Logits(2, vocab, rng, 1.0f), one = Logits(1, vocab, rng, 1.0f);
+  std::vector<Twin*> ab{&a, &b}, only_c{&c};
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE(::testing::Message() << "round " << round);
+    for (int step = 0; step < 4; ++step) ExpectSame(StepAsTheRunner(ds, ab, two), ab);
+    for (int step = 0; step < 3; ++step) ExpectSame(StepAsTheRunner(ds, only_c, one), only_c);
+  }
+  // c took a slot from a or b each round, and they took theirs back.
+  EXPECT_GE(ds.slot_evictions(), 5);
+
+  // Resumed: a fresh pair told the same output so far (repeats included) on both sides.
+  Twin resumed(p, 0, {1, 2});
+  std::uniform_int_distribution<TokenId> token(0, 7);  // few distinct tokens: large counts
+  for (int i = 0; i < 20; ++i) {
+    const TokenId t = token(rng);
+    resumed.host->AddOutputToken(t);
+    resumed.device->AddOutputToken(t);
+  }
+  ds.Drop(a.device.get());
+  ds.Drop(b.device.get());
+  ds.Drop(c.device.get());
+  std::vector<Twin*> r{&resumed};
+  HostTensor row(DType::kF32, {1, vocab});
+  std::copy(two.data<float>(), two.data<float>() + vocab, row.data<float>());
+  for (int step = 0; step < 5; ++step) ExpectSame(StepAsTheRunner(ds, r, row), r);
+  ds.Drop(resumed.device.get());
 }
 
 TEST_F(CudaSampling, LargeVocabulary) {
