@@ -21,6 +21,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cuda/device.h"
+#include "tests/testing/test_data.h"
 #include "tests/unit/worker_service/model/model_test_util.h"
 #include "worker_service/model/device_context.h"
 #include "worker_service/parallel/nccl_communicator.h"
@@ -40,7 +41,7 @@ class CudaModelTest : public ::testing::TestWithParam<const char*> {
         DeviceContext::Create(TensorDevice::Cuda(0));
     ASSERT_TRUE(ctx.ok()) << ctx.status();
     context_ = std::move(*ctx);
-    dir_ = std::string(LLM_TEST_DATA_DIR) + "/models/" + GetParam();
+    dir_ = ::llm::testing::TestDataDir() + "/models/" + GetParam();
   }
   void Load(DType dtype, std::unique_ptr<LlamaModel>* model) {
     ASSERT_NO_FATAL_FAILURE(LoadTestModel(dir_, model, {context_.get(), dtype}));

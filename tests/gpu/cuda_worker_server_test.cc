@@ -11,6 +11,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "llm/v1/worker_service.grpc.pb.h"
+#include "tests/testing/test_data.h"
 #include "worker_service/worker_server.h"
 
 namespace llm {
@@ -43,7 +44,7 @@ TEST(CudaWorkerServer, ProfilesTheSmallDeviceAndRefusesWhatDoesNotFit) {
       "127.0.0.1:" + std::to_string(server.port()), grpc::InsecureChannelCredentials()));
 
   v1::InitRequest init;
-  init.set_model_path(std::string(LLM_TEST_DATA_DIR) + "/models/tiny-llama");
+  init.set_model_path(::llm::testing::TestDataDir() + "/models/tiny-llama");
   init.set_dtype("bfloat16");
   init.set_device("cuda");
   init.set_world_size(1);

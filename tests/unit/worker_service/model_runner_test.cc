@@ -19,6 +19,7 @@
 
 #include "gtest/gtest.h"
 #include "scheduler_service/engine/engine_core.h"
+#include "tests/testing/test_data.h"
 #include "tests/unit/worker_service/model/model_test_util.h"
 #include "tests/unit/worker_service/step_test_util.h"
 #ifdef LLM_TEST_ON_CUDA
@@ -71,7 +72,7 @@ class ModelRunnerTest : public ::testing::Test {
 
   // Loads tests/data/models/<name>: on cpu, or (LLM_TEST_ON_CUDA) on cuda:0 in `dtype`.
   void Load(const std::string& name, DType dtype) {
-    dir_ = std::string(LLM_TEST_DATA_DIR) + "/models/" + name;
+    dir_ = ::llm::testing::TestDataDir() + "/models/" + name;
     ModelOptions options;
 #ifdef LLM_TEST_ON_CUDA
     std::string why_none;

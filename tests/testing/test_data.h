@@ -1,0 +1,22 @@
+// Where a test finds the committed test data (models, tokenizers, fixtures).
+#ifndef LLM_TESTS_TESTING_TEST_DATA_H_
+#define LLM_TESTS_TESTING_TEST_DATA_H_
+
+#include <cstdlib>
+#include <string>
+
+namespace llm::testing {
+
+// $LLM_TEST_DATA_DIR when it is set and not empty (the device kit runs test binaries built here
+// on a GPU machine, whose checkout is elsewhere: tools/gpu/run_kit.sh sets it), else the
+// tests/data of the source tree the binary was built from (the LLM_TEST_DATA_DIR definition
+// llm_add_test gives every test).
+inline std::string TestDataDir() {
+  const char* dir = std::getenv("LLM_TEST_DATA_DIR");
+  if (dir != nullptr && *dir != '\0') return dir;
+  return LLM_TEST_DATA_DIR;
+}
+
+}  // namespace llm::testing
+
+#endif  // LLM_TESTS_TESTING_TEST_DATA_H_
