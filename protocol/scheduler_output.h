@@ -40,6 +40,7 @@
 #define LLM_PROTOCOL_SCHEDULER_OUTPUT_H_
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -131,6 +132,23 @@ struct SampleLogprobs {
   std::vector<std::pair<TokenId, float>> top;  // the request's top N, most likely first
 };
 
+// What a worker runs with, and cumulative counts since its runner was created (a worker's
+// InitCache); mirrors llm.v1.WorkerStats. The linear_plan counts are the process's (cuBLASLt,
+// kernels/cuda/cuda_ops.h).
+struct WorkerStats {
+  enum class Sampler { kHost, kDevice };
+  Sampler sampler = Sampler::kHost;
+  bool cuda_graphs_enabled = false;
+  int64_t steps = 0;        // steps that ran the model
+  int64_t graph_steps = 0;  // of those, replayed from a captured CUDA graph
+  int64_t graphs_captured = 0;
+  int64_t device_sampled_steps = 0;
+  int64_t host_sampled_steps = 0;
+  int64_t linear_plans = 0;
+  int64_t linear_plan_hits = 0;
+  int64_t linear_plan_misses = 0;
+};
+
 // The workers' answer to one step.
 struct ModelOutput {
   int64_t step_id = 0;
@@ -139,6 +157,8 @@ struct ModelOutput {
   // Empty when no request of the step asked for logprobs; otherwise parallel to
   // sampled_token_ids (entries of requests that did not ask are left empty).
   std::vector<SampleLogprobs> logprobs;
+  // Rank 0's counters after this step; absent from a rank that did not report them.
+  std::optional<WorkerStats> worker_stats;
 };
 
 }  // namespace llm

@@ -233,6 +233,40 @@ void EncodeStepResult(const ModelOutput& output, v1::StepResult* out) {
       t->set_logprob(logprob);
     }
   }
+  if (output.worker_stats.has_value()) {
+    EncodeWorkerStats(*output.worker_stats, out->mutable_worker_stats());
+  }
+}
+
+void EncodeWorkerStats(const WorkerStats& stats, v1::WorkerStats* out) {
+  out->set_sampler(stats.sampler == WorkerStats::Sampler::kDevice
+                       ? v1::WorkerStats::SAMPLER_KIND_DEVICE
+                       : v1::WorkerStats::SAMPLER_KIND_HOST);
+  out->set_cuda_graphs_enabled(stats.cuda_graphs_enabled);
+  out->set_steps(static_cast<uint64_t>(stats.steps));
+  out->set_graph_steps(static_cast<uint64_t>(stats.graph_steps));
+  out->set_graphs_captured(static_cast<uint32_t>(stats.graphs_captured));
+  out->set_device_sampled_steps(static_cast<uint64_t>(stats.device_sampled_steps));
+  out->set_host_sampled_steps(static_cast<uint64_t>(stats.host_sampled_steps));
+  out->set_linear_plans(static_cast<uint64_t>(stats.linear_plans));
+  out->set_linear_plan_hits(static_cast<uint64_t>(stats.linear_plan_hits));
+  out->set_linear_plan_misses(static_cast<uint64_t>(stats.linear_plan_misses));
+}
+
+WorkerStats DecodeWorkerStats(const v1::WorkerStats& in) {
+  WorkerStats s;
+  s.sampler = in.sampler() == v1::WorkerStats::SAMPLER_KIND_DEVICE ? WorkerStats::Sampler::kDevice
+                                                                   : WorkerStats::Sampler::kHost;
+  s.cuda_graphs_enabled = in.cuda_graphs_enabled();
+  s.steps = static_cast<int64_t>(in.steps());
+  s.graph_steps = static_cast<int64_t>(in.graph_steps());
+  s.graphs_captured = in.graphs_captured();
+  s.device_sampled_steps = static_cast<int64_t>(in.device_sampled_steps());
+  s.host_sampled_steps = static_cast<int64_t>(in.host_sampled_steps());
+  s.linear_plans = static_cast<int64_t>(in.linear_plans());
+  s.linear_plan_hits = static_cast<int64_t>(in.linear_plan_hits());
+  s.linear_plan_misses = static_cast<int64_t>(in.linear_plan_misses());
+  return s;
 }
 
 absl::Status DecodeStepResult(const v1::StepResult& in, ModelOutput* out) {
@@ -262,6 +296,8 @@ absl::Status DecodeStepResult(const v1::StepResult& in, ModelOutput* out) {
     lp.top.reserve(q.top_size());
     for (const v1::TokenLogprob& t : q.top()) lp.top.emplace_back(t.token_id(), t.logprob());
   }
+  out->worker_stats.reset();
+  if (in.has_worker_stats()) out->worker_stats = DecodeWorkerStats(in.worker_stats());
   return absl::OkStatus();
 }
 

@@ -53,6 +53,10 @@ void EncodeStepResult(const ModelOutput& output, v1::StepResult* out);
 // as that status.
 absl::Status DecodeStepResult(const v1::StepResult& in, ModelOutput* out);
 
+// WorkerStats <-> llm.v1.WorkerStats (the step result's, the worker's Health, GetStats).
+void EncodeWorkerStats(const WorkerStats& stats, v1::WorkerStats* out);
+WorkerStats DecodeWorkerStats(const v1::WorkerStats& in);
+
 }  // namespace llm
 
 #endif  // LLM_PROTOCOL_STEP_CODEC_H_

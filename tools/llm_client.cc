@@ -6,7 +6,8 @@
 //   llm-client chat "USER MESSAGE" [--system="SYSTEM PROMPT"] [generate's flags]
 //              streams the model's answer, the conversation rendered by its chat template
 //   llm-client info     the served model (GetModelInfo)
-//   llm-client stats    queues, KV usage, prefix-cache hit rate, preemptions (GetStats)
+//   llm-client stats    queues, KV usage, prefix-cache hit rate, preemptions, and what the
+//                       workers run with (sampler, CUDA graphs, cuBLASLt plans) (GetStats)
 //   llm-client health   grpc.health.v1 of the server
 //
 // Flags may be written --flag=value or --flag value, before or after the command; --stop may
@@ -378,6 +379,18 @@ int Stats(const Args& a, v1::LLMService::Stub& stub) {
       r.num_running(), r.num_waiting(), r.num_swapped(), r.gpu_kv_usage() * 100,
       r.num_free_gpu_blocks(), r.cpu_kv_usage() * 100, r.num_free_cpu_blocks(),
       r.prefix_cache_hit_rate() * 100, static_cast<unsigned long long>(r.num_preemptions()));
+  if (r.has_worker()) {
+    const v1::WorkerStats& w = r.worker();
+    auto u = [](uint64_t v) { return static_cast<unsigned long long>(v); };
+    std::printf(
+        "worker sampler:   %s (%llu steps sampled on the device, %llu on the host)\n"
+        "cuda graphs:      %s, %u captured, %llu of %llu steps replayed from one\n"
+        "cuBLASLt plans:   %llu cached, %llu hits, %llu misses\n",
+        w.sampler() == v1::WorkerStats::SAMPLER_KIND_DEVICE ? "device" : "host",
+        u(w.device_sampled_steps()), u(w.host_sampled_steps()),
+        w.cuda_graphs_enabled() ? "on" : "off", w.graphs_captured(), u(w.graph_steps()),
+        u(w.steps()), u(w.linear_plans()), u(w.linear_plan_hits()), u(w.linear_plan_misses()));
+  }
   return 0;
 }
 

@@ -9,6 +9,7 @@
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #ifdef LLM_WITH_CUDA
+#include "kernels/cuda/cuda_ops.h"
 #include "worker_service/device_sampler.h"
 #endif
 
@@ -38,7 +39,21 @@ ModelRunner::ModelRunner(LlamaModel* model, CacheEngine* cache, DeviceSampler* d
       batch_({.num_gpu_blocks = cache->num_device_blocks(),
               .num_cpu_blocks = cache->num_host_blocks(),
               .block_size = cache->shape().block_size,
-              .vocab_size = model->vocab_size()}) {}
+              .vocab_size = model->vocab_size()}) {
+  stats_.sampler =
+      device_sampler_ != nullptr ? WorkerStats::Sampler::kDevice : WorkerStats::Sampler::kHost;
+  stats_.cuda_graphs_enabled = model_->cuda_graphs_enabled();
+  stats_.graphs_captured = model_->num_graphs();
+}
+
+void ModelRunner::CountStep(int64_t graph_replays_before, bool sampled, bool on_device) {
+  ++stats_.steps;
+  if (model_->graph_replays() > graph_replays_before) ++stats_.graph_steps;
+  stats_.graphs_captured = model_->num_graphs();
+  if (sampled) ++(on_device ? stats_.device_sampled_steps : stats_.host_sampled_steps);
+  stats_.cuda_graphs_enabled = model_->cuda_graphs_enabled();
+  // MERGE-LINEAR-PLAN-STATS
+}
 
 ModelRunner::~ModelRunner() {
   for (auto& [slot, seqs] : samplers_) Release(seqs);
@@ -59,6 +74,7 @@ absl::Status ModelRunner::Execute(const SchedulerOutput& step, ModelOutput* out)
   out->step_id = step.step_id;
   out->sampled_token_ids.clear();
   out->logprobs.clear();
+  out->worker_stats = stats_;
   RETURN_IF_ERROR(batch_.Apply(step));
   TrackSamplers(step);
   RETURN_IF_ERROR(cache_->SwapOut(step.blocks_to_swap_out));
@@ -67,6 +83,28 @@ absl::Status ModelRunner::Execute(const SchedulerOutput& step, ModelOutput* out)
 
   const BatchInputs& in = batch_.inputs();
   if (in.num_tokens() == 0) return absl::OkStatus();
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t replays = model_->graph_replays();
+  bool on_device = false;
+  const absl::Status s = RunModel(step, out, &on_device);
+  // Counted also when the step failed: it ran (part of) the model.
+  CountStep(replays, !in.samples.empty(), on_device);
+  out->worker_stats = stats_;
+  VLOG(1)
+      << "step " << step.step_id << ": " << in.num_tokens() << " tokens of " << in.num_seqs()
+      << " sequences, " << (model_->graph_replays() > replays ? "cuda graph" : "eager")
+      << (in.samples.empty() ? ""
+          : on_device        ? ", sampled on the device"
+                             : ", sampled on the host")
+      << ", "
+      << std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count()
+      << " ms" << (s.ok() ? "" : ", failed");
+  return s;
+}
+
+absl::Status ModelRunner::RunModel(const SchedulerOutput& step, ModelOutput* out,
+                                   bool* sampled_on_device) {
+  const BatchInputs& in = batch_.inputs();
   ForwardInput input{in.token_ids,  in.positions, in.slot_mapping,    in.block_tables,
                      in.max_blocks, in.seq_lens,  in.query_start_loc, in.logits_indices};
 #ifdef LLM_WITH_CUDA
@@ -85,6 +123,7 @@ absl::Status ModelRunner::Execute(const SchedulerOutput& step, ModelOutput* out)
     // rank the sampler's wait is the step's.
     if (model_->world_size() > 1 || in.samples.empty()) RETURN_IF_ERROR(model_->Synchronize());
     if (in.samples.empty()) return absl::OkStatus();
+    *sampled_on_device = true;
     const bool any_logprobs = CollectSamplers();
     sampled_.clear();
     absl::Status s =
@@ -96,17 +135,10 @@ absl::Status ModelRunner::Execute(const SchedulerOutput& step, ModelOutput* out)
     return absl::OkStatus();
   }
 #endif
-  const auto start = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(model_->Forward(input, cache_->device_caches(), &logits_));
   RETURN_IF_ERROR(FetchLogits());
   RETURN_IF_ERROR(CheckFinite(step.step_id));
-  RETURN_IF_ERROR(Sample(out));
-  VLOG(1)
-      << "step " << step.step_id << ": " << in.num_tokens() << " tokens of " << in.num_seqs()
-      << " sequences, "
-      << std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count()
-      << " ms";
-  return absl::OkStatus();
+  return Sample(out);
 }
 
 absl::Status ModelRunner::FetchLogits() {

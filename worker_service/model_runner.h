@@ -57,6 +57,9 @@ class ModelRunner : public Executor {
   absl::Status Execute(const SchedulerOutput& step, ModelOutput* out) override;
 
   int num_requests() const { return batch_.num_requests(); }
+  // What this runner runs with and has done since it was created; every Execute that ran the
+  // model also reports it in ModelOutput::worker_stats.
+  const WorkerStats& stats() const { return stats_; }
 
  private:
   // Keeps the samplers in step with the diff BatchState just applied: a new request's are
@@ -71,6 +74,11 @@ class ModelRunner : public Executor {
   // for logprobs.
   bool CollectSamplers();
   void Emit(std::vector<SampledToken>& sampled, bool any_logprobs, ModelOutput* out);
+  // The step's forward pass and sampling, once the batch is laid out; *sampled_on_device when
+  // the device sampler sampled it.
+  absl::Status RunModel(const SchedulerOutput& step, ModelOutput* out, bool* sampled_on_device);
+  // Counts a step that ran the model into stats_.
+  void CountStep(int64_t graph_replays_before, bool sampled, bool on_device);
   // Drops a sequence's device state (penalties) before its sampler goes.
   void Release(std::vector<std::unique_ptr<SequenceSampler>>& seqs);
 
@@ -89,6 +97,7 @@ class ModelRunner : public Executor {
   std::vector<SequenceSampler*> row_samplers_;
   std::vector<int32_t> sample_rows_;  // device sampling: logits rows, one per sample
   std::vector<SampledToken> sampled_;
+  WorkerStats stats_;
 };
 
 }  // namespace llm

@@ -89,6 +89,10 @@ int Run(int argc, char** argv) {
   absl::StatusOr<TensorDevice> device = ParseWorkerDevice(options.device);
   if (!device.ok()) Fail(2, "--device: " + std::string(device.status().message()));
   if (device->is_cuda()) {
+    // Every kernel module loaded when the context is made (CUDA 12+ loads them lazily, at a
+    // kernel's first launch, by default): the memory profile then sees them all, and a first
+    // decode step or graph capture loads nothing. A value the user set is kept.
+    setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
     // Fail at start, as vLLM does, rather than at the scheduler's first Init.
     absl::StatusOr<std::unique_ptr<DeviceContext>> context = DeviceContext::Create(*device);
     if (!context.ok())

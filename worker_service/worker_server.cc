@@ -12,7 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_security.h"
 #include "common/model_config.h"
+#include "common/status_macros.h"
 #include "common/tcp_store.h"
+#include "glog/logging.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "protocol/step_codec.h"
@@ -149,6 +151,11 @@ void WorkerServer::Stop(absl::Duration grace) {
   server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace));
 }
 
+void WorkerServer::SetStats(const WorkerStats& stats) {
+  absl::MutexLock lock(&health_mu_);
+  stats_ = stats;
+}
+
 void WorkerServer::SetHealth(std::string detail) {
   absl::MutexLock lock(&health_mu_);
   detail_ = std::move(detail);
@@ -183,6 +190,10 @@ absl::Status WorkerServer::DoInit(const v1::InitRequest& request, v1::InitRespon
 #endif
   if (comm_ != nullptr) comm_->Rebind(nullptr);
   SetHealth("not initialized: Init in progress");
+  {
+    absl::MutexLock lock(&health_mu_);
+    stats_.reset();
+  }
 
   // The worker's --device decides the device; the scheduler's must be of the same kind.
   const std::string asked = request.device().empty() ? options_.device : request.device();
@@ -292,21 +303,55 @@ absl::Status WorkerServer::DoInit(const v1::InitRequest& request, v1::InitRespon
       1u << 24));
   max_num_batched_tokens_ = static_cast<int>(std::min<uint32_t>(
       request.max_num_batched_tokens() > 0 ? request.max_num_batched_tokens() : 2048, 1u << 24));
+  max_num_seqs_ = static_cast<int>(request.max_num_seqs());
   if (device_.is_cuda()) {
-    // The activation buffers of the largest step, before memory is profiled.
-    if (absl::Status s = model_->Reserve(
-            max_num_batched_tokens_, std::max<uint32_t>(1, request.max_num_seqs()), max_model_len_);
-        !s.ok()) {
-      return s;
-    }
+    if (absl::Status s = PrepareCudaServing(request.enforce_eager()); !s.ok()) return s;
   }
 
-  max_num_seqs_ = static_cast<int>(request.max_num_seqs());
   response->set_vocab_size(static_cast<uint32_t>(config->vocab_size));
   response->set_max_position_embeddings(static_cast<uint32_t>(config->max_position_embeddings));
   initialized_ = true;
   SetHealth("not initialized: no KV cache yet (InitCache)");
   return absl::OkStatus();
+}
+
+absl::Status WorkerServer::PrepareCudaServing(bool enforce_eager) {
+#ifdef LLM_WITH_CUDA
+  const int max_seqs = std::max(1, max_num_seqs_);
+  // The activation buffers of the largest step, before memory is profiled.
+  RETURN_IF_ERROR(model_->Reserve(max_num_batched_tokens_, max_seqs, max_model_len_));
+  // Decode steps replay CUDA graphs, one per padded batch size up to max_num_seqs (at most
+  // kMaxGraphBatch, as vLLM's largest capture size), unless the scheduler asks for eager steps.
+  model_->EnableCudaGraphs(enforce_eager ? 0 : std::min(max_seqs, kMaxGraphBatch));
+  // Sampling on the device: one row per sequence of a step; logprobs as RunStep's limit.
+  DeviceSampler::Options so;
+  so.device = device_.ordinal;
+  so.max_rows = max_seqs;
+  so.vocab_size = model_->vocab_size();
+  so.max_logprobs = MaxLogprobs();
+  absl::StatusOr<std::unique_ptr<DeviceSampler>> sampler = DeviceSampler::Create(so);
+  if (!sampler.ok()) {
+    return absl::Status(sampler.status().code(),
+                        absl::StrCat("the device sampler (", max_seqs, " rows of ", so.vocab_size,
+                                     " logits): ", sampler.status().message()));
+  }
+  device_sampler_ = std::move(*sampler);
+  LOG(INFO) << "cuda: sampling on the device (" << max_seqs << " rows); "
+            << (model_->cuda_graphs_enabled()
+                    ? absl::StrCat("CUDA graphs for decode batches up to ",
+                                   model_->max_graph_batch())
+                : enforce_eager ? std::string("CUDA graphs off (enforce_eager)")
+                                : std::string("CUDA graphs off (the emulated NCCL's collectives "
+                                              "cannot be captured)"));
+  return absl::OkStatus();
+#else
+  (void)enforce_eager;
+  return absl::InvalidArgumentError("device cuda is not built into this worker");
+#endif
+}
+
+int WorkerServer::MaxLogprobs() const {
+  return device_.is_cuda() ? std::min(model_->vocab_size(), 1024) : model_->vocab_size();
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> WorkerServer::JoinNcclGroup(
@@ -343,6 +388,39 @@ absl::StatusOr<std::unique_ptr<Communicator>> WorkerServer::JoinNcclGroup(
   (void)store, (void)prefix, (void)rank, (void)world, (void)timeout, (void)response;
   return absl::InvalidArgumentError("device cuda is not built into this worker");
 #endif
+}
+
+absl::Status WorkerServer::DecodePass(int seqs, int context, int block_size,
+                                      std::span<const LayerKvCache> caches) {
+  // Token 0 at position context - 1 in every sequence, written nowhere (slot -1), its context
+  // all in block 0 (every table entry).
+  const int width = (context + block_size - 1) / block_size;
+  std::vector<int32_t> ids(seqs, 0), positions(seqs, context - 1), seq_lens(seqs, context),
+      qsl(seqs + 1), rows(seqs), tables(static_cast<size_t>(seqs) * width, 0);
+  std::vector<int64_t> slots(seqs, -1);
+  for (int i = 0; i <= seqs; ++i) qsl[i] = i;
+  for (int i = 0; i < seqs; ++i) rows[i] = i;
+  const ForwardInput input{ids, positions, slots, tables, width, seq_lens, qsl, rows};
+  TensorView logits;
+  RETURN_IF_ERROR(model_->Forward(input, caches, &logits));
+  return model_->Synchronize();
+}
+
+absl::Status WorkerServer::WarmUpCuda() {
+  const auto start = std::chrono::steady_clock::now();
+  for (int b : model_->GraphBatchSizes()) {
+    RETURN_IF_ERROR(DecodePass(b, 1, cache_->shape().block_size, cache_->device_caches()));
+  }
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const std::vector<int> sizes = model_->GraphBatchSizes();
+  LOG(INFO) << "cuda: " << model_->num_graphs() << " of " << sizes.size()
+            << " decode CUDA graphs captured (batch sizes "
+            << (sizes.empty() ? std::string("none")
+                              : absl::StrCat(sizes.front(), " to ", sizes.back()))
+            << ") in " << ms
+            << " ms; sampler: " << (device_sampler_ != nullptr ? "device" : "host");
+  return absl::OkStatus();
 }
 
 absl::Status WorkerServer::ProfileCuda(const v1::ProfileMemoryRequest& request,
@@ -386,9 +464,30 @@ absl::Status WorkerServer::ProfileCuda(const v1::ProfileMemoryRequest& request,
       return absl::Status(s.code(), absl::StrCat("the profiling pass failed: ", s.message()));
     }
     if (absl::Status s = model_->Synchronize(); !s.ok()) return s;
+    // Then the decode side: an eager step of max_num_seqs sequences with max_model_len tokens
+    // of context each (the attention's split-K partials at their largest), and every decode
+    // graph captured and launched, so that the graphs' memory is in the profile too. A graph's
+    // launches are planned for max_model_len whatever the step's context (GraphForward), so
+    // one token of context captures the same graph at a fraction of the work.
+    const int graph_batch = model_->max_graph_batch();
+    model_->EnableCudaGraphs(0);
+    absl::Status decoded = DecodePass(std::max(1, max_num_seqs_), max_model_len_, block_size,
+                                      (*scratch)->device_caches());
+    model_->EnableCudaGraphs(graph_batch);
+    for (int b : model_->GraphBatchSizes()) {
+      if (!decoded.ok()) break;
+      decoded = DecodePass(b, 1, block_size, (*scratch)->device_caches());
+    }
+    if (!decoded.ok()) {
+      return absl::Status(decoded.code(),
+                          absl::StrCat("the decode profiling pass failed: ", decoded.message()));
+    }
   }
   size_t free_bytes = 0, total_bytes = 0;
   if (absl::Status s = context_->MemoryInfo(&free_bytes, &total_bytes); !s.ok()) return s;
+  // The graphs were captured over the scratch cache: InitCache captures them again over the real
+  // one (in the memory they held here).
+  model_->EnableCudaGraphs(model_->max_graph_batch());
   KvCacheSizingInput sizing;
   sizing.total_device_memory = total_bytes;
   sizing.gpu_memory_utilization = utilization;
@@ -474,7 +573,15 @@ grpc::Status WorkerServer::InitCache(grpc::ServerContext* context,
                      " bytes: ", cache.status().message()));
   }
   cache_ = std::move(*cache);
+  if (device_.is_cuda()) {
+    if (absl::Status s = WarmUpCuda(); !s.ok()) {
+      cache_.reset();
+      SetHealth(absl::StrCat("not initialized: the warm-up failed: ", s.message()));
+      return ToGrpc(absl::Status(s.code(), absl::StrCat("InitCache: warm-up: ", s.message())));
+    }
+  }
   runner_ = std::make_unique<ModelRunner>(model_.get(), cache_.get(), device_sampler_.get());
+  SetStats(runner_->stats());
   SetHealth("ready");
   return grpc::Status::OK;
 }
@@ -504,8 +611,7 @@ void WorkerServer::RunStep(const v1::StepRequest& request, uint64_t generation,
     } else {
       SamplingLimits limits;
       limits.max_n = std::max(1, max_num_seqs_);
-      limits.max_logprobs =
-          device_.is_cuda() ? std::min(model_->vocab_size(), 1024) : model_->vocab_size();
+      limits.max_logprobs = MaxLogprobs();
       DecodedStep decoded;
       status = DecodeStepRequest(request, limits, &decoded);
       ModelOutput output;
@@ -515,10 +621,13 @@ void WorkerServer::RunStep(const v1::StepRequest& request, uint64_t generation,
         forward_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       }
       if (status.ok()) {
-        // Every rank samples the same way; only rank 0's tokens (and logprobs) travel.
+        // Every rank samples the same way; only rank 0's tokens (and logprobs, and stats)
+        // travel. Each rank's Health reports its own stats.
+        if (output.worker_stats.has_value()) SetStats(*output.worker_stats);
         if (model_key_.rank != 0) {
           output.sampled_token_ids.clear();
           output.logprobs.clear();
+          output.worker_stats.reset();
         }
         EncodeStepResult(output, result);
       } else if (status.code() != absl::StatusCode::kInvalidArgument) {
@@ -582,6 +691,7 @@ grpc::Status WorkerServer::Health(grpc::ServerContext* context, const v1::Health
   absl::MutexLock lock(&health_mu_);
   response->set_serving(true);
   response->set_detail(detail_);
+  if (stats_.has_value()) EncodeWorkerStats(*stats_, response->mutable_stats());
   return grpc::Status::OK;
 }
 

@@ -7,13 +7,20 @@
 //                   the store; collectives deferred to one wait per step),
 //                   loads the model shard (only when model_path, dtype, rank or world_size
 //                   changed), and drops every request's state and the KV cache. Blocks until
-//                   every rank has joined or collective_timeout_ms passes.
+//                   every rank has joined or collective_timeout_ms passes. Device cuda: reserves
+//                   the activations of the largest step, makes the device sampler (every step
+//                   samples on the GPU; max_num_seqs rows) and enables CUDA graphs for decode
+//                   steps (padded batch sizes 1, 2, 4, ... up to max_num_seqs, at most
+//                   kMaxGraphBatch) unless the request says enforce_eager.
 //   ProfileMemory   the KV blocks the budget holds (device cpu: the CPU KV space and the swap
-//                   space over CacheEngine::BytesPerBlock; device cuda: a profiling forward
-//                   pass at max_num_batched_tokens, then kv_cache_sizing with the request's
-//                   gpu_memory_utilization; RESOURCE_EXHAUSTED with the sizing message when the
-//                   model does not fit).
-//   InitCache       allocates the KV cache (CacheEngine) and a fresh ModelRunner.
+//                   space over CacheEngine::BytesPerBlock; device cuda: profiling passes (a
+//                   prefill of max_num_batched_tokens, an eager decode step of max_num_seqs
+//                   sequences at max_model_len, and every decode graph captured and launched;
+//                   the worker's main loads every kernel module at start, CUDA_MODULE_LOADING=
+//                   EAGER), then kv_cache_sizing with the request's gpu_memory_utilization;
+//                   RESOURCE_EXHAUSTED with the sizing message when the model does not fit).
+//   InitCache       allocates the KV cache (CacheEngine) and a fresh ModelRunner; device cuda:
+//                   captures the decode graphs over the new cache before it answers.
 //   Step            one long-lived bidi stream: each StepRequest is decoded (step_codec.h),
 //                   run through the ModelRunner, and answered by one StepResult, in order
 //                   (tokens and logprobs from rank 0 only; forward_seconds is the runner's
@@ -23,7 +30,12 @@
 //                   FAILED_PRECONDITION the same way. Sampling limits: n up to max_num_seqs,
 //                   logprobs up to the vocabulary (the scheduler enforces the user's limits).
 //   Health          serving = true; detail "ready" once steps can run, else "not initialized"
-//                   (with the reason after a colon when there is one).
+//                   (with the reason after a colon when there is one); stats: what the worker
+//                   runs with (sampler, graphs) and its counts as of the last step (rank 0 also
+//                   sends them with every StepResult).
+//   Logs            what it runs with at Init and InitCache (sampler, graphs captured and
+//                   their batch sizes); with --v=1 every step (tokens, graph or eager, sampler,
+//                   time).
 //   Shutdown        answers, then, once the answer is delivered, stops the server on a thread
 //                   of its own, cancelling any other rpc (a Step stream) at once.
 //
@@ -47,6 +59,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <thread>
 
@@ -60,6 +74,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/tensor.h"
 #include "llm/v1/worker_service.grpc.pb.h"
+#include "protocol/scheduler_output.h"
 
 namespace llm {
 
@@ -68,6 +83,7 @@ class Communicator;
 class DeviceContext;
 class DeviceSampler;
 class LlamaModel;
+struct LayerKvCache;
 class ModelRunner;
 class ReboundCommunicator;
 
@@ -97,6 +113,9 @@ absl::StatusOr<TensorDevice> ParseWorkerDevice(const std::string& device);
 class WorkerServer final
     : public v1::WorkerService::WithCallbackMethod_Shutdown<v1::WorkerService::Service> {
  public:
+  // The largest decode batch replayed from a CUDA graph (larger ones run eagerly).
+  static constexpr int kMaxGraphBatch = 512;
+
   explicit WorkerServer(WorkerServerOptions options);
   WorkerServer(const WorkerServer&) = delete;
   WorkerServer& operator=(const WorkerServer&) = delete;
@@ -146,6 +165,19 @@ class WorkerServer final
                                                               std::chrono::milliseconds timeout,
                                                               v1::InitResponse* response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Init on cuda, once the model is loaded: reserves the activations of the largest step,
+  // enables CUDA graphs for decode steps (unless enforce_eager) and makes the device sampler.
+  absl::Status PrepareCudaServing(bool enforce_eager) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The most top logprobs a step may ask for: the vocabulary, at most 1024 on cuda (the device
+  // sampler's limit).
+  int MaxLogprobs() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // InitCache on cuda: captures the decode graphs over the new cache (they are then ready for
+  // the first steps) and logs what the worker runs with.
+  absl::Status WarmUpCuda() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One decode step of `seqs` sequences with `context` tokens each (their new tokens written
+  // nowhere) over `caches`, waited for: profiling and graph capture.
+  absl::Status DecodePass(int seqs, int context, int block_size,
+                          std::span<const LayerKvCache> caches) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ProfileMemory on cuda: a profiling pass, then kv_cache_sizing.
   absl::Status ProfileCuda(const v1::ProfileMemoryRequest& request,
                            v1::ProfileMemoryResponse* response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -153,6 +185,7 @@ class WorkerServer final
   // step id). A stream of an earlier generation is refused: its group is gone.
   void RunStep(const v1::StepRequest& request, uint64_t generation, v1::StepResult* result);
   void SetHealth(std::string detail);
+  void SetStats(const WorkerStats& stats);
   // Starts a new generation: cancels the active stream, whose steps no longer run.
   void CancelActiveStream();
   // Starts the thread that Stop()s the server (once).
@@ -189,6 +222,7 @@ class WorkerServer final
   // The state Health reports, apart from mu_ so that Health never waits for a step.
   absl::Mutex health_mu_;
   std::string detail_ ABSL_GUARDED_BY(health_mu_) = "not initialized";
+  std::optional<WorkerStats> stats_ ABSL_GUARDED_BY(health_mu_);  // as of the last step
 
   // The one active Step stream.
   absl::Mutex stream_mu_;

@@ -700,6 +700,7 @@ grpc::ServerUnaryReactor* LLMService::GetStats(grpc::CallbackServerContext* cont
   response->set_prefix_cache_hits(s.prefix_cache_hits);
   response->set_num_free_gpu_blocks(stats.num_free_gpu_blocks);
   response->set_num_free_cpu_blocks(stats.num_free_cpu_blocks);
+  if (stats.worker.has_value()) EncodeWorkerStats(*stats.worker, response->mutable_worker());
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

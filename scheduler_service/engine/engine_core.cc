@@ -105,6 +105,7 @@ void EngineCore::PublishStats() {
   s.num_free_gpu_blocks = b.num_free_gpu_blocks;
   s.num_free_cpu_blocks = b.num_free_cpu_blocks;
   absl::MutexLock lock(&stats_mu_);
+  s.worker = model_output_.worker_stats.has_value() ? model_output_.worker_stats : stats_.worker;
   stats_ = s;
 }
 

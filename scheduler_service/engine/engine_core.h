@@ -12,6 +12,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -45,6 +46,8 @@ struct EngineStats {
   SchedulerStats scheduler;
   int num_free_gpu_blocks = 0;
   int num_free_cpu_blocks = 0;
+  // What the workers run with, as the last step that reported it said (rank 0's).
+  std::optional<WorkerStats> worker;
 };
 
 // One update of a request's stream. `output` (with `outputs` for its tokens) is set on

@@ -95,6 +95,26 @@ TEST(CudaWorkerServer, ProfilesTheSmallDeviceAndRefusesWhatDoesNotFit) {
   grpc::ClientContext c6;
   ASSERT_TRUE(stub->Health(WithDeadline(&c6), v1::HealthRequest(), &health).ok());
   EXPECT_EQ(health.detail(), "ready");
+  // What it serves with, before any step: sampling on the device, and the decode graphs of
+  // every padded batch size up to max_num_seqs (1, 2, 4, ..., 64) captured at InitCache.
+  EXPECT_EQ(health.stats().sampler(), v1::WorkerStats::SAMPLER_KIND_DEVICE);
+  EXPECT_TRUE(health.stats().cuda_graphs_enabled());
+  EXPECT_EQ(health.stats().graphs_captured(), 7u);
+  EXPECT_EQ(health.stats().steps(), 0u);
+
+  // enforce_eager: a fresh Init captures nothing.
+  init.set_enforce_eager(true);
+  grpc::ClientContext c7;
+  ASSERT_TRUE(stub->Init(WithDeadline(&c7), init, &init_response).ok());
+  grpc::ClientContext c8;
+  ASSERT_TRUE(stub->ProfileMemory(WithDeadline(&c8), profile, &memory).ok());
+  grpc::ClientContext c9;
+  ASSERT_TRUE(stub->InitCache(WithDeadline(&c9), cache, &cache_response).ok());
+  grpc::ClientContext c10;
+  ASSERT_TRUE(stub->Health(WithDeadline(&c10), v1::HealthRequest(), &health).ok());
+  EXPECT_EQ(health.stats().sampler(), v1::WorkerStats::SAMPLER_KIND_DEVICE);
+  EXPECT_FALSE(health.stats().cuda_graphs_enabled());
+  EXPECT_EQ(health.stats().graphs_captured(), 0u);
   server.Stop();
 }
 

@@ -90,6 +90,31 @@ void ExpectEmulatedCudaCluster(LocalCluster& c, int tp) {
   EXPECT_EQ(devices, expected);
 }
 
+// What the workers served with, from rank 0's own counters (GetStats' worker, which the
+// scheduler keeps from the step results): every step sampled on the device, and with `graphs`
+// decode steps replayed captured CUDA graphs; without, none did.
+void ExpectServedOnTheDevice(LocalCluster& c, bool graphs) {
+  absl::StatusOr<v1::GetStatsResponse> stats = GetStats(c.stub());
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  ASSERT_TRUE(stats->has_worker());
+  const v1::WorkerStats& w = stats->worker();
+  std::printf("worker stats: %s\n", w.ShortDebugString().c_str());
+  EXPECT_EQ(w.sampler(), v1::WorkerStats::SAMPLER_KIND_DEVICE);
+  EXPECT_GT(w.steps(), 0u);
+  EXPECT_GT(w.device_sampled_steps(), 0u);
+  EXPECT_EQ(w.host_sampled_steps(), 0u);
+  EXPECT_EQ(w.cuda_graphs_enabled(), graphs);
+  if (graphs) {
+    // kMaxTokens - 1 decode steps per greedy run replay a graph; the prefills run eagerly.
+    EXPECT_GT(w.graphs_captured(), 0u);
+    EXPECT_GT(w.graph_steps(), 0u);
+    EXPECT_LT(w.graph_steps(), w.steps());
+  } else {
+    EXPECT_EQ(w.graphs_captured(), 0u);
+    EXPECT_EQ(w.graph_steps(), 0u);
+  }
+}
+
 // Greedy runs of each prompt, one after another; every one must finish at kMaxTokens.
 std::vector<GenerateResult> GreedyRuns(LocalCluster& c, const std::vector<std::string>& prompts,
                                        int logprobs = -1) {
@@ -124,6 +149,8 @@ TEST_F(CudaClusterTest, Float32AtTp1AndTp2EqualsTheCpuEngine) {
     ASSERT_NE(c, nullptr);
     ExpectEmulatedCudaCluster(*c, tp);
     EXPECT_EQ(TokenIds(GreedyRuns(*c, Prompts())), *reference);
+    // The emulated NCCL cannot be captured: graphs at one rank only (a GPU captures both).
+    ExpectServedOnTheDevice(*c, /*graphs=*/tp == 1);
     absl::StatusOr<int> stopped = c->Stop();
     EXPECT_TRUE(stopped.ok()) << stopped.status();
   }
@@ -184,6 +211,23 @@ Comparison CompareWhereTheMarginExceedsTheError(const std::string& label,
               c.compared, c.total, c.max_error);
   EXPECT_LT(c.max_error, kMinMargin / 2);
   return c;
+}
+
+// enforce_eager (vLLM's --enforce-eager) reaches the worker: no graph is captured or replayed,
+// and the tokens are the same.
+TEST_F(CudaClusterTest, EnforceEagerRunsEveryStepEagerlyWithTheSameTokens) {
+  const std::vector<std::string> prompts(Prompts().begin(), Prompts().begin() + 3);
+  absl::StatusOr<std::vector<std::vector<int32_t>>> reference =
+      ReferenceGreedy(DefaultModel(), prompts, kMaxTokens);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  ClusterOptions options = CudaEmu(1, "float32");
+  options.engine.emplace_back("enforce_eager", "true");
+  std::unique_ptr<LocalCluster> c = StartCluster(options);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(TokenIds(GreedyRuns(*c, prompts)), *reference);
+  ExpectServedOnTheDevice(*c, /*graphs=*/false);
+  absl::StatusOr<int> stopped = c->Stop();
+  EXPECT_TRUE(stopped.ok()) << stopped.status();
 }
 
 TEST_F(CudaClusterTest, Bfloat16AtTp2FollowsTheCpuEngineWhereTheMarginExceedsTheError) {

@@ -543,6 +543,16 @@ void LlamaModel::EnableCudaGraphs(int max_batch) {
 #endif
 }
 
+std::vector<int> LlamaModel::GraphBatchSizes() const {
+  std::vector<int> sizes;
+  for (int64_t s = 1; max_graph_batch_ > 0; s *= 2) {
+    const int64_t b = GraphSize(s);
+    if (!sizes.empty() && b == sizes.back()) break;
+    sizes.push_back(static_cast<int>(b));
+  }
+  return sizes;
+}
+
 void LlamaModel::ReleaseGraphs() {
 #ifdef LLM_WITH_CUDA
   for (auto& [size, graph] : graphs_) (void)cuda::GraphExecDestroy(graph.exec);

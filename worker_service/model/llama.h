@@ -132,6 +132,10 @@ class LlamaModel {
   // recaptured when the caches change. A batch size whose capture fails (a collective that
   // cannot be captured) runs eagerly from then on.
   void EnableCudaGraphs(int max_batch);
+  bool cuda_graphs_enabled() const { return max_graph_batch_ > 0; }
+  int max_graph_batch() const { return max_graph_batch_; }
+  // The padded batch sizes a graph is captured for: 1, 2, 4, ... up to max_graph_batch().
+  std::vector<int> GraphBatchSizes() const;
   int num_graphs() const { return static_cast<int>(graphs_.size()); }
   int64_t graph_replays() const { return graph_replays_; }
 
