@@ -27,14 +27,28 @@ namespace fs = std::filesystem;
 
 std::string DefaultModel() { return std::string(LLM_TEST_DATA_DIR) + "/models/tiny-llama"; }
 
+namespace {
+
+// /proc/PID/stat, or "" when the process is gone (reading the file of a process that exits
+// meanwhile fails with ESRCH, which std::filebuf turns into an exception).
+std::string ReadStat(const fs::path& path) {
+  std::ifstream in(path);
+  try {
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  } catch (const std::ios_base::failure&) {
+    return "";
+  }
+}
+
+}  // namespace
+
 std::vector<std::pair<pid_t, std::string>> ChildrenOf(pid_t parent) {
   std::vector<std::pair<pid_t, std::string>> out;
   std::error_code ec;
   for (const fs::directory_entry& e : fs::directory_iterator("/proc", ec)) {
     pid_t pid = 0;
     if (!absl::SimpleAtoi(e.path().filename().string(), &pid)) continue;
-    std::ifstream in(e.path() / "stat");
-    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string stat = ReadStat(e.path() / "stat");
     // pid (comm) state ppid ...; comm may hold spaces and parentheses: split at the last ')'.
     const size_t open = stat.find('('), close = stat.rfind(')');
     if (open == std::string::npos || close == std::string::npos) continue;
@@ -51,8 +65,7 @@ namespace {
 
 // Alive: exists and is not a zombie.
 bool Alive(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string stat = ReadStat(absl::StrCat("/proc/", pid, "/stat"));
   const size_t close = stat.rfind(')');
   if (close == std::string::npos || close + 2 >= stat.size()) return false;
   return stat[close + 2] != 'Z' && stat[close + 2] != 'X';
