@@ -26,7 +26,7 @@ DEB_PACKAGES += python3-venv
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps configure build pyenv test run serve demo bench sass format clean
+.PHONY: all deps configure build pyenv test run serve demo bench sass gpu-kit format clean
 
 all: build
 
@@ -149,6 +149,20 @@ bench: build
 sass: configure
 	python3 tools/cuda/sass_report.py --build-dir $(BUILD_DIR) --install-tools --loops \
 	  --budgets kernels/cuda/sass_budgets.json
+
+# The device kit (README "The device kit"): the GPU binaries built here, on a machine without a
+# GPU, with machine code for sm_90a (H100, H200) and sm_80 and no PTX (nothing JIT-compiles
+# there; a missing architecture fails loudly), packed with the shared libraries a GPU machine
+# lacks into $(GPU_KIT), checked for its library closure and for its size with the tracked tree
+# (64 MiB). On the GPU machine: tools/gpu/run_kit.sh --kit $(GPU_KIT) --out DIR.
+GPU_KIT_DIR ?= build-gpu-kit
+GPU_KIT := $(GPU_KIT_DIR)/llm-gpu-kit.tar.xz
+GPU_KIT_ARCHS ?= 90a-real;80-real
+gpu-kit: deps
+	cmake -S . -B $(GPU_KIT_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLM_CUDA=ON \
+	  -DLLM_CUDA_EMU=OFF "-DLLM_CUDA_ARCHITECTURES=$(GPU_KIT_ARCHS)"
+	cmake --build $(GPU_KIT_DIR) -j $(JOBS) --target gpu_kit_binaries
+	tools/gpu/pack_kit.sh --build-dir $(GPU_KIT_DIR) --out $(GPU_KIT)
 
 format:
 	@git ls-files '*.h' '*.cc' '*.cu' '*.cuh' | xargs clang-format -i

@@ -23,4 +23,8 @@ function(llm_add_test)
                              LLM_TEST_PYTHON="${LLM_TEST_PYTHON}")
   gtest_discover_tests(${T_NAME} TEST_PREFIX "${T_PREFIX}" PROPERTIES LABELS ${T_LABEL}
                        DISCOVERY_TIMEOUT 60)
+  # The device kit packs the `gpu` tests (gpu_kit_binaries, tools/gpu/pack_kit.sh).
+  if(T_LABEL STREQUAL "gpu")
+    set_property(GLOBAL APPEND PROPERTY LLM_GPU_TEST_TARGETS ${T_NAME})
+  endif()
 endfunction()

@@ -3,6 +3,7 @@
 //   llm-client [--address=127.0.0.1:50051] generate "PROMPT" [--max-tokens=64]
 //              [--temperature=0.8] [--n=2] [--top-p=P] [--top-k=K] [--seed=S] [--stop=S ...]
 //              [--priority=P] [--no-stream] ...      streams the text, then usage and timings
+//              [--json]   instead: each streamed response as one line of JSON (for scripts)
 //   llm-client chat "USER MESSAGE" [--system="SYSTEM PROMPT"] [generate's flags]
 //              streams the model's answer, the conversation rendered by its chat template
 //   llm-client info     the served model (GetModelInfo)
@@ -31,6 +32,7 @@
 #include "absl/strings/str_split.h"
 #include "common/flag_parser.h"
 #include "common/grpc_security.h"
+#include "google/protobuf/util/json_util.h"
 #include "llm/v1/llm_service.grpc.pb.h"
 #include "tools/health_check.h"
 
@@ -70,6 +72,7 @@ struct Args {
   std::string cache_salt;
   double timeout_s = 0;  // 0: no deadline
   bool quiet = false;
+  bool json = false;
 };
 
 // Flags that take no value when written alone.
@@ -127,6 +130,9 @@ Args Parse(int argc, char** argv) {
   flags.Add("cache-salt", &a.cache_salt, "isolates prefix-cache entries (none)");
   flags.Add("timeout", &a.timeout_s, "seconds before the call is cancelled (0: none)");
   flags.Add("quiet", &a.quiet, "print only the summary, not the text (false)");
+  flags.Add("json", &a.json,
+            "generate and chat: print each streamed GenerateResponse as one line of JSON "
+            "(protobuf's JSON mapping: token ids, text, logprobs, usage) and nothing else (false)");
 
   // Positionals out, "--flag value" joined into "--flag=value", --stop collected (repeats).
   std::vector<std::string> rebuilt = {argv[0]};
@@ -274,7 +280,7 @@ int Generate(const Args& a, v1::LLMService::Stub& stub) {
   req.set_cache_salt(a.cache_salt);
 
   // n = 1 streams the text as it arrives; n > 1 prints each sequence at the end.
-  const bool live = a.n == 1 && !a.quiet;
+  const bool live = a.n == 1 && !a.quiet && !a.json;
   std::map<uint32_t, std::string> text;
   std::map<uint32_t, v1::FinishReason> finish;
   std::map<uint32_t, std::string> stop_reason;
@@ -297,6 +303,17 @@ int Generate(const Args& a, v1::LLMService::Stub& stub) {
     std::fputs(a.prompt.c_str(), stdout);
   }
   v1::GenerateResponse resp;
+  if (a.json) {
+    google::protobuf::util::JsonPrintOptions options;
+    options.preserve_proto_field_names = true;
+    while (reader->Read(&resp)) {
+      std::string line;
+      (void)google::protobuf::util::MessageToJsonString(resp, &line, options);
+      std::printf("%s\n", line.c_str());
+    }
+    const grpc::Status status = reader->Finish();
+    return status.ok() ? 0 : RpcFailed(status);
+  }
   while (reader->Read(&resp)) {
     const double t = std::chrono::duration<double>(Clock::now() - t0).count();
     request_id = resp.request_id();
