@@ -149,7 +149,8 @@ OpStatus SiluAndMul(const OpContext& ctx, const TensorView& out, const TensorVie
 // bias in out's dtype. Products summed in fp32, then bias added, then rounded to out's dtype.
 // On cuda: cuBLASLt (cublasLtMatmul, CUBLAS_COMPUTE_32F; CUBLAS_COMPUTE_32F_PEDANTIC for f32,
 // so never TF32) on ctx.blaslt_handle (null is an error) and ctx.stream, bias fused with
-// CUBLASLT_EPILOGUE_BIAS, ctx.blas_workspace as its workspace.
+// CUBLASLT_EPILOGUE_BIAS, ctx.blas_workspace as its workspace; the descriptors and algorithm
+// are planned once per shape and cached (kernels/cuda/cuda_ops.h: GetLinearPlanStats).
 OpStatus Linear(const OpContext& ctx, const TensorView& out, const TensorView& x,
                 const TensorView& weight, const TensorView& bias);
 

@@ -57,9 +57,26 @@ OpStatus SiluAndMul(void* stream, const TensorView& out, const TensorView& x);
 // accumulation: CUBLAS_COMPUTE_32F_PEDANTIC for f32 (never TF32), CUBLAS_COMPUTE_32F for bf16 /
 // f16; bias fused as CUBLASLT_EPILOGUE_BIAS; the heuristic's best algorithm within
 // ctx.blas_workspace_bytes of ctx.blas_workspace. K = 0: out = bias (or 0) by a small kernel.
-// Descriptors are created and destroyed per call (host-only work, no synchronization).
+// The descriptors and the heuristic's algorithm are planned once per (handle, m, n, k, dtypes,
+// compute type, bias and its dtype, the pointers' alignments, workspace bytes) and cached,
+// process-wide and thread-safe, up to 1024 plans (then the least recently used is dropped); the
+// bias pointer is set on the cached descriptor per call.
 OpStatus Linear(const OpContext& ctx, const TensorView& out, const TensorView& x,
                 const TensorView& weight, const TensorView& bias);
+
+// Linear's plan cache, process-wide: plans cached now, and the calls (K > 0, m, n > 0) that
+// found their plan (hits) or had to build it (misses) since the process started.
+struct LinearPlanStats {
+  int64_t plans = 0;
+  int64_t hits = 0;
+  int64_t misses = 0;
+};
+LinearPlanStats GetLinearPlanStats();
+
+// Drops the cached plans of a cuBLASLt handle (every plan for null). Call it before
+// cublasLtDestroy (cuda::BlasLtDestroy does): a later handle may get the same address, and its
+// calls must not find the old handle's plans.
+void ClearLinearPlans(void* blaslt_handle);
 
 OpStatus ReshapeAndCache(void* stream, const TensorView& key, const TensorView& value,
                          const TensorView& key_cache, const TensorView& value_cache,

@@ -13,7 +13,24 @@
 // when NVIDIA_TF32_OVERRIDE or the library decides so; the pedantic type never is. For bf16 /
 // f16 inputs CUBLAS_COMPUTE_32F (tensor cores, fp32 accumulation), output rounded to out's
 // dtype (or kept f32). Scale type f32; alpha 1, beta 0 (out's NaN poison is never read).
+//
+// Plans. The descriptors (the matmul descriptor, the three layouts) and the heuristic's
+// algorithm depend only on the problem's shape and types, the alignments the heuristic was told
+// and the workspace it may use, so they are built once per such key and kept in a process-wide
+// cache (PlanCache below): a decode step calls Linear with a handful of shapes per layer, and
+// asking the heuristic each time costs host time on every launch. The bias pointer is not part
+// of the key (every layer has its own bias): it is set on the cached descriptor per call, which
+// is host-side and so also right under CUDA graph capture (cublasLtMatmul reads the descriptor
+// when it enqueues).
 #include <cublasLt.h>
+
+#include <atomic>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
 
 #include "kernels/cuda/cublas_check.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -59,11 +76,14 @@ cudaDataType_t CudaType(DType dtype) {
   }
 }
 
-// Owns the descriptors of one call.
+// Owns the descriptors of one plan.
 struct LtDescs {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulPreference_t pref = nullptr;
+  LtDescs() = default;
+  LtDescs(const LtDescs&) = delete;
+  LtDescs& operator=(const LtDescs&) = delete;
   ~LtDescs() {
     if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
     if (d != nullptr) cublasLtMatrixLayoutDestroy(d);
@@ -72,6 +92,172 @@ struct LtDescs {
     if (op != nullptr) cublasLtMatmulDescDestroy(op);
   }
 };
+
+// What a plan depends on. The bias pointer is per call (see the top of this file).
+struct PlanKey {
+  const void* handle;
+  int64_t m, n, k;
+  cudaDataType_t in_type, out_type;
+  cublasComputeType_t compute;
+  bool has_bias;
+  cudaDataType_t bias_type;
+  uint32_t align_a, align_b, align_d;  // C = D
+  uint64_t workspace_bytes;
+  friend bool operator==(const PlanKey&, const PlanKey&) = default;
+};
+
+struct PlanKeyHash {
+  size_t operator()(const PlanKey& key) const {
+    uint64_t h = reinterpret_cast<uintptr_t>(key.handle);
+    auto mix = [&h](uint64_t v) { h = (h ^ v) * 0x100000001b3ull + (h >> 29); };
+    for (uint64_t v : {static_cast<uint64_t>(key.m), static_cast<uint64_t>(key.n),
+                       static_cast<uint64_t>(key.k), static_cast<uint64_t>(key.in_type),
+                       static_cast<uint64_t>(key.out_type), static_cast<uint64_t>(key.compute),
+                       static_cast<uint64_t>(key.has_bias), static_cast<uint64_t>(key.bias_type),
+                       static_cast<uint64_t>(key.align_a), static_cast<uint64_t>(key.align_b),
+                       static_cast<uint64_t>(key.align_d), key.workspace_bytes}) {
+      mix(v);
+    }
+    return static_cast<size_t>(h);
+  }
+};
+
+// One key's descriptors and algorithm. Immutable once built except for the bias pointer of
+// descs.op, which a call sets and uses under `mu` (threads sharing a handle and a shape).
+struct LinearPlan {
+  LtDescs descs;
+  cublasLtMatmulAlgo_t algo{};
+  std::mutex mu;
+};
+
+// The plans, most recently used first, at most kMaxPlans of them: decode batches give one key
+// per batch size m, so the set grows with the sizes served; past the cap the least recently
+// used plan is dropped. Thread-safety: every member under mu_ (the worker calls from one thread,
+// but tests run emulated ranks as threads); plans are shared_ptrs, so one dropped while another
+// thread runs it lives until that call returns. Process lifetime: never destroyed (Cache() leaks
+// it), so no descriptor is destroyed during static destruction, after the CUDA runtime may be
+// gone; a handle's plans are dropped by ClearLinearPlans(handle), which BlasLtDestroy calls.
+class PlanCache {
+ public:
+  static constexpr size_t kMaxPlans = 1024;
+
+  std::shared_ptr<LinearPlan> Find(const PlanKey& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = index_.find(key);
+    if (it == index_.end()) {
+      misses_.fetch_add(1, std::memory_order_relaxed);
+      return nullptr;
+    }
+    hits_.fetch_add(1, std::memory_order_relaxed);
+    lru_.splice(lru_.begin(), lru_, it->second);
+    return it->second->second;
+  }
+
+  void Insert(const PlanKey& key, std::shared_ptr<LinearPlan> plan) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (index_.count(key) != 0) return;  // another thread built it first
+    lru_.emplace_front(key, std::move(plan));
+    index_.emplace(key, lru_.begin());
+    if (lru_.size() > kMaxPlans) {
+      index_.erase(lru_.back().first);
+      lru_.pop_back();
+    }
+    plans_.store(static_cast<int64_t>(lru_.size()), std::memory_order_relaxed);
+  }
+
+  void Clear(const void* handle) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = lru_.begin(); it != lru_.end();) {
+      if (handle != nullptr && it->first.handle != handle) {
+        ++it;
+        continue;
+      }
+      index_.erase(it->first);
+      it = lru_.erase(it);
+    }
+    plans_.store(static_cast<int64_t>(lru_.size()), std::memory_order_relaxed);
+  }
+
+  LinearPlanStats Stats() const {
+    return {plans_.load(std::memory_order_relaxed), hits_.load(std::memory_order_relaxed),
+            misses_.load(std::memory_order_relaxed)};
+  }
+
+ private:
+  using Entry = std::pair<PlanKey, std::shared_ptr<LinearPlan>>;
+  std::mutex mu_;
+  std::list<Entry> lru_;
+  std::unordered_map<PlanKey, std::list<Entry>::iterator, PlanKeyHash> index_;
+  std::atomic<int64_t> plans_{0}, hits_{0}, misses_{0};
+};
+
+PlanCache& Cache() {
+  static PlanCache* cache = new PlanCache();  // never destroyed: see PlanCache
+  return *cache;
+}
+
+// Builds the descriptors of `key` and asks the heuristic for its best algorithm, with this
+// call's bias pointer set (the heuristic sees the problem as before caching; later calls set
+// their own). OK with *out set; OK with *out null when the heuristic has no algorithm; or the
+// error of a failed cuBLASLt call.
+OpStatus BuildPlan(const PlanKey& key, cublasLtHandle_t handle, const void* bias_ptr,
+                   std::shared_ptr<LinearPlan>* out) {
+  constexpr const char* kOp = "Linear";
+  auto plan = std::make_shared<LinearPlan>();
+  LtDescs& descs = plan->descs;
+  LLM_CUBLAS_OP_RETURN_IF_ERROR(kOp, cublasLtMatmulDescCreate(&descs.op, key.compute, CUDA_R_32F));
+  const int32_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+  LLM_CUBLAS_OP_RETURN_IF_ERROR(
+      kOp, cublasLtMatmulDescSetAttribute(descs.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
+                                          sizeof(trans_a)));
+  LLM_CUBLAS_OP_RETURN_IF_ERROR(
+      kOp, cublasLtMatmulDescSetAttribute(descs.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
+                                          sizeof(trans_b)));
+  if (key.has_bias) {
+    const uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    const int32_t bias_type = key.bias_type;  // bias in out's dtype (cuBLASLt's default)
+    LLM_CUBLAS_OP_RETURN_IF_ERROR(
+        kOp, cublasLtMatmulDescSetAttribute(descs.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                            sizeof(epilogue)));
+    LLM_CUBLAS_OP_RETURN_IF_ERROR(
+        kOp, cublasLtMatmulDescSetAttribute(descs.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                            &bias_type, sizeof(bias_type)));
+    LLM_CUBLAS_OP_RETURN_IF_ERROR(
+        kOp, cublasLtMatmulDescSetAttribute(descs.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr,
+                                            sizeof(bias_ptr)));
+  }
+  // A: weight as column-major [K, N]; B: x as column-major [K, T]; C = D: out as [N, T].
+  const int64_t m = key.m, n = key.n, k = key.k;
+  LLM_CUBLAS_OP_RETURN_IF_ERROR(kOp, cublasLtMatrixLayoutCreate(&descs.a, key.in_type, k, n, k));
+  LLM_CUBLAS_OP_RETURN_IF_ERROR(kOp, cublasLtMatrixLayoutCreate(&descs.b, key.in_type, k, m, k));
+  LLM_CUBLAS_OP_RETURN_IF_ERROR(kOp, cublasLtMatrixLayoutCreate(&descs.d, key.out_type, n, m, n));
+  LLM_CUBLAS_OP_RETURN_IF_ERROR(kOp, cublasLtMatmulPreferenceCreate(&descs.pref));
+  const uint64_t max_workspace = key.workspace_bytes;
+  LLM_CUBLAS_OP_RETURN_IF_ERROR(kOp, cublasLtMatmulPreferenceSetAttribute(
+                                         descs.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                         &max_workspace, sizeof(max_workspace)));
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_d},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d}};
+  for (const auto& [attr, alignment] : alignments) {
+    LLM_CUBLAS_OP_RETURN_IF_ERROR(
+        kOp, cublasLtMatmulPreferenceSetAttribute(descs.pref, attr, &alignment, sizeof(alignment)));
+  }
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int num_results = 0;
+  LLM_CUBLAS_OP_RETURN_IF_ERROR(
+      kOp, cublasLtMatmulAlgoGetHeuristic(handle, descs.op, descs.a, descs.b, descs.d, descs.d,
+                                          descs.pref, 1, &heuristic, &num_results));
+  if (num_results == 0 || heuristic.state != CUBLAS_STATUS_SUCCESS) return OpStatus::Ok();
+  // The preference is only the heuristic's input.
+  cublasLtMatmulPreferenceDestroy(descs.pref);
+  descs.pref = nullptr;
+  plan->algo = heuristic.algo;
+  *out = std::move(plan);
+  return OpStatus::Ok();
+}
 
 }  // namespace
 
@@ -108,73 +294,54 @@ OpStatus Linear(const OpContext& ctx, const TensorView& out, const TensorView& x
     return OpStatus::Ok();
   }
   cublasLtHandle_t handle = static_cast<cublasLtHandle_t>(ctx.blaslt_handle);
-  const cudaDataType_t in_type = CudaType(x.dtype), out_type = CudaType(out.dtype);
-  const cublasComputeType_t compute =
-      x.dtype == DType::kF32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
-  LtDescs descs;
-  LLM_CUBLAS_OP_RETURN_IF_ERROR(kOp, cublasLtMatmulDescCreate(&descs.op, compute, CUDA_R_32F));
-  const int32_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
-  LLM_CUBLAS_OP_RETURN_IF_ERROR(
-      kOp, cublasLtMatmulDescSetAttribute(descs.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
-                                          sizeof(trans_a)));
-  LLM_CUBLAS_OP_RETURN_IF_ERROR(
-      kOp, cublasLtMatmulDescSetAttribute(descs.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
-                                          sizeof(trans_b)));
+  const uint64_t max_workspace = ctx.blas_workspace != nullptr ? ctx.blas_workspace_bytes : 0;
+  PlanKey key{};
+  key.handle = handle;
+  key.m = m;
+  key.n = n;
+  key.k = k;
+  key.in_type = CudaType(x.dtype);
+  key.out_type = CudaType(out.dtype);
+  key.compute = x.dtype == DType::kF32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
+  key.has_bias = bias.present();
+  key.bias_type = bias.present() ? CudaType(bias.dtype) : CUDA_R_32F;
+  key.align_a = Alignment(weight.data);
+  key.align_b = Alignment(x.data);
+  key.align_d = Alignment(out.data);
+  key.workspace_bytes = max_workspace;
+  std::shared_ptr<LinearPlan> plan = Cache().Find(key);
+  if (plan == nullptr) {
+    if (OpStatus st = BuildPlan(key, handle, bias.data, &plan); !st.ok()) return st;
+    if (plan == nullptr) {
+      return cuda_internal::Error(kOp, "cuBLASLt has no algorithm for x " + x.ToString() +
+                                           ", weight " + weight.ToString() + ", out " +
+                                           out.ToString() + " within " +
+                                           std::to_string(max_workspace) + " bytes of workspace");
+    }
+    Cache().Insert(key, plan);
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  const LtDescs& descs = plan->descs;
+  // The bias pointer is the plan's one mutable part: set and enqueued under its lock (without
+  // a bias the descriptors are only read).
+  std::unique_lock<std::mutex> lock(plan->mu, std::defer_lock);
   if (bias.present()) {
-    const uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    lock.lock();
     const void* bias_ptr = bias.data;
-    const int32_t bias_type = out_type;  // bias in out's dtype (cuBLASLt's default: D's type)
-    LLM_CUBLAS_OP_RETURN_IF_ERROR(
-        kOp, cublasLtMatmulDescSetAttribute(descs.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
-                                            sizeof(epilogue)));
     LLM_CUBLAS_OP_RETURN_IF_ERROR(
         kOp, cublasLtMatmulDescSetAttribute(descs.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr,
                                             sizeof(bias_ptr)));
-    LLM_CUBLAS_OP_RETURN_IF_ERROR(
-        kOp, cublasLtMatmulDescSetAttribute(descs.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                                            &bias_type, sizeof(bias_type)));
   }
-  // A: weight as column-major [K, N]; B: x as column-major [K, T]; C = D: out as [N, T].
-  LLM_CUBLAS_OP_RETURN_IF_ERROR(kOp, cublasLtMatrixLayoutCreate(&descs.a, in_type, k, n, k));
-  LLM_CUBLAS_OP_RETURN_IF_ERROR(kOp, cublasLtMatrixLayoutCreate(&descs.b, in_type, k, m, k));
-  LLM_CUBLAS_OP_RETURN_IF_ERROR(kOp, cublasLtMatrixLayoutCreate(&descs.d, out_type, n, m, n));
-  LLM_CUBLAS_OP_RETURN_IF_ERROR(kOp, cublasLtMatmulPreferenceCreate(&descs.pref));
-  const uint64_t max_workspace = ctx.blas_workspace != nullptr ? ctx.blas_workspace_bytes : 0;
-  LLM_CUBLAS_OP_RETURN_IF_ERROR(kOp, cublasLtMatmulPreferenceSetAttribute(
-                                         descs.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                         &max_workspace, sizeof(max_workspace)));
-  const uint32_t align_a = Alignment(weight.data), align_b = Alignment(x.data);
-  const uint32_t align_d = Alignment(out.data);
-  LLM_CUBLAS_OP_RETURN_IF_ERROR(
-      kOp, cublasLtMatmulPreferenceSetAttribute(
-               descs.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a)));
-  LLM_CUBLAS_OP_RETURN_IF_ERROR(
-      kOp, cublasLtMatmulPreferenceSetAttribute(
-               descs.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b)));
-  LLM_CUBLAS_OP_RETURN_IF_ERROR(
-      kOp, cublasLtMatmulPreferenceSetAttribute(
-               descs.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof(align_d)));
-  LLM_CUBLAS_OP_RETURN_IF_ERROR(
-      kOp, cublasLtMatmulPreferenceSetAttribute(
-               descs.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof(align_d)));
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int num_results = 0;
-  LLM_CUBLAS_OP_RETURN_IF_ERROR(
-      kOp, cublasLtMatmulAlgoGetHeuristic(handle, descs.op, descs.a, descs.b, descs.d, descs.d,
-                                          descs.pref, 1, &heuristic, &num_results));
-  if (num_results == 0 || heuristic.state != CUBLAS_STATUS_SUCCESS) {
-    return cuda_internal::Error(kOp, "cuBLASLt has no algorithm for x " + x.ToString() +
-                                         ", weight " + weight.ToString() + ", out " +
-                                         out.ToString() + " within " +
-                                         std::to_string(max_workspace) + " bytes of workspace");
-  }
-  const float alpha = 1.0f, beta = 0.0f;
   // out^T[N][T] = weight^T . x^T (+ bias), column-major (see the top of this file).
   LLM_CUBLAS_OP_RETURN_IF_ERROR(
       kOp, cublasLtMatmul(handle, descs.op, &alpha, weight.data, descs.a, x.data, descs.b, &beta,
-                          out.data, descs.d, out.data, descs.d, &heuristic.algo,
+                          out.data, descs.d, out.data, descs.d, &plan->algo,
                           max_workspace > 0 ? ctx.blas_workspace : nullptr, max_workspace, s));
   return OpStatus::Ok();
 }
+
+LinearPlanStats GetLinearPlanStats() { return Cache().Stats(); }
+
+void ClearLinearPlans(void* blaslt_handle) { Cache().Clear(blaslt_handle); }
 
 }  // namespace llm::ops::cuda

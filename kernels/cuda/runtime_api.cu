@@ -8,6 +8,7 @@
 
 #include "kernels/cuda/cublas_check.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/runtime_api.h"
@@ -154,6 +155,7 @@ std::string BlasLtCreate(void** handle) {
 
 std::string BlasLtDestroy(void* handle) {
   if (handle != nullptr) {
+    ops::cuda::ClearLinearPlans(handle);  // Linear's plans keyed by this handle
     LLM_CUBLAS_RETURN_IF_ERROR(cublasLtDestroy(static_cast<cublasLtHandle_t>(handle)));
   }
   return {};

@@ -43,6 +43,7 @@ std::string Copy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch
                         size_t height, void* stream);
 
 // A cuBLAS handle on the current device bound to `stream`, and a cuBLASLt handle.
+// BlasLtDestroy first drops ops::Linear's cached plans for the handle.
 std::string BlasCreate(void* stream, void** handle);
 std::string BlasDestroy(void* handle);
 std::string BlasLtCreate(void** handle);

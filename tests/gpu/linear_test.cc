@@ -14,10 +14,14 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <cstring>
 #include <random>
+#include <thread>
 #include <tuple>
+#include <vector>
 
 #include "gmock/gmock.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace llm::ops {
@@ -42,6 +46,8 @@ class CudaLinear : public CudaTest {
     ASSERT_EQ(cudaMalloc(&workspace_, kWorkspaceBytes), cudaSuccess);
   }
   void TearDown() override {
+    // Linear's plans for the handle go first: a later handle may get its address.
+    cuda::ClearLinearPlans(handle_);
     if (handle_ != nullptr) cublasLtDestroy(handle_);
     if (workspace_ != nullptr) cudaFree(workspace_);
   }
@@ -114,7 +120,33 @@ class CudaLinear : public CudaTest {
     }
   }
 
+  // Linear on device copies of x and weight (and bias) in `dtype` (f32 or 16-bit, out the same),
+  // x starting `x_offset` elements into its buffer (a less aligned pointer); returns out as
+  // uploaded from the device.
+  HostTensor RunOnDevice(const HostTensor& x, const HostTensor& weight, const HostTensor* bias,
+                         DType dtype = kF32, int64_t x_offset = 0) {
+    const int64_t m = x.view().shape[0], k = x.view().shape[1], n = weight.view().shape[0];
+    auto in_dtype = [dtype](const HostTensor& t) {
+      return dtype == kF32 ? Clone(t) : gpu_testing::ToHalf(t, dtype);
+    };
+    HostTensor x_buf = in_dtype(Random({m * k + x_offset}, rng_));
+    const size_t esize = DTypeSize(dtype);
+    std::memcpy(static_cast<char*>(x_buf.view().data) + x_offset * esize, in_dtype(x).view().data,
+                m * k * esize);
+    DeviceTensor d_x(x_buf), d_w(in_dtype(weight)), d_out(in_dtype(Poisoned({m, n})));
+    DeviceTensor d_b = bias != nullptr ? DeviceTensor(in_dtype(*bias)) : DeviceTensor();
+    d_out.Poison();
+    const TensorView vx = TensorView::Contiguous(
+        static_cast<char*>(d_x.view().data) + x_offset * esize, dtype, {m, k}, d_x.view().device);
+    const OpStatus s = Linear(Context(), d_out.view(), vx, d_w.view(),
+                              bias != nullptr ? d_b.view() : TensorView());
+    EXPECT_TRUE(s.ok()) << s.message;
+    EXPECT_EQ(Sync(), "");
+    return d_out.Download();
+  }
+
   static constexpr size_t kWorkspaceBytes = size_t{4} << 20;
+  std::mt19937 rng_{811};
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
 };
@@ -263,6 +295,118 @@ TEST_F(CudaLinear, UnalignedViews) {
   HostTensor got(kF32, {m, n});
   std::copy(got_all.data<float>() + 1, got_all.data<float>() + 1 + m * n, got.data<float>());
   EXPECT_TRUE(Close(got, want, 1e-6 * k, 1e-5));
+}
+
+// The change in the process-wide plan counters since `before`.
+cuda::LinearPlanStats Since(const cuda::LinearPlanStats& before) {
+  const cuda::LinearPlanStats now = cuda::GetLinearPlanStats();
+  return {now.plans - before.plans, now.hits - before.hits, now.misses - before.misses};
+}
+
+MATCHER_P3(Counts, plans, hits, misses, "") {
+  *result_listener << "plans " << arg.plans << ", hits " << arg.hits << ", misses " << arg.misses;
+  return arg.plans == plans && arg.hits == hits && arg.misses == misses;
+}
+
+// Linear plans each shape once: the first call of a (handle, m, n, k, dtypes, bias, alignments,
+// workspace) key builds the descriptors and asks the heuristic (a miss), later calls reuse them
+// (hits) and give the same bytes; any other m, n, k, dtype, bias or alignment is a new plan. The
+// bias pointer is per call: two biases through one plan each give their own output.
+TEST_F(CudaLinear, PlansAreCachedPerShape) {
+  std::mt19937 rng(812);
+  const int64_t m = 7, k = 33, n = 20;
+  HostTensor x = Random({m, k}, rng), w = Random({n, k}, rng);
+  HostTensor b1 = Random({n}, rng), b2 = Random({n}, rng);
+  cuda::LinearPlanStats before = cuda::GetLinearPlanStats();
+  const HostTensor first = RunOnDevice(x, w, nullptr);
+  EXPECT_THAT(Since(before), Counts(1, 0, 1));
+  before = cuda::GetLinearPlanStats();
+  const HostTensor again = RunOnDevice(x, w, nullptr);
+  EXPECT_THAT(Since(before), Counts(0, 1, 0));
+  EXPECT_TRUE(gpu_testing::BitEqual(again, first));
+  HostTensor want = Poisoned({m, n});
+  ASSERT_TRUE(Linear({}, want.view(), x.view(), w.view(), TensorView()).ok());
+  EXPECT_TRUE(Close(again, want, 1e-6 * k, 1e-5));
+
+  // A bias: a new plan, then a hit with another bias tensor, whose values it must add.
+  before = cuda::GetLinearPlanStats();
+  const HostTensor with_b1 = RunOnDevice(x, w, &b1);
+  EXPECT_THAT(Since(before), Counts(1, 0, 1));
+  before = cuda::GetLinearPlanStats();
+  const HostTensor with_b2 = RunOnDevice(x, w, &b2);
+  EXPECT_THAT(Since(before), Counts(0, 1, 0));
+  for (const auto& [bias, got] : {std::pair{&b1, &with_b1}, std::pair{&b2, &with_b2}}) {
+    ASSERT_TRUE(Linear({}, want.view(), x.view(), w.view(), bias->view()).ok());
+    EXPECT_TRUE(Close(*got, want, 1e-6 * k, 1e-5));
+  }
+
+  // Each of m, n, k, the dtype and x's alignment: a miss, then a hit.
+  HostTensor x_m = Random({m + 1, k}, rng), w_n = Random({n + 1, k}, rng);
+  HostTensor x_k = Random({m, k + 1}, rng), w_k = Random({n, k + 1}, rng);
+  struct Variant {
+    const char* what;
+    const HostTensor *x, *w;
+    DType dtype;
+    int64_t x_offset;
+  };
+  for (const Variant& v :
+       {Variant{"m", &x_m, &w, kF32, 0}, Variant{"n", &x, &w_n, kF32, 0},
+        Variant{"k", &x_k, &w_k, kF32, 0}, Variant{"dtype", &x, &w, DType::kBF16, 0},
+        Variant{"alignment", &x, &w, kF32, 1}}) {
+    SCOPED_TRACE(v.what);
+    before = cuda::GetLinearPlanStats();
+    const HostTensor a = RunOnDevice(*v.x, *v.w, nullptr, v.dtype, v.x_offset);
+    EXPECT_THAT(Since(before), Counts(1, 0, 1));
+    before = cuda::GetLinearPlanStats();
+    const HostTensor b = RunOnDevice(*v.x, *v.w, nullptr, v.dtype, v.x_offset);
+    EXPECT_THAT(Since(before), Counts(0, 1, 0));
+    EXPECT_TRUE(gpu_testing::BitEqual(b, a));
+  }
+
+  // The handle's plans go with ClearLinearPlans (as before cublasLtDestroy).
+  before = cuda::GetLinearPlanStats();
+  cuda::ClearLinearPlans(handle_);
+  EXPECT_EQ(Since(before).plans, -7);
+  before = cuda::GetLinearPlanStats();
+  RunOnDevice(x, w, nullptr);
+  EXPECT_THAT(Since(before), Counts(1, 0, 1));
+}
+
+// Threads sharing a handle and a plan (as emulated ranks do), each with its own bias: every
+// output has its own thread's bias.
+TEST_F(CudaLinear, ThreadsSharingAPlanKeepTheirBias) {
+  std::mt19937 rng(813);
+  const int64_t m = 3, k = 16, n = 8;
+  HostTensor x = SmallIntegers({m, k}, rng), w = SmallIntegers({n, k}, rng);
+  constexpr int kThreads = 4;
+  std::vector<HostTensor> biases, wants;
+  std::vector<DeviceTensor> d_biases, d_outs;
+  for (int i = 0; i < kThreads; ++i) {
+    biases.push_back(SmallIntegers({n}, rng));
+    wants.push_back(Poisoned({m, n}));
+    ASSERT_TRUE(Linear({}, wants[i].view(), x.view(), w.view(), biases[i].view()).ok());
+    d_biases.emplace_back(biases[i]);
+    d_outs.emplace_back(wants[i]);
+  }
+  DeviceTensor d_x(x), d_w(w);
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(kThreads);
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      if (cudaSetDevice(0) != cudaSuccess) errors[i] = "cudaSetDevice";
+      for (int r = 0; r < 20 && errors[i].empty(); ++r) {
+        const OpStatus s =
+            Linear(Context(), d_outs[i].view(), d_x.view(), d_w.view(), d_biases[i].view());
+        if (!s.ok()) errors[i] = s.message;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  ASSERT_EQ(Sync(), "");
+  for (int i = 0; i < kThreads; ++i) {
+    EXPECT_EQ(errors[i], "") << "thread " << i;
+    EXPECT_TRUE(Close(d_outs[i].Download(), wants[i], 0.0, 0.0)) << "thread " << i;
+  }
 }
 
 // Runs without a device: the handle is checked before any CUDA call.
