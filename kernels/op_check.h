@@ -20,6 +20,19 @@ inline constexpr int64_t kAny = -1;
 OpStatus CheckArg(const char* op, const char* arg, const TensorView& t,
                   std::initializer_list<DType> dtypes, std::initializer_list<int64_t> dims);
 
+// CheckArg for a [T, H, D] view that may be token-strided (kernels/ops.h): strides
+// [token_stride, D, 1] with token_stride >= H * D (a dim of size 1 may have any stride). The
+// backends index token t's heads at data + t * strides[0].
+OpStatus CheckTokenStridedArg(const char* op, const char* arg, const TensorView& t,
+                              std::initializer_list<DType> dtypes,
+                              std::initializer_list<int64_t> dims);
+
+// The elements between token t's and token t + 1's heads in a view CheckTokenStridedArg
+// accepted: strides[0], or H * D when there is at most one token (whose stride may be anything).
+inline int64_t TokenStride(const TensorView& t) {
+  return t.shape[0] <= 1 ? t.shape[1] * t.shape[2] : t.strides[0];
+}
+
 // Every present tensor of `args` is on the device of the first one, which is returned in
 // *device.
 struct NamedView {

@@ -1,4 +1,4 @@
-// The op dispatchers: check every argument's rank, shape, dtype, contiguity and device, then
+// The op dispatchers: check every argument's rank, shape, dtype, layout and device, then
 // run the backend of the tensors' device: kernels/cpu for cpu tensors, kernels/cuda for cuda
 // tensors when the build has the CUDA backend (LLM_WITH_CUDA), else an error.
 #include "kernels/ops.h"
@@ -20,6 +20,7 @@ namespace llm::ops {
 
 using internal::CheckArg;
 using internal::CheckSameDevice;
+using internal::CheckTokenStridedArg;
 using internal::Error;
 using internal::kAny;
 using internal::NoBackend;
@@ -41,8 +42,8 @@ constexpr DType kBF16 = DType::kBF16;
 // KV caches may be f16 or bf16 on cuda; the CPU backend (the fp32 reference) takes f32 only.
 OpStatus CheckCpuCache(const char* op, const char* arg, const TensorView& cache) {
   if (cache.dtype == kF32 || cache.dtype == kBF16) return OpStatus::Ok();
-  return Error(op, std::string(arg) + ": the CPU backend takes f32 or bf16 caches, got " +
-                       cache.ToString());
+  return Error(
+      op, std::string(arg) + ": the CPU backend takes f32 or bf16 caches, got " + cache.ToString());
 }
 
 // Activations may be f32, bf16 or f16 on cuda; the CPU backend takes f32 only. Checked once
@@ -173,9 +174,10 @@ OpStatus RotaryEmbedding(const OpContext& ctx, const TensorView& positions, cons
   LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "positions", positions, {kI32, kI64}, {kAny}));
   const int64_t num_tokens = positions.shape[0];
   LLM_OPS_RETURN_IF_ERROR(
-      CheckArg(kOp, "query", query, {kF32, kBF16, kF16}, {num_tokens, kAny, kAny}));
+      CheckTokenStridedArg(kOp, "query", query, {kF32, kBF16, kF16}, {num_tokens, kAny, kAny}));
   const int64_t head_size = query.shape[2];
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "key", key, {query.dtype}, {num_tokens, kAny, head_size}));
+  LLM_OPS_RETURN_IF_ERROR(
+      CheckTokenStridedArg(kOp, "key", key, {query.dtype}, {num_tokens, kAny, head_size}));
   const int64_t rotary_dim = config.rotary_dim == 0 ? head_size : config.rotary_dim;
   if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > head_size) {
     return Error(kOp, "rotary_dim must be even, > 0 and <= head size " + std::to_string(head_size) +
@@ -235,9 +237,10 @@ OpStatus RotaryEmbeddingCached(const OpContext& ctx, const TensorView& positions
   LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "positions", positions, {kI32, kI64}, {kAny}));
   const int64_t num_tokens = positions.shape[0];
   LLM_OPS_RETURN_IF_ERROR(
-      CheckArg(kOp, "query", query, {kF32, kBF16, kF16}, {num_tokens, kAny, kAny}));
+      CheckTokenStridedArg(kOp, "query", query, {kF32, kBF16, kF16}, {num_tokens, kAny, kAny}));
   const int64_t head_size = query.shape[2];
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "key", key, {query.dtype}, {num_tokens, kAny, head_size}));
+  LLM_OPS_RETURN_IF_ERROR(
+      CheckTokenStridedArg(kOp, "key", key, {query.dtype}, {num_tokens, kAny, head_size}));
   LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "cos_sin_cache", cos_sin_cache, {kF32}, {kAny, kAny}));
   const int64_t rotary_dim = cos_sin_cache.shape[1];
   if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > head_size) {
@@ -318,10 +321,10 @@ OpStatus ReshapeAndCache(const OpContext& ctx, const TensorView& key, const Tens
   const int64_t num_kv_heads = key_cache.shape[2], head_size = key_cache.shape[3];
   LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "value_cache", value_cache, {key_cache.dtype},
                                    {num_blocks, block_size, num_kv_heads, head_size}));
-  LLM_OPS_RETURN_IF_ERROR(
-      CheckArg(kOp, "key", key, {kF32, kBF16, kF16}, {num_tokens, num_kv_heads, head_size}));
-  LLM_OPS_RETURN_IF_ERROR(
-      CheckArg(kOp, "value", value, {key.dtype}, {num_tokens, num_kv_heads, head_size}));
+  LLM_OPS_RETURN_IF_ERROR(CheckTokenStridedArg(kOp, "key", key, {kF32, kBF16, kF16},
+                                               {num_tokens, num_kv_heads, head_size}));
+  LLM_OPS_RETURN_IF_ERROR(CheckTokenStridedArg(kOp, "value", value, {key.dtype},
+                                               {num_tokens, num_kv_heads, head_size}));
   TensorDevice device;
   LLM_OPS_RETURN_IF_ERROR(CheckSameDevice(kOp,
                                           {{"key", &key},
@@ -345,7 +348,8 @@ OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const Tenso
                         const AttentionMetadata& metadata, float scale) {
   constexpr const char* kOp = "PagedAttention";
   // f32 query and out with f32, f16 or bf16 caches, or everything bf16 or everything f16.
-  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "query", query, {kF32, kF16, kBF16}, {kAny, kAny, kAny}));
+  LLM_OPS_RETURN_IF_ERROR(
+      CheckTokenStridedArg(kOp, "query", query, {kF32, kF16, kBF16}, {kAny, kAny, kAny}));
   const int64_t num_tokens = query.shape[0], num_heads = query.shape[1];
   const int64_t head_size = query.shape[2];
   LLM_OPS_RETURN_IF_ERROR(

@@ -26,6 +26,15 @@
 //                        block_tables[s][p / block_size], slot p % block_size; a "slot"
 //                        (slot_mapping) is block_id * block_size + slot_in_block.
 //
+// Token-strided q, k and v. Every tensor is contiguous, except that the query, key and value
+// of RotaryEmbedding, RotaryEmbeddingCached, ReshapeAndCache and PagedAttention (its query, not
+// its out) may be token-strided views: [T, heads, D] with strides [token_stride, D, 1],
+// token_stride >= heads * D, i.e. each token's heads contiguous but tokens further apart. The
+// model passes views into the fused qkv projection's output, whose row t is [q | k | v]:
+//   q[t][h][d] = qkv[t][h * D + d],  k[t][h][d] = qkv[t][(Hq + h) * D + d],
+//   v[t][h][d] = qkv[t][(Hq + Hkv + h) * D + d],  token_stride = (Hq + 2 Hkv) * D,
+// so that no copy splits them. Any other layout is an error naming the argument and its strides.
+//
 // Thread-safety: ops keep no state; concurrent calls on disjoint outputs are safe.
 #ifndef LLM_KERNELS_OPS_H_
 #define LLM_KERNELS_OPS_H_
@@ -115,7 +124,8 @@ OpStatus ComputeRopeInvFreq(const RopeConfig& config, std::span<double> inv_freq
 // with r = rotary_dim, half = r / 2, a = positions[t] * inv_freq[i], for i < half:
 //   x'[i]        = x[i] * cos(a) - x[i + half] * sin(a)
 //   x'[i + half] = x[i + half] * cos(a) + x[i] * sin(a)
-// and dims >= r unchanged. positions: index [T]; query [T, Hq, D]; key [T, Hkv, D];
+// and dims >= r unchanged. positions: index [T]; query [T, Hq, D]; key [T, Hkv, D] (both may be
+// token-strided, see the top; the elements between their rows are untouched);
 // rotary_dim even and <= D; query and key the same dtype. Angles are computed in double per
 // call (see RotaryEmbeddingCached for the table lookup the model runner uses).
 OpStatus RotaryEmbedding(const OpContext& ctx, const TensorView& positions, const TensorView& query,
@@ -133,8 +143,9 @@ OpStatus ComputeRopeCosSinCache(const RopeConfig& config, int64_t max_position,
 // from ComputeRopeCosSinCache, on the tensors' device) instead of computed: the rotation
 // above with cos(a) = cache[positions[t]][i], sin(a) = cache[positions[t]][half + i].
 // rotary_dim is the cache's second dim (even, <= D). positions: index [T]; query [T, Hq, D];
-// key [T, Hkv, D], the same dtype. A position outside [0, max_position) is an error on cpu and
-// a NaN row (every head of query and key of that token) on cuda.
+// key [T, Hkv, D], the same dtype, either may be token-strided (as in RotaryEmbedding). A position
+// outside [0, max_position) is an error on cpu and a NaN row (every head of query and key of that
+// token) on cuda.
 OpStatus RotaryEmbeddingCached(const OpContext& ctx, const TensorView& positions,
                                const TensorView& query, const TensorView& key,
                                const TensorView& cos_sin_cache);
@@ -157,7 +168,8 @@ OpStatus Linear(const OpContext& ctx, const TensorView& out, const TensorView& x
 // Writes this step's keys and values into the cache:
 //   key_cache[slot / block_size][slot % block_size][h][d] = key[t][h][d], slot = slot_mapping[t]
 // (the same for value). A slot of -1 is padding and is skipped; any other slot outside
-// [0, num_blocks * block_size) is an error. key, value [T, Hkv, D]; key_cache, value_cache
+// [0, num_blocks * block_size) is an error. key, value [T, Hkv, D] (either may be
+// token-strided, see the top); key_cache, value_cache
 // [num_blocks, block_size, Hkv, D]; slot_mapping: index [T]. key and value the same dtype
 // (f32, bf16 or f16), the caches the same dtype as each other (f32, bf16 or f16), converted
 // with round to nearest even (on cpu: all f32).
@@ -191,7 +203,8 @@ struct AttentionMetadata {
 // (causal inside the chunk, everything cached before it). Query head h reads kv head
 // h / (Hq / Hkv) (GQA; MQA when Hkv = 1; Hq % Hkv == 0):
 //   out[t][h] = sum_{k<=p} softmax_k(scale * q[t][h] . K[k][kvh]) V[k][kvh]
-// query, out [T, Hq, D]; key_cache, value_cache [num_blocks, block_size, Hkv, D].
+// query, out [T, Hq, D] (query may be token-strided, see the top; out is contiguous);
+// key_cache, value_cache [num_blocks, block_size, Hkv, D].
 // Dtypes: f32 query and out with f32 caches (and on cuda f16 or bf16 caches, read into fp32);
 // on cuda also the 16-bit path: query, out and both caches all bf16 or all f16 (fp32
 // accumulation, the output rounded to nearest), head sizes 64 and 128.

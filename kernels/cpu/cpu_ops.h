@@ -1,5 +1,5 @@
 // The CPU backend: one function per op of kernels/ops.h, one file each (kernels/cpu/<op>.cc).
-// kernels/ops.cc has already checked ranks, shapes, dtypes, contiguity and devices; these
+// kernels/ops.cc has already checked ranks, shapes, dtypes, layouts and devices; these
 // check what only the data can tell (token ids, slots, block ids, lengths) and return an
 // error naming the bad value instead of reading or writing out of bounds.
 //

@@ -137,6 +137,7 @@ OpStatus Reference(const TensorView& out, const TensorView& query, const TensorV
   const T* vc = value_cache.data_as<const T>();
   const int64_t slot_stride = num_kv_heads * head_size;   // cache[b][i][h][d]: one slot
   const int64_t block_stride = block_size * slot_stride;  // one block
+  const int64_t q_stride = internal::TokenStride(query);  // q[t][h][d]: one query row
 
   // Per query head of one kv head's group: scores of one block, running max and sum, and
   // the unnormalized output.
@@ -151,7 +152,7 @@ OpStatus Reference(const TensorView& out, const TensorView& query, const TensorV
       const int64_t num_keys = seq_lens[s] - q_len + j + 1;  // positions 0 .. p
       for (int64_t kvh = 0; kvh < num_kv_heads; ++kvh) {
         // q[t][kvh * group + g][:] for the group's query heads, which share every key and value.
-        const float* q = query.data_as<const float>() + (t * num_heads + kvh * group) * head_size;
+        const float* q = query.data_as<const float>() + t * q_stride + kvh * group * head_size;
         float q_scale = scale;  // bf16 caches: the scaled query rounded to bf16 instead
         if constexpr (std::is_same_v<T, uint16_t>) {
           for (int64_t i = 0; i < group * head_size; ++i) {
@@ -251,7 +252,8 @@ struct Split {
 };
 
 struct Problem {
-  const float* query;
+  const float* query;    // q[t][h][d] at query + t * query_stride + h * head_size + d
+  int64_t query_stride;  // floats between query rows (token-strided views: wider than Hq * D)
   float* out;
   const void* key_cache;  // f32 or bf16 (the item functions' T)
   const void* value_cache;
@@ -264,6 +266,11 @@ struct Problem {
   float* partials;  // split decode: per partial and its item's H = kv_count * group heads,
                     // m[H], l[H], o[H][head_size] (PartialFloats apart)
 };
+
+// Query head `head` of query row `token` (the group's heads follow it).
+inline const float* QueryRow(const Problem& pb, int64_t token, int64_t head) {
+  return pb.query + token * pb.query_stride + head * pb.head_size;
+}
 
 // One work item's geometry.
 struct ItemView {
@@ -317,7 +324,7 @@ void LoadQueries(const Problem& pb, const ItemView& v, int64_t kv_head, int64_t 
   const int64_t dim = pb.head_size;
   std::fill(qt, qt + dim * stride, 0.0f);
   for (int64_t j = 0; j < v.num_queries; ++j) {
-    const float* q = pb.query + ((v.first_token + j) * pb.num_heads + kv_head * pb.group) * dim;
+    const float* q = QueryRow(pb, v.first_token + j, kv_head * pb.group);
     for (int64_t g = 0; g < pb.group; ++g) {
       const int64_t r = j * pb.group + g;
       for (int64_t d = 0; d < dim; ++d) {
@@ -706,7 +713,7 @@ LLM_AVX512 void RunRowAvx512(const Problem& pb, const WorkItem& it) {
   float* l = m + heads;
   float* o = l + heads;
   float* p = o + heads * dim;
-  const float* src = pb.query + (v.first_token * pb.num_heads + it.kv_head * group) * dim;
+  const float* src = QueryRow(pb, v.first_token, it.kv_head * group);
   const __m512 scale = _mm512_set1_ps(pb.scale);
   for (int64_t c = 0; c < heads * dim; c += 16) {
     _mm512_storeu_ps(q + c, _mm512_mul_ps(_mm512_loadu_ps(src + c), scale));
@@ -850,7 +857,7 @@ LLM_AVX512_BF16 void RunRowBf16(const Problem& pb, const WorkItem& it) {
   float* m = ThreadScratch(2 * heads + heads * dim);
   float* l = m + heads;
   float* o = l + heads;
-  const float* src = pb.query + (v.first_token * pb.num_heads + it.kv_head * group) * dim;
+  const float* src = QueryRow(pb, v.first_token, it.kv_head * group);
   const __m512 scale = _mm512_set1_ps(pb.scale);
   for (int64_t c = 0; c < heads * dim; c += 16) {
     const __m256bh qb = _mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(src + c), scale));
@@ -909,7 +916,7 @@ LLM_AVX512_BF16 void RunItemBf16(const Problem& pb, const WorkItem& it) {
   uint32_t* w = qt + dim / 2 * stride;  // w[j * stride + r]: row r's weights of keys 2j, 2j + 1
   std::fill(qt, qt + dim / 2 * stride, 0u);
   for (int64_t j = 0; j < v.num_queries; ++j) {
-    const float* q = pb.query + ((v.first_token + j) * pb.num_heads + it.kv_head * pb.group) * dim;
+    const float* q = QueryRow(pb, v.first_token + j, it.kv_head * pb.group);
     for (int64_t g = 0; g < pb.group; ++g) {
       const int64_t r = j * pb.group + g;
       for (int64_t d = 0; d < dim; d += 2) {
@@ -1025,6 +1032,7 @@ OpStatus RunTiled(const TensorView& out, const TensorView& query, const TensorVi
   pb.group = pb.num_heads / pb.num_kv_heads;
   pb.max_blocks = metadata.block_tables.shape[1];
   pb.query = query.data_as<const float>();
+  pb.query_stride = internal::TokenStride(query);
   pb.out = out.data_as<float>();
   pb.key_cache = key_cache.data;
   pb.value_cache = value_cache.data;

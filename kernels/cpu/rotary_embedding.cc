@@ -1,4 +1,5 @@
-// Rotary position embedding (NeoX style: rotate halves) on the CPU, in place on q and k.
+// Rotary position embedding (NeoX style: rotate halves) on the CPU, in place on q and k, which
+// may be token-strided: token t's heads start at data + t * TokenStride.
 #include <cmath>
 #include <string>
 #include <vector>
@@ -30,6 +31,7 @@ OpStatus RotaryEmbedding(const TensorView& positions, const TensorView& query,
   const int64_t num_tokens = positions.shape[0];
   const int64_t num_heads = query.shape[1], num_kv_heads = key.shape[1];
   const int64_t head_size = query.shape[2];
+  const int64_t q_stride = internal::TokenStride(query), k_stride = internal::TokenStride(key);
   const int64_t half = rotary_dim / 2;
   std::vector<float> cos(half), sin(half);
   for (int64_t t = 0; t < num_tokens; ++t) {
@@ -40,10 +42,10 @@ OpStatus RotaryEmbedding(const TensorView& positions, const TensorView& query,
       sin[i] = static_cast<float>(std::sin(angle));
     }
     // q[t][h][d], k[t][h][d]
-    RotateHeads(query.data_as<float>() + t * num_heads * head_size, num_heads, head_size, half,
-                cos.data(), sin.data());
-    RotateHeads(key.data_as<float>() + t * num_kv_heads * head_size, num_kv_heads, head_size, half,
-                cos.data(), sin.data());
+    RotateHeads(query.data_as<float>() + t * q_stride, num_heads, head_size, half, cos.data(),
+                sin.data());
+    RotateHeads(key.data_as<float>() + t * k_stride, num_kv_heads, head_size, half, cos.data(),
+                sin.data());
   }
   return OpStatus::Ok();
 }
@@ -53,6 +55,7 @@ OpStatus RotaryEmbeddingCached(const TensorView& positions, const TensorView& qu
   const int64_t num_tokens = positions.shape[0];
   const int64_t num_heads = query.shape[1], num_kv_heads = key.shape[1];
   const int64_t head_size = query.shape[2];
+  const int64_t q_stride = internal::TokenStride(query), k_stride = internal::TokenStride(key);
   const int64_t max_position = cos_sin_cache.shape[0], rotary_dim = cos_sin_cache.shape[1];
   const int64_t half = rotary_dim / 2;
   for (int64_t t = 0; t < num_tokens; ++t) {
@@ -68,10 +71,9 @@ OpStatus RotaryEmbeddingCached(const TensorView& positions, const TensorView& qu
     // cache[pos][0 .. half-1] = cos, cache[pos][half .. rotary_dim-1] = sin
     const float* row =
         cos_sin_cache.data_as<const float>() + internal::IndexAt(positions, t) * rotary_dim;
-    RotateHeads(query.data_as<float>() + t * num_heads * head_size, num_heads, head_size, half, row,
+    RotateHeads(query.data_as<float>() + t * q_stride, num_heads, head_size, half, row, row + half);
+    RotateHeads(key.data_as<float>() + t * k_stride, num_kv_heads, head_size, half, row,
                 row + half);
-    RotateHeads(key.data_as<float>() + t * num_kv_heads * head_size, num_kv_heads, head_size, half,
-                row, row + half);
   }
   return OpStatus::Ok();
 }

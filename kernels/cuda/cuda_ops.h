@@ -1,6 +1,6 @@
 // The CUDA backend: one launcher per op of kernels/ops.h, one file each
 // (kernels/cuda/<op>.cu: the kernels first, then the launcher). kernels/ops.cc has already
-// checked ranks, shapes, dtypes, contiguity and devices; the launchers check what the kernels
+// checked ranks, shapes, dtypes, layouts and devices; the launchers check what the kernels
 // need beyond that (supported head sizes, sizes that fit a grid) and every CUDA call, and
 // return an error naming the op, the file and the line.
 //

@@ -43,7 +43,8 @@
 // sums are f32 and the output is rounded to QT once. Head sizes 16, 32, 64 and 128: below 32
 // lanes l >= kHeadSize of each warp hold no dim and add 0 to every warp sum. Bad metadata (a block
 // id outside the cache, a context longer than the block table or than max_seq_len's partitions,
-// q_len > seq_len) gives NaN rows; nothing outside the tensors is read.
+// q_len > seq_len) gives NaN rows; nothing outside the tensors is read. The query may be
+// token-strided (kernels/ops.h): row t's heads start at query + t * q_stride, in every path.
 #include <cmath>
 #include <string>
 
@@ -52,6 +53,7 @@
 #include "kernels/cuda/paged_attention_decode.h"
 #include "kernels/cuda/paged_attention_prefill.h"
 #include "kernels/cuda/paged_attention_simt.h"
+#include "kernels/op_check.h"
 
 namespace llm::ops::cuda {
 namespace {
@@ -65,7 +67,8 @@ struct Params {
   float* tmp_out;                  // v2: [T, Hq, max_partitions, D]
   float* max_logits;               // v2: [T, Hq, max_partitions]
   float* exp_sums;                 // v2: [T, Hq, max_partitions]
-  const void* query;               // [T, Hq, D]: QT
+  const void* query;               // [T, Hq, D]: QT, q[t][h][d] at t * q_stride + h * D + d
+  int64_t q_stride;                // elements between query rows (token-strided: >= Hq * D)
   const void* key_cache;           // [num_blocks, block_size, Hkv, D]: f32, f16 or bf16
   const void* value_cache;         // the same
   const int32_t* block_tables;     // [S, max_blocks]
@@ -173,7 +176,7 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionKernel(Params p) {
 
   const int kvh = h / (p.num_heads / p.num_kv_heads);
   const int32_t* table = p.block_tables + static_cast<int64_t>(row.seq) * p.max_blocks;
-  const QT* q_ptr = static_cast<const QT*>(p.query) + head_row * kHeadSize;  // q[t][h][:]
+  const QT* q_ptr = static_cast<const QT*>(p.query) + t * p.q_stride + h * kHeadSize;  // q[t][h]
   float q[kPerLane];
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
@@ -341,10 +344,10 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(Params p) {
   }
   const int kvh = h / (p.num_heads / p.num_kv_heads);
   const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks;
-  const QT* q = static_cast<const QT*>(p.query) + ((begin + j0) * p.num_heads + h) * kHeadSize;
+  const QT* q = static_cast<const QT*>(p.query) + (begin + j0) * p.q_stride + h * kHeadSize;
   for (int e = threadIdx.x; e < kTileQ * kHeadSize; e += kThreads) {
     const int r = e / kHeadSize, d = e % kHeadSize;
-    q_s[r][d] = r < rows ? cuda_internal::ToFloat(q[r * out_row + d]) * p.scale : 0.0f;
+    q_s[r][d] = r < rows ? cuda_internal::ToFloat(q[r * p.q_stride + d]) * p.scale : 0.0f;
   }
   if (threadIdx.x < kTileQ) {
     m_s[threadIdx.x] = -INFINITY;
@@ -518,6 +521,12 @@ OpStatus PagedAttention16(const OpContext& ctx, const TensorView& out, const Ten
                                   "16-bit tensors must be 16-byte aligned, got " + t->ToString());
     }
   }
+  if (internal::TokenStride(query) * DTypeSize(query.dtype) % 16 != 0) {
+    return cuda_internal::Error(kOp,
+                                "16-bit query rows must be 16-byte aligned, got a token "
+                                "stride of " +
+                                    std::to_string(internal::TokenStride(query)) + " elements");
+  }
   const int64_t num_tokens = query.shape[0], num_seqs = metadata.seq_lens.shape[0];
   int device = 0, num_sms = 0;
   LLM_CUDA_OP_RETURN_IF_ERROR(kOp, cudaGetDevice(&device));
@@ -600,6 +609,7 @@ OpStatus PagedAttentionSimt(const OpContext& ctx, const TensorView& out, const T
   Params params{};
   params.out = out.data;
   params.query = query.data;
+  params.q_stride = internal::TokenStride(query);
   params.key_cache = key_cache.data;
   params.value_cache = value_cache.data;
   params.block_tables = metadata.block_tables.data_as<const int32_t>();
@@ -639,9 +649,9 @@ OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const Tenso
   for (const TensorView* t : {&out, &query, &key_cache, &value_cache}) {
     aligned = aligned && reinterpret_cast<uintptr_t>(t->data) % 16 == 0;
   }
+  aligned = aligned && internal::TokenStride(query) * DTypeSize(query.dtype) % 16 == 0;
   if (query.dtype != DType::kF32 && key_cache.dtype == query.dtype &&
-      (head_size == 64 || head_size == 128) && version == PagedAttentionVersion::kAuto &&
-      aligned) {
+      (head_size == 64 || head_size == 128) && version == PagedAttentionVersion::kAuto && aligned) {
     constexpr const char* kOp = "PagedAttention";
     if (OpStatus st = cuda_internal::StartOp(kOp, query.device); !st.ok()) return st;
     const int64_t num_tokens = query.shape[0], num_seqs = metadata.seq_lens.shape[0];

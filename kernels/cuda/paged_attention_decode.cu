@@ -41,6 +41,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/cuda/paged_attention_decode.h"
+#include "kernels/op_check.h"
 
 namespace llm::ops::cuda {
 namespace {
@@ -53,7 +54,8 @@ using Pack16 = cuda_internal::Vec16;
 
 struct DecodeParams {
   void* out;                       // [T, Hq, D], 16-bit
-  const void* query;               // [T, Hq, D], 16-bit
+  const void* query;               // [T, Hq, D], 16-bit, rows q_stride apart
+  int64_t q_stride;                // elements between query rows (a multiple of 8)
   const void* key_cache;           // [num_blocks, block_size, Hkv, D], 16-bit
   const void* value_cache;         // the same
   const int32_t* block_tables;     // [S, max_blocks]
@@ -285,7 +287,7 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(DecodeParams p
 
   // This lane's query slices, pre-scaled into the log2 domain; heads past `heads` are 0.
   float q[kGroup][kVec];
-  const T* query = static_cast<const T*>(p.query) + (t * p.num_heads + head0) * kHeadSize;
+  const T* query = static_cast<const T*>(p.query) + t * p.q_stride + head0 * kHeadSize;
 #pragma unroll
   for (int h = 0; h < kGroup; ++h) {
     Pack16 raw{};
@@ -469,6 +471,7 @@ OpStatus DecodeAttention(const OpContext& ctx, const TensorView& out, const Tens
   DecodeParams params{};
   params.out = out.data;
   params.query = query.data;
+  params.q_stride = internal::TokenStride(query);
   params.key_cache = key_cache.data;
   params.value_cache = value_cache.data;
   params.block_tables = metadata.block_tables.data_as<const int32_t>();

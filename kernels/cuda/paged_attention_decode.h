@@ -14,7 +14,8 @@
 namespace llm::ops::cuda {
 
 // Writes out[t] for the row t of every sequence with q_len == 1 and leaves the other rows
-// untouched. query, out, key_cache, value_cache: all bf16 or all f16, 16-byte aligned; head
+// untouched. query, out, key_cache, value_cache: all bf16 or all f16, 16-byte aligned (the
+// query may be token-strided, its token stride a multiple of 16 bytes); head
 // sizes 64 and 128; `plan` from PlanDecode for this batch, whose partials (num_splits > 1) go
 // to ctx.workspace (an error when it is smaller than plan.workspace_bytes). Enqueued on
 // ctx.stream. The arguments have been checked by ops::PagedAttention.

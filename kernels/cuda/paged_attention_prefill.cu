@@ -40,6 +40,7 @@
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/paged_attention_prefill.h"
+#include "kernels/op_check.h"
 
 namespace llm::ops::cuda {
 namespace {
@@ -57,7 +58,8 @@ using cuda_internal::Vec16;
 
 struct Params {
   void* out;                       // [T, Hq, D], T
-  const void* query;               // [T, Hq, D], T
+  const void* query;               // [T, Hq, D], T, rows q_stride apart
+  int64_t q_stride;                // elements between query rows (even)
   const void* key_cache;           // [num_blocks, block_size, Hkv, D], T
   const void* value_cache;         // the same
   const int32_t* block_tables;     // [S, max_blocks]
@@ -218,7 +220,7 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionMmaKernel(const Para
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int r = wrow0 + g + 8 * (i & 1), d = 16 * kk + 2 * tq + 8 * (i >> 1);
-        qa[kk][i] = r < rows ? q32[(((first_row + r) * p.num_heads + h) * kHeadSize + d) / 2] : 0u;
+        qa[kk][i] = r < rows ? q32[((first_row + r) * p.q_stride + h * kHeadSize + d) / 2] : 0u;
       }
     }
   }
@@ -437,6 +439,7 @@ OpStatus PrefillAttentionMma(const OpContext& ctx, const TensorView& out, const 
   Params params{};
   params.out = out.data;
   params.query = query.data;
+  params.q_stride = internal::TokenStride(query);
   params.key_cache = key_cache.data;
   params.value_cache = value_cache.data;
   params.block_tables = metadata.block_tables.data_as<const int32_t>();

@@ -2,8 +2,11 @@
 // bf16, converted through fp32 and rounded to nearest even) on CUDA. One thread block per token; a
 // slot is block_id * block_size + slot_in_block, so with the cache contiguous
 //   key_cache[slot / block_size][slot % block_size][h][d] = key_cache_flat[slot][h][d].
+// key and value may be token-strided (kernels/ops.h): token t's Hkv * D values start at
+// data + t * k_stride (v_stride).
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_util.cuh"
+#include "kernels/op_check.h"
 
 namespace llm::ops::cuda {
 namespace {
@@ -15,12 +18,13 @@ template <typename InT, typename CacheT>
 __global__ void ReshapeAndCacheKernel(const InT* __restrict__ key, const InT* __restrict__ value,
                                       CacheT* __restrict__ key_cache,
                                       CacheT* __restrict__ value_cache, IndexPtr slot_mapping,
-                                      int64_t num_slots, int64_t slot_stride) {
+                                      int64_t num_slots, int64_t slot_stride, int64_t k_stride,
+                                      int64_t v_stride) {
   const int64_t t = blockIdx.x;
   const int64_t slot = slot_mapping[t];
   if (slot < 0 || slot >= num_slots) return;
-  const InT* k = key + t * slot_stride;  // key[t][:][:]
-  const InT* v = value + t * slot_stride;
+  const InT* k = key + t * k_stride;  // key[t][:][:]
+  const InT* v = value + t * v_stride;
   CacheT* kc = key_cache + slot * slot_stride;
   CacheT* vc = value_cache + slot * slot_stride;
   for (int64_t i = threadIdx.x; i < slot_stride; i += blockDim.x) {
@@ -37,7 +41,8 @@ void Launch(cudaStream_t stream, const TensorView& key, const TensorView& value,
   ::llm::cuda::Launch(
       ReshapeAndCacheKernel<InT, CacheT>, static_cast<unsigned>(slot_mapping.shape[0]), threads, 0,
       stream, key.data_as<const InT>(), value.data_as<const InT>(), key_cache.data_as<CacheT>(),
-      value_cache.data_as<CacheT>(), cuda_internal::AsIndex(slot_mapping), num_slots, slot_stride);
+      value_cache.data_as<CacheT>(), cuda_internal::AsIndex(slot_mapping), num_slots, slot_stride,
+      internal::TokenStride(key), internal::TokenStride(value));
 }
 
 }  // namespace

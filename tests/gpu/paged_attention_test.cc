@@ -1012,5 +1012,71 @@ TEST_F(CudaPagedAttentionHalfQuery, MismatchedDTypesAreRejected) {
             "PagedAttention: query: the CPU backend takes f32 queries, got bf16 [1, 4, 32] on cpu");
 }
 
+// The model's query: a token-strided view of the q columns of fused qkv rows (the k and v
+// columns and a pad poisoned). f32 (v1, v2 and kAuto's tiled prefill) and bf16 (the decode and
+// tensor-core prefill kernels): the same bytes as from the contiguous query. A bf16 row stride
+// that is not a multiple of 16 bytes cannot take the 16-byte loads of the 16-bit kernels; the
+// SIMT kernels run it, within their tolerance of the CPU op.
+TEST_F(CudaPagedAttention, TokenStridedQueryGivesTheSameOutput) {
+  std::mt19937 rng(1720);
+  const std::vector<SeqSpec> seqs = {{1, 40}, {17, 17}, {5, 600}, {1, 1000}, {1, 300}};
+  for (const Shape& shape : {Shape{8, 2, 128, 16}, Shape{4, 1, 64, 32}}) {
+    for (const DType dtype : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(Describe(shape) + ", " + DTypeName(dtype));
+      const Batch b =
+          dtype == DType::kF32 ? MakeBatch(seqs, shape, rng) : MakeBatch16(seqs, shape, rng, dtype);
+      const int64_t tokens = b.num_tokens(), d = shape.head_size;
+      const int64_t q_cols = shape.num_heads * d, kv_cols = shape.num_kv_heads * d;
+      const HostTensor query =
+          dtype == DType::kF32 ? gpu_testing::Clone(b.query) : ToHalf(b.query, dtype);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+      const size_t ws_bytes = std::max(
+          V2WorkspaceBytes(b), PagedAttentionWorkspaceBytes(tokens, shape.num_heads, d, 1024));
+      const DeviceWorkspace workspace(ws_bytes);
+      const HostTensor want = Reference(b, scale);
+      for (const int64_t pad : {8, 4}) {  // elements after v: 16- and 8-byte bf16 row strides
+        SCOPED_TRACE("pad " + std::to_string(pad));
+        HostTensor qkv = testing::PoisonedRows(dtype, tokens, q_cols + 2 * kv_cols + pad);
+        testing::PutHeads(qkv, 0, query);
+        DeviceTensor d_qkv(qkv);
+        const TensorView strided = testing::HeadsView(d_qkv.view(), 0, shape.num_heads, d);
+        const std::vector<PagedAttentionVersion> versions =
+            dtype == DType::kF32
+                ? std::vector{PagedAttentionVersion::kV1, PagedAttentionVersion::kV2,
+                              PagedAttentionVersion::kAuto}
+                : std::vector{PagedAttentionVersion::kAuto};
+        for (const PagedAttentionVersion v : versions) {
+          SCOPED_TRACE("version " + std::to_string(static_cast<int>(v)));
+          auto run = [&](const TensorView& q) {
+            DeviceTensor out(gpu_testing::Clone(query));
+            out.Poison();
+            const AttentionMetadata md = b.DeviceMetadata(-1, /*with_host_qsl=*/true);
+            const OpStatus s =
+                v == PagedAttentionVersion::kAuto
+                    ? PagedAttention(workspace.Context(), out.view(), q, b.d_key_cache.view(),
+                                     b.d_value_cache.view(), md, scale)
+                    : cuda::PagedAttention(workspace.Context(), out.view(), q, b.d_key_cache.view(),
+                                           b.d_value_cache.view(), md, scale, v);
+            EXPECT_TRUE(s.ok()) << s.message;
+            EXPECT_EQ(Sync(), "");
+            return out.Download();
+          };
+          const HostTensor got = run(strided);
+          if (dtype == DType::kF32 || pad == 8) {
+            EXPECT_TRUE(gpu_testing::BitEqual(got, run(b.d_query.view())));
+          }
+          if (dtype == DType::kF32) {
+            EXPECT_TRUE(Close(got, want, kAtol, kRtol));
+          } else if (pad == 8) {  // the tensor-core prefill's bound (see HalfQuery above)
+            EXPECT_TRUE(Close(HalfToFloat(got), want, 8e-3, 8e-3));
+          } else {
+            EXPECT_TRUE(Close(HalfToFloat(got), want, kAtol, kRtol + 1.0 / 256));
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace llm::ops

@@ -61,6 +61,58 @@ TEST_F(CudaReshapeAndCache, MatchesCpuWithPaddingForEveryShape) {
 // f16 and bf16 caches: the f32 keys and values are rounded to nearest. Reference: the CPU op
 // on f32 caches holding the same (half-representable) values, converted to half afterwards;
 // bit-equal.
+// The model's k and v: token-strided views of the k and v columns of fused qkv rows (the q
+// columns and a pad poisoned), f32 and bf16 keys into f32 and bf16 caches: the same cache bytes
+// as from contiguous tensors, and for f32 the same as the CPU op on the same views.
+TEST_F(CudaReshapeAndCache, TokenStridedKeyAndValueWriteTheSameSlots) {
+  std::mt19937 rng(506);
+  const int64_t block_size = 16, num_kv_heads = 2, head_size = 64, num_tokens = 17;
+  const int64_t q_cols = 8 * head_size, kv_cols = num_kv_heads * head_size;
+  const int64_t row = q_cols + 2 * kv_cols + 8, num_blocks = 4;
+  std::vector<int64_t> slots(num_blocks * block_size);
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  slots.resize(num_tokens);
+  slots[5] = -1;
+  HostTensor slot_mapping = Indices(slots, DType::kI32);
+  DeviceTensor d_slots(slot_mapping);
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    auto in_dtype = [dtype](const HostTensor& t) {
+      return dtype == DType::kF32 ? gpu_testing::Clone(t) : ToHalf(t, dtype);
+    };
+    HostTensor key = in_dtype(Random({num_tokens, num_kv_heads, head_size}, rng));
+    HostTensor value = in_dtype(Random({num_tokens, num_kv_heads, head_size}, rng));
+    HostTensor qkv = testing::PoisonedRows(dtype, num_tokens, row);
+    testing::PutHeads(qkv, q_cols, key);
+    testing::PutHeads(qkv, q_cols + kv_cols, value);
+    const HostTensor cache =
+        in_dtype(Random({num_blocks, block_size, num_kv_heads, head_size}, rng));
+    DeviceTensor d_qkv(qkv), d_key(key), d_value(value);
+    DeviceTensor want_k(cache), want_v(cache), got_k(cache), got_v(cache);
+    ASSERT_TRUE(ReshapeAndCache({}, d_key.view(), d_value.view(), want_k.view(), want_v.view(),
+                                d_slots.view())
+                    .ok());
+    const OpStatus s =
+        ReshapeAndCache({}, testing::HeadsView(d_qkv.view(), q_cols, num_kv_heads, head_size),
+                        testing::HeadsView(d_qkv.view(), q_cols + kv_cols, num_kv_heads, head_size),
+                        got_k.view(), got_v.view(), d_slots.view());
+    ASSERT_TRUE(s.ok()) << s.message;
+    ASSERT_EQ(Sync(), "");
+    EXPECT_TRUE(BitEqual(got_k.Download(), want_k.Download()));
+    EXPECT_TRUE(BitEqual(got_v.Download(), want_v.Download()));
+    if (dtype != DType::kF32) continue;
+    HostTensor cpu_k = gpu_testing::Clone(cache), cpu_v = gpu_testing::Clone(cache);
+    ASSERT_TRUE(
+        ReshapeAndCache({}, testing::HeadsView(qkv.view(), q_cols, num_kv_heads, head_size),
+                        testing::HeadsView(qkv.view(), q_cols + kv_cols, num_kv_heads, head_size),
+                        cpu_k.view(), cpu_v.view(), slot_mapping.view())
+            .ok());
+    EXPECT_TRUE(BitEqual(got_k.Download(), cpu_k));
+    EXPECT_TRUE(BitEqual(got_v.Download(), cpu_v));
+  }
+}
+
 TEST_F(CudaReshapeAndCache, HalfCachesHoldTheKeysRoundedToNearest) {
   std::mt19937 rng(503);
   for (const DType dtype : {DType::kF16, DType::kBF16}) {

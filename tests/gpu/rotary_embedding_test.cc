@@ -149,6 +149,63 @@ TEST_F(CudaRotaryEmbedding, CachedMatchesComputedAndCudaMatchesCpu) {
 
 // A position outside the table: an error on the CPU; on CUDA (no synchronization to check it)
 // a NaN row for that token's query and key heads, the other tokens still right.
+// The model's q and k: token-strided views of the q and k columns of fused qkv rows (the v
+// columns and a pad after them poisoned), f32, bf16 and f16, computed and cached angles: the same
+// bytes as the contiguous tensors rotated on the device (which the tests above compare with the
+// CPU op), and nothing else written.
+TEST_F(CudaRotaryEmbedding, TokenStridedViewsOfQkvRowsRotateInPlace) {
+  std::mt19937 rng(405);
+  const int64_t hq = 8, hkv = 2, d = 128, row = (hq + 2 * hkv) * d + 8;
+  RopeConfig config;
+  config.theta = 500000.0;
+  config.rotary_dim = 64;
+  const int64_t max_position = 4096;
+  std::vector<float> table(max_position * 64);
+  ASSERT_TRUE(ComputeRopeCosSinCache(config, max_position, table).ok());
+  HostTensor h_table(DType::kF32, {max_position, 64});
+  std::copy(table.begin(), table.end(), h_table.data<float>());
+  DeviceTensor d_table(h_table);
+  for (const DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const bool cached : {false, true}) {
+      for (const int64_t num_tokens : {int64_t{1}, int64_t{17}}) {
+        SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << (cached ? ", cached" : "")
+                                          << ", tokens " << num_tokens);
+        auto in_dtype = [dtype](const HostTensor& t) {
+          return dtype == DType::kF32 ? gpu_testing::Clone(t) : gpu_testing::ToHalf(t, dtype);
+        };
+        std::vector<int64_t> pos(num_tokens);
+        std::uniform_int_distribution<int64_t> pos_dist(0, max_position - 1);
+        for (int64_t& p : pos) p = pos_dist(rng);
+        HostTensor positions = Indices(pos, DType::kI32);
+        HostTensor q = in_dtype(Random({num_tokens, hq, d}, rng));
+        HostTensor k = in_dtype(Random({num_tokens, hkv, d}, rng));
+        HostTensor qkv = testing::PoisonedRows(dtype, num_tokens, row);
+        testing::PutHeads(qkv, 0, q);
+        testing::PutHeads(qkv, hq * d, k);
+        DeviceTensor d_pos(positions), d_q(q), d_k(k), d_qkv(qkv);
+        const TensorView q_view = testing::HeadsView(d_qkv.view(), 0, hq, d);
+        const TensorView k_view = testing::HeadsView(d_qkv.view(), hq * d, hkv, d);
+        OpStatus strided, contiguous;
+        if (cached) {
+          strided = RotaryEmbeddingCached({}, d_pos.view(), q_view, k_view, d_table.view());
+          contiguous =
+              RotaryEmbeddingCached({}, d_pos.view(), d_q.view(), d_k.view(), d_table.view());
+        } else {
+          strided = RotaryEmbedding({}, d_pos.view(), q_view, k_view, config);
+          contiguous = RotaryEmbedding({}, d_pos.view(), d_q.view(), d_k.view(), config);
+        }
+        ASSERT_TRUE(strided.ok()) << strided.message;
+        ASSERT_TRUE(contiguous.ok()) << contiguous.message;
+        ASSERT_EQ(Sync(), "");
+        HostTensor want = testing::PoisonedRows(dtype, num_tokens, row);
+        testing::PutHeads(want, 0, d_q.Download());
+        testing::PutHeads(want, hq * d, d_k.Download());
+        EXPECT_TRUE(gpu_testing::BitEqual(d_qkv.Download(), want));
+      }
+    }
+  }
+}
+
 TEST_F(CudaRotaryEmbedding, CachedPositionOutsideTheTable) {
   std::mt19937 rng(404);
   RopeConfig config;

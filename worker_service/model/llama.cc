@@ -70,6 +70,17 @@ absl::Status Memset(const TensorDevice& device, void* stream, void* ptr, int val
 #endif
 }
 
+// Heads first_head .. first_head + num_heads - 1 of the rows of qkv [T, (Hq + 2 Hkv) * D], as a
+// token-strided view [T, num_heads, D] (strides [(Hq + 2 Hkv) * D, D, 1]).
+TensorView QkvPart(const TensorView& qkv, int64_t first_head, int64_t num_heads, int64_t d) {
+  TensorView v = qkv;
+  v.data = static_cast<char*>(qkv.data) + first_head * d * DTypeSize(qkv.dtype);
+  v.ndim = 3;
+  v.shape = {qkv.shape[0], num_heads, d};
+  v.strides = {qkv.shape[1], d, 1};
+  return v;
+}
+
 // Rounds a byte offset up to 256 (each input array starts aligned).
 size_t Align(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
@@ -454,9 +465,6 @@ absl::Status LlamaModel::Grow(int64_t tokens, int64_t rows, int64_t seqs, int64_
     RETURN_IF_ERROR(AllocateOnDevice(act_dtype_, {tokens, h}, &b.x));
     RETURN_IF_ERROR(AllocateOnDevice(act_dtype_, {tokens, h}, &b.residual));
     RETURN_IF_ERROR(AllocateOnDevice(act_dtype_, {tokens, (qh + 2 * kvh) * d}, &b.qkv));
-    RETURN_IF_ERROR(AllocateOnDevice(act_dtype_, {tokens, qh, d}, &b.q));
-    RETURN_IF_ERROR(AllocateOnDevice(act_dtype_, {tokens, kvh, d}, &b.k));
-    RETURN_IF_ERROR(AllocateOnDevice(act_dtype_, {tokens, kvh, d}, &b.v));
     RETURN_IF_ERROR(AllocateOnDevice(act_dtype_, {tokens, qh, d}, &b.attn));
     RETURN_IF_ERROR(AllocateOnDevice(act_dtype_, {tokens, 2 * il}, &b.gate_up));
     RETURN_IF_ERROR(AllocateOnDevice(act_dtype_, {tokens, il}, &b.act));
@@ -721,7 +729,6 @@ absl::Status LlamaModel::Compute(const StepViews& sv, std::span<const LayerKvCac
   const ops::AttentionMetadata& meta = sv.meta;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const float eps = static_cast<float>(config_.rms_norm_eps);
-  const size_t esize = DTypeSize(act_dtype_);
   if (device_.is_cpu()) cpu::EnterThreadPool();
   // out = in weight^T (+ bias): the packed GEMM on cpu, ops::Linear on cuda.
   auto linear = [&](const TensorView& out, const TensorView& in, const Tensor& weight,
@@ -734,22 +741,15 @@ absl::Status LlamaModel::Compute(const StepViews& sv, std::span<const LayerKvCac
 
   const TensorView x = buf_.x.Prefix({t, h}), residual = buf_.residual.Prefix({t, h});
   const TensorView qkv = buf_.qkv.Prefix({t, (qh + 2 * kvh) * d});
-  const TensorView q = buf_.q.Prefix({t, qh, d}), k = buf_.k.Prefix({t, kvh, d});
-  const TensorView v = buf_.v.Prefix({t, kvh, d}), attn = buf_.attn.Prefix({t, qh, d});
+  // q, k and v are token-strided views of the fused projection's rows [q | k | v]
+  // (kernels/ops.h): q[t][h][i] = qkv[t][h * d + i], k[t][h][i] = qkv[t][(qh + h) * d + i],
+  // v[t][h][i] = qkv[t][(qh + kvh + h) * d + i]. Rotary, the cache write and attention read
+  // them in place.
+  const TensorView q = QkvPart(qkv, 0, qh, d), k = QkvPart(qkv, qh, kvh, d);
+  const TensorView v = QkvPart(qkv, qh + kvh, kvh, d), attn = buf_.attn.Prefix({t, qh, d});
   const TensorView attn2 = buf_.attn.Prefix({t, qh * d});
   const TensorView gate_up = buf_.gate_up.Prefix({t, 2 * il}), act = buf_.act.Prefix({t, il});
   const TensorView none;
-  // q, k and v out of the fused projection's rows [q | k | v].
-  const size_t qkv_pitch = static_cast<size_t>((qh + 2 * kvh) * d) * esize;
-  auto split_qkv = [&]() -> absl::Status {
-    const char* src = static_cast<const char*>(qkv.data);
-    RETURN_IF_ERROR(
-        Copy2D(device_, stream, q.data, qh * d * esize, src, qkv_pitch, qh * d * esize, t));
-    RETURN_IF_ERROR(Copy2D(device_, stream, k.data, kvh * d * esize, src + qh * d * esize,
-                           qkv_pitch, kvh * d * esize, t));
-    return Copy2D(device_, stream, v.data, kvh * d * esize, src + (qh + kvh) * d * esize, qkv_pitch,
-                  kvh * d * esize, t);
-  };
 
   RETURN_IF_ERROR(FromOp(ops::Embedding(ctx, x, ids, embed_.view())));
   RETURN_IF_ERROR(AllReduce(x));
@@ -762,7 +762,6 @@ absl::Status LlamaModel::Compute(const StepViews& sv, std::span<const LayerKvCac
       RETURN_IF_ERROR(FromOp(ops::FusedAddRmsNorm(ctx, x, residual, L.input_norm.view(), eps)));
     }
     RETURN_IF_ERROR(linear(qkv, x, L.qkv_proj, L.qkv_bias, L.qkv_packed.get()));
-    RETURN_IF_ERROR(split_qkv());
     RETURN_IF_ERROR(
         FromOp(ops::RotaryEmbeddingCached(ctx, positions, q, k, cos_sin_cache_.view())));
     RETURN_IF_ERROR(FromOp(ops::ReshapeAndCache(ctx, k, v, caches[l].key, caches[l].value, slots)));

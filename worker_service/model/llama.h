@@ -14,8 +14,9 @@
 //                              read)
 // Each rank reads only its own slices of the weights (SafetensorsModel slices).
 //
-// q/k/v_proj are one fused weight [(q_heads + 2 kv_heads) * D, H] (one GEMM; its output split
-// into q, k and v), gate/up_proj one [2 I_local, H] (one GEMM into SiluAndMul).
+// q/k/v_proj are one fused weight [(q_heads + 2 kv_heads) * D, H] (one GEMM; rotary, the cache
+// write and attention read q, k and v as token-strided views of its output, no copy), gate/up_proj
+// one [2 I_local, H] (one GEMM into SiluAndMul).
 //
 // Device and dtype (ModelOptions): on cuda weights and activations are bf16 (the default
 // there), f16 or f32, with fp32 accumulation inside every op and fp32 logits. On cpu the
@@ -175,10 +176,10 @@ class LlamaModel {
   };
   // Activation and input buffers, sized for the largest step so far.
   struct Buffers {
-    int64_t tokens = 0, rows = 0, seqs = 0, table = 0;     // capacities
-    Tensor x, residual, qkv, q, k, v, attn, gate_up, act;  // [tokens, ...], model dtype
-    Tensor selected;                                       // [rows, H]
-    Tensor local_logits, gathered, logits;  // f32 [rows, Vp], [W, rows, Vp], [rows, V]
+    int64_t tokens = 0, rows = 0, seqs = 0, table = 0;  // capacities
+    Tensor x, residual, qkv, attn, gate_up, act;        // [tokens, ...], model dtype
+    Tensor selected;                                    // [rows, H]
+    Tensor local_logits, gathered, logits;              // f32 [rows, Vp], [W, rows, Vp], [rows, V]
     // The step's integer inputs: on cpu they are read where the caller has them; on cuda they
     // are packed into `staging` (pinned) and go up in one copy into `inputs`.
     Tensor staging, inputs;

@@ -249,6 +249,46 @@ TEST_F(PagedAttentionErrors, HeadsMustBeAMultipleOfKvHeads) {
             "PagedAttention: query heads (3) must be a multiple of key_cache's kv heads (2)");
 }
 
+// The query may be a token-strided view (the model's q inside its fused qkv rows): the same
+// output as the contiguous query. Other layouts are refused, naming the strides; out must be
+// contiguous.
+TEST_F(PagedAttentionErrors, QueryMayBeTokenStridedOnly) {
+  HostTensor t = Indices({0, 1, 2, 3}, DType::kI32, {2, 2});
+  HostTensor l = Indices({5, 1}, DType::kI32);
+  HostTensor q = Indices({0, 2, 3}, DType::kI32);
+  const AttentionMetadata md{t.view(), l.view(), q.view()};
+  HostTensor query = Random({3, 4, 8}, rng_);
+  HostTensor qkv = testing::PoisonedRows(DType::kF32, 3, (4 + 2 * 2) * 8);
+  testing::PutHeads(qkv, 0, query);
+  const TensorView strided = testing::HeadsView(qkv.view(), 0, 4, 8);
+  HostTensor want = Poisoned({3, 4, 8}), got = Poisoned({3, 4, 8});
+  ASSERT_TRUE(PagedAttention({}, want.view(), query.view(), key_cache_.view(), value_cache_.view(),
+                             md, 1.0f)
+                  .ok());
+  const OpStatus s =
+      PagedAttention({}, got.view(), strided, key_cache_.view(), value_cache_.view(), md, 1.0f);
+  ASSERT_TRUE(s.ok()) << s.message;
+  EXPECT_TRUE(testing::SameBytes(got, want));
+
+  TensorView heads_apart = strided;  // heads 9 floats apart: not a token-strided view
+  heads_apart.strides[1] = 9;
+  EXPECT_EQ(
+      PagedAttention({}, got.view(), heads_apart, key_cache_.view(), value_cache_.view(), md, 1.0f)
+          .message,
+      "PagedAttention: query: expected contiguous heads with a token stride (strides [>= 32, "
+      "8, 1]), got f32 [3, 4, 8] on cpu with strides [64, 9, 1]");
+  TensorView overlapping = strided;  // tokens closer than their heads' 32 floats
+  overlapping.strides[0] = 16;
+  EXPECT_THAT(
+      PagedAttention({}, got.view(), overlapping, key_cache_.view(), value_cache_.view(), md, 1.0f)
+          .message,
+      HasSubstr("with strides [16, 8, 1]"));
+  EXPECT_THAT(PagedAttention({}, testing::HeadsView(qkv.view(), 0, 4, 8), query.view(),
+                             key_cache_.view(), value_cache_.view(), md, 1.0f)
+                  .message,
+              HasSubstr("PagedAttention: out: must be contiguous"));
+}
+
 TEST_F(PagedAttentionErrors, MaxSeqLenIsAnUpperBound) {
   EXPECT_EQ(Run({0, 1, 2, 3}, {5, 1}, {0, 2, 3}, 4, 4).message,
             "PagedAttention: metadata.seq_lens[0] = 5 exceeds metadata.max_seq_len 4");

@@ -70,9 +70,12 @@ HostTensor ToBf16(const HostTensor& f32) {
 // cache_dtype kBF16: both ops read the same bf16 caches, and the tolerance grows by 2^-9 for the
 // tiled paths' bf16 weights. zero_query: every score 0, so each output is the plain average of
 // the values its row sees (the weights, all 1, are exact in bf16: fp32's tolerance again).
+// strided_query: `op` reads the query as the model passes it, a token-strided view of the q
+// columns of fused qkv rows (the k and v columns and a pad after them NaN), and must give the
+// same bytes as on the contiguous query.
 ::testing::AssertionResult MatchesReference(Op op, const Case& c, std::mt19937& rng,
                                             DType cache_dtype = DType::kF32,
-                                            bool zero_query = false) {
+                                            bool zero_query = false, bool strided_query = false) {
   const int64_t num_seqs = static_cast<int64_t>(c.seqs.size());
   int64_t num_tokens = 0, max_blocks = 0, needed = 0;
   for (const Seq& s : c.seqs) {
@@ -118,6 +121,21 @@ HostTensor ToBf16(const HostTensor& f32) {
   if (OpStatus s = op(got.view(), query.view(), key_cache.view(), value_cache.view(), md, scale);
       !s.ok()) {
     return ::testing::AssertionFailure() << s.message;
+  }
+  if (strided_query) {
+    const int64_t q_cols = c.heads * c.head_size;
+    HostTensor qkv =
+        testing::PoisonedRows(DType::kF32, num_tokens, q_cols + 2 * c.kv_heads * c.head_size + 16);
+    testing::PutHeads(qkv, 0, query);
+    HostTensor strided = Poisoned({num_tokens, c.heads, c.head_size});
+    const TensorView q_view = testing::HeadsView(qkv.view(), 0, c.heads, c.head_size);
+    if (OpStatus s = op(strided.view(), q_view, key_cache.view(), value_cache.view(), md, scale);
+        !s.ok()) {
+      return ::testing::AssertionFailure() << "strided query: " << s.message;
+    }
+    if (!testing::SameBytes(strided, got)) {
+      return ::testing::AssertionFailure() << "a token-strided query gives another output";
+    }
   }
   int64_t bad = 0, first = -1;
   const float* g = got.data<float>();
@@ -214,6 +232,29 @@ TEST(PagedAttentionTiled, Bf16ReferenceReadsTheWidenedValues) {
       cpu::PagedAttentionReference(b.view(), rounded.view(), k32.view(), v32.view(), md, 1.0f)
           .ok());
   for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.data<float>()[i], b.data<float>()[i]) << i;
+}
+
+// The model's query: a token-strided view into its fused qkv rows, on every path (row and tiled
+// kernels, split decode, f32 and bf16 caches) and the reference.
+TEST(PagedAttentionTiled, TokenStridedQueryGivesTheSameOutput) {
+  std::mt19937 rng(1810);
+  // Head sizes 64 (the AVX-512 kernels where the CPU has them) and 8 (the portable loops), every
+  // group shape, block size 16; and the long contexts, long prefill and wide group of Cases().
+  std::vector<Case> cases;
+  for (const Case& c : Cases()) {
+    if ((c.head_size == 64 || c.head_size == 8) && c.block_size == 16) cases.push_back(c);
+  }
+  cases.push_back({14, 2, 64, 16, {{2047, 1}}});  // one long decode row: split over its keys
+  for (const Case& c : cases) {
+    for (DType cache : {DType::kF32, DType::kBF16}) {
+      EXPECT_TRUE(MatchesReference(cpu::PagedAttention, c, rng, cache, false, true))
+          << DTypeName(cache) << ", " << Describe(c);
+      EXPECT_TRUE(MatchesReference(cpu::PagedAttentionPortable, c, rng, cache, false, true))
+          << "portable, " << DTypeName(cache) << ", " << Describe(c);
+      EXPECT_TRUE(MatchesReference(cpu::PagedAttentionReference, c, rng, cache, false, true))
+          << "reference, " << DTypeName(cache) << ", " << Describe(c);
+    }
+  }
 }
 
 TEST(PagedAttentionTiled, PortableMatchesReference) {

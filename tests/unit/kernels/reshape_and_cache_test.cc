@@ -47,6 +47,36 @@ TEST(ReshapeAndCache, WritesEachTokenIntoItsSlot) {
   }
 }
 
+// The model's k and v: token-strided views of the k and v columns of fused qkv rows (the q
+// columns and a pad NaN): the same cache contents as from contiguous tensors.
+TEST(ReshapeAndCache, TokenStridedKeyAndValueWriteTheSameSlots) {
+  std::mt19937 rng(51);
+  const std::vector<int64_t> slots = {3, -1, 17, 0};
+  const int64_t tokens = static_cast<int64_t>(slots.size()), q_cols = 4 * kHeadSize;
+  HostTensor key = Random({tokens, kKvHeads, kHeadSize}, rng);
+  HostTensor value = Random({tokens, kKvHeads, kHeadSize}, rng);
+  HostTensor qkv = testing::PoisonedRows(DType::kF32, tokens, q_cols + 2 * kRow + 5);
+  testing::PutHeads(qkv, q_cols, key);
+  testing::PutHeads(qkv, q_cols + kRow, value);
+  HostTensor slot_mapping = Indices(slots, DType::kI64);
+  HostTensor want_k = Random({kBlocks, kBlockSize, kKvHeads, kHeadSize}, rng);
+  HostTensor want_v = Random({kBlocks, kBlockSize, kKvHeads, kHeadSize}, rng);
+  HostTensor got_k(DType::kF32, {kBlocks, kBlockSize, kKvHeads, kHeadSize});
+  HostTensor got_v(DType::kF32, {kBlocks, kBlockSize, kKvHeads, kHeadSize});
+  std::memcpy(got_k.data<float>(), want_k.data<float>(), want_k.view().nbytes());
+  std::memcpy(got_v.data<float>(), want_v.data<float>(), want_v.view().nbytes());
+  ASSERT_TRUE(ReshapeAndCache({}, key.view(), value.view(), want_k.view(), want_v.view(),
+                              slot_mapping.view())
+                  .ok());
+  const OpStatus s =
+      ReshapeAndCache({}, testing::HeadsView(qkv.view(), q_cols, kKvHeads, kHeadSize),
+                      testing::HeadsView(qkv.view(), q_cols + kRow, kKvHeads, kHeadSize),
+                      got_k.view(), got_v.view(), slot_mapping.view());
+  ASSERT_TRUE(s.ok()) << s.message;
+  EXPECT_TRUE(testing::SameBytes(got_k, want_k));
+  EXPECT_TRUE(testing::SameBytes(got_v, want_v));
+}
+
 TEST(ReshapeAndCache, ASlotOutsideTheCacheIsAnErrorAndWritesNothing) {
   std::mt19937 rng(51);
   HostTensor key = Random({3, kKvHeads, kHeadSize}, rng);

@@ -196,6 +196,57 @@ TEST(RotaryEmbeddingCached, MatchesRotaryEmbeddingExactly) {
   for (int64_t i = 0; i < k.numel(); ++i) ASSERT_EQ(k.data<float>()[i], k2.data<float>()[i]) << i;
 }
 
+// The model's q and k: token-strided views of the q and k columns of fused qkv rows. Both ops
+// rotate them as they rotate contiguous tensors, bit for bit, and write nothing else (the v
+// columns and a pad after them stay NaN).
+TEST(RotaryEmbeddingCached, TokenStridedViewsOfQkvRowsRotateInPlace) {
+  std::mt19937 rng(45);
+  const int64_t tokens = 5, hq = 4, hkv = 2, d = 64, row = (hq + 2 * hkv) * d + 8;
+  RopeConfig config;
+  config.rotary_dim = 32;  // partial: dims 32 .. 63 of each head stay
+  const int64_t max_position = 100;
+  std::vector<float> table(max_position * 32);
+  ASSERT_TRUE(ComputeRopeCosSinCache(config, max_position, table).ok());
+  HostTensor cache(DType::kF32, {max_position, 32});
+  std::copy(table.begin(), table.end(), cache.data<float>());
+  HostTensor pos = Indices({0, 7, 99, 3, 50}, DType::kI64);
+  for (const bool cached : {false, true}) {
+    SCOPED_TRACE(cached ? "RotaryEmbeddingCached" : "RotaryEmbedding");
+    HostTensor q = Random({tokens, hq, d}, rng), k = Random({tokens, hkv, d}, rng);
+    HostTensor qkv = testing::PoisonedRows(DType::kF32, tokens, row);
+    testing::PutHeads(qkv, 0, q);
+    testing::PutHeads(qkv, hq * d, k);
+    const TensorView q_view = testing::HeadsView(qkv.view(), 0, hq, d);
+    const TensorView k_view = testing::HeadsView(qkv.view(), hq * d, hkv, d);
+    OpStatus strided, contiguous;
+    if (cached) {
+      strided = RotaryEmbeddingCached({}, pos.view(), q_view, k_view, cache.view());
+      contiguous = RotaryEmbeddingCached({}, pos.view(), q.view(), k.view(), cache.view());
+    } else {
+      strided = RotaryEmbedding({}, pos.view(), q_view, k_view, config);
+      contiguous = RotaryEmbedding({}, pos.view(), q.view(), k.view(), config);
+    }
+    ASSERT_TRUE(strided.ok()) << strided.message;
+    ASSERT_TRUE(contiguous.ok()) << contiguous.message;
+    HostTensor want = testing::PoisonedRows(DType::kF32, tokens, row);
+    testing::PutHeads(want, 0, q);
+    testing::PutHeads(want, hq * d, k);
+    EXPECT_TRUE(testing::SameBytes(qkv, want));
+  }
+}
+
+TEST(RotaryEmbeddingCached, OtherLayoutsAreRefusedNamingTheStrides) {
+  HostTensor qkv = testing::PoisonedRows(DType::kF32, 2, 8 * 64);
+  HostTensor cache(DType::kF32, {4, 64});
+  HostTensor pos = Indices({0, 1}, DType::kI32);
+  const TensorView q = testing::HeadsView(qkv.view(), 0, 4, 64);
+  TensorView k = testing::HeadsView(qkv.view(), 4 * 64, 2, 64);
+  k.strides[2] = 2;
+  EXPECT_EQ(RotaryEmbeddingCached({}, pos.view(), q, k, cache.view()).message,
+            "RotaryEmbeddingCached: key: expected contiguous heads with a token stride (strides "
+            "[>= 128, 64, 1]), got f32 [2, 2, 64] on cpu with strides [512, 64, 2]");
+}
+
 TEST(RotaryEmbeddingCached, ErrorsNameTheArgument) {
   std::mt19937 rng(43);
   HostTensor cache(DType::kF32, {4, 64});

@@ -3,8 +3,10 @@
 #ifndef LLM_TESTS_UNIT_KERNELS_TEST_UTIL_H_
 #define LLM_TESTS_UNIT_KERNELS_TEST_UTIL_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <limits>
 #include <random>
@@ -68,6 +70,44 @@ inline ::testing::AssertionResult AllClose(const float* got, const std::vector<d
   return ::testing::AssertionFailure()
          << bad << " of " << want.size() << " elements differ; first at " << first << ": got "
          << got[first] << ", want " << want[first] << " (atol " << atol << ", rtol " << rtol << ")";
+}
+
+// Token-strided views (kernels/ops.h), as the model's q, k and v inside the rows of its fused
+// qkv projection: a [T, row] buffer whose columns col .. col + H * D - 1 are a [T, H, D] view.
+
+// A [T, row] tensor of `dtype` with every byte 0xFF (NaN in f32, bf16 and f16).
+inline HostTensor PoisonedRows(DType dtype, int64_t tokens, int64_t row) {
+  HostTensor t(dtype, {tokens, row});
+  std::memset(t.view().data, 0xFF, t.view().nbytes());
+  return t;
+}
+
+// rows[t][col + i] = heads[t][i] for the [T, H, D] contiguous `heads` (the same dtype).
+inline void PutHeads(const HostTensor& rows, int64_t col, const HostTensor& heads) {
+  const size_t esize = DTypeSize(heads.view().dtype);
+  const int64_t tokens = heads.view().shape[0],
+                width = heads.numel() / std::max<int64_t>(tokens, 1);
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::memcpy(static_cast<char*>(rows.view().data) + (t * rows.view().shape[1] + col) * esize,
+                static_cast<const char*>(heads.view().data) + t * width * esize, width * esize);
+  }
+}
+
+// The token-strided [T, heads, head_size] view of columns col .. of the [T, row] view `rows`
+// (host or device): strides [row, head_size, 1].
+inline TensorView HeadsView(const TensorView& rows, int64_t col, int64_t heads, int64_t head_size) {
+  TensorView v = rows;
+  v.data = static_cast<char*>(rows.data) + col * DTypeSize(rows.dtype);
+  v.ndim = 3;
+  v.shape = {rows.shape[0], heads, head_size};
+  v.strides = {rows.shape[1], head_size, 1};
+  return v;
+}
+
+// Whether a and b hold the same bytes.
+inline bool SameBytes(const HostTensor& a, const HostTensor& b) {
+  return a.view().nbytes() == b.view().nbytes() &&
+         std::memcmp(a.view().data, b.view().data, a.view().nbytes()) == 0;
 }
 
 }  // namespace llm::ops::testing
