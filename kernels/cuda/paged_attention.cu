@@ -68,7 +68,6 @@ struct Params {
   float* max_logits;               // v2: [T, Hq, max_partitions]
   float* exp_sums;                 // v2: [T, Hq, max_partitions]
   const void* query;               // [T, Hq, D]: QT, q[t][h][d] at t * q_stride + h * D + d
-  int64_t q_stride;                // elements between query rows (token-strided: >= Hq * D)
   const void* key_cache;           // [num_blocks, block_size, Hkv, D]: f32, f16 or bf16
   const void* value_cache;         // the same
   const int32_t* block_tables;     // [S, max_blocks]
@@ -83,6 +82,7 @@ struct Params {
   int max_partitions;  // v2
   bool prefill_tiled;  // rows of sequences with q_len > 1 are the tiled prefill kernel's
   float scale;
+  int q_stride;  // elements between query rows (token-strided: >= Hq * D)
 };
 
 // Where query row t reads from: its sequence and its number of keys; ctx = -1 when the
@@ -347,7 +347,9 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(Params p) {
   const QT* q = static_cast<const QT*>(p.query) + (begin + j0) * p.q_stride + h * kHeadSize;
   for (int e = threadIdx.x; e < kTileQ * kHeadSize; e += kThreads) {
     const int r = e / kHeadSize, d = e % kHeadSize;
-    q_s[r][d] = r < rows ? cuda_internal::ToFloat(q[r * p.q_stride + d]) * p.scale : 0.0f;
+    q_s[r][d] = r < rows
+                    ? cuda_internal::ToFloat(q[static_cast<int64_t>(r) * p.q_stride + d]) * p.scale
+                    : 0.0f;
   }
   if (threadIdx.x < kTileQ) {
     m_s[threadIdx.x] = -INFINITY;
@@ -583,10 +585,11 @@ OpStatus PagedAttentionSimt(const OpContext& ctx, const TensorView& out, const T
     return cuda_internal::Error(kOp, std::to_string(num_tokens) + " query tokens but no sequences");
   }
   if (num_tokens > cuda_internal::kMaxGridX - num_seqs - 1 ||
-      num_heads > cuda_internal::kMaxGridYZ || num_seqs > INT32_MAX || max_blocks > INT32_MAX) {
+      num_heads > cuda_internal::kMaxGridYZ || num_seqs > INT32_MAX || max_blocks > INT32_MAX ||
+      internal::TokenStride(query) > INT32_MAX) {
     return cuda_internal::Error(kOp,
-                                "too many tokens, heads, sequences or blocks per sequence "
-                                "for one launch");
+                                "too many tokens, heads, sequences, blocks per sequence or "
+                                "elements per query row for one launch");
   }
   PagedAttentionPlanInput in;
   in.num_tokens = num_tokens;
@@ -609,7 +612,7 @@ OpStatus PagedAttentionSimt(const OpContext& ctx, const TensorView& out, const T
   Params params{};
   params.out = out.data;
   params.query = query.data;
-  params.q_stride = internal::TokenStride(query);
+  params.q_stride = static_cast<int>(internal::TokenStride(query));
   params.key_cache = key_cache.data;
   params.value_cache = value_cache.data;
   params.block_tables = metadata.block_tables.data_as<const int32_t>();
