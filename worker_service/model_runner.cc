@@ -52,7 +52,14 @@ void ModelRunner::CountStep(int64_t graph_replays_before, bool sampled, bool on_
   stats_.graphs_captured = model_->num_graphs();
   if (sampled) ++(on_device ? stats_.device_sampled_steps : stats_.host_sampled_steps);
   stats_.cuda_graphs_enabled = model_->cuda_graphs_enabled();
-  // MERGE-LINEAR-PLAN-STATS
+#ifdef LLM_WITH_CUDA
+  if (model_->device().is_cuda()) {
+    const ops::cuda::LinearPlanStats plans = ops::cuda::GetLinearPlanStats();
+    stats_.linear_plans = plans.plans;
+    stats_.linear_plan_hits = plans.hits;
+    stats_.linear_plan_misses = plans.misses;
+  }
+#endif
 }
 
 ModelRunner::~ModelRunner() {

@@ -57,6 +57,7 @@ for c, r in serve["loadgen"].items():
 w = serve["worker"]
 assert w["sampler"] == "device" and w["host_sampled_steps"] == 0, w
 assert w["graph_steps"] > 0 and w["graphs_captured"] > 0, w
+assert w["linear_plans"] > 0 and w["linear_plan_hits"] > w["linear_plan_misses"], w
 names = [e["name"] for e in s["bench"]["model"]["benchmarks"]]
 assert s["bench"]["kernels"]["benchmarks"], s["bench"]
 assert any("DecodeStepGraphs" in n for n in names) and any("DecodeStep/" in n for n in names), names

@@ -113,6 +113,10 @@ void ExpectServedOnTheDevice(LocalCluster& c, bool graphs) {
     EXPECT_EQ(w.graphs_captured(), 0u);
     EXPECT_EQ(w.graph_steps(), 0u);
   }
+  // cuBLASLt plans made once per shape, then found (a graph replay calls no Linear: its
+  // launches were recorded at capture).
+  EXPECT_GT(w.linear_plans(), 0u);
+  EXPECT_GT(w.linear_plan_hits(), w.linear_plan_misses());
 }
 
 // Greedy runs of each prompt, one after another; every one must finish at kMaxTokens.

@@ -11,7 +11,8 @@ passes when:
             SKIPPED (a skip means the environment is broken: counted as a failure);
   sanitize  every compute-sanitizer run was clean (skipped in the emulated mode);
   serve     the logits check passed, every llm-loadgen request succeeded, and the worker's own
-            counters say it sampled on the device and replayed CUDA graphs for decode steps;
+            counters say it sampled on the device, replayed CUDA graphs for decode steps and
+            found its cuBLASLt plans cached more often than it made them;
   bench     every benchmark ran (no benchmark reported an error).
 The exit status is 0 when every phase that ran passed and none was skipped for the deadline.
 """
@@ -153,6 +154,9 @@ def judge_serve(work):
         problems.append(f"the worker did not sample every step on the device: {stats}")
     if not stats.get("graph_steps"):
         problems.append(f"no decode step replayed a CUDA graph: {stats}")
+    if not stats.get("linear_plans") or stats.get("linear_plan_hits", 0) <= stats.get(
+            "linear_plan_misses", 0):
+        problems.append(f"cuBLASLt plans not cached and reused: {stats}")
     return {"ok": not problems, "logits": logits, "loadgen": loads, "worker": stats,
             "problems": problems}
 
