@@ -408,6 +408,9 @@ absl::Status WorkerServer::DecodePass(int seqs, int context, int block_size,
 
 absl::Status WorkerServer::WarmUpCuda() {
   const auto start = std::chrono::steady_clock::now();
+  // Graphs of an earlier cache (profiling's scratch one, which may have held this address) are
+  // dropped, and every size is captured over this one.
+  model_->EnableCudaGraphs(model_->max_graph_batch());
   for (int b : model_->GraphBatchSizes()) {
     RETURN_IF_ERROR(DecodePass(b, 1, cache_->shape().block_size, cache_->device_caches()));
   }
@@ -485,8 +488,8 @@ absl::Status WorkerServer::ProfileCuda(const v1::ProfileMemoryRequest& request,
   }
   size_t free_bytes = 0, total_bytes = 0;
   if (absl::Status s = context_->MemoryInfo(&free_bytes, &total_bytes); !s.ok()) return s;
-  // The graphs were captured over the scratch cache: InitCache captures them again over the real
-  // one (in the memory they held here).
+  // The graphs were captured over the scratch cache: InitCache drops them and captures them
+  // again over the real one (in the memory they held here).
   model_->EnableCudaGraphs(model_->max_graph_batch());
   KvCacheSizingInput sizing;
   sizing.total_device_memory = total_bytes;
