@@ -56,9 +56,11 @@ class CudaSampling : public CudaTest {
   }
 
   // One step of every twin in `rows` (in that order) on `logits`; the host side is given its
-  // own sampled tokens as output tokens (the device counts its own).
+  // own sampled tokens as output tokens (the device counts its own). `as_the_runner`: the
+  // device twins' SequenceSamplers are given theirs too, as the model runner does (from the
+  // step's diff), so that a slot taken later starts from them.
   static StepResult Step(DeviceSampler& ds, const std::vector<Twin*>& rows,
-                         const HostTensor& logits) {
+                         const HostTensor& logits, bool as_the_runner = false) {
     const int vocab = static_cast<int>(logits.view().shape[1]);
     std::vector<SequenceSampler*> host, device;
     for (Twin* t : rows) {
@@ -75,6 +77,9 @@ class CudaSampling : public CudaTest {
     // The logits are read only (the penalized, scaled ones live in the sampler's workspace).
     EXPECT_TRUE(ops::gpu_testing::BitEqual(d_logits.Download(), logits));
     if (!s.ok()) r.device.assign(rows.size(), SampledToken{-1});
+    if (as_the_runner) {
+      for (size_t i = 0; i < rows.size(); ++i) rows[i]->device->AddOutputToken(r.device[i].token);
+    }
     return r;
   }
 
@@ -387,30 +392,6 @@ TEST_F(CudaSampling, BadArgumentsAreErrors) {
   (*one_slot)->Drop(&y);
 }
 
-// As the model runner keeps them: every sequence's own SequenceSampler also counts its output
-// (AddOutputToken, from the step's diff), on both sides.
-StepResult StepAsTheRunner(DeviceSampler& ds, const std::vector<Twin*>& rows,
-                           const HostTensor& logits) {
-  const int vocab = static_cast<int>(logits.view().shape[1]);
-  std::vector<SequenceSampler*> host, device;
-  for (Twin* t : rows) {
-    host.push_back(t->host.get());
-    device.push_back(t->device.get());
-  }
-  StepResult r;
-  std::vector<float> copy(logits.data<float>(), logits.data<float>() + logits.numel());
-  r.host = Sampler::Sample(copy, vocab, host);
-  DeviceTensor d_logits(logits);
-  const absl::Status s = ds.Sample({}, d_logits.view(), device, &r.device);
-  EXPECT_TRUE(s.ok()) << s;
-  if (!s.ok()) r.device.assign(rows.size(), SampledToken{-1});
-  for (size_t i = 0; i < rows.size(); ++i) {
-    rows[i]->host->AddOutputToken(r.host[i].token);
-    rows[i]->device->AddOutputToken(r.device[i].token);
-  }
-  return r;
-}
-
 // A sequence whose penalty slot went to another (it was not in that step: swapped out, say)
 // takes one again from its host counts and samples on as the host does; so does a sequence that
 // arrives with output already (resumed on a new worker), whose counts start from its host ones.
@@ -431,8 +412,9 @@ TEST_F(CudaSampling, EvictedAndResumedSequencesKeepTheirCounts) {
   std::vector<Twin*> ab{&a, &b}, only_c{&c};
   for (int round = 0; round < 3; ++round) {
     SCOPED_TRACE(::testing::Message() << "round " << round);
-    for (int step = 0; step < 4; ++step) ExpectSame(StepAsTheRunner(ds, ab, two), ab);
-    for (int step = 0; step < 3; ++step) ExpectSame(StepAsTheRunner(ds, only_c, one), only_c);
+    for (int step = 0; step < 4; ++step) ExpectSame(Step(ds, ab, two, /*as_the_runner=*/true), ab);
+    for (int step = 0; step < 3; ++step)
+      ExpectSame(Step(ds, only_c, one, /*as_the_runner=*/true), only_c);
   }
   // c took a slot from a or b each round, and they took theirs back.
   EXPECT_GE(ds.slot_evictions(), 5);
@@ -451,7 +433,7 @@ TEST_F(CudaSampling, EvictedAndResumedSequencesKeepTheirCounts) {
   std::vector<Twin*> r{&resumed};
   HostTensor row(DType::kF32, {1, vocab});
   std::copy(two.data<float>(), two.data<float>() + vocab, row.data<float>());
-  for (int step = 0; step < 5; ++step) ExpectSame(StepAsTheRunner(ds, r, row), r);
+  for (int step = 0; step < 5; ++step) ExpectSame(Step(ds, r, row, /*as_the_runner=*/true), r);
   ds.Drop(resumed.device.get());
 }
 
