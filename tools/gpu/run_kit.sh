@@ -4,8 +4,6 @@
 #   env      the device, driver, toolkit, torch and library versions; every kit binary's shared
 #            libraries resolved (ldd), else it stops at once;
 #   tests    every test binary of the kit (the `gpu` label), a skipped test counted as a failure;
-#   sanitize compute-sanitizer memcheck, racecheck and synccheck on small filters of the
-#            attention, sampling and cache-copy tests;
 #   serve    a Llama model made here (tools/gpu/make_model.py: Llama-3.2-1B's shapes, seeded random
 #            bf16 weights) served by llm-cluster with one cuda worker: the first step's top-20
 #            logprobs of four prompts against transformers on the same GPU (check_logits.py),
@@ -14,6 +12,9 @@
 #   bench    bench_kernels_cuda (decode attention against a device-to-device copy, prefill
 #            attention), torch's SDPA on the same prefill shapes (torch_attention_bench.py) and
 #            bench_gpu_model (Llama-3-8B shapes, batch 1 to 256, eager and from CUDA graphs);
+#   sanitize compute-sanitizer memcheck, racecheck and synccheck on small filters of the
+#            attention, sampling, cache-copy and cp.async tests, each run in the time left
+#            (last: the slowest, and the least of the figures);
 # and writes OUT/summary.json, OUT/summary.txt (a short table), OUT/kit.log (everything) and
 # OUT/details.tar.gz (every phase's own files). Exit 0 only when every phase passed.
 #
@@ -25,12 +26,12 @@
 #
 # Options: --kit FILE (a packed kit) or --kit-dir DIR (an unpacked one); --out DIR; --emu;
 # --python PY (python3); --tests "NAME ..." (only these test binaries); --phases "env tests ..."
-# (only these phases; env always runs); --deadline-s N (420: a phase that would start after it
-# is skipped, recorded as such).
+# (only these phases; env always runs); --deadline-s N (450: a phase, or a sanitizer run, that
+# would start after it is left out and recorded as such, which fails the kit).
 set -u -o pipefail
 
 KIT="" KIT_DIR="" OUT="" EMU=0 PY=python3 ONLY_TESTS="" PHASES="env tests sanitize serve bench"
-DEADLINE_S=420
+DEADLINE_S=450
 while [ $# -gt 0 ]; do
   case "$1" in
     --kit) KIT=$2; shift 2 ;;
@@ -83,6 +84,9 @@ finish() {
   local rc=$?
   tar -C "$W" -czf "$OUT/details.tar.gz" . 2>/dev/null
   rm -rf "$W"
+  # kit.log's tee ends once the script's output is closed: wait for it before exiting.
+  exec > /dev/null 2>&1
+  wait
   exit $rc
 }
 
@@ -190,52 +194,6 @@ if wants tests && in_time tests; then
     phase tests failed "no test binary ran"
   else
     phase tests counted "$ran binaries, $failed exited non-zero"
-  fi
-fi
-
-# ---- sanitize (a GPU only: the emulation has no compute-sanitizer)
-if wants sanitize; then
-  if [ $EMU = 1 ]; then
-    phase sanitize skipped "the emulation has no compute-sanitizer"
-  elif ! command -v compute-sanitizer > /dev/null; then
-    phase sanitize failed "compute-sanitizer is not on PATH"
-  elif in_time sanitize; then
-    log "sanitize"
-    mkdir -p "$W/sanitize"
-    bad=0 runs=0
-    while read -r tool bin filter; do
-      [ -x "$KIT_DIR/tests/$bin" ] || continue
-      runs=$((runs + 1))
-      f="$W/sanitize/$tool-$bin.log"
-      timeout 90 compute-sanitizer --tool "$tool" --error-exitcode 97 \
-        "$KIT_DIR/tests/$bin" --gtest_filter="$filter" > "$f" 2>&1
-      rc=$?
-      echo "$tool $bin $filter: exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$f" | tail -1)" |
-        tee -a "$W/sanitize/results.txt"
-      [ $rc = 0 ] || bad=$((bad + 1))
-    done <<'EOF'
-memcheck cuda_paged_attention_test CudaPagedAttention16.Bf16DecodeMatchesCpu:CudaPagedAttention.PrefillAndMixedBatchesMatchCpu
-memcheck cuda_paged_attention_prefill_test CudaPrefillAttention.ChunksMatchCpu
-memcheck cuda_sampling_test CudaSampling.GreedyIsTheHostsArgmaxIncludingTies:CudaSampling.PenaltiesMatchTheHostAfterOutputTokens
-memcheck cuda_copy_blocks_test CudaCopyBlocks.MatchesCpuOnEveryLayer
-memcheck cuda_swap_blocks_test CudaSwapBlocks.SwapOutSwapInAndDeviceToDeviceMatchCpu
-memcheck cuda_reshape_and_cache_test CudaReshapeAndCache.MatchesCpuWithPaddingForEveryShape
-racecheck cuda_paged_attention_test CudaPagedAttention16.Bf16DecodeMatchesCpu
-racecheck cuda_paged_attention_prefill_test CudaPrefillAttention.ChunksMatchCpu
-racecheck cuda_sampling_test CudaSampling.GreedyIsTheHostsArgmaxIncludingTies
-synccheck cuda_paged_attention_test CudaPagedAttention16.Bf16DecodeMatchesCpu
-synccheck cuda_paged_attention_prefill_test CudaPrefillAttention.ChunksMatchCpu
-synccheck cuda_sampling_test CudaSampling.GreedyIsTheHostsArgmaxIncludingTies
-racecheck cuda_shared_memory_test CudaAsyncCopy.*:CudaDynamicSharedMemory.*
-synccheck cuda_shared_memory_test CudaAsyncCopy.*
-EOF
-    if [ $runs = 0 ]; then
-      phase sanitize failed "none of the sanitized test binaries is in the kit"
-    elif [ $bad = 0 ]; then
-      phase sanitize ok "$runs runs clean"
-    else
-      phase sanitize failed "$bad of $runs runs reported errors (sanitize/results.txt)"
-    fi
   fi
 fi
 
@@ -372,6 +330,60 @@ if wants bench && in_time bench; then
     phase bench counted "benchmarks ran"
   else
     phase bench failed "a benchmark failed or is missing (bench/)"
+  fi
+fi
+
+# ---- sanitize (a GPU only: the emulation has no compute-sanitizer)
+if wants sanitize; then
+  if [ $EMU = 1 ]; then
+    phase sanitize skipped "the emulation has no compute-sanitizer"
+  elif ! command -v compute-sanitizer > /dev/null; then
+    phase sanitize failed "compute-sanitizer is not on PATH"
+  elif in_time sanitize; then
+    log "sanitize"
+    mkdir -p "$W/sanitize"
+    bad=0 runs=0 late=0
+    while read -r tool bin filter; do
+      [ -x "$KIT_DIR/tests/$bin" ] || continue
+      left=$(time_left)
+      if [ "$left" -lt 10 ]; then
+        echo "$tool $bin $filter: not run, the kit's deadline" | tee -a "$W/sanitize/results.txt"
+        late=$((late + 1))
+        continue
+      fi
+      runs=$((runs + 1))
+      f="$W/sanitize/$tool-$bin.log"
+      timeout $((left < 90 ? left : 90)) compute-sanitizer --tool "$tool" --error-exitcode 97 \
+        "$KIT_DIR/tests/$bin" --gtest_filter="$filter" > "$f" 2>&1
+      rc=$?
+      echo "$tool $bin $filter: exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$f" | tail -1)" |
+        tee -a "$W/sanitize/results.txt"
+      [ $rc = 0 ] || bad=$((bad + 1))
+    done <<'EOF'
+memcheck cuda_paged_attention_test CudaPagedAttention16.Bf16DecodeMatchesCpu:CudaPagedAttention.PrefillAndMixedBatchesMatchCpu
+memcheck cuda_paged_attention_prefill_test CudaPrefillAttention.ChunksMatchCpu
+memcheck cuda_sampling_test CudaSampling.GreedyIsTheHostsArgmaxIncludingTies:CudaSampling.PenaltiesMatchTheHostAfterOutputTokens
+memcheck cuda_copy_blocks_test CudaCopyBlocks.MatchesCpuOnEveryLayer
+memcheck cuda_swap_blocks_test CudaSwapBlocks.SwapOutSwapInAndDeviceToDeviceMatchCpu
+memcheck cuda_reshape_and_cache_test CudaReshapeAndCache.MatchesCpuWithPaddingForEveryShape
+racecheck cuda_paged_attention_test CudaPagedAttention16.Bf16DecodeMatchesCpu
+racecheck cuda_paged_attention_prefill_test CudaPrefillAttention.ChunksMatchCpu
+racecheck cuda_sampling_test CudaSampling.GreedyIsTheHostsArgmaxIncludingTies
+synccheck cuda_paged_attention_test CudaPagedAttention16.Bf16DecodeMatchesCpu
+synccheck cuda_paged_attention_prefill_test CudaPrefillAttention.ChunksMatchCpu
+synccheck cuda_sampling_test CudaSampling.GreedyIsTheHostsArgmaxIncludingTies
+racecheck cuda_shared_memory_test CudaAsyncCopy.*:CudaDynamicSharedMemory.*
+synccheck cuda_shared_memory_test CudaAsyncCopy.*
+EOF
+    if [ $runs = 0 ]; then
+      phase sanitize failed "none of the sanitized test binaries is in the kit, or no time"
+    elif [ $late != 0 ]; then
+      phase sanitize failed "$late runs left out for the deadline; $bad of $runs ran with errors"
+    elif [ $bad = 0 ]; then
+      phase sanitize ok "$runs runs clean"
+    else
+      phase sanitize failed "$bad of $runs runs reported errors (sanitize/results.txt)"
+    fi
   fi
 fi
 
