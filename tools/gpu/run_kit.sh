@@ -14,7 +14,7 @@
 #            bench_gpu_model (Llama-3-8B shapes, batch 1 to 256, eager and from CUDA graphs);
 #   sanitize compute-sanitizer memcheck, racecheck and synccheck on small filters of the
 #            attention, sampling, cache-copy and cp.async tests, each run in the time left
-#            (last: the slowest, and the least of the figures);
+#            (last: the slowest part, which gives no figures);
 # and writes OUT/summary.json, OUT/summary.txt (a short table), OUT/kit.log (everything) and
 # OUT/details.tar.gz (every phase's own files). Exit 0 only when every phase passed.
 #
