@@ -411,12 +411,12 @@ absl::Status WorkerServer::WarmUpCuda() {
   // Graphs of an earlier cache (profiling's scratch one, which may have held this address) are
   // dropped, and every size is captured over this one.
   model_->EnableCudaGraphs(model_->max_graph_batch());
-  for (int b : model_->GraphBatchSizes()) {
+  const std::vector<int> sizes = model_->GraphBatchSizes();
+  for (int b : sizes) {
     RETURN_IF_ERROR(DecodePass(b, 1, cache_->shape().block_size, cache_->device_caches()));
   }
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  const std::vector<int> sizes = model_->GraphBatchSizes();
   LOG(INFO) << "cuda: " << model_->num_graphs() << " of " << sizes.size()
             << " decode CUDA graphs captured (batch sizes "
             << (sizes.empty() ? std::string("none")

@@ -19,6 +19,15 @@ using gpu_testing::Random;
 
 class CudaRotaryEmbedding : public CudaTest {};
 
+// ComputeRopeCosSinCache's table for `config` (rotary_dim set), f32 [max_position, rotary_dim].
+HostTensor CosSinTable(const RopeConfig& config, int64_t max_position) {
+  std::vector<float> table(max_position * config.rotary_dim);
+  EXPECT_TRUE(ComputeRopeCosSinCache(config, max_position, table).ok());
+  HostTensor h_table(DType::kF32, {max_position, config.rotary_dim});
+  std::copy(table.begin(), table.end(), h_table.data<float>());
+  return h_table;
+}
+
 struct Shape {
   int64_t num_heads, num_kv_heads, head_size;
   int rotary_dim;  // 0 = head_size
@@ -69,10 +78,7 @@ TEST_F(CudaRotaryEmbedding, HalfMatchesCpuOnTheRoundedInputs) {
   config.theta = 500000.0;
   config.rotary_dim = 64;
   const int64_t max_position = 4096;
-  std::vector<float> table(max_position * 64);
-  ASSERT_TRUE(ComputeRopeCosSinCache(config, max_position, table).ok());
-  HostTensor h_table(DType::kF32, {max_position, 64});
-  std::copy(table.begin(), table.end(), h_table.data<float>());
+  const HostTensor h_table = CosSinTable(config, max_position);
   DeviceTensor d_table(h_table);
   for (const DType dtype : {DType::kBF16, DType::kF16}) {
     const double rtol = gpu_testing::HalfRtol(dtype);
@@ -114,10 +120,7 @@ TEST_F(CudaRotaryEmbedding, CachedMatchesComputedAndCudaMatchesCpu) {
   for (const Shape shape : {Shape{32, 8, 128, 128}, Shape{4, 1, 128, 64}}) {
     config.rotary_dim = shape.rotary_dim;
     const int64_t max_position = 131072;
-    std::vector<float> table(max_position * shape.rotary_dim);
-    ASSERT_TRUE(ComputeRopeCosSinCache(config, max_position, table).ok());
-    HostTensor h_table(DType::kF32, {max_position, shape.rotary_dim});
-    std::copy(table.begin(), table.end(), h_table.data<float>());
+    const HostTensor h_table = CosSinTable(config, max_position);
     DeviceTensor d_table(h_table);
     for (const int64_t num_tokens : gpu_testing::kTokenCounts) {
       SCOPED_TRACE(::testing::Message()
@@ -160,10 +163,7 @@ TEST_F(CudaRotaryEmbedding, TokenStridedViewsOfQkvRowsRotateInPlace) {
   config.theta = 500000.0;
   config.rotary_dim = 64;
   const int64_t max_position = 4096;
-  std::vector<float> table(max_position * 64);
-  ASSERT_TRUE(ComputeRopeCosSinCache(config, max_position, table).ok());
-  HostTensor h_table(DType::kF32, {max_position, 64});
-  std::copy(table.begin(), table.end(), h_table.data<float>());
+  const HostTensor h_table = CosSinTable(config, max_position);
   DeviceTensor d_table(h_table);
   for (const DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (const bool cached : {false, true}) {
@@ -210,10 +210,7 @@ TEST_F(CudaRotaryEmbedding, CachedPositionOutsideTheTable) {
   std::mt19937 rng(404);
   RopeConfig config;
   config.rotary_dim = 64;
-  std::vector<float> table(10 * 64);
-  ASSERT_TRUE(ComputeRopeCosSinCache(config, 10, table).ok());
-  HostTensor h_table(DType::kF32, {10, 64});
-  std::copy(table.begin(), table.end(), h_table.data<float>());
+  const HostTensor h_table = CosSinTable(config, 10);
   HostTensor positions = Indices({3, 10, 9}, DType::kI32);
   HostTensor q = Random({3, 2, 64}, rng), k = Random({3, 1, 64}, rng);
   EXPECT_EQ(RotaryEmbeddingCached({}, positions.view(), q.view(), k.view(), h_table.view()).message,
