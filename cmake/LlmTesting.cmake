@@ -21,7 +21,10 @@ function(llm_add_test)
   target_compile_definitions(${T_NAME} PRIVATE
                              LLM_TEST_DATA_DIR="${PROJECT_SOURCE_DIR}/tests/data"
                              LLM_TEST_PYTHON="${LLM_TEST_PYTHON}")
-  gtest_discover_tests(${T_NAME} TEST_PREFIX "${T_PREFIX}" PROPERTIES LABELS ${T_LABEL}
+  # Tests poison every KV cache they make, their workers' too (CacheEngine::PoisonByDefault),
+  # so that a kernel reading a slot nobody wrote shows; a test of resident memory turns it off.
+  gtest_discover_tests(${T_NAME} TEST_PREFIX "${T_PREFIX}"
+                       PROPERTIES LABELS ${T_LABEL} ENVIRONMENT "LLM_POISON_KV_CACHE=1"
                        DISCOVERY_TIMEOUT 60)
   # The device kit packs the `gpu` tests (gpu_kit_binaries, tools/gpu/pack_kit.sh).
   if(T_LABEL STREQUAL "gpu")

@@ -23,6 +23,9 @@ namespace llm {
 enum class HostMemory : uint8_t {
   kPageable,  // aligned_alloc
   kPinned,    // cudaHostAlloc (needs the CUDA backend): asynchronous copies, device-readable
+  // An anonymous private mapping: address space reserved, each page zero-filled and made
+  // resident when first touched (the KV cache on cpu, whose blocks are written as they are used).
+  kReserved,
 };
 
 class Tensor {
@@ -47,6 +50,10 @@ class Tensor {
   }
 
   bool allocated() const { return view_.data != nullptr; }
+  HostMemory host_memory() const { return host_; }
+  // Bytes of this host tensor's pages that are resident in memory (mincore): what it has
+  // touched, for a kReserved one. Its capacity for pinned memory; 0 on a device.
+  size_t ResidentBytes() const;
   const TensorView& view() const { return view_; }
   size_t capacity_bytes() const { return bytes_; }
   template <typename T>

@@ -1,7 +1,9 @@
 #include "worker_service/cache_engine.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/ops.h"
@@ -18,16 +20,29 @@ size_t CacheEngine::BytesPerBlock(const CacheShape& s) {
          DTypeSize(s.dtype);
 }
 
+bool CacheEngine::PoisonByDefault() {
+  const char* env = std::getenv("LLM_POISON_KV_CACHE");
+  if (env != nullptr && *env != '\0') return std::string_view(env) != "0";
+#ifdef NDEBUG
+  return false;
+#else
+  return true;
+#endif
+}
+
 absl::StatusOr<std::unique_ptr<CacheEngine>> CacheEngine::Create(const CacheShape& shape,
                                                                  int num_device_blocks,
                                                                  int num_host_blocks,
-                                                                 DeviceContext* context) {
+                                                                 DeviceContext* context,
+                                                                 bool poison) {
   const bool cuda = context != nullptr && context->is_cuda();
-  if (num_device_blocks < 1 || num_host_blocks < 1 || shape.num_layers < 1 ||
+  if (num_device_blocks < 1 || num_host_blocks < 0 || shape.num_layers < 1 ||
       shape.block_size < 1 || shape.num_kv_heads < 1 || shape.head_dim < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("KV cache: ", num_device_blocks, " device and ", num_host_blocks,
-                     " host blocks of ", shape.num_layers, " layers: every count must be >= 1"));
+                     " host blocks of ", shape.num_layers,
+                     " layers: the device blocks and every size must be >= 1, the host "
+                     "blocks >= 0"));
   }
   if (!(shape.dtype == DType::kF32 || shape.dtype == DType::kBF16 ||
         (cuda && shape.dtype == DType::kF16))) {
@@ -36,7 +51,7 @@ absl::StatusOr<std::unique_ptr<CacheEngine>> CacheEngine::Create(const CacheShap
                                                    cuda ? " (f32, f16, bf16)" : " (f32, bf16)"));
   }
   std::unique_ptr<CacheEngine> engine(
-      new CacheEngine(shape, num_device_blocks, num_host_blocks, context, true));
+      new CacheEngine(shape, num_device_blocks, num_host_blocks, context, poison));
   if (absl::Status s = engine->Allocate(); !s.ok()) return s;
   return engine;
 }
@@ -47,11 +62,12 @@ CacheEngine::CacheEngine(const CacheShape& shape, int num_device_blocks, int num
 }
 
 CacheEngine::CacheEngine(const CacheShape& shape, int num_device_blocks, int num_host_blocks,
-                         DeviceContext* context, bool)
+                         DeviceContext* context, bool poison)
     : shape_(shape),
       num_device_blocks_(num_device_blocks),
       num_host_blocks_(num_host_blocks),
-      context_(context) {}
+      context_(context),
+      poison_(poison) {}
 
 absl::Status CacheEngine::Allocate() {
   const CacheShape& s = shape_;
@@ -69,7 +85,7 @@ absl::Status CacheEngine::Allocate() {
     }
     // Poison: all-ones bytes are NaN in every float dtype.
     if (where.is_cpu()) {
-      std::memset(arena->view().data, 0xFF, arena->view().nbytes());
+      if (poison_) std::memset(arena->view().data, 0xFF, arena->view().nbytes());
       return absl::OkStatus();
     }
 #ifdef LLM_WITH_CUDA
@@ -79,14 +95,17 @@ absl::Status CacheEngine::Allocate() {
     return absl::OkStatus();
   };
   const bool cuda = device.is_cuda();
-  if (absl::Status st = allocate(device, num_device_blocks_, HostMemory::kPageable, &device_arena_);
+  if (absl::Status st = allocate(device, num_device_blocks_, HostMemory::kReserved, &device_arena_);
       !st.ok()) {
     return st;
   }
-  if (absl::Status st = allocate(TensorDevice::Cpu(), num_host_blocks_,
-                                 cuda ? HostMemory::kPinned : HostMemory::kPageable, &host_arena_);
-      !st.ok()) {
-    return st;
+  if (num_host_blocks_ > 0) {
+    if (absl::Status st =
+            allocate(TensorDevice::Cpu(), num_host_blocks_,
+                     cuda ? HostMemory::kPinned : HostMemory::kReserved, &host_arena_);
+        !st.ok()) {
+      return st;
+    }
   }
   const size_t esize = DTypeSize(s.dtype);
   const int64_t per_block = static_cast<int64_t>(s.block_size) * s.num_kv_heads * s.head_dim;
@@ -94,15 +113,28 @@ absl::Status CacheEngine::Allocate() {
     device_.push_back(TensorView::Contiguous(
         static_cast<char*>(device_arena_.view().data) + c * num_device_blocks_ * per_block * esize,
         s.dtype, {num_device_blocks_, s.block_size, s.num_kv_heads, s.head_dim}, device));
-    host_.push_back(TensorView::Contiguous(
-        static_cast<char*>(host_arena_.view().data) + c * num_host_blocks_ * per_block * esize,
-        s.dtype, {num_host_blocks_, s.block_size, s.num_kv_heads, s.head_dim}));
+    if (num_host_blocks_ > 0) {
+      host_.push_back(TensorView::Contiguous(
+          static_cast<char*>(host_arena_.view().data) + c * num_host_blocks_ * per_block * esize,
+          s.dtype, {num_host_blocks_, s.block_size, s.num_kv_heads, s.head_dim}));
+    }
   }
   for (int l = 0; l < s.num_layers; ++l) {
     device_layers_.push_back({device_[2 * l], device_[2 * l + 1]});
   }
   if (context_ != nullptr) return context_->Synchronize();
   return absl::OkStatus();
+}
+
+CacheEngine::Memory CacheEngine::MemoryUse() const {
+  Memory m;
+  m.device_reserved = device_arena_.view().nbytes();
+  m.device_resident = device_arena_.ResidentBytes();
+  if (host_arena_.allocated()) {
+    m.host_reserved = host_arena_.view().nbytes();
+    m.host_resident = host_arena_.ResidentBytes();
+  }
+  return m;
 }
 
 ops::OpContext CacheEngine::OpContextFor() const {

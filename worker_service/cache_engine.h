@@ -6,9 +6,13 @@
 // For the CPU backend "the device" is host memory too. On cuda the 2 * num_layers caches are
 // views of ONE device allocation (layer l's K at index 2l, V at 2l + 1), so that CopyBlocks and
 // SwapBlocks move a block of every layer in a few launches or copies. Every cache is allocated
-// once, here, and poisoned with NaN (all-ones bytes, NaN in f32, f16 and bf16) so that a kernel
-// reading a slot nobody wrote shows at once. The cache dtype (CacheShape::dtype) is f32 on cpu;
-// f32, f16 or bf16 on cuda.
+// once, here. On cpu both arenas are reserved address space (HostMemory::kReserved): a page
+// becomes resident when a block on it is first written, so an idle worker holds only what its
+// requests have used (ResidentBytes says how much). With `poison` every cache is filled with
+// all-ones bytes (NaN in f32, f16 and bf16) so that a kernel reading a slot nobody wrote shows
+// at once; that touches every page, so it is for tests and debug builds (PoisonByDefault). On
+// cuda the device arena is always poisoned (device memory, no cost to the host). The cache
+// dtype (CacheShape::dtype) is f32 or bf16 on cpu; f32, f16 or bf16 on cuda.
 //
 // Thread-safety: one thread (the worker's step loop).
 #ifndef LLM_WORKER_SERVICE_CACHE_ENGINE_H_
@@ -43,13 +47,20 @@ class CacheEngine {
   // pools are sized with (num_blocks = memory budget / BytesPerBlock).
   static size_t BytesPerBlock(const CacheShape& shape);
 
-  // On `context`'s device (null: cpu). RESOURCE_EXHAUSTED naming the bytes when the caches do
-  // not fit; INVALID_ARGUMENT for a dtype the device does not take or counts < 1.
+  // Whether caches are poisoned unless the caller says: true in debug builds (no NDEBUG) or
+  // when the environment has LLM_POISON_KV_CACHE=1 (the tests' CMake sets it), false with
+  // LLM_POISON_KV_CACHE=0 or else.
+  static bool PoisonByDefault();
+
+  // On `context`'s device (null: cpu). num_host_blocks may be 0 (no swap space: preemption by
+  // recompute only). RESOURCE_EXHAUSTED naming the bytes when the caches do not fit;
+  // INVALID_ARGUMENT for a dtype the device does not take or counts out of range.
   static absl::StatusOr<std::unique_ptr<CacheEngine>> Create(const CacheShape& shape,
                                                              int num_device_blocks,
                                                              int num_host_blocks,
-                                                             DeviceContext* context = nullptr);
-  // cpu only; throws std::bad_alloc when the memory is not there (prefer Create).
+                                                             DeviceContext* context = nullptr,
+                                                             bool poison = PoisonByDefault());
+  // cpu only, poisoned; throws std::bad_alloc when the memory is not there (prefer Create).
   CacheEngine(const CacheShape& shape, int num_device_blocks, int num_host_blocks);
   CacheEngine(const CacheEngine&) = delete;
   CacheEngine& operator=(const CacheEngine&) = delete;
@@ -58,6 +69,16 @@ class CacheEngine {
   int num_device_blocks() const { return num_device_blocks_; }
   int num_host_blocks() const { return num_host_blocks_; }
   std::span<const LayerKvCache> device_caches() const { return device_layers_; }
+
+  // Host memory the caches hold, for the worker's accounting. `reserved`: the arenas' sizes;
+  // `resident`: their pages in memory now (mincore; on cpu what has been written or poisoned,
+  // pinned swap space is always resident). The device arena of cuda is not host memory: its
+  // bytes are in device_reserved only.
+  struct Memory {
+    size_t device_reserved = 0, device_resident = 0;  // the KV cache
+    size_t host_reserved = 0, host_resident = 0;      // the swap space
+  };
+  Memory MemoryUse() const;
 
   // Each of the three answers INVALID_ARGUMENT, before copying anything, when a pair is out of
   // range. (A worker's steps are checked whole before, by its BatchState.)
@@ -71,7 +92,7 @@ class CacheEngine {
 
  private:
   CacheEngine(const CacheShape& shape, int num_device_blocks, int num_host_blocks,
-              DeviceContext* context, bool);
+              DeviceContext* context, bool poison);
   absl::Status Allocate();
   absl::Status Swap(std::span<const BlockPair> pairs, const std::vector<TensorView>& from,
                     const std::vector<TensorView>& to);
@@ -81,8 +102,9 @@ class CacheEngine {
   int num_device_blocks_;
   int num_host_blocks_;
   DeviceContext* context_;  // null: cpu
-  Tensor device_arena_;     // [2 * num_layers, num_device_blocks, block_size, heads, head_dim]
-  Tensor host_arena_;       // [2 * num_layers, num_host_blocks, ...]
+  bool poison_;
+  Tensor device_arena_;  // [2 * num_layers, num_device_blocks, block_size, heads, head_dim]
+  Tensor host_arena_;    // [2 * num_layers, num_host_blocks, ...]; unallocated when 0 blocks
   std::vector<TensorView> device_;  // 2 per layer: K, V
   std::vector<TensorView> host_;
   std::vector<LayerKvCache> device_layers_;

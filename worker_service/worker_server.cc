@@ -1,5 +1,7 @@
 #include "worker_service/worker_server.h"
 
+#include <malloc.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -295,6 +297,9 @@ absl::Status WorkerServer::DoInit(const v1::InitRequest& request, v1::InitRespon
     if (!model.ok()) return model.status();
     model_ = std::move(*model);
     model_key_ = key;
+    // Loading freed its temporaries (dequantized and unpacked tensors) into malloc's arenas,
+    // which keep them resident; give those pages back before serving.
+    malloc_trim(0);
   }
   if (comm_ != nullptr) comm_->Rebind(std::move(group));
   kv_cache_dtype_ = *kv_dtype;
@@ -563,10 +568,9 @@ grpc::Status WorkerServer::InitCache(grpc::ServerContext* context,
   if (context_ != nullptr) {
     if (absl::Status s = context_->MakeCurrent(); !s.ok()) return ToGrpc(s);
   }
-  // CacheEngine needs at least one host block; an unused one costs one block of memory.
   absl::StatusOr<std::unique_ptr<CacheEngine>> cache =
       CacheEngine::Create(shape, static_cast<int>(request->num_gpu_blocks()),
-                          std::max<int>(1, request->num_cpu_blocks()), context_.get());
+                          static_cast<int>(request->num_cpu_blocks()), context_.get());
   if (!cache.ok()) {
     SetHealth("not initialized: the KV cache did not fit in memory");
     return grpc::Status(

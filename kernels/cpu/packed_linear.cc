@@ -122,9 +122,27 @@ bool CpuHasNativeBf16() {
   return has;
 }
 
+// The element offset of weights[k][n] (oneDNN's [K, N]) in a blocked layout, as oneDNN's
+// memory_desc_wrapper::off_v computes it: the inner blocks from the innermost out, then the outer
+// strides. Each dimension's part is added separately, so offset(k, n) = offset(k, 0) + offset(0,
+// n) - offset0. (dnnl_memory_desc_t is a public struct in oneDNN 2.x, the version Debian ships.)
+int64_t BlockedOffset(const dnnl_memory_desc_t& md, int64_t k, int64_t n) {
+  const dnnl_blocking_desc_t& blk = md.format_desc.blocking;
+  int64_t pos[2] = {k, n};
+  int64_t offset = md.offset0, stride = 1;
+  for (int j = blk.inner_nblks - 1; j >= 0; --j) {
+    const int d = blk.inner_idxs[j];
+    offset += pos[d] % blk.inner_blks[j] * stride;
+    stride *= blk.inner_blks[j];
+    pos[d] /= blk.inner_blks[j];
+  }
+  return offset + pos[0] * blk.strides[0] + pos[1] * blk.strides[1];
+}
+
 struct PackedLinear::Impl {
   std::shared_ptr<ShapeClass> shape;
   dnnl::memory weights;                    // packed, owned by oneDNN
+  std::vector<int64_t> k_offsets;          // BlockedOffset(k, 0) per k; empty: not blocked
   dnnl::memory bias;                       // f32 [1, N]
   std::unique_ptr<CodedBf16Matrix> coded;  // small steps' copy, or null
   // Per row count: memory objects over the caller's x and out (their handles set per call).
@@ -229,6 +247,11 @@ OpStatus PackedLinear::Create(const TensorView& weight, const TensorView& bias, 
     dnnl::memory plain({{k, n}, bf16 ? dt::bf16 : dt::f32, tag::ba}, Engine(), plain_data);
     impl.weights = dnnl::memory(impl.shape->packed, Engine());
     dnnl::reorder(plain, impl.weights).execute(stream, plain, impl.weights);
+    const dnnl_memory_desc_t& md = impl.shape->packed.data;
+    if (md.format_kind == dnnl_blocked && md.ndims == 2) {
+      impl.k_offsets.resize(static_cast<size_t>(k));
+      for (int64_t i = 0; i < k; ++i) impl.k_offsets[i] = BlockedOffset(md, i, 0);
+    }
     impl.bias = dnnl::memory({{1, n}, dt::f32, tag::ab}, Engine());
     if (bias.present()) {
       std::memcpy(impl.bias.get_data_handle(), bias.data, static_cast<size_t>(n) * 4);
@@ -261,6 +284,50 @@ std::string PackedLinear::ImplementationName(int64_t m) const {
     return "";
   }
   return a->prim->impl;
+}
+
+OpStatus PackedLinear::GatherRows(const TensorView& out, const TensorView& rows) const {
+  if (rows.dtype != DType::kI32 || rows.ndim != 1 || !rows.device.is_cpu() ||
+      !rows.is_contiguous()) {
+    return OpStatus::Error("PackedLinear::GatherRows: rows: expected i32 [T] on cpu, got " +
+                           Shape2(rows));
+  }
+  const int64_t t = rows.shape[0];
+  if (out.dtype != DType::kF32 || out.ndim != 2 || out.shape[0] != t || out.shape[1] != k_ ||
+      !out.device.is_cpu() || !out.is_contiguous()) {
+    return OpStatus::Error("PackedLinear::GatherRows: out: expected f32 [" + std::to_string(t) +
+                           ", " + std::to_string(k_) + "] contiguous on cpu, got " + Shape2(out));
+  }
+  if (impl_->k_offsets.empty()) {
+    return OpStatus::Error(
+        "PackedLinear::GatherRows: oneDNN packed the weight in a layout that is "
+        "not blocked");
+  }
+  const dnnl_memory_desc_t& md = impl_->shape->packed.data;
+  const int64_t* koff = impl_->k_offsets.data();
+  const void* w = impl_->weights.get_data_handle();
+  const int32_t* ids = rows.data_as<const int32_t>();
+  float* o = out.data_as<float>();
+  for (int64_t i = 0; i < t; ++i) {
+    float* dst = o + i * k_;
+    const int64_t row = ids[i];
+    if (row < 0 || row >= n_) {
+      std::memset(dst, 0, static_cast<size_t>(k_) * sizeof(float));
+      continue;
+    }
+    const int64_t base = BlockedOffset(md, 0, row) - md.offset0;
+    if (weight_dtype_ == DType::kBF16) {
+      const uint16_t* src = static_cast<const uint16_t*>(w) + base;
+      for (int64_t j = 0; j < k_; ++j) {
+        const uint32_t bits = static_cast<uint32_t>(src[koff[j]]) << 16;
+        std::memcpy(dst + j, &bits, 4);
+      }
+    } else {
+      const float* src = static_cast<const float*>(w) + base;
+      for (int64_t j = 0; j < k_; ++j) dst[j] = src[koff[j]];
+    }
+  }
+  return OpStatus::Ok();
 }
 
 OpStatus PackedLinear::Reserve(int64_t max_m) const {

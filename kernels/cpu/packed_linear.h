@@ -81,6 +81,12 @@ class PackedLinear {
   // contiguous on cpu, not overlapping. M = 0 is a no-op.
   ops::OpStatus Forward(const TensorView& out, const TensorView& x) const;
 
+  // out[t][k] = weight[rows[t]][k] as f32 (bf16 weights widened, exactly), read from the packed
+  // layout; a row outside [0, N) gives zeros. The embedding lookup of a tied LM head, so that the
+  // table is held once (vocab-parallel ranks map other ranks' tokens outside their rows). rows
+  // i32 [T], out f32 [T, K] contiguous on cpu.
+  ops::OpStatus GatherRows(const TensorView& out, const TensorView& rows) const;
+
   // Creates the primitives for every row count up to max_m and grows the calling thread's
   // scratch for them, so that Forward on this thread allocates nothing for such steps.
   ops::OpStatus Reserve(int64_t max_m) const;

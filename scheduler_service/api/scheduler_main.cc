@@ -91,7 +91,7 @@ struct Flags {
   int max_num_batched_tokens = 0;
   int max_model_len = 0;
   double gpu_memory_utilization = 0.9;
-  double swap_space = 4;
+  double swap_space = -1;  // -1: 4 GiB on cuda, 0 on cpu
   double cpu_kv_cache_space = 1;
   int num_gpu_blocks_override = 0;
   double watermark = 0.01;
@@ -175,7 +175,9 @@ Flags Parse(int argc, char** argv) {
         "(0)");
   p.Add("gpu-memory-utilization", &f.gpu_memory_utilization,
         "fraction of device memory a worker may use (0.9)");
-  p.Add("swap-space", &f.swap_space, "GiB of host memory per rank for swapped-out blocks (4)");
+  p.Add("swap-space", &f.swap_space,
+        "GiB of host memory per rank for swapped-out blocks (4 on cuda; 0 on cpu, where a swap "
+        "would copy between two regions of the same memory: preemption recomputes)");
   p.Add("cpu-kv-cache-space", &f.cpu_kv_cache_space,
         "GiB of host memory per rank for the KV cache of CPU workers (1)");
   p.Add("num-gpu-blocks-override", &f.num_gpu_blocks_override,
@@ -276,7 +278,9 @@ Setup Check(const Flags& f, const ModelConfig& model, const Tokenizer& tokenizer
   if (f.recovery_timeout < 0) Usage("--recovery-timeout must be >= 0");
   if (f.max_concurrent_requests < 1) Usage("--max-concurrent-requests must be at least 1");
   if (f.num_gpu_blocks_override < 0) Usage("--num-gpu-blocks-override must be >= 0");
-  if (f.swap_space < 0 || f.cpu_kv_cache_space < 0) Usage("memory sizes must be >= 0");
+  const double swap_space =
+      f.swap_space == -1 ? (f.device.rfind("cuda", 0) == 0 ? 4 : 0) : f.swap_space;
+  if (swap_space < 0 || f.cpu_kv_cache_space < 0) Usage("memory sizes must be >= 0");
   if (f.max_prompt_bytes < 1) Usage("--max-prompt-bytes must be at least 1");
   if (f.max_stop_bytes < 1) Usage("--max-stop-bytes must be at least 1");
   if (f.max_request_bytes > INT32_MAX ||
@@ -343,7 +347,7 @@ Setup Check(const Flags& f, const ModelConfig& model, const Tokenizer& tokenizer
   g.max_num_seqs = sc.max_num_seqs;
   g.vocab_size = model.vocab_size;
   g.gpu_memory_utilization = f.gpu_memory_utilization;
-  g.swap_space_gib = f.swap_space;
+  g.swap_space_gib = swap_space;
   g.cpu_kv_cache_space_gib = f.cpu_kv_cache_space;
   g.num_gpu_blocks_override = f.num_gpu_blocks_override;
 

@@ -110,6 +110,7 @@ cp "$KIT_DIR/MANIFEST.json" "$W/kit_manifest.json" 2>/dev/null
 # ---- env: the libraries the kit leaves to the machine (cuBLAS, cuBLASLt, NCCL, the CUDA
 # runtime) from the CUDA toolkit or the torch venv's nvidia-* wheels, first found first.
 LIBPATH="$KIT_DIR/lib"
+CUBLAS_MISSING=""
 if [ $EMU = 0 ]; then
   # The folders of the nvidia-* wheels (nvidia is a namespace package) that hold libraries.
   NVIDIA_LIB_DIRS=$("$PY" - 2>/dev/null <<'EOF'
@@ -131,11 +132,14 @@ EOF
       case ":$LIBPATH:" in *":$found:"*) ;; *) LIBPATH="$LIBPATH:$found" ;; esac
     else
       echo "$lib: not found in the toolkit or the torch venv"
+      # cuBLAS and cuBLASLt are dlopen'ed at their first call: ldd below cannot see them.
+      case $lib in libcublas*) CUBLAS_MISSING="$CUBLAS_MISSING $lib" ;; esac
     fi
   done
 fi
 export LD_LIBRARY_PATH="$LIBPATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export LLM_TEST_DATA_DIR="$REPO/tests/data"
+export LLM_POISON_KV_CACHE=1  # as ctest: every KV cache the tests make is poisoned
 log "env"
 {
   echo "date: $(date -u +%FT%TZ)"
@@ -158,6 +162,7 @@ for b in "$KIT_DIR"/bin/* "$KIT_DIR"/tests/* "$KIT_DIR"/bench/*; do
   nf=$(ldd "$b" 2>&1 | grep "not found" | awk '{print $1}' | sort -u | tr '\n' ' ')
   [ -n "$nf" ] && missing="$missing$(basename "$b"): $nf; "
 done
+[ -n "${CUBLAS_MISSING:-}" ] && missing="$missing(dlopen'ed):$CUBLAS_MISSING; "
 if [ -n "$missing" ]; then
   echo "missing libraries: $missing"
   phase env failed "missing libraries: $missing"

@@ -385,10 +385,13 @@ absl::Status LlamaModel::PackCpuWeights() {
     RETURN_IF_ERROR(pack(&L.down_proj, nullptr, &L.down_packed));
   }
   if (config_.tie_word_embeddings) {
-    // The embedding table stays (f32, for the lookup); the head is a packed copy of its rows.
+    // The table is held once, packed as the head: the lookup reads its rows from there
+    // (PackedLinear::GatherRows; ids of other ranks, mapped to row vp, read zeros).
     RETURN_IF_ERROR(FromOp(cpu::PackedLinear::Create(
         embed_.Prefix({vocab_per_rank_, config_.hidden_size}), {}, dtype_, &lm_head_packed_)));
     weight_bytes_ += lm_head_packed_->packed_bytes();
+    weight_bytes_ -= embed_.view().nbytes();
+    embed_ = Tensor();
   } else {
     RETURN_IF_ERROR(pack(&lm_head_, nullptr, &lm_head_packed_));
   }
@@ -751,7 +754,11 @@ absl::Status LlamaModel::Compute(const StepViews& sv, std::span<const LayerKvCac
   const TensorView gate_up = buf_.gate_up.Prefix({t, 2 * il}), act = buf_.act.Prefix({t, il});
   const TensorView none;
 
-  RETURN_IF_ERROR(FromOp(ops::Embedding(ctx, x, ids, embed_.view())));
+  if (embed_.allocated()) {
+    RETURN_IF_ERROR(FromOp(ops::Embedding(ctx, x, ids, embed_.view())));
+  } else {
+    RETURN_IF_ERROR(FromOp(lm_head_packed_->GatherRows(x, ids)));
+  }
   RETURN_IF_ERROR(AllReduce(x));
   for (int l = 0; l < config_.num_hidden_layers; ++l) {
     const Layer& L = layers_[l];
@@ -780,7 +787,9 @@ absl::Status LlamaModel::Compute(const StepViews& sv, std::span<const LayerKvCac
   // The rows that sample, then this rank's slice of the vocabulary (fp32), then all of it.
   const TensorView selected = buf_.selected.Prefix({n, h});
   RETURN_IF_ERROR(FromOp(ops::Embedding(ctx, selected, rows, x)));
-  const TensorView head = config_.tie_word_embeddings ? embed_.Prefix({vp, h}) : lm_head_.view();
+  const TensorView head = lm_head_packed_ != nullptr    ? TensorView{}
+                          : config_.tie_word_embeddings ? embed_.Prefix({vp, h})
+                                                        : lm_head_.view();
   const TensorView local = buf_.local_logits.Prefix(DType::kF32, {n, vp});
   if (lm_head_packed_ != nullptr) {
     RETURN_IF_ERROR(FromOp(lm_head_packed_->Forward(local, selected)));

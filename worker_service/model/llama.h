@@ -23,8 +23,10 @@
 // activations, norms, rotary, softmax, the KV cache and attention are fp32 whatever the dtype;
 // the GEMM weights (qkv, o, gate_up, down, the LM head) are packed at load for oneDNN
 // (kernels/cpu/packed_linear.h) in the model's dtype: f32, or bf16 (on CPUs with AVX512_BF16 or
-// AMX: the GEMM's input rounded to bf16, fp32 accumulation, f32 output). The embedding table
-// stays f32. CPU steps run on the one OpenMP pool (kernels/cpu/thread_pool.h). Weights are read in
+// AMX: the GEMM's input rounded to bf16, fp32 accumulation, f32 output). A tied embedding table
+// is held once, as the packed head, and looked up there (PackedLinear::GatherRows: in bf16 the
+// rows are the bf16 ones the head multiplies by, as vLLM's bf16 embedding); an untied one stays
+// f32. CPU steps run on the one OpenMP pool (kernels/cpu/thread_pool.h). Weights are read in
 // the model's dtype (a BF16 checkpoint is copied, not converted through fp32) and each rank uploads
 // only its slices.
 //

@@ -161,6 +161,52 @@ TEST(PackedLinear, UsesOptimizedKernels) {
   }
 }
 
+// GatherRows reads rows back out of the packed layout (the tied LM head's embedding lookup):
+// exactly the weight's rows (bf16: rounded), zeros for rows outside [0, N), every row of odd
+// shapes and of SmolLM2's head width (K 576) in any order.
+TEST(PackedLinear, GatherRowsReadsTheWeightsRowsFromThePackedLayout) {
+  std::mt19937 rng(45);
+  const Dims kGatherShapes[] = {{0, 1, 1}, {0, 33, 65}, {0, 576, 1000}, {0, 130, 257}};
+  for (const Dims& d : kGatherShapes) {
+    HostTensor w = Random({d.n, d.k}, rng);
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      if (dtype == DType::kBF16 && !CpuHasNativeBf16()) continue;
+      std::unique_ptr<PackedLinear> p;
+      ASSERT_TRUE(PackedLinear::Create(w.view(), {}, dtype, &p).ok());
+      std::vector<int32_t> rows;
+      for (int64_t r = d.n - 1; r >= 0; --r) rows.push_back(static_cast<int32_t>(r));
+      rows.push_back(static_cast<int32_t>(d.n));  // outside: zeros
+      rows.push_back(-1);
+      rows.push_back(0);
+      const int64_t t = static_cast<int64_t>(rows.size());
+      const TensorView ids = TensorView::Contiguous(rows.data(), DType::kI32, {t});
+      HostTensor out = Poisoned({t, d.k});
+      ASSERT_TRUE(p->GatherRows(out.view(), ids).ok());
+      int64_t wrong = 0;
+      for (int64_t i = 0; i < t; ++i) {
+        for (int64_t j = 0; j < d.k; ++j) {
+          const int32_t r = rows[i];
+          float want = 0;
+          if (r >= 0 && r < d.n) {
+            want = w.data<float>()[r * d.k + j];
+            if (dtype == DType::kBF16) want = RoundBf16(want);
+          }
+          wrong += out.data<float>()[i * d.k + j] != want;
+        }
+      }
+      EXPECT_EQ(wrong, 0) << DTypeName(dtype) << " [" << d.n << ", " << d.k << "]";
+    }
+  }
+  HostTensor w = Random({8, 16}, rng);
+  std::unique_ptr<PackedLinear> p;
+  ASSERT_TRUE(PackedLinear::Create(w.view(), {}, DType::kF32, &p).ok());
+  int32_t one = 0;
+  HostTensor out_bad = Poisoned({1, 15});
+  EXPECT_EQ(p->GatherRows(out_bad.view(), TensorView::Contiguous(&one, DType::kI32, {1})).message,
+            "PackedLinear::GatherRows: out: expected f32 [1, 16] contiguous on cpu, got f32 [1, "
+            "15] on cpu");
+}
+
 TEST(PackedLinear, ErrorsNameTheArgument) {
   std::mt19937 rng(44);
   HostTensor w = Random({65, 33}, rng);
