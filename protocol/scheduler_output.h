@@ -147,6 +147,19 @@ struct WorkerStats {
   int64_t linear_plans = 0;
   int64_t linear_plan_hits = 0;
   int64_t linear_plan_misses = 0;
+  // The worker's memory, in bytes, sampled at most once a second (mirrors
+  // llm.v1.WorkerStats.memory).
+  struct Memory {
+    int64_t resident = 0;       // the process's resident set (host)
+    int64_t weights = 0;        // the model's weights in their serving form (on its device)
+    int64_t coded_weights = 0;  // of those, the 12-bit coded copies of bf16 weights (cpu)
+    int64_t kv_reserved = 0;    // the KV cache's arena
+    int64_t kv_resident = 0;    // of it, resident in host memory (cpu: the blocks written)
+    int64_t swap_reserved = 0;  // the swap space (host)
+    int64_t swap_resident = 0;  // of it, resident
+    int64_t activations = 0;    // the model's activation and input buffers
+  };
+  Memory memory;
 };
 
 // The workers' answer to one step.

@@ -251,6 +251,16 @@ void EncodeWorkerStats(const WorkerStats& stats, v1::WorkerStats* out) {
   out->set_linear_plans(static_cast<uint64_t>(stats.linear_plans));
   out->set_linear_plan_hits(static_cast<uint64_t>(stats.linear_plan_hits));
   out->set_linear_plan_misses(static_cast<uint64_t>(stats.linear_plan_misses));
+  const WorkerStats::Memory& m = stats.memory;
+  v1::WorkerStats::Memory* mo = out->mutable_memory();
+  mo->set_resident(static_cast<uint64_t>(m.resident));
+  mo->set_weights(static_cast<uint64_t>(m.weights));
+  mo->set_coded_weights(static_cast<uint64_t>(m.coded_weights));
+  mo->set_kv_cache_reserved(static_cast<uint64_t>(m.kv_reserved));
+  mo->set_kv_cache_resident(static_cast<uint64_t>(m.kv_resident));
+  mo->set_swap_reserved(static_cast<uint64_t>(m.swap_reserved));
+  mo->set_swap_resident(static_cast<uint64_t>(m.swap_resident));
+  mo->set_activations(static_cast<uint64_t>(m.activations));
 }
 
 WorkerStats DecodeWorkerStats(const v1::WorkerStats& in) {
@@ -266,6 +276,15 @@ WorkerStats DecodeWorkerStats(const v1::WorkerStats& in) {
   s.linear_plans = static_cast<int64_t>(in.linear_plans());
   s.linear_plan_hits = static_cast<int64_t>(in.linear_plan_hits());
   s.linear_plan_misses = static_cast<int64_t>(in.linear_plan_misses());
+  const v1::WorkerStats::Memory& m = in.memory();
+  s.memory.resident = static_cast<int64_t>(m.resident());
+  s.memory.weights = static_cast<int64_t>(m.weights());
+  s.memory.coded_weights = static_cast<int64_t>(m.coded_weights());
+  s.memory.kv_reserved = static_cast<int64_t>(m.kv_cache_reserved());
+  s.memory.kv_resident = static_cast<int64_t>(m.kv_cache_resident());
+  s.memory.swap_reserved = static_cast<int64_t>(m.swap_reserved());
+  s.memory.swap_resident = static_cast<int64_t>(m.swap_resident());
+  s.memory.activations = static_cast<int64_t>(m.activations());
   return s;
 }
 

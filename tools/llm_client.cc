@@ -34,6 +34,7 @@
 #include "common/grpc_security.h"
 #include "google/protobuf/util/json_util.h"
 #include "llm/v1/llm_service.grpc.pb.h"
+#include "scheduler_service/api/metrics.h"
 #include "tools/health_check.h"
 
 namespace llm {
@@ -407,6 +408,15 @@ int Stats(const Args& a, v1::LLMService::Stub& stub) {
         u(w.device_sampled_steps()), u(w.host_sampled_steps()),
         w.cuda_graphs_enabled() ? "on" : "off", w.graphs_captured(), u(w.graph_steps()),
         u(w.steps()), u(w.linear_plans()), u(w.linear_plan_hits()), u(w.linear_plan_misses()));
+    const v1::WorkerStats::Memory& m = w.memory();
+    auto mib = [](uint64_t bytes) { return bytes / 1048576.0; };
+    std::printf(
+        "worker memory:    %.1f MiB resident: weights %.1f MiB (coded copies %.1f), KV cache "
+        "%.1f of %.1f MiB reserved, swap %.1f of %.1f MiB, activations %.1f MiB, other %.1f "
+        "MiB\n",
+        mib(m.resident()), mib(m.weights()), mib(m.coded_weights()), mib(m.kv_cache_resident()),
+        mib(m.kv_cache_reserved()), mib(m.swap_resident()), mib(m.swap_reserved()),
+        mib(m.activations()), mib(OtherResidentBytes(m)));
   }
   return 0;
 }

@@ -1,9 +1,12 @@
 #include "worker_service/model_runner.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <bit>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -14,6 +17,20 @@
 #endif
 
 namespace llm {
+namespace {
+
+// The process's resident set in bytes (/proc/self/statm's second field, in pages); 0 where
+// there is no procfs.
+int64_t ResidentSetBytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  long long size = 0, resident = 0;
+  const int got = std::fscanf(f, "%lld %lld", &size, &resident);
+  std::fclose(f);
+  return got == 2 ? resident * sysconf(_SC_PAGESIZE) : 0;
+}
+
+}  // namespace
 
 int64_t FirstNonFinite(std::span<const float> values) {
   constexpr size_t kChunk = 4096;
@@ -44,6 +61,23 @@ ModelRunner::ModelRunner(LlamaModel* model, CacheEngine* cache, DeviceSampler* d
       device_sampler_ != nullptr ? WorkerStats::Sampler::kDevice : WorkerStats::Sampler::kHost;
   stats_.cuda_graphs_enabled = model_->cuda_graphs_enabled();
   stats_.graphs_captured = model_->num_graphs();
+  SampleMemory(/*force=*/true);
+}
+
+void ModelRunner::SampleMemory(bool force) {
+  const auto now = std::chrono::steady_clock::now();
+  if (!force && now - memory_sampled_ < std::chrono::seconds(1)) return;
+  memory_sampled_ = now;
+  WorkerStats::Memory& m = stats_.memory;
+  m.resident = ResidentSetBytes();
+  m.weights = static_cast<int64_t>(model_->weight_bytes());
+  m.coded_weights = static_cast<int64_t>(model_->coded_weight_bytes());
+  const CacheEngine::Memory cache = cache_->MemoryUse();
+  m.kv_reserved = static_cast<int64_t>(cache.device_reserved);
+  m.kv_resident = static_cast<int64_t>(cache.device_resident);
+  m.swap_reserved = static_cast<int64_t>(cache.host_reserved);
+  m.swap_resident = static_cast<int64_t>(cache.host_resident);
+  m.activations = static_cast<int64_t>(model_->activation_bytes());
 }
 
 void ModelRunner::CountStep(int64_t graph_replays_before, bool sampled, bool on_device) {
@@ -60,6 +94,7 @@ void ModelRunner::CountStep(int64_t graph_replays_before, bool sampled, bool on_
     stats_.linear_plan_misses = plans.misses;
   }
 #endif
+  SampleMemory(/*force=*/false);
 }
 
 ModelRunner::~ModelRunner() {

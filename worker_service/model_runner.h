@@ -18,6 +18,7 @@
 #ifndef LLM_WORKER_SERVICE_MODEL_RUNNER_H_
 #define LLM_WORKER_SERVICE_MODEL_RUNNER_H_
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -79,6 +80,9 @@ class ModelRunner : public Executor {
   absl::Status RunModel(const SchedulerOutput& step, ModelOutput* out, bool* sampled_on_device);
   // Counts a step that ran the model into stats_.
   void CountStep(int64_t graph_replays_before, bool sampled, bool on_device);
+  // Samples stats_.memory, unless `force` is false and it was sampled less than a second ago
+  // (mincore over the KV arena and /proc/self/statm cost tens of microseconds per GiB).
+  void SampleMemory(bool force);
   // Drops a sequence's device state (penalties) before its sampler goes.
   void Release(std::vector<std::unique_ptr<SequenceSampler>>& seqs);
 
@@ -98,6 +102,7 @@ class ModelRunner : public Executor {
   std::vector<int32_t> sample_rows_;  // device sampling: logits rows, one per sample
   std::vector<SampledToken> sampled_;
   WorkerStats stats_;
+  std::chrono::steady_clock::time_point memory_sampled_;
 };
 
 }  // namespace llm

@@ -12,6 +12,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/grpc_security.h"
 #include "common/model_config.h"
 #include "common/status_macros.h"
@@ -589,6 +590,12 @@ grpc::Status WorkerServer::InitCache(grpc::ServerContext* context,
   }
   runner_ = std::make_unique<ModelRunner>(model_.get(), cache_.get(), device_sampler_.get());
   SetStats(runner_->stats());
+  const WorkerStats::Memory& m = runner_->stats().memory;
+  auto mib = [](int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); };
+  LOG(INFO) << "memory: " << mib(m.resident) << " resident; weights " << mib(m.weights)
+            << " (coded copies " << mib(m.coded_weights) << "), KV cache " << mib(m.kv_reserved)
+            << " reserved (" << mib(m.kv_resident) << " resident), swap " << mib(m.swap_reserved)
+            << " (" << mib(m.swap_resident) << " resident), activations " << mib(m.activations);
   SetHealth("ready");
   return grpc::Status::OK;
 }

@@ -272,6 +272,10 @@ size_t PackedLinear::packed_bytes() const {
 
 bool PackedLinear::has_coded() const { return impl_->coded != nullptr; }
 
+size_t PackedLinear::coded_bytes() const {
+  return impl_->coded != nullptr ? impl_->coded->bytes() : 0;
+}
+
 bool PackedLinear::UsesCoded(int64_t m) const {
   return impl_->coded != nullptr && m >= 1 && m <= CodedBf16Matrix::kMaxRows;
 }

@@ -99,6 +99,8 @@ class PackedLinear {
   size_t packed_bytes() const;
   // Whether steps of 1 to CodedBf16Matrix::kMaxRows rows run on the coded copy.
   bool has_coded() const;
+  // Bytes of the coded copy (0 without one); part of packed_bytes().
+  size_t coded_bytes() const;
   // The implementation for `m` rows: oneDNN's (e.g. "brg:avx512_core_bf16") or "coded_bf16",
   // for tests and benches.
   std::string ImplementationName(int64_t m) const;

@@ -89,19 +89,23 @@ void Counter::Render(const MetricLabels& const_labels, std::string* out) const {
   for (const auto& [labels, v] : values_) Sample(total, const_labels, labels, v, out);
 }
 
-void Gauge::Set(double v) {
+void Gauge::Set(double v, const MetricLabels& labels) {
   absl::MutexLock lock(&mu_);
-  value_ = v;
+  values_[labels] = v;
 }
 
-double Gauge::Value() const {
+double Gauge::Value(const MetricLabels& labels) const {
   absl::MutexLock lock(&mu_);
-  return value_;
+  auto it = values_.find(labels);
+  return it == values_.end() ? 0 : it->second;
 }
 
 void Gauge::Render(const MetricLabels& const_labels, std::string* out) const {
   Header(name_, help_, "gauge", out);
-  Sample(name_, const_labels, {}, Value(), out);
+  absl::MutexLock lock(&mu_);
+  // A gauge never set renders 0, as before it had labels.
+  if (values_.empty()) Sample(name_, const_labels, {}, 0, out);
+  for (const auto& [labels, v] : values_) Sample(name_, const_labels, labels, v, out);
 }
 
 Histogram::Histogram(std::string name, std::string help, std::vector<double> bounds)
@@ -210,6 +214,10 @@ ServingMetrics::ServingMetrics(const std::string& model_name)
       "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
       {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
        30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0});
+  worker_memory_bytes = r.AddGauge(
+      "llm:worker_memory_bytes",
+      "Memory of the rank-0 worker by kind, in bytes, as of its last step (resident: the "
+      "process's resident set).");
 }
 
 void ServingMetrics::UpdateFromStats(const v1::GetStatsResponse& s) {
@@ -219,6 +227,26 @@ void ServingMetrics::UpdateFromStats(const v1::GetStatsResponse& s) {
   prefix_cache_queries->Set(static_cast<double>(s.prefix_cache_queries()));
   prefix_cache_hits->Set(static_cast<double>(s.prefix_cache_hits()));
   num_preemptions->Set(static_cast<double>(s.num_preemptions()));
+  if (s.has_worker()) {
+    const v1::WorkerStats::Memory& m = s.worker().memory();
+    const std::pair<const char*, uint64_t> kinds[] = {{"resident", m.resident()},
+                                                      {"weights", m.weights()},
+                                                      {"coded_weights", m.coded_weights()},
+                                                      {"kv_cache_reserved", m.kv_cache_reserved()},
+                                                      {"kv_cache_resident", m.kv_cache_resident()},
+                                                      {"swap_reserved", m.swap_reserved()},
+                                                      {"swap_resident", m.swap_resident()},
+                                                      {"activations", m.activations()},
+                                                      {"other", OtherResidentBytes(m)}};
+    for (const auto& [kind, bytes] : kinds) {
+      worker_memory_bytes->Set(static_cast<double>(bytes), {{"kind", kind}});
+    }
+  }
+}
+
+uint64_t OtherResidentBytes(const v1::WorkerStats::Memory& m) {
+  const uint64_t known = m.weights() + m.kv_cache_resident() + m.swap_resident() + m.activations();
+  return m.resident() > known ? m.resident() - known : 0;
 }
 
 }  // namespace llm

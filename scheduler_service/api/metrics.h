@@ -15,7 +15,11 @@
 //   set from the engine's stats at scrape time (UpdateFromStats):
 //     vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc
 //     (a fraction in [0, 1], as vLLM's), vllm:prefix_cache_queries, vllm:prefix_cache_hits
-//     (tokens), vllm:num_preemptions.
+//     (tokens), vllm:num_preemptions; and one of ours, vLLM having none:
+//     llm:worker_memory_bytes{kind} (rank 0's worker, from its last step: kind resident,
+//     weights, coded_weights, kv_cache_reserved, kv_cache_resident, swap_reserved,
+//     swap_resident, activations, other = resident - weights - kv_cache_resident -
+//     swap_resident - activations on cpu, whose every kind is host memory).
 //
 // Thread-safety: every method is thread-safe. Metric pointers stay valid as long as their
 // registry.
@@ -64,15 +68,15 @@ class Counter final : public MetricFamily {
 class Gauge final : public MetricFamily {
  public:
   Gauge(std::string name, std::string help) : name_(std::move(name)), help_(std::move(help)) {}
-  void Set(double v);
-  double Value() const;
+  void Set(double v, const MetricLabels& labels = {});
+  double Value(const MetricLabels& labels = {}) const;
   void Render(const MetricLabels& const_labels, std::string* out) const override;
 
  private:
   const std::string name_;
   const std::string help_;
   mutable absl::Mutex mu_;
-  double value_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<MetricLabels, double> values_ ABSL_GUARDED_BY(mu_);
 };
 
 class Histogram final : public MetricFamily {
@@ -138,7 +142,13 @@ struct ServingMetrics {
   Histogram* time_to_first_token_seconds;
   Histogram* inter_token_latency_seconds;
   Histogram* e2e_request_latency_seconds;
+  Gauge* worker_memory_bytes;  // label kind (see above)
 };
+
+// The worker's resident bytes not accounted for by a kind (libraries, gRPC, scratch of the
+// ops, malloc's slack): resident - weights - kv_cache_resident - swap_resident - activations,
+// at least 0. Meaningful on cpu, where every kind is host memory.
+uint64_t OtherResidentBytes(const v1::WorkerStats::Memory& m);
 
 }  // namespace llm
 

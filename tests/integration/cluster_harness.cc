@@ -109,9 +109,14 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
         << "restart_workers: " << (options.restart_workers ? "true" : "false") << "\n"
         << "restart_delay_s: " << options.restart_delay_s << "\n"
         << "startup_timeout_s: 90\n"
-        << "engine:\n"
-        << "  cpu_kv_cache_space: 0.05\n"
-        << "  swap_space: 0.05\n";
+        << "engine:\n";
+    auto given = [&](const char* key) {
+      return std::any_of(options.engine.begin(), options.engine.end(),
+                         [&](const auto& kv) { return kv.first == key; });
+    };
+    // Small caches (and a swap space, which preemption tests use) unless the test sizes them.
+    if (!given("cpu_kv_cache_space")) out << "  cpu_kv_cache_space: 0.05\n";
+    if (!given("swap_space")) out << "  swap_space: 0.05\n";
     // The default step deadline, unless the test sets its own.
     if (std::none_of(options.engine.begin(), options.engine.end(),
                      [](const auto& kv) { return kv.first == "worker_timeout"; })) {

@@ -370,6 +370,7 @@ absl::Status LlamaModel::PackCpuWeights() {
         weight->view(), bias != nullptr && bias->allocated() ? bias->view() : TensorView{}, dtype_,
         out)));
     weight_bytes_ += (*out)->packed_bytes();
+    coded_weight_bytes_ += (*out)->coded_bytes();
     weight_bytes_ -= weight->view().nbytes();
     *weight = Tensor();
     if (bias != nullptr && bias->allocated()) {
@@ -390,12 +391,24 @@ absl::Status LlamaModel::PackCpuWeights() {
     RETURN_IF_ERROR(FromOp(cpu::PackedLinear::Create(
         embed_.Prefix({vocab_per_rank_, config_.hidden_size}), {}, dtype_, &lm_head_packed_)));
     weight_bytes_ += lm_head_packed_->packed_bytes();
+    coded_weight_bytes_ += lm_head_packed_->coded_bytes();
     weight_bytes_ -= embed_.view().nbytes();
     embed_ = Tensor();
   } else {
     RETURN_IF_ERROR(pack(&lm_head_, nullptr, &lm_head_packed_));
   }
   return absl::OkStatus();
+}
+
+size_t LlamaModel::activation_bytes() const {
+  const Buffers& b = buf_;
+  size_t total = 0;
+  for (const Tensor* t :
+       {&b.x, &b.residual, &b.qkv, &b.attn, &b.gate_up, &b.act, &b.selected, &b.local_logits,
+        &b.gathered, &b.logits, &b.staging, &b.inputs, &b.attention_workspace}) {
+    total += t->capacity_bytes();
+  }
+  return total;
 }
 
 absl::Status LlamaModel::Synchronize() {

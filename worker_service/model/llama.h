@@ -124,8 +124,11 @@ class LlamaModel {
   // deadline when there is a group, so that a dead peer fails the wait instead of hanging it).
   absl::Status Synchronize();
   DType dtype() const { return dtype_; }
-  // Bytes of this rank's weights on the device.
+  // Bytes of this rank's weights on the device, and of those the 12-bit coded copies (cpu).
   size_t weight_bytes() const { return weight_bytes_; }
+  size_t coded_weight_bytes() const { return coded_weight_bytes_; }
+  // Bytes of the activation and step-input buffers held now (Reserve, or the largest step).
+  size_t activation_bytes() const;
 
   // CUDA graphs for decode steps (cuda; off until called): a step whose every sequence
   // computes one token and samples it runs from a graph captured at its first use for the
@@ -239,6 +242,7 @@ class LlamaModel {
   int local_intermediate_ = 0;
   int vocab_per_rank_ = 0;  // Vp
   size_t weight_bytes_ = 0;
+  size_t coded_weight_bytes_ = 0;
   ops::RopeConfig rope_;
   Tensor cos_sin_cache_;  // f32 [max_position_embeddings, head_dim]: cosines, then sines
   Tensor embed_;          // [Vp + 1, H]; rows past this rank's vocabulary are zero
