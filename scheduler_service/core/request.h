@@ -94,6 +94,10 @@ struct alignas(64) Request {
   State state = State::kWaiting;
   bool known_to_workers = false;
   bool has_stop_lists = false;  // stop_token_ids, or stop strings to check (StopChecker)
+  // Preempted by recompute while the workers held it: the next step that schedules it must
+  // say resumed_from_preemption (its computed tokens went back to 0), even when that is not
+  // the step that re-admitted it.
+  bool resume_pending = false;
   int n = 1;                    // params.n
   int num_live = 1;             // sequences not finished
   int num_tokens = 0;           // tokens of each live sequence

@@ -168,6 +168,7 @@ void Scheduler::ResetForNewWorkers(const BlockSpaceManagerConfig& cache_config) 
   awaiting_update_ = false;
   auto forget = [](Request* req) {
     req->known_to_workers = false;
+    req->resume_pending = false;
     for (Sequence& seq : req->seqs) {
       seq.known_to_workers = false;
       seq.num_tokens_sent = 0;
@@ -474,6 +475,7 @@ void Scheduler::PreemptByRecompute(Request* req) {
     seq.status = SequenceStatus::kWaiting;
   }
   req->num_computed_tokens = 0;
+  req->resume_pending = req->known_to_workers;
   req->state = Request::State::kWaiting;
   waiting_.insert(req);
 }
@@ -548,7 +550,10 @@ void Scheduler::AddToOutput(Request* req, int num_tokens, bool resumed) {
     r.prompt_token_ids = req->prompt();
     r.sampling_params = &req->params;
   }
-  r.resumed_from_preemption = resumed;
+  // A request re-admitted after preemption by recompute but scheduled only in a later step
+  // (its first chunk did not fit the one that admitted it) is still resuming.
+  r.resumed_from_preemption = resumed || req->resume_pending;
+  req->resume_pending = false;
   r.num_computed_tokens = req->num_computed_tokens;
   r.num_scheduled_tokens = num_tokens;
   if (req->num_computed_tokens + num_tokens == req->num_tokens) {
