@@ -86,7 +86,16 @@ void BlockPool::Touch(KVCacheBlock* block) {
 void BlockPool::Free(KVCacheBlock* block) {
   CHECK_GT(block->ref_cnt, 0) << DeviceName(device_) << " block " << block->block_id
                               << " freed while already free";
-  if (--block->ref_cnt == 0) free_queue_.Append(block);
+  if (--block->ref_cnt != 0) return;
+  // A block the prefix cache holds waits at the back, evicted last. One whose contents nobody
+  // can reuse is allocated next: on cpu its pages are resident already, and the blocks never
+  // written stay untouched (CacheEngine reserves them), so a worker's memory follows the blocks
+  // in use at once, not every block ever handed out.
+  if (device_ != Device::kGpu || (enable_caching_ && block->is_hashed())) {
+    free_queue_.Append(block);
+  } else {
+    free_queue_.Prepend(block);
+  }
 }
 
 void BlockPool::SetHashed(KVCacheBlock* block, const BlockKey& key, std::span<const TokenId> tokens,

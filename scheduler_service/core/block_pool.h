@@ -65,8 +65,10 @@ class BlockPool {
   // A prefix hit: one more holder; a free block leaves the free queue (it is revived).
   void Touch(KVCacheBlock* block);
 
-  // Drops one holder; at zero the block goes to the back of the free queue, cached contents
-  // kept. CHECK-fails when the block is already free.
+  // Drops one holder; at zero a block the prefix cache holds goes to the back of the free queue
+  // (cached contents kept, evicted least recently freed first), any other to the front of a
+  // gpu pool's (reused next: its memory is resident already) or the back of a cpu pool's.
+  // CHECK-fails when the block is already free.
   void Free(KVCacheBlock* block);
   void Free(BlockId id) { Free(&blocks_[id]); }
 

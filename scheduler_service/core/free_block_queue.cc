@@ -44,6 +44,16 @@ void FreeBlockQueue::Append(KVCacheBlock* block) {
   ++size_;
 }
 
+void FreeBlockQueue::Prepend(KVCacheBlock* block) {
+  CHECK(!IsLinked(*block)) << "block " << block->block_id << " is already in the free queue";
+  KVCacheBlock* first = head_.next_free;
+  first->prev_free = block;
+  block->next_free = first;
+  block->prev_free = &head_;
+  head_.next_free = block;
+  ++size_;
+}
+
 void FreeBlockQueue::Remove(KVCacheBlock* block) {
   CHECK(IsLinked(*block)) << "block " << block->block_id << " is not in the free queue";
   block->prev_free->next_free = block->next_free;

@@ -1,4 +1,6 @@
-// The free KV-cache blocks of one pool, least recently freed first.
+// The free KV-cache blocks of one pool in the order they are allocated: BlockPool puts a freed
+// block whose contents nobody can reuse at the front, one the prefix cache holds at the back
+// (least recently freed first).
 //
 // An intrusive doubly linked list through KVCacheBlock::prev_free / next_free with a sentinel
 // head and tail, so that PopFront, Append and Remove (a cached block revived by a prefix hit
@@ -34,6 +36,8 @@ class FreeBlockQueue {
   void PopFrontN(int n, std::vector<KVCacheBlock*>* out);
   // Links `block` at the back; CHECK-fails when it is already linked.
   void Append(KVCacheBlock* block);
+  // Links `block` at the front (allocated next); CHECK-fails when it is already linked.
+  void Prepend(KVCacheBlock* block);
   // Unlinks `block` from wherever it is; CHECK-fails when it is not linked.
   void Remove(KVCacheBlock* block);
 

@@ -31,18 +31,41 @@ BlockKey HashAs(BlockPool& pool, BlockId id, const std::vector<TokenId>& tokens,
   return key;
 }
 
-TEST(BlockPool, AllocatesLeastRecentlyFreedFirst) {
-  BlockPool pool(Device::kGpu, 4, kBlockSize, true);
+// Blocks the prefix cache holds are evicted least recently freed first, after the blocks never
+// used: a request's blocks are freed tail first, so its tail is evicted first.
+TEST(BlockPool, EvictsCachedBlocksLeastRecentlyFreedFirst) {
+  BlockPool pool(Device::kGpu, 6, kBlockSize, true);
   std::vector<BlockId> ids;
   pool.Allocate(4, &ids);
   EXPECT_THAT(ids, ElementsAre(0, 1, 2, 3));
-  EXPECT_EQ(pool.num_free_blocks(), 0);
-  EXPECT_DOUBLE_EQ(pool.usage(), 1.0);
-  // A request's blocks are freed tail first, so its tail is reused (evicted) first.
+  EXPECT_EQ(pool.num_free_blocks(), 2);
+  for (int i = 0; i < 4; ++i) HashAs(pool, ids[i], Tokens(10 * i), i + 1);
   for (int i = 3; i >= 0; --i) pool.Free(ids[i]);
   std::vector<BlockId> again;
-  pool.Allocate(4, &again);
-  EXPECT_THAT(again, ElementsAre(3, 2, 1, 0));
+  pool.Allocate(6, &again);
+  EXPECT_THAT(again, ElementsAre(4, 5, 3, 2, 1, 0));
+  EXPECT_DOUBLE_EQ(pool.usage(), 1.0);
+}
+
+// A freed block whose contents nobody can reuse (not hashed, or caching off) is allocated next,
+// before blocks never used, so that the KV cache's resident memory (reserved, touched when
+// written, on cpu) follows the blocks in use at once.
+TEST(BlockPool, ReusesUncachedFreedBlocksBeforeUntouchedOnes) {
+  for (bool caching : {true, false}) {
+    BlockPool pool(Device::kGpu, 6, kBlockSize, caching);
+    std::vector<BlockId> ids;
+    pool.Allocate(3, &ids);
+    HashAs(pool, ids[0], Tokens(0), 1);  // caching: kept for prefix hits, at the back
+    for (int i = 2; i >= 0; --i) pool.Free(ids[i]);
+    std::vector<BlockId> again;
+    pool.Allocate(6, &again);
+    if (caching) {
+      EXPECT_THAT(again, ElementsAre(1, 2, 3, 4, 5, 0));
+    } else {
+      EXPECT_THAT(again, ElementsAre(0, 1, 2, 3, 4, 5));
+    }
+    EXPECT_TRUE(pool.CheckInvariants().ok());
+  }
 }
 
 TEST(BlockPool, FreedCachedBlockStaysFindableAndTouchRevivesIt) {

@@ -37,6 +37,17 @@ TEST(FreeBlockQueue, AppendGoesToTheBackSoFreedBlocksAreReusedLast) {
   EXPECT_THAT(q.ToVector(), ElementsAre(1, 2, 0));
 }
 
+TEST(FreeBlockQueue, PrependGoesToTheFrontSoTheBlockIsReusedNext) {
+  std::vector<KVCacheBlock> blocks = MakeBlocks(3);
+  FreeBlockQueue q(blocks);
+  KVCacheBlock* b2 = &blocks[2];
+  q.Remove(b2);
+  q.Prepend(b2);
+  EXPECT_THAT(q.ToVector(), ElementsAre(2, 0, 1));
+  EXPECT_EQ(q.size(), 3);
+  EXPECT_EQ(q.PopFront()->block_id, 2);
+}
+
 TEST(FreeBlockQueue, RemoveFromFrontMiddleAndBack) {
   std::vector<KVCacheBlock> blocks = MakeBlocks(5);
   FreeBlockQueue q(blocks);
