@@ -312,6 +312,7 @@ absl::Status LlamaModel::LoadWeights(const WeightSource* weights, uint64_t seed)
     RETURN_IF_ERROR(Memset(device_, stream, lm_head_.view().data, 0, lm_head_.view().nbytes()));
     if (v1 > v0) RETURN_IF_ERROR(read("lm_head.weight", 0, v0, v1, {v1 - v0, h}, &lm_head_, 0));
   }
+  if (device_.is_cpu()) RETURN_IF_ERROR(PackCpuHead());
   RETURN_IF_ERROR(whole("model.norm.weight", {h}, &final_norm_));
 
   // Rotary's cos/sin table, computed once (fp64 angles) and kept on the device.
@@ -357,46 +358,46 @@ absl::Status LlamaModel::LoadWeights(const WeightSource* weights, uint64_t seed)
     RETURN_IF_ERROR(alloc({h, i_local}, &L.down_proj));
     RETURN_IF_ERROR(
         read(p + "mlp.down_proj.weight", 1, m0, m0 + i_local, {h, i_local}, &L.down_proj, 0));
+    // cpu: packed now, so that a load holds the unpacked copy of one layer at a time.
+    if (device_.is_cpu()) RETURN_IF_ERROR(PackCpuLayer(&L));
   }
   if (context_ != nullptr) RETURN_IF_ERROR(context_->Synchronize());
-  if (device_.is_cpu()) RETURN_IF_ERROR(PackCpuWeights());
   return absl::OkStatus();
 }
 
-absl::Status LlamaModel::PackCpuWeights() {
-  auto pack = [&](Tensor* weight, Tensor* bias,
-                  std::unique_ptr<cpu::PackedLinear>* out) -> absl::Status {
-    RETURN_IF_ERROR(FromOp(cpu::PackedLinear::Create(
-        weight->view(), bias != nullptr && bias->allocated() ? bias->view() : TensorView{}, dtype_,
-        out)));
-    weight_bytes_ += (*out)->packed_bytes();
-    coded_weight_bytes_ += (*out)->coded_bytes();
-    weight_bytes_ -= weight->view().nbytes();
-    *weight = Tensor();
-    if (bias != nullptr && bias->allocated()) {
-      weight_bytes_ -= bias->view().nbytes();
-      *bias = Tensor();
-    }
-    return absl::OkStatus();
-  };
-  for (Layer& L : layers_) {
-    RETURN_IF_ERROR(pack(&L.qkv_proj, &L.qkv_bias, &L.qkv_packed));
-    RETURN_IF_ERROR(pack(&L.o_proj, nullptr, &L.o_packed));
-    RETURN_IF_ERROR(pack(&L.gate_up_proj, nullptr, &L.gate_up_packed));
-    RETURN_IF_ERROR(pack(&L.down_proj, nullptr, &L.down_packed));
+absl::Status LlamaModel::PackCpuWeight(Tensor* weight, Tensor* bias,
+                                       std::unique_ptr<cpu::PackedLinear>* out) {
+  RETURN_IF_ERROR(FromOp(cpu::PackedLinear::Create(
+      weight->view(), bias != nullptr && bias->allocated() ? bias->view() : TensorView{}, dtype_,
+      out)));
+  weight_bytes_ += (*out)->packed_bytes();
+  coded_weight_bytes_ += (*out)->coded_bytes();
+  weight_bytes_ -= weight->view().nbytes();
+  *weight = Tensor();
+  if (bias != nullptr && bias->allocated()) {
+    weight_bytes_ -= bias->view().nbytes();
+    *bias = Tensor();
   }
-  if (config_.tie_word_embeddings) {
-    // The table is held once, packed as the head: the lookup reads its rows from there
-    // (PackedLinear::GatherRows; ids of other ranks, mapped to row vp, read zeros).
-    RETURN_IF_ERROR(FromOp(cpu::PackedLinear::Create(
-        embed_.Prefix({vocab_per_rank_, config_.hidden_size}), {}, dtype_, &lm_head_packed_)));
-    weight_bytes_ += lm_head_packed_->packed_bytes();
-    coded_weight_bytes_ += lm_head_packed_->coded_bytes();
-    weight_bytes_ -= embed_.view().nbytes();
-    embed_ = Tensor();
-  } else {
-    RETURN_IF_ERROR(pack(&lm_head_, nullptr, &lm_head_packed_));
-  }
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::PackCpuLayer(Layer* L) {
+  RETURN_IF_ERROR(PackCpuWeight(&L->qkv_proj, &L->qkv_bias, &L->qkv_packed));
+  RETURN_IF_ERROR(PackCpuWeight(&L->o_proj, nullptr, &L->o_packed));
+  RETURN_IF_ERROR(PackCpuWeight(&L->gate_up_proj, nullptr, &L->gate_up_packed));
+  return PackCpuWeight(&L->down_proj, nullptr, &L->down_packed);
+}
+
+absl::Status LlamaModel::PackCpuHead() {
+  if (!config_.tie_word_embeddings) return PackCpuWeight(&lm_head_, nullptr, &lm_head_packed_);
+  // The table is held once, packed as the head: the lookup reads its rows from there
+  // (PackedLinear::GatherRows; ids of other ranks, mapped to row vp, read zeros).
+  RETURN_IF_ERROR(FromOp(cpu::PackedLinear::Create(
+      embed_.Prefix({vocab_per_rank_, config_.hidden_size}), {}, dtype_, &lm_head_packed_)));
+  weight_bytes_ += lm_head_packed_->packed_bytes();
+  coded_weight_bytes_ += lm_head_packed_->coded_bytes();
+  weight_bytes_ -= embed_.view().nbytes();
+  embed_ = Tensor();
   return absl::OkStatus();
 }
 

@@ -218,8 +218,11 @@ class LlamaModel {
   void ReleaseGraphs();
   // From `weights`, or random (seeded) when it is null.
   absl::Status LoadWeights(const WeightSource* weights, uint64_t seed);
-  // cpu: packs the GEMM weights in dtype_ and releases their f32 copies.
-  absl::Status PackCpuWeights();
+  // cpu: packs a GEMM weight (and bias) in dtype_ and releases its f32 copy; a layer's four
+  // GEMMs; the LM head (tied: from the embedding table, which is then released).
+  absl::Status PackCpuWeight(Tensor* weight, Tensor* bias, std::unique_ptr<cpu::PackedLinear>* out);
+  absl::Status PackCpuLayer(Layer* layer);
+  absl::Status PackCpuHead();
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Make(const ModelConfig& config,
                                                           Communicator* comm,
                                                           const ModelOptions& options);
