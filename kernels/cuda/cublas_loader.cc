@@ -1,8 +1,9 @@
 // cuBLAS and cuBLASLt, loaded when first called instead of when the process starts.
 //
-// Linked directly, libcublasLt alone makes about 145 MB of a process resident before main (its
-// static initializers write 84 MB of its zero-initialized data, and 60 MB of its code is paged
-// in): every worker paid it, the cpu ones too, whose step never calls cuBLAS. This file defines
+// Linked directly, libcublasLt is loaded and initialized before main in every process that links
+// it, and its static initializers write much of its large zero-initialized data: every worker paid
+// for it in resident memory, the cpu ones too, whose steps never call cuBLAS (README, "Worker
+// memory", has the figures). This file defines
 // the cuBLAS and cuBLASLt functions the project calls, each forwarding to the real one in
 // libcublas.so.<major> / libcublasLt.so.<major>, which are dlopen'ed at the first call of any of
 // them (found as the dynamic loader finds libraries: LD_LIBRARY_PATH, the runpath, ld.so.cache).
