@@ -8,7 +8,8 @@
 //              streams the model's answer, the conversation rendered by its chat template
 //   llm-client info     the served model (GetModelInfo)
 //   llm-client stats    queues, KV usage, prefix-cache hit rate, preemptions, and what the
-//                       workers run with (sampler, CUDA graphs, cuBLASLt plans) (GetStats)
+//                       workers run with (sampler, CUDA graphs, cuBLASLt plans, memory by
+//                       kind) (GetStats); --json: the response as one line of JSON
 //   llm-client health   grpc.health.v1 of the server
 //
 // Flags may be written --flag=value or --flag value, before or after the command; --stop may
@@ -133,7 +134,8 @@ Args Parse(int argc, char** argv) {
   flags.Add("quiet", &a.quiet, "print only the summary, not the text (false)");
   flags.Add("json", &a.json,
             "generate and chat: print each streamed GenerateResponse as one line of JSON "
-            "(protobuf's JSON mapping: token ids, text, logprobs, usage) and nothing else (false)");
+            "(protobuf's JSON mapping: token ids, text, logprobs, usage) and nothing else; "
+            "stats: the GetStatsResponse as one line of JSON, worker memory included (false)");
 
   // Positionals out, "--flag value" joined into "--flag=value", --stop collected (repeats).
   std::vector<std::string> rebuilt = {argv[0]};
@@ -388,6 +390,15 @@ int Stats(const Args& a, v1::LLMService::Stub& stub) {
   v1::GetStatsResponse r;
   const grpc::Status s = stub.GetStats(&ctx, v1::GetStatsRequest(), &r);
   if (!s.ok()) return RpcFailed(s);
+  if (a.json) {
+    std::string line;
+    google::protobuf::util::JsonPrintOptions options;
+    options.preserve_proto_field_names = true;
+    options.always_print_primitive_fields = true;
+    (void)google::protobuf::util::MessageToJsonString(r, &line, options);
+    std::printf("%s\n", line.c_str());
+    return 0;
+  }
   std::printf(
       "requests:         %u running, %u waiting, %u swapped\n"
       "gpu kv usage:     %.1f%% (%u blocks free)\n"
