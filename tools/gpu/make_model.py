@@ -1,16 +1,22 @@
 #!/usr/bin/env python3
-"""Writes a Llama model directory with seeded random bf16 weights, for the device kit.
+"""Writes a Llama or Qwen2 model directory with seeded random bf16 weights, for the device kit
+and bench/memory.
 
-    make_model.py --shape llama-3.2-1b|tiny --seed 0 --out DIR
+    make_model.py --shape llama-3.2-1b|qwen2.5-0.5b|tiny --seed 0 --out DIR
 
-DIR gets config.json (LlamaForCausalLM, the shape's sizes, Llama 3's rope scaling),
-model.safetensors (bf16), tokenizer.json / tokenizer_config.json / generation_config.json.
+DIR gets config.json (the shape's sizes: llama-3.2-1b and tiny are LlamaForCausalLM with Llama
+3's rope scaling; qwen2.5-0.5b is Qwen2ForCausalLM, model_type qwen2, rope_theta 1e6, no rope
+scaling, full attention), model.safetensors (bf16), tokenizer.json / tokenizer_config.json /
+generation_config.json. Qwen2 has biases on the q, k and v projections
+(self_attn.{q,k,v}_proj.bias): random bf16 of the matrices' distribution below; the Llama
+shapes have none.
 
 The weights are the same bits on every machine for a shape and seed (numpy's PCG64, no torch):
-each tensor's generator is seeded by (seed, tensor index). A matrix element is a bf16 with a
-random sign, a random 7-bit mantissa and an exponent of 2^-7, 2^-6 (twice as often) or 2^-5,
-so |w| is in [0.0078, 0.0625) (RMS 0.030; transformers initializes with 0.02);
-norm weights are 1. Made from raw generator words, 2.5 GB of Llama-3.2-1B weights take a few
+each tensor's generator is seeded by (seed, tensor index), the index counting the tensors in
+tensor_shapes' order (norms included; a Qwen2 layer's three biases follow their projections).
+A matrix or bias element is a bf16 with a random sign, a random 7-bit mantissa and an exponent
+of 2^-7, 2^-6 (twice as often) or 2^-5, so |w| is in [0.0078, 0.0625) (RMS 0.030;
+transformers initializes with 0.02); norm weights are 1. Made from raw generator words, 2.5 GB of Llama-3.2-1B weights take a few
 seconds, which matters on a machine lent for minutes.
 
 The tokenizer is tests/data/tokenizer/llama3_style's (a byte-level BPE of 3,000 tokens and 11
@@ -34,6 +40,11 @@ SHAPES = {
                          rope_scaling=dict(factor=32.0, high_freq_factor=4.0, low_freq_factor=1.0,
                                            original_max_position_embeddings=8192,
                                            rope_type="llama3")),
+    # Qwen2.5-0.5B's sizes (Qwen/Qwen2.5-0.5B config.json; head_dim = 896 / 14), q/k/v biases.
+    "qwen2.5-0.5b": dict(family="qwen2", hidden_size=896, intermediate_size=4864,
+                         num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                         head_dim=64, vocab_size=151936, max_position_embeddings=32768,
+                         tie_word_embeddings=True, rope_theta=1000000.0, rms_norm_eps=1e-6),
     # The kit's rehearsal under the CUDA emulation: the same structure, tiny.
     "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=3072,
@@ -49,6 +60,30 @@ BASE_TOKENIZER = os.path.join(REPO, "tests", "data", "tokenizer", "llama3_style"
 
 def config_json(shape):
     s = SHAPES[shape]
+    if s.get("family") == "qwen2":
+        return {
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            "attention_bias": True,
+            "hidden_act": "silu",
+            "hidden_size": s["hidden_size"],
+            "intermediate_size": s["intermediate_size"],
+            "num_hidden_layers": s["num_hidden_layers"],
+            "num_attention_heads": s["num_attention_heads"],
+            "num_key_value_heads": s["num_key_value_heads"],
+            "head_dim": s["head_dim"],
+            "vocab_size": s["vocab_size"],
+            "max_position_embeddings": s["max_position_embeddings"],
+            "max_window_layers": s["num_hidden_layers"],
+            "use_sliding_window": False,
+            "sliding_window": s["max_position_embeddings"],
+            "rms_norm_eps": s["rms_norm_eps"],
+            "rope_theta": s["rope_theta"],
+            "tie_word_embeddings": s["tie_word_embeddings"],
+            "bos_token_id": BOS,
+            "eos_token_id": EOS,
+            "torch_dtype": "bfloat16",
+        }
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -74,17 +109,20 @@ def config_json(shape):
 
 
 def tensor_shapes(cfg):
-    """(name, shape, kind) in the order their seeds are numbered; kind 'w' or 'norm'."""
+    """(name, shape, kind) in the order their seeds are numbered; kind 'w' (matrices and
+    biases) or 'norm'. Without attention_bias (the Llama shapes) the list is what it was before
+    Qwen2 was added, so those shapes' bytes did not change."""
     h, i = cfg["hidden_size"], cfg["intermediate_size"]
     d, q, kv = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     out = [("model.embed_tokens.weight", (cfg["vocab_size"], h), "w")]
     for layer in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{layer}."
+        out.append((p + "input_layernorm.weight", (h,), "norm"))
+        for proj, rows in (("q_proj", q * d), ("k_proj", kv * d), ("v_proj", kv * d)):
+            out.append((p + f"self_attn.{proj}.weight", (rows, h), "w"))
+            if cfg["attention_bias"]:
+                out.append((p + f"self_attn.{proj}.bias", (rows,), "w"))
         out += [
-            (p + "input_layernorm.weight", (h,), "norm"),
-            (p + "self_attn.q_proj.weight", (q * d, h), "w"),
-            (p + "self_attn.k_proj.weight", (kv * d, h), "w"),
-            (p + "self_attn.v_proj.weight", (kv * d, h), "w"),
             (p + "self_attn.o_proj.weight", (h, q * d), "w"),
             (p + "post_attention_layernorm.weight", (h,), "norm"),
             (p + "mlp.gate_proj.weight", (i, h), "w"),
