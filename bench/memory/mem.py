@@ -7,9 +7,11 @@
     mem.py watch SYSTEM PID OUT       samples the tree every --interval s (0.2) until SIGTERM,
                                       then writes each role's peak and the peak of the sum to OUT
     mem.py machine                    JSON: CPU model name and its avx2 / avx512* / amx flags
-    mem.py ctx PATH KV_GIB            llama-server's -c for KV_GIB of f16 cache: the tokens of
-                                      layers x 2 x kv_heads x head_dim x 2 bytes each, rounded
-                                      down to a multiple of 256
+    mem.py ctx PATH KV_GIB NP         llama-server's -c for at most KV_GIB of f16 cache over NP
+                                      slots, and that cache's bytes: tokens of layers x 2 x
+                                      kv_heads x head_dim x 2 bytes each; llama.cpp pads each
+                                      slot's context up to a multiple of 256 tokens, so -c is
+                                      rounded down to a multiple of NP x 256
     mem.py cell OUT KEY=VALUE...      writes a JSON object (VALUE as JSON where it parses)
     mem.py report CELLS_DIR JSONL     the table of a run (CELLS_DIR/<model>.<system>/), and one
                                       JSON line per cell appended to JSONL
@@ -291,7 +293,13 @@ def main_rss(system, phase):
 def report(cells_dir, jsonl):
     run = load_json(os.path.join(cells_dir, "run.json")) or {}
     rows = []
-    for d in sorted(glob.glob(os.path.join(cells_dir, "*", ""))):
+    order = {s: i for i, s in enumerate(["ours", "vllm", "llamacpp"])}
+    models = run.get("models", "").split()
+    def key(d):
+        model, _, system = os.path.basename(d.rstrip("/")).rpartition(".")
+        return (models.index(model) if model in models else len(models), model,
+                order.get(system, 9))
+    for d in sorted(glob.glob(os.path.join(cells_dir, "*", "")), key=key):
         cell = load_json(os.path.join(d, "cell.json"))
         if not cell:
             continue
@@ -400,6 +408,10 @@ def report(cells_dir, jsonl):
         if c.get("kv_log"):
             what = f"llama-server -c {c.get('ctx')}" if c["system"] == "llamacpp" else c["system"]
             print(f"{c['model']}: {what}: {c['kv_log']}")
+        if c.get("system") == "llamacpp" and c.get("ctx") and not c.get("skipped"):
+            print(f"{c['model']}: llama-server -c {c['ctx']} -np 32: f16 KV cache "
+                  f"{c['kv_bytes'] / MIB:.0f} MiB (budget {run.get('kv_gib')} GiB; -c rounded "
+                  "down to a multiple of 32 x 256 tokens, as llama.cpp pads each slot to 256)")
         if c.get("load_ok") is False:
             print(f"{c['model']}: {c['system']}: the load failed (loaded/after are partial)")
     with open(jsonl, "a") as f:
@@ -423,7 +435,9 @@ def main():
     elif cmd == "ctx":
         info = model_info(sys.argv[2])
         per_token = info["layers"] * 2 * info["kv_heads"] * info["head_dim"] * 2
-        print(int(float(sys.argv[3]) * GIB // per_token) // 256 * 256)
+        step = int(sys.argv[4]) * 256
+        ctx = int(float(sys.argv[3]) * GIB // per_token) // step * step
+        print(ctx, ctx * per_token)
     elif cmd == "cell":
         obj = {}
         for kv in sys.argv[3:]:

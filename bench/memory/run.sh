@@ -65,7 +65,7 @@ FLAGS=$(jget "$RUN/machine.json" flags)
 "${MEM[@]}" cell "$RUN/run.json" "machine=$(cat "$RUN/machine.json")" "commit=$COMMIT" \
   "bin_time=$BIN_TIME" "date=$(date -u +%Y-%m-%dT%H:%M:%SZ)" "kv_gib=$KV_GIB" \
   "load=c=$CONC, $NUM requests, prompts of uniform $MINP-$MAXP random ids, $OUT output tokens, greedy, ignore_eos" \
-  "vllm_dtype=$VLLM_DTYPE" "run_dir=$RUN"
+  "vllm_dtype=$VLLM_DTYPE" "models=$MODELS" "systems=$SYSTEMS" "run_dir=$RUN"
 # Ours serves --dtype auto: bf16 GEMMs with AVX512_BF16 or AMX, else float32 (README.md).
 if [[ $FLAGS == *avx512_bf16* || $FLAGS == *amx_bf16* ]]; then OURS_DTYPE=bfloat16; else OURS_DTYPE=float32; fi
 
@@ -188,10 +188,10 @@ ensure_gguf() {  # HF_DIR NAME -> SCRATCH/model/gguf/NAME.TYPE.gguf (llama.cpp's
 }
 
 # --- one cell ---------------------------------------------------------------------------------
-measure() {  # MODEL SYSTEM PATH [CTX]
-  local model=$1 system=$2 path=$3 ctx=${4:-} cell=$RUN/$1.$2 kind=vllm ok=1
+measure() {  # MODEL SYSTEM PATH [CTX KV_BYTES]
+  local model=$1 system=$2 path=$3 ctx=${4:-} kv_bytes=${5:-$((KV_GIB * 1073741824))}
+  local cell=$RUN/$1.$2 kind=vllm ok=1
   mkdir -p "$cell"
-  local -a extra=()
   "${MEM[@]}" model-info "$path" >"$cell/info.json"
   local params; params=$(jget "$cell/info.json" params)
   log "$model / $system: $path"
@@ -246,7 +246,7 @@ measure() {  # MODEL SYSTEM PATH [CTX]
       kvlog=$(grep -m1 -E "KV cache size" "$cell/server.log" | sed 's/.*\] //' | cut -c1-200 || true) ;;
     llamacpp)
       dtype=$(jget "$cell/info.json" torch_dtype)
-      kvlog=$(grep -m1 -E "llama_kv_cache.*size =" "$cell/server.log" | sed 's/^[^:]*: *//' | cut -c1-200 || true) ;;
+      kvlog=$(grep -m1 -E "n_ctx is not divisible|llama_kv_cache.*size =" "$cell/server.log" | cut -c1-200 || true) ;;
   esac
   case $dtype in float32) dtype_bytes=4 ;; bfloat16 | float16) dtype_bytes=2 ;; *) dtype_bytes=0 ;; esac
   if [[ $system == llamacpp ]]; then
@@ -256,7 +256,7 @@ measure() {  # MODEL SYSTEM PATH [CTX]
   fi
   "${MEM[@]}" cell "$cell/cell.json" "model=$model" "system=$system" "path=$path" \
     "dtype=${dtype:-?}" "dtype_bytes=$dtype_bytes" "params=$params" "weight_bytes=$weights" \
-    "weight_note=$wnote" "kv_bytes=$((KV_GIB * 1073741824))" "ctx=$ctx" "kv_log=$kvlog" \
+    "weight_note=$wnote" "kv_bytes=$kv_bytes" "ctx=$ctx" "kv_log=$kvlog" \
     "up_s=$up_s" "load_ok=$load_ok" "info=$(cat "$cell/info.json")"
 }
 
@@ -291,7 +291,8 @@ for model in $MODELS; do
           LLAMA=
           continue
         fi
-        measure "$model" llamacpp "$LLAMA" "$("${MEM[@]}" ctx "$LLAMA" "$KV_GIB")" ;;
+        read -r ctx kv_bytes < <("${MEM[@]}" ctx "$LLAMA" "$KV_GIB" 32)
+        measure "$model" llamacpp "$LLAMA" "$ctx" "$kv_bytes" ;;
       *) log "unknown system $system" ;;
     esac
   done
