@@ -18,7 +18,7 @@
 
 Roles: ours: llm-cluster's children llm-worker ("worker") and llm-scheduler ("scheduler"), and
 llm-cluster itself ("cluster"); vllm: the `vllm serve` process ("api"), the process titled
-VLLM::EngineCore ("engine"), the one titled VLLM::Worker* under it ("worker": vLLM 0.32's
+VLLM::EngineCore ("engine"), the one with Worker in its title under it ("worker": vLLM 0.32's
 multiprocessing executor, which holds the weights and the KV cache) and any other descendant
 ("other", e.g. multiprocessing's resource tracker); llamacpp: llama-server ("server"). Per process: VmRSS, RssAnon, RssFile, RssShmem and VmHWM from
 /proc/PID/status. A role with several processes sums them.
