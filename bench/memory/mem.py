@@ -364,16 +364,17 @@ def report(cells_dir, jsonl):
         if not o or o.get("skipped"):
             continue
         fields = o.get("stats_memory") or {}
-        wk, wv = pick(fields, "weight", "bytes")
-        tk, tv = pick(fields, "kv", "touched")
-        rk, rv = pick(fields, "kv", "reserv|alloc|capacity")
+        # llm.v1.WorkerStats.memory (llm-client --json=true stats, protobuf field names).
+        wk, wv = pick(fields, r"^memory\.weights$")
+        tk, tv = pick(fields, r"^memory\.kv_cache_resident$")
+        rk, rv = pick(fields, r"^memory\.kv_cache_reserved$")
         weights = wv if wv is not None else o.get("weight_bytes")
         wsrc = (f"stats {wk}" if wv is not None else
                 f"computed: {o.get('params', 0) / 1e6:.1f} M parameters x {o.get('dtype_bytes')} "
                 f"bytes ({o.get('dtype')})")
         kv = tv if tv is not None else o["kv_bytes"]
         ksrc = (f"stats {tk}" if tv is not None else
-                f"the configured {o['kv_bytes'] / GIB:g} GiB (stats report no KV touched)")
+                f"the configured {o['kv_bytes'] / GIB:g} GiB (stats report no KV resident)")
         bound = 1.1 * (weights + kv) + 100 * MB
         print(f"{model}: ours' bound 1.1 x (weights {weights / MIB:.0f} MiB [{wsrc}] + KV "
               f"{kv / MIB:.0f} MiB [{ksrc}]) + 100 MB = {bound / MIB:.0f} MiB")
