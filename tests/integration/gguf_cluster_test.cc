@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -118,7 +119,17 @@ TEST(GgufRealModelTest, WorkerMemoryIsItsWeightsPlusTheKvBlocksWritten) {
   if (!std::filesystem::exists(path)) {
     GTEST_SKIP() << path << " is not there (tools/models/fetch_smollm2.sh fetches it)";
   }
-  setenv("LLM_POISON_KV_CACHE", "0", 1);  // inherited by llm-cluster's workers
+  // Inherited by llm-cluster's workers; restored for the tests after this one in this process.
+  const char* poison = std::getenv("LLM_POISON_KV_CACHE");
+  const std::string saved_poison = poison != nullptr ? poison : "";
+  setenv("LLM_POISON_KV_CACHE", "0", 1);
+  absl::Cleanup restore = [&] {
+    if (saved_poison.empty()) {
+      unsetenv("LLM_POISON_KV_CACHE");
+    } else {
+      setenv("LLM_POISON_KV_CACHE", saved_poison.c_str(), 1);
+    }
+  };
   ClusterOptions o;
   o.model = path;
   // Without prefix caching every round writes new blocks.
