@@ -219,6 +219,13 @@ class Checker:
                   "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total"):
             assert (g, ()) in after, f"/metrics lacks {g}"
         assert d("vllm:prefix_cache_queries_total") >= r.usage.prompt_tokens
+        # The rank-0 worker's memory by kind, from its step results (llm.v1.WorkerStats.memory).
+        mem = lambda kind: self.m(after, "llm:worker_memory_bytes", kind=kind)
+        assert mem("weights") > 0 and mem("resident") > mem("weights"), (
+            mem("weights"), mem("resident"))
+        assert mem("kv_cache_reserved") > 0, mem("kv_cache_reserved")
+        assert 0 <= mem("kv_cache_resident") <= mem("kv_cache_reserved"), (
+            mem("kv_cache_resident"), mem("kv_cache_reserved"))
 
     def check_disconnect_aborts(self):
         before = self.metrics()

@@ -12,6 +12,32 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// A labelled gauge renders one sample per label set; UpdateFromStats fills the worker's memory
+// by kind, "other" being what the kinds leave of the resident set.
+TEST(MetricsTest, WorkerMemoryIsAGaugePerKind) {
+  ServingMetrics m("m");
+  v1::GetStatsResponse s;
+  v1::WorkerStats::Memory* mem = s.mutable_worker()->mutable_memory();
+  mem->set_resident(1000);
+  mem->set_weights(600);
+  mem->set_kv_cache_reserved(4000);
+  mem->set_kv_cache_resident(200);
+  mem->set_activations(50);
+  m.UpdateFromStats(s);
+  EXPECT_EQ(m.worker_memory_bytes->Value({{"kind", "weights"}}), 600);
+  EXPECT_EQ(m.worker_memory_bytes->Value({{"kind", "kv_cache_reserved"}}), 4000);
+  EXPECT_EQ(m.worker_memory_bytes->Value({{"kind", "other"}}), 150);
+  const std::string text = m.registry.Render();
+  EXPECT_THAT(text,
+              HasSubstr("llm:worker_memory_bytes{model_name=\"m\",kind=\"resident\"} 1000\n"));
+  EXPECT_THAT(text,
+              HasSubstr("llm:worker_memory_bytes{model_name=\"m\",kind=\"swap_reserved\"} 0\n"));
+  // More than the resident set accounted for: other is 0, not negative.
+  mem->set_weights(2000);
+  m.UpdateFromStats(s);
+  EXPECT_EQ(m.worker_memory_bytes->Value({{"kind", "other"}}), 0);
+}
+
 TEST(MetricsTest, RendersTheTextFormatAsPrometheusClientDoes) {
   MetricsRegistry r(MetricLabels{{"model_name", "m"}});
   Counter* c = r.AddCounter("vllm:prompt_tokens", "Prompt tokens.");
