@@ -60,52 +60,26 @@ BASE_TOKENIZER = os.path.join(REPO, "tests", "data", "tokenizer", "llama3_style"
 
 def config_json(shape):
     s = SHAPES[shape]
-    if s.get("family") == "qwen2":
-        return {
-            "architectures": ["Qwen2ForCausalLM"],
-            "model_type": "qwen2",
-            "attention_bias": True,
-            "hidden_act": "silu",
-            "hidden_size": s["hidden_size"],
-            "intermediate_size": s["intermediate_size"],
-            "num_hidden_layers": s["num_hidden_layers"],
-            "num_attention_heads": s["num_attention_heads"],
-            "num_key_value_heads": s["num_key_value_heads"],
-            "head_dim": s["head_dim"],
-            "vocab_size": s["vocab_size"],
-            "max_position_embeddings": s["max_position_embeddings"],
-            "max_window_layers": s["num_hidden_layers"],
-            "use_sliding_window": False,
-            "sliding_window": s["max_position_embeddings"],
-            "rms_norm_eps": s["rms_norm_eps"],
-            "rope_theta": s["rope_theta"],
-            "tie_word_embeddings": s["tie_word_embeddings"],
-            "bos_token_id": BOS,
-            "eos_token_id": EOS,
-            "torch_dtype": "bfloat16",
-        }
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "attention_bias": False,
-        "mlp_bias": False,
-        "hidden_act": "silu",
-        "hidden_size": s["hidden_size"],
-        "intermediate_size": s["intermediate_size"],
-        "num_hidden_layers": s["num_hidden_layers"],
-        "num_attention_heads": s["num_attention_heads"],
-        "num_key_value_heads": s["num_key_value_heads"],
-        "head_dim": s["head_dim"],
-        "vocab_size": s["vocab_size"],
-        "max_position_embeddings": s["max_position_embeddings"],
-        "rms_norm_eps": 1e-5,
-        "rope_theta": ROPE_THETA,
-        "rope_scaling": dict(s["rope_scaling"]),
-        "tie_word_embeddings": s["tie_word_embeddings"],
-        "bos_token_id": BOS,
-        "eos_token_id": EOS,
-        "torch_dtype": "bfloat16",
-    }
+    qwen = s.get("family") == "qwen2"
+    if qwen:
+        head = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+                "attention_bias": True}
+    else:
+        head = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                "attention_bias": False, "mlp_bias": False}
+    sizes = {k: s[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                               "num_attention_heads", "num_key_value_heads", "head_dim",
+                               "vocab_size", "max_position_embeddings")}
+    if qwen:
+        rest = {"max_window_layers": s["num_hidden_layers"], "use_sliding_window": False,
+                "sliding_window": s["max_position_embeddings"],
+                "rms_norm_eps": s["rms_norm_eps"], "rope_theta": s["rope_theta"]}
+    else:
+        rest = {"rms_norm_eps": 1e-5, "rope_theta": ROPE_THETA,
+                "rope_scaling": dict(s["rope_scaling"])}
+    return {**head, "hidden_act": "silu", **sizes, **rest,
+            "tie_word_embeddings": s["tie_word_embeddings"], "bos_token_id": BOS,
+            "eos_token_id": EOS, "torch_dtype": "bfloat16"}
 
 
 def tensor_shapes(cfg):
