@@ -209,6 +209,9 @@ absl::StatusOr<bool> EngineCore::StepOnce() {
     FailAll(outputs.status());
     return outputs.status();
   }
+  // Before any stream hears of this step: a client that sees its request end and then asks for
+  // stats gets this step's (the worker's memory and counters included).
+  PublishStats();
   for (const RequestOutput& out : (*outputs)->requests) {
     const absl::string_view id(out.request_id.data(), out.request_id.size());
     auto it = streams_.find(id);

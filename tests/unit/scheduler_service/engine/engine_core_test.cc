@@ -225,6 +225,42 @@ TEST(EngineCore, AnAbortForARequestThatFinishedMeanwhileSparesTheNextOneWithItsI
   EXPECT_EQ(second.tokens["x"].size(), 3u);
 }
 
+// Reports, with every step's result, how many steps it ran (as rank 0 does in StepResult).
+class CountingExecutor : public Executor {
+ public:
+  explicit CountingExecutor(Executor* inner) : inner_(inner) {}
+  absl::Status Execute(const SchedulerOutput& step, ModelOutput* out) override {
+    absl::Status s = inner_->Execute(step, out);
+    out->worker_stats = WorkerStats{.steps = ++steps_};
+    return s;
+  }
+
+ private:
+  Executor* const inner_;
+  int64_t steps_ = 0;
+};
+
+TEST(EngineCore, AStreamThatEndsSeesTheStatsOfTheStepThatEndedIt) {
+  FakeExecutor fake(SchedulerHarness::ExecConfig(Cache()));
+  CountingExecutor exec(&fake);
+  EngineCore engine(Config(), Cache(), &exec);
+  // A client that asks for stats as soon as its request ends (GetStats after Generate).
+  std::vector<int64_t> seen;
+  auto on_update = [&](const StreamUpdate& u) {
+    if (u.output == nullptr || !u.output->finished) return;
+    const EngineStats s = engine.stats_snapshot();
+    seen.push_back(s.worker.has_value() ? s.worker->steps : -1);
+  };
+  ASSERT_TRUE(engine.AddRequest({"a", Prompt(4, 1), Params(1)}, on_update).ok());
+  ASSERT_TRUE(engine.RunUntilIdle().ok());
+  ASSERT_TRUE(engine.AddRequest({"b", Prompt(4, 9), Params(3)}, on_update).ok());
+  ASSERT_TRUE(engine.RunUntilIdle().ok());
+  // "a" ends in step 1 (its prefill samples its one token); step 2 tells the workers it
+  // finished; "b" runs steps 3 to 5. Published after the streams were told, the first end
+  // saw no stats and the second step 4's.
+  EXPECT_EQ(seen, (std::vector<int64_t>{1, 5}));
+}
+
 }  // namespace
 }  // namespace llm
 
