@@ -1,9 +1,14 @@
 // bench_step_protocol: what the step protocol on the wire costs per engine step.
 //
-//   BM_WireStep/N         a decode step of N requests (one sequence each, one new token, a new
-//                         block every 16th step): EncodeStepRequest + SerializeToString +
-//                         ParseFromString + DecodeStepRequest, and the StepResult of N tokens
+//   BM_WireStep/N         a decode step of N requests (one sequence each, a new block every
+//                         16th step, no token ids: the workers keep what they sample):
+//                         EncodeStepRequest + SerializeToString + ParseFromString +
+//                         DecodeStepRequest, and the StepResult of N tokens (with its digest)
 //                         back the same way
+//   BM_DecodeDiff/N/B     the same round trip at N = 256 and 4,096 requests, B = 0 as the
+//                         protocol is, B = 1 as it was until the workers kept their tokens
+//                         (each sampled token sent back in the next step's diff): the
+//                         baseline, in the same run; the summary prints both steps' bytes
 //   BM_WireNewStep        256 new requests with 512-token prompts (32 blocks each)
 //   BM_EncodeSerialize/256, BM_ParseDecode/256   the scheduler's and the worker's halves
 //   BM_Baseline_Copy/N    copying the same SchedulerOutput and ModelOutput in memory: what an
@@ -30,7 +35,10 @@ namespace {
 
 // A decode step (num_new_requests == 0) or a step of new requests with `prompt_len` prompts.
 struct StepFixture {
-  StepFixture(int num_requests, bool new_requests, int prompt_len = 512) {
+  // tokens_sent_back: a decode step of the earlier protocol, which sent each sequence's last
+  // sampled token back to the workers.
+  StepFixture(int num_requests, bool new_requests, int prompt_len = 512,
+              bool tokens_sent_back = false) {
     params.temperature = 0.8;
     params.top_p = 0.95;
     params.top_k = 40;
@@ -57,8 +65,10 @@ struct StepFixture {
         q.sampling_params = &params;
         q.num_scheduled_tokens = prompt_len;
       } else {
-        s.new_token_ids = {static_cast<uint32_t>(step.token_ids.size()), 1};
-        step.token_ids.push_back(1234 + r);
+        if (tokens_sent_back) {
+          s.new_token_ids = {static_cast<uint32_t>(step.token_ids.size()), 1};
+          step.token_ids.push_back(1234 + r);
+        }
         if (r % 16 == 0) {  // this request's context just crossed a block boundary
           s.block_ids = {static_cast<uint32_t>(step.block_ids.size()), 1};
           step.block_ids.push_back(r);
@@ -93,9 +103,14 @@ void WireRoundTrip(const StepFixture& f, v1::StepRequest* request, std::string* 
   received->ParseFromString(*bytes);
   if (!DecodeStepRequest(*received, SamplingLimits{}, decoded).ok()) std::abort();
   EncodeStepResult(f.result, result);
+  result->set_sampled_digest(SampledTokensDigest(f.result.sampled_token_ids));
   result->SerializeToString(result_bytes);
   result_received->ParseFromString(*result_bytes);
   if (!DecodeStepResult(*result_received, out).ok()) std::abort();
+  // The scheduler checks every rank's digest against rank 0's tokens.
+  if (SampledTokensDigest(out->sampled_token_ids) != result_received->sampled_digest()) {
+    std::abort();
+  }
 }
 
 void RunWire(benchmark::State& state, const StepFixture& f) {
@@ -110,6 +125,7 @@ void RunWire(benchmark::State& state, const StepFixture& f) {
     benchmark::DoNotOptimize(out.sampled_token_ids.data());
   }
   state.counters["request_bytes"] = static_cast<double>(bytes.size());
+  state.counters["result_bytes"] = static_cast<double>(result_bytes.size());
 }
 
 void BM_WireStep(benchmark::State& state) {
@@ -117,6 +133,18 @@ void BM_WireStep(benchmark::State& state) {
   RunWire(state, f);
 }
 BENCHMARK(BM_WireStep)->Arg(1)->Arg(64)->Arg(256)->Unit(benchmark::kMicrosecond);
+
+void BM_DecodeDiff(benchmark::State& state) {
+  const StepFixture f(static_cast<int>(state.range(0)), /*new_requests=*/false, 512,
+                      /*tokens_sent_back=*/state.range(1) != 0);
+  RunWire(state, f);
+}
+BENCHMARK(BM_DecodeDiff)
+    ->Args({256, 0})
+    ->Args({256, 1})
+    ->Args({4096, 0})
+    ->Args({4096, 1})
+    ->Unit(benchmark::kMicrosecond);
 
 void BM_WireNewStep(benchmark::State& state) {
   const StepFixture f(256, /*new_requests=*/true, 512);
@@ -245,6 +273,22 @@ void PrintSummary(const SummaryReporter& r) {
   row("new, 256 requests x 512-token prompts", "BM_WireNewStep", "BM_Baseline_Copy/256/1", "", 256);
   std::printf("decode, 256 requests: encode + serialize %.2f us, parse + decode %.2f us\n",
               r.ns("BM_EncodeSerialize/256") / 1e3, r.ns("BM_ParseDecode/256") / 1e3);
+  std::printf(
+      "\nA decode step's diff, round trip (as BM_WireStep), now (the workers keep their tokens) "
+      "and with each sampled token sent back (the protocol before):\n");
+  std::printf("%-10s %14s %12s %18s %14s %9s\n", "requests", "request bytes", "time",
+              "sent back: bytes", "time", "ratio");
+  for (int n : {256, 4096}) {
+    auto request_bytes = [n](bool sent_back) {
+      v1::StepRequest request;
+      EncodeStepRequest(StepFixture(n, false, 512, sent_back).step, &request);
+      return request.ByteSizeLong();
+    };
+    const std::string a = "BM_DecodeDiff/" + std::to_string(n);
+    const double now = r.ns(a + "/0"), before = r.ns(a + "/1");
+    std::printf("%-10d %14zu %9.1f us %18zu %11.1f us %8.2fx\n", n, request_bytes(false), now / 1e3,
+                request_bytes(true), before / 1e3, now > 0 ? before / now : 0.0);
+  }
   const double g1 = r.ns("BM_GrpcRoundTrip/1"), w1 = r.ns("BM_WireStep/1");
   if (g1 > 0) {
     std::printf(

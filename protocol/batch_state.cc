@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "glog/logging.h"
 
 namespace llm {
 namespace {
@@ -160,6 +161,11 @@ absl::Status BatchState::ValidateRequest(const SchedulerOutput& step, const Sche
       return bad(": sequence ", s.index,
                  known ? " is known and listed as new" : " is unknown and not listed as new");
     }
+    // A worker appends what it samples: tokens sent again would be appended twice.
+    if (known && s.new_token_ids.size != 0) {
+      return bad(": sequence ", s.index, " is known, yet ", s.new_token_ids.size,
+                 " token(s) come with it (only a sequence new to the workers brings tokens)");
+    }
     const int64_t tokens = (known ? seq->token_ids.size() : prompt_len) + s.new_token_ids.size;
     const int64_t blocks =
         (known && !s.replace_block_table ? seq->block_table.size() : 0) + s.block_ids.size;
@@ -247,6 +253,27 @@ void BatchState::AddToBatch(const SchedulerOutput& step, const ScheduledRequest&
     // The first sample of an unforked request with n > 1: n tokens from its one row, token j
     // for the sequence j the scheduler forks next.
     for (int j = 0; j < r.num_samples; ++j) in.samples.push_back({batch_seq, row, j});
+  }
+}
+
+void BatchState::AppendSampled(std::span<const TokenId> sampled) {
+  const BatchInputs& in = inputs_;
+  CHECK_EQ(sampled.size(), in.samples.size()) << "one token per sample of the step";
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    const BatchInputs::Sample& sample = in.samples[i];
+    const BatchInputs::SeqRef ref = in.seqs[sample.batch_seq];
+    Request& req = requests_.find(ref.slot)->second;
+    Sequence& seq = req.seqs[sample.seq_index];
+    if (sample.seq_index != ref.index) {
+      // A fork's first token: sequence j starts as the prompt (the parent has no output yet)
+      // and shares the parent's blocks, as the scheduler's fork does; copy-on-write replaces
+      // its table later.
+      const Sequence& parent = req.seqs[ref.index];
+      seq.token_ids = req.prompt;
+      seq.block_table = parent.block_table;
+      seq.live = true;
+    }
+    seq.token_ids.push_back(sampled[i]);
   }
 }
 

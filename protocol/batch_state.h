@@ -112,6 +112,13 @@ class BatchState {
   // step's arrays need not outlive the call.
   absl::Status Apply(const SchedulerOutput& step);
 
+  // Appends the step's sampled tokens (one per inputs().samples entry, in that order) to their
+  // sequences: a worker keeps its own tokens, the scheduler does not send them back. At the
+  // first sample of a request with n > 1, sequence j (j > 0) is made here from the prompt, its
+  // token and the parent's block table, as the scheduler forks it. Call after the Apply that
+  // laid out those samples, before the next Apply.
+  void AppendSampled(std::span<const TokenId> sampled);
+
   // The batch of the last step applied (valid until the next Apply).
   const BatchInputs& inputs() const { return inputs_; }
   // The request in `slot`, or null.

@@ -15,8 +15,9 @@
 //      sequence of the request in index order; a sequence the worker has that is not listed has
 //      finished: forget it. Per listed sequence:
 //        - new_to_workers: the sequence's tokens are the request's prompt + new_token_ids
-//          (a child forked after the prefill, or sequence 0 of a new request);
-//          otherwise append new_token_ids (the tokens sampled since it was last listed);
+//          (its output so far: empty for a new request, the tokens generated before when the
+//          request is resumed on workers that never held it); a known sequence brings no
+//          tokens (new_token_ids empty): the worker has them, it appended them itself (6.);
 //        - replace_block_table: block_ids is the whole table (new sequence, resumed after
 //          preemption, swapped in, or a block replaced by copy-on-write); otherwise append
 //          block_ids to the table.
@@ -29,11 +30,19 @@
 //      is the number of listed sequences, one token for each in list order, except at the
 //      first sample of a request with n > 1 that has not forked (one sequence listed): then it
 //      is n, token j for sequence j (the scheduler forks sequences 1 .. n-1 from sequence 0,
-//      sharing its blocks, and lists them as new_to_workers in the next step).
+//      sharing its blocks).
+//   6. Append each sampled token to its sequence; at a fork, sequence j becomes the prompt
+//      plus token j with sequence 0's block table (the scheduler forks the same way and lists
+//      them as known from the next step on).
+//
+// So a decode step carries what only the scheduler knows (admissions, block ids, preemptions,
+// swaps, copies, finishes, which rows sample) and no token ids: every rank appends what it
+// sampled, and every rank samples the same tokens (the same logits, and the seed every request
+// carries: the API draws one for a request without; ModelOutput::sampled_digest lets the
+// scheduler check that the ranks agree).
 //
 // BatchState (protocol/batch_state.h) is that worker side, run by every worker and by the tests'
-// FakeExecutor. The scheduler appends the sampled tokens; the workers learn them from the next
-// diff. Ranges
+// FakeExecutor. Ranges
 // index the output's flat arrays (token_ids, block_ids, seqs), which are reused between steps:
 // a SchedulerOutput is valid until the next Schedule().
 #ifndef LLM_PROTOCOL_SCHEDULER_OUTPUT_H_

@@ -238,6 +238,18 @@ void EncodeStepResult(const ModelOutput& output, v1::StepResult* out) {
   }
 }
 
+uint64_t SampledTokensDigest(std::span<const TokenId> tokens) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const TokenId t : tokens) {
+    const uint32_t v = static_cast<uint32_t>(t);
+    for (int b = 0; b < 4; ++b) {
+      h ^= (v >> (8 * b)) & 0xFF;
+      h *= 0x100000001b3ull;
+    }
+  }
+  return h;
+}
+
 void EncodeWorkerStats(const WorkerStats& stats, v1::WorkerStats* out) {
   out->set_sampler(stats.sampler == WorkerStats::Sampler::kDevice
                        ? v1::WorkerStats::SAMPLER_KIND_DEVICE

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <span>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -52,6 +53,11 @@ void EncodeStepResult(const ModelOutput& output, v1::StepResult* out);
 // INVALID_ARGUMENT for a negative token id; the error the result carries (error_code != 0)
 // as that status.
 absl::Status DecodeStepResult(const v1::StepResult& in, ModelOutput* out);
+
+// A digest (64-bit FNV-1a over the ids' bytes) of one step's sampled tokens: every rank of a
+// group reports it (StepResult.sampled_digest), and the scheduler refuses a step whose ranks
+// disagree, since each rank appends its own tokens and their KV would diverge from there.
+uint64_t SampledTokensDigest(std::span<const TokenId> tokens);
 
 // WorkerStats <-> llm.v1.WorkerStats (the step result's, the worker's Health, GetStats).
 void EncodeWorkerStats(const WorkerStats& stats, v1::WorkerStats* out);

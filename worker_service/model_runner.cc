@@ -129,6 +129,7 @@ absl::Status ModelRunner::Execute(const SchedulerOutput& step, ModelOutput* out)
   const int64_t replays = model_->graph_replays();
   bool on_device = false;
   const absl::Status s = RunModel(step, out, &on_device);
+  if (s.ok()) KeepSampled(out->sampled_token_ids);
   // Counted also when the step failed: it ran (part of) the model.
   CountStep(replays, !in.samples.empty(), on_device);
   out->worker_stats = stats_;
@@ -225,6 +226,13 @@ void ModelRunner::TrackSamplers(const SchedulerOutput& step) {
       }
     }
   }
+}
+
+void ModelRunner::KeepSampled(std::span<const TokenId> sampled) {
+  if (sampled.empty()) return;
+  batch_.AppendSampled(sampled);
+  // row_samplers_ is in sample order (CollectSamplers), as `sampled` is.
+  for (size_t i = 0; i < sampled.size(); ++i) row_samplers_[i]->AddOutputToken(sampled[i]);
 }
 
 SequenceSampler* ModelRunner::SamplerFor(int32_t slot, int seq_index) {

@@ -1,8 +1,9 @@
 // The worker side of the step protocol (protocol/scheduler_output.h): each step is
-// "batch -> forward -> sample". The BatchState (protocol/batch_state.h) checks the diff
+// "batch -> forward -> sample -> append". The BatchState (protocol/batch_state.h) checks the diff
 // against what this worker holds, applies it and lays out the batch; the runner applies the
 // swaps and copies to the CacheEngine, runs the model over the batch and samples each
-// sequence's next token with that sequence's SequenceSampler.
+// sequence's next token with that sequence's SequenceSampler, and appends it to the sequence:
+// the scheduler does not send a worker's tokens back.
 //
 // A bad step (the checks are BatchState's) gives INVALID_ARGUMENT naming the request and
 // leaves the state as it was. A step that fails inside the model may leave the KV cache
@@ -47,11 +48,11 @@ int64_t FirstNonFinite(std::span<const float> values);
 
 class ModelRunner : public Executor {
  public:
-  // `model` and `cache` (not owned) outlive the runner. Only rank 0's sampled tokens are
-  // used; every rank samples the same (seeded) way. A model on cuda samples on the device
-  // with `device_sampler` (not owned; sized for the batch's rows), only token ids and
-  // logprobs crossing to the host; without one its logits are copied to the host and sampled
-  // there.
+  // `model` and `cache` (not owned) outlive the runner. Every rank samples the same (seeded)
+  // way and appends its tokens to its own sequences; only rank 0's travel to the scheduler. A
+  // model on cuda samples on the device with `device_sampler` (not owned; sized for the batch's
+  // rows), only token ids and logprobs crossing to the host; without one its logits are copied
+  // to the host and sampled there.
   ModelRunner(LlamaModel* model, CacheEngine* cache, DeviceSampler* device_sampler = nullptr);
   ~ModelRunner() override;
 
@@ -64,8 +65,12 @@ class ModelRunner : public Executor {
 
  private:
   // Keeps the samplers in step with the diff BatchState just applied: a new request's are
-  // reset, and every token appended to a sequence counts as its output (penalties).
+  // reset, and every token a sequence new to this worker brings counts as its output
+  // (penalties).
   void TrackSamplers(const SchedulerOutput& step);
+  // The worker keeps its own tokens: appends each sampled token to its sequence (BatchState)
+  // and counts it as that sequence's output.
+  void KeepSampled(std::span<const TokenId> sampled);
   SequenceSampler* SamplerFor(int32_t slot, int seq_index);
   // Brings the logits to the host (cuda: one copy, then the step's one wait).
   absl::Status FetchLogits();

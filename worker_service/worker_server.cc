@@ -635,15 +635,18 @@ void WorkerServer::RunStep(const v1::StepRequest& request, uint64_t generation,
         forward_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       }
       if (status.ok()) {
-        // Every rank samples the same way; only rank 0's tokens (and logprobs, and stats)
-        // travel. Each rank's Health reports its own stats.
+        // Every rank samples the same tokens and appends them to its sequences; only rank 0's
+        // tokens (and logprobs, and stats) travel, every rank's digest of them with it. Each
+        // rank's Health reports its own stats.
         if (output.worker_stats.has_value()) SetStats(*output.worker_stats);
+        const uint64_t digest = SampledTokensDigest(output.sampled_token_ids);
         if (model_key_.rank != 0) {
           output.sampled_token_ids.clear();
           output.logprobs.clear();
           output.worker_stats.reset();
         }
         EncodeStepResult(output, result);
+        result->set_sampled_digest(digest);
       } else if (status.code() != absl::StatusCode::kInvalidArgument) {
         // Failed inside the model or a collective: the cache or the group may be broken.
         initialized_ = false;

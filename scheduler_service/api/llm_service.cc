@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -630,6 +631,12 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* LLMService::Generate(
   auto call = std::make_shared<GenerateCall>(this, context, engine_, request_id, request->stream(),
                                              params.n, params.logprobs.has_value(),
                                              static_cast<int>(prompt.size()));
+  // Every rank of a worker group samples and keeps its own tokens, so they must draw alike: a
+  // request without a seed gets a random one here, as a worker would have drawn it.
+  if (!params.seed.has_value()) {
+    thread_local absl::BitGen bitgen;
+    params.seed = absl::Uniform<uint64_t>(bitgen);
+  }
   EngineRequest er;
   er.request_id = request_id;
   er.prompt_token_ids = std::move(prompt);

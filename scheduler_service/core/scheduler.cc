@@ -517,10 +517,15 @@ void AddSequenceDiff(const Request& req, const BlockSpaceManager& blocks, Sequen
   s.index = seq->index;
   s.new_to_workers = !seq->known_to_workers;
   s.replace_block_table = seq->resend_table || s.new_to_workers;
-  // A sequence new to the workers is its request's prompt plus these tokens.
-  const int first_token = seq->known_to_workers ? seq->num_tokens_sent : req.num_prompt_tokens;
+  // A sequence new to the workers is its request's prompt plus these tokens (its output: a
+  // request resumed on new workers). A known one brings none: the workers append the tokens
+  // they sample (ApplySamples counts them as sent).
   s.new_token_ids.begin = static_cast<uint32_t>(out->token_ids.size());
-  seq->AppendTokensFrom(first_token, &out->token_ids);
+  if (s.new_to_workers) {
+    seq->AppendTokensFrom(req.num_prompt_tokens, &out->token_ids);
+  } else {
+    DCHECK_EQ(seq->num_tokens_sent, static_cast<int>(seq->tokens.size()));
+  }
   s.new_token_ids.size = static_cast<uint32_t>(out->token_ids.size()) - s.new_token_ids.begin;
   seq->known_to_workers = true;
   seq->num_tokens_sent = static_cast<int>(seq->tokens.size());
@@ -671,6 +676,7 @@ void Scheduler::ApplySamples(Request* req, std::span<const TokenId> sampled,
     const TokenId token = sampled[j++];
     seq.tokens.push_back(token);
     seq.last_token = token;
+    seq.num_tokens_sent = static_cast<int>(seq.tokens.size());  // the workers appended it too
     SequenceOutput& so = step_outputs_.seqs.emplace_back();
     so.index = seq.index;
     so.new_token_ids = {static_cast<uint32_t>(step_outputs_.token_ids.size()), 1};
@@ -706,6 +712,11 @@ void Scheduler::Fork(Request* req) {
     child.tokens.assign(parent.tokens.begin(), parent.tokens.end());
     child.last_token = parent.last_token;
     child.num_slots = parent.num_slots;
+    // The workers fork it too, at the sample (BatchState::AppendSampled): the prompt, its
+    // token, and the parent's block table as they have it.
+    child.known_to_workers = parent.known_to_workers;
+    child.num_blocks_sent = parent.num_blocks_sent;
+    child.resend_table = parent.resend_table;
     const absl::Status s = blocks_->Fork(parent.id, child.id);
     CHECK(s.ok()) << s;
   }

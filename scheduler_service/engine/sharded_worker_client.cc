@@ -403,6 +403,20 @@ absl::Status ShardedWorkerClient::Execute(const SchedulerOutput& step, ModelOutp
     const absl::Status s = DecodeStepResult(ranks_[0]->result, out);
     if (!s.ok()) error = RankError(*ranks_[0], absl::StrCat("bad step result: ", s.ToString()));
   }
+  if (error.ok()) {
+    // Each rank appended the tokens it sampled: one that sampled others than rank 0 holds
+    // sequences (and soon KV) that are not the scheduler's.
+    const uint64_t digest = SampledTokensDigest(out->sampled_token_ids);
+    for (size_t i = 0; i < ranks_.size() && error.ok(); ++i) {
+      Rank& r = *ranks_[i];
+      if (r.result.sampled_digest() == digest) continue;
+      error = absl::InternalError(absl::StrCat(
+          "worker rank ", r.rank, " at ", r.address, " sampled other tokens than rank 0 in step ",
+          step.step_id, " (digest ", absl::Hex(r.result.sampled_digest()),
+          ", rank 0's tokens give ", absl::Hex(digest),
+          "): every rank must sample the same (same logits, same seed)"));
+    }
+  }
   if (!error.ok()) {
     Fail(error);
     absl::MutexLock lock(&mu_);

@@ -134,7 +134,10 @@ TEST(ClusterTest, ThirtyTwoConcurrentStreamsFinishAndFreeEveryBlock) {
     p->set_max_tokens(max_tokens[i]);
     p->set_n(n[i]);
     p->set_temperature(0.8);
-    p->set_seed(i);
+    // Half without a seed: each rank appends the tokens it samples, so the ranks must draw
+    // alike; the API draws a seed for such a request (without it, the ranks' own random seeds
+    // differ and the scheduler fails the step: the sampled digests disagree).
+    if (i % 2 == 0) p->set_seed(i);
     p->set_ignore_eos(true);
     threads.emplace_back([&, i, req] { results[i] = Generate(c->stub(), req); });
   }

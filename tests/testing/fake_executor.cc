@@ -69,6 +69,8 @@ absl::Status FakeExecutor::Execute(const SchedulerOutput& step, ModelOutput* out
         "fake executor: step ", step.step_id, " sampled ", out->sampled_token_ids.size(),
         " tokens; total_num_samples is ", step.total_num_samples));
   }
+  // As a worker: it keeps what it sampled.
+  batch_.AppendSampled(out->sampled_token_ids);
   return absl::OkStatus();
 }
 

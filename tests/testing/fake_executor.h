@@ -7,9 +7,10 @@
 // MEMORY through the batch's block table, the sequence's index and the seed (mod vocab_size),
 // with an optional deterministic EOS. So the same sequence prefix always yields the same token
 // whatever the batching, chunking, preemption or caching, and a wrong block id, a lost swap or
-// copy, or a diff that drops a token changes the stream. With verify_kv, every sample also
-// checks that the sequence's whole context is in the KV memory (INTERNAL otherwise); a diff
-// the BatchState refuses fails Execute with its INVALID_ARGUMENT.
+// copy, or a token the worker's sequence lacks or holds twice changes the stream. Like a
+// worker, it appends the tokens it samples (BatchState::AppendSampled). With verify_kv, every
+// sample also checks that the sequence's whole context is in the KV memory (INTERNAL
+// otherwise); a diff the BatchState refuses fails Execute with its INVALID_ARGUMENT.
 //
 // Not thread-safe (the engine thread).
 #ifndef LLM_TESTS_TESTING_FAKE_EXECUTOR_H_

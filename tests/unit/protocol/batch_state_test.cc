@@ -92,24 +92,29 @@ SamplingParams WithN(int n) {
 }
 
 const SamplingParams kOne = WithN(1);
+const SamplingParams kTwo = WithN(2);
 const SamplingParams kThree = WithN(3);
 
 // Step 1: request "a" (slot 0) prefills 4 of its 6 prompt tokens in blocks 3 and 5; request
-// "b" (slot 1, n = 3) prefills its 3 tokens in block 7 and samples 3 tokens from its one row.
+// "b" (slot 1, n = 3) prefills its 3 tokens in block 7 and samples 3 tokens from its one row,
+// 50, 51 and 52, which the worker appends: sequences 1 and 2 fork from sequence 0.
 absl::Status ApplyStep1(BatchState* batch) {
   StepBuilder b(1);
   b.Seq(0, true, true, {}, {3, 5}).New(0, "a", {1, 2, 3, 4, 5, 6}, kOne, 0, 4, 0);
   b.Seq(0, true, true, {}, {7}).New(1, "b", {7, 8, 9}, kThree, 0, 3, 3);
-  return batch->Apply(b.step());
+  if (absl::Status s = batch->Apply(b.step()); !s.ok()) return s;
+  batch->AppendSampled(std::vector<TokenId>{50, 51, 52});
+  return absl::OkStatus();
 }
 
-// Step 2: "a" computes its last 2 prompt tokens and samples; "b" has forked: sequence 0 goes on
-// in block 7, sequences 1 and 2 are new with their first token, each in a block of its own.
+// Step 2: "a" computes its last 2 prompt tokens and samples; "b"'s three sequences go on with
+// the tokens the worker appended, no token ids sent: sequence 0 in block 7, sequences 1 and 2
+// each in a block of its own (copy-on-write replaced their shared last block).
 void BuildStep2(StepBuilder& b) {
   b.Seq(0, false, false, {}, {}).Cached(0, "a", 4, 2, 1);
-  b.Seq(0, false, false, {50}, {})
-      .Seq(1, true, true, {51}, {8})
-      .Seq(2, true, true, {52}, {9})
+  b.Seq(0, false, false, {}, {})
+      .Seq(1, false, true, {}, {8})
+      .Seq(2, false, true, {}, {9})
       .Cached(1, "b", 3, 1, 3);
 }
 
@@ -133,6 +138,33 @@ TEST(BatchState, LaysOutAPrefillChunkAndAForkingFirstSample) {
   }
   EXPECT_EQ(batch.FindRequest(0)->num_computed_tokens, 4);
   EXPECT_EQ(batch.FindRequest(1)->num_computed_tokens, 3);
+}
+
+// The worker keeps its own tokens: each sampled token goes to its sequence, and a forking first
+// sample makes sequences 1 .. n-1 from the prompt, their token and the parent's block table.
+TEST(BatchState, AppendsTheTokensItSampledAndForksAtTheFirstSample) {
+  BatchState batch(kConfig);
+  ASSERT_TRUE(ApplyStep1(&batch).ok());
+  const BatchState::Request& b = *batch.FindRequest(1);
+  for (int j = 0; j < 3; ++j) {
+    EXPECT_TRUE(b.seqs[j].live) << j;
+    EXPECT_THAT(b.seqs[j].token_ids, ElementsAre(7, 8, 9, 50 + j)) << j;
+    EXPECT_THAT(b.seqs[j].block_table, ElementsAre(7)) << j;
+  }
+  EXPECT_THAT(batch.FindRequest(0)->seqs[0].token_ids, ElementsAre(1, 2, 3, 4, 5, 6));
+  StepBuilder step2(2);
+  BuildStep2(step2);
+  ASSERT_TRUE(batch.Apply(step2.step()).ok());
+  batch.AppendSampled(std::vector<TokenId>{70, 60, 61, 62});
+  EXPECT_THAT(batch.FindRequest(0)->seqs[0].token_ids, ElementsAre(1, 2, 3, 4, 5, 6, 70));
+  EXPECT_THAT(b.seqs[2].token_ids, ElementsAre(7, 8, 9, 52, 62));
+  EXPECT_THAT(b.seqs[2].block_table, ElementsAre(9));
+  // Step 3 computes the appended tokens.
+  StepBuilder step3(3);
+  step3.Seq(0, false, false, {}, {}).Cached(0, "a", 6, 1, 1);
+  ASSERT_TRUE(batch.Apply(step3.step()).ok());
+  EXPECT_THAT(batch.inputs().token_ids, ElementsAre(70));
+  EXPECT_THAT(batch.inputs().positions, ElementsAre(6));
 }
 
 TEST(BatchState, LaysOutDecodesOfForkedSequences) {
@@ -188,11 +220,9 @@ TEST(BatchState, RefusesAStepItCannotApplyAndChangesNothing) {
          b.Seq(0, true, true, {}, {3, 5}).New(0, "a", {1}, kOne, 0, 1, 0);
        },
        "is already known"},
-      {"unknown sequence",
-       [](StepBuilder& b) {
-         b.Seq(0, false, false, {50}, {}).Seq(1, false, false, {51}, {8}).Cached(1, "b", 3, 1, 2);
-       },
-       "sequence 1 is unknown and not listed as new"},
+      {"tokens sent for a known sequence",
+       [](StepBuilder& b) { b.Seq(0, false, false, {50}, {}).Cached(1, "b", 3, 1, 1); },
+       "sequence 0 is known, yet 1 token(s) come with it"},
       {"known sequence listed as new",
        [](StepBuilder& b) { b.Seq(0, true, true, {50}, {7}).Cached(1, "b", 3, 1, 1); },
        "sequence 0 is known and listed as new"},
@@ -201,9 +231,10 @@ TEST(BatchState, RefusesAStepItCannotApplyAndChangesNothing) {
        "sequence 1 is out of order or outside [0, n = 1)"},
       {"different lengths",
        [](StepBuilder& b) {
-         b.Seq(0, false, false, {50}, {}).Seq(1, true, true, {}, {8}).Cached(1, "b", 3, 1, 2);
+         b.Seq(0, true, true, {}, {10}).Seq(1, true, true, {5}, {11});
+         b.New(2, "c", {1, 2, 3}, kTwo, 0, 3, 2);
        },
-       "live sequences of different lengths (4 and 3)"},
+       "live sequences of different lengths (3 and 4)"},
       {"sample mid-prompt",
        [](StepBuilder& b) { b.Seq(0, false, false, {}, {}).Cached(0, "a", 4, 1, 1); },
        "samples with 5 of 6 tokens computed"},
@@ -251,8 +282,9 @@ TEST(BatchState, ASequenceNotListedHasFinished) {
   StepBuilder fork(2);
   BuildStep2(fork);
   ASSERT_TRUE(batch.Apply(fork.step()).ok());
+  batch.AppendSampled(std::vector<TokenId>{70, 60, 61, 62});
   StepBuilder b(3);  // sequence 1 stopped: only 0 and 2 go on
-  b.Seq(0, false, false, {60}, {10}).Seq(2, false, false, {62}, {11}).Cached(1, "b", 4, 1, 2);
+  b.Seq(0, false, false, {}, {10}).Seq(2, false, false, {}, {11}).Cached(1, "b", 4, 1, 2);
   ASSERT_TRUE(batch.Apply(b.step()).ok());
   const BatchState::Request& req = *batch.FindRequest(1);
   EXPECT_TRUE(req.seqs[0].live);
@@ -261,9 +293,10 @@ TEST(BatchState, ASequenceNotListedHasFinished) {
   EXPECT_THAT(req.seqs[2].token_ids, ElementsAre(7, 8, 9, 52, 62));
   EXPECT_THAT(batch.inputs().token_ids, ElementsAre(60, 62));
   EXPECT_EQ(batch.inputs().samples[1].seq_index, 2);
+  batch.AppendSampled(std::vector<TokenId>{80, 82});
 
   StepBuilder again(4);
-  again.Seq(0, false, false, {70}, {}).Seq(1, false, false, {}, {}).Cached(1, "b", 5, 1, 2);
+  again.Seq(0, false, false, {}, {}).Seq(1, false, false, {}, {}).Cached(1, "b", 5, 1, 2);
   EXPECT_THAT(std::string(batch.Apply(again.step()).message()),
               HasSubstr("sequence 1 is unknown and not listed as new"));
 }
@@ -298,14 +331,15 @@ TEST(BatchState, TheBatchArraysKeepTheirStorageFromStepToStep) {
   StepBuilder b(2);
   BuildStep2(b);  // 5 tokens, 4 sequences, 8 table entries: tables grow
   ASSERT_TRUE(batch.Apply(b.step()).ok());
+  batch.AppendSampled(std::vector<TokenId>{61, 60, 61, 62});
   EXPECT_EQ(in.token_ids.data(), tokens);
   EXPECT_EQ(in.slot_mapping.data(), slots);
   tables = in.block_tables.data();
   qsl = in.query_start_loc.data();
   StepBuilder c(3);
-  c.Seq(0, false, false, {61}, {}).Cached(0, "a", 6, 1, 1);
-  c.Seq(0, false, false, {60}, {10}).Seq(1, false, false, {61}, {11});
-  c.Seq(2, false, false, {62}, {12});
+  c.Seq(0, false, false, {}, {}).Cached(0, "a", 6, 1, 1);
+  c.Seq(0, false, false, {}, {10}).Seq(1, false, false, {}, {11});
+  c.Seq(2, false, false, {}, {12});
   c.Cached(1, "b", 4, 1, 3);
   ASSERT_TRUE(batch.Apply(c.step()).ok());
   EXPECT_THAT(in.token_ids, ElementsAre(61, 60, 61, 62));

@@ -139,10 +139,11 @@ TEST(Scheduler, BatchesNewRequestsThenSendsOnlyTheDiff) {
     const ScheduledSequence& seq = s2.Seqs(r)[0];
     EXPECT_FALSE(seq.new_to_workers);
     EXPECT_FALSE(seq.replace_block_table);
-    EXPECT_THAT(s2.NewTokenIds(seq), SizeIs(1));  // the token sampled in step 1
-    EXPECT_THAT(s2.BlockIds(seq), IsEmpty());     // 21 and 34 tokens fit the blocks held
+    // The token sampled in step 1 is not sent back: the workers appended it.
+    EXPECT_THAT(s2.NewTokenIds(seq), IsEmpty());
+    EXPECT_THAT(s2.BlockIds(seq), IsEmpty());  // 21 and 34 tokens fit the blocks held
   }
-  EXPECT_EQ(s2.NewTokenIds(s2.Seqs(s2.cached_requests[0])[0])[0], h.streams["a"].tokens[0][0]);
+  EXPECT_THAT(s2.token_ids, IsEmpty());
 
   h.Step();
   h.Step();
@@ -187,7 +188,7 @@ TEST(Scheduler, PreemptsTheNewestByRecomputeWhenThePoolRunsOut) {
       const ScheduledSequence& seq = s.Seqs(*b)[0];
       EXPECT_TRUE(seq.replace_block_table);
       EXPECT_THAT(s.BlockIds(seq), SizeIs(6));
-      EXPECT_THAT(s.NewTokenIds(seq), SizeIs(1));
+      EXPECT_THAT(s.NewTokenIds(seq), IsEmpty());  // the workers kept its sampled token
     }
   }
   EXPECT_TRUE(resumed);
@@ -424,17 +425,22 @@ TEST(Scheduler, ForksNSequencesAfterThePrefillAndCopiesTheSharedLastBlock) {
   ASSERT_THAT(s2.Seqs(r), SizeIs(4));
   EXPECT_EQ(r.num_samples, 4);
   EXPECT_EQ(s2.total_num_scheduled_tokens, 4);
-  EXPECT_FALSE(s2.Seqs(r)[0].new_to_workers);
-  for (int j = 1; j < 4; ++j) {
-    EXPECT_TRUE(s2.Seqs(r)[j].new_to_workers);
-    EXPECT_TRUE(s2.Seqs(r)[j].replace_block_table);
-    EXPECT_THAT(s2.NewTokenIds(s2.Seqs(r)[j]), SizeIs(1));
+  // The workers forked the sequences at the sample too (prompt, token j, sequence 0's table)
+  // and appended the tokens: none is new to them and no token id is sent.
+  int replaced = 0;
+  for (int j = 0; j < 4; ++j) {
+    const ScheduledSequence& seq = s2.Seqs(r)[j];
+    EXPECT_FALSE(seq.new_to_workers) << j;
+    EXPECT_THAT(s2.NewTokenIds(seq), IsEmpty()) << j;
+    if (!seq.replace_block_table) continue;
+    ++replaced;
     // The full first block stays shared.
-    EXPECT_EQ(s2.BlockIds(s2.Seqs(r)[j])[0],
-              s2.BlockIds(s2.Seqs(r)[0]).empty() ? s1.block_ids[0] : s2.BlockIds(s2.Seqs(r)[0])[0]);
+    EXPECT_EQ(s2.BlockIds(seq)[0], s1.block_ids[0]) << j;
   }
-  // Four sequences share the half-full second block: three copy it, the last writes in place.
+  // Four sequences share the half-full second block: three copy it (their tables are resent),
+  // the last writes in place (the table the workers copied at the fork).
   EXPECT_THAT(s2.blocks_to_copy, SizeIs(3));
+  EXPECT_EQ(replaced, 3);
   h.RunToCompletion();
   ExpectStreams(h, "a", Prompt(20), Params(8, 4));
   const Stream& st = h.streams["a"];

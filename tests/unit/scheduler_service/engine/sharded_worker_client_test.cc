@@ -101,11 +101,14 @@ struct Group {
 
 // Starts the ranks (rank i's FakeExecutor seeded 100 * i, so that only rank 0's tokens
 // match the reference) and brings the client up to open streams.
-std::unique_ptr<Group> StartGroup(int world_size, absl::Duration timeout = absl::Seconds(30)) {
+// Every rank samples with seed 0 (as the ranks of a group sample alike), unless
+// `distinct_seeds`: rank i with seed 100 * i.
+std::unique_ptr<Group> StartGroup(int world_size, absl::Duration timeout = absl::Seconds(30),
+                                  bool distinct_seeds = false) {
   auto g = std::make_unique<Group>();
   ShardedWorkerClientOptions opts;
   for (int i = 0; i < world_size; ++i) {
-    g->ranks.push_back(StartRank(100 * i, kBlocks + 10 * i));
+    g->ranks.push_back(StartRank(distinct_seeds ? 100 * i : 0, kBlocks + 10 * i));
     opts.addresses.push_back(g->ranks.back().address);
   }
   opts.worker_timeout = timeout;
@@ -160,6 +163,20 @@ TEST(ShardedWorkerClientTest, TokensComeFromRankZero) {
   EXPECT_EQ(g->ranks[1].service->num_steps(), g->ranks[0].service->num_steps());
   EXPECT_EQ(g->failures, 0);
   EXPECT_TRUE(g->client->failure().ok());
+}
+
+// Each rank appends the tokens it sampled: a rank that sampled others than rank 0 (here: another
+// seed) would go on with sequences and KV that are not the scheduler's, so the step fails,
+// naming it.
+TEST(ShardedWorkerClientTest, ARankThatSampledOtherTokensFailsTheStep) {
+  auto g = StartGroup(2, absl::Seconds(30), /*distinct_seeds=*/true);
+  absl::Status status;
+  RunAll(g->client.get(), &status);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+  EXPECT_THAT(status.message(),
+              HasSubstr(absl::StrCat("worker rank 1 at ", g->ranks[1].address,
+                                     " sampled other tokens than rank 0 in step 1")));
+  EXPECT_EQ(g->failures, 1);
 }
 
 TEST(ShardedWorkerClientTest, RankAnsweringAnErrorFailsTheStep) {

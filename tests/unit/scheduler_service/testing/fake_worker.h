@@ -119,12 +119,20 @@ class FakeWorker final : public v1::WorkerService::Service {
         DecodedStep step;
         s = DecodeStepRequest(req, SamplingLimits{}, &step);
         ModelOutput out;
+        bool rank0 = true;
         if (s.ok()) {
           absl::MutexLock lock(&mu_);
           if (executor_ == nullptr) return {grpc::StatusCode::FAILED_PRECONDITION, "no cache"};
           s = executor_->Execute(step.output, &out);
+          rank0 = init_.rank() == 0;
         }
-        if (s.ok()) EncodeStepResult(out, &res);
+        if (s.ok()) {
+          // As llm-worker: every rank reports the digest of what it sampled, rank 0 the tokens.
+          const uint64_t digest = SampledTokensDigest(out.sampled_token_ids);
+          if (!rank0) out.sampled_token_ids.clear();
+          EncodeStepResult(out, &res);
+          res.set_sampled_digest(digest);
+        }
       }
       if (!s.ok()) {
         res.set_step_id(req.step_id());
