@@ -32,6 +32,7 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
   SchedulerConfig sc;
   sc.max_model_len = max_model_len;
   sc.max_num_batched_tokens = max_model_len;
+  sc.vocab_size = e->config_.vocab_size;
   if (!e->config_.eos_token_ids.empty()) sc.eos_token_id = e->config_.eos_token_ids[0];
   const BlockSpaceManagerConfig bc{.block_size = bs,
                                    .num_gpu_blocks = num_blocks,

@@ -323,6 +323,7 @@ Setup Check(const Flags& f, const ModelConfig& model, const Tokenizer& tokenizer
   } else if (!tokenizer.eos_token_ids().empty()) {
     sc.eos_token_id = tokenizer.eos_token_ids()[0];
   }
+  sc.vocab_size = model.vocab_size;
   sc.sampling_limits = {.max_n = f.max_n, .max_logprobs = f.max_logprobs};
   if (absl::Status st = sc.Validate(); !st.ok()) Usage(std::string(st.message()));
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -35,6 +37,10 @@ absl::Status SchedulerConfig::Validate() const {
                      "; without chunked prefill it must be >= max_model_len = ", max_model_len,
                      " (a whole prompt is computed in one step)"));
   }
+  if (vocab_size < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("vocab_size is ", vocab_size, "; it must be >= 0 (0: unknown)"));
+  }
   if (sampling_limits.max_n < 1 || sampling_limits.max_n >= Scheduler::kSeqIdStride) {
     return absl::InvalidArgumentError(absl::StrCat("sampling_limits.max_n is ",
                                                    sampling_limits.max_n, "; it must be in [1, ",
@@ -64,22 +70,39 @@ absl::Status Scheduler::ValidateRequest(std::span<const TokenId> prompt,
     return absl::InvalidArgumentError(absl::StrCat(
         "n is ", params.n, "; it must be at most max_num_seqs = ", config_.max_num_seqs));
   }
-  if (prompt.empty()) return absl::InvalidArgumentError("prompt is empty");
-  const int len = static_cast<int>(prompt.size());
-  if (len >= config_.max_model_len) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("prompt has ", len,
-                     " tokens; it must have fewer than max_model_len = ", config_.max_model_len));
+  if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty: it has no tokens");
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    const TokenId t = prompt[i];
+    if (t < 0 || (config_.vocab_size > 0 && t >= config_.vocab_size)) {
+      const std::string vocab =
+          config_.vocab_size > 0 ? absl::StrCat("[0, ", config_.vocab_size, ")") : "[0, ...)";
+      return absl::InvalidArgumentError(absl::StrCat("prompt token id ", t, " at position ", i,
+                                                     " is outside the vocabulary ", vocab));
+    }
   }
-  for (TokenId t : prompt) {
-    if (t < 0) return absl::InvalidArgumentError(absl::StrCat("prompt has token id ", t));
+  const int len = static_cast<int>(prompt.size());
+  const int max_len = config_.max_model_len;
+  if (len >= max_len) {
+    return absl::InvalidArgumentError(absl::StrCat("the prompt is ", len, " tokens; at most ",
+                                                   max_len - 1, " are accepted (max_model_len ",
+                                                   max_len, ", less one token to generate)"));
+  }
+  // Refused, not clamped: a client that asked for max_tokens learns it cannot have them (an
+  // unset max_tokens is the API layer's to turn into max_model_len - prompt).
+  if (int64_t{len} + params.max_tokens > max_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the prompt is ", len, " tokens and max_tokens is ", params.max_tokens, ": ",
+                     len, " + ", params.max_tokens, " = ", int64_t{len} + params.max_tokens,
+                     " tokens, over the model's maximum context length (max_model_len ", max_len,
+                     "); ask for at most ", max_len - len,
+                     " tokens, or leave max_tokens unset to fill the context"));
   }
   const int needed = BlockTable::NumRequiredBlocks(len, 0, block_size_);
   const int usable = usable_gpu_blocks_.load(std::memory_order_relaxed);
   if (needed > usable) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt has ", len, " tokens and needs ", needed,
-                                                   " KV-cache blocks; the cache has ", usable,
-                                                   " above its watermark"));
+    return absl::InvalidArgumentError(absl::StrCat("the prompt is ", len, " tokens and needs ",
+                                                   needed, " KV-cache blocks; the cache has ",
+                                                   usable, " above its watermark"));
   }
   if (!params.stop.empty() && !stop_checker_.can_check_stop_strings()) {
     return absl::InvalidArgumentError("stop strings need a detokenizer; this scheduler has none");
@@ -90,7 +113,7 @@ absl::Status Scheduler::ValidateRequest(std::span<const TokenId> prompt,
 absl::Status Scheduler::AddRequest(std::string request_id, std::vector<TokenId> prompt,
                                    const SamplingParams& params, int priority, double arrival_time,
                                    std::string cache_salt) {
-  RETURN_IF_ERROR(ValidateRequest(prompt, params));
+  CHECK(!prompt.empty()) << "request " << request_id << ": AddRequest without ValidateRequest";
   const int len = static_cast<int>(prompt.size());
   if (requests_by_id_.contains(request_id)) {
     return absl::AlreadyExistsError(absl::StrCat("request ", request_id, " already exists"));

@@ -75,6 +75,7 @@ struct SchedulerConfig {
   PreemptionMode preemption_mode = PreemptionMode::kRecompute;
   SchedulingPolicy policy = SchedulingPolicy::kFcfs;
   TokenId eos_token_id = -1;  // < 0: none
+  int vocab_size = 0;         // prompt token ids must be below it; 0: unknown, only >= 0
   SamplingLimits sampling_limits;
 
   // INVALID_ARGUMENT naming the field, its value and the allowed range. Without chunked
@@ -109,15 +110,20 @@ class Scheduler {
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
-  // Queues a request. INVALID_ARGUMENT for bad sampling params, an empty prompt, a prompt of
-  // max_model_len tokens or more, one that can never fit the KV cache, or stop strings without
-  // a detokenizer; ALREADY_EXISTS for an id in use.
+  // Queues a request that passed ValidateRequest: it is not checked again (an empty prompt, or
+  // prompt + max_tokens over max_model_len, is a CHECK failure). ALREADY_EXISTS for an id in
+  // use.
   absl::Status AddRequest(std::string request_id, std::vector<TokenId> prompt,
                           const SamplingParams& params, int priority = 0, double arrival_time = 0,
                           std::string cache_salt = {});
 
-  // The checks of AddRequest that need no scheduling state (all but ALREADY_EXISTS).
-  // Thread-safe.
+  // The admission check of a request, the one place every request rule is checked (the API
+  // layer only turns its wire form into these types; the workers check only what sizes their
+  // buffers): EngineCore::AddRequest calls it once per request, on the caller's thread.
+  // INVALID_ARGUMENT naming the field and its value for bad sampling params (against
+  // sampling_limits), n over max_num_seqs, an empty prompt, a token id outside the vocabulary,
+  // a prompt of max_model_len tokens or more, prompt + max_tokens over max_model_len, a prompt
+  // that can never fit the KV cache, or stop strings without a detokenizer. Thread-safe.
   absl::Status ValidateRequest(std::span<const TokenId> prompt, const SamplingParams& params) const;
 
   // Ends the request in whatever state it is, frees its blocks now, and tells the workers in

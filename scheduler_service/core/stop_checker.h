@@ -1,9 +1,9 @@
 // Decides whether a sequence stops after a token was appended to it, and turns its output into
-// text. It stops on a stop string, EOS (unless ignore_eos), a stop token id, max_tokens or
-// max_model_len. EOS, stop token ids and stop strings count only once the sequence has
-// min_tokens output tokens (stop strings are searched in the text released from then on). A
-// stop string found on the token that is also EOS or a stop token id is the reason reported,
-// since it is where the text ends.
+// text. It stops on a stop string, EOS (unless ignore_eos), a stop token id or max_tokens
+// (admission keeps prompt + max_tokens within max_model_len; Prepare CHECKs it). EOS, stop token
+// ids and stop strings count only once the sequence has min_tokens output tokens (stop strings are
+// searched in the text released from then on). A stop string found on the token that is also EOS or
+// a stop token id is the reason reported, since it is where the text ends.
 //
 // Text: with a DetokenizerFactory, each sequence gets an IncrementalDetokenizer at its first
 // output token (the prompt as context) and feeds it every token. Check appends to `text` what
@@ -56,7 +56,7 @@ class StopChecker {
   bool can_check_stop_strings() const { return detokenizers_ != nullptr; }
 
  private:
-  // EOS, stop token ids, max_tokens and max_model_len.
+  // EOS, stop token ids and max_tokens.
   std::optional<SequenceStatus> CheckTokens(const Request& req, Sequence* seq) const {
     const int num_tokens = static_cast<int>(seq->tokens.size());
     if (num_tokens >= req.min_num_tokens) {

@@ -19,6 +19,7 @@ EngineCore::EngineCore(const SchedulerConfig& config, const BlockSpaceManagerCon
 EngineCore::~EngineCore() { Stop(); }
 
 absl::Status EngineCore::AddRequest(EngineRequest request, StreamCallback on_update) {
+  // Off the engine thread, once: Scheduler::AddRequest (DrainInbox) does not check again.
   RETURN_IF_ERROR(scheduler_.ValidateRequest(request.prompt_token_ids, request.sampling_params));
   absl::MutexLock lock(&mu_);
   const uint64_t generation = ++next_generation_;

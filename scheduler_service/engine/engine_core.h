@@ -69,8 +69,9 @@ class EngineCore {
   EngineCore(const EngineCore&) = delete;
   EngineCore& operator=(const EngineCore&) = delete;
 
-  // Thread-safe. Validates the request now (INVALID_ARGUMENT, ALREADY_EXISTS for an id in
-  // flight) and queues it; `on_update` is then called for each step's output.
+  // Thread-safe. Validates the request now, the only check it gets (Scheduler::ValidateRequest:
+  // INVALID_ARGUMENT naming the field; ALREADY_EXISTS for an id in flight), and queues it;
+  // `on_update` is then called for each step's output.
   absl::Status AddRequest(EngineRequest request, StreamCallback on_update);
   // Thread-safe. NOT_FOUND for an id not in flight. The id is free for a new request at once;
   // the stream ends with CANCELLED, and the blocks are freed, at the start of the next step

@@ -90,19 +90,49 @@ TEST(SchedulerConfig, ValidateNamesFieldValueAndRange) {
   EXPECT_THAT(c.Validate().message(), HasSubstr("max_num_seqs is 0; it must be >= 1"));
 }
 
-TEST(Scheduler, AddRequestRejectsBadInputWithAReason) {
-  SchedulerHarness h(Config(), Cache(10), SchedulerHarness::ExecConfig(Cache(10)));
+TEST(Scheduler, ValidateRequestRejectsBadInputWithAReason) {
+  SchedulerConfig config = Config();
+  config.vocab_size = 4096;
+  SchedulerHarness h(config, Cache(10), SchedulerHarness::ExecConfig(Cache(10)));
+  auto error = [&](std::vector<TokenId> prompt, const SamplingParams& params) {
+    return std::string(h.scheduler.ValidateRequest(prompt, params).message());
+  };
   SamplingParams bad = Params(4);
   bad.top_p = 0;
-  EXPECT_THAT(h.Add("a", Prompt(4), bad).message(), HasSubstr("top_p is 0"));
-  EXPECT_THAT(h.Add("a", {}, Params(4)).message(), HasSubstr("prompt is empty"));
-  EXPECT_THAT(h.Add("a", Prompt(2048), Params(4)).message(),
-              HasSubstr("prompt has 2048 tokens; it must have fewer than max_model_len = 2048"));
-  EXPECT_THAT(h.Add("a", Prompt(161), Params(4)).message(),
+  EXPECT_THAT(error(Prompt(4), bad), HasSubstr("top_p is 0"));
+  EXPECT_THAT(error({}, Params(4)), HasSubstr("the prompt is empty"));
+  EXPECT_THAT(error({5, 4096}, Params(4)),
+              HasSubstr("prompt token id 4096 at position 1 is outside the vocabulary [0, 4096)"));
+  EXPECT_THAT(error({-1}, Params(4)), HasSubstr("prompt token id -1 at position 0"));
+  EXPECT_THAT(
+      error(Prompt(2048), Params(4)),
+      HasSubstr("the prompt is 2048 tokens; at most 2047 are accepted (max_model_len 2048"));
+  EXPECT_THAT(error(Prompt(2040), Params(9)),
+              HasSubstr("the prompt is 2040 tokens and max_tokens is 9: 2040 + 9 = 2049 tokens, "
+                        "over the model's maximum context length (max_model_len 2048)"));
+  EXPECT_THAT(error(Prompt(161), Params(4)),
               HasSubstr("needs 11 KV-cache blocks; the cache has 10"));
   SamplingParams stop = Params(4);
   stop.stop = {"x"};
-  EXPECT_THAT(h.Add("a", Prompt(4), stop).message(), HasSubstr("need a detokenizer"));
+  EXPECT_THAT(error(Prompt(4), stop), HasSubstr("need a detokenizer"));
+  EXPECT_TRUE(
+      h.scheduler.ValidateRequest(Prompt(152), Params(2048 - 152)).ok());  // the context, full
+}
+
+// Admission (ValidateRequest, from EngineCore::AddRequest) is the one check; AddRequest trusts
+// it, and only asserts what would overrun the model's context.
+TEST(Scheduler, AddRequestDoesNotCheckAgain) {
+  SchedulerHarness h(Config(), Cache(10), SchedulerHarness::ExecConfig(Cache(10)));
+  SamplingParams bad = Params(4);
+  bad.top_p = 0;
+  EXPECT_TRUE(h.Add("a", Prompt(4), bad).ok());
+  EXPECT_DEATH((void)h.Add("b", Prompt(2040), Params(9)),
+               "prompt \\+ max_tokens over max_model_len was admitted");
+  EXPECT_DEATH((void)h.Add("c", {}, Params(4)), "AddRequest without ValidateRequest");
+}
+
+TEST(Scheduler, AddRequestRefusesAnIdInUse) {
+  SchedulerHarness h(Config(), Cache(10), SchedulerHarness::ExecConfig(Cache(10)));
   ASSERT_TRUE(h.Add("a", Prompt(4), Params(4)).ok());
   EXPECT_EQ(h.Add("a", Prompt(4), Params(4)).code(), absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(h.scheduler.num_requests(), 1);
@@ -237,7 +267,7 @@ TEST(Scheduler, ForkedSequencesStayWithinMaxNumSeqs) {
     ExpectStreams(h, absl::StrCat("r", i), Prompt(8, 100 * i), Params(6, 2));
   }
   ExpectStreams(h, "single", Prompt(8, 900), Params(6));
-  EXPECT_THAT(h.Add("wide", Prompt(8), Params(6, /*n=*/6)).message(),
+  EXPECT_THAT(h.scheduler.ValidateRequest(Prompt(8), Params(6, /*n=*/6)).message(),
               HasSubstr("n is 6; it must be at most max_num_seqs = 5"));
 }
 
@@ -558,7 +588,7 @@ TEST(Scheduler, StopsOnEosAfterMinTokensUnlessIgnored) {
   h.ExpectAllBlocksFree();
 }
 
-TEST(Scheduler, StopsOnStopTokenIdsStopStringsAndMaxModelLen) {
+TEST(Scheduler, StopsOnStopTokenIdsStopStringsAndMaxTokensUpToMaxModelLen) {
   SchedulerConfig config = Config();
   config.max_model_len = 30;
   FakeDetokenizerFactory detok;
@@ -572,7 +602,8 @@ TEST(Scheduler, StopsOnStopTokenIdsStopStringsAndMaxModelLen) {
   by_string.stop = {"<" + std::to_string(reference[4]) + ">"};
   ASSERT_TRUE(h.Add("id", Prompt(8), by_id).ok());
   ASSERT_TRUE(h.Add("string", Prompt(8), by_string).ok());
-  ASSERT_TRUE(h.Add("long", Prompt(25, 50), Params(100)).ok());
+  ASSERT_TRUE(h.scheduler.ValidateRequest(Prompt(25, 50), Params(5)).ok());
+  ASSERT_TRUE(h.Add("long", Prompt(25, 50), Params(5)).ok());
   h.RunToCompletion();
   const auto first = [&](TokenId t) {
     return std::find(reference.begin(), reference.end(), t) - reference.begin() + 1;
@@ -581,7 +612,7 @@ TEST(Scheduler, StopsOnStopTokenIdsStopStringsAndMaxModelLen) {
   EXPECT_EQ(h.streams["id"].status[0], SequenceStatus::kFinishedStopped);
   EXPECT_THAT(h.streams["string"].tokens[0], SizeIs(first(reference[4])));
   EXPECT_EQ(h.streams["string"].status[0], SequenceStatus::kFinishedStopped);
-  EXPECT_THAT(h.streams["long"].tokens[0], SizeIs(5));  // 25 + 5 = max_model_len
+  EXPECT_THAT(h.streams["long"].tokens[0], SizeIs(5));  // 25 + 5 = max_model_len, the most admitted
   EXPECT_EQ(h.streams["long"].status[0], SequenceStatus::kFinishedLength);
   h.ExpectAllBlocksFree();
 }

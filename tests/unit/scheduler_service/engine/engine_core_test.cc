@@ -100,7 +100,10 @@ TEST(EngineCore, RejectsBadAndDuplicateRequestsAtOnce) {
   EXPECT_THAT(engine.AddRequest({"a", Prompt(4, 1), bad}, c.For("a")).message(),
               HasSubstr("temperature is -1"));
   EXPECT_THAT(engine.AddRequest({"a", Prompt(600, 1), Params(4)}, c.For("a")).message(),
-              HasSubstr("max_model_len = 512"));
+              HasSubstr("at most 511 are accepted (max_model_len 512"));
+  // Refused, not clamped to the context: the sum names both numbers.
+  EXPECT_THAT(engine.AddRequest({"a", Prompt(500, 1), Params(13)}, c.For("a")).message(),
+              HasSubstr("the prompt is 500 tokens and max_tokens is 13: 500 + 13 = 513 tokens"));
   ASSERT_TRUE(engine.AddRequest({"a", Prompt(4, 1), Params(4)}, c.For("a")).ok());
   EXPECT_EQ(engine.AddRequest({"a", Prompt(4, 1), Params(4)}, c.For("a")).code(),
             absl::StatusCode::kAlreadyExists);
