@@ -419,8 +419,8 @@ void LLMService::Unregister(const std::string& request_id, const GenerateCall* c
   if (it != calls_.end() && it->second.get() == call) calls_.erase(it);
 }
 
-absl::Status LLMService::ValidateParams(const v1::GenerateRequest& request,
-                                        SamplingParams* params) const {
+absl::Status LLMService::ParamsFromRequest(const v1::GenerateRequest& request,
+                                           SamplingParams* params) const {
   const std::string& id = request.request_id();
   if (static_cast<int>(id.size()) > options_.max_request_id_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("the request id is ", id.size(),
@@ -447,24 +447,7 @@ absl::Status LLMService::ValidateParams(const v1::GenerateRequest& request,
                          options_.max_prompt_bytes, " are accepted (--max-prompt-bytes)"));
       }
       break;
-    case v1::GenerateRequest::kTokenIds:
-      if (request.token_ids().ids().empty()) {
-        return absl::InvalidArgumentError("the prompt is empty: token_ids has no ids");
-      }
-      if (request.token_ids().ids_size() >= options_.max_model_len) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("the prompt is ", request.token_ids().ids_size(), " tokens; at most ",
-                         options_.max_model_len - 1, " are accepted (max_model_len ",
-                         options_.max_model_len, ", less one token to generate)"));
-      }
-      for (int i = 0; i < request.token_ids().ids_size(); ++i) {
-        const int32_t id = request.token_ids().ids(i);
-        if (id < 0 || id >= options_.vocab_size) {
-          return absl::InvalidArgumentError(absl::StrCat("prompt token id ", id, " at position ", i,
-                                                         " is outside the vocabulary [0, ",
-                                                         options_.vocab_size, ")"));
-        }
-      }
+    case v1::GenerateRequest::kTokenIds:  // checked by admission with the tokenized prompts
       break;
     case v1::GenerateRequest::kChat:
       if (options_.chat_template == nullptr) {
@@ -486,9 +469,6 @@ absl::Status LLMService::ValidateParams(const v1::GenerateRequest& request,
                                                    sp.stop_size()));
   }
   for (int i = 0; i < sp.stop_size(); ++i) {
-    if (sp.stop(i).empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("stop string ", i, " is empty"));
-    }
     if (static_cast<int>(sp.stop(i).size()) > options_.max_stop_bytes) {
       return absl::InvalidArgumentError(absl::StrCat("stop string ", i, " is ", sp.stop(i).size(),
                                                      " bytes; at most ", options_.max_stop_bytes,
@@ -514,7 +494,7 @@ absl::Status LLMService::ValidateParams(const v1::GenerateRequest& request,
     return too_big("logprobs", sp.logprobs(), absl::StrCat("in [0, ", limits.max_logprobs, "]"));
   }
   *params = SamplingParamsFromProto(sp);
-  return params->Validate(options_.sampling_limits);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> LLMService::RenderChat(const v1::ChatPrompt& chat) const {
@@ -547,7 +527,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* LLMService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest& req) {
   const v1::GenerateRequest* request = &req;
   SamplingParams params;
-  if (absl::Status s = ValidateParams(*request, &params); !s.ok()) {
+  if (absl::Status s = ParamsFromRequest(*request, &params); !s.ok()) {
     return new ErrorWriter(ToGrpc(s));
   }
   {
@@ -558,34 +538,18 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* LLMService::Generate(
   std::vector<TokenId> prompt;
   if (request->prompt_case() == v1::GenerateRequest::kText) {
     prompt = tokenizer_->Encode(request->text(), request->add_special_tokens());
-    if (prompt.empty()) {
-      return new ErrorWriter(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                          "the prompt is empty after tokenization"));
-    }
   } else if (request->prompt_case() == v1::GenerateRequest::kChat) {
     // The template writes the special tokens (bos, role markers) itself.
     absl::StatusOr<std::string> text = RenderChat(request->chat());
     if (!text.ok()) return new ErrorWriter(ToGrpc(text.status()));
     prompt = tokenizer_->Encode(*text, /*add_special_tokens=*/false);
-    if (prompt.empty()) {
-      return new ErrorWriter(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                          "the chat prompt is empty after tokenization"));
-    }
   } else {
     prompt.assign(request->token_ids().ids().begin(), request->token_ids().ids().end());
   }
-  if (static_cast<int64_t>(prompt.size()) >= options_.max_model_len) {
-    return new ErrorWriter(
-        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                     absl::StrCat("the prompt is ", prompt.size(), " tokens; at most ",
-                                  options_.max_model_len - 1, " are accepted (max_model_len ",
-                                  options_.max_model_len, ", less one token to generate)")));
-  }
-  if (static_cast<int64_t>(prompt.size()) + params.max_tokens > options_.max_model_len) {
-    return new ErrorWriter(grpc::Status(
-        grpc::StatusCode::INVALID_ARGUMENT,
-        absl::StrCat("prompt has ", prompt.size(), " tokens and max_tokens is ", params.max_tokens,
-                     "; max_model_len is ", options_.max_model_len)));
+  if (!request->sampling_params().has_max_tokens()) {
+    // Unset: generate until the context is full, as vLLM does. A prompt that leaves no room
+    // keeps 1, so that admission names the prompt's length.
+    params.max_tokens = std::max(1, options_.max_model_len - static_cast<int>(prompt.size()));
   }
   std::string request_id = request->request_id();
   if (request_id.empty()) {

@@ -1,9 +1,12 @@
 // LLMService: the public gRPC API of llm-scheduler (protos/llm/v1/llm_service.proto) on gRPC's
 // callback API.
 //
-// Generate validates the request (INVALID_ARGUMENT with a message that says what to change;
-// ALREADY_EXISTS for a request id in flight; RESOURCE_EXHAUSTED beyond
-// max_concurrent_requests), tokenizes the prompt, adds it to the current EngineCore and
+// Generate turns the request into the engine's types (INVALID_ARGUMENT only for what the wire
+// form alone can get wrong; an unset max_tokens becomes max_model_len - prompt tokens, filling
+// the context), tokenizes the prompt and adds it to the current EngineCore, whose admission
+// (Scheduler::ValidateRequest) is the one check of the request's rules: INVALID_ARGUMENT with
+// a message that says what to change. A request id in flight is ALREADY_EXISTS, a call beyond
+// max_concurrent_requests RESOURCE_EXHAUSTED. Generate then
 // streams the outputs: per step, per sequence, the new token ids and a UTF-8-complete text
 // delta, with each token's logprobs (sampled and top N, with their text) when the request
 // set logprobs and the workers supplied them; finish_reason / stop_reason when a sequence
@@ -64,7 +67,7 @@ namespace llm {
 struct LLMServiceOptions {
   std::string model_name;
   int max_model_len = 2048;
-  int vocab_size = 0;  // token ids must be below it
+  int vocab_size = 0;  // GetModelInfo's (the engine checks prompt ids against its own)
   int tensor_parallel_size = 1;
   int block_size = 16;
   int max_concurrent_requests = 256;
@@ -125,8 +128,13 @@ class LLMService final
   class GenerateCall;
   friend class GenerateCall;
 
-  // The checks that need neither the engine nor the tokenizer's output.
-  absl::Status ValidateParams(const v1::GenerateRequest& request, SamplingParams* params) const;
+  // Turns the request's sampling params from their wire form, checking only what belongs to
+  // the wire and this API: the request id, the prompt's form, the stop strings' count and bytes
+  // (flags of this server), counts past the int range. The request's rules (ranges, lengths
+  // against max_model_len, the vocabulary) are the engine's admission check
+  // (Scheduler::ValidateRequest), run once by EngineCore::AddRequest. An unset max_tokens is
+  // left at its default here; Generate sets it once the prompt is tokenized.
+  absl::Status ParamsFromRequest(const v1::GenerateRequest& request, SamplingParams* params) const;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
                                                        const v1::GenerateRequest& request);
   // The prompt text of a chat request (options_.chat_template is set).

@@ -31,6 +31,7 @@ namespace llm {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::SizeIs;
 
 constexpr int kBlocks = 256;
 constexpr int kMaxModelLen = 512;
@@ -155,6 +156,8 @@ class LLMServiceTest : public ::testing::Test {
     sc.max_model_len = kMaxModelLen;
     sc.max_num_batched_tokens = kMaxModelLen;
     sc.eos_token_id = 1;
+    sc.vocab_size = tokenizer_->vocab_size();
+    sc.sampling_limits = engine_limits_;
     const BlockSpaceManagerConfig bc{.block_size = 16,
                                      .num_gpu_blocks = kBlocks,
                                      .num_cpu_blocks = 0,
@@ -243,6 +246,7 @@ class LLMServiceTest : public ::testing::Test {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::LLMService::Stub> stub_;
   GatedExecutor* gate_ = nullptr;  // the current engine's
+  SamplingLimits engine_limits_;   // the next engine's
   std::shared_ptr<ServingMetrics> metrics_ = std::make_shared<ServingMetrics>("tiny-llama");
 };
 
@@ -289,7 +293,36 @@ TEST_F(LLMServiceTest, PromptLongerThanTheModelAllowsIsInvalid) {
   v1::GenerateRequest fits;
   for (int i = 0; i < 500; ++i) fits.mutable_token_ids()->add_ids(5);
   fits.mutable_sampling_params()->set_max_tokens(13);
-  ExpectInvalid(fits, "prompt has 500 tokens and max_tokens is 13; max_model_len is 512");
+  ExpectInvalid(fits,
+                "the prompt is 500 tokens and max_tokens is 13: 500 + 13 = 513 tokens, over the "
+                "model's maximum context length (max_model_len 512); ask for at most 12 tokens");
+}
+
+TEST_F(LLMServiceTest, UnsetMaxTokensFillsTheContext) {
+  v1::GenerateRequest req;
+  for (int i = 0; i < 500; ++i) req.mutable_token_ids()->add_ids(5);
+  req.mutable_sampling_params()->set_ignore_eos(true);
+  const CallResult r = Generate(req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_THAT(AllTokens(r, 0), SizeIs(kMaxModelLen - 500));
+  EXPECT_EQ(r.responses.back().outputs(0).finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(r.responses.back().usage().completion_tokens(), kMaxModelLen - 500);
+}
+
+// The request's rules are the engine's admission check alone: the service passes on what
+// its own limits would have refused, and the engine's limits decide.
+TEST_F(LLMServiceTest, TheEngineAloneChecksTheRequest) {
+  StopServer();
+  LLMServiceOptions o = DefaultOptions();
+  o.sampling_limits.max_n = 1;
+  engine_limits_.max_n = 2;
+  StartServer(o);
+  v1::GenerateRequest two = Text("Hello");
+  two.mutable_sampling_params()->set_n(2);
+  const CallResult r = Generate(two);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  two.mutable_sampling_params()->set_n(3);
+  ExpectInvalid(two, "n is 3; it must be in [1, 2]");
 }
 
 TEST_F(LLMServiceTest, TokenIdsOutsideTheVocabularyAreInvalid) {
@@ -320,7 +353,7 @@ TEST_F(LLMServiceTest, SamplingFieldsOutOfRangeAreInvalid) {
       {[](auto* p) { p->set_frequency_penalty(-3); }, "frequency_penalty is -3"},
       {[](auto* p) { p->set_repetition_penalty(0); }, "repetition_penalty is 0"},
       {[](auto* p) { p->add_stop_token_ids(-2); }, "stop_token_ids"},
-      {[](auto* p) { p->add_stop(""); }, "stop string 0 is empty"},
+      {[](auto* p) { p->add_stop(""); }, "stop is an empty string; it must be non-empty"},
       {[](auto* p) {
          for (int i = 0; i < 17; ++i) p->add_stop(absl::StrCat("s", i));
        },

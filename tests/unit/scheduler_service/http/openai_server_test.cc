@@ -161,7 +161,7 @@ TEST_F(OpenAIServerTest, AuthAndErrors) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 400);
   EXPECT_THAT(json::parse(r->body)["error"]["message"].get<std::string>(),
-              HasSubstr("max_model_len is 256"));
+              HasSubstr("max_tokens is 1000"));
   r = client_->Get("/v1/nothing");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 404);
@@ -192,6 +192,35 @@ TEST_F(OpenAIServerTest, StreamEndsWithUsageAndDone) {
   const json usage = json::parse(events[5].substr(6));
   EXPECT_EQ(usage["usage"]["completion_tokens"], 5);
   EXPECT_EQ(json::parse(events[4].substr(6))["choices"][0]["finish_reason"], "length");
+}
+
+// An explicit max_tokens that does not fit beside the prompt is refused, naming both numbers;
+// a missing one fills the context (as vLLM does).
+TEST_F(OpenAIServerTest, MaxTokensOverTheContextIsRefusedAndAMissingOneFillsIt) {
+  Serve();
+  httplib::Result r = Post("/v1/completions", {{"prompt", "Hello"}, {"max_tokens", 2}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const int prompt_tokens = json::parse(r->body)["usage"]["prompt_tokens"];
+  const int room = 256 - prompt_tokens;
+
+  r = Post("/v1/completions", {{"prompt", "Hello"}, {"max_tokens", room + 1}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  const json err = json::parse(r->body)["error"];
+  EXPECT_EQ(err["type"], "invalid_request_error");
+  EXPECT_THAT(err["message"].get<std::string>(),
+              HasSubstr(absl::StrCat("the prompt is ", prompt_tokens, " tokens and max_tokens is ",
+                                     room + 1, ": ", prompt_tokens, " + ", room + 1,
+                                     " = 257 tokens, over the model's maximum context length "
+                                     "(max_model_len 256)")));
+
+  r = Post("/v1/completions", {{"prompt", "Hello"}, {"ignore_eos", true}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json j = json::parse(r->body);
+  EXPECT_EQ(j["usage"]["completion_tokens"], room);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
 }
 
 }  // namespace
