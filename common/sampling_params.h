@@ -1,7 +1,8 @@
 // How one request's output tokens are sampled and when its generation stops: the same knobs
 // as vLLM's SamplingParams and TGI's parameters, with their ranges.
 //
-// Plain value type; Validate() is the single check at the API boundary. Thread-compatible.
+// Plain value type; Validate() is part of the engine's admission check
+// (Scheduler::ValidateRequest), run once per request. Thread-compatible.
 #ifndef LLM_COMMON_SAMPLING_PARAMS_H_
 #define LLM_COMMON_SAMPLING_PARAMS_H_
 

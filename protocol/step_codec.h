@@ -7,9 +7,17 @@
 // form adds to the in-process types: values past their int range, a step_id past int64, the
 // finished ids and slots of different lengths, a cached request that carries a prompt or
 // params, and the sampling params (SamplingParams::Validate against the worker's limits); it
-// answers INVALID_ARGUMENT naming the request and the field. Everything else about a step
-// (negative or duplicate slots, sequences out of order, ids out of range, a request the worker
-// does not hold, ...) is the BatchState's check, the same for steps from the wire and in
+// answers INVALID_ARGUMENT naming the request and the field.
+//
+// These are invariants of the worker's resources, not request validation: a step is a typed
+// message from another process, checked on arrival, and the worker's buffers are sized by the
+// limits it was initialized with (n sequences, logprobs per token) while its sampler relies on
+// the params' ranges. The full SamplingParams::Validate is what checks them, once per new
+// request (cached requests carry no params). Requests themselves are checked once, at the
+// engine's admission (Scheduler::ValidateRequest); a step that fails here is a scheduler bug or
+// a mismatch of limits between scheduler and worker, never a client's error. Everything else about
+// a step (negative or duplicate slots, sequences out of order, ids out of range, a request the
+// worker does not hold, ...) is the BatchState's check, the same for steps from the wire and in
 // process (protocol/batch_state.h).
 //
 // Thread-compatible: plain functions; a DecodedStep belongs to one thread.
