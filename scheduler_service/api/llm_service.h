@@ -1,22 +1,21 @@
 // LLMService: the public gRPC API of llm-scheduler (protos/llm/v1/llm_service.proto) on gRPC's
 // callback API.
 //
-// Generate turns the request into the engine's types (INVALID_ARGUMENT only for what the wire
-// form alone can get wrong; an unset max_tokens becomes max_model_len - prompt tokens, filling
-// the context), tokenizes the prompt and adds it to the current EngineCore, whose admission
-// (Scheduler::ValidateRequest) is the one check of the request's rules: INVALID_ARGUMENT with
-// a message that says what to change. A request id in flight is ALREADY_EXISTS, a call beyond
-// max_concurrent_requests RESOURCE_EXHAUSTED. Generate then
-// streams the outputs: per step, per sequence, the new token ids and a UTF-8-complete text
-// delta, with each token's logprobs (sampled and top N, with their text) when the request
-// set logprobs and the workers supplied them; finish_reason / stop_reason when a sequence
-// ends; usage on the last response (stream=false: one response at the end with everything).
-// The text is the engine's (SequenceOutput::text, from the detokenizer its StopChecker runs
-// per sequence, which also finds the stop strings), so the engine must be built with a
-// DetokenizerFactory over the service's tokenizer; the service itself only encodes prompts
-// and decodes the logprobs' tokens. The engine's callbacks run on the engine thread and never
-// block: responses are queued per call and written one at a time (each OnWriteDone starts the
-// next). A client that cancels, or whose deadline passes, has its request aborted in the
+// Generate turns the request into the engine's types (INVALID_ARGUMENT only for what the wire form
+// alone can get wrong; an unset max_tokens becomes max_model_len - prompt tokens, filling the
+// context), tokenizes the prompt and adds it to the current EngineCore, whose admission
+// (Scheduler::ValidateRequest) is the one check of the request's rules: INVALID_ARGUMENT with a
+// message that says what to change. A request id in flight is ALREADY_EXISTS, a call beyond
+// max_concurrent_requests RESOURCE_EXHAUSTED. Generate then streams the outputs: per step, per
+// sequence, the new token ids and a UTF-8-complete text delta, with each token's logprobs (sampled
+// and top N, with their text) when the request set logprobs and the workers supplied them;
+// finish_reason / stop_reason when a sequence ends; usage on the last response (stream=false: one
+// response at the end with everything). The text is the engine's (SequenceOutput::text, from the
+// detokenizer its StopChecker runs per sequence, which also finds the stop strings), so the engine
+// must be built with a DetokenizerFactory over the service's tokenizer; the service itself only
+// encodes prompts and decodes the logprobs' tokens. The engine's callbacks run on the engine thread
+// and never block: responses are queued per call and written one at a time (each OnWriteDone starts
+// the next). A client that cancels, or whose deadline passes, has its request aborted in the
 // engine.
 //
 // A chat prompt (GenerateRequest.chat) is rendered by LLMServiceOptions::chat_template and the

@@ -330,7 +330,8 @@ ParseResult ParseCompletionRequest(std::string_view body) {
   }
   r.request.set_add_special_tokens(f.Bool("add_special_tokens").value_or(true));
   v1::SamplingParams* sp = r.request.mutable_sampling_params();
-  if (auto v = f.Count("max_tokens")) sp->set_max_tokens(static_cast<uint32_t>(*v));
+  // Completions default to 16 tokens, as OpenAI's and vLLM's; chat fills the context.
+  sp->set_max_tokens(static_cast<uint32_t>(f.Count("max_tokens").value_or(16)));
   if (auto v = f.Count("logprobs")) {
     sp->set_logprobs(static_cast<uint32_t>(*v));
     r.logprobs = true;

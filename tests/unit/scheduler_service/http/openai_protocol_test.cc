@@ -51,12 +51,23 @@ TEST(OpenAIProtocolTest, UnsetFieldsStayUnsetForTheServiceDefaults) {
   ASSERT_TRUE(p.ok()) << p.error.message;
   const v1::SamplingParams& sp = p.request.request.sampling_params();
   EXPECT_FALSE(sp.has_temperature());
-  EXPECT_FALSE(sp.has_max_tokens());
   EXPECT_FALSE(sp.has_logprobs());
   EXPECT_FALSE(sp.has_n());
   EXPECT_FALSE(p.request.logprobs);
   EXPECT_FALSE(p.request.request.stream());
   EXPECT_EQ(p.request.model, "");
+  // max_tokens: completions default to 16 (OpenAI's and vLLM's default); chat leaves it unset,
+  // which fills the context.
+  EXPECT_EQ(sp.max_tokens(), 16u);
+  for (const char* body : {R"({"prompt": "x", "max_tokens": null})", R"({"prompt": "x"})"}) {
+    const ParseResult q = ParseCompletionRequest(body);
+    ASSERT_TRUE(q.ok()) << q.error.message;
+    EXPECT_EQ(q.request.request.sampling_params().max_tokens(), 16u) << body;
+  }
+  const ParseResult chat =
+      ParseChatCompletionRequest(R"({"messages": [{"role": "user", "content": "x"}]})");
+  ASSERT_TRUE(chat.ok()) << chat.error.message;
+  EXPECT_FALSE(chat.request.request.sampling_params().has_max_tokens());
 }
 
 TEST(OpenAIProtocolTest, CompletionPromptForms) {

@@ -196,7 +196,7 @@ TEST_F(OpenAIServerTest, StreamEndsWithUsageAndDone) {
 
 // An explicit max_tokens that does not fit beside the prompt is refused, naming both numbers;
 // a missing one fills the context (as vLLM does).
-TEST_F(OpenAIServerTest, MaxTokensOverTheContextIsRefusedAndAMissingOneFillsIt) {
+TEST_F(OpenAIServerTest, MaxTokensOverTheContextIsRefusedAndAMissingOneIs16) {
   Serve();
   httplib::Result r = Post("/v1/completions", {{"prompt", "Hello"}, {"max_tokens", 2}});
   ASSERT_TRUE(r);
@@ -215,7 +215,13 @@ TEST_F(OpenAIServerTest, MaxTokensOverTheContextIsRefusedAndAMissingOneFillsIt) 
                                      " = 257 tokens, over the model's maximum context length "
                                      "(max_model_len 256)")));
 
+  // Without max_tokens a completion is 16 tokens (OpenAI's and vLLM's default); a max_tokens
+  // that fills the context exactly is served.
   r = Post("/v1/completions", {{"prompt", "Hello"}, {"ignore_eos", true}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["usage"]["completion_tokens"], 16);
+  r = Post("/v1/completions", {{"prompt", "Hello"}, {"max_tokens", room}, {"ignore_eos", true}});
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
   const json j = json::parse(r->body);
