@@ -25,6 +25,7 @@
 #include "worker_service/kv_cache_sizing.h"
 #include "worker_service/model/llama.h"
 #include "worker_service/model_runner.h"
+#include "worker_service/model_warmup.h"
 #include "worker_service/parallel/gloo_communicator.h"
 #include "worker_service/parallel/rebound_communicator.h"
 #include "worker_service/parallel/shm_communicator.h"
@@ -396,39 +397,11 @@ absl::StatusOr<std::unique_ptr<Communicator>> WorkerServer::JoinNcclGroup(
 #endif
 }
 
-absl::Status WorkerServer::DecodePass(int seqs, int context, int block_size,
-                                      std::span<const LayerKvCache> caches) {
-  // Token 0 at position context - 1 in every sequence, written nowhere (slot -1), its context
-  // all in block 0 (every table entry).
-  const int width = (context + block_size - 1) / block_size;
-  std::vector<int32_t> ids(seqs, 0), positions(seqs, context - 1), seq_lens(seqs, context),
-      qsl(seqs + 1), rows(seqs), tables(static_cast<size_t>(seqs) * width, 0);
-  std::vector<int64_t> slots(seqs, -1);
-  for (int i = 0; i <= seqs; ++i) qsl[i] = i;
-  for (int i = 0; i < seqs; ++i) rows[i] = i;
-  const ForwardInput input{ids, positions, slots, tables, width, seq_lens, qsl, rows};
-  TensorView logits;
-  RETURN_IF_ERROR(model_->Forward(input, caches, &logits));
-  return model_->Synchronize();
-}
-
 absl::Status WorkerServer::WarmUpCuda() {
-  const auto start = std::chrono::steady_clock::now();
-  // Graphs of an earlier cache (profiling's scratch one, which may have held this address) are
-  // dropped, and every size is captured over this one.
-  model_->EnableCudaGraphs(model_->max_graph_batch());
-  const std::vector<int> sizes = model_->GraphBatchSizes();
-  for (int b : sizes) {
-    RETURN_IF_ERROR(DecodePass(b, 1, cache_->shape().block_size, cache_->device_caches()));
-  }
-  const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  LOG(INFO) << "cuda: " << model_->num_graphs() << " of " << sizes.size()
-            << " decode CUDA graphs captured (batch sizes "
-            << (sizes.empty() ? std::string("none")
-                              : absl::StrCat(sizes.front(), " to ", sizes.back()))
-            << ") in " << ms
-            << " ms; sampler: " << (device_sampler_ != nullptr ? "device" : "host");
+  std::string summary;
+  RETURN_IF_ERROR(CaptureDecodeGraphs(*model_, *cache_, &summary));
+  LOG(INFO) << "cuda: " << summary
+            << "; sampler: " << (device_sampler_ != nullptr ? "device" : "host");
   return absl::OkStatus();
 }
 
@@ -443,59 +416,14 @@ absl::Status WorkerServer::ProfileCuda(const v1::ProfileMemoryRequest& request,
   const CacheShape shape{model_->num_layers(), model_->num_local_kv_heads(), model_->head_dim(),
                          block_size, kv_cache_dtype_};
   const uint64_t bytes_per_block = CacheEngine::BytesPerBlock(shape);
-  // As vLLM: one forward pass over a batch of max_num_batched_tokens dummy tokens (spread over
-  // up to max_num_seqs sequences), with a one-block cache that no token writes (slot -1) and
-  // every table entry points at; then the memory in use is the peak of everything but the KV
-  // cache. The worker allocates nothing per step (activations are reserved at Init), so what
-  // is in use after the pass is its peak.
-  const int tokens = max_num_batched_tokens_;
-  const int seqs = std::max(1, std::min(tokens, std::max(1, max_num_seqs_)));
-  std::vector<int32_t> ids(tokens, 0), positions(tokens), seq_lens(seqs), qsl(seqs + 1, 0),
-      rows(seqs);
-  std::vector<int64_t> slots(tokens, -1);
-  int longest = 0;
-  for (int i = 0; i < seqs; ++i) {
-    seq_lens[i] = tokens / seqs + (i < tokens % seqs ? 1 : 0);
-    qsl[i + 1] = qsl[i] + seq_lens[i];
-    rows[i] = qsl[i + 1] - 1;
-    for (int p = 0; p < seq_lens[i]; ++p) positions[qsl[i] + p] = p;
-    longest = std::max(longest, seq_lens[i]);
-  }
-  const int max_blocks = (longest + block_size - 1) / block_size;
-  std::vector<int32_t> tables(static_cast<size_t>(seqs) * max_blocks, 0);
-  {
-    absl::StatusOr<std::unique_ptr<CacheEngine>> scratch =
-        CacheEngine::Create(shape, 1, 1, context_.get());
-    if (!scratch.ok()) return scratch.status();
-    const ForwardInput input{ids, positions, slots, tables, max_blocks, seq_lens, qsl, rows};
-    TensorView logits;
-    if (absl::Status s = model_->Forward(input, (*scratch)->device_caches(), &logits); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("the profiling pass failed: ", s.message()));
-    }
-    if (absl::Status s = model_->Synchronize(); !s.ok()) return s;
-    // Then the decode side: an eager step of max_num_seqs sequences with max_model_len tokens
-    // of context each (the attention's split-K partials at their largest), and every decode
-    // graph captured and launched, so that the graphs' memory is in the profile too. A graph's
-    // launches are planned for max_model_len whatever the step's context (GraphForward), so
-    // one token of context captures the same graph at a fraction of the work.
-    const int graph_batch = model_->max_graph_batch();
-    model_->EnableCudaGraphs(0);
-    absl::Status decoded = DecodePass(std::max(1, max_num_seqs_), max_model_len_, block_size,
-                                      (*scratch)->device_caches());
-    model_->EnableCudaGraphs(graph_batch);
-    for (int b : model_->GraphBatchSizes()) {
-      if (!decoded.ok()) break;
-      decoded = DecodePass(b, 1, block_size, (*scratch)->device_caches());
-    }
-    if (!decoded.ok()) {
-      return absl::Status(decoded.code(),
-                          absl::StrCat("the decode profiling pass failed: ", decoded.message()));
-    }
-  }
+  RETURN_IF_ERROR(ProfilePeakMemory(*model_, context_.get(), shape,
+                                    {.max_num_batched_tokens = max_num_batched_tokens_,
+                                     .max_num_seqs = max_num_seqs_,
+                                     .max_model_len = max_model_len_}));
   size_t free_bytes = 0, total_bytes = 0;
   if (absl::Status s = context_->MemoryInfo(&free_bytes, &total_bytes); !s.ok()) return s;
-  // The graphs were captured over the scratch cache: InitCache drops them and captures them
-  // again over the real one (in the memory they held here).
+  // The graphs were captured over the scratch cache, which is gone: dropped now; InitCache
+  // captures them again over the real one (in the memory they held here).
   model_->EnableCudaGraphs(model_->max_graph_batch());
   KvCacheSizingInput sizing;
   sizing.total_device_memory = total_bytes;

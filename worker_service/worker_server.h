@@ -13,14 +13,16 @@
 //                   steps (padded batch sizes 1, 2, 4, ... up to max_num_seqs, at most
 //                   kMaxGraphBatch) unless the request says enforce_eager.
 //   ProfileMemory   the KV blocks the budget holds (device cpu: the CPU KV space and the swap
-//                   space over CacheEngine::BytesPerBlock; device cuda: profiling passes (a
-//                   prefill of max_num_batched_tokens, an eager decode step of max_num_seqs
-//                   sequences at max_model_len, and every decode graph captured and launched;
-//                   the worker's main loads every kernel module at start, CUDA_MODULE_LOADING=
-//                   EAGER), then kv_cache_sizing with the request's gpu_memory_utilization;
-//                   RESOURCE_EXHAUSTED with the sizing message when the model does not fit).
+//                   space over CacheEngine::BytesPerBlock; device cuda: profiling passes
+//                   (model_warmup.h: a prefill of max_num_batched_tokens, an eager decode step
+//                   of max_num_seqs sequences at max_model_len, and every decode graph
+//                   captured and launched; the worker's main loads every kernel module at
+//                   start, CUDA_MODULE_LOADING=EAGER), then kv_cache_sizing with the request's
+//                   gpu_memory_utilization; RESOURCE_EXHAUSTED with the sizing message when the
+//                   model does not fit).
 //   InitCache       allocates the KV cache (CacheEngine) and a fresh ModelRunner; device cuda:
-//                   captures the decode graphs over the new cache before it answers.
+//                   captures the decode graphs over the new cache before it answers
+//                   (model_warmup.h).
 //   Step            one long-lived bidi stream: each StepRequest is decoded (step_codec.h),
 //                   run through the ModelRunner, and answered by one StepResult, in order
 //                   (tokens and logprobs from rank 0 only; forward_seconds is the runner's
@@ -171,14 +173,10 @@ class WorkerServer final
   // The most top logprobs a step may ask for: the vocabulary, at most 1024 on cuda (the device
   // sampler's limit).
   int MaxLogprobs() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // InitCache on cuda: captures the decode graphs over the new cache (they are then ready for
-  // the first steps) and logs what the worker runs with.
+  // InitCache on cuda: captures the decode graphs over the new cache (model_warmup.h; they are
+  // then ready for the first steps) and logs what the worker runs with.
   absl::Status WarmUpCuda() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // One decode step of `seqs` sequences with `context` tokens each (their new tokens written
-  // nowhere) over `caches`, waited for: profiling and graph capture.
-  absl::Status DecodePass(int seqs, int context, int block_size,
-                          std::span<const LayerKvCache> caches) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // ProfileMemory on cuda: a profiling pass, then kv_cache_sizing.
+  // ProfileMemory on cuda: the profiling passes (model_warmup.h), then kv_cache_sizing.
   absl::Status ProfileCuda(const v1::ProfileMemoryRequest& request,
                            v1::ProfileMemoryResponse* response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs one step of a stream opened in `generation` into `result` (which always echoes the
