@@ -38,8 +38,8 @@
 // So a decode step carries what only the scheduler knows (admissions, block ids, preemptions,
 // swaps, copies, finishes, which rows sample) and no token ids: every rank appends what it
 // sampled, and every rank samples the same tokens (the same logits, and the seed every request
-// carries: the API draws one for a request without; ModelOutput::sampled_digest lets the
-// scheduler check that the ranks agree).
+// carries: the API draws one for a request without; every rank's StepResult.sampled_digest
+// lets the scheduler check that the ranks agree).
 //
 // BatchState (protocol/batch_state.h) is that worker side, run by every worker and by the tests'
 // FakeExecutor. Ranges
