@@ -213,6 +213,7 @@ absl::StatusOr<bool> EngineCore::StepOnce() {
   // Before any stream hears of this step: a client that sees its request end and then asks for
   // stats gets this step's (the worker's memory and counters included).
   PublishStats();
+  const auto t3 = std::chrono::steady_clock::now();
   for (const RequestOutput& out : (*outputs)->requests) {
     const absl::string_view id(out.request_id.data(), out.request_id.size());
     auto it = streams_.find(id);
@@ -234,7 +235,8 @@ absl::StatusOr<bool> EngineCore::StepOnce() {
     using Ms = std::chrono::duration<double, std::milli>;
     VLOG(1) << "engine step " << step.step_id << ": schedule " << Ms(t1 - t0).count()
             << " ms, execute " << Ms(t2 - t1).count() << " ms, outputs " << Ms(t4 - t2).count()
-            << " ms";
+            << " ms (update " << Ms(t3 - t2).count() << " ms: tokens, stop checks, text; streams "
+            << Ms(t4 - t3).count() << " ms)";
   }
   return true;
 }
