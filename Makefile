@@ -26,7 +26,8 @@ DEB_PACKAGES += python3-venv
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps configure build pyenv test run serve demo bench sass gpu-kit format clean
+.PHONY: all deps configure build pyenv test run serve demo bench sass gpu-kit format clean \
+	docs-reference
 
 all: build
 
@@ -49,6 +50,11 @@ configure: deps $(BUILD_DIR)/build.ninja
 
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+# docs/reference/: each binary's --help as a page (tools/docs/flag_reference.py); the ctest
+# flag_reference fails when a page and its binary differ.
+docs-reference: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target docs-reference
 
 # The tests' Python packages (tools/python/requirements.txt) in a virtual environment of the
 # build's own, $(BUILD_DIR)/pyenv; reinstalled when the requirements change.
