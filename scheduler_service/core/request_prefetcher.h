@@ -3,12 +3,12 @@
 //
 // Why: the requests of a batch, their token lists and their block-table entries (in the block
 // manager's hash map) are scattered over the heap, each on a page of its own, and a pass
-// reaches them through pointers that the hardware prefetcher cannot predict. Measured with
-// bench_scheduler (commit 9d6a83e): at 4,096 running decodes a step cost 122 ns per request
-// against 77 at 1,024, the difference being TLB and cache misses. Two things bring it to
-// 77-94 ns: how little a decode reads (Request's layout, request.h: the request's first two
-// cache lines, its table entry and the tail of its tokens; the rest only when a block is
-// added or a stop list may apply), and this pipeline, which asks for exactly those lines.
+// reaches them through pointers that the hardware prefetcher cannot predict: past a thousand
+// or so running requests, TLB and cache misses grow a step's cost per request
+// (bench_scheduler; the README's Scheduler section has the figures). Two things keep it flat:
+// how little a decode reads (Request's layout, request.h: the request's first two cache
+// lines, its table entry and the tail of its tokens; the rest only when a block is added or a
+// stop list may apply), and this pipeline, which asks for exactly those lines.
 //
 // Each pass is a pipeline of stages at decreasing distances ahead of the request in use; a
 // stage reads only what an earlier stage brought in (a pointer, a sequence id), so that no
