@@ -178,7 +178,7 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<grpc::Byt
       final_ = status;
       next = NextLocked();
     }
-    Do(next);
+    StartWriteOrFinish(next);
   }
 
   void OnWriteDone(bool ok) override {
@@ -203,7 +203,7 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<grpc::Byt
       }
       next = NextLocked();
     }
-    Do(next);
+    StartWriteOrFinish(next);
   }
 
   void OnCancel() override { AbortAndEnd(); }
@@ -250,7 +250,7 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<grpc::Byt
       if (final.has_value()) final_ = std::move(final);
       next = NextLocked();
     }
-    Do(next);
+    StartWriteOrFinish(next);
   }
 
   // Decides on the next write, or on the Finish once the queue drained and the end is known.
@@ -278,7 +278,7 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<grpc::Byt
 
   // Without mu_: OnDone cannot run before Finish, and current_ is not touched while a write
   // is in flight, so both calls are safe; nothing is touched after Finish (it may delete us).
-  void Do(const Next& next) {
+  void StartWriteOrFinish(const Next& next) {
     if (next.what == Next::kWrite) {
       StartWrite(&current_);
     } else if (next.what == Next::kFinish) {

@@ -251,7 +251,7 @@ struct Setup {
   LLMServiceOptions service;
 };
 
-Setup Check(const Flags& f, const ModelConfig& model, const Tokenizer& tokenizer) {
+Setup CheckFlagsAndModel(const Flags& f, const ModelConfig& model, const Tokenizer& tokenizer) {
   Setup s;
   if (f.model.empty()) Usage("--model is required");
   if (f.worker_addresses.empty()) Usage("--worker-addresses is required");
@@ -423,7 +423,7 @@ int Run(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromDirectory(flags.model);
   if (!tok.ok()) Fail(tok.status().ToString());
   std::shared_ptr<const Tokenizer> tokenizer = std::move(*tok);
-  Setup setup = Check(flags, *model, *tokenizer);
+  Setup setup = CheckFlagsAndModel(flags, *model, *tokenizer);
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       MakeServerCredentials(flags.ssl_certfile, flags.ssl_keyfile, flags.ssl_ca_certs);
   if (!credentials.ok()) Usage(std::string(credentials.status().message()));

@@ -328,7 +328,7 @@ bool Scheduler::TrySwapIn(Request* req) {
   if (can == AllocStatus::kLater) return false;
   swapped_.erase(req);
   if (can == AllocStatus::kNever) {
-    Drop(req);
+    AbortNeverFits(req);
     return true;
   }
   SwapIn(req);
@@ -348,7 +348,7 @@ bool Scheduler::TryAdmit(Request* req) {
   if (can == AllocStatus::kLater) return false;
   waiting_.erase(req);
   if (can == AllocStatus::kNever) {
-    Drop(req);
+    AbortNeverFits(req);
     return true;
   }
   Allocate(req);
@@ -508,7 +508,7 @@ void Scheduler::InsertRunning(Request* req) {
                   req);
 }
 
-void Scheduler::Drop(Request* req) {
+void Scheduler::AbortNeverFits(Request* req) {
   for (Sequence& seq : req->seqs) {
     if (!IsFinished(seq.status)) FreeSequence(req, &seq, SequenceStatus::kFinishedAborted);
   }

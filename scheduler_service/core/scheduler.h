@@ -231,7 +231,7 @@ class Scheduler {
   void PreemptByRecompute(Request* req);
   void InsertRunning(Request* req);
   // Ends a request that can never fit the KV cache (reported as aborted).
-  void Drop(Request* req);
+  void AbortNeverFits(Request* req);
   // The ids of the request's live sequences, in seq_ids_ (valid until the next call).
   std::span<const SeqId> LiveSeqIds(const Request& req);
 

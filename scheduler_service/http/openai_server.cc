@@ -44,8 +44,9 @@ bool ConstantTimeEquals(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
-// One streaming Generate call; cancelled and drained if dropped before its end.
-struct GenerateCall {
+// The HTTP server's streaming Generate call to LLMService (it is a gRPC client of the
+// service); cancelled and drained if dropped before its end.
+struct UpstreamGenerate {
   grpc::ClientContext context;
   std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader;
   bool finished = false;
@@ -63,7 +64,7 @@ struct GenerateCall {
     }
     (void)Finish();
   }
-  ~GenerateCall() {
+  ~UpstreamGenerate() {
     if (reader != nullptr) Cancel();
   }
 };
@@ -156,7 +157,7 @@ class OpenAIServer::Impl {
     if (!r->model.empty() && r->model != options_.served_model_name) {
       return SendError(res, openai::ModelNotFound(r->model));
     }
-    auto call = std::make_shared<GenerateCall>();
+    auto call = std::make_shared<UpstreamGenerate>();
     const std::string auth = req.get_header_value("Authorization");
     if (!auth.empty() && IsPrintableAscii(auth)) call->context.AddMetadata("authorization", auth);
     call->reader = stub_->Generate(&call->context, r->request);
