@@ -49,8 +49,8 @@ struct Sequence {
   // Tokens with a KV slot in the sequence's block table (the last sampled one gets its slot
   // just before the step that computes it).
   int num_slots = 0;
-  // What the workers know of this sequence (the step protocol is a diff).
-  int num_tokens_sent = 0;  // tokens the workers have (prompt counted once known)
+  // What the workers know of this sequence (the step protocol is a diff). Its tokens they
+  // have once it is known: they append what they sample.
   int num_blocks_sent = 0;  // leading block ids the workers have
   TokenId last_token = -1;  // tokens.back(), kept here so that a decode step need not read it
   int index = 0;            // within its request, 0 .. n-1
@@ -64,16 +64,6 @@ struct Sequence {
   std::unique_ptr<IncrementalDetokenizer> detokenizer;
   std::string stop_string;  // the stop string that finished it, if one did
   TokenId stop_token = -1;  // the EOS or stop token that finished it, if one did
-
-  // Appends tokens[first..] to `out`. The last token alone (a decode's) comes from
-  // last_token: the token list, on a page of its own, is not read.
-  void AppendTokensFrom(int first, std::vector<TokenId>* out) const {
-    if (first + 1 == static_cast<int>(tokens.size())) {
-      out->push_back(last_token);
-    } else {
-      out->insert(out->end(), tokens.begin() + first, tokens.end());
-    }
-  }
 };
 
 struct alignas(64) Request {

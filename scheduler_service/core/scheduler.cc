@@ -194,7 +194,6 @@ void Scheduler::ResetForNewWorkers(const BlockSpaceManagerConfig& cache_config) 
     req->resume_pending = false;
     for (Sequence& seq : req->seqs) {
       seq.known_to_workers = false;
-      seq.num_tokens_sent = 0;
       seq.num_blocks_sent = 0;
     }
   };
@@ -542,16 +541,14 @@ void AddSequenceDiff(const Request& req, const BlockSpaceManager& blocks, Sequen
   s.replace_block_table = seq->resend_table || s.new_to_workers;
   // A sequence new to the workers is its request's prompt plus these tokens (its output: a
   // request resumed on new workers). A known one brings none: the workers append the tokens
-  // they sample (ApplySamples counts them as sent).
+  // they sample.
   s.new_token_ids.begin = static_cast<uint32_t>(out->token_ids.size());
   if (s.new_to_workers) {
-    seq->AppendTokensFrom(req.num_prompt_tokens, &out->token_ids);
-  } else {
-    DCHECK_EQ(seq->num_tokens_sent, static_cast<int>(seq->tokens.size()));
+    out->token_ids.insert(out->token_ids.end(), seq->tokens.begin() + req.num_prompt_tokens,
+                          seq->tokens.end());
   }
   s.new_token_ids.size = static_cast<uint32_t>(out->token_ids.size()) - s.new_token_ids.begin;
   seq->known_to_workers = true;
-  seq->num_tokens_sent = static_cast<int>(seq->tokens.size());
   s.block_ids.begin = static_cast<uint32_t>(out->block_ids.size());
   // The table holds exactly the blocks its slots need (no lookahead): when the workers have
   // that many, there is nothing to send, and the table is not read.
@@ -699,7 +696,6 @@ void Scheduler::ApplySamples(Request* req, std::span<const TokenId> sampled,
     const TokenId token = sampled[j++];
     seq.tokens.push_back(token);
     seq.last_token = token;
-    seq.num_tokens_sent = static_cast<int>(seq.tokens.size());  // the workers appended it too
     SequenceOutput& so = step_outputs_.seqs.emplace_back();
     so.index = seq.index;
     so.new_token_ids = {static_cast<uint32_t>(step_outputs_.token_ids.size()), 1};

@@ -111,8 +111,9 @@ void EngineCore::PublishStats() {
 }
 
 absl::StatusOr<bool> EngineCore::Step() {
+  stats_published_ = false;
   absl::StatusOr<bool> busy = StepOnce();
-  PublishStats();
+  if (!stats_published_) PublishStats();  // a step that ran published before its streams
   return busy;
 }
 
@@ -213,6 +214,7 @@ absl::StatusOr<bool> EngineCore::StepOnce() {
   // Before any stream hears of this step: a client that sees its request end and then asks for
   // stats gets this step's (the worker's memory and counters included).
   PublishStats();
+  stats_published_ = true;
   const auto t3 = std::chrono::steady_clock::now();
   for (const RequestOutput& out : (*outputs)->requests) {
     const absl::string_view id(out.request_id.data(), out.request_id.size());

@@ -149,6 +149,7 @@ class EngineCore {
   absl::Time recovering_since_ = absl::InfiniteFuture();
   absl::flat_hash_map<std::string, Stream> streams_;  // engine thread
   ModelOutput model_output_;                          // engine thread
+  bool stats_published_ = false;  // engine thread: this Step() published already
 
   mutable absl::Mutex mu_;
   std::vector<Event> inbox_ ABSL_GUARDED_BY(mu_);

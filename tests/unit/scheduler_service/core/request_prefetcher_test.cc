@@ -67,7 +67,6 @@ TEST(RequestPrefetcher, WhatADecodeReadsLiesInTheTwoHotLines) {
   hot.Expect(seq.id, "seqs[0].id");
   hot.Expect(seq.tokens, "seqs[0].tokens");
   hot.Expect(seq.num_slots, "seqs[0].num_slots");
-  hot.Expect(seq.num_tokens_sent, "seqs[0].num_tokens_sent");
   hot.Expect(seq.num_blocks_sent, "seqs[0].num_blocks_sent");
   hot.Expect(seq.last_token, "seqs[0].last_token");
   hot.Expect(seq.index, "seqs[0].index");
