@@ -37,6 +37,9 @@ class Executor {
   // The result of the oldest step submitted and not collected (FAILED_PRECONDITION when there
   // is none); an error as for Execute.
   virtual absl::Status Collect(ModelOutput* out);
+  // Forgets the steps submitted and not collected, after a failure (their results are
+  // unusable); the default drops the results it kept.
+  virtual void DropSubmitted() { done_.clear(); }
 
  private:
   struct Done {

@@ -667,6 +667,9 @@ grpc::ServerUnaryReactor* LLMService::GetStats(grpc::CallbackServerContext* cont
   response->set_cpu_kv_usage(s.cpu_kv_usage);
   response->set_prefix_cache_hit_rate(s.prefix_cache_hit_rate);
   response->set_num_preemptions(s.num_preemptions);
+  response->set_num_steps(s.num_steps);
+  response->set_num_steps_planned_ahead(s.num_steps_planned_ahead);
+  response->set_num_samples_discarded(s.num_samples_discarded);
   response->set_prefix_cache_queries(s.prefix_cache_queries);
   response->set_prefix_cache_hits(s.prefix_cache_hits);
   response->set_num_free_gpu_blocks(stats.num_free_gpu_blocks);

@@ -88,10 +88,17 @@ struct alignas(64) Request {
   // say resumed_from_preemption (its computed tokens went back to 0), even when that is not
   // the step that re-admitted it.
   bool resume_pending = false;
-  int n = 1;                    // params.n
-  int num_live = 1;             // sequences not finished
-  int num_tokens = 0;           // tokens of each live sequence
-  int num_computed_tokens = 0;  // tokens of each live sequence whose KV is computed
+  // Asynchronous scheduling (scheduler.h): the steps planned and not applied yet sample this
+  // many tokens of each live sequence (0, 1 or 2)...
+  uint8_t num_inflight_samples = 0;
+  // ... and the KV they compute belongs to this epoch, bumped when it becomes void (preemption
+  // by recompute, new workers): a step's computed tokens count only in the epoch it planned.
+  uint8_t epoch = 0;
+  int16_t n = 1;                // params.n (below Scheduler::kSeqIdStride)
+  int16_t num_live = 1;         // sequences not finished
+  int num_tokens = 0;           // tokens of each live sequence, as sampled and applied
+  int num_computed_tokens = 0;  // of those, whose KV is computed, as applied
+  int num_inflight_tokens = 0;  // computed by the steps planned and not applied yet
   int num_prompt_tokens = 0;
   int num_cached_prompt_tokens = -1;  // prefix-cache hits at first admission (-1: not yet)
   // The stop rules as token counts of a sequence (StopChecker::Prepare): EOS, stop token ids
@@ -126,11 +133,16 @@ struct alignas(64) Request {
     return *seq;
   }
   int num_output_tokens() const { return num_tokens - num_prompt_tokens; }
+  // What planning counts on: the tokens and computed tokens each live sequence has once the
+  // steps in flight are applied (without a step in flight, num_tokens and
+  // num_computed_tokens). A token sampled in flight is known by its place only.
+  int num_planned_tokens() const { return num_tokens + num_inflight_samples; }
+  int num_planned_computed() const { return num_computed_tokens + num_inflight_tokens; }
   // Tokens of each live sequence without a KV slot (the same for each: they advance in
   // lockstep); of a running or swapped request, at most the last sampled one.
-  int num_unslotted_tokens() const { return num_tokens - FirstLiveSeq().num_slots; }
+  int num_unslotted_tokens() const { return num_planned_tokens() - FirstLiveSeq().num_slots; }
   // Whether scheduling the rest of the tokens samples: all tokens computed after the step.
-  int num_uncomputed_tokens() const { return num_tokens - num_computed_tokens; }
+  int num_uncomputed_tokens() const { return num_planned_tokens() - num_planned_computed(); }
 };
 
 }  // namespace llm

@@ -137,7 +137,7 @@ absl::Status Scheduler::AddRequest(std::string request_id, std::vector<TokenId> 
   req->cache_salt = std::move(cache_salt);
   req->num_prompt_tokens = len;
   req->num_tokens = len;
-  req->n = params.n;
+  req->n = static_cast<int16_t>(params.n);
   stop_checker_.Prepare(req.get());
   req->seqs.reserve(params.n);
   Sequence& seq = req->seqs.emplace_back();
@@ -155,10 +155,6 @@ absl::Status Scheduler::AddRequest(std::string request_id, std::vector<TokenId> 
 absl::Status Scheduler::Abort(std::string_view request_id_view) {
   // This Abseil's string_view is its own type, not std::string_view.
   const absl::string_view request_id(request_id_view.data(), request_id_view.size());
-  if (awaiting_update_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("abort of ", request_id, " between Schedule() and UpdateFromOutput()"));
-  }
   auto it = requests_by_id_.find(request_id);
   if (it == requests_by_id_.end()) {
     return absl::NotFoundError(absl::StrCat("request ", request_id, " is not active"));
@@ -186,12 +182,15 @@ absl::Status Scheduler::Abort(std::string_view request_id_view) {
 
 void Scheduler::ResetForNewWorkers(const BlockSpaceManagerConfig& cache_config) {
   CHECK_EQ(cache_config.block_size, block_size_) << "the block size cannot change";
-  // The step in flight (if any) is abandoned: nothing of it was applied but its planning, which
-  // the reset below undoes.
-  awaiting_update_ = false;
+  // The steps in flight (if any) are abandoned: nothing of them was applied but their planning,
+  // which the reset below undoes.
+  AbandonStepsInFlight();
   auto forget = [](Request* req) {
     req->known_to_workers = false;
     req->resume_pending = false;
+    req->num_inflight_tokens = 0;
+    req->num_inflight_samples = 0;
+    ++req->epoch;
     for (Sequence& seq : req->seqs) {
       seq.known_to_workers = false;
       seq.num_blocks_sent = 0;
@@ -227,34 +226,55 @@ void Scheduler::ResetForNewWorkers(const BlockSpaceManagerConfig& cache_config) 
 }
 
 const SchedulerOutput& Scheduler::Schedule() {
-  CHECK(!awaiting_update_) << "Schedule() twice without UpdateFromOutput()";
+  CHECK_LT(num_steps_in_flight(), kMaxStepsInFlight) << "Schedule() with every step in flight";
+  if (num_steps_in_flight() > 0) ++num_planned_ahead_;
   StartStep();
   PreemptForWaiting();                          // step 0 of scheduler.h's comment
   ScheduleRunning();                            // step 1
   if (!preempted_this_step_) ScheduleQueued();  // step 2
   for (Request* req : newly_running_) InsertRunning(req);
 
-  last_step_tokens_ = output_.total_num_scheduled_tokens;
+  last_step_tokens_ = plan_->output.total_num_scheduled_tokens;
   total_tokens_ += last_step_tokens_;
-  awaiting_update_ = true;
-  return output_;
+  return plan_->output;
+}
+
+bool Scheduler::RetractEmptyStep() {
+  if (num_steps_in_flight() < 2 || !plan_->output.empty()) return false;
+  // What planning it changed stands without the workers: requests admitted without a chunk,
+  // ones dropped (reported in the next update), finished ones the workers never knew.
+  --step_id_;
+  --num_planned_ahead_;
+  return true;
+}
+
+void Scheduler::PlannedStep::Clear() {
+  output.Clear();
+  new_reqs.clear();
+  cached_reqs.clear();
+  new_epochs.clear();
+  cached_epochs.clear();
 }
 
 void Scheduler::StartStep() {
-  output_.Clear();
-  scheduled_new_.clear();
-  scheduled_cached_.clear();
+  const bool in_flight = num_steps_in_flight() > 0;
+  ++step_id_;
+  plan_ = &Planned(step_id_);
+  plan_->Clear();
   newly_running_.clear();
-  output_.step_id = ++step_id_;
+  plan_->output.step_id = step_id_;
   CompactRunning();  // before the finished requests below are destroyed
   for (Request* req : finished_pending_) {
     if (req->known_to_workers) {
-      output_.finished_request_ids.push_back(req->id);
-      output_.finished_slots.push_back(req->slot);
+      plan_->output.finished_request_ids.push_back(req->id);
+      plan_->output.finished_slots.push_back(req->slot);
     }
-    const int32_t slot = req->slot;
-    slots_[slot].reset();
-    free_slots_.push_back(slot);
+    // A step in flight may name it: it lives until that step is applied.
+    if (in_flight) {
+      retired_.emplace_back(step_id_ - 1, req);
+    } else {
+      Destroy(req);
+    }
   }
   finished_pending_.clear();
   token_budget_ = config_.max_num_batched_tokens;
@@ -262,10 +282,31 @@ void Scheduler::StartStep() {
   preempted_this_step_ = false;
 }
 
+void Scheduler::Destroy(Request* req) {
+  const int32_t slot = req->slot;
+  slots_[slot].reset();
+  free_slots_.push_back(slot);
+}
+
+void Scheduler::DestroyRetired() {
+  std::erase_if(retired_, [this](const std::pair<int64_t, Request*>& r) {
+    if (r.first > applied_step_id_) return false;
+    Destroy(r.second);
+    return true;
+  });
+}
+
+void Scheduler::AbandonStepsInFlight() {
+  applied_step_id_ = step_id_;
+  DestroyRetired();
+}
+
 void Scheduler::PreemptForWaiting() {
   if (!by_priority_ || waiting_.empty()) return;
   Request* head = *waiting_.begin();
-  if (head->num_live != 1) return;  // a resumed multi-sequence request waits its turn
+  // A resumed multi-sequence request waits its turn; one with samples in flight cannot be
+  // admitted yet.
+  if (head->num_live != 1 || head->num_inflight_samples > 0) return;
   const Sequence& seq = head->FirstLiveSeq();
   while (!running_.empty() && RankBefore(head, running_.back()) &&
          running_.back()->priority > head->priority &&
@@ -280,6 +321,7 @@ void Scheduler::ScheduleRunning() {
   size_t end = running_.size();  // running_[end..] are preempted
   for (size_t i = 0; i < end; ++i) {
     Request* req = running_[i];
+    if (WaitsForItsSamples(*req)) continue;
     const int chunk = ChunkSize(*req);
     if (chunk == 0) break;  // out of budget
     PrefetchForScheduling(running_, i, end, *blocks_);
@@ -296,6 +338,11 @@ bool Scheduler::MakeRoom(size_t i, size_t* end) {
     if (*end == i) return false;
   }
   return true;
+}
+
+bool Scheduler::WaitsForItsSamples(const Request& req) {
+  if (req.num_inflight_samples == 0) return false;
+  return req.num_planned_tokens() >= req.max_num_tokens || !req.forked();
 }
 
 int Scheduler::MaxLiveSeqs(const Request& req) { return req.forked() ? req.num_live : req.n; }
@@ -343,6 +390,9 @@ bool Scheduler::TryAdmit(Request* req) {
   if (token_budget_ <= 0 || seq_budget_ < seqs || live_seqs_ + seqs > config_.max_num_seqs) {
     return false;
   }
+  // Preempted by recompute with a sample in flight: the workers append it, so it is
+  // re-admitted with it, once it is applied.
+  if (req->num_inflight_samples > 0) return false;
   const AllocStatus can = CanAdmit(*req);
   if (can == AllocStatus::kLater) return false;
   waiting_.erase(req);
@@ -410,7 +460,8 @@ static void SetLiveStatus(Request* req, SequenceStatus status) {
 void Scheduler::SwapIn(Request* req) {
   absl::StatusOr<std::vector<BlockPair>> pairs = blocks_->SwapIn(LiveSeqIds(*req));
   CHECK(pairs.ok()) << pairs.status();
-  output_.blocks_to_swap_in.insert(output_.blocks_to_swap_in.end(), pairs->begin(), pairs->end());
+  SchedulerOutput& out = plan_->output;
+  out.blocks_to_swap_in.insert(out.blocks_to_swap_in.end(), pairs->begin(), pairs->end());
   req->state = Request::State::kRunning;
   SetLiveStatus(req, SequenceStatus::kRunning);
 }
@@ -437,7 +488,7 @@ bool Scheduler::TryGrow(Request* req) {
     return true;
   }
   // One sequence: no CanGrow, as AppendSlots checks and changes nothing when the pool cannot.
-  return TryAppendSlots(req->num_tokens, &req->FirstLiveSeq());
+  return TryAppendSlots(req->num_planned_tokens(), &req->FirstLiveSeq());
 }
 
 bool Scheduler::CanGrow(const Request& req) {
@@ -448,7 +499,7 @@ bool Scheduler::CanGrow(const Request& req) {
 void Scheduler::Grow(Request* req) {
   for (Sequence& seq : req->seqs) {
     if (IsFinished(seq.status)) continue;
-    const bool ok = TryAppendSlots(req->num_tokens, &seq);
+    const bool ok = TryAppendSlots(req->num_planned_tokens(), &seq);
     CHECK(ok) << "CanGrow said the pool could serve sequence " << seq.id;
   }
 }
@@ -457,19 +508,24 @@ void Scheduler::Grow(Request* req) {
 inline bool Scheduler::TryAppendSlots(int num_tokens, Sequence* seq) {
   const int need = num_tokens - seq->num_slots;
   if (need == 0) return true;
-  const size_t copies = output_.blocks_to_copy.size();
-  const absl::Status s = blocks_->AppendSlots(seq->id, need, 0, &output_.blocks_to_copy);
+  std::vector<BlockPair>& copies = plan_->output.blocks_to_copy;
+  const size_t num_copies = copies.size();
+  const absl::Status s = blocks_->AppendSlots(seq->id, need, 0, &copies);
   if (absl::IsResourceExhausted(s)) return false;
   CHECK(s.ok()) << s;
   // Copy-on-write replaced a block: the workers need the whole table.
-  if (output_.blocks_to_copy.size() != copies) seq->resend_table = true;
+  if (copies.size() != num_copies) seq->resend_table = true;
   seq->num_slots += need;
   return true;
 }
 
 void Scheduler::Preempt(Request* req) {
   ++num_preemptions_;
-  if (config_.preemption_mode == PreemptionMode::kSwap && TrySwapOut(req)) return;
+  // A fork in flight is applied to blocks on the GPU or to none: such a request is recomputed.
+  const bool fork_in_flight = !req->forked() && req->num_inflight_samples > 0;
+  if (config_.preemption_mode == PreemptionMode::kSwap && !fork_in_flight && TrySwapOut(req)) {
+    return;
+  }
   PreemptByRecompute(req);
 }
 
@@ -478,7 +534,8 @@ bool Scheduler::TrySwapOut(Request* req) {
   if (!blocks_->CanSwapOut(seqs)) return false;
   absl::StatusOr<std::vector<BlockPair>> pairs = blocks_->SwapOut(seqs);
   CHECK(pairs.ok()) << pairs.status();
-  output_.blocks_to_swap_out.insert(output_.blocks_to_swap_out.end(), pairs->begin(), pairs->end());
+  SchedulerOutput& out = plan_->output;
+  out.blocks_to_swap_out.insert(out.blocks_to_swap_out.end(), pairs->begin(), pairs->end());
   ++num_swap_outs_;
   req->state = Request::State::kSwapped;
   SetLiveStatus(req, SequenceStatus::kSwapped);
@@ -497,6 +554,10 @@ void Scheduler::PreemptByRecompute(Request* req) {
     seq.status = SequenceStatus::kWaiting;
   }
   req->num_computed_tokens = 0;
+  // What steps in flight compute for it is void; what they sample is not (the workers append
+  // it): TryAdmit waits for it.
+  req->num_inflight_tokens = 0;
+  ++req->epoch;
   req->resume_pending = req->known_to_workers;
   req->state = Request::State::kWaiting;
   waiting_.insert(req);
@@ -565,10 +626,12 @@ void AddSequenceDiff(const Request& req, const BlockSpaceManager& blocks, Sequen
 }  // namespace
 
 void Scheduler::AddToOutput(Request* req, int num_tokens, bool resumed) {
+  SchedulerOutput& output = plan_->output;
   const bool is_new = !req->known_to_workers;
   ScheduledRequest& r =
-      is_new ? output_.new_requests.emplace_back() : output_.cached_requests.emplace_back();
-  (is_new ? scheduled_new_ : scheduled_cached_).push_back(req);
+      is_new ? output.new_requests.emplace_back() : output.cached_requests.emplace_back();
+  (is_new ? plan_->new_reqs : plan_->cached_reqs).push_back(req);
+  (is_new ? plan_->new_epochs : plan_->cached_epochs).push_back(req->epoch);
   r.slot = req->slot;
   r.request_id = req->id_view;
   if (is_new) {
@@ -579,52 +642,58 @@ void Scheduler::AddToOutput(Request* req, int num_tokens, bool resumed) {
   // (its first chunk did not fit the one that admitted it) is still resuming.
   r.resumed_from_preemption = resumed || req->resume_pending;
   req->resume_pending = false;
-  r.num_computed_tokens = req->num_computed_tokens;
+  r.num_computed_tokens = req->num_planned_computed();
   r.num_scheduled_tokens = num_tokens;
-  if (req->num_computed_tokens + num_tokens == req->num_tokens) {
+  if (req->num_planned_computed() + num_tokens == req->num_planned_tokens()) {
     r.num_samples = !req->forked() ? req->n : req->num_live;
+    ++req->num_inflight_samples;
   }
-  r.seqs.begin = static_cast<uint32_t>(output_.seqs.size());
+  req->num_inflight_tokens += num_tokens;
+  r.seqs.begin = static_cast<uint32_t>(output.seqs.size());
   r.seqs.size = static_cast<uint32_t>(req->num_live);
   for (Sequence& seq : req->seqs) {
-    if (!IsFinished(seq.status)) AddSequenceDiff(*req, *blocks_, &seq, &output_);
+    if (!IsFinished(seq.status)) AddSequenceDiff(*req, *blocks_, &seq, &output);
   }
   req->known_to_workers = true;
-  output_.total_num_scheduled_tokens += num_tokens * req->num_live;
-  output_.total_num_samples += r.num_samples;
+  output.total_num_scheduled_tokens += num_tokens * req->num_live;
+  output.total_num_samples += r.num_samples;
 }
 
 absl::StatusOr<const StepOutputs*> Scheduler::UpdateFromOutput(const ModelOutput& model_output) {
   RETURN_IF_ERROR(CheckModelOutput(model_output));
-  awaiting_update_ = false;
+  PlannedStep& step = Planned(++applied_step_id_);
   step_outputs_.Clear();
   ReportDropped();
   const std::span<const TokenId> sampled = model_output.sampled_token_ids;
   const std::span<const SampleLogprobs> logprobs = model_output.logprobs;
   size_t pos = 0;  // of the samples of the next request to sample, in output order
-  ApplyStep(output_.new_requests, scheduled_new_, sampled, logprobs, &pos);
-  ApplyStep(output_.cached_requests, scheduled_cached_, sampled, logprobs, &pos);
+  ApplyStep(step.output, step.output.new_requests, step.new_reqs, step.new_epochs, sampled,
+            logprobs, &pos);
+  ApplyStep(step.output, step.output.cached_requests, step.cached_reqs, step.cached_epochs, sampled,
+            logprobs, &pos);
+  DestroyRetired();
   return &step_outputs_;
 }
 
 absl::Status Scheduler::CheckModelOutput(const ModelOutput& model_output) const {
-  if (!awaiting_update_) {
+  if (num_steps_in_flight() == 0) {
     return absl::FailedPreconditionError("UpdateFromOutput() without a Schedule()");
   }
-  if (model_output.step_id != output_.step_id) {
+  const SchedulerOutput& output = planned_[(applied_step_id_ + 1) % kMaxStepsInFlight].output;
+  if (model_output.step_id != output.step_id) {
     return absl::InvalidArgumentError(absl::StrCat("model output is for step ",
-                                                   model_output.step_id, "; step ", output_.step_id,
+                                                   model_output.step_id, "; step ", output.step_id,
                                                    " is awaited"));
   }
-  if (static_cast<int>(model_output.sampled_token_ids.size()) != output_.total_num_samples) {
+  if (static_cast<int>(model_output.sampled_token_ids.size()) != output.total_num_samples) {
     return absl::InvalidArgumentError(
-        absl::StrCat("step ", output_.step_id, ": ", model_output.sampled_token_ids.size(),
-                     " sampled tokens for ", output_.total_num_samples, " samples"));
+        absl::StrCat("step ", output.step_id, ": ", model_output.sampled_token_ids.size(),
+                     " sampled tokens for ", output.total_num_samples, " samples"));
   }
   if (!model_output.logprobs.empty() &&
       model_output.logprobs.size() != model_output.sampled_token_ids.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("step ", output_.step_id, ": ", model_output.logprobs.size(), " logprobs for ",
+        absl::StrCat("step ", output.step_id, ": ", model_output.logprobs.size(), " logprobs for ",
                      model_output.sampled_token_ids.size(), " sampled tokens"));
   }
   return absl::OkStatus();
@@ -651,18 +720,31 @@ void Scheduler::ReportDropped() {
   dropped_.clear();
 }
 
-void Scheduler::ApplyStep(std::span<const ScheduledRequest> list, std::span<Request* const> reqs,
+void Scheduler::ApplyStep(const SchedulerOutput& step, std::span<const ScheduledRequest> list,
+                          std::span<Request* const> reqs, std::span<const uint8_t> epochs,
                           std::span<const TokenId> sampled,
                           std::span<const SampleLogprobs> logprobs, size_t* pos) {
   for (size_t k = 0; k < reqs.size(); ++k) {
     PrefetchForSampling(reqs, k);
     Request* req = reqs[k];
     const ScheduledRequest& r = list[k];
-    AddComputedTokens(req, r.num_scheduled_tokens);
-    if (r.num_samples == 0) continue;  // a prompt chunk short of its last token
-    ApplySamples(req, sampled.subspan(*pos, r.num_samples),
-                 logprobs.empty() ? logprobs : logprobs.subspan(*pos, r.num_samples));
+    const size_t first = *pos;
     *pos += r.num_samples;
+    // Ended since it was planned (a step before this one stopped it, or an abort): what this
+    // step computed and sampled for it is dropped.
+    if (req->state == Request::State::kFinished) {
+      num_discarded_ += r.num_samples;
+      continue;
+    }
+    // Preempted by recompute since: the KV is void, the samples are not.
+    if (epochs[k] == req->epoch) {
+      req->num_inflight_tokens -= r.num_scheduled_tokens;
+      AddComputedTokens(req, r.num_scheduled_tokens);
+    }
+    if (r.num_samples == 0) continue;  // a prompt chunk short of its last token
+    --req->num_inflight_samples;
+    ApplySamples(req, step.Seqs(r), sampled.subspan(first, r.num_samples),
+                 logprobs.empty() ? logprobs : logprobs.subspan(first, r.num_samples));
   }
 }
 
@@ -670,9 +752,11 @@ void Scheduler::ApplyStep(std::span<const ScheduledRequest> list, std::span<Requ
 inline void Scheduler::AddComputedTokens(Request* req, int num_tokens) {
   const int before = req->num_computed_tokens;
   req->num_computed_tokens += num_tokens;
-  // Only a step that fills a block gives the prefix cache something new.
+  // Only a step that fills a block gives the prefix cache something new; a swapped-out
+  // request's blocks are registered once it is back.
   const int bs = blocks_->block_size();
-  if (!blocks_->config().enable_prefix_caching || before / bs == req->num_computed_tokens / bs) {
+  if (!blocks_->config().enable_prefix_caching || before / bs == req->num_computed_tokens / bs ||
+      req->state != Request::State::kRunning) {
     return;
   }
   for (const Sequence& seq : req->seqs) {
@@ -683,24 +767,32 @@ inline void Scheduler::AddComputedTokens(Request* req, int num_tokens) {
   }
 }
 
-void Scheduler::ApplySamples(Request* req, std::span<const TokenId> sampled,
+void Scheduler::ApplySamples(Request* req, std::span<const ScheduledSequence> listed,
+                             std::span<const TokenId> sampled,
                              std::span<const SampleLogprobs> logprobs) {
-  if (!req->forked()) Fork(req);
+  // At the fork, sample j is sequence j's; otherwise each listed sequence's in list order.
+  const bool fork = !req->forked();
+  if (fork) Fork(req);
   RequestOutput& out = step_outputs_.requests.emplace_back();
   out.request_id = req->id_view;
   out.num_cached_prompt_tokens = std::max(0, req->num_cached_prompt_tokens);
   out.seqs.begin = static_cast<uint32_t>(step_outputs_.seqs.size());
-  size_t j = 0;
-  for (Sequence& seq : req->seqs) {
-    if (IsFinished(seq.status)) continue;
-    const TokenId token = sampled[j++];
+  const Request::State state = req->state;
+  for (size_t j = 0; j < sampled.size(); ++j) {
+    Sequence& seq = req->seqs[fork ? j : listed[j].index];
+    // Ended by the step before (its sample here came after its stop).
+    if (IsFinished(seq.status)) {
+      ++num_discarded_;
+      continue;
+    }
+    const TokenId token = sampled[j];
     seq.tokens.push_back(token);
     seq.last_token = token;
     SequenceOutput& so = step_outputs_.seqs.emplace_back();
     so.index = seq.index;
     so.new_token_ids = {static_cast<uint32_t>(step_outputs_.token_ids.size()), 1};
     step_outputs_.token_ids.push_back(token);
-    if (!logprobs.empty()) step_outputs_.logprobs.push_back(logprobs[j - 1]);
+    if (!logprobs.empty()) step_outputs_.logprobs.push_back(logprobs[j]);
     so.status = SequenceStatus::kRunning;
     so.text.begin = static_cast<uint32_t>(step_outputs_.text.size());
     if (std::optional<SequenceStatus> stop = stop_checker_.Check(*req, &seq, &step_outputs_.text)) {
@@ -714,8 +806,11 @@ void Scheduler::ApplySamples(Request* req, std::span<const TokenId> sampled,
   out.seqs.size = static_cast<uint32_t>(step_outputs_.seqs.size()) - out.seqs.begin;
   ++req->num_tokens;
   if (req->num_live == 0) {
+    // A request preempted with a step in flight ends in its queue.
+    if (state == Request::State::kRunning) ++num_finished_in_running_;
+    if (state == Request::State::kWaiting) waiting_.erase(req);
+    if (state == Request::State::kSwapped) swapped_.erase(req);
     FinishRequest(req);
-    ++num_finished_in_running_;
     out.finished = true;
   }
 }
@@ -726,7 +821,7 @@ void Scheduler::Fork(Request* req) {
     Sequence& child = req->seqs.emplace_back();
     child.id = MakeSeqId(req->slot, j);
     child.index = j;
-    child.status = SequenceStatus::kRunning;
+    child.status = parent.status;  // running, or waiting when preempted
     child.tokens.reserve(parent.tokens.capacity());
     child.tokens.assign(parent.tokens.begin(), parent.tokens.end());
     child.last_token = parent.last_token;
@@ -736,6 +831,9 @@ void Scheduler::Fork(Request* req) {
     child.known_to_workers = parent.known_to_workers;
     child.num_blocks_sent = parent.num_blocks_sent;
     child.resend_table = parent.resend_table;
+    // A request preempted by recompute while its fork was in flight holds no blocks.
+    if (req->state == Request::State::kWaiting) continue;
+    CHECK(req->state == Request::State::kRunning) << "fork of a swapped-out request";
     const absl::Status s = blocks_->Fork(parent.id, child.id);
     CHECK(s.ok()) << s;
   }
@@ -781,6 +879,8 @@ SchedulerStats Scheduler::stats() const {
   s.num_swap_outs = num_swap_outs_;
   s.num_steps = step_id_;
   s.num_worker_resets = num_resets_;
+  s.num_steps_planned_ahead = num_planned_ahead_;
+  s.num_samples_discarded = num_discarded_;
   s.last_step_num_scheduled_tokens = last_step_tokens_;
   s.total_num_scheduled_tokens = total_tokens_;
   return s;
@@ -841,12 +941,18 @@ absl::Status Scheduler::CheckInvariants() const {
       const Device want = req->state == Request::State::kRunning ? Device::kGpu : Device::kCpu;
       if (table->device() != want || table->num_tokens() != seq.num_slots ||
           table->num_blocks() != (seq.num_slots + table->block_size() - 1) / table->block_size() ||
-          seq.num_slots < req->num_tokens - 1 || seq.num_slots > req->num_tokens) {
+          seq.num_slots < req->num_tokens - 1 || seq.num_slots > req->num_planned_tokens()) {
         return absl::InternalError(absl::StrCat("sequence ", seq.id, ": table on ",
                                                 DeviceName(table->device()), " with ",
                                                 table->num_tokens(), " slots; ", seq.num_slots,
                                                 " expected for ", req->num_tokens, " tokens"));
       }
+    }
+    if (num_steps_in_flight() == 0 &&
+        (req->num_inflight_tokens != 0 || req->num_inflight_samples != 0)) {
+      return absl::InternalError(absl::StrCat("request ", id, " counts ", req->num_inflight_tokens,
+                                              " tokens and ", req->num_inflight_samples,
+                                              " samples in flight; no step is"));
     }
     if (live != req->num_live || live == 0) {
       return absl::InternalError(absl::StrCat("request ", id, " has ", live, " live sequences; ",

@@ -29,9 +29,25 @@
 // Schedule() fills a SchedulerOutput (scheduler_output.h documents the protocol); the workers
 // run it; UpdateFromOutput() appends the sampled tokens, applies the stop rules
 // (stop_checker.h), frees finished sequences at once and returns the per-request outputs.
-// Schedule() and UpdateFromOutput() alternate strictly. Their passes over the batch
-// prefetch each request's memory some requests ahead (request_prefetcher.h): hints that no
-// decision depends on.
+// Their passes over the batch prefetch each request's memory some requests ahead
+// (request_prefetcher.h): hints that no decision depends on.
+//
+// Asynchronous scheduling: Schedule() may plan step N + 1 while step N is in flight (planned,
+// not applied; at most kMaxStepsInFlight steps are), and UpdateFromOutput() applies the oldest
+// step in flight. Planning then counts on each running sequence gaining the token step N
+// samples (Request::num_planned_tokens: its place is known, its value is not, and the workers
+// have it when step N + 1 runs, as they run steps in order and append what they sample). What
+// the result of step N may change is made safe so:
+//   - a sequence that step N ends (EOS, stop token or string, abort) is in step N + 1 too: the
+//     token sampled for it there is dropped, its blocks were freed when step N was applied, and
+//     its request lives (ended, reported to the workers) until step N + 1 is applied;
+//   - a request is not planned past what it is known to reach: not when the tokens in flight
+//     reach max_tokens (or max_model_len), and not while its n > 1 fork is in flight;
+//   - a request preempted by recompute with a step in flight keeps the tokens that step
+//     samples (the workers append them too) and is re-admitted only once they are applied;
+//     the KV that step computes is void (Request::epoch);
+//   - prefix-cache blocks are registered from applied tokens only.
+// Without a step in flight, planning is exactly the synchronous one.
 //
 // Not thread-safe: owned by the engine thread (EngineCore).
 #ifndef LLM_SCHEDULER_SERVICE_CORE_SCHEDULER_H_
@@ -45,6 +61,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -97,6 +114,10 @@ struct SchedulerStats {
   int64_t num_swap_outs = 0;
   int64_t num_steps = 0;
   int64_t num_worker_resets = 0;  // ResetForNewWorkers calls
+  // Asynchronous scheduling: steps planned while another was in flight, and tokens sampled
+  // for sequences that had ended by then (dropped: no client sees them).
+  int64_t num_steps_planned_ahead = 0;
+  int64_t num_samples_discarded = 0;
   int last_step_num_scheduled_tokens = 0;
   int64_t total_num_scheduled_tokens = 0;
 };
@@ -127,12 +148,12 @@ class Scheduler {
   absl::Status ValidateRequest(std::span<const TokenId> prompt, const SamplingParams& params) const;
 
   // Ends the request in whatever state it is, frees its blocks now, and tells the workers in
-  // the next step. NOT_FOUND for an unknown (or finished) id. Not between Schedule() and
-  // UpdateFromOutput() (FAILED_PRECONDITION).
+  // the next step (what steps in flight sample for it is dropped). NOT_FOUND for an unknown
+  // (or finished) id.
   absl::Status Abort(std::string_view request_id);
 
   // The workers were replaced (the old group failed): whatever they held is gone. Abandons the
-  // step awaiting UpdateFromOutput() (if any; none of its samples is applied), and puts every
+  // steps in flight (none of their samples is applied), and puts every
   // running and swapped request back in waiting as preempted by recompute (every token kept,
   // prompt and output; no KV), in its place by rank. Every request becomes unknown to the
   // workers (it is sent whole, as a new request, when next scheduled), and the block manager is
@@ -141,13 +162,25 @@ class Scheduler {
   // cache are dropped when next considered (reported as aborted).
   void ResetForNewWorkers(const BlockSpaceManagerConfig& cache_config);
 
-  // Plans one step. The output is valid until the next Schedule().
-  const SchedulerOutput& Schedule();
+  static constexpr int kMaxStepsInFlight = 2;
 
-  // Applies the workers' answer to the last Schedule(). INVALID_ARGUMENT when it does not
-  // match (step id, token count) — nothing is applied then. The outputs are valid until the
-  // next UpdateFromOutput() or Abort().
+  // Plans one step, with fewer than kMaxStepsInFlight steps in flight (CHECK). The output is
+  // valid until the Schedule() after the next.
+  const SchedulerOutput& Schedule();
+  // Takes back the step just planned when it is empty (SchedulerOutput::empty()) and another
+  // step is in flight: there is nothing to send before that one's result is applied. False
+  // (nothing changed) otherwise.
+  bool RetractEmptyStep();
+
+  // Applies the workers' answer to the oldest step in flight. INVALID_ARGUMENT when it does
+  // not match (step id, token count) — nothing is applied then. The outputs are valid until
+  // the next UpdateFromOutput() or Abort().
   absl::StatusOr<const StepOutputs*> UpdateFromOutput(const ModelOutput& model_output);
+  // Steps planned and not applied.
+  int num_steps_in_flight() const { return static_cast<int>(step_id_ - applied_step_id_); }
+  // Forgets the steps in flight without applying them, for an engine that ends every request
+  // after its workers failed (ResetForNewWorkers does this itself).
+  void AbandonStepsInFlight();
 
   bool HasUnfinishedRequests() const { return !requests_by_id_.empty(); }
   // Requests ended since the last Schedule() that the workers must still be told about.
@@ -247,18 +280,36 @@ class Scheduler {
   absl::Status CheckModelOutput(const ModelOutput& model_output) const;
   // Outputs for the requests dropped since the last update (they can never fit the cache).
   void ReportDropped();
-  // Applies the step to the requests of one of the output's lists (`reqs` parallel to
-  // `list`): their computed tokens, then their samples, from `sampled[*pos]` on.
-  void ApplyStep(std::span<const ScheduledRequest> list, std::span<Request* const> reqs,
+  // A step planned, kept until it is applied.
+  struct PlannedStep {
+    SchedulerOutput output;
+    // Parallel to output.new_requests and output.cached_requests: each scheduled request and
+    // its epoch when planned.
+    std::vector<Request*> new_reqs, cached_reqs;
+    std::vector<uint8_t> new_epochs, cached_epochs;
+    void Clear();
+  };
+  PlannedStep& Planned(int64_t step_id) { return planned_[step_id % kMaxStepsInFlight]; }
+
+  // Applies the step to the requests of one of its lists: their computed tokens, then their
+  // samples, from `sampled[*pos]` on. Requests ended since it was planned are skipped.
+  void ApplyStep(const SchedulerOutput& step, std::span<const ScheduledRequest> list,
+                 std::span<Request* const> reqs, std::span<const uint8_t> epochs,
                  std::span<const TokenId> sampled, std::span<const SampleLogprobs> logprobs,
                  size_t* pos);
   // Counts the tokens computed; registers blocks they filled with the prefix cache.
   void AddComputedTokens(Request* req, int num_tokens);
-  // Appends one sampled token to each live sequence and applies the stop rules; the first
-  // sample of a request with n > 1 forks it first. `logprobs` is empty or parallel to
-  // `sampled`.
-  void ApplySamples(Request* req, std::span<const TokenId> sampled,
-                    std::span<const SampleLogprobs> logprobs);
+  // Appends one sampled token to each sequence the step listed that is still live, and
+  // applies the stop rules; the first sample of a request with n > 1 forks it first.
+  // `logprobs` is empty or parallel to `sampled`.
+  void ApplySamples(Request* req, std::span<const ScheduledSequence> listed,
+                    std::span<const TokenId> sampled, std::span<const SampleLogprobs> logprobs);
+  // Whether planning leaves the running request out this step: what the steps in flight
+  // sample for it ends it by length, or forks it.
+  static bool WaitsForItsSamples(const Request& req);
+  // Destroys the ended requests that no step in flight names any more.
+  void DestroyRetired();
+  void Destroy(Request* req);
   // Sequences 1 .. n-1 as copies of sequence 0, sharing its blocks.
   void Fork(Request* req);
 
@@ -284,14 +335,16 @@ class Scheduler {
   std::set<Request*, RankLess> swapped_;
   std::vector<Request*> finished_pending_;  // to report to the workers in the next step
   std::vector<Request*> dropped_;           // to report to their streams in the next update
+  // Ended and reported, but named by a step in flight: destroyed once the step of that id is
+  // applied (or abandoned).
+  std::vector<std::pair<int64_t, Request*>> retired_;
   int num_finished_in_running_ = 0;
 
-  // The step being planned or awaiting UpdateFromOutput().
-  SchedulerOutput output_;
-  std::vector<Request*> scheduled_new_;     // parallel to output_.new_requests
-  std::vector<Request*> scheduled_cached_;  // parallel to output_.cached_requests
-  std::vector<Request*> newly_running_;     // admitted / swapped in this step
-  bool awaiting_update_ = false;
+  // The steps in flight, and the one being planned (plan_, one of them).
+  PlannedStep planned_[kMaxStepsInFlight];
+  PlannedStep* plan_ = &planned_[0];
+  std::vector<Request*> newly_running_;  // admitted / swapped in this step
+  int64_t applied_step_id_ = 0;          // the last step applied (or abandoned)
   int token_budget_ = 0;
   int seq_budget_ = 0;
   int live_seqs_ = 0;  // ScheduleQueued: of the running requests and those it admits
@@ -303,6 +356,8 @@ class Scheduler {
   int64_t num_preemptions_ = 0;
   int64_t num_swap_outs_ = 0;
   int64_t num_resets_ = 0;
+  int64_t num_planned_ahead_ = 0;
+  int64_t num_discarded_ = 0;
   int last_step_tokens_ = 0;
   int64_t total_tokens_ = 0;
 };

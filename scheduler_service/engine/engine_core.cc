@@ -143,8 +143,9 @@ void EngineCore::AdoptExecutor() {
     executor = pending_executor_;
     cache = pending_cache_;
   }
-  // Whatever the previous workers held is gone, failed or not.
+  // Whatever the previous workers held is gone, failed or not (steps in flight included).
   scheduler_.ResetForNewWorkers(cache);
+  planned_at_.clear();
   executor_ = executor;
   absl::MutexLock lock(&mu_);
   pending_executor_ = nullptr;
@@ -155,16 +156,17 @@ void EngineCore::AdoptExecutor() {
   paused_on_ = absl::OkStatus();
 }
 
-void EngineCore::OnExecutorFailure(const SchedulerOutput& step, const absl::Status& status) {
+void EngineCore::OnExecutorFailure(const absl::Status& status) {
+  executor_->DropSubmitted();
+  planned_at_.clear();
   if (recovery_timeout_ <= absl::ZeroDuration()) {
-    // The step's result is unusable: end every stream with the error.
-    model_output_.step_id = step.step_id;
-    model_output_.sampled_token_ids.assign(step.total_num_samples, 0);
-    (void)scheduler_.UpdateFromOutput(model_output_);
+    // The steps' results are unusable: end every stream with the error.
+    scheduler_.AbandonStepsInFlight();
     FailAll(status);
     return;
   }
-  // Nothing of the step is applied; every request waits, with its tokens, for new workers.
+  // Nothing of the steps in flight is applied; every request waits, with its tokens, for new
+  // workers.
   scheduler_.ResetForNewWorkers(scheduler_.block_manager().config());
   if (recovering_since_ == absl::InfiniteFuture()) recovering_since_ = absl::Now();
   LOG(WARNING) << "engine paused, " << scheduler_.num_requests()
@@ -195,19 +197,63 @@ absl::StatusOr<bool> EngineCore::StepOnce() {
     ExpireRecovery();
     return false;
   }
-  if (!scheduler_.HasUnfinishedRequests() && !scheduler_.has_finished_to_report()) return false;
+  const bool work = scheduler_.HasUnfinishedRequests() || scheduler_.has_finished_to_report();
+  if (async_scheduling_) return AsyncStep(work);
+  if (!work) return false;
+  return SyncStep();
+}
+
+absl::StatusOr<bool> EngineCore::SyncStep() {
   const auto t0 = std::chrono::steady_clock::now();
   const SchedulerOutput& step = scheduler_.Schedule();
   const auto t1 = std::chrono::steady_clock::now();
   absl::Status s = executor_->Execute(step, &model_output_);
-  const auto t2 = std::chrono::steady_clock::now();
   if (!s.ok()) {
-    OnExecutorFailure(step, s);
+    OnExecutorFailure(s);
     return s;
   }
+  RETURN_IF_ERROR(ApplyResult(t0, t1, std::chrono::steady_clock::now()));
+  return true;
+}
+
+absl::StatusOr<bool> EngineCore::AsyncStep(bool work) {
+  using Clock = std::chrono::steady_clock;
+  bool submitted = false;
+  if (work) {
+    const Clock::time_point t0 = Clock::now();
+    const SchedulerOutput& step = scheduler_.Schedule();
+    if (!scheduler_.RetractEmptyStep()) {
+      if (absl::Status s = executor_->Submit(step); !s.ok()) {
+        OnExecutorFailure(s);
+        return s;
+      }
+      submitted = true;
+      planned_at_.push_back({t0, Clock::now()});
+    }
+  }
+  const int in_flight = scheduler_.num_steps_in_flight();
+  if (in_flight == 0) return false;
+  // The only step in flight was just submitted: plan the next one before waiting for it.
+  if (submitted && in_flight < Scheduler::kMaxStepsInFlight) return true;
+  if (absl::Status s = executor_->Collect(&model_output_); !s.ok()) {
+    OnExecutorFailure(s);
+    return s;
+  }
+  const auto [start, planned] = planned_at_.front();
+  planned_at_.pop_front();
+  RETURN_IF_ERROR(ApplyResult(start, planned, Clock::now()));
+  return true;
+}
+
+absl::Status EngineCore::ApplyResult(std::chrono::steady_clock::time_point t0,
+                                     std::chrono::steady_clock::time_point t1,
+                                     std::chrono::steady_clock::time_point t2) {
   recovering_since_ = absl::InfiniteFuture();
   absl::StatusOr<const StepOutputs*> outputs = scheduler_.UpdateFromOutput(model_output_);
   if (!outputs.ok()) {
+    executor_->DropSubmitted();
+    planned_at_.clear();
+    scheduler_.AbandonStepsInFlight();
     FailAll(outputs.status());
     return outputs.status();
   }
@@ -235,12 +281,14 @@ absl::StatusOr<bool> EngineCore::StepOnce() {
   if (VLOG_IS_ON(1)) {
     const auto t4 = std::chrono::steady_clock::now();
     using Ms = std::chrono::duration<double, std::milli>;
-    VLOG(1) << "engine step " << step.step_id << ": schedule " << Ms(t1 - t0).count()
+    // Asynchronous: "execute" runs from the step's submission to its result, and overlaps
+    // the planning and outputs of the steps around it.
+    VLOG(1) << "engine step " << model_output_.step_id << ": schedule " << Ms(t1 - t0).count()
             << " ms, execute " << Ms(t2 - t1).count() << " ms, outputs " << Ms(t4 - t2).count()
             << " ms (update " << Ms(t3 - t2).count() << " ms: tokens, stop checks, text; streams "
-            << Ms(t4 - t3).count() << " ms)";
+            << Ms(t4 - t3).count() << " ms)" << (async_scheduling_ ? " [async]" : "");
   }
-  return true;
+  return absl::OkStatus();
 }
 
 absl::Status EngineCore::RunUntilIdle() {

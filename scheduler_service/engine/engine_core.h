@@ -4,17 +4,30 @@
 //   engine thread:  Step() = drain inbox -> Schedule -> executor.Execute -> UpdateFromOutput
 //                            -> each request's stream callback
 //
+// With asynchronous scheduling (set_async_scheduling) a Step() plans and submits step N + 1
+// before it collects and applies step N (Executor::Submit / Collect), so that the workers run
+// step N while the engine plans the next one, and start it as soon as they are done with N:
+//
+//   Step():  drain inbox -> Schedule (N + 1) -> Submit -> Collect (N) -> UpdateFromOutput
+//                        -> stream callbacks
+//
+// Clients see the same tokens either way (scheduler.h says what planning ahead assumes and
+// how a sequence that ends in step N drops what step N + 1 sampled for it).
+//
 // AddRequest and Abort are thread-safe and never block on a step. Step(), RunUntilIdle() and
 // the stream callbacks run on the engine thread: either the caller's (tests, simulator) or
 // the one Start() launches. Callbacks must not block; they may call AddRequest / Abort.
 #ifndef LLM_SCHEDULER_SERVICE_ENGINE_ENGINE_CORE_H_
 #define LLM_SCHEDULER_SERVICE_ENGINE_ENGINE_CORE_H_
 
+#include <chrono>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -93,6 +106,9 @@ class EngineCore {
   // or from its arrival during the pause) ends with UNAVAILABLE naming the failure. Zero (the
   // default): fail-stop, every stream ends with the executor's error.
   void set_recovery_timeout(absl::Duration timeout) { recovery_timeout_ = timeout; }
+  // Before Start(): plan step N + 1 while step N runs (see above). Off (the default): each
+  // step is executed and applied before the next is planned.
+  void set_async_scheduling(bool on) { async_scheduling_ = on; }
   // Thread-safe. The executor the engine uses from its next step on (not owned; it must
   // outlive its use), over workers that know nothing of the requests: the scheduler is reset
   // for it with `cache` (its block counts; the block size must not change) before that step.
@@ -132,23 +148,38 @@ class EngineCore {
   void Release(absl::string_view id, uint64_t generation);
   void Loop();
   absl::StatusOr<bool> StepOnce();
+  // StepOnce()'s two forms, for a scheduler that has `work` (requests, or ends to report).
+  absl::StatusOr<bool> SyncStep();
+  absl::StatusOr<bool> AsyncStep(bool work);
+  // Applies model_output_ (the result of the oldest step in flight) and delivers the outputs.
+  // `start` is when the step's planning began, `planned` and `ran` when it ended and when the
+  // result came, for the --v=1 line.
+  absl::Status ApplyResult(std::chrono::steady_clock::time_point start,
+                           std::chrono::steady_clock::time_point planned,
+                           std::chrono::steady_clock::time_point ran);
   void PublishStats();
   bool HasWorkOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adopts the executor ReplaceExecutor handed over, if any.
   void AdoptExecutor();
-  // After a failed Execute: recovery (pauses) or fail-stop (ends every stream).
-  void OnExecutorFailure(const SchedulerOutput& step, const absl::Status& status);
+  // After a failed Execute, Submit or Collect: recovery (pauses) or fail-stop (ends every
+  // stream). Every step in flight is lost.
+  void OnExecutorFailure(const absl::Status& status);
   // While paused: ends every stream once the recovery timeout has passed.
   void ExpireRecovery();
 
   Scheduler scheduler_;
   Executor* executor_;  // engine thread
   absl::Duration recovery_timeout_ = absl::ZeroDuration();
+  bool async_scheduling_ = false;
   // Engine thread: since when the engine has been recovering (a failure with no successful
   // step after it); InfiniteFuture when it is not.
   absl::Time recovering_since_ = absl::InfiniteFuture();
   absl::flat_hash_map<std::string, Stream> streams_;  // engine thread
   ModelOutput model_output_;                          // engine thread
+  // Engine thread, async scheduling: when each step in flight began and ended its planning.
+  std::deque<
+      std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point>>
+      planned_at_;
   bool stats_published_ = false;  // engine thread: this Step() published already
 
   mutable absl::Mutex mu_;

@@ -47,12 +47,12 @@ std::vector<TestRequest> MakeRequests(uint32_t seed, int count) {
 }
 
 using Combo = std::tuple<bool /*small pool*/, PreemptionMode, bool /*chunked*/, bool /*caching*/,
-                         SchedulingPolicy>;
+                         SchedulingPolicy, bool /*async scheduling*/>;
 
 class SchedulerEquivalence : public ::testing::TestWithParam<Combo> {};
 
 TEST_P(SchedulerEquivalence, StreamsMatchTheTokenFunctionAndEveryBlockIsFreed) {
-  const auto [small, mode, chunked, caching, policy] = GetParam();
+  const auto [small, mode, chunked, caching, policy, async] = GetParam();
   SchedulerConfig config;
   config.max_model_len = kMaxModelLen;
   config.enable_chunked_prefill = chunked;
@@ -69,12 +69,12 @@ TEST_P(SchedulerEquivalence, StreamsMatchTheTokenFunctionAndEveryBlockIsFreed) {
                                       .enable_prefix_caching = caching};
   const FakeExecutorConfig ec = SchedulerHarness::ExecConfig(cache, kEos, 0.03);
   SchedulerHarness h(config, cache, ec);
+  h.async = async;
   const std::vector<TestRequest> requests = MakeRequests(42, 60);
   // Arrivals over the first steps, so that admission interleaves with decoding.
   size_t next = 0;
   int steps = 0;
-  while (next < requests.size() || h.scheduler.HasUnfinishedRequests() ||
-         h.scheduler.has_finished_to_report()) {
+  while (next < requests.size() || h.Busy()) {
     for (int k = 0; k < 3 && next < requests.size(); ++k, ++next) {
       const TestRequest& r = requests[next];
       ASSERT_TRUE(h.Add(r.id, r.prompt, r.params, r.priority).ok());
@@ -106,11 +106,11 @@ TEST_P(SchedulerEquivalence, StreamsMatchTheTokenFunctionAndEveryBlockIsFreed) {
 }
 
 std::string ComboName(const ::testing::TestParamInfo<Combo>& info) {
-  const auto [small, mode, chunked, caching, policy] = info.param;
+  const auto [small, mode, chunked, caching, policy, async] = info.param;
   return std::string(small ? "SmallPool" : "LargePool") +
          (mode == PreemptionMode::kSwap ? "Swap" : "Recompute") + (chunked ? "Chunked" : "Whole") +
          (caching ? "Cached" : "Uncached") +
-         (policy == SchedulingPolicy::kPriority ? "Priority" : "Fcfs");
+         (policy == SchedulingPolicy::kPriority ? "Priority" : "Fcfs") + (async ? "Async" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -118,7 +118,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Bool(),
                        ::testing::Values(PreemptionMode::kRecompute, PreemptionMode::kSwap),
                        ::testing::Bool(), ::testing::Bool(),
-                       ::testing::Values(SchedulingPolicy::kFcfs, SchedulingPolicy::kPriority)),
+                       ::testing::Values(SchedulingPolicy::kFcfs, SchedulingPolicy::kPriority),
+                       ::testing::Bool()),
     ComboName);
 
 }  // namespace

@@ -44,8 +44,12 @@ class SchedulerHarness {
     return scheduler.AddRequest(id, std::move(prompt), params, priority, 0, std::move(salt));
   }
 
-  // One step; returns the plan (valid until the next Step()).
+  // One step; returns the plan (valid until the next Step()). With `async`, as EngineCore
+  // runs it with async scheduling: the next step is planned (and handed to the executor)
+  // before the one in flight is applied; the plan returned is then the one just made (empty
+  // when none was).
   const SchedulerOutput& Step() {
+    if (async) return AsyncStep();
     const SchedulerOutput& out = scheduler.Schedule();
     last_step_tokens.push_back(out.total_num_scheduled_tokens);
     ModelOutput mo;
@@ -57,6 +61,38 @@ class SchedulerHarness {
     const absl::Status inv = scheduler.CheckInvariants();
     EXPECT_TRUE(inv.ok()) << inv;
     return out;
+  }
+
+  const SchedulerOutput& AsyncStep() {
+    static const SchedulerOutput kNone;
+    const SchedulerOutput* planned = &kNone;
+    if (scheduler.HasUnfinishedRequests() || scheduler.has_finished_to_report()) {
+      const SchedulerOutput& out = scheduler.Schedule();
+      if (!scheduler.RetractEmptyStep()) {
+        planned = &out;
+        last_step_tokens.push_back(out.total_num_scheduled_tokens);
+        const absl::Status s = executor.Submit(out);
+        EXPECT_TRUE(s.ok()) << s;
+      }
+    }
+    const int in_flight = scheduler.num_steps_in_flight();
+    if (in_flight == Scheduler::kMaxStepsInFlight || (planned == &kNone && in_flight > 0)) {
+      ModelOutput mo;
+      const absl::Status s = executor.Collect(&mo);
+      EXPECT_TRUE(s.ok()) << s;
+      absl::StatusOr<const StepOutputs*> outputs = scheduler.UpdateFromOutput(mo);
+      EXPECT_TRUE(outputs.ok()) << outputs.status();
+      if (outputs.ok()) Record(**outputs);
+      const absl::Status inv = scheduler.CheckInvariants();
+      EXPECT_TRUE(inv.ok()) << inv;
+    }
+    return *planned;
+  }
+
+  // Whether anything is left to plan or apply.
+  bool Busy() const {
+    return scheduler.HasUnfinishedRequests() || scheduler.has_finished_to_report() ||
+           scheduler.num_steps_in_flight() > 0;
   }
 
   void Record(const StepOutputs& outputs) {
@@ -82,8 +118,7 @@ class SchedulerHarness {
   // Steps until no request is left (and the workers were told); at most max_steps.
   int RunToCompletion(int max_steps = 100000) {
     int steps = 0;
-    while ((scheduler.HasUnfinishedRequests() || scheduler.has_finished_to_report()) &&
-           steps < max_steps) {
+    while (Busy() && steps < max_steps) {
       Step();
       ++steps;
       if (::testing::Test::HasFailure()) break;
@@ -104,6 +139,7 @@ class SchedulerHarness {
 
   Scheduler scheduler;
   FakeExecutor executor;
+  bool async = false;
   std::map<std::string, Stream> streams;
   std::vector<int> last_step_tokens;
 };

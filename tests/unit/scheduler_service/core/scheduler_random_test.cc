@@ -24,6 +24,7 @@ struct Case {
   SchedulingPolicy policy;
   bool chunked;
   bool caching;
+  bool async = false;  // async scheduling: the next step planned before the last is applied
 };
 
 class SchedulerRandom : public ::testing::TestWithParam<Case> {};
@@ -48,6 +49,7 @@ TEST_P(SchedulerRandom, InvariantsHoldAtEveryStepAndStreamsAreExact) {
                                       .enable_prefix_caching = c.caching};
   const FakeExecutorConfig ec = SchedulerHarness::ExecConfig(cache, kEos, 0.02);
   SchedulerHarness h(config, cache, ec);
+  h.async = c.async;
 
   struct Sent {
     std::vector<TokenId> prompt;
@@ -62,8 +64,7 @@ TEST_P(SchedulerRandom, InvariantsHoldAtEveryStepAndStreamsAreExact) {
   std::vector<std::string> ids;
   constexpr int kRequests = 3000;
   int added = 0, steps = 0;
-  while (added < kRequests || h.scheduler.HasUnfinishedRequests() ||
-         h.scheduler.has_finished_to_report()) {
+  while (added < kRequests || h.Busy()) {
     // Bursty arrivals.
     for (int k = uniform(0, 2) == 0 ? uniform(0, 8) : 0; k > 0 && added < kRequests; --k) {
       Sent s;
@@ -118,11 +119,17 @@ TEST_P(SchedulerRandom, InvariantsHoldAtEveryStepAndStreamsAreExact) {
 
 INSTANTIATE_TEST_SUITE_P(
     Seeds, SchedulerRandom,
-    ::testing::Values(Case{1, PreemptionMode::kRecompute, SchedulingPolicy::kFcfs, true, true},
-                      Case{2, PreemptionMode::kSwap, SchedulingPolicy::kFcfs, true, false},
-                      Case{3, PreemptionMode::kRecompute, SchedulingPolicy::kPriority, false, true},
-                      Case{4, PreemptionMode::kSwap, SchedulingPolicy::kPriority, true, true},
-                      Case{5, PreemptionMode::kSwap, SchedulingPolicy::kFcfs, false, false}));
+    ::testing::Values(
+        Case{1, PreemptionMode::kRecompute, SchedulingPolicy::kFcfs, true, true},
+        Case{2, PreemptionMode::kSwap, SchedulingPolicy::kFcfs, true, false},
+        Case{3, PreemptionMode::kRecompute, SchedulingPolicy::kPriority, false, true},
+        Case{4, PreemptionMode::kSwap, SchedulingPolicy::kPriority, true, true},
+        Case{5, PreemptionMode::kSwap, SchedulingPolicy::kFcfs, false, false},
+        Case{6, PreemptionMode::kRecompute, SchedulingPolicy::kFcfs, true, true, true},
+        Case{7, PreemptionMode::kSwap, SchedulingPolicy::kFcfs, true, false, true},
+        Case{8, PreemptionMode::kRecompute, SchedulingPolicy::kPriority, false, true, true},
+        Case{9, PreemptionMode::kSwap, SchedulingPolicy::kPriority, true, true, true},
+        Case{10, PreemptionMode::kSwap, SchedulingPolicy::kFcfs, false, false, true}));
 
 }  // namespace
 }  // namespace llm

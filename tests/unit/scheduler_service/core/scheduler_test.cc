@@ -1,6 +1,7 @@
 #include "scheduler_service/core/scheduler.h"
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -724,7 +725,6 @@ TEST(Scheduler, UpdateFromOutputRejectsAMismatchedAnswer) {
   ModelOutput wrong_count{.step_id = s.step_id, .sampled_token_ids = {1, 2}};
   EXPECT_THAT(h.scheduler.UpdateFromOutput(wrong_count).status().message(),
               HasSubstr("2 sampled tokens for 1 samples"));
-  EXPECT_EQ(h.scheduler.Abort("a").code(), absl::StatusCode::kFailedPrecondition);
   ModelOutput right{.step_id = s.step_id, .sampled_token_ids = {1}};
   ASSERT_TRUE(h.scheduler.UpdateFromOutput(right).ok());
   EXPECT_EQ(h.scheduler.UpdateFromOutput(right).status().code(),
@@ -861,6 +861,141 @@ TEST(Scheduler, ResetForNewWorkersKeepsPriorityOrderAndForkedSequences) {
   ExpectStreams(h, "fork", Prompt(30, 500), Params(12, 3));
   ExpectStreams(h, "mid", Prompt(30, 900), Params(12, 2));
   ExpectStreams(h, "low", Prompt(30, 10), Params(12, 1));
+}
+
+}  // namespace
+}  // namespace llm
+
+namespace llm {
+namespace {
+
+TEST(Scheduler, AsyncPlansEachDecodeOnTheTokenInFlightAndNeverPastMaxTokens) {
+  SchedulerHarness h(Config(), Cache(50), SchedulerHarness::ExecConfig(Cache(50)));
+  h.async = true;
+  ASSERT_TRUE(h.Add("a", Prompt(8), Params(4)).ok());
+  // Step 1, the prefill, is handed over and not applied yet.
+  const SchedulerOutput& s1 = h.Step();
+  EXPECT_EQ(s1.step_id, 1);
+  EXPECT_EQ(h.scheduler.num_steps_in_flight(), 1);
+  EXPECT_TRUE(h.streams.empty());
+  // Step 2 decodes the token step 1 samples, before anyone knows it; the workers will have it.
+  const SchedulerOutput& s2 = h.Step();
+  ASSERT_THAT(s2.cached_requests, SizeIs(1));
+  EXPECT_EQ(s2.cached_requests[0].num_computed_tokens, 8);
+  EXPECT_EQ(s2.cached_requests[0].num_scheduled_tokens, 1);
+  EXPECT_EQ(s2.cached_requests[0].num_samples, 1);
+  EXPECT_THAT(s2.token_ids, IsEmpty());
+  EXPECT_THAT(h.streams["a"].tokens[0], SizeIs(1));  // step 1 applied after step 2 was planned
+  const SchedulerOutput& s3 = h.Step();
+  ASSERT_THAT(s3.cached_requests, SizeIs(1));
+  EXPECT_EQ(s3.cached_requests[0].num_computed_tokens, 9);
+  const SchedulerOutput& s4 = h.Step();
+  ASSERT_THAT(s4.cached_requests, SizeIs(1));
+  EXPECT_EQ(s4.cached_requests[0].num_computed_tokens, 10);
+  // Steps 1 to 4 sample its 4 tokens: nothing is planned past them.
+  const SchedulerOutput& s5 = h.Step();
+  EXPECT_TRUE(s5.cached_requests.empty() && s5.new_requests.empty());
+  h.RunToCompletion();
+  ExpectStreams(h, "a", Prompt(8), Params(4));
+  const SchedulerStats stats = h.scheduler.stats();
+  EXPECT_EQ(stats.num_samples_discarded, 0);
+  EXPECT_GE(stats.num_steps_planned_ahead, 3);
+  h.ExpectAllBlocksFree();
+}
+
+TEST(Scheduler, AsyncSequencesThatEndAtTheStepTheyWerePlannedPastShowNothingBeyondTheirStop) {
+  // Many sequences stop where nothing predicts it (EOS, stop token ids, stop strings), each
+  // with the next step already planned for it: the token sampled there is dropped, its
+  // blocks are freed, and its request is reported ended to the workers.
+  constexpr TokenId kEos = 7;
+  SchedulerConfig config = Config();
+  config.eos_token_id = kEos;
+  FakeDetokenizerFactory detok;
+  const FakeExecutorConfig ec = SchedulerHarness::ExecConfig(Cache(400), kEos, 0.15);
+  SchedulerHarness h(config, Cache(400), ec, &detok);
+  h.async = true;
+  struct Sent {
+    std::vector<TokenId> prompt;
+    SamplingParams params;
+  };
+  std::map<std::string, Sent> sent;
+  for (int i = 0; i < 64; ++i) {
+    Sent s{Prompt(5 + i % 23, 100 + 37 * i), Params(4 + i % 29, i % 5 == 0 ? 3 : 1)};
+    s.params.seed = i;
+    const std::vector<TokenId> reference =
+        ExpectedStream(h.executor, ec, s.prompt, s.params, 0, -1, 2048);
+    if (i % 3 == 1) s.params.stop_token_ids = {reference[reference.size() / 2]};
+    if (i % 3 == 2) s.params.stop = {"<" + std::to_string(reference[reference.size() / 3]) + ">"};
+    const std::string id = "r" + std::to_string(i);
+    ASSERT_TRUE(h.Add(id, s.prompt, s.params).ok());
+    sent.emplace(id, std::move(s));
+  }
+  std::map<std::string, int> sample_rounds;  // planned, per request
+  while (h.Busy()) {
+    const SchedulerOutput& out = h.Step();
+    ASSERT_FALSE(::testing::Test::HasFailure());
+    for (const auto* list : {&out.new_requests, &out.cached_requests}) {
+      for (const ScheduledRequest& r : *list) {
+        if (r.num_samples > 0) ++sample_rounds[std::string(r.request_id)];
+      }
+    }
+  }
+  for (const auto& [id, s] : sent) {
+    const Stream& st = h.streams[id];
+    ASSERT_TRUE(st.finished) << id;
+    for (int j = 0; j < s.params.n; ++j) {
+      std::vector<TokenId> want = ExpectedStream(h.executor, ec, s.prompt, s.params, j, kEos, 2048);
+      // A stop string ends the sequence at the token that completes it (FakeDetokenizer: one
+      // token, one "<id>").
+      if (!s.params.stop.empty()) {
+        for (size_t k = 0; k < want.size(); ++k) {
+          if ("<" + std::to_string(want[k]) + ">" == s.params.stop[0]) {
+            want.resize(k + 1);
+            break;
+          }
+        }
+      }
+      EXPECT_EQ(st.tokens[j], want) << id << " sequence " << j;
+    }
+    // Planned at most one round past what ended it, and never past max_tokens.
+    EXPECT_LE(sample_rounds[id], s.params.max_tokens) << id;
+  }
+  const SchedulerStats stats = h.scheduler.stats();
+  EXPECT_GT(stats.num_samples_discarded, 20) << "too few sequences ended with a step in flight";
+  EXPECT_GT(stats.num_steps_planned_ahead, 10);
+  h.ExpectAllBlocksFree();
+}
+
+TEST(Scheduler, SynchronousSchedulingPlansNothingAheadAndDropsNothing) {
+  constexpr TokenId kEos = 7;
+  SchedulerConfig config = Config();
+  config.eos_token_id = kEos;
+  SchedulerHarness h(config, Cache(100), SchedulerHarness::ExecConfig(Cache(100), kEos, 0.2));
+  for (int i = 0; i < 16; ++i) {
+    ASSERT_TRUE(h.Add("r" + std::to_string(i), Prompt(6 + i, 10 * i), Params(20)).ok());
+  }
+  h.RunToCompletion();
+  EXPECT_EQ(h.scheduler.stats().num_steps_planned_ahead, 0);
+  EXPECT_EQ(h.scheduler.stats().num_samples_discarded, 0);
+  h.ExpectAllBlocksFree();
+}
+
+TEST(Scheduler, AnAbortWithAStepInFlightDropsWhatThatStepSampledForIt) {
+  SchedulerHarness h(Config(), Cache(50), SchedulerHarness::ExecConfig(Cache(50)));
+  h.async = true;
+  ASSERT_TRUE(h.Add("a", Prompt(8), Params(10)).ok());
+  ASSERT_TRUE(h.Add("b", Prompt(9, 50), Params(10)).ok());
+  h.Step();
+  h.Step();  // step 2 planned; step 1 applied
+  ASSERT_EQ(h.scheduler.num_steps_in_flight(), 1);
+  ASSERT_TRUE(h.scheduler.Abort("a").ok());
+  const int before = static_cast<int>(h.streams["a"].tokens[0].size());
+  h.RunToCompletion();
+  EXPECT_EQ(static_cast<int>(h.streams["a"].tokens[0].size()), before);
+  EXPECT_FALSE(h.streams["a"].finished);  // the abort's caller ends its stream
+  EXPECT_GE(h.scheduler.stats().num_samples_discarded, 1);
+  ExpectStreams(h, "b", Prompt(9, 50), Params(10));
+  h.ExpectAllBlocksFree();
 }
 
 }  // namespace

@@ -63,6 +63,9 @@ struct Collector {
   }
 };
 
+// Every test runs with synchronous and with asynchronous scheduling.
+class EngineCoreTest : public ::testing::TestWithParam<bool> {};
+
 SamplingParams Params(int max_tokens) {
   SamplingParams p;
   p.max_tokens = max_tokens;
@@ -70,10 +73,11 @@ SamplingParams Params(int max_tokens) {
   return p;
 }
 
-TEST(EngineCore, StepsRequestsToCompletionThroughTheirStreams) {
+TEST_P(EngineCoreTest, StepsRequestsToCompletionThroughTheirStreams) {
   FakeExecutorConfig ec = SchedulerHarness::ExecConfig(Cache());
   FakeExecutor exec(ec);
   EngineCore engine(Config(), Cache(), &exec);
+  engine.set_async_scheduling(GetParam());
   Collector c;
   for (int i = 0; i < 5; ++i) {
     const std::string id = "r" + std::to_string(i);
@@ -91,9 +95,10 @@ TEST(EngineCore, StepsRequestsToCompletionThroughTheirStreams) {
   EXPECT_EQ(exec.num_requests(), 0);
 }
 
-TEST(EngineCore, RejectsBadAndDuplicateRequestsAtOnce) {
+TEST_P(EngineCoreTest, RejectsBadAndDuplicateRequestsAtOnce) {
   FakeExecutor exec(SchedulerHarness::ExecConfig(Cache()));
   EngineCore engine(Config(), Cache(), &exec);
+  engine.set_async_scheduling(GetParam());
   Collector c;
   SamplingParams bad = Params(4);
   bad.temperature = -1;
@@ -114,10 +119,11 @@ TEST(EngineCore, RejectsBadAndDuplicateRequestsAtOnce) {
   ASSERT_TRUE(engine.RunUntilIdle().ok());
 }
 
-TEST(EngineCore, ServesConcurrentClientsAndAbortsFromAnotherThread) {
+TEST_P(EngineCoreTest, ServesConcurrentClientsAndAbortsFromAnotherThread) {
   FakeExecutorConfig ec = SchedulerHarness::ExecConfig(Cache());
   FakeExecutor exec(ec);
   EngineCore engine(Config(), Cache(), &exec);
+  engine.set_async_scheduling(GetParam());
   engine.Start();
   Collector c;
   constexpr int kThreads = 4, kPerThread = 50;
@@ -177,9 +183,10 @@ class FailingExecutor : public Executor {
   }
 };
 
-TEST(EngineCore, AnExecutorErrorEndsEveryStreamWithIt) {
+TEST_P(EngineCoreTest, AnExecutorErrorEndsEveryStreamWithIt) {
   FailingExecutor exec;
   EngineCore engine(Config(), Cache(), &exec);
+  engine.set_async_scheduling(GetParam());
   Collector c;
   ASSERT_TRUE(engine.AddRequest({"a", Prompt(4, 1), Params(4)}, c.For("a")).ok());
   ASSERT_TRUE(engine.AddRequest({"b", Prompt(4, 9), Params(4)}, c.For("b")).ok());
@@ -205,20 +212,28 @@ class HookedExecutor : public Executor {
   std::function<void()> hook_;
 };
 
-TEST(EngineCore, AnAbortForARequestThatFinishedMeanwhileSparesTheNextOneWithItsId) {
+TEST_P(EngineCoreTest, AnAbortForARequestThatFinishedMeanwhileSparesTheNextOneWithItsId) {
   FakeExecutor fake(SchedulerHarness::ExecConfig(Cache()));
   EngineCore* engine_ptr = nullptr;
   // The client aborts "x" while the step that finishes it runs.
   HookedExecutor exec(&fake, [&] { ASSERT_TRUE(engine_ptr->Abort("x").ok()); });
   EngineCore engine(Config(), Cache(), &exec);
+  engine.set_async_scheduling(GetParam());
   engine_ptr = &engine;
   Collector first, second;
   ASSERT_TRUE(engine.AddRequest({"x", Prompt(4, 1), Params(1)}, first.For("x")).ok());
-  ASSERT_TRUE(engine.Step().ok());
+  // Synchronous: the step's result is applied before the abort is seen. Asynchronous: the
+  // abort is seen while the step is in flight, and wins the race (both are right for a
+  // client that aborted a running request).
+  for (int steps = 0; steps < (GetParam() ? 2 : 1); ++steps) ASSERT_TRUE(engine.Step().ok());
   {
     absl::MutexLock lock(&first.mu);
     ASSERT_TRUE(first.ended.contains("x"));
-    EXPECT_TRUE(first.ended["x"].ok());
+    if (GetParam()) {
+      EXPECT_EQ(first.ended["x"].code(), absl::StatusCode::kCancelled) << first.ended["x"];
+    } else {
+      EXPECT_TRUE(first.ended["x"].ok()) << first.ended["x"];
+    }
   }
   // The id is free again; the stale abort must not reach its new owner.
   ASSERT_TRUE(engine.AddRequest({"x", Prompt(4, 9), Params(3)}, second.For("x")).ok());
@@ -243,10 +258,11 @@ class CountingExecutor : public Executor {
   int64_t steps_ = 0;
 };
 
-TEST(EngineCore, AStreamThatEndsSeesTheStatsOfTheStepThatEndedIt) {
+TEST_P(EngineCoreTest, AStreamThatEndsSeesTheStatsOfTheStepThatEndedIt) {
   FakeExecutor fake(SchedulerHarness::ExecConfig(Cache()));
   CountingExecutor exec(&fake);
   EngineCore engine(Config(), Cache(), &exec);
+  engine.set_async_scheduling(GetParam());
   // A client that asks for stats as soon as its request ends (GetStats after Generate).
   std::vector<int64_t> seen;
   auto on_update = [&](const StreamUpdate& u) {
@@ -301,7 +317,7 @@ std::vector<Load> RecoveryLoad() {
   return load;
 }
 
-// Streams of an undisturbed run.
+// Streams of an undisturbed run (synchronous: the reference for both modes).
 std::map<std::string, std::vector<TokenId>> Undisturbed(const std::vector<Load>& load) {
   FakeExecutor exec(SchedulerHarness::ExecConfig(Cache()));
   EngineCore engine(Config(), Cache(), &exec);
@@ -314,12 +330,13 @@ std::map<std::string, std::vector<TokenId>> Undisturbed(const std::vector<Load>&
   return c.tokens;
 }
 
-TEST(EngineCore, RequestsSurviveAFailedGroupAndResumeOnTheNewOneWithTheSameTokens) {
+TEST_P(EngineCoreTest, RequestsSurviveAFailedGroupAndResumeOnTheNewOneWithTheSameTokens) {
   const std::vector<Load> load = RecoveryLoad();
   const std::map<std::string, std::vector<TokenId>> want = Undisturbed(load);
   FakeExecutor old_workers(SchedulerHarness::ExecConfig(Cache()));
   DyingExecutor dying(&old_workers, /*ok_steps=*/7);
   EngineCore engine(Config(), Cache(), &dying);
+  engine.set_async_scheduling(GetParam());
   engine.set_recovery_timeout(absl::Seconds(600));
   engine.Start();
   Collector c;
@@ -353,10 +370,11 @@ TEST(EngineCore, RequestsSurviveAFailedGroupAndResumeOnTheNewOneWithTheSameToken
   EXPECT_EQ(engine.stats_snapshot().scheduler.num_worker_resets, 2);  // at the failure, at the swap
 }
 
-TEST(EngineCore, WithoutNewWorkersWithinTheRecoveryTimeoutStreamsEndUnavailableNamingTheCause) {
+TEST_P(EngineCoreTest, WithoutNewWorkersWithinTheRecoveryTimeoutStreamsEndUnavailableNamingTheCause) {
   FakeExecutor old_workers(SchedulerHarness::ExecConfig(Cache()));
   DyingExecutor dying(&old_workers, /*ok_steps=*/2);
   EngineCore engine(Config(), Cache(), &dying);
+  engine.set_async_scheduling(GetParam());
   engine.set_recovery_timeout(absl::Milliseconds(200));
   engine.Start();
   Collector c;
@@ -375,10 +393,11 @@ TEST(EngineCore, WithoutNewWorkersWithinTheRecoveryTimeoutStreamsEndUnavailableN
   EXPECT_FALSE(engine.scheduler().HasUnfinishedRequests());
 }
 
-TEST(EngineCore, AbortWhilePausedEndsTheStreamAndFreesTheId) {
+TEST_P(EngineCoreTest, AbortWhilePausedEndsTheStreamAndFreesTheId) {
   FakeExecutor old_workers(SchedulerHarness::ExecConfig(Cache()));
   DyingExecutor dying(&old_workers, /*ok_steps=*/1);
   EngineCore engine(Config(), Cache(), &dying);
+  engine.set_async_scheduling(GetParam());
   engine.set_recovery_timeout(absl::Seconds(600));
   Collector c;
   ASSERT_TRUE(engine.AddRequest({"a", Prompt(8, 1), Params(50)}, c.For("a")).ok());
@@ -408,10 +427,11 @@ TEST(EngineCore, AbortWhilePausedEndsTheStreamAndFreesTheId) {
 namespace llm {
 namespace {
 
-TEST(EngineCore, AnAbortedIdIsFreeAtOnceAndOnlyTheOldRequestIsAborted) {
+TEST_P(EngineCoreTest, AnAbortedIdIsFreeAtOnceAndOnlyTheOldRequestIsAborted) {
   FakeExecutorConfig ec = SchedulerHarness::ExecConfig(Cache());
   FakeExecutor exec(ec);
   EngineCore engine(Config(), Cache(), &exec);
+  engine.set_async_scheduling(GetParam());
   std::vector<absl::Status> old_end, new_end;
   std::vector<TokenId> new_tokens;
   ASSERT_TRUE(engine
@@ -445,6 +465,11 @@ TEST(EngineCore, AnAbortedIdIsFreeAtOnceAndOnlyTheOldRequestIsAborted) {
   EXPECT_EQ(new_tokens, ExpectedStream(exec, ec, Prompt(9, 70), Params(6), 0, -1, 512));
   EXPECT_EQ(engine.scheduler().block_manager().stats().num_free_gpu_blocks, 200);
 }
+
+INSTANTIATE_TEST_SUITE_P(Scheduling, EngineCoreTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Async" : "Sync";
+                         });
 
 }  // namespace
 }  // namespace llm
