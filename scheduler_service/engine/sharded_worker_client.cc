@@ -84,7 +84,8 @@ ShardedWorkerClient::~ShardedWorkerClient() {
     for (grpc::ClientContext* c : contexts_) c->TryCancel();
   }
   for (auto& r : ranks_) {
-    if (r->thread.joinable()) r->thread.join();
+    if (r->writer.joinable()) r->writer.join();
+    if (r->reader.joinable()) r->reader.join();
   }
   for (auto& r : ranks_) {
     if (r->stream == nullptr) continue;
@@ -288,44 +289,79 @@ absl::Status ShardedWorkerClient::OpenStreams() {
   }
   for (auto& r : ranks_) {
     Rank* rank = r.get();
-    r->thread = std::thread([this, rank] { RankLoop(rank); });
+    r->writer = std::thread([this, rank] { WriterLoop(rank); });
+    r->reader = std::thread([this, rank] { ReaderLoop(rank); });
   }
   return absl::OkStatus();
 }
 
-void ShardedWorkerClient::RankLoop(Rank* r) {
-  uint64_t handled = 0;
+void ShardedWorkerClient::WriterLoop(Rank* r) {
+  uint64_t job = 0;
   while (true) {
-    uint64_t job;
+    bool skip;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_ || job_ > handled; };
+      auto ready = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_ || job_ > job; };
       mu_.Await(absl::Condition(&ready));
       if (stopping_) return;
-      job = job_;
+      ++job;
+      // Once the stream broke, the reader reports it for every later job.
+      skip = r->write_failed_job != 0 || r->closing;
+      r->writing = !skip;
     }
-    absl::Status status;
-    v1::StepResult result;
-    if (!r->stream->Write(request_)) {
-      r->finished = true;
-      status = absl::UnavailableError(
-          absl::StrCat("the step stream broke while sending: ", Describe(r->stream->Finish())));
-    } else if (!r->stream->Read(&result)) {
-      r->finished = true;
-      status = absl::UnavailableError(
-          absl::StrCat("the step stream broke: ", Describe(r->stream->Finish())));
-    }
+    const bool ok = skip || r->stream->Write(requests_[job % kMaxStepsInFlight]);
     absl::MutexLock lock(&mu_);
-    r->job_status = std::move(status);
-    r->result = std::move(result);
-    r->done_job = job;
-    handled = job;
+    r->writing = false;
+    if (!ok) r->write_failed_job = job;
+    r->written = job;
   }
 }
 
-bool ShardedWorkerClient::JobsDone() const {
+void ShardedWorkerClient::ReaderLoop(Rank* r) {
+  uint64_t job = 0;
+  while (true) {
+    bool write_failed;
+    {
+      absl::MutexLock lock(&mu_);
+      // A job is read once written: a worker answers only what it has received.
+      auto ready = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_ || r->written > job; };
+      mu_.Await(absl::Condition(&ready));
+      if (stopping_) return;
+      ++job;
+      write_failed = r->write_failed_job != 0 && r->write_failed_job <= job;
+    }
+    Answer answer;
+    answer.job = job;
+    if (r->broken.ok()) {
+      const char* broke = nullptr;
+      if (write_failed) {
+        broke = "the step stream broke while sending: ";
+      } else if (!r->stream->Read(&answer.result)) {
+        broke = "the step stream broke: ";
+      }
+      if (broke != nullptr) {
+        {
+          // gRPC's sync stream allows a Read beside a Write, not a Finish. The stream is over,
+          // so the writer's Write (if any) ends at once; it writes no more.
+          absl::MutexLock lock(&mu_);
+          r->closing = true;
+          auto idle = [r]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !r->writing; };
+          mu_.Await(absl::Condition(&idle));
+        }
+        r->finished = true;
+        r->broken = absl::UnavailableError(absl::StrCat(broke, Describe(r->stream->Finish())));
+      }
+    }
+    answer.status = r->broken;
+    absl::MutexLock lock(&mu_);
+    r->answers[job % kMaxStepsInFlight] = std::move(answer);
+    r->read = job;
+  }
+}
+
+bool ShardedWorkerClient::AllRead(uint64_t job) const {
   for (const auto& r : ranks_) {
-    if (r->done_job != job_) return false;
+    if (r->read < job) return false;
   }
   return true;
 }
@@ -359,48 +395,89 @@ absl::Status ShardedWorkerClient::Execute(const SchedulerOutput& step, ModelOutp
   {
     absl::MutexLock lock(&mu_);
     if (!failure_.ok()) return failure_;
-    CHECK(ranks_[0]->stream != nullptr) << "Execute before OpenStreams";
+    if (job_ != collected_) {
+      return absl::FailedPreconditionError("Execute() while steps submitted are not collected");
+    }
   }
-  EncodeStepRequest(step, &request_);
+  const absl::Status s = Submit(step);
+  if (!s.ok()) return s;
+  return Collect(out);
+}
+
+absl::Status ShardedWorkerClient::Submit(const SchedulerOutput& step) {
+  uint64_t job;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!failure_.ok()) return failure_;
+    CHECK(ranks_[0]->stream != nullptr) << "Submit before OpenStreams";
+    if (job_ - collected_ >= kMaxStepsInFlight) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("Submit() with ", kMaxStepsInFlight, " steps submitted and not collected"));
+    }
+    job = job_ + 1;
+    // The buffer's last job was collected, so every rank has read its answer and written it.
+    for (const auto& r : ranks_) CHECK_GE(r->written + kMaxStepsInFlight, job);
+  }
+  EncodeStepRequest(step, &requests_[job % kMaxStepsInFlight]);
+  step_ids_[job % kMaxStepsInFlight] = step.step_id;
+  absl::MutexLock lock(&mu_);
+  job_ = job;
+  return absl::OkStatus();
+}
+
+absl::Status ShardedWorkerClient::Collect(ModelOutput* out) {
+  uint64_t job;
+  std::vector<Answer> answers(ranks_.size());
   std::vector<bool> timed_out(ranks_.size(), false);
   bool any_timed_out = false;
   {
     absl::MutexLock lock(&mu_);
-    ++job_;
-    if (!mu_.AwaitWithTimeout(absl::Condition(this, &ShardedWorkerClient::JobsDone),
-                              options_.worker_timeout)) {
-      for (size_t i = 0; i < ranks_.size(); ++i) timed_out[i] = ranks_[i]->done_job != job_;
+    if (!failure_.ok()) return failure_;
+    if (collected_ == job_) {
+      return absl::FailedPreconditionError("Collect() without a step submitted");
+    }
+    job = collected_ + 1;
+    auto all_read = [this, job]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return AllRead(job); };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&all_read), options_.worker_timeout)) {
+      for (size_t i = 0; i < ranks_.size(); ++i) timed_out[i] = ranks_[i]->read < job;
       any_timed_out = true;
       // Unblock the rank threads' Write / Read; they then report CANCELLED.
       for (auto& r : ranks_) r->stream_context->TryCancel();
-      mu_.Await(absl::Condition(this, &ShardedWorkerClient::JobsDone));
+      mu_.Await(absl::Condition(&all_read));
     }
+    for (size_t i = 0; i < ranks_.size(); ++i) {
+      Answer& a = ranks_[i]->answers[job % kMaxStepsInFlight];
+      CHECK_EQ(a.job, job);
+      answers[i] = std::move(a);
+    }
+    collected_ = job;
   }
+  const int64_t step_id = step_ids_[job % kMaxStepsInFlight];
   absl::Status error;
   if (any_timed_out) {
-    error = TimedOutRank(timed_out, step.step_id);
+    error = TimedOutRank(timed_out, step_id);
   } else {
     // A rank whose stream broke is the cause; a rank that answered an error (a collective that
     // a dead peer never reached) is its bystander, named only when no stream broke.
     for (size_t i = 0; i < ranks_.size() && error.ok(); ++i) {
-      Rank& r = *ranks_[i];
-      if (!r.job_status.ok()) error = RankError(r, std::string(r.job_status.message()));
+      const Answer& a = answers[i];
+      if (!a.status.ok()) error = RankError(*ranks_[i], std::string(a.status.message()));
     }
     for (size_t i = 0; i < ranks_.size() && error.ok(); ++i) {
-      Rank& r = *ranks_[i];
-      if (r.result.step_id() != step.step_id) {
-        error = RankError(
-            r, absl::StrCat("answered step ", r.result.step_id(), " to step ", step.step_id));
-      } else if (r.result.error_code() != 0) {
-        error = RankError(
-            r, absl::StrCat("step ", step.step_id, " failed: ",
-                            CodeName(static_cast<grpc::StatusCode>(r.result.error_code())), ": ",
-                            r.result.error_message()));
+      const v1::StepResult& result = answers[i].result;
+      if (result.step_id() != static_cast<uint64_t>(step_id)) {
+        error = RankError(*ranks_[i],
+                          absl::StrCat("answered step ", result.step_id(), " to step ", step_id));
+      } else if (result.error_code() != 0) {
+        error = RankError(*ranks_[i],
+                          absl::StrCat("step ", step_id, " failed: ",
+                                       CodeName(static_cast<grpc::StatusCode>(result.error_code())),
+                                       ": ", result.error_message()));
       }
     }
   }
   if (error.ok()) {
-    const absl::Status s = DecodeStepResult(ranks_[0]->result, out);
+    const absl::Status s = DecodeStepResult(answers[0].result, out);
     if (!s.ok()) error = RankError(*ranks_[0], absl::StrCat("bad step result: ", s.ToString()));
   }
   if (error.ok()) {
@@ -408,13 +485,13 @@ absl::Status ShardedWorkerClient::Execute(const SchedulerOutput& step, ModelOutp
     // sequences (and soon KV) that are not the scheduler's.
     const uint64_t digest = SampledTokensDigest(out->sampled_token_ids);
     for (size_t i = 0; i < ranks_.size() && error.ok(); ++i) {
-      Rank& r = *ranks_[i];
-      if (r.result.sampled_digest() == digest) continue;
+      const Rank& r = *ranks_[i];
+      const uint64_t rank_digest = answers[i].result.sampled_digest();
+      if (rank_digest == digest) continue;
       error = absl::InternalError(absl::StrCat(
           "worker rank ", r.rank, " at ", r.address, " sampled other tokens than rank 0 in step ",
-          step.step_id, " (digest ", absl::Hex(r.result.sampled_digest()),
-          ", rank 0's tokens give ", absl::Hex(digest),
-          "): every rank must sample the same (same logits, same seed)"));
+          step_id, " (digest ", absl::Hex(rank_digest), ", rank 0's tokens give ",
+          absl::Hex(digest), "): every rank must sample the same (same logits, same seed)"));
     }
   }
   if (!error.ok()) {

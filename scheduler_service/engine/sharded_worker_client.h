@@ -4,25 +4,33 @@
 // Setup (WorkerGroup's thread, in this order): WaitUntilHealthy (retries with backoff
 // until every rank answers Health), Init (every rank in parallel: Gloo's rendezvous blocks
 // until all ranks join), ProfileMemory (the smallest figures over the ranks), InitCache, then
-// OpenStreams (one Step stream per rank). The client is then an Executor: each Execute
-// encodes the step once, writes it to every rank in parallel (a thread per rank), and reads
-// one StepResult per rank within `worker_timeout`; the sampled tokens come from rank 0.
+// OpenStreams (one Step stream per rank). The client is then an Executor with a pipelined form:
+// Submit encodes the step once and has every rank's stream write it, and returns; Collect waits
+// for the oldest step's StepResult from every rank; the sampled tokens come from rank 0. Each
+// rank has a writer thread and a reader thread on its stream, so that step N + 1 is written
+// while the reader waits for step N's result (a worker reads its stream serially: it runs
+// step N + 1 as soon as it has answered step N). Execute is Submit then Collect.
 //
 // Failures: any rank whose call fails, whose stream breaks, that answers an error or the wrong
 // step id, or that does not answer in time fails the call with UNAVAILABLE naming the rank
 // and its address ("worker rank 1 at 127.0.0.1:50062: ..."). A failed step names the cause:
 // a rank whose stream broke before one that answered an error (a collective its dead peer
 // never reached), and of several late ranks the one that does not answer Health either. A failed
-// step cancels every stream and the client stays failed: every later Execute returns the same
-// status, and on_failure (when set) is called once, on the thread that saw the failure. Nothing
-// waits longer than `worker_timeout` (plus the time gRPC takes to deliver a cancellation).
+// step cancels every stream and the client stays failed: every later Submit, Collect and
+// Execute returns the same status (the results of the steps still in flight are lost), and
+// on_failure (when set) is called once, on the thread that saw the failure. Collect waits at
+// most `worker_timeout` from its call (which is never before the previous step's results came,
+// Collect going in order, so each step has at least that long from when the ranks could start
+// it), plus the time gRPC takes to deliver a cancellation.
 //
-// Thread-safety: setup calls and Execute from one thread at a time (WorkerGroup's thread, then the
-// engine thread); CheckHealth(), Cancel() and failure() from any thread. Destruction cancels the
-// streams and joins the rank threads.
+// Thread-safety: setup calls from one thread at a time (WorkerGroup's thread), then Submit,
+// Collect and Execute from one thread (the engine thread); CheckHealth(), Cancel() and failure()
+// from any thread. Destruction, with steps in flight or not, cancels the streams and joins the
+// rank threads.
 #ifndef LLM_SCHEDULER_SERVICE_ENGINE_SHARDED_WORKER_CLIENT_H_
 #define LLM_SCHEDULER_SERVICE_ENGINE_SHARDED_WORKER_CLIENT_H_
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -92,7 +100,11 @@ class ShardedWorkerClient : public Executor {
   // Opens one Step stream per rank and starts the rank threads.
   absl::Status OpenStreams();
 
+  // Not while steps submitted are not collected (FAILED_PRECONDITION).
   absl::Status Execute(const SchedulerOutput& step, ModelOutput* out) override;
+  // FAILED_PRECONDITION when kMaxStepsInFlight steps are submitted and not collected.
+  absl::Status Submit(const SchedulerOutput& step) override;
+  absl::Status Collect(ModelOutput* out) override;
 
   // Cancels every call in flight and every later one (CANCELLED). Thread-safe; idempotent.
   void Cancel();
@@ -100,18 +112,31 @@ class ShardedWorkerClient : public Executor {
   absl::Status failure() const;
 
  private:
+  // A step's answer from one rank. Jobs are numbered from 1 in the order submitted; job j
+  // uses slot j % kMaxStepsInFlight of the buffers below.
+  struct Answer {
+    uint64_t job = 0;
+    absl::Status status;  // the stream broke (the rank's error, without its name)
+    v1::StepResult result;
+  };
   struct Rank {
     int rank = 0;
     std::string address;
     std::unique_ptr<v1::WorkerService::Stub> stub;
     std::unique_ptr<grpc::ClientContext> stream_context;
     std::unique_ptr<grpc::ClientReaderWriter<v1::StepRequest, v1::StepResult>> stream;
-    std::thread thread;
-    bool finished = false;  // stream->Finish() was called (rank thread, then destructor)
+    std::thread writer;
+    std::thread reader;
+    // The reader's: stream->Finish() was called (then the destructor's).
+    bool finished = false;
+    absl::Status broken;  // the reader's: why the stream broke, for every later job
     // Guarded by the client's mu_.
-    uint64_t done_job = 0;
-    absl::Status job_status;
-    v1::StepResult result;
+    uint64_t written = 0;           // the last job the writer is done with (written or not)
+    uint64_t write_failed_job = 0;  // the first job whose Write failed; 0: none
+    bool writing = false;           // the writer is in stream->Write
+    bool closing = false;           // the reader finishes the stream: write no more
+    uint64_t read = 0;              // the last job whose answer is in `answers`
+    Answer answers[kMaxStepsInFlight];
   };
 
   explicit ShardedWorkerClient(ShardedWorkerClientOptions options);
@@ -130,20 +155,28 @@ class ShardedWorkerClient : public Executor {
   // Registers a context so that Cancel() reaches it; false when already cancelled.
   bool Register(grpc::ClientContext* context);
   void Unregister(grpc::ClientContext* context);
-  void RankLoop(Rank* r);
+  // Writes every job submitted to the rank's stream, in order.
+  void WriterLoop(Rank* r);
+  // Reads every written job's answer from the rank's stream, in order.
+  void ReaderLoop(Rank* r);
   // Records the first failure, cancels the streams, and calls on_failure once.
   void Fail(const absl::Status& status);
-  bool JobsDone() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every rank's answer to `job` is in.
+  bool AllRead(uint64_t job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ShardedWorkerClientOptions options_;
   std::vector<std::unique_ptr<Rank>> ranks_;
-  v1::StepRequest request_;  // written by Execute, read by the rank threads during a job
+  // Job j's request is requests_[j % kMaxStepsInFlight]: encoded by Submit, then read by the
+  // writers until each has written it (before Submit reuses it for job j + 2).
+  v1::StepRequest requests_[kMaxStepsInFlight];
+  int64_t step_ids_[kMaxStepsInFlight] = {};  // job j's step id, for Collect
 
   mutable absl::Mutex mu_;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t job_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t job_ ABSL_GUARDED_BY(mu_) = 0;        // the last job submitted
+  uint64_t collected_ ABSL_GUARDED_BY(mu_) = 0;  // the last job collected
   std::vector<grpc::ClientContext*> contexts_ ABSL_GUARDED_BY(mu_);
 };
 

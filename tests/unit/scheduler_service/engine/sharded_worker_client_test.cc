@@ -1,7 +1,8 @@
 // ShardedWorkerClient against fake WorkerService ranks served in-process on port 0. The fakes
 // run each step through a FakeExecutor (the worker's real ModelRunner is the worker helper's
-// to test); what is tested here is the client: tokens from rank 0, any failing rank fails the
-// step with UNAVAILABLE naming it, and nothing hangs (timeouts here are hang guards only).
+// to test); what is tested here is the client: tokens from rank 0, with steps run one by one or
+// two in flight (Submit / Collect), any failing rank fails the step with UNAVAILABLE naming it,
+// and nothing hangs (timeouts here are hang guards only).
 #include "scheduler_service/engine/sharded_worker_client.h"
 
 #include <atomic>
@@ -10,6 +11,8 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -328,6 +331,162 @@ TEST(ShardedWorkerClientTest, OfSeveralLateRanksTheOneThatDoesNotAnswerHealthIsN
   EXPECT_THAT(status.message(), HasSubstr("worker rank 1 at " + g->ranks[1].address));
   EXPECT_THAT(status.message(), HasSubstr("no answer to step"));
   EXPECT_THAT(status.message(), HasSubstr("nor to Health"));
+}
+
+// Records the steps an engine plans (encoded: a SchedulerOutput is valid only until the next
+// one) and their results, running them on a FakeExecutor.
+class RecordingExecutor : public Executor {
+ public:
+  absl::Status Execute(const SchedulerOutput& step, ModelOutput* out) override {
+    EncodeStepRequest(step, &steps.emplace_back());
+    const absl::Status s = inner_.Execute(step, out);
+    outputs.push_back(*out);
+    return s;
+  }
+  std::vector<v1::StepRequest> steps;
+  std::vector<ModelOutput> outputs;
+
+ private:
+  FakeExecutor inner_{ExecConfig(0)};
+};
+
+// The steps of RunAll's requests, each with its result on one FakeExecutor.
+std::unique_ptr<RecordingExecutor> RecordSteps() {
+  auto recorder = std::make_unique<RecordingExecutor>();
+  absl::Status status;
+  RunAll(recorder.get(), &status);
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_GT(recorder->steps.size(), 3u);
+  return recorder;
+}
+
+absl::Status SubmitRecorded(ShardedWorkerClient* client, const v1::StepRequest& req) {
+  DecodedStep step;
+  const absl::Status s = DecodeStepRequest(req, SamplingLimits{}, &step);
+  if (!s.ok()) return s;
+  return client->Submit(step.output);
+}
+
+absl::Status ExecuteRecorded(ShardedWorkerClient* client, const v1::StepRequest& req,
+                             ModelOutput* out) {
+  DecodedStep step;
+  const absl::Status s = DecodeStepRequest(req, SamplingLimits{}, &step);
+  if (!s.ok()) return s;
+  return client->Execute(step.output, out);
+}
+
+// Runs the recorded steps with Executor::kMaxStepsInFlight (2) submitted ahead: each result is
+// the one Execute gives, step by step, and the one the FakeExecutor gave.
+TEST(ShardedWorkerClientTest, TwoStepsInFlightGiveTheResultsOfExecute) {
+  const auto recorded = RecordSteps();
+  const std::vector<v1::StepRequest>& steps = recorded->steps;
+
+  auto one_by_one = StartGroup(2);
+  std::vector<ModelOutput> executed(steps.size());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    ASSERT_TRUE(ExecuteRecorded(one_by_one->client.get(), steps[i], &executed[i]).ok());
+  }
+
+  auto g = StartGroup(2);
+  ShardedWorkerClient* client = g->client.get();
+  ASSERT_TRUE(SubmitRecorded(client, steps[0]).ok());
+  ASSERT_TRUE(SubmitRecorded(client, steps[1]).ok());
+  EXPECT_EQ(SubmitRecorded(client, steps[2]).code(), absl::StatusCode::kFailedPrecondition);
+  ModelOutput out;
+  EXPECT_EQ(client->Execute(SchedulerOutput(), &out).code(), absl::StatusCode::kFailedPrecondition);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    ASSERT_TRUE(client->Collect(&out).ok()) << "step " << i;
+    EXPECT_EQ(out.step_id, recorded->outputs[i].step_id);
+    EXPECT_EQ(out.step_id, executed[i].step_id);
+    EXPECT_EQ(out.sampled_token_ids, recorded->outputs[i].sampled_token_ids) << "step " << i;
+    EXPECT_EQ(out.sampled_token_ids, executed[i].sampled_token_ids) << "step " << i;
+    if (i + 2 < steps.size()) ASSERT_TRUE(SubmitRecorded(client, steps[i + 2]).ok());
+  }
+  EXPECT_EQ(client->Collect(&out).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(g->ranks[0].service->num_steps(), static_cast<int>(steps.size()));
+  EXPECT_EQ(g->ranks[1].service->num_steps(), static_cast<int>(steps.size()));
+  EXPECT_EQ(g->failures, 0);
+  EXPECT_TRUE(client->failure().ok());
+}
+
+// Step 2 reaches every worker while step 1 still runs there, before step 1 is collected: the
+// engine plans and sends the next step while the workers compute.
+TEST(ShardedWorkerClientTest, TheNextStepIsSentBeforeTheResultOfTheOneBefore) {
+  const auto recorded = RecordSteps();
+  auto g = StartGroup(2);
+  for (Rank& r : g->ranks) r.service->set_paused(true);  // every step waits before running
+  // Submit returns while the workers hold step 1 (the worker timeout, 30 s, would fail it).
+  ASSERT_TRUE(SubmitRecorded(g->client.get(), recorded->steps[0]).ok());
+  ASSERT_TRUE(SubmitRecorded(g->client.get(), recorded->steps[1]).ok());
+  for (Rank& r : g->ranks) {
+    ASSERT_TRUE(Eventually([&] { return r.service->num_steps() == 1; }));
+    r.service->pause_after(0);  // step 1 runs; step 2, once read, waits
+  }
+  // A worker reads its stream in order: it has read step 2, so it answered step 1, and step 2
+  // was written without waiting for Collect.
+  for (Rank& r : g->ranks) {
+    ASSERT_TRUE(Eventually([&] { return r.service->num_steps() == 2; }));
+  }
+  for (Rank& r : g->ranks) r.service->set_paused(false);
+  for (int i = 0; i < 2; ++i) {
+    ModelOutput out;
+    ASSERT_TRUE(g->client->Collect(&out).ok());
+    EXPECT_EQ(out.step_id, recorded->outputs[i].step_id);
+    EXPECT_EQ(out.sampled_token_ids, recorded->outputs[i].sampled_token_ids);
+  }
+  EXPECT_EQ(g->failures, 0);
+}
+
+// Rank 1 never answers while two steps are in flight: the first Collect fails within the
+// timeout naming it, and the group stays failed.
+TEST(ShardedWorkerClientTest, ARankThatStallsWithTwoStepsInFlightFailsTheGroup) {
+  const auto recorded = RecordSteps();
+  auto g = StartGroup(2, absl::Seconds(1));
+  g->ranks[1].service->set_mode(Mode::kSilent);
+  ASSERT_TRUE(SubmitRecorded(g->client.get(), recorded->steps[0]).ok());
+  ASSERT_TRUE(SubmitRecorded(g->client.get(), recorded->steps[1]).ok());
+  ModelOutput out;
+  const absl::Status status = g->client->Collect(&out);  // a hang here is the failure
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(status.message(),
+              HasSubstr(absl::StrCat("worker rank 1 at ", g->ranks[1].address,
+                                     ": no answer to step ", recorded->outputs[0].step_id)));
+  EXPECT_EQ(g->client->Collect(&out), status);
+  EXPECT_EQ(SubmitRecorded(g->client.get(), recorded->steps[2]), status);
+  EXPECT_EQ(g->failures, 1);
+}
+
+// Rank 1's server dies with two steps in flight (both read, neither answered): the first
+// Collect fails at once naming it (the broken stream, not the timeout), and so does the second.
+TEST(ShardedWorkerClientTest, ARankKilledWithTwoStepsInFlightFailsTheGroup) {
+  const auto recorded = RecordSteps();
+  auto g = StartGroup(2);
+  g->ranks[1].service->set_mode(Mode::kSilent);
+  ASSERT_TRUE(SubmitRecorded(g->client.get(), recorded->steps[0]).ok());
+  ASSERT_TRUE(SubmitRecorded(g->client.get(), recorded->steps[1]).ok());
+  ASSERT_TRUE(Eventually([&] { return g->ranks[1].service->num_steps() == 2; }));
+  const std::string dead = g->ranks[1].address;
+  g->ranks[1].Kill();
+  const absl::Time start = absl::Now();
+  ModelOutput out;
+  const absl::Status status = g->client->Collect(&out);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));  // the worker timeout is 30 s
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(status.message(),
+              HasSubstr(absl::StrCat("worker rank 1 at ", dead, ": the step stream broke")));
+  EXPECT_EQ(g->client->Collect(&out), status);
+  EXPECT_EQ(g->failures, 1);
+}
+
+// The client goes away with steps in flight (a worker holding them): nothing hangs.
+TEST(ShardedWorkerClientTest, DestructionWithStepsInFlightEnds) {
+  const auto recorded = RecordSteps();
+  auto g = StartGroup(2);
+  g->ranks[1].service->set_mode(Mode::kSilent);
+  ASSERT_TRUE(SubmitRecorded(g->client.get(), recorded->steps[0]).ok());
+  ASSERT_TRUE(SubmitRecorded(g->client.get(), recorded->steps[1]).ok());
+  g->client.reset();  // a hang here is the failure
+  EXPECT_EQ(g->failures, 0);
 }
 
 }  // namespace
