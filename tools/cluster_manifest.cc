@@ -52,6 +52,7 @@ const std::vector<KeySpec>& EngineKeys() {
       {"max_n", Type::kInt, {}},
       {"rendezvous_host", Type::kString, {}},
       {"rendezvous_port", Type::kInt, {}},
+      {"async_scheduling", Type::kBool, {}},
       {"worker_timeout", Type::kDouble, {}},
       {"collective_timeout", Type::kDouble, {}},
       {"keepalive_time", Type::kDouble, {}},

@@ -37,6 +37,7 @@ struct Options {
   std::string scheduling_policy = "fcfs";
   double abort_fraction = 0.02;
   int64_t seed = 1;
+  bool async_scheduling = false;
 };
 
 Options ParseOptions(int argc, char** argv) {
@@ -58,6 +59,8 @@ Options ParseOptions(int argc, char** argv) {
   f.Add("scheduling-policy", &o.scheduling_policy, "fcfs or priority (fcfs)");
   f.Add("abort-fraction", &o.abort_fraction, "share of requests the client cancels (0.02)");
   f.Add("seed", &o.seed, "workload seed (1)");
+  f.Add("async-scheduling", &o.async_scheduling,
+        "plan each step with the one before in flight, as llm-scheduler does (off)");
   f.Parse(argc, argv);
   return o;
 }
@@ -101,6 +104,7 @@ int Run(int argc, char** argv) {
                          .eos_probability = 0.01,
                          .seed = static_cast<uint64_t>(o.seed)});
   EngineCore engine(sc, bc, &executor);
+  engine.set_async_scheduling(o.async_scheduling);
 
   std::mt19937_64 rng(o.seed);
   std::vector<std::vector<TokenId>> system_prompts;
@@ -202,6 +206,13 @@ int Run(int argc, char** argv) {
       "hit rate %.1f%%\n",
       static_cast<long long>(st.num_preemptions), static_cast<long long>(st.num_swap_outs),
       static_cast<long long>(cached_tokens), 100 * st.prefix_cache_hit_rate);
+  if (o.async_scheduling) {
+    std::printf(
+        "async scheduling: %lld steps planned with the one before in flight; %lld "
+        "samples dropped (their sequence had ended)\n",
+        static_cast<long long>(st.num_steps_planned_ahead),
+        static_cast<long long>(st.num_samples_discarded));
+  }
   const bool all_free = blocks.num_free_gpu_blocks == o.num_gpu_blocks &&
                         blocks.num_free_cpu_blocks == o.num_cpu_blocks;
   std::printf("afterwards: %d/%d GPU and %d/%d CPU blocks free; invariants held at every step\n",

@@ -26,6 +26,7 @@
 # Server settings: vLLM with VLLM_CPU_KVCACHE_SPACE=4 VLLM_CPU_OMP_THREADS_BIND=0-1
 # VLLM_USE_AOT_COMPILE=0; llama-server -np 32 -c 32768 -cb -t 2 with "cache_prompt": false;
 # ours through llm-cluster, TP=1, bf16 (auto: AVX512_BF16) or fp32, --threads worker threads,
+# asynchronous scheduling (the default; ours-fp32-sync and ours-bf16-sync: without it),
 # prefix caching off, chunked prefill on with 512 tokens per step (ours-bf16-whole: whole
 # prompts, 2048 tokens per step, the scheduler's defaults; with the workload's closed loop they
 # keep whole waves of requests in lockstep: at concurrency 8, 6-7 prompts arrive together, share
@@ -156,7 +157,7 @@ start_llamacpp() {  # SYSTEM GGUF
   fi
 }
 
-start_ours() {  # SYSTEM DTYPE CHUNKED_PREFILL(true|false) MAX_NUM_BATCHED_TOKENS
+start_ours() {  # SYSTEM DTYPE CHUNKED_PREFILL(true|false) MAX_NUM_BATCHED_TOKENS [ASYNC_SCHEDULING]
   local manifest=$S/$1.yaml portfile=$S/$1.port httpfile=$S/$1.http.port
   cat >"$manifest" <<YAML
 model: $OUR_MODEL
@@ -176,6 +177,7 @@ engine:
   enable_prefix_caching: false
   enable_chunked_prefill: $3
   max_num_batched_tokens: $4
+  async_scheduling: ${5:-true}
   http_port: 0
   http_port_file: $httpfile
 worker: {threads: $THREADS}
@@ -202,6 +204,8 @@ start() {  # SYSTEM
   case $1 in
     ours | ours-bf16) start_ours "$1" auto true 512 ;;
     ours-fp32) start_ours "$1" float32 true 512 ;;
+    ours-fp32-sync) start_ours "$1" float32 true 512 false ;;
+    ours-bf16-sync) start_ours "$1" auto true 512 false ;;
     ours-bf16-whole) start_ours "$1" auto false 2048 ;;
     vllm-fp32) start_vllm "$1" float32 ;;
     vllm-bf16) start_vllm "$1" bfloat16 ;;

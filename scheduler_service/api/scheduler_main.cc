@@ -122,6 +122,7 @@ struct Flags {
   std::string http_host = "0.0.0.0";
   std::string http_port_file;
   double recovery_timeout = 120;
+  bool async_scheduling = true;
 };
 
 // Room above --max-prompt-bytes for the rest of a request (stop strings, ids, the prompt's
@@ -240,6 +241,10 @@ Flags Parse(int argc, char** argv) {
         "seconds a request in flight waits for the worker group to be rebuilt after a rank "
         "died, stalled or was cut off, before it ends with UNAVAILABLE; 0: none waits (every "
         "stream ends at the failure) (120)");
+  p.Add("async-scheduling", &f.async_scheduling,
+        "plan and send step N+1 while the workers run step N, so that they do not wait for the "
+        "scheduler between steps; =false: each step's result is applied before the next is "
+        "planned (true)");
   p.Parse(argc, argv);
   return f;
 }
@@ -530,6 +535,7 @@ int Run(int argc, char** argv) {
     engine->engine =
         std::make_unique<EngineCore>(setup.scheduler, cache, engine->executor.get(), &detokenizers);
     engine->engine->set_recovery_timeout(absl::Seconds(flags.recovery_timeout));
+    engine->engine->set_async_scheduling(flags.async_scheduling);
     engine->engine->Start();
     service.SetReady(engine);
     SetServing(health, true);

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +20,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -102,16 +104,67 @@ TEST(ClusterTest, GreedyOutputIsTheSameAtTp1AndTp2AndInProcess) {
   absl::StatusOr<std::vector<std::vector<int32_t>>> reference =
       ReferenceGreedy(DefaultModel(), Prompts(), kMaxTokens);
   ASSERT_TRUE(reference.ok()) << reference.status();
-  for (int tp : {1, 2}) {
-    SCOPED_TRACE(absl::StrCat("tensor_parallel_size ", tp));
-    std::unique_ptr<LocalCluster> c = StartCluster({.tensor_parallel_size = tp});
+  // Asynchronous scheduling is the default; TP 2 runs without it too.
+  for (const auto& [tp, async] : {std::pair{1, true}, {2, true}, {2, false}}) {
+    SCOPED_TRACE(absl::StrCat("tensor_parallel_size ", tp, ", async scheduling ", async));
+    std::unique_ptr<LocalCluster> c = StartCluster(
+        {.tensor_parallel_size = tp, .engine = {{"async_scheduling", async ? "true" : "false"}}});
     ASSERT_NE(c, nullptr);
     absl::StatusOr<v1::GetModelInfoResponse> info = GetModelInfo(c->stub());
     ASSERT_TRUE(info.ok()) << info.status();
     EXPECT_EQ(info->tensor_parallel_size(), static_cast<uint32_t>(tp));
     EXPECT_EQ(GreedyOutputs(*c, Prompts(), kMaxTokens), *reference);
+    // The scheduler's own count: each decode step was planned while the one before ran.
+    absl::StatusOr<v1::GetStatsResponse> stats = GetStats(c->stub());
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    if (async) {
+      EXPECT_GE(stats->num_steps_planned_ahead(), Prompts().size() * (kMaxTokens - 2));
+    } else {
+      EXPECT_EQ(stats->num_steps_planned_ahead(), 0u);
+    }
+    EXPECT_EQ(stats->num_samples_discarded(), 0u) << "max_tokens is known: nothing to drop";
     ExpectCleanStop(*c);
   }
+}
+
+// Greedy streams that end at a stop token, so that the step after the one that samples it is
+// already on its way for them (asynchronous scheduling): each stream ends exactly at its stop,
+// as the undisturbed greedy output says, and the scheduler dropped what it sampled past it.
+TEST(ClusterTest, StreamsEndExactlyAtTheirStopWhileTheNextStepIsInFlight) {
+  constexpr int kMaxTokens = 24;
+  const std::vector<std::string> prompts = VariedPrompts(6);
+  absl::StatusOr<std::vector<std::vector<int32_t>>> reference =
+      ReferenceGreedy(DefaultModel(), prompts, kMaxTokens);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  std::unique_ptr<LocalCluster> c = StartCluster({.tensor_parallel_size = 2});
+  ASSERT_NE(c, nullptr);
+  std::vector<GenerateResult> results(prompts.size());
+  std::vector<std::vector<int32_t>> want(prompts.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    // Stop at the token at position 3 + i: the stream is the reference up to its first
+    // occurrence.
+    const std::vector<int32_t>& ref = (*reference)[i];
+    const int32_t stop = ref[3 + i];
+    want[i].assign(ref.begin(), std::find(ref.begin(), ref.end(), stop) + 1);
+    v1::GenerateRequest req = GreedyRequest(prompts[i], kMaxTokens);
+    req.mutable_sampling_params()->add_stop_token_ids(stop);
+    threads.emplace_back([&, i, req] { results[i] = Generate(c->stub(), req); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SCOPED_TRACE(prompts[i]);
+    ASSERT_TRUE(results[i].status.ok()) << results[i].status.error_message();
+    EXPECT_EQ(results[i].token_ids[0], want[i]);
+    EXPECT_EQ(results[i].finish_reason[0], v1::FINISH_REASON_STOP);
+  }
+  absl::StatusOr<v1::GetStatsResponse> stats = WaitUntilAllBlocksFree(c->stub(), absl::Seconds(30));
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_GE(stats->num_samples_discarded(), prompts.size());
+  absl::StatusOr<v1::GetModelInfoResponse> info = GetModelInfo(c->stub());
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(stats->num_free_gpu_blocks(), info->num_gpu_blocks());
+  ExpectCleanStop(*c);
 }
 
 TEST(ClusterTest, ThirtyTwoConcurrentStreamsFinishAndFreeEveryBlock) {
