@@ -92,10 +92,12 @@ void ExpectEmulatedCudaCluster(LocalCluster& c, int tp) {
 
 // What the workers served with, from rank 0's own counters (GetStats' worker, which the
 // scheduler keeps from the step results): every step sampled on the device, and with `graphs`
-// decode steps replayed captured CUDA graphs; without, none did.
+// decode steps replayed captured CUDA graphs; without, none did. The scheduler planned its
+// steps with the one before in flight (asynchronous scheduling, llm-scheduler's default).
 void ExpectServedOnTheDevice(LocalCluster& c, bool graphs) {
   absl::StatusOr<v1::GetStatsResponse> stats = GetStats(c.stub());
   ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_GT(stats->num_steps_planned_ahead(), stats->num_steps() / 2);
   ASSERT_TRUE(stats->has_worker());
   const v1::WorkerStats& w = stats->worker();
   std::printf("worker stats: %s\n", w.ShortDebugString().c_str());

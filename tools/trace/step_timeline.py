@@ -2,7 +2,7 @@
 """The step timeline of a served run, from the --v=1 logs of llm-scheduler and llm-worker.
 
     tools/trace/step_timeline.py --cluster-log llm-cluster.log [--trace out.json]
-        [--from-step N]
+        [--from-step N] [--to-step M]
     tools/trace/step_timeline.py --scheduler sched.log --worker worker0.log [--worker ...] ...
 
 The logs are llm-cluster's output (its children's lines, "[scheduler] ..." and "[worker R] ...",
@@ -11,7 +11,7 @@ run with GLOG_v=1 in its environment) or each process's own stderr.
 Reads each engine step line of the scheduler ("engine step N: schedule A ms, execute B ms,
 outputs C ms ...") and each model step line of the workers ("step N: ... D ms"); glog stamps a
 line when its step ends, so each span is [stamp - duration, stamp]. Prints, over the steps
-from --from-step on (the decode steps of a closed-loop run), the median model step of each
+from --from-step to --to-step (say, the steps of one load), the median model step of each
 worker and the median gap between one model step's end and the next one's start (the time the
 worker waits for the scheduler); with --trace, writes the spans as a Chrome trace (load it in
 chrome://tracing or https://ui.perfetto.dev) to see whether the scheduler's planning and
@@ -68,6 +68,7 @@ def main():
     ap.add_argument("--worker", action="append", default=[])
     ap.add_argument("--trace")
     ap.add_argument("--from-step", type=int, default=0)
+    ap.add_argument("--to-step", type=int, default=1 << 62, help="last step counted")
     ap.add_argument("--tensor-parallel-size", type=int, default=1,
                     help="workers in --cluster-log (1)")
     a = ap.parse_args()
@@ -100,7 +101,7 @@ def main():
             spans.append((step, end - ms * 1000, end))
             events.append({"name": f"step {step}", "ph": "X", "pid": 1 + rank, "tid": 0,
                            "ts": end - ms * 1000, "dur": ms * 1000})
-        spans = [s for s in spans if s[0] >= a.from_step]
+        spans = [s for s in spans if a.from_step <= s[0] <= a.to_step]
         steps = [(e - b) / 1000 for _, b, e in spans]
         gaps = [(spans[i + 1][1] - spans[i][2]) / 1000 for i in range(len(spans) - 1)
                 if spans[i + 1][0] == spans[i][0] + 1]
