@@ -76,7 +76,7 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<grpc::Byt
   void Start(std::shared_ptr<GenerateCall> self) { self_ = std::move(self); }
   const std::string& request_id() const { return request_id_; }
 
-  // Engine thread.
+  // The engine's output thread.
   void OnEngineUpdate(const StreamUpdate& u) {
     if (!u.status.ok() || u.output->finished) {
       absl::MutexLock lock(&mu_);
@@ -133,7 +133,7 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<grpc::Byt
     }
   }
 
-  // Engine thread: vLLM's per-request metrics (metrics.h) for one update.
+  // Output thread: vLLM's per-request metrics (metrics.h) for one update.
   void RecordMetrics(int num_new_tokens, const RequestOutput& out) {
     ServingMetrics* m = service_->options_.metrics.get();
     if (m == nullptr) return;
@@ -284,7 +284,7 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<grpc::Byt
     } else if (next.what == Next::kFinish) {
       if (next.abort) {
         // Before Unregister: the id is still this call's, so the abort reaches its request.
-        // Not on the engine thread (the engine ended those calls), so this may hold the
+        // Not on the engine's threads (the engine ended those calls), so this may hold the
         // last reference to the engine.
         if (const std::shared_ptr<ServingEngine> e = engine_.lock(); e != nullptr) {
           (void)e->engine->Abort(request_id_);  // NOT_FOUND when it finished meanwhile
@@ -304,11 +304,11 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<grpc::Byt
   const int num_prompt_tokens_;
   std::shared_ptr<GenerateCall> self_;
 
-  // Engine thread only.
+  // The engine's output thread only.
   std::vector<v1::SequenceOutput> accumulated_;  // per sequence index (stream=false)
   int num_completion_tokens_ = 0;
   int num_cached_prompt_tokens_ = 0;
-  // Metrics (engine thread).
+  // Metrics (output thread).
   const absl::Time arrival_ = absl::Now();
   absl::Time last_token_time_;
   bool first_token_seen_ = false;

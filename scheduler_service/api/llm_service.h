@@ -13,7 +13,7 @@
 // response at the end with everything). The text is the engine's (SequenceOutput::text, from the
 // detokenizer its StopChecker runs per sequence, which also finds the stop strings), so the engine
 // must be built with a DetokenizerFactory over the service's tokenizer; the service itself only
-// encodes prompts and decodes the logprobs' tokens. The engine's callbacks run on the engine thread
+// encodes prompts and decodes the logprobs' tokens. The engine's callbacks run on its output thread
 // and never block: responses are queued per call and written one at a time (each OnWriteDone starts
 // the next). A client that cancels, or whose deadline passes, has its request aborted in the
 // engine.
@@ -39,7 +39,7 @@
 //
 // Thread-safety: every method is thread-safe. The service must outlive the gRPC server it is
 // registered with (Shutdown the server first); a ServingEngine is destroyed by whoever holds
-// the last reference, outside the engine thread.
+// the last reference, outside the engine's threads (its engine and output threads).
 #ifndef LLM_SCHEDULER_SERVICE_API_LLM_SERVICE_H_
 #define LLM_SCHEDULER_SERVICE_API_LLM_SERVICE_H_
 

@@ -53,18 +53,20 @@ void EngineCore::DrainInbox() {
     absl::MutexLock lock(&mu_);
     events.swap(inbox_);
   }
+  Delivery ended;  // refused adds and aborts, in order
   for (Event& e : events) {
     EngineRequest& r = e.request;
     if (!e.is_abort) {
       const absl::Status s =
           scheduler_.AddRequest(r.request_id, std::move(r.prompt_token_ids), r.sampling_params,
                                 r.priority, /*arrival_time=*/0, std::move(r.cache_salt));
+      auto on_update = std::make_shared<StreamCallback>(std::move(e.on_update));
       if (!s.ok()) {
         Release(r.request_id, e.generation);
-        e.on_update({.status = s});
+        ended.updates.push_back({.on_update = std::move(on_update), .status = s});
         continue;
       }
-      streams_.emplace(r.request_id, Stream{std::move(e.on_update), e.generation});
+      streams_.emplace(r.request_id, Stream{std::move(on_update), e.generation});
       continue;
     }
     auto it = streams_.find(r.request_id);
@@ -72,19 +74,81 @@ void EngineCore::DrainInbox() {
     if (it == streams_.end() || it->second.generation != e.generation) continue;
     const absl::Status s = scheduler_.Abort(r.request_id);
     CHECK(s.ok()) << s;
-    StreamCallback cb = std::move(it->second.on_update);
+    ended.updates.push_back(
+        {.on_update = std::move(it->second.on_update),
+         .status = absl::CancelledError(absl::StrCat("request ", r.request_id, " aborted"))});
     streams_.erase(it);
-    cb({.status = absl::CancelledError(absl::StrCat("request ", r.request_id, " aborted"))});
   }
+  if (!ended.updates.empty()) Deliver(std::move(ended));
 }
 
 void EngineCore::FailAll(const absl::Status& status) {
   auto streams = std::move(streams_);
   streams_.clear();
+  Delivery ended;
   for (auto& [id, stream] : streams) {
     (void)scheduler_.Abort(id);
     Release(id, stream.generation);
-    stream.on_update({.status = status});
+    ended.updates.push_back({.on_update = std::move(stream.on_update), .status = status});
+  }
+  if (!ended.updates.empty()) Deliver(std::move(ended));
+}
+
+void EngineCore::CopyOutputs(const StepOutputs& from, Delivery* d) {
+  d->outputs = from;
+  // The ids and stop strings view the scheduler's requests, which may be gone by delivery.
+  for (RequestOutput& r : d->outputs.requests) r.request_id = d->strings.emplace_back(r.request_id);
+  for (SequenceOutput& s : d->outputs.seqs) {
+    if (!s.stop_string.empty()) s.stop_string = d->strings.emplace_back(s.stop_string);
+  }
+}
+
+void EngineCore::Run(Delivery& d) {
+  for (const Delivery::Update& u : d.updates) {
+    if (u.output < 0) {
+      (*u.on_update)({.status = u.status});
+    } else {
+      (*u.on_update)({.output = &d.outputs.requests[u.output], .outputs = &d.outputs});
+    }
+  }
+}
+
+void EngineCore::Deliver(Delivery d) {
+  absl::MutexLock lock(&out_mu_);
+  if (!out_running_) {
+    // No output thread: now, on this thread, after what is queued (nothing, unless Stop()
+    // is draining).
+    auto idle = [this]() ABSL_SHARED_LOCKS_REQUIRED(out_mu_) {
+      return out_queue_.empty() && !out_busy_;
+    };
+    out_mu_.Await(absl::Condition(&idle));
+    out_mu_.Unlock();
+    Run(d);
+    out_mu_.Lock();
+    return;
+  }
+  auto room = [this]() ABSL_SHARED_LOCKS_REQUIRED(out_mu_) {
+    return out_queue_.size() < kMaxQueuedOutputs || !out_running_;
+  };
+  out_mu_.Await(absl::Condition(&room));
+  out_queue_.push_back(std::move(d));
+}
+
+void EngineCore::OutputLoop() {
+  absl::MutexLock lock(&out_mu_);
+  while (true) {
+    auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(out_mu_) {
+      return !out_queue_.empty() || !out_running_;
+    };
+    out_mu_.Await(absl::Condition(&ready));
+    if (out_queue_.empty()) return;  // stopped, and everything delivered
+    Delivery d = std::move(out_queue_.front());
+    out_queue_.pop_front();
+    out_busy_ = true;
+    out_mu_.Unlock();
+    Run(d);
+    out_mu_.Lock();
+    out_busy_ = false;
   }
 }
 
@@ -262,22 +326,26 @@ absl::Status EngineCore::ApplyResult(std::chrono::steady_clock::time_point t0,
   PublishStats();
   stats_published_ = true;
   const auto t3 = std::chrono::steady_clock::now();
-  for (const RequestOutput& out : (*outputs)->requests) {
+  Delivery d;
+  CopyOutputs(**outputs, &d);
+  for (size_t i = 0; i < d.outputs.requests.size(); ++i) {
+    const RequestOutput& out = d.outputs.requests[i];
     const absl::string_view id(out.request_id.data(), out.request_id.size());
     auto it = streams_.find(id);
     if (it == streams_.end()) continue;
     if (!out.finished) {
-      it->second.on_update({.output = &out, .outputs = *outputs});
+      d.updates.push_back({.on_update = it->second.on_update, .output = static_cast<int>(i)});
       continue;
     }
     // The id is free again before the stream's end is delivered: a client that sees the end
     // may reuse it at once.
-    StreamCallback cb = std::move(it->second.on_update);
+    d.updates.push_back(
+        {.on_update = std::move(it->second.on_update), .output = static_cast<int>(i)});
     const uint64_t generation = it->second.generation;
     streams_.erase(it);
     Release(id, generation);
-    cb({.output = &out, .outputs = *outputs});
   }
+  Deliver(std::move(d));
   if (VLOG_IS_ON(1)) {
     const auto t4 = std::chrono::steady_clock::now();
     using Ms = std::chrono::duration<double, std::milli>;
@@ -286,7 +354,8 @@ absl::Status EngineCore::ApplyResult(std::chrono::steady_clock::time_point t0,
     VLOG(1) << "engine step " << model_output_.step_id << ": schedule " << Ms(t1 - t0).count()
             << " ms, execute " << Ms(t2 - t1).count() << " ms, outputs " << Ms(t4 - t2).count()
             << " ms (update " << Ms(t3 - t2).count() << " ms: tokens, stop checks, text; streams "
-            << Ms(t4 - t3).count() << " ms)" << (async_scheduling_ ? " [async]" : "");
+            << Ms(t4 - t3).count() << " ms: copied and queued, or delivered without Start())"
+            << (async_scheduling_ ? " [async]" : "");
   }
   return absl::OkStatus();
 }
@@ -329,6 +398,11 @@ bool EngineCore::HasWorkOrStop() const {
 void EngineCore::Start() {
   CHECK(!thread_.joinable()) << "engine already started";
   {
+    absl::MutexLock lock(&out_mu_);
+    out_running_ = true;
+  }
+  out_thread_ = std::thread([this] { OutputLoop(); });
+  {
     absl::MutexLock lock(&mu_);
     stop_ = false;
     running_thread_ = true;
@@ -343,6 +417,11 @@ void EngineCore::Stop() {
     stop_ = true;
   }
   thread_.join();
+  {
+    absl::MutexLock lock(&out_mu_);
+    out_running_ = false;  // the output thread delivers what is queued, then ends
+  }
+  out_thread_.join();
 }
 
 }  // namespace llm

@@ -14,9 +14,16 @@
 // Clients see the same tokens either way (scheduler.h says what planning ahead assumes and
 // how a sequence that ends in step N drops what step N + 1 sampled for it).
 //
-// AddRequest and Abort are thread-safe and never block on a step. Step(), RunUntilIdle() and
-// the stream callbacks run on the engine thread: either the caller's (tests, simulator) or
-// the one Start() launches. Callbacks must not block; they may call AddRequest / Abort.
+// The stream callbacks (turning outputs into a client's responses: most of a step's output
+// work) run off the engine thread once Start() has run: the engine thread applies a step's
+// result (tokens, stop rules, text), copies what the streams need and queues it; an output
+// thread calls the callbacks, each stream's in order. The engine thread runs ahead of it by at
+// most kMaxQueuedOutputs steps. Without Start() (tests, the simulator, llm-generate: the
+// caller steps), the callbacks run at once, on the caller's thread, from the same copies.
+//
+// AddRequest and Abort are thread-safe and never block on a step. Step() and RunUntilIdle()
+// run on the engine thread: either the caller's or the one Start() launches. Callbacks must
+// not block for long (they hold every stream's output back); they may call AddRequest / Abort.
 #ifndef LLM_SCHEDULER_SERVICE_ENGINE_ENGINE_CORE_H_
 #define LLM_SCHEDULER_SERVICE_ENGINE_ENGINE_CORE_H_
 
@@ -65,7 +72,8 @@ struct EngineStats {
 
 // One update of a request's stream. `output` (with `outputs` for its tokens) is set on
 // success; the last update has output->finished or a non-OK status (the request failed or was
-// aborted: then output is null). Valid during the callback only.
+// aborted: then output is null). Valid during the callback only, which runs on the output
+// thread (or the caller's thread: see above), never two of one stream at once.
 struct StreamUpdate {
   absl::Status status;
   const RequestOutput* output = nullptr;
@@ -121,8 +129,14 @@ class EngineCore {
   absl::Status RunUntilIdle();
 
   // Runs Step() on a thread of its own until Stop(); it sleeps while nothing is in flight.
+  // Starts the output thread too.
   void Start();
+  // Stops the engine thread, then delivers every update still queued and stops the output
+  // thread.
   void Stop();
+
+  // Steps of outputs the engine thread may queue before it waits for the output thread.
+  static constexpr size_t kMaxQueuedOutputs = 4;
 
   // Engine thread only (or when stopped).
   const Scheduler& scheduler() const { return scheduler_; }
@@ -139,9 +153,28 @@ class EngineCore {
     StreamCallback on_update;
   };
   struct Stream {
-    StreamCallback on_update;
+    std::shared_ptr<StreamCallback> on_update;
     uint64_t generation = 0;
   };
+  // What the output thread delivers for one step (or one event): its outputs, owned (the views
+  // into the scheduler's requests point into `strings`), and the callbacks to call in order.
+  struct Delivery {
+    struct Update {
+      std::shared_ptr<StreamCallback> on_update;
+      absl::Status status;
+      int output = -1;  // into outputs.requests; -1: the status alone
+    };
+    StepOutputs outputs;
+    std::deque<std::string> strings;
+    std::vector<Update> updates;
+  };
+  // Copies the step's outputs into `d`, owning what they view.
+  static void CopyOutputs(const StepOutputs& from, Delivery* d);
+  // Queues the delivery for the output thread (waiting while kMaxQueuedOutputs are queued), or
+  // delivers it now when there is none.
+  void Deliver(Delivery d);
+  static void Run(Delivery& d);
+  void OutputLoop();
   void DrainInbox();
   void FailAll(const absl::Status& status);
   // Frees `id` for reuse unless a newer request (another generation) took it meanwhile.
@@ -193,6 +226,12 @@ class EngineCore {
   BlockSpaceManagerConfig pending_cache_ ABSL_GUARDED_BY(mu_);
   absl::Status paused_on_ ABSL_GUARDED_BY(mu_);  // OK: not paused
   std::thread thread_;
+
+  absl::Mutex out_mu_;
+  std::deque<Delivery> out_queue_ ABSL_GUARDED_BY(out_mu_);
+  bool out_running_ ABSL_GUARDED_BY(out_mu_) = false;  // the output thread takes deliveries
+  bool out_busy_ ABSL_GUARDED_BY(out_mu_) = false;     // it is running one
+  std::thread out_thread_;
 
   mutable absl::Mutex stats_mu_;
   EngineStats stats_ ABSL_GUARDED_BY(stats_mu_);

@@ -1,5 +1,6 @@
 #include "scheduler_service/engine/engine_core.h"
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <numeric>
@@ -370,7 +371,8 @@ TEST_P(EngineCoreTest, RequestsSurviveAFailedGroupAndResumeOnTheNewOneWithTheSam
   EXPECT_EQ(engine.stats_snapshot().scheduler.num_worker_resets, 2);  // at the failure, at the swap
 }
 
-TEST_P(EngineCoreTest, WithoutNewWorkersWithinTheRecoveryTimeoutStreamsEndUnavailableNamingTheCause) {
+TEST_P(EngineCoreTest,
+       WithoutNewWorkersWithinTheRecoveryTimeoutStreamsEndUnavailableNamingTheCause) {
   FakeExecutor old_workers(SchedulerHarness::ExecConfig(Cache()));
   DyingExecutor dying(&old_workers, /*ok_steps=*/2);
   EngineCore engine(Config(), Cache(), &dying);
@@ -464,6 +466,56 @@ TEST_P(EngineCoreTest, AnAbortedIdIsFreeAtOnceAndOnlyTheOldRequestIsAborted) {
   EXPECT_TRUE(new_end.empty());
   EXPECT_EQ(new_tokens, ExpectedStream(exec, ec, Prompt(9, 70), Params(6), 0, -1, 512));
   EXPECT_EQ(engine.scheduler().block_manager().stats().num_free_gpu_blocks, 200);
+}
+
+// Counts the steps it ran; readable from any thread.
+class AtomicStepCounter : public Executor {
+ public:
+  explicit AtomicStepCounter(Executor* inner) : inner_(inner) {}
+  absl::Status Execute(const SchedulerOutput& step, ModelOutput* out) override {
+    ++steps_;
+    return inner_->Execute(step, out);
+  }
+  int steps() const { return steps_.load(); }
+
+ private:
+  Executor* const inner_;
+  std::atomic<int> steps_{0};
+};
+
+TEST_P(EngineCoreTest, ASlowStreamCallbackDoesNotHoldTheEngineThread) {
+  FakeExecutor fake(SchedulerHarness::ExecConfig(Cache()));
+  AtomicStepCounter exec(&fake);
+  EngineCore engine(Config(), Cache(), &exec);
+  engine.set_async_scheduling(GetParam());
+  engine.Start();
+  Collector c;
+  absl::BlockingCounter done(1);
+  absl::Notification release;
+  std::atomic<int> updates{0};
+  const StreamCallback collect = c.For("slow", &done);
+  // The first update blocks until the test has seen the engine run steps past it: it could
+  // not, were the callbacks on the engine thread.
+  ASSERT_TRUE(engine
+                  .AddRequest({"slow", Prompt(4, 1), Params(24)},
+                              [&](const StreamUpdate& u) {
+                                if (updates++ == 0) {
+                                  release.WaitForNotificationWithTimeout(absl::Seconds(60));
+                                }
+                                collect(u);
+                              })
+                  .ok());
+  const int ahead = 1 + static_cast<int>(EngineCore::kMaxQueuedOutputs);
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (exec.steps() < ahead && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_GE(exec.steps(), ahead) << "the engine thread waited for a stream callback";
+  EXPECT_EQ(updates.load(), 1);
+  release.Notify();
+  done.Wait();
+  engine.Stop();
+  absl::MutexLock lock(&c.mu);
+  EXPECT_TRUE(c.ended["slow"].ok());
+  EXPECT_EQ(c.tokens["slow"].size(), 24u);  // every update delivered, in order, after the wait
 }
 
 INSTANTIATE_TEST_SUITE_P(Scheduling, EngineCoreTest, ::testing::Bool(),
