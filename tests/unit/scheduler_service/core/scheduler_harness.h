@@ -55,12 +55,17 @@ class SchedulerHarness {
     ModelOutput mo;
     const absl::Status s = executor.Execute(out, &mo);
     EXPECT_TRUE(s.ok()) << s;
+    Apply(mo);
+    return out;
+  }
+
+  // Applies the oldest step's result, records the streams, checks the invariants.
+  void Apply(const ModelOutput& mo) {
     absl::StatusOr<const StepOutputs*> outputs = scheduler.UpdateFromOutput(mo);
     EXPECT_TRUE(outputs.ok()) << outputs.status();
     if (outputs.ok()) Record(**outputs);
     const absl::Status inv = scheduler.CheckInvariants();
     EXPECT_TRUE(inv.ok()) << inv;
-    return out;
   }
 
   const SchedulerOutput& AsyncStep() {
@@ -80,11 +85,7 @@ class SchedulerHarness {
       ModelOutput mo;
       const absl::Status s = executor.Collect(&mo);
       EXPECT_TRUE(s.ok()) << s;
-      absl::StatusOr<const StepOutputs*> outputs = scheduler.UpdateFromOutput(mo);
-      EXPECT_TRUE(outputs.ok()) << outputs.status();
-      if (outputs.ok()) Record(**outputs);
-      const absl::Status inv = scheduler.CheckInvariants();
-      EXPECT_TRUE(inv.ok()) << inv;
+      Apply(mo);
     }
     return *planned;
   }
