@@ -42,6 +42,11 @@ struct SamplingParams {
   double repetition_penalty = 1.0;  // finite, > 0
 
   bool greedy() const { return temperature == 0.0; }
+  // Whether any of the three penalties is on: only then does sampling read the output's
+  // token counts (and, for the repetition penalty, the prompt's tokens).
+  bool has_penalties() const {
+    return repetition_penalty != 1.0 || frequency_penalty != 0.0 || presence_penalty != 0.0;
+  }
 
   // OK, or INVALID_ARGUMENT naming the first bad field, its value and the allowed range,
   // e.g. "top_p is 1.5; it must be in (0, 1]".

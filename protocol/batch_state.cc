@@ -1,6 +1,7 @@
 #include "protocol/batch_state.h"
 
 #include <algorithm>
+#include <random>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -16,7 +17,22 @@ bool Contains(const std::vector<int32_t>& sorted, int32_t slot) {
 
 bool InRange(IndexRange range, size_t size) { return size_t{range.begin} + range.size <= size; }
 
+uint64_t SeedFor(const SamplingParams& params) {
+  if (params.seed.has_value()) return *params.seed;
+  std::random_device rd;
+  return (uint64_t{rd()} << 32) ^ rd();
+}
+
 }  // namespace
+
+std::vector<TokenId> RepetitionPenaltyTokens(const SamplingParams& params,
+                                             std::span<const TokenId> prompt) {
+  if (params.repetition_penalty == 1.0) return {};
+  std::vector<TokenId> tokens(prompt.begin(), prompt.end());
+  std::sort(tokens.begin(), tokens.end());
+  tokens.erase(std::unique(tokens.begin(), tokens.end()), tokens.end());
+  return tokens;
+}
 
 absl::Status CheckBlockPairs(std::span<const BlockPair> pairs, int src_blocks, int dst_blocks,
                              const char* what) {
@@ -37,9 +53,37 @@ const BatchState::Request* BatchState::FindRequest(int32_t slot) const {
   return it == requests_.end() ? nullptr : &it->second;
 }
 
+SamplingState* BatchState::MutableSamplingState(int32_t slot, int seq_index) {
+  const auto it = requests_.find(slot);
+  CHECK(it != requests_.end()) << "slot " << slot << " is not held";
+  return &it->second.seqs[seq_index].sampling;
+}
+
+void BatchState::ResetSequence(Sequence* seq) {
+  if (seq->sampling.device_slot.slot >= 0) {
+    released_device_slots_.push_back(seq->sampling.device_slot);
+  }
+  *seq = Sequence{};
+}
+
+void BatchState::Clear() {
+  released_device_slots_.clear();
+  for (auto& [slot, req] : requests_) {
+    for (Sequence& seq : req.seqs) ResetSequence(&seq);
+  }
+  requests_.clear();
+  inputs_ = BatchInputs{};
+}
+
 absl::Status BatchState::Apply(const SchedulerOutput& step) {
   RETURN_IF_ERROR(Validate(step));
-  for (int32_t slot : step.finished_slots) requests_.erase(slot);
+  released_device_slots_.clear();
+  for (int32_t slot : step.finished_slots) {
+    const auto it = requests_.find(slot);
+    if (it == requests_.end()) continue;
+    for (Sequence& seq : it->second.seqs) ResetSequence(&seq);
+    requests_.erase(it);
+  }
   for (const ScheduledRequest& r : step.new_requests) ApplyRequest(step, r, /*is_new=*/true);
   for (const ScheduledRequest& r : step.cached_requests) ApplyRequest(step, r, /*is_new=*/false);
 
@@ -199,23 +243,34 @@ void BatchState::ApplyRequest(const SchedulerOutput& step, const ScheduledReques
     req.request_id.assign(r.request_id);
     req.prompt.assign(r.prompt_token_ids.begin(), r.prompt_token_ids.end());
     req.params = *r.sampling_params;
+    req.seed = SeedFor(req.params);
+    req.prompt_token_set = RepetitionPenaltyTokens(req.params, req.prompt);
+    // Every sequence's state from the start: the n - 1 a fork makes sample their first token
+    // (from the parent's row) before they exist as sequences.
     req.seqs.assign(req.params.n, Sequence{});
   }
   req.num_computed_tokens = r.num_computed_tokens + r.num_scheduled_tokens;
+  const bool count = req.params.has_penalties();
   // A sequence not listed has finished. Listed ones are in increasing index order.
   const std::span<const ScheduledSequence> listed = step.Seqs(r);
   auto next = listed.begin();
   for (int i = 0; i < static_cast<int>(req.seqs.size()); ++i) {
     Sequence& seq = req.seqs[i];
     if (next == listed.end() || next->index != i) {
-      seq.live = false;
-      seq.token_ids.clear();
-      seq.block_table.clear();
+      // Also a sequence yet to fork, should a failed step have left it a device slot.
+      if (seq.live || seq.sampling.device_slot.slot >= 0) ResetSequence(&seq);
       continue;
     }
     const ScheduledSequence& s = *next++;
-    if (s.new_to_workers) seq.token_ids = req.prompt;
     const std::span<const TokenId> tokens = step.NewTokenIds(s);
+    if (s.new_to_workers) {
+      // Its tokens are the prompt and its output so far (a request resumed on workers that
+      // never held it): the state continues from that output, as on the workers that sampled
+      // it.
+      ResetSequence(&seq);
+      seq.token_ids = req.prompt;
+      for (TokenId t : tokens) seq.sampling.AddOutputToken(t, count);
+    }
     seq.token_ids.insert(seq.token_ids.end(), tokens.begin(), tokens.end());
     if (s.replace_block_table) seq.block_table.clear();
     const std::span<const BlockId> blocks = step.BlockIds(s);
@@ -267,13 +322,16 @@ void BatchState::AppendSampled(std::span<const TokenId> sampled) {
     if (sample.seq_index != ref.index) {
       // A fork's first token: sequence j starts as the prompt (the parent has no output yet)
       // and shares the parent's blocks, as the scheduler's fork does; copy-on-write replaces
-      // its table later.
+      // its table later. Its sampling state is the parent's before this sample (no output),
+      // its own since the request came: the token was drawn from it.
       const Sequence& parent = req.seqs[ref.index];
+      DCHECK_EQ(seq.sampling.num_samples, 0u);
       seq.token_ids = req.prompt;
       seq.block_table = parent.block_table;
       seq.live = true;
     }
     seq.token_ids.push_back(sampled[i]);
+    seq.sampling.AddOutputToken(sampled[i], req.params.has_penalties());
   }
 }
 

@@ -2,13 +2,20 @@
 // (protocol/scheduler_output.h gives the protocol), and the batch each step runs.
 //
 // Per request (by slot) it holds the prompt, the sampling params, num_computed_tokens and, per
-// live sequence, the token ids and the block table. Apply(step):
+// live sequence, the token ids, the block table and the sampling state (SamplingState: the
+// one copy every sampler reads). Apply(step):
 //
 //   1. checks the whole step against that state, changing nothing when a check fails;
 //   2. forgets the finished requests, creates the new ones, applies each listed request's diff
 //      (sequences, tokens, block tables) and advances its num_computed_tokens;
 //   3. lays out the batch: every listed sequence with tokens scheduled, requests in output
 //      order (new_requests, then cached_requests), sequences in list order.
+//
+// The sampling state follows the same diff: every sequence's state is made with its request
+// (so the sequences a fork makes at the first sample draw that sample from their own), counts
+// the tokens a sequence new to the workers brings and every token appended to it
+// (AppendSampled), and goes with the sequence. The arithmetic that reads it is
+// worker_service/sampler.h's.
 //
 // Swaps and copies move KV, not state: the caller applies them after Apply returns OK and
 // before the forward pass.
@@ -84,6 +91,35 @@ struct BatchInputs {
   int num_seqs() const { return static_cast<int>(seq_lens.size()); }
 };
 
+// A DeviceSampler's hold on one of its penalty slots (worker_service/device_sampler.h). The
+// sampler may give the slot to another sequence (when all are held); the hold is good while
+// the sampler's lease on the slot is still `lease`, so a stale one is never mistaken for it.
+struct DeviceSlot {
+  int slot = -1;  // none when negative
+  uint64_t lease = 0;
+};
+
+// The sampling state of one sequence, beside the request's params, seed and prompt-token set.
+struct SamplingState {
+  // Tokens sampled for the sequence so far, its output length: the Philox counter of its next
+  // draw, whichever workers drew the earlier ones.
+  uint64_t num_samples = 0;
+  // Output token -> occurrences, kept only when a penalty is on (the only reader).
+  absl::flat_hash_map<TokenId, int> output_counts;
+  DeviceSlot device_slot;
+
+  // Records one output token; `count`: a penalty of the request is on.
+  void AddOutputToken(TokenId token, bool count) {
+    ++num_samples;
+    if (count) ++output_counts[token];
+  }
+};
+
+// The distinct tokens of `prompt`, ascending, when the repetition penalty is on; otherwise
+// none (nothing else reads them).
+std::vector<TokenId> RepetitionPenaltyTokens(const SamplingParams& params,
+                                             std::span<const TokenId> prompt);
+
 // OK, or INVALID_ARGUMENT naming `what` when a pair's source is outside [0, src_blocks) or its
 // destination outside [0, dst_blocks): the check of every swap and copy list.
 absl::Status CheckBlockPairs(std::span<const BlockPair> pairs, int src_blocks, int dst_blocks,
@@ -95,11 +131,16 @@ class BatchState {
     bool live = false;               // listed in the last step that listed its request
     std::vector<TokenId> token_ids;  // prompt + output
     std::vector<BlockId> block_table;
+    SamplingState sampling;
   };
   struct Request {
     std::string request_id;
     std::vector<TokenId> prompt;
     SamplingParams params;
+    // params.seed, or for a request without one a seed drawn here at random (the API gives
+    // every request a seed, so that every rank draws the same tokens).
+    uint64_t seed = 0;
+    std::vector<TokenId> prompt_token_set;  // RepetitionPenaltyTokens(params, prompt)
     int num_computed_tokens = 0;
     std::vector<Sequence> seqs;  // by index, params.n of them
   };
@@ -113,16 +154,27 @@ class BatchState {
   absl::Status Apply(const SchedulerOutput& step);
 
   // Appends the step's sampled tokens (one per inputs().samples entry, in that order) to their
-  // sequences: a worker keeps its own tokens, the scheduler does not send them back. At the
-  // first sample of a request with n > 1, sequence j (j > 0) is made here from the prompt, its
-  // token and the parent's block table, as the scheduler forks it. Call after the Apply that
-  // laid out those samples, before the next Apply.
+  // sequences and records them in the sequences' sampling state: a worker keeps its own
+  // tokens, the scheduler does not send them back. At the first sample of a request with
+  // n > 1, sequence j (j > 0) is made here from the prompt, its token and the parent's block
+  // table, as the scheduler forks it. Call after the Apply that laid out those samples, before
+  // the next Apply.
   void AppendSampled(std::span<const TokenId> sampled);
+
+  // Forgets every request, as if all had finished; their device slots are listed in
+  // released_device_slots().
+  void Clear();
 
   // The batch of the last step applied (valid until the next Apply).
   const BatchInputs& inputs() const { return inputs_; }
   // The request in `slot`, or null.
   const Request* FindRequest(int32_t slot) const;
+  // The sampling state of sequence `seq_index` of the request in `slot`, which must be held:
+  // the samplers record their own state there (a DeviceSampler, its penalty slot).
+  SamplingState* MutableSamplingState(int32_t slot, int seq_index);
+  // The device slots held by the sequences that the last Apply (or Clear) dropped: their
+  // holder releases them (DeviceSampler::Release) before the next Apply.
+  std::span<const DeviceSlot> released_device_slots() const { return released_device_slots_; }
   int num_requests() const { return static_cast<int>(requests_.size()); }
   const BatchStateConfig& config() const { return config_; }
 
@@ -134,6 +186,8 @@ class BatchState {
   void ApplyRequest(const SchedulerOutput& step, const ScheduledRequest& r, bool is_new);
   void AddToBatch(const SchedulerOutput& step, const ScheduledRequest& r);
   void FillBlockTables();
+  // Resets a sequence that ended (or that starts anew), listing its device slot as released.
+  void ResetSequence(Sequence* seq);
 
   const BatchStateConfig config_;
   absl::flat_hash_map<int32_t, Request> requests_;  // by slot
@@ -143,6 +197,7 @@ class BatchState {
   std::vector<int32_t> scheduled_slots_;
   // Reused by AddToBatch: the block table of each batch sequence.
   std::vector<const std::vector<BlockId>*> tables_;
+  std::vector<DeviceSlot> released_device_slots_;
 };
 
 }  // namespace llm

@@ -349,5 +349,132 @@ TEST(BatchState, TheBatchArraysKeepTheirStorageFromStepToStep) {
   EXPECT_EQ(in.query_start_loc.data(), qsl);
 }
 
+SamplingParams Penalized(int n, double repetition, double frequency) {
+  SamplingParams p = WithN(n);
+  p.seed = 9;
+  p.repetition_penalty = repetition;
+  p.frequency_penalty = frequency;
+  return p;
+}
+
+// The sampling state of each sequence: made with the request, advanced by every token appended
+// (a fork's children from their own first token), output counts kept only under a penalty, and
+// the prompt's distinct tokens only under the repetition penalty.
+TEST(BatchState, KeepsEachSequencesSamplingState) {
+  const SamplingParams plain = kThree;
+  const SamplingParams frequency = Penalized(3, 1.0, 0.5);
+  const SamplingParams repetition = Penalized(1, 1.2, 0.0);
+  BatchState batch(kConfig);
+  StepBuilder b(1);
+  b.Seq(0, true, true, {}, {1}).New(0, "plain", {7, 8, 9}, plain, 0, 3, 3);
+  b.Seq(0, true, true, {}, {2}).New(1, "freq", {7, 8, 9}, frequency, 0, 3, 3);
+  b.Seq(0, true, true, {}, {3}).New(2, "rep", {9, 4, 9, 1}, repetition, 0, 4, 1);
+  ASSERT_TRUE(batch.Apply(b.step()).ok());
+  batch.AppendSampled(std::vector<TokenId>{50, 51, 50, 60, 60, 61, 70});
+
+  const BatchState::Request& p = *batch.FindRequest(0);
+  const BatchState::Request& f = *batch.FindRequest(1);
+  const BatchState::Request& r = *batch.FindRequest(2);
+  EXPECT_TRUE(p.prompt_token_set.empty());
+  EXPECT_TRUE(f.prompt_token_set.empty());
+  EXPECT_THAT(r.prompt_token_set, ElementsAre(1, 4, 9));
+  for (int j = 0; j < 3; ++j) {
+    EXPECT_EQ(p.seqs[j].sampling.num_samples, 1u) << j;
+    EXPECT_TRUE(p.seqs[j].sampling.output_counts.empty()) << j;
+    EXPECT_EQ(f.seqs[j].sampling.num_samples, 1u) << j;
+    EXPECT_EQ(f.seqs[j].sampling.output_counts.size(), 1u) << j;
+  }
+  EXPECT_EQ(f.seqs[1].sampling.output_counts.at(60), 1);
+  EXPECT_EQ(r.seqs[0].sampling.output_counts.at(70), 1);
+
+  StepBuilder d(2);
+  d.Seq(0, false, false, {}, {}).Seq(1, false, false, {}, {}).Seq(2, false, false, {}, {});
+  d.Cached(1, "freq", 3, 1, 3);
+  ASSERT_TRUE(batch.Apply(d.step()).ok());
+  batch.AppendSampled(std::vector<TokenId>{60, 60, 62});
+  EXPECT_EQ(f.seqs[0].sampling.num_samples, 2u);
+  EXPECT_EQ(f.seqs[1].sampling.output_counts.at(60), 2);
+  EXPECT_EQ(f.seqs[2].sampling.output_counts.size(), 2u);
+  EXPECT_EQ(p.seqs[0].sampling.num_samples, 1u);  // not in the step
+}
+
+// A sequence that comes to the workers with its output (its request resumed on workers that
+// never held it) continues from that output: its counter and counts are those of the workers
+// that sampled it.
+TEST(BatchState, ASequenceResumedWithItsOutputContinuesItsState) {
+  const SamplingParams frequency = Penalized(2, 1.0, 0.5);
+  BatchState batch(kConfig);
+  StepBuilder b(1);
+  b.Seq(0, true, true, {50, 51, 50}, {1, 2}).Seq(1, true, true, {52, 53, 53}, {3, 4});
+  b.New(0, "r", {7, 8}, frequency, 0, 5, 2);
+  ASSERT_TRUE(batch.Apply(b.step()).ok());
+  const BatchState::Request& r = *batch.FindRequest(0);
+  EXPECT_EQ(r.seqs[0].sampling.num_samples, 3u);
+  EXPECT_EQ(r.seqs[0].sampling.output_counts.at(50), 2);
+  EXPECT_EQ(r.seqs[1].sampling.output_counts.at(53), 2);
+  batch.AppendSampled(std::vector<TokenId>{50, 54});
+  EXPECT_EQ(r.seqs[0].sampling.num_samples, 4u);
+  EXPECT_EQ(r.seqs[0].sampling.output_counts.at(50), 3);
+  EXPECT_EQ(r.seqs[1].sampling.output_counts.at(54), 1);
+
+  BatchState plain(kConfig);
+  StepBuilder c(1);
+  c.Seq(0, true, true, {50, 51, 50}, {1, 2}).New(0, "r", {7, 8}, kOne, 0, 5, 1);
+  ASSERT_TRUE(plain.Apply(c.step()).ok());
+  EXPECT_EQ(plain.FindRequest(0)->seqs[0].sampling.num_samples, 3u);
+  EXPECT_TRUE(plain.FindRequest(0)->seqs[0].sampling.output_counts.empty());
+}
+
+// A request's seed is its params' or, without one, drawn at random: two unseeded requests draw
+// from different streams.
+TEST(BatchState, UnseededRequestsGetSeedsOfTheirOwn) {
+  SamplingParams seeded = kOne;
+  seeded.seed = 1234;
+  const SamplingParams unseeded = kOne;
+  BatchState batch(kConfig);
+  StepBuilder b(1);
+  b.Seq(0, true, true, {}, {1}).New(0, "a", {7}, unseeded, 0, 1, 1);
+  b.Seq(0, true, true, {}, {2}).New(1, "b", {7}, unseeded, 0, 1, 1);
+  b.Seq(0, true, true, {}, {3}).New(2, "c", {7}, seeded, 0, 1, 1);
+  ASSERT_TRUE(batch.Apply(b.step()).ok());
+  EXPECT_NE(batch.FindRequest(0)->seed, batch.FindRequest(1)->seed);
+  EXPECT_EQ(batch.FindRequest(2)->seed, 1234u);
+}
+
+// The device slots of the sequences a step drops (a finished request, a finished sequence) are
+// listed for their holder to release, once; a refused step and sequences without one list none.
+TEST(BatchState, ListsTheDeviceSlotsOfTheSequencesItDrops) {
+  BatchState batch(kConfig);
+  ASSERT_TRUE(ApplyStep1(&batch).ok());
+  batch.MutableSamplingState(0, 0)->device_slot = {.slot = 4, .lease = 40};
+  for (int j = 0; j < 3; ++j) {
+    batch.MutableSamplingState(1, j)->device_slot = {.slot = j, .lease = uint64_t(10 + j)};
+  }
+  StepBuilder bad(2);
+  bad.Finished(0, "a").Seq(0, false, false, {}, {}).Cached(1, "b", 2, 1, 1);
+  ASSERT_FALSE(batch.Apply(bad.step()).ok());
+  EXPECT_TRUE(batch.released_device_slots().empty());
+
+  StepBuilder b(2);  // "a" finishes; "b"'s sequence 1 stopped
+  b.Finished(0, "a").Seq(0, false, false, {}, {}).Seq(2, false, true, {}, {9});
+  b.Cached(1, "b", 3, 1, 2);
+  ASSERT_TRUE(batch.Apply(b.step()).ok());
+  std::vector<int> slots;
+  for (const DeviceSlot& d : batch.released_device_slots()) slots.push_back(d.slot);
+  EXPECT_THAT(slots, ::testing::UnorderedElementsAre(4, 1));
+  EXPECT_EQ(batch.FindRequest(1)->seqs[1].sampling.device_slot.slot, -1);
+
+  batch.AppendSampled(std::vector<TokenId>{60, 62});
+  StepBuilder c(3);
+  c.Seq(0, false, false, {}, {10}).Seq(2, false, false, {}, {11}).Cached(1, "b", 4, 1, 2);
+  ASSERT_TRUE(batch.Apply(c.step()).ok());
+  EXPECT_TRUE(batch.released_device_slots().empty());
+  batch.Clear();
+  slots.clear();
+  for (const DeviceSlot& d : batch.released_device_slots()) slots.push_back(d.slot);
+  EXPECT_THAT(slots, ::testing::UnorderedElementsAre(0, 2));
+  EXPECT_EQ(batch.num_requests(), 0);
+}
+
 }  // namespace
 }  // namespace llm
