@@ -4,7 +4,6 @@
 #include <cstring>
 #include <utility>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/runtime_api.h"
 #include "kernels/sampling.h"
@@ -22,23 +21,26 @@ absl::StatusOr<std::unique_ptr<DeviceSampler>> DeviceSampler::Create(const Optio
 }
 
 DeviceSampler::DeviceSampler(const Options& options, ops::sampling::Workspace* ws)
-    : options_(options), ws_(ws), owners_(std::max(0, options.max_penalty_slots), nullptr) {
+    : options_(options), ws_(ws), leases_(std::max(0, options.max_penalty_slots), 0) {
   for (int s = options.max_penalty_slots - 1; s >= 0; --s) free_slots_.push_back(s);
 }
 
 DeviceSampler::~DeviceSampler() { ops::sampling::DestroyWorkspace(ws_); }
 
-absl::StatusOr<int> DeviceSampler::AcquireSlot(SequenceSampler* seq,
-                                               std::span<SequenceSampler* const> rows) {
+absl::StatusOr<int> DeviceSampler::AcquireSlot(SamplingState* state,
+                                               std::span<const SampleRow> rows,
+                                               const SamplingState* parent) {
   if (free_slots_.empty()) {
     // Take the slot of a sequence that does not sample in this step (swapped out, or waiting
     // for its turn); it gets a slot again, with its counts uploaded, when it next samples.
-    const absl::flat_hash_set<const SequenceSampler*> in_step(rows.begin(), rows.end());
-    for (int slot = 0; slot < static_cast<int>(owners_.size()); ++slot) {
-      SequenceSampler* owner = owners_[slot];
-      if (owner == nullptr || in_step.contains(owner)) continue;
-      owner->device_slot_ = -1;
-      owners_[slot] = nullptr;
+    in_step_.assign(leases_.size(), 0);
+    for (const SampleRow& r : rows) {
+      if (Holds(r.state->device_slot)) in_step_[r.state->device_slot.slot] = 1;
+    }
+    if (parent != nullptr && Holds(parent->device_slot)) in_step_[parent->device_slot.slot] = 1;
+    for (int slot = 0; slot < static_cast<int>(leases_.size()); ++slot) {
+      if (in_step_[slot]) continue;
+      leases_[slot] = 0;
       free_slots_.push_back(slot);
       ++evictions_;
       break;
@@ -51,13 +53,13 @@ absl::StatusOr<int> DeviceSampler::AcquireSlot(SequenceSampler* seq,
   }
   const int slot = free_slots_.back();
   free_slots_.pop_back();
-  owners_[slot] = seq;
-  seq->device_slot_ = slot;
+  leases_[slot] = next_lease_++;
+  state->device_slot = {.slot = slot, .lease = leases_[slot]};
   return slot;
 }
 
 absl::Status DeviceSampler::Sample(const ops::OpContext& ctx, const TensorView& logits,
-                                   std::span<SequenceSampler* const> rows,
+                                   std::span<const SampleRow> rows,
                                    std::vector<SampledToken>* out) {
   const int n = static_cast<int>(rows.size());
   if (n > options_.max_rows) {
@@ -72,7 +74,7 @@ absl::Status DeviceSampler::Sample(const ops::OpContext& ctx, const TensorView& 
                      "] on cuda:", options_.device, ", got ", logits.ToString()));
   }
   for (int r = 0; r < n; ++r) {
-    const SamplingParams& p = rows[r]->params();
+    const SamplingParams& p = *rows[r].params;
     if (p.logprobs.has_value() && *p.logprobs > options_.max_logprobs) {
       return absl::InvalidArgumentError(
           absl::StrCat("DeviceSampler::Sample: row ", r, " asks for ", *p.logprobs,
@@ -82,26 +84,28 @@ absl::Status DeviceSampler::Sample(const ops::OpContext& ctx, const TensorView& 
   ops::sampling::RowParams* params = ops::sampling::HostParams(ws_);
   const int words = (options_.vocab_size + 31) / 32;
   for (int r = 0; r < n; ++r) {
-    SequenceSampler& seq = *rows[r];
-    const SamplingParams& p = seq.params();
-    if (seq.has_penalties() && seq.device_slot_ < 0) {
-      absl::StatusOr<int> slot = AcquireSlot(&seq, rows);
+    const SampleRow& row = rows[r];
+    SamplingState& state = *row.state;
+    const SamplingParams& p = *row.params;
+    const bool penalized = p.has_penalties();
+    if (penalized && !Holds(state.device_slot)) {
+      absl::StatusOr<int> slot = AcquireSlot(&state, rows);
       if (!slot.ok()) return slot.status();
-      const bool with_prompt = !seq.prompt_tokens().empty();
+      const bool with_prompt = !row.prompt_tokens.empty();
       if (with_prompt) {
         uint32_t* bits = ops::sampling::PromptStaging(ws_, *slot);
         std::memset(bits, 0, words * sizeof(uint32_t));
-        for (TokenId t : seq.prompt_tokens()) {
+        for (TokenId t : row.prompt_tokens) {
           if (t >= 0 && t < options_.vocab_size) bits[t >> 5] |= 1u << (t & 31);
         }
       }
-      // The sequence's output so far (AddOutputToken: a sequence resumed on this worker, or
-      // one whose slot was taken) starts the device counts, which Sample keeps from then on.
-      const bool with_counts = !seq.output_counts_.empty();
+      // The sequence's output so far (a sequence resumed on this worker, or one whose slot was
+      // taken) starts the device counts, which Sample keeps from then on.
+      const bool with_counts = !state.output_counts.empty();
       if (with_counts) {
         int32_t* counts = ops::sampling::CountStaging(ws_);
         std::memset(counts, 0, static_cast<size_t>(options_.vocab_size) * sizeof(int32_t));
-        for (const auto& [t, c] : seq.output_counts_) {
+        for (const auto& [t, c] : state.output_counts) {
           if (t >= 0 && t < options_.vocab_size) counts[t] = c;
         }
       }
@@ -123,9 +127,9 @@ absl::Status DeviceSampler::Sample(const ops::OpContext& ctx, const TensorView& 
     rp.repetition_penalty = static_cast<float>(p.repetition_penalty);
     rp.frequency_penalty = p.frequency_penalty;
     rp.presence_penalty = p.presence_penalty;
-    rp.key = seq.key();
-    rp.sample_index = seq.num_samples();
-    rp.slot = seq.device_slot_;
+    rp.key = row.key;
+    rp.sample_index = state.num_samples;
+    rp.slot = penalized ? state.device_slot.slot : -1;
     rp.num_logprobs = p.logprobs.has_value() ? *p.logprobs : -1;
   }
   ops::OpStatus st = ops::sampling::Sample(ctx, ws_, logits, n);
@@ -140,14 +144,13 @@ absl::Status DeviceSampler::Sample(const ops::OpContext& ctx, const TensorView& 
   }
   out->assign(n, SampledToken{});
   for (int r = 0; r < n; ++r) {
-    SequenceSampler& seq = *rows[r];
+    const SamplingParams& p = *rows[r].params;
     const ops::sampling::RowResult& res = ops::sampling::Result(ws_, r);
     SampledToken& s = (*out)[r];
     s.token = res.token;
-    ++seq.num_samples_;
-    if (!seq.params().logprobs.has_value()) continue;
+    if (!p.logprobs.has_value()) continue;
     s.logprob = res.logprob;
-    const int top = std::min(*seq.params().logprobs, options_.vocab_size);
+    const int top = std::min(*p.logprobs, options_.vocab_size);
     const int32_t* ids = ops::sampling::TopLogprobIds(ws_, r);
     const float* values = ops::sampling::TopLogprobValues(ws_, r);
     s.top_logprobs.reserve(top);
@@ -156,23 +159,21 @@ absl::Status DeviceSampler::Sample(const ops::OpContext& ctx, const TensorView& 
   return absl::OkStatus();
 }
 
-void DeviceSampler::Drop(SequenceSampler* seq) {
-  if (seq->device_slot_ < 0) return;
-  owners_[seq->device_slot_] = nullptr;
-  free_slots_.push_back(seq->device_slot_);
-  seq->device_slot_ = -1;
+void DeviceSampler::Release(const DeviceSlot& hold) {
+  if (!Holds(hold)) return;
+  leases_[hold.slot] = 0;
+  free_slots_.push_back(hold.slot);
 }
 
-absl::Status DeviceSampler::Fork(const ops::OpContext& ctx, const SequenceSampler& parent,
-                                 SequenceSampler* child) {
-  if (parent.device_slot_ < 0) return absl::OkStatus();
-  if (child->device_slot_ < 0) {
-    // The parent keeps its slot (compared by address only).
-    SequenceSampler* const keep[] = {const_cast<SequenceSampler*>(&parent)};
-    absl::StatusOr<int> slot = AcquireSlot(child, keep);
+absl::Status DeviceSampler::Fork(const ops::OpContext& ctx, const SamplingState& parent,
+                                 SamplingState* child) {
+  if (!Holds(parent.device_slot)) return absl::OkStatus();
+  if (!Holds(child->device_slot)) {
+    absl::StatusOr<int> slot = AcquireSlot(child, {}, &parent);
     if (!slot.ok()) return slot.status();
   }
-  ops::OpStatus st = ops::sampling::CopySlot(ctx, ws_, parent.device_slot_, child->device_slot_);
+  ops::OpStatus st =
+      ops::sampling::CopySlot(ctx, ws_, parent.device_slot.slot, child->device_slot.slot);
   if (!st.ok()) return absl::InternalError(absl::StrCat("DeviceSampler::Fork: ", st.message));
   return absl::OkStatus();
 }

@@ -98,18 +98,16 @@ void ModelRunner::CountStep(int64_t graph_replays_before, bool sampled, bool on_
 }
 
 ModelRunner::~ModelRunner() {
-  for (auto& [slot, seqs] : samplers_) Release(seqs);
+  // The device sampler outlives the runner: the slots of the requests still held go back.
+  batch_.Clear();
+  ReleaseDeviceSlots();
 }
 
-void ModelRunner::Release(std::vector<std::unique_ptr<SequenceSampler>>& seqs) {
+void ModelRunner::ReleaseDeviceSlots() {
 #ifdef LLM_WITH_CUDA
-  if (device_sampler_ != nullptr) {
-    for (std::unique_ptr<SequenceSampler>& s : seqs) {
-      if (s != nullptr) device_sampler_->Drop(s.get());
-    }
-  }
+  if (device_sampler_ == nullptr) return;
+  for (const DeviceSlot& hold : batch_.released_device_slots()) device_sampler_->Release(hold);
 #endif
-  seqs.clear();
 }
 
 absl::Status ModelRunner::Execute(const SchedulerOutput& step, ModelOutput* out) {
@@ -118,7 +116,7 @@ absl::Status ModelRunner::Execute(const SchedulerOutput& step, ModelOutput* out)
   out->logprobs.clear();
   out->worker_stats = stats_;
   RETURN_IF_ERROR(batch_.Apply(step));
-  TrackSamplers(step);
+  ReleaseDeviceSlots();
   RETURN_IF_ERROR(cache_->SwapOut(step.blocks_to_swap_out));
   RETURN_IF_ERROR(cache_->SwapIn(step.blocks_to_swap_in));
   RETURN_IF_ERROR(cache_->Copy(step.blocks_to_copy));
@@ -129,7 +127,8 @@ absl::Status ModelRunner::Execute(const SchedulerOutput& step, ModelOutput* out)
   const int64_t replays = model_->graph_replays();
   bool on_device = false;
   const absl::Status s = RunModel(step, out, &on_device);
-  if (s.ok()) KeepSampled(out->sampled_token_ids);
+  // The worker keeps its own tokens; appending them advances the sequences' sampling state.
+  if (s.ok()) batch_.AppendSampled(out->sampled_token_ids);
   // Counted also when the step failed: it ran (part of) the model.
   CountStep(replays, !in.samples.empty(), on_device);
   out->worker_stats = stats_;
@@ -167,10 +166,10 @@ absl::Status ModelRunner::RunModel(const SchedulerOutput& step, ModelOutput* out
     if (model_->world_size() > 1 || in.samples.empty()) RETURN_IF_ERROR(model_->Synchronize());
     if (in.samples.empty()) return absl::OkStatus();
     *sampled_on_device = true;
-    const bool any_logprobs = CollectSamplers();
+    const bool any_logprobs = CollectRows();
     sampled_.clear();
     absl::Status s =
-        device_sampler_->Sample(model_->context()->op_context(), logits_, row_samplers_, &sampled_);
+        device_sampler_->Sample(model_->context()->op_context(), logits_, rows_, &sampled_);
     if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat("step ", step.step_id, ": ", s.message()));
     }
@@ -206,44 +205,6 @@ absl::Status ModelRunner::FetchLogits() {
   return absl::OkStatus();
 }
 
-void ModelRunner::TrackSamplers(const SchedulerOutput& step) {
-  for (int32_t slot : step.finished_slots) {
-    auto it = samplers_.find(slot);
-    if (it == samplers_.end()) continue;
-    Release(it->second);
-    samplers_.erase(it);
-  }
-  for (const ScheduledRequest& r : step.new_requests) {
-    std::vector<std::unique_ptr<SequenceSampler>>& seqs = samplers_[r.slot];
-    Release(seqs);
-    seqs.resize(r.sampling_params->n);
-  }
-  for (const auto* list : {&step.new_requests, &step.cached_requests}) {
-    for (const ScheduledRequest& r : *list) {
-      for (const ScheduledSequence& s : step.Seqs(r)) {
-        SequenceSampler* sampler = SamplerFor(r.slot, s.index);
-        for (TokenId t : step.NewTokenIds(s)) sampler->AddOutputToken(t);
-      }
-    }
-  }
-}
-
-void ModelRunner::KeepSampled(std::span<const TokenId> sampled) {
-  if (sampled.empty()) return;
-  batch_.AppendSampled(sampled);
-  // row_samplers_ is in sample order (CollectSamplers), as `sampled` is.
-  for (size_t i = 0; i < sampled.size(); ++i) row_samplers_[i]->AddOutputToken(sampled[i]);
-}
-
-SequenceSampler* ModelRunner::SamplerFor(int32_t slot, int seq_index) {
-  std::unique_ptr<SequenceSampler>& s = samplers_[slot][seq_index];
-  if (s == nullptr) {
-    const BatchState::Request& req = *batch_.FindRequest(slot);
-    s = std::make_unique<SequenceSampler>(req.params, seq_index, req.prompt);
-  }
-  return s.get();
-}
-
 // Non-finite logits mean a kernel or model bug (or KV read from a slot never written): fail
 // the step rather than sample garbage.
 absl::Status ModelRunner::CheckFinite(int64_t step_id) const {
@@ -254,14 +215,14 @@ absl::Status ModelRunner::CheckFinite(int64_t step_id) const {
                                           " of row ", i / model_->vocab_size(), " is not finite"));
 }
 
-bool ModelRunner::CollectSamplers() {
+bool ModelRunner::CollectRows() {
   const BatchInputs& in = batch_.inputs();
-  row_samplers_.clear();
+  rows_.clear();
   bool any_logprobs = false;
   for (const BatchInputs::Sample& s : in.samples) {
-    SequenceSampler* sampler = SamplerFor(in.seqs[s.batch_seq].slot, s.seq_index);
-    any_logprobs |= sampler->params().logprobs.has_value();
-    row_samplers_.push_back(sampler);
+    const SampleRow& row =
+        rows_.emplace_back(SampleRowOf(batch_, in.seqs[s.batch_seq].slot, s.seq_index));
+    any_logprobs |= row.params->logprobs.has_value();
   }
   return any_logprobs;
 }
@@ -271,7 +232,7 @@ void ModelRunner::Emit(std::vector<SampledToken>& sampled, bool any_logprobs, Mo
     out->sampled_token_ids.push_back(sampled[i].token);
     if (!any_logprobs) continue;
     SampleLogprobs& lp = out->logprobs.emplace_back();
-    if (!row_samplers_[i]->params().logprobs.has_value()) continue;
+    if (!rows_[i].params->logprobs.has_value()) continue;
     lp.logprob = sampled[i].logprob;
     lp.top = std::move(sampled[i].top_logprobs);
   }
@@ -280,14 +241,14 @@ void ModelRunner::Emit(std::vector<SampledToken>& sampled, bool any_logprobs, Mo
 absl::Status ModelRunner::Sample(ModelOutput* out) {
   const BatchInputs& in = batch_.inputs();
   const int vocab = model_->vocab_size();
-  rows_.resize(in.samples.size() * static_cast<size_t>(vocab));
+  row_logits_.resize(in.samples.size() * static_cast<size_t>(vocab));
   for (size_t i = 0; i < in.samples.size(); ++i) {
     const float* src =
         logits_.data_as<float>() + static_cast<size_t>(in.samples[i].logits_row) * vocab;
-    std::copy(src, src + vocab, rows_.begin() + i * vocab);
+    std::copy(src, src + vocab, row_logits_.begin() + i * vocab);
   }
-  const bool any_logprobs = CollectSamplers();
-  std::vector<SampledToken> sampled = Sampler::Sample(rows_, vocab, row_samplers_);
+  const bool any_logprobs = CollectRows();
+  std::vector<SampledToken> sampled = Sampler::Sample(row_logits_, vocab, rows_);
   Emit(sampled, any_logprobs, out);
   return absl::OkStatus();
 }

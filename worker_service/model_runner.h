@@ -1,9 +1,9 @@
 // The worker side of the step protocol (protocol/scheduler_output.h): each step is
 // "batch -> forward -> sample -> append". The BatchState (protocol/batch_state.h) checks the diff
 // against what this worker holds, applies it and lays out the batch; the runner applies the
-// swaps and copies to the CacheEngine, runs the model over the batch and samples each
-// sequence's next token with that sequence's SequenceSampler, and appends it to the sequence:
-// the scheduler does not send a worker's tokens back.
+// swaps and copies to the CacheEngine, runs the model over the batch, samples each sequence's
+// next token from the sampling state the BatchState keeps with the sequence, and appends it to
+// the sequence (which advances that state): the scheduler does not send a worker's tokens back.
 //
 // A bad step (the checks are BatchState's) gives INVALID_ARGUMENT naming the request and
 // leaves the state as it was. A step that fails inside the model may leave the KV cache
@@ -21,11 +21,9 @@
 
 #include <chrono>
 #include <cstdint>
-#include <memory>
 #include <span>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "kernels/device_tensor.h"
 #include "kernels/tensor.h"
@@ -64,21 +62,14 @@ class ModelRunner : public Executor {
   const WorkerStats& stats() const { return stats_; }
 
  private:
-  // Keeps the samplers in step with the diff BatchState just applied: a new request's are
-  // reset, and every token a sequence new to this worker brings counts as its output
-  // (penalties).
-  void TrackSamplers(const SchedulerOutput& step);
-  // The worker keeps its own tokens: appends each sampled token to its sequence (BatchState)
-  // and counts it as that sequence's output.
-  void KeepSampled(std::span<const TokenId> sampled);
-  SequenceSampler* SamplerFor(int32_t slot, int seq_index);
+  // Hands the device slots of the sequences the last Apply dropped back to the device sampler.
+  void ReleaseDeviceSlots();
   // Brings the logits to the host (cuda: one copy, then the step's one wait).
   absl::Status FetchLogits();
   absl::Status CheckFinite(int64_t step_id) const;
   absl::Status Sample(ModelOutput* out);
-  // The samples' sequences' samplers, in sample order, into row_samplers_; true when some asks
-  // for logprobs.
-  bool CollectSamplers();
+  // The samples' rows, in sample order, into rows_; true when some asks for logprobs.
+  bool CollectRows();
   void Emit(std::vector<SampledToken>& sampled, bool any_logprobs, ModelOutput* out);
   // The step's forward pass and sampling, once the batch is laid out; *sampled_on_device when
   // the device sampler sampled it.
@@ -88,22 +79,17 @@ class ModelRunner : public Executor {
   // Samples stats_.memory, unless `force` is false and it was sampled less than a second ago
   // (mincore over the KV arena and /proc/self/statm cost tens of microseconds per GiB).
   void SampleMemory(bool force);
-  // Drops a sequence's device state (penalties) before its sampler goes.
-  void Release(std::vector<std::unique_ptr<SequenceSampler>>& seqs);
 
   LlamaModel* model_;
   CacheEngine* cache_;
   DeviceSampler* device_sampler_;
   BatchState batch_;
-  // By slot, then by sequence index (n of them); a sampler is created at the sequence's first
-  // token or sample (n > 1: before it is forked).
-  absl::flat_hash_map<int32_t, std::vector<std::unique_ptr<SequenceSampler>>> samplers_;
   // Reused each step. logits_: the model's, on its device; host_logits_: their copy in pinned
-  // memory when that is a GPU.
+  // memory when that is a GPU; row_logits_: the rows the host samples, one per sample.
   TensorView logits_;
   Tensor host_logits_;
-  std::vector<float> rows_;
-  std::vector<SequenceSampler*> row_samplers_;
+  std::vector<float> row_logits_;
+  std::vector<SampleRow> rows_;
   std::vector<int32_t> sample_rows_;  // device sampling: logits rows, one per sample
   std::vector<SampledToken> sampled_;
   WorkerStats stats_;

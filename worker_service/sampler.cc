@@ -4,18 +4,12 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
-#include <random>
 
+#include "absl/container/flat_hash_map.h"
 #include "kernels/philox.h"
 
 namespace llm {
 namespace {
-
-uint64_t SeedFor(const SamplingParams& params) {
-  if (params.seed.has_value()) return *params.seed;
-  std::random_device rd;
-  return (uint64_t{rd()} << 32) ^ rd();
-}
 
 // log_softmax of a row, in double.
 std::vector<double> LogSoftmax(std::span<const float> row) {
@@ -105,33 +99,28 @@ TokenId Race(const std::vector<float>& s, const std::vector<TokenId>& kept, uint
 
 }  // namespace
 
-SequenceSampler::SequenceSampler(const SamplingParams& params, int seq_index,
-                                 std::span<const TokenId> prompt_token_ids)
-    : params_(params), key_(philox::SequenceKey(SeedFor(params), seq_index)) {
-  if (params.repetition_penalty != 1.0) {
-    prompt_tokens_.insert(prompt_token_ids.begin(), prompt_token_ids.end());
-  }
+SampleRow SampleRowOf(BatchState& batch, int32_t slot, int seq_index) {
+  const BatchState::Request& req = *batch.FindRequest(slot);
+  return {.params = &req.params,
+          .prompt_tokens = req.prompt_token_set,
+          .key = philox::SequenceKey(req.seed, seq_index),
+          .state = batch.MutableSamplingState(slot, seq_index)};
 }
 
-void SequenceSampler::AddOutputToken(TokenId token) { ++output_counts_[token]; }
-
-bool SequenceSampler::has_penalties() const {
-  return params_.repetition_penalty != 1.0 || params_.frequency_penalty != 0.0 ||
-         params_.presence_penalty != 0.0;
-}
-
-void Sampler::ApplyPenalties(const SequenceSampler& seq, std::span<float> row) {
-  const SamplingParams& p = seq.params_;
+void Sampler::ApplyPenalties(const SampleRow& r, std::span<float> row) {
+  const SamplingParams& p = *r.params;
+  if (!p.has_penalties()) return;
+  const absl::flat_hash_map<TokenId, int>& counts = r.state->output_counts;
   const int vocab = static_cast<int>(row.size());
   const float rp = static_cast<float>(p.repetition_penalty);
   const bool repetition = p.repetition_penalty != 1.0;
   if (repetition) {
-    for (TokenId t : seq.prompt_tokens_) {
-      if (t < 0 || t >= vocab || seq.output_counts_.contains(t)) continue;
+    for (TokenId t : r.prompt_tokens) {
+      if (t < 0 || t >= vocab || counts.contains(t)) continue;
       row[t] = philox::Penalize(row[t], true, 0, rp, 0, 0);
     }
   }
-  for (const auto& [t, count] : seq.output_counts_) {
+  for (const auto& [t, count] : counts) {
     if (t < 0 || t >= vocab) continue;
     row[t] =
         philox::Penalize(row[t], repetition, count, rp, p.frequency_penalty, p.presence_penalty);
@@ -163,11 +152,11 @@ std::vector<double> Sampler::FilteredProbs(const SamplingParams& p, std::span<co
 }
 
 std::vector<SampledToken> Sampler::Sample(std::span<float> logits, int vocab_size,
-                                          std::span<SequenceSampler* const> rows) {
+                                          std::span<const SampleRow> rows) {
   std::vector<SampledToken> out(rows.size());
   for (size_t r = 0; r < rows.size(); ++r) {
-    SequenceSampler& seq = *rows[r];
-    const SamplingParams& p = seq.params_;
+    const SampleRow& seq = rows[r];
+    const SamplingParams& p = *seq.params;
     std::span<float> row = logits.subspan(r * vocab_size, vocab_size);
     std::vector<double> raw_logprobs;
     if (p.logprobs.has_value()) raw_logprobs = LogSoftmax(row);
@@ -179,10 +168,9 @@ std::vector<SampledToken> Sampler::Sample(std::span<float> logits, int vocab_siz
       const TokenId argmax = token;
       std::vector<float> s;
       const float m = Scale(p, row, &s);
-      token = Race(s, Kept(p, s, m), seq.key_, seq.num_samples_);
+      token = Race(s, Kept(p, s, m), seq.key, seq.state->num_samples);
       if (token < 0) token = argmax;
     }
-    ++seq.num_samples_;
     out[r].token = token;
     if (p.logprobs.has_value()) {
       out[r].logprob = static_cast<float>(raw_logprobs[token]);

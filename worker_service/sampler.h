@@ -12,16 +12,19 @@
 //      distribution (log_softmax of the logits before penalties and temperature: vLLM v1's
 //      default "raw_logprobs").
 //
-// Each sequence draws from its own Philox stream (SequenceSampler): its key comes from the
-// request's seed and the sequence's index, its counter from the sample's index and the token
-// id, so the same seed and inputs give the same tokens whatever else is in the batch, and the
-// same as the device sampler (worker_service/device_sampler.h), which follows this file's
-// arithmetic step by step (float logits scaled as s = z / temperature; min-p as s - max >=
-// log(min_p); most likely first means s descending, then token id ascending; top-p on the
-// fixed-point masses of philox::MassFixed). Without a seed, a random 64-bit seed is drawn once
-// from a random device.
+// Each sequence draws from its own Philox stream: its key comes from the request's seed and the
+// sequence's index, its counter from the sample's index (the sequence's output length) and the
+// token id, so the same seed and inputs give the same tokens whatever else is in the batch,
+// and the same as the device sampler (worker_service/device_sampler.h), which follows this
+// file's arithmetic step by step (float logits scaled as s = z / temperature; min-p as s - max
+// >= log(min_p); most likely first means s descending, then token id ascending; top-p on the
+// fixed-point masses of philox::MassFixed).
 //
-// Thread-safety: Sampler is stateless; a SequenceSampler belongs to one sequence.
+// The state sampling reads (params, seed, prompt tokens, each sequence's counter and counts) is
+// the worker's BatchState's (protocol/batch_state.h), held once and kept in step with the
+// sequences; a SampleRow points into it.
+//
+// Thread-safety: Sampler is stateless.
 #ifndef LLM_WORKER_SERVICE_SAMPLER_H_
 #define LLM_WORKER_SERVICE_SAMPLER_H_
 
@@ -30,42 +33,26 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "common/sampling_params.h"
 #include "common/types.h"
+#include "protocol/batch_state.h"
 
 namespace llm {
 
-// Per-sequence sampling state: the parameters, the RNG and the token counts penalties need.
-class SequenceSampler {
- public:
-  SequenceSampler(const SamplingParams& params, int seq_index,
-                  std::span<const TokenId> prompt_token_ids);
-
-  const SamplingParams& params() const { return params_; }
-  // Call with each token appended to the sequence's output.
-  void AddOutputToken(TokenId token);
-
-  // The Philox key (from the seed and the sequence index) and the number of tokens sampled so
-  // far (the counter of the next draw).
-  uint64_t key() const { return key_; }
-  uint64_t num_samples() const { return num_samples_; }
-  // Whether any of the three penalties is on.
-  bool has_penalties() const;
-  const absl::flat_hash_set<TokenId>& prompt_tokens() const { return prompt_tokens_; }
-
- private:
-  friend class Sampler;
-  friend class DeviceSampler;
-
-  SamplingParams params_;
-  uint64_t key_;
-  uint64_t num_samples_ = 0;
-  int device_slot_ = -1;                             // DeviceSampler's penalty state, -1 when none
-  absl::flat_hash_set<TokenId> prompt_tokens_;       // for the repetition penalty
-  absl::flat_hash_map<TokenId, int> output_counts_;  // for all three penalties
+// What one row of a step samples with: the request's params and prompt-token set, and the
+// sequence's key and state. Sampling does not advance the state: the sampled token does, once
+// recorded in the sequence (BatchState::AppendSampled, SamplingState::AddOutputToken).
+struct SampleRow {
+  const SamplingParams* params = nullptr;
+  // The prompt's distinct tokens, for the repetition penalty (RepetitionPenaltyTokens).
+  std::span<const TokenId> prompt_tokens;
+  uint64_t key = 0;  // philox::SequenceKey(the request's seed, the sequence's index)
+  // The sequence's counter and output counts; a DeviceSampler records its penalty slot here.
+  SamplingState* state = nullptr;
 };
+
+// The row of sequence `seq_index` of the request in `slot`, which `batch` holds.
+SampleRow SampleRowOf(BatchState& batch, int32_t slot, int seq_index);
 
 struct SampledToken {
   TokenId token = 0;
@@ -77,10 +64,10 @@ class Sampler {
  public:
   // logits: [rows.size(), vocab_size], one row per sequence, modified in place.
   static std::vector<SampledToken> Sample(std::span<float> logits, int vocab_size,
-                                          std::span<SequenceSampler* const> rows);
+                                          std::span<const SampleRow> rows);
 
-  // Step 1 alone, exposed for tests: applies the sequence's penalties to one row.
-  static void ApplyPenalties(const SequenceSampler& seq, std::span<float> row);
+  // Step 1 alone, exposed for tests: applies the row's penalties to its logits.
+  static void ApplyPenalties(const SampleRow& row, std::span<float> logits);
   // The distribution step 2 draws from (after temperature, min-p, top-k, top-p), as
   // probabilities over the vocabulary (zeros for excluded tokens); for tests. Not for greedy.
   static std::vector<double> FilteredProbs(const SamplingParams& params,

@@ -11,12 +11,14 @@
 #include <vector>
 
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/testing/sampling_sequence.h"
 #include "worker_service/device_sampler.h"
 #include "worker_service/sampler.h"
 
 namespace llm {
 namespace {
 
+using ::llm::testing::SamplingSequence;
 using ops::gpu_testing::CudaTest;
 using ops::gpu_testing::DeviceTensor;
 
@@ -36,10 +38,9 @@ HostTensor Logits(int rows, int vocab, std::mt19937& rng, float scale = 3.0f,
 
 // A sequence sampled on both sides: `host` by Sampler, `device` by DeviceSampler.
 struct Twin {
-  std::unique_ptr<SequenceSampler> host, device;
+  SamplingSequence host, device;
   Twin(const SamplingParams& p, int seq_index, const std::vector<TokenId>& prompt = {})
-      : host(std::make_unique<SequenceSampler>(p, seq_index, prompt)),
-        device(std::make_unique<SequenceSampler>(p, seq_index, prompt)) {}
+      : host(p, seq_index, prompt), device(p, seq_index, prompt) {}
 };
 
 struct StepResult {
@@ -55,31 +56,28 @@ class CudaSampling : public CudaTest {
     return s.ok() ? std::move(*s) : nullptr;
   }
 
-  // One step of every twin in `rows` (in that order) on `logits`; the host side is given its
-  // own sampled tokens as output tokens (the device counts its own). `as_the_runner`: the
-  // device twins' SequenceSamplers are given theirs too, as the model runner does (from the
-  // step's diff), so that a slot taken later starts from them.
+  // One step of every twin in `rows` (in that order) on `logits`; each side records its
+  // sampled tokens in its sequences' state, as the worker's BatchState does (the device keeps
+  // its own counts besides, from which it samples; a slot taken later starts from the state's).
   static StepResult Step(DeviceSampler& ds, const std::vector<Twin*>& rows,
-                         const HostTensor& logits, bool as_the_runner = false) {
+                         const HostTensor& logits) {
     const int vocab = static_cast<int>(logits.view().shape[1]);
-    std::vector<SequenceSampler*> host, device;
+    std::vector<SampleRow> host, device;
     for (Twin* t : rows) {
-      host.push_back(t->host.get());
-      device.push_back(t->device.get());
+      host.push_back(t->host.row());
+      device.push_back(t->device.row());
     }
     StepResult r;
     std::vector<float> copy(logits.data<float>(), logits.data<float>() + logits.numel());
     r.host = Sampler::Sample(copy, vocab, host);
-    for (size_t i = 0; i < rows.size(); ++i) rows[i]->host->AddOutputToken(r.host[i].token);
+    for (size_t i = 0; i < rows.size(); ++i) rows[i]->host.Append(r.host[i].token);
     DeviceTensor d_logits(logits);
     const absl::Status s = ds.Sample({}, d_logits.view(), device, &r.device);
     EXPECT_TRUE(s.ok()) << s;
     // The logits are read only (the penalized, scaled ones live in the sampler's workspace).
     EXPECT_TRUE(ops::gpu_testing::BitEqual(d_logits.Download(), logits));
     if (!s.ok()) r.device.assign(rows.size(), SampledToken{-1});
-    if (as_the_runner) {
-      for (size_t i = 0; i < rows.size(); ++i) rows[i]->device->AddOutputToken(r.device[i].token);
-    }
+    for (size_t i = 0; i < rows.size(); ++i) rows[i]->device.Append(r.device[i].token);
     return r;
   }
 
@@ -89,7 +87,7 @@ class CudaSampling : public CudaTest {
     for (size_t i = 0; i < r.host.size(); ++i) {
       SCOPED_TRACE(::testing::Message() << "row " << i);
       EXPECT_EQ(r.device[i].token, r.host[i].token);
-      if (!rows[i]->host->params().logprobs.has_value()) continue;
+      if (!rows[i]->host.params.logprobs.has_value()) continue;
       EXPECT_NEAR(r.device[i].logprob, r.host[i].logprob, 1e-4);
       ASSERT_EQ(r.device[i].top_logprobs.size(), r.host[i].top_logprobs.size());
       for (size_t j = 0; j < r.host[i].top_logprobs.size(); ++j) {
@@ -221,7 +219,9 @@ TEST_F(CudaSampling, PenaltiesMatchTheHostAfterOutputTokens) {
     ExpectSame(Step(*ds, rows, base), rows);
   }
   EXPECT_EQ(ds->free_penalty_slots(), 1);  // three penalized sequences of four slots
-  ds->Drop(a.device.get());
+  ds->Release(a.device.state.device_slot);
+  EXPECT_EQ(ds->free_penalty_slots(), 2);
+  ds->Release(a.device.state.device_slot);  // no longer held: nothing to free twice
   EXPECT_EQ(ds->free_penalty_slots(), 2);
 }
 
@@ -243,9 +243,12 @@ TEST_F(CudaSampling, ForkedChildStartsFromTheParentsCounts) {
     ExpectSame(r, rows);
     parent_tokens.push_back(r.host[0].token);
   }
+  // The child's host state has the parent's output; its device twin's state has the counter
+  // only, so that only Fork can give it the parent's counts.
   Twin child(p, 1, prompt);
-  for (TokenId t : parent_tokens) child.host->AddOutputToken(t);
-  ASSERT_TRUE(ds->Fork({}, *parent.device, child.device.get()).ok());
+  for (TokenId t : parent_tokens) child.host.Append(t);
+  child.device.state.num_samples = child.host.state.num_samples;
+  ASSERT_TRUE(ds->Fork({}, parent.device.state, &child.device.state).ok());
   std::vector<Twin*> both{&parent, &child};
   HostTensor two(DType::kF32, {2, vocab});
   for (int r = 0; r < 2; ++r) {
@@ -288,18 +291,14 @@ TEST_F(CudaSampling, SeededRowIsIndependentOfItsBatch) {
   p.top_p = 0.95;
   const HostTensor row = Logits(1, vocab, rng, 2.0f);
   auto draw = [&](int batch, int position) {
-    SequenceSampler seq(p, 0, {});
-    std::vector<std::unique_ptr<SequenceSampler>> others;
-    std::vector<SequenceSampler*> rows;
+    std::vector<std::unique_ptr<SamplingSequence>> seqs;
+    std::vector<SampleRow> rows;
     for (int i = 0; i < batch; ++i) {
-      if (i == position) {
-        rows.push_back(&seq);
-      } else {
-        SamplingParams o = Params(0.5 + i, 100 + i);
-        if (i % 2 == 0) o.seed.reset();
-        others.push_back(std::make_unique<SequenceSampler>(o, i, std::vector<TokenId>{}));
-        rows.push_back(others.back().get());
-      }
+      SamplingParams o = Params(0.5 + i, 100 + i);
+      if (i % 2 == 0) o.frequency_penalty = 0.5;
+      seqs.push_back(
+          std::make_unique<SamplingSequence>(i == position ? p : o, i == position ? 0 : i));
+      rows.push_back(seqs.back()->row());
     }
     std::vector<TokenId> tokens;
     for (int step = 0; step < 20; ++step) {
@@ -311,19 +310,22 @@ TEST_F(CudaSampling, SeededRowIsIndependentOfItsBatch) {
       const absl::Status s = ds->Sample({}, d.view(), rows, &out);
       EXPECT_TRUE(s.ok()) << s;
       if (!s.ok()) return tokens;
+      for (int i = 0; i < batch; ++i) seqs[i]->Append(out[i].token);
       tokens.push_back(out[position].token);
     }
+    for (const auto& seq : seqs) ds->Release(seq->state.device_slot);
     return tokens;
   };
   const std::vector<TokenId> alone = draw(1, 0);
   EXPECT_EQ(draw(3, 1), alone);
   EXPECT_EQ(draw(5, 4), alone);
   std::vector<TokenId> host;
-  SequenceSampler seq(p, 0, {});
-  SequenceSampler* rows[] = {&seq};
+  SamplingSequence seq(p, 0);
+  const SampleRow rows[] = {seq.row()};
   for (int step = 0; step < 20; ++step) {
     std::vector<float> copy(row.data<float>(), row.data<float>() + vocab);
     host.push_back(Sampler::Sample(copy, vocab, rows)[0].token);
+    seq.Append(host.back());
   }
   EXPECT_EQ(host, alone);
 }
@@ -333,11 +335,11 @@ TEST_F(CudaSampling, NonFiniteRowFailsTheStepNamingIt) {
   const int vocab = 300;
   auto ds = MakeSampler(4, vocab);
   ASSERT_NE(ds, nullptr);
-  std::vector<std::unique_ptr<SequenceSampler>> seqs;
-  std::vector<SequenceSampler*> rows;
+  std::vector<std::unique_ptr<SamplingSequence>> seqs;
+  std::vector<SampleRow> rows;
   for (int i = 0; i < 4; ++i) {
-    seqs.push_back(std::make_unique<SequenceSampler>(Params(1.0, i), 0, std::vector<TokenId>{}));
-    rows.push_back(seqs.back().get());
+    seqs.push_back(std::make_unique<SamplingSequence>(Params(1.0, i), 0));
+    rows.push_back(seqs.back()->row());
   }
   struct Case {
     float value;
@@ -362,34 +364,36 @@ TEST_F(CudaSampling, BadArgumentsAreErrors) {
   ASSERT_NE(ds, nullptr);
   std::mt19937 rng(8);
   SamplingParams p = Params(1.0, 1);
-  SequenceSampler a(p, 0, {}), b(p, 0, {});
-  std::vector<SequenceSampler*> rows{&a, &b};
+  SamplingSequence a(p, 0), b(p, 0);
+  std::vector<SampleRow> rows{a.row(), b.row()};
   std::vector<SampledToken> out;
   DeviceTensor wrong(Logits(2, 51, rng));
   absl::Status s = ds->Sample({}, wrong.view(), rows, &out);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("logits: expected f32 [2, 50]"), std::string::npos) << s;
   p.logprobs = 5;
-  SequenceSampler c(p, 0, {});
-  std::vector<SequenceSampler*> one{&c};
+  p.presence_penalty = 1.0;
+  SamplingSequence c(p, 0);
+  std::vector<SampleRow> one{c.row()};
   DeviceTensor ok(Logits(1, 50, rng));
   s = ds->Sample({}, ok.view(), one, &out);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_EQ(c.num_samples(), 0u);
+  EXPECT_EQ(c.state.device_slot.slot, -1);  // refused before it took a slot
   // Penalty slots run out only when the step's own penalized rows outnumber them.
   absl::StatusOr<std::unique_ptr<DeviceSampler>> one_slot =
       DeviceSampler::Create({.device = 0, .max_rows = 2, .vocab_size = 50, .max_penalty_slots = 1});
   ASSERT_TRUE(one_slot.ok()) << one_slot.status();
   SamplingParams pen = Params(1.0, 1);
   pen.presence_penalty = 1.0;
-  SequenceSampler x(pen, 0, {}), y(pen, 0, {});
-  std::vector<SequenceSampler*> both{&x, &y};
+  SamplingSequence x(pen, 0), y(pen, 0);
+  std::vector<SampleRow> both{x.row(), y.row()};
   DeviceTensor two(Logits(2, 50, rng));
   s = (*one_slot)->Sample({}, two.view(), both, &out);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_NE(s.message().find("held by sequences of this step"), std::string::npos) << s;
-  (*one_slot)->Drop(&x);
-  (*one_slot)->Drop(&y);
+  (*one_slot)->Release(x.state.device_slot);
+  (*one_slot)->Release(y.state.device_slot);
+  EXPECT_EQ((*one_slot)->free_penalty_slots(), 1);
 }
 
 // A sequence whose penalty slot went to another (it was not in that step: swapped out, say)
@@ -412,29 +416,32 @@ TEST_F(CudaSampling, EvictedAndResumedSequencesKeepTheirCounts) {
   std::vector<Twin*> ab{&a, &b}, only_c{&c};
   for (int round = 0; round < 3; ++round) {
     SCOPED_TRACE(::testing::Message() << "round " << round);
-    for (int step = 0; step < 4; ++step) ExpectSame(Step(ds, ab, two, /*as_the_runner=*/true), ab);
-    for (int step = 0; step < 3; ++step)
-      ExpectSame(Step(ds, only_c, one, /*as_the_runner=*/true), only_c);
+    for (int step = 0; step < 4; ++step) ExpectSame(Step(ds, ab, two), ab);
+    for (int step = 0; step < 3; ++step) ExpectSame(Step(ds, only_c, one), only_c);
   }
-  // c took a slot from a or b each round, and they took theirs back.
+  // c took a slot from a or b each round, and they took theirs back; the one that lost its
+  // slot last no longer holds it.
   EXPECT_GE(ds.slot_evictions(), 5);
+  EXPECT_TRUE(ds.Holds(c.device.state.device_slot));
+  EXPECT_NE(ds.Holds(a.device.state.device_slot), ds.Holds(b.device.state.device_slot));
 
   // Resumed: a fresh pair told the same output so far (repeats included) on both sides.
   Twin resumed(p, 0, {1, 2});
   std::uniform_int_distribution<TokenId> token(0, 7);  // few distinct tokens: large counts
   for (int i = 0; i < 20; ++i) {
     const TokenId t = token(rng);
-    resumed.host->AddOutputToken(t);
-    resumed.device->AddOutputToken(t);
+    resumed.host.Append(t);
+    resumed.device.Append(t);
   }
-  ds.Drop(a.device.get());
-  ds.Drop(b.device.get());
-  ds.Drop(c.device.get());
+  ds.Release(a.device.state.device_slot);
+  ds.Release(b.device.state.device_slot);
+  ds.Release(c.device.state.device_slot);
+  EXPECT_EQ(ds.free_penalty_slots(), 2);
   std::vector<Twin*> r{&resumed};
   HostTensor row(DType::kF32, {1, vocab});
   std::copy(two.data<float>(), two.data<float>() + vocab, row.data<float>());
-  for (int step = 0; step < 5; ++step) ExpectSame(Step(ds, r, row, /*as_the_runner=*/true), r);
-  ds.Drop(resumed.device.get());
+  for (int step = 0; step < 5; ++step) ExpectSame(Step(ds, r, row), r);
+  ds.Release(resumed.device.state.device_slot);
 }
 
 TEST_F(CudaSampling, LargeVocabulary) {

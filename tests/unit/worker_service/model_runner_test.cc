@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/philox.h"
 #include "scheduler_service/engine/engine_core.h"
 #include "tests/testing/test_data.h"
 #include "tests/unit/worker_service/model/model_test_util.h"
@@ -90,7 +91,7 @@ class ModelRunnerTest : public ::testing::Test {
     golden_ = LoadGolden(dir_, model_->vocab_size());
 #ifdef LLM_TEST_ON_CUDA
     DeviceSampler::Options so;
-    so.max_rows = 256;
+    so.max_rows = kSamplerRows;
     so.vocab_size = model_->vocab_size();
     absl::StatusOr<std::unique_ptr<DeviceSampler>> sampler = DeviceSampler::Create(so);
     ASSERT_TRUE(sampler.ok()) << sampler.status();
@@ -112,13 +113,17 @@ class ModelRunnerTest : public ::testing::Test {
   }
 
   // Runs `requests` (id -> prompt, params) to completion; returns id -> tokens per sequence.
+  // With `new_workers_after` >= 0, the engine moves to new workers (a runner over a cache of
+  // its own that knows nothing of the requests) after that many steps, as after a worker
+  // failure: the requests resume there, their output so far sent as the sequences' tokens.
   std::map<std::string, std::vector<std::vector<TokenId>>> Run(
       const Config& c, const std::vector<std::pair<std::string, EngineRequest>>& requests,
-      SchedulerStats* stats = nullptr) {
+      SchedulerStats* stats = nullptr, int new_workers_after = -1) {
     std::unique_ptr<CacheEngine> cache =
         MakeCache(c.block_size, c.num_gpu_blocks, c.num_cpu_blocks);
     std::unique_ptr<ModelRunner> runner_owner = MakeRunner(cache.get());
-    ModelRunner& runner = *runner_owner;
+    std::unique_ptr<CacheEngine> new_cache;
+    std::unique_ptr<ModelRunner> new_runner;
     SchedulerConfig sc;
     sc.max_num_batched_tokens = c.max_num_batched_tokens;
     sc.max_num_seqs = c.max_num_seqs;
@@ -131,7 +136,7 @@ class ModelRunnerTest : public ::testing::Test {
                                .num_cpu_blocks = c.num_cpu_blocks,
                                .watermark = 0.0,
                                .enable_prefix_caching = c.prefix_caching};
-    EngineCore engine(sc, bc, &runner);
+    EngineCore engine(sc, bc, runner_owner.get());
     std::map<std::string, std::vector<std::vector<TokenId>>> out;
     for (const auto& [id, req] : requests) {
       const absl::Status s = engine.AddRequest(req, [&out, id = id](const StreamUpdate& u) {
@@ -145,13 +150,28 @@ class ModelRunnerTest : public ::testing::Test {
       });
       EXPECT_TRUE(s.ok()) << s;
     }
+    ModelRunner* runner = runner_owner.get();
+    if (new_workers_after >= 0) {
+      for (int i = 0; i < new_workers_after; ++i) {
+        const absl::StatusOr<bool> busy = engine.Step();
+        EXPECT_TRUE(busy.ok() && *busy) << busy.status();
+      }
+      new_cache = MakeCache(c.block_size, c.num_gpu_blocks, c.num_cpu_blocks);
+      new_runner = MakeRunner(new_cache.get());
+      runner = new_runner.get();
+      engine.ReplaceExecutor(runner, bc);
+    }
     const absl::Status s = engine.RunUntilIdle();
     EXPECT_TRUE(s.ok()) << s;
     if (stats != nullptr) *stats = engine.scheduler().stats();
     const BlockSpaceManagerStats blocks = engine.scheduler().block_manager().stats();
     EXPECT_EQ(blocks.num_free_gpu_blocks, c.num_gpu_blocks) << c.name;
     EXPECT_EQ(blocks.num_free_cpu_blocks, c.num_cpu_blocks) << c.name;
-    EXPECT_EQ(runner.num_requests(), 0) << c.name << ": the workers forgot nothing";
+    EXPECT_EQ(runner->num_requests(), 0) << c.name << ": the workers forgot nothing";
+#ifdef LLM_TEST_ON_CUDA
+    // The finished requests' penalty slots are free again (the old workers' go with them).
+    if (new_workers_after < 0) EXPECT_EQ(sampler_->free_penalty_slots(), kSamplerRows) << c.name;
+#endif
     return out;
   }
 
@@ -188,6 +208,7 @@ class ModelRunnerTest : public ::testing::Test {
   }
 
 #ifdef LLM_TEST_ON_CUDA
+  static constexpr int kSamplerRows = 256;
   std::unique_ptr<DeviceContext> context_;
   std::unique_ptr<DeviceSampler> sampler_;
   DeviceSampler* sampler() { return sampler_.get(); }
@@ -273,6 +294,87 @@ TEST_F(ModelRunnerTest, SampledSequencesAreReproducibleAcrossConfigurations) {
   EXPECT_EQ(big.at("n3"), small.at("n3"));
   EXPECT_NE(big.at("n3")[0], big.at("n3")[1]);  // the sequences differ from one another
   for (const auto& seq : big.at("n3")) EXPECT_EQ(seq.size(), 12u);
+}
+
+// Penalties on every request below: each sequence's output counts and, for the repetition
+// penalty, its prompt's tokens move its logits.
+SamplingParams PenalizedSampling(uint64_t seed, int n, int max_tokens) {
+  SamplingParams p;
+  p.n = n;
+  p.temperature = 0.9;
+  p.top_k = 20;
+  p.seed = seed;
+  p.repetition_penalty = 1.3;
+  p.frequency_penalty = 0.4;
+  p.presence_penalty = 0.3;
+  p.ignore_eos = true;
+  p.max_tokens = max_tokens;
+  return p;
+}
+
+// Sequence j of a request with n > 1 forks at the first sample: it draws from the stream keyed
+// by (seed, j), from counter 0, with its own output counts and the request's prompt. So it
+// samples what a request with n = 1 and seed philox::SequenceKey(seed, j) samples.
+TEST_F(ModelRunnerTest, ForkedSequencesSampleAsRequestsSeededWithTheirOwnKey) {
+  const std::vector<TokenId> prompt(golden_.ids[1].begin(),
+                                    golden_.ids[1].begin() + golden_.prompt_lens[1]);
+  std::vector<std::pair<std::string, EngineRequest>> reqs;
+  EngineRequest forked;
+  forked.request_id = "n3";
+  forked.prompt_token_ids = prompt;
+  forked.sampling_params = PenalizedSampling(5, 3, 10);
+  reqs.push_back({"n3", forked});
+  for (int j = 0; j < 3; ++j) {
+    EngineRequest single;
+    single.request_id = "seq" + std::to_string(j);
+    single.prompt_token_ids = prompt;
+    single.sampling_params = PenalizedSampling(philox::SequenceKey(5, j), 1, 10);
+    reqs.push_back({single.request_id, single});
+  }
+  for (const Config& c :
+       {Config{.name = "large", .block_size = 8}, Config{.name = "swap",
+                                                  .num_gpu_blocks = 24,
+                                                  .num_cpu_blocks = 64,
+                                                  .block_size = 4,
+                                                  .mode = PreemptionMode::kSwap}}) {
+    const auto out = Run(c, reqs);
+    ASSERT_EQ(out.at("n3").size(), 3u) << c.name;
+    for (int j = 0; j < 3; ++j) {
+      const std::vector<TokenId>& alone = out.at("seq" + std::to_string(j)).at(0);
+      EXPECT_EQ(alone.size(), 10u) << c.name;
+      EXPECT_EQ(out.at("n3")[j], alone) << c.name << ": sequence " << j;
+    }
+    EXPECT_NE(out.at("n3")[0], out.at("n3")[1]) << c.name;
+  }
+}
+
+// Workers that take over a request get its output as the sequences' tokens: they go on from the
+// same Philox counter and the same penalty counts as the workers that ran it so far, so the
+// streams are those of a run that never moved.
+TEST_F(ModelRunnerTest, RequestsResumedOnNewWorkersSampleAsIfTheyNeverLeft) {
+  std::vector<std::pair<std::string, EngineRequest>> reqs;
+  for (int p = 0; p < 3; ++p) {
+    EngineRequest r;
+    r.request_id = "r" + std::to_string(p);
+    r.prompt_token_ids.assign(golden_.ids[p].begin(),
+                              golden_.ids[p].begin() + golden_.prompt_lens[p]);
+    r.sampling_params = PenalizedSampling(11 + p, p == 2 ? 2 : 1, 14);
+    reqs.push_back({r.request_id, r});
+  }
+  const Config c{.name = "large", .block_size = 8};
+  const auto undisturbed = Run(c, reqs);
+  for (const int after : {2, 6}) {
+    const auto moved = Run(c, reqs, nullptr, /*new_workers_after=*/after);
+    EXPECT_EQ(moved, undisturbed) << "moved after " << after << " steps";
+  }
+#ifdef LLM_TEST_ON_CUDA
+  // The workers left behind gave their penalty slots back when they went.
+  EXPECT_EQ(sampler_->free_penalty_slots(), kSamplerRows);
+#endif
+  EXPECT_EQ(undisturbed.at("r2").size(), 2u);
+  for (const auto& [id, seqs] : undisturbed) {
+    for (const auto& seq : seqs) EXPECT_EQ(seq.size(), 14u) << id;
+  }
 }
 
 TEST_F(ModelRunnerTest, ForkedSequencesWithTopK1AreAllTransformersGreedy) {

@@ -9,9 +9,13 @@
 
 #include "gtest/gtest.h"
 #include "kernels/philox.h"
+#include "protocol/batch_state.h"
+#include "tests/testing/sampling_sequence.h"
 
 namespace llm {
 namespace {
+
+using ::llm::testing::SamplingSequence;
 
 std::vector<float> RandomLogits(int vocab, uint32_t seed, float scale = 3.0f) {
   std::mt19937 rng(seed);
@@ -21,16 +25,17 @@ std::vector<float> RandomLogits(int vocab, uint32_t seed, float scale = 3.0f) {
   return v;
 }
 
-// Draws `n` tokens for one sequence whose logits are `logits` at every step (no output
-// tokens added, so penalties stay off).
+// Draws `n` tokens for one sequence whose logits are `logits` at every step, each token
+// recorded in its state as a worker does.
 std::vector<TokenId> Draw(const SamplingParams& p, const std::vector<float>& logits, int n,
                           int seq_index = 0) {
-  SequenceSampler seq(p, seq_index, {});
-  SequenceSampler* rows[] = {&seq};
+  SamplingSequence seq(p, seq_index);
+  const SampleRow rows[] = {seq.row()};
   std::vector<TokenId> out;
   for (int i = 0; i < n; ++i) {
     std::vector<float> row = logits;
     out.push_back(Sampler::Sample(row, static_cast<int>(row.size()), rows)[0].token);
+    seq.Append(out.back());
   }
   return out;
 }
@@ -76,14 +81,6 @@ TEST(Philox, UniformsAreInTheOpenUnitIntervalAndUnbiased) {
   EXPECT_NEAR(sum / n, 0.5, 0.005);  // sd of the mean: 0.29 / sqrt(n) = 0.0009
 }
 
-TEST(Sampler, UnseededSequencesDrawDifferentStreams) {
-  const std::vector<float> logits = RandomLogits(64, 3, 1.0f);
-  SamplingParams p;
-  EXPECT_NE(Draw(p, logits, 50), Draw(p, logits, 50));
-  SequenceSampler a(p, 0, {}), b(p, 0, {});
-  EXPECT_NE(a.key(), b.key());
-}
-
 TEST(Sampler, TiesAtTheTopKAndTopPBoundariesKeepTheLowestIds) {
   // Scaled logits: 2 (ids 4, 6), 1 (ids 1, 3, 7), 0 (others).
   const std::vector<float> logits{0, 1, 0, 1, 2, 0, 2, 1};
@@ -104,8 +101,8 @@ TEST(Sampler, GreedyIsTheArgmaxAfterPenalties) {
   EXPECT_EQ(Draw(p, logits, 1)[0], 1);
   p.repetition_penalty = 2.0;  // token 1 is in the prompt: 3 / 2 = 1.5 < 2.5
   const TokenId prompt[] = {1};
-  SequenceSampler seq(p, 0, prompt);
-  SequenceSampler* rows[] = {&seq};
+  SamplingSequence seq(p, 0, prompt);
+  const SampleRow rows[] = {seq.row()};
   EXPECT_EQ(Sampler::Sample(logits, 4, rows)[0].token, 2);
 }
 
@@ -114,11 +111,11 @@ TEST(Sampler, PenaltiesChangeLogitsExactlyAsSpecified) {
   p.repetition_penalty = 1.5;
   p.frequency_penalty = 0.5;
   p.presence_penalty = 0.25;
-  const TokenId prompt[] = {1, 2};
-  SequenceSampler seq(p, 0, prompt);
-  for (TokenId t : {2, 3, 3}) seq.AddOutputToken(t);
+  const TokenId prompt[] = {1, 2, 1};
+  SamplingSequence seq(p, 0, prompt);
+  for (TokenId t : {2, 3, 3}) seq.Append(t);
   std::vector<float> row{0.7f, 3.0f, -2.0f, 1.2f, 5.0f};
-  Sampler::ApplyPenalties(seq, row);
+  Sampler::ApplyPenalties(seq.row(), row);
   EXPECT_FLOAT_EQ(row[0], 0.7f);                            // untouched
   EXPECT_FLOAT_EQ(row[1], 3.0f / 1.5f);                     // prompt, positive: divided
   EXPECT_FLOAT_EQ(row[2], -2.0f * 1.5f - 0.5f - 0.25f);     // prompt + once in output, negative
@@ -133,21 +130,26 @@ TEST(Sampler, SameSeedSameTokensWhateverElseIsInTheBatch) {
   EXPECT_EQ(Draw(p, logits, 50), alone);
   EXPECT_NE(Draw(Params(1.0, 4321), logits, 50), alone);
 
-  // The same sequence in a batch with two others, one of them unseeded.
-  SequenceSampler seq(p, 0, {});
+  // The same sequence in a batch with two others, one of them with penalties.
+  SamplingSequence seq(p, 0);
   SamplingParams other = Params(0.7, 99);
   other.top_k = 5;
-  SequenceSampler a(other, 0, {});
-  SamplingParams unseeded;
-  SequenceSampler b(unseeded, 0, {});
-  SequenceSampler* rows[] = {&a, &seq, &b};
+  SamplingSequence a(other, 0);
+  SamplingParams penalized = Params(1.3, 7);
+  penalized.frequency_penalty = 1.0;
+  SamplingSequence b(penalized, 0);
+  const SampleRow rows[] = {a.row(), seq.row(), b.row()};
   std::vector<TokenId> batched;
   for (int i = 0; i < 50; ++i) {
     std::vector<float> batch = RandomLogits(64, 100 + i, 1.0f);
     batch.insert(batch.end(), logits.begin(), logits.end());
     const std::vector<float> third = RandomLogits(64, 200 + i, 1.0f);
     batch.insert(batch.end(), third.begin(), third.end());
-    batched.push_back(Sampler::Sample(batch, 64, rows)[1].token);
+    const std::vector<SampledToken> out = Sampler::Sample(batch, 64, rows);
+    a.Append(out[0].token);
+    seq.Append(out[1].token);
+    b.Append(out[2].token);
+    batched.push_back(out[1].token);
   }
   EXPECT_EQ(batched, alone);
   // Sequence 1 of the same request draws its own stream.
@@ -274,8 +276,8 @@ TEST(Sampler, LogprobsAreTheRawDistribution) {
   p.logprobs = 2;
   p.repetition_penalty = 1.7;  // changes the sampling, not the reported logprobs
   const TokenId prompt[] = {1};
-  SequenceSampler seq(p, 0, prompt);
-  SequenceSampler* rows[] = {&seq};
+  SamplingSequence seq(p, 0, prompt);
+  const SampleRow rows[] = {seq.row()};
   std::vector<float> row = logits;
   const SampledToken s = Sampler::Sample(row, 4, rows)[0];
   double lse = 0;
@@ -287,6 +289,192 @@ TEST(Sampler, LogprobsAreTheRawDistribution) {
   EXPECT_NEAR(s.top_logprobs[0].second, 3.0 - lse, 1e-6);
   EXPECT_EQ(s.top_logprobs[1].first, 2);
   EXPECT_NEAR(s.top_logprobs[1].second, 2.0 - lse, 1e-6);
+}
+
+// One request (slot 0) on a worker's BatchState, driven by the steps a scheduler would send: its
+// prompt computed in one step (n > 1: forking at that sample), then one decode step at a time,
+// each row sampled by the host Sampler from SampleRowOf's rows. The logits of a row depend only
+// on its sequence's index and output length (Logit), so two workers that hold the same
+// sequences see the same logits.
+class OneRequestWorker {
+ public:
+  static constexpr int kVocab = 64;
+
+  OneRequestWorker(const SamplingParams& params, std::vector<TokenId> prompt)
+      : params_(params),
+        prompt_(std::move(prompt)),
+        batch_({.num_gpu_blocks = 8, .num_cpu_blocks = 0, .block_size = 64, .vocab_size = kVocab}) {
+  }
+
+  static float Logit(int position, int seq_index, TokenId token) {
+    uint64_t h = (uint64_t(position) * 1000003u + uint64_t(seq_index) * 7919u + uint64_t(token)) *
+                 0x9e3779b97f4a7c15ULL;
+    h ^= h >> 29;
+    return static_cast<float>(static_cast<int>(h % 2000)) / 400.0f - 2.5f;
+  }
+
+  // Admits the request; with `outputs` (one per live sequence), as resumed on workers that never
+  // held it: those sequences come with their output so far, and each samples its next token.
+  void Admit(const std::vector<std::vector<TokenId>>& outputs = {}) {
+    SchedulerOutput step;
+    step.step_id = ++step_id_;
+    const int live = outputs.empty() ? 1 : static_cast<int>(outputs.size());
+    for (int j = 0; j < live; ++j) {
+      ScheduledSequence& s = step.seqs.emplace_back();
+      s.index = j;
+      s.new_to_workers = true;
+      s.replace_block_table = true;
+      s.new_token_ids.begin = static_cast<uint32_t>(step.token_ids.size());
+      if (!outputs.empty()) {
+        step.token_ids.insert(step.token_ids.end(), outputs[j].begin(), outputs[j].end());
+      }
+      s.new_token_ids.size = static_cast<uint32_t>(step.token_ids.size()) - s.new_token_ids.begin;
+      s.block_ids = {static_cast<uint32_t>(step.block_ids.size()), 1};
+      step.block_ids.push_back(j);
+    }
+    const int output_len = outputs.empty() ? 0 : static_cast<int>(outputs[0].size());
+    step.new_requests.push_back(
+        {.slot = 0,
+         .request_id = "r",
+         .prompt_token_ids = prompt_,
+         .sampling_params = &params_,
+         .num_scheduled_tokens = static_cast<int>(prompt_.size()) + output_len,
+         .num_samples = outputs.empty() ? params_.n : live,
+         .seqs = {0, static_cast<uint32_t>(live)}});
+    RunStep(step);
+  }
+
+  // One decode step of every live sequence.
+  void Decode() {
+    const BatchState::Request& req = *batch_.FindRequest(0);
+    SchedulerOutput step;
+    step.step_id = ++step_id_;
+    int live = 0;
+    for (int j = 0; j < static_cast<int>(req.seqs.size()); ++j) {
+      if (!req.seqs[j].live) continue;
+      step.seqs.push_back({.index = j});
+      ++live;
+    }
+    step.cached_requests.push_back({.slot = 0,
+                                    .request_id = "r",
+                                    .num_computed_tokens = req.num_computed_tokens,
+                                    .num_scheduled_tokens = 1,
+                                    .num_samples = live,
+                                    .seqs = {0, static_cast<uint32_t>(live)}});
+    RunStep(step);
+  }
+
+  // The output of each sequence so far.
+  std::vector<std::vector<TokenId>> Outputs() const {
+    std::vector<std::vector<TokenId>> out;
+    for (const BatchState::Sequence& seq : batch_.FindRequest(0)->seqs) {
+      if (seq.live) out.emplace_back(seq.token_ids.begin() + prompt_.size(), seq.token_ids.end());
+    }
+    return out;
+  }
+  const SamplingState& state(int seq_index) const {
+    return batch_.FindRequest(0)->seqs[seq_index].sampling;
+  }
+
+ private:
+  void RunStep(const SchedulerOutput& step) {
+    ASSERT_TRUE(batch_.Apply(step).ok());
+    const BatchInputs& in = batch_.inputs();
+    const BatchState::Request& req = *batch_.FindRequest(0);
+    std::vector<float> logits;
+    std::vector<SampleRow> rows;
+    for (const BatchInputs::Sample& sample : in.samples) {
+      const int parent = in.seqs[sample.batch_seq].index;
+      const int position = static_cast<int>(req.seqs[parent].token_ids.size() - prompt_.size());
+      for (TokenId t = 0; t < kVocab; ++t) logits.push_back(Logit(position, parent, t));
+      rows.push_back(SampleRowOf(batch_, 0, sample.seq_index));
+    }
+    std::vector<TokenId> tokens;
+    for (const SampledToken& s : Sampler::Sample(logits, kVocab, rows)) tokens.push_back(s.token);
+    batch_.AppendSampled(tokens);
+  }
+
+  SamplingParams params_;
+  std::vector<TokenId> prompt_;
+  BatchState batch_;
+  int64_t step_id_ = 0;
+};
+
+SamplingParams PenalizedForks() {
+  SamplingParams p = Params(0.8, 77);
+  p.n = 3;
+  p.top_k = 30;
+  p.repetition_penalty = 1.5;
+  p.frequency_penalty = 0.5;
+  p.presence_penalty = 0.4;
+  return p;
+}
+
+// The tokens three forked sequences with penalties sample, recorded from the sampler in which
+// every sequence had its own copy of the params, prompt set and counts: holding that state
+// once changes none of them.
+TEST(SamplerOnBatchState, ForkedSequencesWithPenaltiesSampleTheTokensTheyAlwaysDid) {
+  OneRequestWorker worker(PenalizedForks(), {3, 9, 9, 17, 40, 3});
+  worker.Admit();
+  for (int step = 1; step < 12; ++step) worker.Decode();
+  EXPECT_EQ(worker.Outputs(),
+            (std::vector<std::vector<TokenId>>{{16, 7, 19, 53, 34, 61, 17, 8, 6, 42, 56, 59},
+                                               {62, 16, 25, 1, 13, 27, 36, 12, 5, 18, 21, 31},
+                                               {30, 21, 52, 7, 28, 4, 41, 49, 56, 43, 45, 60}}));
+  for (int j = 0; j < 3; ++j) EXPECT_EQ(worker.state(j).num_samples, 12u) << j;
+}
+
+// Workers that take a request over get each sequence's output as its tokens: its counter and
+// its counts go on from there, so it samples what it would have on the workers it left.
+TEST(SamplerOnBatchState, AResumedRequestContinuesItsCounterAndCounts) {
+  for (const int n : {1, 3}) {
+    SCOPED_TRACE(::testing::Message() << "n = " << n);
+    SamplingParams p = PenalizedForks();
+    p.n = n;
+    const std::vector<TokenId> prompt{3, 9, 9, 17, 40, 3};
+    OneRequestWorker stayed(p, prompt), left(p, prompt);
+    stayed.Admit();
+    left.Admit();
+    for (int step = 1; step < 5; ++step) {
+      stayed.Decode();
+      left.Decode();
+    }
+    OneRequestWorker resumed(p, prompt);
+    resumed.Admit(left.Outputs());
+    stayed.Decode();
+    for (int j = 0; j < n; ++j) {
+      EXPECT_EQ(resumed.state(j).num_samples, 6u) << j;
+      EXPECT_EQ(resumed.state(j).output_counts, stayed.state(j).output_counts) << j;
+    }
+    EXPECT_EQ(resumed.Outputs(), stayed.Outputs());
+    for (int step = 0; step < 6; ++step) {
+      stayed.Decode();
+      resumed.Decode();
+    }
+    EXPECT_EQ(resumed.Outputs(), stayed.Outputs());
+  }
+}
+
+// Without a penalty nothing reads the output counts or the prompt's tokens: none are kept.
+TEST(SamplerOnBatchState, NothingIsCountedWithoutAPenalty) {
+  SamplingParams p = Params(0.8, 5);
+  p.n = 2;
+  OneRequestWorker worker(p, {1, 2, 2, 3});
+  worker.Admit();
+  for (int step = 1; step < 8; ++step) worker.Decode();
+  for (int j = 0; j < 2; ++j) {
+    EXPECT_EQ(worker.state(j).num_samples, 8u);
+    EXPECT_TRUE(worker.state(j).output_counts.empty());
+  }
+  p.presence_penalty = 0.5;
+  OneRequestWorker penalized(p, {1, 2, 2, 3});
+  penalized.Admit();
+  for (int step = 1; step < 8; ++step) penalized.Decode();
+  for (int j = 0; j < 2; ++j) {
+    int counted = 0;
+    for (const auto& [t, c] : penalized.state(j).output_counts) counted += c;
+    EXPECT_EQ(counted, 8);
+  }
 }
 
 }  // namespace
