@@ -419,7 +419,6 @@ absl::Status ShardedWorkerClient::Submit(const SchedulerOutput& step) {
     for (const auto& r : ranks_) CHECK_GE(r->written + kMaxStepsInFlight, job);
   }
   EncodeStepRequest(step, &requests_[job % kMaxStepsInFlight]);
-  step_ids_[job % kMaxStepsInFlight] = step.step_id;
   absl::MutexLock lock(&mu_);
   job_ = job;
   return absl::OkStatus();
@@ -452,7 +451,7 @@ absl::Status ShardedWorkerClient::Collect(ModelOutput* out) {
     }
     collected_ = job;
   }
-  const int64_t step_id = step_ids_[job % kMaxStepsInFlight];
+  const int64_t step_id = static_cast<int64_t>(requests_[job % kMaxStepsInFlight].step_id());
   absl::Status error;
   if (any_timed_out) {
     error = TimedOutRank(timed_out, step_id);

@@ -167,9 +167,9 @@ class ShardedWorkerClient : public Executor {
   const ShardedWorkerClientOptions options_;
   std::vector<std::unique_ptr<Rank>> ranks_;
   // Job j's request is requests_[j % kMaxStepsInFlight]: encoded by Submit, then read by the
-  // writers until each has written it (before Submit reuses it for job j + 2).
+  // writers until each has written it (before Submit reuses it for job j + 2), and by Collect
+  // for its step id.
   v1::StepRequest requests_[kMaxStepsInFlight];
-  int64_t step_ids_[kMaxStepsInFlight] = {};  // job j's step id, for Collect
 
   mutable absl::Mutex mu_;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
