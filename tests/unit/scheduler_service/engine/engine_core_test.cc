@@ -505,8 +505,12 @@ TEST_P(EngineCoreTest, ASlowStreamCallbackDoesNotHoldTheEngineThread) {
                                 collect(u);
                               })
                   .ok());
+  // Wait for the first callback to be entered (the output thread may take a while to pick up
+  // the first delivery), then for the engine to run steps while it stays blocked.
   const int ahead = 1 + static_cast<int>(EngineCore::kMaxQueuedOutputs);
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (updates.load() == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(updates.load(), 1) << "the first update never reached its stream";
   while (exec.steps() < ahead && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
   EXPECT_GE(exec.steps(), ahead) << "the engine thread waited for a stream callback";
   EXPECT_EQ(updates.load(), 1);
