@@ -556,20 +556,15 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* LLMService::Generate(
     request_id = absl::StrFormat("req-%06x-%d", id_prefix_, next_id_.fetch_add(1));
   }
 
-  // The id of a call its client cancelled is free at once, even before gRPC's OnCancel ran.
-  // A cancellation may reach the server just after a new call with the id does: a call in the
-  // way is given kIdReuseGrace to turn out cancelled (or to end) before ALREADY_EXISTS.
+  // One rule for ids, with no waiting: an id is in use from its call's arrival until its request
+  // ends (the id is freed before the end is sent) or its client cancels it. A cancelled call
+  // frees its id even before gRPC's OnCancel ran: gRPC reads a connection's frames in order, so a
+  // client that cancels a call and then reuses its id on the same channel finds it free. A
+  // cancellation that reaches the server after the new call is too late, as for any other
+  // running request.
   std::shared_ptr<GenerateCall> cancelled;
   {
     absl::MutexLock lock(&mu_);
-    auto free_or_cancelled = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      auto it = calls_.find(request_id);
-      return it == calls_.end() || it->second->cancelled_by_client();
-    };
-    if (calls_.contains(request_id)) {
-      constexpr absl::Duration kIdReuseGrace = absl::Milliseconds(500);
-      mu_.AwaitWithTimeout(absl::Condition(&free_or_cancelled), kIdReuseGrace);
-    }
     auto it = calls_.find(request_id);
     if (it != calls_.end() && it->second->cancelled_by_client()) {
       cancelled = std::move(it->second);

@@ -3,8 +3,10 @@
 // hang guards only.
 #include "scheduler_service/api/llm_service.h"
 
+#include <atomic>
 #include <chrono>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -12,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -641,6 +644,90 @@ TEST_F(LLMServiceTest, ACancelledRequestIdIsReusableAtOnce) {
     }
     EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
   }
+  EXPECT_TRUE(Eventually([&] { return service_->num_calls() == 0; }));
+}
+
+// A request id in use is refused at once, not once the request holding it ends: the refusal
+// does not depend on how soon that happens.
+TEST_F(LLMServiceTest, AnIdInUseIsRefusedEvenIfItsRequestEndsMomentsLater) {
+  SwapEngine(/*open=*/false);
+  gate_->Allow(1);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  v1::GenerateRequest first = Text("Hello world", 4);
+  first.set_request_id("busy");
+  auto reader = stub_->Generate(&ctx, first);
+  v1::GenerateResponse resp;
+  ASSERT_TRUE(reader->Read(&resp));  // running, held at the gate
+  std::thread opener([this] {
+    absl::SleepFor(absl::Milliseconds(100));
+    gate_->Open();
+  });
+  v1::GenerateRequest second = Text("Hello", 4);
+  second.set_request_id("busy");
+  const CallResult r = Generate(second);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::ALREADY_EXISTS) << r.status.error_message();
+  EXPECT_EQ(r.status.error_message(), "request id busy is in use by a running request");
+  EXPECT_TRUE(r.responses.empty());
+  opener.join();
+  int tokens = resp.outputs(0).token_ids_size();
+  while (reader->Read(&resp))
+    tokens += resp.outputs_size() > 0 ? resp.outputs(0).token_ids_size() : 0;
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(tokens, 4);  // the first request ran undisturbed
+}
+
+// Two submissions with one id, the second raced against the end of the first: each is either
+// refused ALREADY_EXISTS (only while the other may still run: before its client saw it end) or
+// served in full, never both refused, never anything in between.
+TEST_F(LLMServiceTest, SubmissionsRacedAgainstTheEndOfTheRequestHoldingTheirId) {
+  struct Call {
+    CallResult result;
+    int64_t sent = 0;
+    int64_t ended = 0;
+  };
+  auto run = [this](const std::string& text, Call* c) {
+    v1::GenerateRequest req = Text(text, 6);
+    req.set_request_id("race");
+    c->sent = absl::ToUnixNanos(absl::Now());
+    c->result = Generate(req);
+    c->ended = absl::ToUnixNanos(absl::Now());
+  };
+  Call solo;
+  run("Hello world", &solo);
+  ASSERT_TRUE(solo.result.status.ok()) << solo.result.status.error_message();
+  const absl::Duration lifetime = absl::Nanoseconds(solo.ended - solo.sent);
+  absl::BitGen rng;
+  int refused = 0, served = 0;
+  for (int i = 0; i < 100; ++i) {
+    SCOPED_TRACE(absl::StrCat("round ", i));
+    Call calls[2];
+    std::thread first([&] { run("Hello world", &calls[0]); });
+    absl::SleepFor(lifetime * absl::Uniform(rng, 0.0, 1.0));
+    run("Hello", &calls[1]);
+    first.join();
+    int num_refused = 0;
+    for (int c = 0; c < 2; ++c) {
+      const CallResult& r = calls[c].result;
+      if (r.status.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
+        ++num_refused;
+        EXPECT_EQ(r.status.error_message(), "request id race is in use by a running request");
+        EXPECT_LT(calls[c].sent, calls[1 - c].ended)
+            << "refused after its client saw the other end";
+        EXPECT_TRUE(r.responses.empty());
+        continue;
+      }
+      ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+      EXPECT_EQ(r.responses.back().usage().completion_tokens(), 6u);
+    }
+    EXPECT_LE(num_refused, 1);
+    (num_refused == 0 ? served : refused)++;
+  }
+  RecordProperty("rounds_with_a_refusal", refused);
+  RecordProperty("rounds_both_served", served);
+  // Both sides of the race were taken (else the test raced nothing).
+  EXPECT_GT(refused, 0);
+  EXPECT_GT(served, 0);
   EXPECT_TRUE(Eventually([&] { return service_->num_calls() == 0; }));
 }
 
