@@ -57,6 +57,7 @@ const std::vector<KeySpec>& EngineKeys() {
       {"collective_timeout", Type::kDouble, {}},
       {"keepalive_time", Type::kDouble, {}},
       {"keepalive_timeout", Type::kDouble, {}},
+      {"recovery_timeout", Type::kDouble, {}},
       {"ssl_certfile", Type::kString, {}},
       {"ssl_keyfile", Type::kString, {}},
       {"ssl_ca_certs", Type::kString, {}},

@@ -60,7 +60,7 @@ ShardedWorkerClient::ShardedWorkerClient(ShardedWorkerClientOptions options)
     args.SetMaxSendMessageSize(-1);
     // A fresh client per group attempt: do not inherit another channel's reconnect backoff.
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     if (options_.keepalive_time > absl::ZeroDuration()) {
       args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS,
@@ -157,18 +157,24 @@ absl::Status ShardedWorkerClient::HealthRound(absl::Duration deadline) {
 }
 
 absl::Status ShardedWorkerClient::WaitUntilHealthy(std::string* last_reason) {
+  const absl::Duration deadline = std::min(absl::Seconds(2), options_.worker_timeout);
   absl::Duration backoff = absl::Milliseconds(100);
   while (true) {
-    const absl::Status s = HealthRound(std::min(absl::Seconds(2), options_.worker_timeout));
+    const absl::Time start = absl::Now();
+    const absl::Status s = HealthRound(deadline);
     if (s.ok() || s.code() == absl::StatusCode::kCancelled) return s;
     if (last_reason != nullptr) *last_reason = std::string(s.message());
     VLOG(1) << "waiting for the workers: " << s;
+    // A round that waited out its deadline found a rank that does not answer (stopped, stalled):
+    // the next call goes out at once, so that one is always waiting when the rank answers again.
+    // A rank that refuses (not up yet, restarting) is asked again after a short backoff.
+    if (absl::Now() - start >= deadline) continue;
     absl::MutexLock lock(&mu_);
     auto cancelled = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return cancelled_ || stopping_; };
     if (mu_.AwaitWithTimeout(absl::Condition(&cancelled), backoff)) {
       return absl::CancelledError("the worker group client was cancelled");
     }
-    backoff = std::min(backoff * 2, absl::Seconds(2));
+    backoff = std::min(backoff * 2, absl::Milliseconds(500));
   }
 }
 

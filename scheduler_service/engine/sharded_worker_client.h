@@ -76,9 +76,11 @@ class ShardedWorkerClient : public Executor {
   int world_size() const { return static_cast<int>(ranks_.size()); }
   const std::string& address(int rank) const { return ranks_[rank]->address; }
 
-  // Calls Health on every rank until all answer serving, sleeping between rounds (100 ms
-  // doubling to 2 s). Returns CANCELLED after Cancel(); `last_reason` (may be null) is kept
-  // up to date with why the last round failed.
+  // Calls Health on every rank until all answer serving: after a round a rank refused, again
+  // after 100 ms doubling to 500 ms; after a round that waited out its deadline (min(2 s,
+  // worker_timeout)), again at once, so that a stalled rank is heard as soon as it answers.
+  // Returns CANCELLED after Cancel(); `last_reason` (may be null) is kept up to date with why
+  // the last round failed.
   absl::Status WaitUntilHealthy(std::string* last_reason = nullptr);
 
   // While the group runs (between steps, from another thread): Health on every rank, each
