@@ -2304,12 +2304,6 @@ class Parser {
 // ---------------------------------------------------------------------------------------------
 // Filters, tests, methods and globals.
 
-std::string RequireString(const Value& v, const std::string& what) {
-  if (v.is_undefined()) return "";
-  if (!v.is_string()) throw CallError{what + " expects a string, got " + v.TypeName()};
-  return v.as_string();
-}
-
 int64_t Length(const Value& v) {
   if (v.is_undefined()) return 0;
   if (v.is_string()) return static_cast<int64_t>(Utf8Chars(v.as_string()).size());
