@@ -1,5 +1,7 @@
 #include "scheduler_service/tokenizer/utf8.h"
 
+#include <algorithm>
+
 namespace llm {
 namespace {
 
@@ -33,6 +35,16 @@ size_t ValidSequenceAt(std::string_view s, size_t pos, size_t* bad_len) {
     *bad_len = i + 1;
   }
   return need;
+}
+
+// The code point of the `len`-byte sequence at s[pos], from those of its bytes that `s` has.
+uint32_t DecodeSequence(std::string_view s, size_t pos, size_t len) {
+  const auto b0 = static_cast<unsigned char>(s[pos]);
+  uint32_t cp = len == 1 ? b0 : len == 2 ? (b0 & 0x1F) : len == 3 ? (b0 & 0x0F) : (b0 & 0x07);
+  for (size_t i = 1; i < len && pos + i < s.size(); ++i) {
+    cp = (cp << 6) | (static_cast<unsigned char>(s[pos + i]) & 0x3F);
+  }
+  return cp;
 }
 
 }  // namespace
@@ -76,12 +88,8 @@ std::string Utf8Lossy(std::string_view s) {
 }
 
 uint32_t NextCodePoint(std::string_view s, size_t* pos) {
-  const auto b0 = static_cast<unsigned char>(s[*pos]);
-  const size_t len = Utf8CharLength(b0);
-  uint32_t cp = len == 1 ? b0 : len == 2 ? (b0 & 0x1F) : len == 3 ? (b0 & 0x0F) : (b0 & 0x07);
-  for (size_t i = 1; i < len && *pos + i < s.size(); ++i) {
-    cp = (cp << 6) | (static_cast<unsigned char>(s[*pos + i]) & 0x3F);
-  }
+  const size_t len = Utf8CharLength(static_cast<unsigned char>(s[*pos]));
+  const uint32_t cp = DecodeSequence(s, *pos, len);
   *pos += len;
   return cp;
 }
@@ -103,6 +111,19 @@ void AppendUtf8(uint32_t cp, std::string* out) {
     out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
   }
 }
+
+std::vector<std::string_view> SplitUtf8Chars(std::string_view s) {
+  std::vector<std::string_view> chars;
+  for (size_t pos = 0; pos < s.size();) {
+    const auto lead = static_cast<unsigned char>(s[pos]);
+    const size_t len = std::min(lead >= 0xF8 ? size_t{1} : Utf8CharLength(lead), s.size() - pos);
+    chars.push_back(s.substr(pos, len));
+    pos += len;
+  }
+  return chars;
+}
+
+uint32_t Utf8CharCodePoint(std::string_view ch) { return DecodeSequence(ch, 0, ch.size()); }
 
 bool IsUnicodeWhitespace(uint32_t c) {
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||

@@ -1,4 +1,5 @@
-// UTF-8 helpers for the tokenizer: validation, lossy repair and code point iteration.
+// UTF-8 helpers for the tokenizer and the chat templates: validation, lossy repair, code point
+// iteration and splitting into characters.
 // Stateless free functions; thread-safe.
 #ifndef LLM_SCHEDULER_SERVICE_TOKENIZER_UTF8_H_
 #define LLM_SCHEDULER_SERVICE_TOKENIZER_UTF8_H_
@@ -7,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace llm {
 
@@ -28,6 +30,14 @@ inline size_t Utf8CharLength(unsigned char lead) {
   return lead < 0x80 ? 1 : lead < 0xE0 ? (lead < 0xC0 ? 1 : 2) : lead < 0xF0 ? 3 : 4;
 }
 void AppendUtf8(uint32_t code_point, std::string* out);
+
+// `s` split into its characters, each a view of its bytes: as long as its lead byte says
+// (Utf8CharLength), cut short by the end of `s`. 0xF8-0xFF, which begin no sequence, stand alone.
+// Ill-formed input splits by the same rule; the pieces always join back to `s`.
+std::vector<std::string_view> SplitUtf8Chars(std::string_view s);
+// The code point of one character of SplitUtf8Chars. One cut short decodes from the bytes it
+// has, so a lone lead byte is its own value (0xC9 stays 0xC9 rather than becoming a tab).
+uint32_t Utf8CharCodePoint(std::string_view ch);
 
 // Unicode White_Space (what Rust's char::is_whitespace answers).
 bool IsUnicodeWhitespace(uint32_t code_point);

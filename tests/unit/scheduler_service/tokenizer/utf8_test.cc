@@ -4,6 +4,8 @@
 #include "scheduler_service/tokenizer/utf8.h"
 
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -38,6 +40,35 @@ TEST(Utf8Test, OneReplacementPerMaximalSubpart) {
             "a\xEF\xBF\xBD"
             "b");
   EXPECT_EQ(ValidUtf8Prefix("abc\xE4\xBD"), 3u);
+}
+
+TEST(Utf8Test, SplitUtf8CharsKeepsEachCharacterWhole) {
+  EXPECT_EQ(SplitUtf8Chars("a\u00e9\u4e2d\U0001F600"),
+            (std::vector<std::string_view>{"a", "\u00e9", "\u4e2d", "\U0001F600"}));
+  EXPECT_TRUE(SplitUtf8Chars("").empty());
+}
+
+TEST(Utf8Test, SplitUtf8CharsGivesIllFormedBytesBackWhole) {
+  // Stray continuation bytes and 0xF8-0xFF stand alone; a sequence cut short by the end stays
+  // one piece; a lead byte takes its length in bytes, whatever they are.
+  EXPECT_EQ(SplitUtf8Chars("\x80\xF8x\xFF"),
+            (std::vector<std::string_view>{"\x80", "\xF8", "x", "\xFF"}));
+  EXPECT_EQ(SplitUtf8Chars("ab\xE4\xBD"), (std::vector<std::string_view>{"a", "b", "\xE4\xBD"}));
+  EXPECT_EQ(SplitUtf8Chars("\xE9 xy"), (std::vector<std::string_view>{"\xE9 x", "y"}));
+  std::string joined;
+  for (std::string_view ch : SplitUtf8Chars("\xC3(\xF0\x9F\x98\xFE\x80")) joined += ch;
+  EXPECT_EQ(joined, "\xC3(\xF0\x9F\x98\xFE\x80");
+}
+
+TEST(Utf8Test, Utf8CharCodePointDecodesOneCharacter) {
+  EXPECT_EQ(Utf8CharCodePoint("a"), 0x61u);
+  EXPECT_EQ(Utf8CharCodePoint("\u00e9"), 0xE9u);
+  EXPECT_EQ(Utf8CharCodePoint("\u3000"), 0x3000u);
+  EXPECT_EQ(Utf8CharCodePoint("\U0001F600"), 0x1F600u);
+  // A lone lead byte is its own value: 0xC9 masked as the lead of a pair would be U+0009, a
+  // tab, and text cut after it would lose it to a strip.
+  EXPECT_EQ(Utf8CharCodePoint("\xC9"), 0xC9u);
+  EXPECT_EQ(Utf8CharCodePoint("\xF8"), 0xF8u);
 }
 
 }  // namespace
