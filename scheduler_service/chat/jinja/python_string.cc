@@ -1,0 +1,216 @@
+#include "scheduler_service/chat/jinja/python_string.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace llm::jinja {
+
+std::vector<std::string> Utf8Chars(const std::string& s) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < s.size();) {
+    unsigned char c = s[i];
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+    len = std::min(len, s.size() - i);
+    out.push_back(s.substr(i, len));
+    i += len;
+  }
+  return out;
+}
+
+uint32_t DecodeChar(const std::string& ch) {
+  unsigned char c = ch[0];
+  if (c < 0x80 || ch.size() == 1) return c;
+  uint32_t cp = ch.size() == 2 ? (c & 0x1f) : ch.size() == 3 ? (c & 0x0f) : (c & 0x07);
+  for (size_t i = 1; i < ch.size(); ++i)
+    cp = (cp << 6) | (static_cast<unsigned char>(ch[i]) & 0x3f);
+  return cp;
+}
+
+void AppendUtf8(uint32_t cp, std::string* out) {
+  if (cp < 0x80) {
+    out->push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out->push_back(static_cast<char>(0xc0 | (cp >> 6)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+  } else if (cp < 0x10000) {
+    out->push_back(static_cast<char>(0xe0 | (cp >> 12)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+  } else {
+    out->push_back(static_cast<char>(0xf0 | (cp >> 18)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3f)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+  }
+}
+
+bool IsPySpace(uint32_t cp) {
+  return (cp >= 0x09 && cp <= 0x0d) || (cp >= 0x1c && cp <= 0x20) || cp == 0x85 || cp == 0xa0 ||
+         cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 ||
+         cp == 0x202f || cp == 0x205f || cp == 0x3000;
+}
+
+std::string PyStrip(const std::string& s, const std::string* chars, bool left, bool right) {
+  std::vector<std::string> cs = Utf8Chars(s);
+  std::vector<std::string> strip_set;
+  if (chars != nullptr) strip_set = Utf8Chars(*chars);
+  auto strippable = [&](const std::string& ch) {
+    if (chars == nullptr) return IsPySpace(DecodeChar(ch));
+    return std::find(strip_set.begin(), strip_set.end(), ch) != strip_set.end();
+  };
+  size_t b = 0, e = cs.size();
+  if (left)
+    while (b < e && strippable(cs[b])) ++b;
+  if (right)
+    while (e > b && strippable(cs[e - 1])) --e;
+  std::string out;
+  for (size_t i = b; i < e; ++i) out += cs[i];
+  return out;
+}
+
+std::string AsciiUpper(std::string s) {
+  for (char& c : s)
+    if (c >= 'a' && c <= 'z') c = static_cast<char>(c - 'a' + 'A');
+  return s;
+}
+
+std::string AsciiLower(std::string s) {
+  for (char& c : s)
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  return s;
+}
+
+bool IsAlpha(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+
+std::string PyTitle(const std::string& s) {
+  std::string out = s;
+  bool prev_alpha = false;
+  for (char& c : out) {
+    if (IsAlpha(c)) {
+      c = prev_alpha ? AsciiLower(std::string(1, c))[0] : AsciiUpper(std::string(1, c))[0];
+      prev_alpha = true;
+    } else {
+      prev_alpha = (static_cast<unsigned char>(c) >= 0x80) && prev_alpha;
+    }
+  }
+  return out;
+}
+
+std::string PyCapitalize(const std::string& s) {
+  if (s.empty()) return s;
+  return AsciiUpper(s.substr(0, 1)) + AsciiLower(s.substr(1));
+}
+
+std::string PyReplace(const std::string& s, const std::string& from, const std::string& to,
+                      int64_t count) {
+  std::string out;
+  if (from.empty()) {
+    // Python inserts `to` between every character (and at both ends).
+    std::vector<std::string> cs = Utf8Chars(s);
+    int64_t n = 0;
+    for (const std::string& c : cs) {
+      if (count < 0 || n < count) {
+        out += to;
+        ++n;
+      }
+      out += c;
+    }
+    if (count < 0 || n < count) out += to;
+    return out;
+  }
+  size_t pos = 0;
+  int64_t n = 0;
+  while (count < 0 || n < count) {
+    size_t hit = s.find(from, pos);
+    if (hit == std::string::npos) break;
+    out.append(s, pos, hit - pos);
+    out += to;
+    pos = hit + from.size();
+    ++n;
+  }
+  out.append(s, pos, std::string::npos);
+  return out;
+}
+
+std::string PyFloatRepr(double d) {
+  if (std::isnan(d)) return "nan";
+  if (std::isinf(d)) return d > 0 ? "inf" : "-inf";
+  if (d == 0) return std::signbit(d) ? "-0.0" : "0.0";
+  char buf[64];
+  int prec = 1;
+  for (; prec <= 17; ++prec) {
+    std::snprintf(buf, sizeof(buf), "%.*e", prec - 1, d);
+    if (std::strtod(buf, nullptr) == d) break;
+  }
+  std::string s = buf;
+  bool neg = s[0] == '-';
+  if (neg) s = s.substr(1);
+  size_t e_pos = s.find('e');
+  int exp = std::atoi(s.c_str() + e_pos + 1);
+  std::string digits;
+  for (size_t i = 0; i < e_pos; ++i)
+    if (s[i] != '.') digits.push_back(s[i]);
+  while (digits.size() > 1 && digits.back() == '0') digits.pop_back();
+  std::string out;
+  if (exp >= -5 + 1 && exp < 16) {
+    if (exp >= 0) {
+      std::string int_part = digits.substr(0, std::min<size_t>(digits.size(), exp + 1));
+      while (static_cast<int>(int_part.size()) < exp + 1) int_part.push_back('0');
+      std::string frac =
+          digits.size() > static_cast<size_t>(exp + 1) ? digits.substr(exp + 1) : "0";
+      out = int_part + "." + frac;
+    } else {
+      out = "0." + std::string(-exp - 1, '0') + digits;
+    }
+  } else {
+    out = digits.substr(0, 1);
+    if (digits.size() > 1) out += "." + digits.substr(1);
+    char eb[16];
+    std::snprintf(eb, sizeof(eb), "e%c%02d", exp < 0 ? '-' : '+', std::abs(exp));
+    out += eb;
+  }
+  return neg ? "-" + out : out;
+}
+
+std::string PyStrRepr(const std::string& s) {
+  bool has_single = s.find('\'') != std::string::npos;
+  bool has_double = s.find('"') != std::string::npos;
+  char q = has_single && !has_double ? '"' : '\'';
+  std::string out(1, q);
+  for (unsigned char c : s) {
+    switch (c) {
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (c == q) {
+          out.push_back('\\');
+          out.push_back(static_cast<char>(c));
+        } else if (c < 0x20 || c == 0x7f) {
+          char b[8];
+          std::snprintf(b, sizeof(b), "\\x%02x", c);
+          out += b;
+        } else {
+          out.push_back(static_cast<char>(c));
+        }
+    }
+  }
+  out.push_back(q);
+  return out;
+}
+
+}  // namespace llm::jinja

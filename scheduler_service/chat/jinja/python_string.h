@@ -1,0 +1,38 @@
+// Python's str semantics over UTF-8 bytes, as jinja2 inherits them: whitespace, strip,
+// title, capitalize, replace, and the reprs of strings and floats. Letter case is ASCII only.
+#ifndef LLM_SCHEDULER_SERVICE_CHAT_JINJA_PYTHON_STRING_H_
+#define LLM_SCHEDULER_SERVICE_CHAT_JINJA_PYTHON_STRING_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace llm::jinja {
+
+// UTF-8: `s` split into its characters, the code point of one, and appending a code point.
+std::vector<std::string> Utf8Chars(const std::string& s);
+uint32_t DecodeChar(const std::string& ch);
+void AppendUtf8(uint32_t cp, std::string* out);
+
+// Python's str.isspace() for one code point.
+bool IsPySpace(uint32_t cp);
+// Python's str.strip / lstrip / rstrip; `chars` null: whitespace.
+std::string PyStrip(const std::string& s, const std::string* chars, bool left, bool right);
+std::string AsciiUpper(std::string s);
+std::string AsciiLower(std::string s);
+bool IsAlpha(char c);  // an ASCII letter
+// Python's str.title() (ASCII letters): a letter after a non-letter is upper-cased, the
+// others lower-cased.
+std::string PyTitle(const std::string& s);
+std::string PyCapitalize(const std::string& s);
+// Python's str.replace(from, to, count); count < 0: all.
+std::string PyReplace(const std::string& s, const std::string& from, const std::string& to,
+                      int64_t count);
+// Python's repr(float).
+std::string PyFloatRepr(double d);
+// Python's repr(str).
+std::string PyStrRepr(const std::string& s);
+
+}  // namespace llm::jinja
+
+#endif  // LLM_SCHEDULER_SERVICE_CHAT_JINJA_PYTHON_STRING_H_

@@ -1,0 +1,228 @@
+#include "scheduler_service/chat/jinja/value.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "scheduler_service/chat/jinja/python_string.h"
+
+namespace llm::jinja {
+namespace {
+
+void JsonString(const std::string& s, std::string* out) {
+  out->push_back('"');
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"':
+        *out += "\\\"";
+        break;
+      case '\\':
+        *out += "\\\\";
+        break;
+      case '\n':
+        *out += "\\n";
+        break;
+      case '\r':
+        *out += "\\r";
+        break;
+      case '\t':
+        *out += "\\t";
+        break;
+      case '\b':
+        *out += "\\b";
+        break;
+      case '\f':
+        *out += "\\f";
+        break;
+      default:
+        if (c < 0x20) {
+          char b[8];
+          std::snprintf(b, sizeof(b), "\\u%04x", c);
+          *out += b;
+        } else {
+          out->push_back(static_cast<char>(c));
+        }
+    }
+  }
+  out->push_back('"');
+}
+
+void ToJsonImpl(const Value& v, int indent, bool sort_keys, int level, std::string* out) {
+  auto newline = [&](int lvl) {
+    out->push_back('\n');
+    out->append(static_cast<size_t>(indent) * lvl, ' ');
+  };
+  if (v.is_none()) {
+    *out += "null";
+  } else if (v.is_bool()) {
+    *out += v.as_bool() ? "true" : "false";
+  } else if (v.is_int()) {
+    *out += std::to_string(v.as_int());
+  } else if (v.is_float()) {
+    double d = v.as_float();
+    *out += std::isnan(d)   ? "NaN"
+            : std::isinf(d) ? (d > 0 ? "Infinity" : "-Infinity")
+                            : PyFloatRepr(d);
+  } else if (v.is_string()) {
+    JsonString(v.as_string(), out);
+  } else if (v.is_list()) {
+    const ValueList& list = v.list();
+    if (list.empty()) {
+      *out += "[]";
+      return;
+    }
+    out->push_back('[');
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (i > 0) *out += indent >= 0 ? "," : ", ";
+      if (indent >= 0) newline(level + 1);
+      ToJsonImpl(list[i], indent, sort_keys, level + 1, out);
+    }
+    if (indent >= 0) newline(level);
+    out->push_back(']');
+  } else if (v.is_dict()) {
+    std::vector<const std::pair<std::string, Value>*> items;
+    for (const auto& kv : v.dict().items) items.push_back(&kv);
+    if (items.empty()) {
+      *out += "{}";
+      return;
+    }
+    if (sort_keys)
+      std::sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
+    out->push_back('{');
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (i > 0) *out += indent >= 0 ? "," : ", ";
+      if (indent >= 0) newline(level + 1);
+      JsonString(items[i]->first, out);
+      *out += ": ";
+      ToJsonImpl(items[i]->second, indent, sort_keys, level + 1, out);
+    }
+    if (indent >= 0) newline(level);
+    out->push_back('}');
+  } else if (v.is_undefined()) {
+    throw CallError{"Object of type Undefined is not JSON serializable"};
+  } else {
+    throw CallError{"Object of type function is not JSON serializable"};
+  }
+}
+
+}  // namespace
+
+const Value* ValueDict::Find(std::string_view key) const {
+  for (const auto& [k, v] : items)
+    if (k == key) return &v;
+  return nullptr;
+}
+
+void ValueDict::Set(std::string key, Value value) {
+  for (auto& [k, v] : items) {
+    if (k == key) {
+      v = std::move(value);
+      return;
+    }
+  }
+  items.emplace_back(std::move(key), std::move(value));
+}
+
+Value Value::MakeCallable(std::string name, Function fn) {
+  return Value(std::make_shared<const Callable>(Callable{std::move(name), std::move(fn)}));
+}
+
+Value Value::FromJson(const nlohmann::ordered_json& json) {
+  switch (json.type()) {
+    case nlohmann::ordered_json::value_t::null:
+      return MakeNone();
+    case nlohmann::ordered_json::value_t::boolean:
+      return Value(json.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer:
+      return Value(json.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_unsigned:
+      return Value(static_cast<int64_t>(json.get<uint64_t>()));
+    case nlohmann::ordered_json::value_t::number_float:
+      return Value(json.get<double>());
+    case nlohmann::ordered_json::value_t::string:
+      return Value(json.get<std::string>());
+    case nlohmann::ordered_json::value_t::array: {
+      ValueList list;
+      for (const auto& item : json) list.push_back(FromJson(item));
+      return Value(std::move(list));
+    }
+    case nlohmann::ordered_json::value_t::object: {
+      ValueDict dict;
+      for (const auto& [k, v] : json.items()) dict.items.emplace_back(k, FromJson(v));
+      return Value(std::move(dict));
+    }
+    default:
+      return MakeNone();
+  }
+}
+
+bool Value::Truthy() const {
+  if (is_undefined() || is_none()) return false;
+  if (is_bool()) return as_bool();
+  if (is_int()) return as_int() != 0;
+  if (is_float()) return as_float() != 0;
+  if (is_string()) return !as_string().empty();
+  if (is_list()) return !list().empty();
+  if (is_dict()) return !dict().items.empty();
+  return true;
+}
+
+std::string Value::Str() const {
+  if (is_undefined()) return "";
+  if (is_string()) return as_string();
+  return Repr();
+}
+
+std::string Value::Repr() const {
+  if (is_undefined()) return "";
+  if (is_none()) return "None";
+  if (is_bool()) return as_bool() ? "True" : "False";
+  if (is_int()) return std::to_string(as_int());
+  if (is_float()) return PyFloatRepr(as_float());
+  if (is_string()) return PyStrRepr(as_string());
+  if (is_list()) {
+    std::string out = "[";
+    bool first = true;
+    for (const Value& v : list()) {
+      if (!first) out += ", ";
+      first = false;
+      out += v.Repr();
+    }
+    return out + "]";
+  }
+  if (is_dict()) {
+    if (dict().is_namespace) return "<Namespace>";
+    std::string out = "{";
+    bool first = true;
+    for (const auto& [k, v] : dict().items) {
+      if (!first) out += ", ";
+      first = false;
+      out += PyStrRepr(k) + ": " + v.Repr();
+    }
+    return out + "}";
+  }
+  return "<function " + callable().name + ">";
+}
+
+std::string Value::TypeName() const {
+  if (is_undefined()) return "Undefined";
+  if (is_none()) return "NoneType";
+  if (is_bool()) return "bool";
+  if (is_int()) return "int";
+  if (is_float()) return "float";
+  if (is_string()) return "str";
+  if (is_list()) return "list";
+  if (is_dict()) return dict().is_namespace ? "Namespace" : "dict";
+  return "function";
+}
+
+std::string ToJson(const Value& value, int indent, bool sort_keys) {
+  std::string out;
+  ToJsonImpl(value, indent, sort_keys, 0, &out);
+  return out;
+}
+
+}  // namespace llm::jinja
