@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "scheduler_service/chat/jinja/operators.h"
 #include "scheduler_service/chat/jinja/python_string.h"
+#include "scheduler_service/tokenizer/utf8.h"
 
 namespace llm::jinja {
 namespace {
@@ -56,7 +57,7 @@ class ArgReader {
 
 int64_t Length(const Value& v) {
   if (v.is_undefined()) return 0;
-  if (v.is_string()) return static_cast<int64_t>(Utf8Chars(v.as_string()).size());
+  if (v.is_string()) return static_cast<int64_t>(SplitUtf8Chars(v.as_string()).size());
   if (v.is_list()) return static_cast<int64_t>(v.list().size());
   if (v.is_dict()) return static_cast<int64_t>(v.dict().items.size());
   throw CallError{"object of type '" + v.TypeName() + "' has no len()"};
@@ -103,11 +104,11 @@ Value SplitString(const std::string& s, const Value& sep_v, int64_t maxsplit) {
   ValueList out;
   if (sep_v.is_undefined() || sep_v.is_none()) {
     // Runs of whitespace; no empty strings.
-    std::vector<std::string> cs = Utf8Chars(s);
+    std::vector<std::string_view> cs = SplitUtf8Chars(s);
     size_t i = 0;
     int64_t splits = 0;
     while (i < cs.size()) {
-      while (i < cs.size() && IsPySpace(DecodeChar(cs[i]))) ++i;
+      while (i < cs.size() && IsPySpace(Utf8CharCodePoint(cs[i]))) ++i;
       if (i >= cs.size()) break;
       std::string word;
       if (maxsplit >= 0 && splits >= maxsplit) {
@@ -116,7 +117,7 @@ Value SplitString(const std::string& s, const Value& sep_v, int64_t maxsplit) {
         out.emplace_back(word);
         break;
       }
-      while (i < cs.size() && !IsPySpace(DecodeChar(cs[i]))) word += cs[i++];
+      while (i < cs.size() && !IsPySpace(Utf8CharCodePoint(cs[i]))) word += cs[i++];
       out.emplace_back(word);
       ++splits;
     }
@@ -264,7 +265,7 @@ Value ApplyFilter(const std::string& name, const Value& in, CallArgs& args, Ctx&
   }
   if (name == "reverse") {
     if (in.is_string()) {
-      std::vector<std::string> cs = Utf8Chars(in.as_string());
+      std::vector<std::string_view> cs = SplitUtf8Chars(in.as_string());
       std::string out;
       for (auto it = cs.rbegin(); it != cs.rend(); ++it) out += *it;
       return out;
@@ -475,7 +476,7 @@ Value CallMethod(const Value& obj, const std::string& name, CallArgs& args, bool
     if (name == "find" || name == "count" || name == "index") {
       std::string sub = r.String(0, "sub");
       if (name == "count") {
-        if (sub.empty()) return static_cast<int64_t>(Utf8Chars(s).size() + 1);
+        if (sub.empty()) return static_cast<int64_t>(SplitUtf8Chars(s).size() + 1);
         int64_t n = 0;
         for (size_t p = s.find(sub); p != std::string::npos; p = s.find(sub, p + sub.size())) ++n;
         return n;
@@ -485,7 +486,7 @@ Value CallMethod(const Value& obj, const std::string& name, CallArgs& args, bool
         if (name == "index") throw CallError{"substring not found"};
         return int64_t{-1};
       }
-      return static_cast<int64_t>(Utf8Chars(s.substr(0, p)).size());
+      return static_cast<int64_t>(SplitUtf8Chars(s.substr(0, p)).size());
     }
     if (name == "join") {
       std::string out;

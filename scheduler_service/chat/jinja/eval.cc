@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "scheduler_service/chat/jinja/builtins.h"
 #include "scheduler_service/chat/jinja/operators.h"
-#include "scheduler_service/chat/jinja/python_string.h"
+#include "scheduler_service/tokenizer/utf8.h"
 
 namespace llm::jinja {
 
@@ -120,7 +120,7 @@ Value SliceExpr::Eval(Ctx& ctx) const {
       return out;
     }
     if (o.is_string()) {
-      std::vector<std::string> cs = Utf8Chars(o.as_string());
+      std::vector<std::string_view> cs = SplitUtf8Chars(o.as_string());
       std::string out;
       for (int64_t i : SliceIndices(static_cast<int64_t>(cs.size()), a, b, c)) out += cs[i];
       return out;

@@ -11,6 +11,7 @@
 
 #include "scheduler_service/chat/jinja/error.h"
 #include "scheduler_service/chat/jinja/python_string.h"
+#include "scheduler_service/tokenizer/utf8.h"
 
 namespace llm::jinja {
 namespace {

@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "scheduler_service/chat/jinja/builtins.h"
-#include "scheduler_service/chat/jinja/python_string.h"
+#include "scheduler_service/tokenizer/utf8.h"
 
 namespace llm::jinja {
 namespace {
@@ -35,7 +35,7 @@ std::vector<Value> Iterate(const Value& v) {
   }
   if (v.is_string()) {
     std::vector<Value> chars;
-    for (std::string& c : Utf8Chars(v.as_string())) chars.emplace_back(std::move(c));
+    for (std::string_view c : SplitUtf8Chars(v.as_string())) chars.emplace_back(std::string(c));
     return chars;
   }
   throw CallError{"'" + v.TypeName() + "' object is not iterable"};
@@ -289,12 +289,12 @@ Value GetItemValue(const Value& obj, const Value& key) {
         return Value::MakeUndefined(absl::StrCat("'list object' has no element ", key.as_int()));
       return obj.list()[i];
     }
-    std::vector<std::string> cs = Utf8Chars(obj.as_string());
+    std::vector<std::string_view> cs = SplitUtf8Chars(obj.as_string());
     int64_t n = static_cast<int64_t>(cs.size());
     int64_t i = key.as_int() < 0 ? key.as_int() + n : key.as_int();
     if (i < 0 || i >= n)
       return Value::MakeUndefined(absl::StrCat("'str object' has no element ", key.as_int()));
-    return cs[i];
+    return std::string(cs[i]);
   }
   return Value::MakeUndefined("'" + obj.TypeName() + " object' has no element " + key.Repr());
 }

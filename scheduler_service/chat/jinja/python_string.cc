@@ -8,46 +8,9 @@
 #include <string_view>
 #include <vector>
 
+#include "scheduler_service/tokenizer/utf8.h"
+
 namespace llm::jinja {
-
-std::vector<std::string> Utf8Chars(const std::string& s) {
-  std::vector<std::string> out;
-  for (size_t i = 0; i < s.size();) {
-    unsigned char c = s[i];
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
-    len = std::min(len, s.size() - i);
-    out.push_back(s.substr(i, len));
-    i += len;
-  }
-  return out;
-}
-
-uint32_t DecodeChar(const std::string& ch) {
-  unsigned char c = ch[0];
-  if (c < 0x80 || ch.size() == 1) return c;
-  uint32_t cp = ch.size() == 2 ? (c & 0x1f) : ch.size() == 3 ? (c & 0x0f) : (c & 0x07);
-  for (size_t i = 1; i < ch.size(); ++i)
-    cp = (cp << 6) | (static_cast<unsigned char>(ch[i]) & 0x3f);
-  return cp;
-}
-
-void AppendUtf8(uint32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xc0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3f)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xe0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3f)));
-  } else {
-    out->push_back(static_cast<char>(0xf0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3f)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3f)));
-  }
-}
 
 bool IsPySpace(uint32_t cp) {
   return (cp >= 0x09 && cp <= 0x0d) || (cp >= 0x1c && cp <= 0x20) || cp == 0x85 || cp == 0xa0 ||
@@ -56,11 +19,11 @@ bool IsPySpace(uint32_t cp) {
 }
 
 std::string PyStrip(const std::string& s, const std::string* chars, bool left, bool right) {
-  std::vector<std::string> cs = Utf8Chars(s);
-  std::vector<std::string> strip_set;
-  if (chars != nullptr) strip_set = Utf8Chars(*chars);
-  auto strippable = [&](const std::string& ch) {
-    if (chars == nullptr) return IsPySpace(DecodeChar(ch));
+  std::vector<std::string_view> cs = SplitUtf8Chars(s);
+  std::vector<std::string_view> strip_set;
+  if (chars != nullptr) strip_set = SplitUtf8Chars(*chars);
+  auto strippable = [&](std::string_view ch) {
+    if (chars == nullptr) return IsPySpace(Utf8CharCodePoint(ch));
     return std::find(strip_set.begin(), strip_set.end(), ch) != strip_set.end();
   };
   size_t b = 0, e = cs.size();
@@ -111,9 +74,9 @@ std::string PyReplace(const std::string& s, const std::string& from, const std::
   std::string out;
   if (from.empty()) {
     // Python inserts `to` between every character (and at both ends).
-    std::vector<std::string> cs = Utf8Chars(s);
+    std::vector<std::string_view> cs = SplitUtf8Chars(s);
     int64_t n = 0;
-    for (const std::string& c : cs) {
+    for (std::string_view c : cs) {
       if (count < 0 || n < count) {
         out += to;
         ++n;

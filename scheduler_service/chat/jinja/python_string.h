@@ -5,14 +5,8 @@
 
 #include <cstdint>
 #include <string>
-#include <vector>
 
 namespace llm::jinja {
-
-// UTF-8: `s` split into its characters, the code point of one, and appending a code point.
-std::vector<std::string> Utf8Chars(const std::string& s);
-uint32_t DecodeChar(const std::string& ch);
-void AppendUtf8(uint32_t cp, std::string* out);
 
 // Python's str.isspace() for one code point.
 bool IsPySpace(uint32_t cp);
