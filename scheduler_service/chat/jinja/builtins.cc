@@ -44,11 +44,6 @@ class ArgReader {
       throw CallError{fn_ + "(): argument '" + name + "' must be a string, got " + v.TypeName()};
     return v.as_string();
   }
-  void MaxPositional(size_t n) {
-    if (args_.positional.size() > n)
-      throw CallError{absl::StrCat(fn_, "() takes at most ", n, " positional arguments (",
-                                   args_.positional.size(), " given)")};
-  }
 
  private:
   CallArgs& args_;
