@@ -11,9 +11,9 @@
 // keyword arguments, defaults), generation (rendered as its body); expressions: literals
 // (strings, ints, floats, lists, tuples, dicts, true/false/none in either case), arithmetic
 // (+ - * / // % **), comparison (chained), in / not in, and / or / not, `a if c else b`,
-// ~ concatenation, attributes, subscripts and slices, filters (see
-// jinja/builtins.cc's ApplyFilter), tests (`is defined`, `is not none`, ...), Python's string, dict
-// and list methods that templates call, and the globals range, namespace, dict, raise_exception and
+// ~ concatenation, attributes, subscripts and slices, filters (see jinja/builtins.cc's
+// ApplyFilter), tests (`is defined`, `is not none`, ...), Python's string, dict and list
+// methods that templates call, and the globals range, namespace, dict, raise_exception and
 // strftime_now.
 //
 // Values are JSON-like (undefined, none, bool, int, float, string, list, dict) plus

@@ -24,7 +24,7 @@ struct Ctx {
   const ValueDict* context = nullptr;
   std::string* out = nullptr;  // a macro call or a block set points it at its own capture
   Limits limits;
-  int64_t iterations = 0;  // loop iterations so far, all loops together
+  int64_t iterations = 0;  // loop iterations run in this render, all loops together
   int depth = 0;           // macro calls in progress
   Flow flow = Flow::kNormal;
 
