@@ -27,7 +27,7 @@ DEB_PACKAGES += python3-venv
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps configure build pyenv test run serve demo bench sass gpu-kit format clean \
-	docs-reference
+	docs-reference plots
 
 all: build
 
@@ -64,6 +64,12 @@ $(PYENV)/.installed: tools/python/requirements.txt
 	python3 -m venv $(PYENV)
 	$(PYENV)/bin/pip install -q --disable-pip-version-check -r tools/python/requirements.txt
 	touch $@
+
+# docs/performance/plots/: the PNGs drawn by tools/docs/plots.py from the measured data in
+# docs/performance/data/ (PLOTS_ARGS=--peers SCRATCH/results.jsonl plots a fresh bench/peers run).
+PLOTS_ARGS ?=
+plots: pyenv
+	$(PYENV)/bin/python tools/docs/plots.py $(PLOTS_ARGS)
 
 # GgufRealModelTest serves SmolLM2 from the fetch script's default cache ($$HOME/.cache/llm-models):
 # fetched first, and said loudly when it cannot be (the test then skips, naming the path).
