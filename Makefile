@@ -158,19 +158,19 @@ demo: build
 bench: build
 	@for b in $(BUILD_DIR)/bench/bench_*; do echo "== $$b"; $$b; done
 
-# Static checks of the device code (README): per CUDA kernel ptxas' registers, spills and shared
-# memory against kernels/cuda/sass_budgets.json, the SASS load widths and tensor-core opcodes,
-# and the decode attention roofline. Installs the disassembler into $(BUILD_DIR)/sass-tools
-# when the toolkit lacks it.
+# Static checks of the device code (docs/architecture/kernels-cuda.md): per CUDA kernel ptxas'
+# registers, spills and shared memory against kernels/cuda/sass_budgets.json, the SASS load
+# widths and tensor-core opcodes, and the decode attention roofline. Installs the disassembler
+# into $(BUILD_DIR)/sass-tools when the toolkit lacks it.
 sass: configure
 	python3 tools/cuda/sass_report.py --build-dir $(BUILD_DIR) --install-tools --loops \
 	  --budgets kernels/cuda/sass_budgets.json
 
-# The device kit (README "The device kit"): the GPU binaries built here, on a machine without a
-# GPU, with machine code for sm_90a (H100, H200) and sm_80 and no PTX (nothing JIT-compiles
-# there; a missing architecture fails loudly), packed with the shared libraries a GPU machine
-# lacks into $(GPU_KIT), checked for its library closure and for its size with the tracked tree
-# (64 MiB). On the GPU machine: tools/gpu/run_kit.sh --kit $(GPU_KIT) --out DIR.
+# The device kit (docs/development/device-kit.md): the GPU binaries built here, on a machine
+# without a GPU, with machine code for sm_90a (H100, H200) and sm_80 and no PTX (nothing
+# JIT-compiles there; a missing architecture fails loudly), packed with the shared libraries a
+# GPU machine lacks into $(GPU_KIT), checked for its library closure and for its size with the
+# tracked tree (64 MiB). On the GPU machine: tools/gpu/run_kit.sh --kit $(GPU_KIT) --out DIR.
 GPU_KIT_DIR ?= build-gpu-kit
 GPU_KIT := $(GPU_KIT_DIR)/llm-gpu-kit.tar.xz
 GPU_KIT_ARCHS ?= 90a-real;80-real

@@ -66,7 +66,8 @@ FLAGS=$(jget "$RUN/machine.json" flags)
   "bin_time=$BIN_TIME" "date=$(date -u +%Y-%m-%dT%H:%M:%SZ)" "kv_gib=$KV_GIB" \
   "load=c=$CONC, $NUM requests, prompts of uniform $MINP-$MAXP random ids, $OUT output tokens, greedy, ignore_eos" \
   "vllm_dtype=$VLLM_DTYPE" "models=$MODELS" "systems=$SYSTEMS" "run_dir=$RUN"
-# Ours serves --dtype auto: bf16 GEMMs with AVX512_BF16 or AMX, else float32 (README.md).
+# Ours serves --dtype auto: bf16 GEMMs with AVX512_BF16 or AMX, else float32
+# (docs/user-guide/serving-options.md).
 if [[ $FLAGS == *avx512_bf16* || $FLAGS == *amx_bf16* ]]; then OURS_DTYPE=bfloat16; else OURS_DTYPE=float32; fi
 
 # --- servers ----------------------------------------------------------------------------------

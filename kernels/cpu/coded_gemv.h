@@ -1,7 +1,7 @@
 // Small-M matmuls on bf16 weights stored in 12 bits per weight, losslessly: batch-1 decode on
 // the CPU reads every weight once per token and is bound by memory bandwidth, so reading 3/4 of
-// the bytes is the lever (bench_cpu_gemv compares it with oneDNN; README, "Models and the
-// CPU worker", has the figures).
+// the bytes is the lever (bench_cpu_gemv compares it with oneDNN; docs/performance/results.md
+// has the figures).
 //
 // A bf16 weight is sign, 8 exponent bits and 7 mantissa bits. A trained model's weights use few
 // exponents (SmolLM2-135M in bf16: all but 0.01% of its weights lie in the 15 consecutive

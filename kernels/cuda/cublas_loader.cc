@@ -2,8 +2,8 @@
 //
 // Linked directly, libcublasLt is loaded and initialized before main in every process that links
 // it, and its static initializers write much of its large zero-initialized data: every worker paid
-// for it in resident memory, the cpu ones too, whose steps never call cuBLAS (README, "Worker
-// memory", has the figures). This file defines
+// for it in resident memory, the cpu ones too, whose steps never call cuBLAS
+// (docs/performance/results.md, "Worker memory", has the figures). This file defines
 // the cuBLAS and cuBLASLt functions the project calls, each forwarding to the real one in
 // libcublas.so.<major> / libcublasLt.so.<major>, which are dlopen'ed at the first call of any of
 // them (found as the dynamic loader finds libraries: LD_LIBRARY_PATH, the runpath, ld.so.cache).

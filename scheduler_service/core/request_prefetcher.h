@@ -5,7 +5,7 @@
 // manager's hash map) are scattered over the heap, each on a page of its own, and a pass
 // reaches them through pointers that the hardware prefetcher cannot predict: past a thousand
 // or so running requests, TLB and cache misses grow a step's cost per request
-// (bench_scheduler; the README's Scheduler section has the figures). Two things keep it flat:
+// (bench_scheduler; docs/performance/results.md has the figures). Two things keep it flat:
 // how little a decode reads (Request's layout, request.h: the request's first two cache
 // lines, its table entry and the tail of its tokens; the rest only when a block is added or a
 // stop list may apply), and this pipeline, which asks for exactly those lines.

@@ -6,7 +6,7 @@
 // worker (link down) is in netns_test.cc.
 //
 // kNoticedWithin is generous for a loaded 2-core machine (measured: 0.06-1 s for a killed
-// worker, about 3 s for a stopped one, see README "Liveness"); it is a bound, not a timing
+// worker, about 3 s for a stopped one: docs/performance/results.md); it is a bound, not a timing
 // assertion: without keepalive the stopped worker would be noticed only after 600 s.
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>

@@ -1,4 +1,4 @@
-// Failures and recovery, end to end (README "Failures and recovery"): real llm-cluster,
+// Failures and recovery, end to end (docs/operations/failures-and-recovery.md): real llm-cluster,
 // llm-scheduler and llm-worker processes at tensor parallelism 2 on loopback.
 //
 //   - a worker SIGKILLed during 32 concurrent streaming greedy requests (restart_workers):

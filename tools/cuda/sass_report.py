@@ -95,7 +95,7 @@ checks exit 77 with the reason (ctest's skip); --no-sass reports ptxas' figures 
 Usage (from the repository root, after configuring the nvcc build in build/):
   tools/cuda/sass_report.py --build-dir build --install-tools --loops
   tools/cuda/sass_report.py --build-dir build --no-sass --budgets kernels/cuda/sass_budgets.json
-  tools/cuda/sass_report.py --build-dir build --markdown          # the README's table
+  tools/cuda/sass_report.py --build-dir build --markdown          # the table in docs/performance
   tools/cuda/sass_report.py --build-dir build --write-budgets kernels/cuda/sass_budgets.json
   tools/cuda/sass_report.py --self-test                           # no toolkit needed
 Exit status: 0 all checks hold, 1 a check failed, 2 a usage or toolchain error, 77 the

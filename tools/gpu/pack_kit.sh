@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Packs the device kit (README "The device kit") from a build: the binaries a GPU machine runs,
-# the shared libraries they need that such a machine lacks, and a MANIFEST.json, into one
+# Packs the device kit (docs/development/device-kit.md) from a build: the binaries a GPU machine
+# runs, the shared libraries they need that such a machine lacks, and a MANIFEST.json, into one
 # compressed tar that tools/gpu/run_kit.sh unpacks there.
 #
 #   tools/gpu/pack_kit.sh --build-dir build-gpu-kit --out build-gpu-kit/llm-gpu-kit.tar.xz
