@@ -8,7 +8,8 @@ every context token of every layer, and does 2 FLOPs per weight per token plus a
 max(bytes / HBM bandwidth, FLOPs / dense bf16 peak). Activations, logits (batch * vocab * 4
 bytes written) and kernel launch gaps are left out: the bound is optimistic.
 
-Paper figures only: nothing here has run on a GPU. Prints a Markdown table (docs/performance/results.md).
+Paper figures only: nothing here has run on a GPU. Prints a Markdown table
+(docs/performance/results.md).
 Usage: tools/gpu_step_cost.py [--batches 1,8,32,128,256] [--contexts 512,2048]
 """
 import argparse

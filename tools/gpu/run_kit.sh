@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The device kit's one command (docs/development/device-kit.md): on a GPU machine, from a kit that
-# `make gpu-kit` packed on a CPU machine, it runs in order
+# The device kit's one command (docs/development/device-kit.md): on a GPU machine, from a kit
+# that `make gpu-kit` packed on a CPU machine, it runs in order
 #   env      the device, driver, toolkit, torch and library versions; every kit binary's shared
 #            libraries resolved (ldd), else it stops at once;
 #   tests    every test binary of the kit (the `gpu` label), a skipped test counted as a failure;
