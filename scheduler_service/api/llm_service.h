@@ -31,7 +31,7 @@
 // UNAVAILABLE "server shutting down" and refuses new ones. Drain (SIGTERM) refuses new
 // Generate calls with UNAVAILABLE "draining ..." and lets those in flight finish.
 //
-// Exposure (README "Exposing the service"): with options.api_key set, every call must carry
+// Exposure (docs/operations/security.md): with options.api_key set, every call must carry
 // "authorization: Bearer KEY" (else UNAUTHENTICATED "missing or invalid API key"). Generate
 // is registered raw (ByteBuffer in and out) so that bytes that do not parse as a
 // GenerateRequest get INVALID_ARGUMENT with a message instead of the callback API's empty

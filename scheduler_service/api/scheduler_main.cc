@@ -24,7 +24,7 @@
 // the engine stops, the server shuts down and the process exits 0. The workers are left
 // running: they are not the scheduler's to stop.
 //
-// Exposure (README "Exposing the service"): TLS from PEM files (--ssl-certfile, --ssl-keyfile,
+// Exposure (docs/operations/security.md): TLS from PEM files (--ssl-certfile, --ssl-keyfile,
 // --ssl-ca-certs for client certificates), an API key (--api-key or $LLM_API_KEY), limits
 // (--max-request-bytes, --max-prompt-bytes, --max-stop-bytes) and the cluster secret
 // (--cluster-secret-file or $LLM_CLUSTER_SECRET) presented to the workers and required by the
