@@ -249,15 +249,19 @@ Flags Parse(int argc, char** argv) {
   return f;
 }
 
-struct Setup {
+// What the flags configure: the scheduler, the worker group and the service.
+struct ServingConfigs {
   SchedulerConfig scheduler;
   // All but rendezvous_address (known once the store listens) and the callbacks (wiring).
   WorkerGroupOptions group;
   LLMServiceOptions service;
 };
 
-Setup CheckFlagsAndModel(const Flags& f, const ModelConfig& model, const Tokenizer& tokenizer) {
-  Setup s;
+// Checks the flags, alone and against the model (a bad one exits with usage), and derives the
+// configs from them: the model bounds max_model_len and gives the vocabulary and EOS token.
+ServingConfigs ConfigsFromFlags(const Flags& f, const ModelConfig& model,
+                                const Tokenizer& tokenizer) {
+  ServingConfigs s;
   if (f.model.empty()) Usage("--model is required");
   if (f.worker_addresses.empty()) Usage("--worker-addresses is required");
   WorkerGroupOptions& g = s.group;
@@ -428,13 +432,13 @@ int Run(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromDirectory(flags.model);
   if (!tok.ok()) Fail(tok.status().ToString());
   std::shared_ptr<const Tokenizer> tokenizer = std::move(*tok);
-  Setup setup = CheckFlagsAndModel(flags, *model, *tokenizer);
+  ServingConfigs configs = ConfigsFromFlags(flags, *model, *tokenizer);
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       MakeServerCredentials(flags.ssl_certfile, flags.ssl_keyfile, flags.ssl_ca_certs);
   if (!credentials.ok()) Usage(std::string(credentials.status().message()));
   absl::StatusOr<std::string> secret = LoadClusterSecret(flags.cluster_secret_file);
   if (!secret.ok()) Usage(std::string(secret.status().message()));
-  setup.group.cluster_secret = *secret;
+  configs.group.cluster_secret = *secret;
 
   // Signals are taken by sigwait below; every thread started from here on has them blocked.
   sigset_t signals;
@@ -451,7 +455,7 @@ int Run(int argc, char** argv) {
   absl::StatusOr<std::shared_ptr<const ChatTemplate>> chat_template =
       LoadModelChatTemplate(flags.model);
   if (!chat_template.ok()) Fail(chat_template.status().ToString());
-  LLMServiceOptions service_options = setup.service;
+  LLMServiceOptions service_options = configs.service;
   service_options.chat_template = *std::move(chat_template);
   service_options.metrics = std::make_shared<ServingMetrics>(service_options.model_name);
   LLMService service(service_options, tokenizer);
@@ -494,15 +498,15 @@ int Run(int argc, char** argv) {
       Fail(std::string(s.message()));
     }
   }
-  LOG(INFO) << "model " << setup.service.model_name << ", max_model_len "
-            << setup.service.max_model_len << ", " << setup.group.addresses.size()
+  LOG(INFO) << "model " << configs.service.model_name << ", max_model_len "
+            << configs.service.max_model_len << ", " << configs.group.addresses.size()
             << " worker rank(s); rendezvous store on " << flags.rendezvous_host << ":"
             << (*store)->port() << "; TLS " << (flags.ssl_certfile.empty() ? "off" : "on")
             << (flags.ssl_ca_certs.empty() ? "" : " (client certificates required)") << "; API key "
-            << (setup.service.api_key.empty() ? "none" : "required") << "; cluster secret "
+            << (configs.service.api_key.empty() ? "none" : "required") << "; cluster secret "
             << (secret->empty() ? "none" : "set");
 
-  WorkerGroupOptions group_options = setup.group;
+  WorkerGroupOptions group_options = configs.group;
   group_options.rendezvous_address = absl::StrCat(flags.rendezvous_host, ":", (*store)->port());
   // The engine lives across group rebuilds (with a recovery timeout): each new group's client
   // replaces the failed one's under it. Group's thread; main once the group is stopped.
@@ -532,8 +536,8 @@ int Run(int argc, char** argv) {
     engine->num_gpu_blocks = cache.num_gpu_blocks;
     engine->num_cpu_blocks = cache.num_cpu_blocks;
     engine->executor = std::move(client);
-    engine->engine =
-        std::make_unique<EngineCore>(setup.scheduler, cache, engine->executor.get(), &detokenizers);
+    engine->engine = std::make_unique<EngineCore>(configs.scheduler, cache, engine->executor.get(),
+                                                  &detokenizers);
     engine->engine->set_recovery_timeout(absl::Seconds(flags.recovery_timeout));
     engine->engine->set_async_scheduling(flags.async_scheduling);
     engine->engine->Start();
