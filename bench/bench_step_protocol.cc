@@ -6,8 +6,8 @@
 //                         DecodeStepRequest, and the StepResult of N tokens (with its digest)
 //                         back the same way
 //   BM_DecodeDiff/N/B     the same round trip at N = 256 and 4,096 requests, B = 0 as the
-//                         protocol is, B = 1 as it was until the workers kept their tokens
-//                         (each sampled token sent back in the next step's diff): the
+//                         protocol is, B = 1 with each sampled token sent back in the next
+//                         step's diff (what workers that do not keep their tokens need): the
 //                         baseline, in the same run; the summary prints both steps' bytes
 //   BM_WireNewStep        256 new requests with 512-token prompts (32 blocks each)
 //   BM_EncodeSerialize/256, BM_ParseDecode/256   the scheduler's and the worker's halves

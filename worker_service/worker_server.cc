@@ -643,7 +643,7 @@ grpc::Status WorkerServer::Health(grpc::ServerContext* context, const v1::Health
 void WorkerServer::StopSoon() {
   // grpc::Server::Shutdown must not run on a gRPC thread: stop from a thread of our own. No
   // grace: the Shutdown call is complete, and any other rpc (a Step stream) ends now rather than
-  // at the deadline (measured: with a grace, Shutdown() begun from OnDone() waits all of it).
+  // at the deadline (with a grace, Shutdown() begun from OnDone() waits all of it).
   absl::MutexLock lock(&stopper_mu_);
   if (!stopper_.joinable()) stopper_ = std::thread([this] { Stop(absl::ZeroDuration()); });
 }

@@ -3,10 +3,10 @@
 // Debian's OpenBLAS is built for every x86 core (DYNAMIC_ARCH) and picks its kernels from the
 // CPU model when the library is loaded. Virtual machines often report a generic model
 // ("Intel(R) Xeon(R) Processor"); OpenBLAS then falls back to its Prescott (SSE3) kernels even
-// when the CPU has AVX-512 or AVX2: measured here, batch-1 decode of a 0.5B model ran at 65%
-// of the memory bandwidth with them and at 90-96% with the right ones. The choice is made
-// before main() runs, so the only fix from inside the program is to set OPENBLAS_CORETYPE and
-// start again.
+// when the CPU has AVX-512 or AVX2, and a batch-1 decode, which should stream its weights at
+// the memory bandwidth, falls well short of it (docs/performance/results.md, "CPU kernels").
+// The choice is made before main() runs, so the only fix from inside the program is to set
+// OPENBLAS_CORETYPE and start again.
 #ifndef LLM_KERNELS_CPU_BLAS_SETUP_H_
 #define LLM_KERNELS_CPU_BLAS_SETUP_H_
 

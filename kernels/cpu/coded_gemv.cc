@@ -15,9 +15,9 @@ constexpr int64_t kGroup = 64;                   // weights per group
 constexpr int64_t kGroupBytes = kGroup * 3 / 2;  // 64 bytes of sign and mantissa, 32 of codes
 constexpr int kZeroCode = 15;                    // exponent 0: zeros and subnormals
 // Groups ahead of the decode that each group's two prefetches fetch (3 KB; past the end of the
-// matrix they fetch nothing, a prefetch never faults). SmolLM2's decode GEMMs at one row, six
-// runs each against oneDNN: no prefetch 1.18-1.34x, 8 groups 1.27-1.42x, 16 1.38-1.59x, 32
-// 1.41-1.54x.
+// matrix they fetch nothing, a prefetch never faults). Far enough ahead that the lines arrive
+// before the decode reaches them: a shorter distance leaves part of the memory's latency exposed
+// (bench_cpu_gemv's sweep of distances: docs/performance/results.md).
 constexpr int64_t kPrefetchGroups = 32;
 
 // The byte of a group that holds weight c (0 <= c < 64). The decode interleaves the high and low
@@ -145,8 +145,9 @@ size_t CodedBf16Matrix::bytes() const {
 namespace {
 
 // Row `row` of out for the M rows of x: each group of the row decoded once, dotted with every
-// row of x. One row at a time, so that each thread reads one sequential stream: four rows at
-// once (four streams) ran SmolLM2's decode GEMMs at 1.1x oneDNN's speed instead of 1.4x.
+// row of x. One row at a time, so that each thread reads one sequential stream, which the
+// hardware prefetcher and the prefetches above keep ahead of; several rows at once are several
+// streams, and they lose most of the gain over oneDNN (docs/performance/results.md).
 template <int M>
 __attribute__((target("avx512f,avx512bw,avx512vbmi,avx512bf16"))) inline void RowPass(
     const uint8_t* w, int64_t groups, int64_t n, int64_t k, __m512i high_table, __m512i low_table,

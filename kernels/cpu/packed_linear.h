@@ -8,12 +8,12 @@
 // shared by every PackedLinear of the same (N, K, weight dtype, bias or not): one per row count
 // M < kRowChunk, one for kRowChunk rows and one for kBigChunk rows; a step with M >= kBigChunk
 // (a prefill) first runs M / kBigChunk chunks of kBigChunk rows, then the rest in chunks of
-// kRowChunk rows (the rows of x and out are contiguous) and one remainder. Served prefill of
-// SmolLM2 in bf16 (prompts of 64-512 tokens, chunks of 64 only before): 2,640-2,915 -> 2,940-2,950
-// prompt tokens/s, TTFT p50 91-105 -> 89 ms; 256-row chunks measured about the same as 128 and
-// 512-row ones no better than 64. Reserve(M) creates the primitives for every M up to it and grows
-// the calling thread's scratch, so that a step allocates nothing (another thread grows its own
-// scratch at its first step); without it the primitives are created at first use.
+// kRowChunk rows (the rows of x and out are contiguous) and one remainder. Larger chunks mean
+// fewer passes over the weight and fewer parallel regions per prefill, up to the size that most
+// prefill steps still fill (docs/performance/results.md, "GEMMs"). Reserve(M) creates the
+// primitives for every M up to it and grows the calling thread's scratch, so that a step
+// allocates nothing (another thread grows its own scratch at its first step); without it the
+// primitives are created at first use.
 //
 // Dtypes: x and out are f32. With bf16 weights (CPUs with native bf16 dot products: AVX512_BF16
 // or AMX, see CpuHasNativeBf16), x is rounded to bf16 (nearest even) into a per-thread scratch
@@ -24,12 +24,11 @@
 // Small M (decode): with bf16 weights whose K is a multiple of 64, on CPUs with AVX512_VBMI,
 // Create also keeps the weight coded in 12 bits per weight, losslessly (kernels/cpu/coded_gemv.h),
 // and Forward runs steps of 1 to CodedBf16Matrix::kMaxRows rows on it instead of oneDNN: such a
-// step reads each weight once and is bound by memory bandwidth. SmolLM2's decode GEMMs, out of
-// cache, 2 threads (bench_cpu_gemv, three runs): 1 row 1.39x, 1.43x, 1.93x (the baseline in a
-// slow minute), 2 rows 1.32-1.52x, 4 rows 1.35-1.43x the speed of oneDNN on the packed weight. The
-// result is the same bf16 matmul (same weights, same x rounding, vdpbf16ps), up to the order of the
-// fp32 sums. The cost is memory: the coded copy is 3/4 of the bf16 weight's bytes on top of it.
-// SetCodedWeights(false) (llm-worker
+// step reads each weight once and is bound by memory bandwidth, so reading 3/4 of the bytes
+// makes it faster than oneDNN on the packed weight (bench_cpu_gemv; docs/performance/results.md,
+// "Decode GEMMs on 12-bit weights"). The result is the same bf16 matmul (same weights, same x
+// rounding, vdpbf16ps), up to the order of the fp32 sums. The cost is memory: the coded copy is
+// 3/4 of the bf16 weight's bytes on top of it. SetCodedWeights(false) (llm-worker
 // --coded-weights=false) turns it off for the PackedLinears created after.
 //
 // Threads: oneDNN runs on the OpenMP pool (Debian's oneDNN is built with OpenMP), sized and

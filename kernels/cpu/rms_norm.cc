@@ -12,7 +12,8 @@ namespace {
 constexpr int64_t kMinParallelElements = int64_t{1} << 15;
 
 // sum of x[h]^2 in double: in 8 independent lanes (a single running sum is a chain of dependent
-// adds the compiler may not reorder: about 0.7 us a 576-wide row), summed at the end.
+// adds the compiler may not reorder, each waiting for the last, and does not vectorize), summed at
+// the end.
 double SumSquaresPortable(const float* x, int64_t n) {
   double lanes[8] = {};
   int64_t h = 0;

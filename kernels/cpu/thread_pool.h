@@ -9,15 +9,14 @@
 // (omp_set_num_threads, no dynamic adjustment). With pinning on (SetThreadPoolPinning, llm-worker
 // --pin-threads) and N equal to the number of CPUs in the cpuset, thread i of the team is pinned
 // to the i-th CPU of the cpuset (sched_setaffinity from inside a parallel region). Pinning is off
-// by default: measured on the shared 2-core VM under load 10-12 from other processes, f32 decode
-// steps of bench_cpu_model at 2 threads took 195-229 ms (batch 8) and 557-558 ms (batch 32)
-// unpinned against 1306-5472 ms and 1404-2873 ms pinned (a pinned thread cannot leave a core
-// that another process occupies, and every parallel region waits for it). Pin on dedicated
-// cores. With fewer threads than CPUs the threads are never pinned (several workers sharing a
-// cpuset would pile onto its first CPUs).
+// by default: a pinned thread cannot leave a core that another process occupies, and every
+// parallel region waits for it, so on cores shared with other processes pinned steps are several
+// times slower (docs/performance/results.md, "One thread pool"). Pin on dedicated cores. With fewer
+// threads than CPUs the threads are never pinned (several workers sharing a cpuset would pile onto
+// its first CPUs).
 //
 // OpenBLAS (kernels/cpu/linear.cc, the fp32 reference ops::Linear) keeps its own pthreads; the
-// model's GEMMs no longer call it (kernels/cpu/packed_linear.h), and EnterThreadPool sets it to
+// model's GEMMs do not call it (kernels/cpu/packed_linear.h), and EnterThreadPool sets it to
 // one thread so that a call made from inside or next to an OpenMP region cannot oversubscribe.
 #ifndef LLM_KERNELS_CPU_THREAD_POOL_H_
 #define LLM_KERNELS_CPU_THREAD_POOL_H_
@@ -54,10 +53,10 @@ void EnterThreadPool();
 // GOMP_SPINCOUNT=20000 (a thread waiting at a barrier or for the next parallel region spins
 // about 0.2 ms, then sleeps) and re-executes the program with the same arguments, once. A step
 // runs hundreds of parallel regions a few microseconds apart: sleeping at once between them
-// (OMP_WAIT_POLICY=passive) made SmolLM2's batch-1 decode step 12.4 ms in bench_cpu_model
-// against 7.7 ms spinning, and libgomp's default spin (about 3 ms) keeps a core busy long after
-// a step, while the scheduler process wants it. On dedicated cores OMP_WAIT_POLICY=active may
-// do better; on cores that other processes load, passive.
+// (OMP_WAIT_POLICY=passive) pays a wake-up for each and makes a decode step much slower
+// (docs/performance/results.md, "One thread pool"), and libgomp's default spin (about 3 ms)
+// keeps a core busy long after a step, while the scheduler process wants it. On dedicated cores
+// OMP_WAIT_POLICY=active may do better; on cores that other processes load, passive.
 void ReexecWithOpenMpSettings(char** argv);
 
 // Whether EnterThreadPool pinned the calling thread's team.
@@ -67,11 +66,10 @@ bool ThreadPoolPinned();
 // run there (from the thread itself, at once). Callers on several threads take turns. Why: libgomp
 // keeps a team of threads per thread that starts parallel regions, and once a process holds
 // more OpenMP threads than CPUs it stops spinning at barriers (it "throttles" to sleeping at
-// once), so that each of a step's hundreds of parallel regions pays a futex wake-up. A worker
-// whose model loaded on one gRPC thread and whose steps ran on another held two teams:
-// SmolLM2's batch-1 decode step took 11.1 ms there against 7.1 ms with all model work on one
-// thread. llm-worker's server owns one (one per rank: ranks that share a process, as in tests,
-// must not wait on each other's steps).
+// once), so that each of a step's hundreds of parallel regions pays a futex wake-up: a worker
+// whose model loaded on one gRPC thread and whose steps ran on another would hold two teams and
+// step slower (docs/performance/results.md, "One thread pool"). llm-worker's server owns one (one
+// per rank: ranks that share a process, as in tests, must not wait on each other's steps).
 class ComputeThread {
  public:
   ComputeThread();

@@ -11,7 +11,7 @@
 // what happened>", while the engine keeps every request in flight (put back as preempted by
 // recompute) and, once the group is up again, continues them on it: their streams pause. A
 // request still in flight --recovery-timeout after the failure ends with UNAVAILABLE naming it
-// (--recovery-timeout=0: the old fail-stop, every stream ends at the failure).
+// (--recovery-timeout=0: fail-stop, every stream ends at the failure).
 //
 // An attempt that every rank refuses with INVALID_ARGUMENT / FAILED_PRECONDITION (a bad model
 // directory, heads not divisible by the ranks, no room for a KV cache block) cannot succeed on

@@ -168,8 +168,8 @@ TEST_F(NcclOneDevice, WorldSizeOneCollectives) {
 
 // One stream for the step: an op run on OpContext{stream = comm.stream()} and a collective
 // enqueued right after it, with no synchronization between, see the op's output. (With the
-// op on the legacy default stream and NCCL on its non-blocking stream, the two were unordered:
-// the gather could copy the poison.)
+// op on the legacy default stream and NCCL on its non-blocking stream, the two would be
+// unordered: the gather could copy the poison.)
 TEST_F(NcclOneDevice, OpsOnTheCommunicatorsStreamAreOrderedBeforeItsCollectives) {
   constexpr int64_t kTokens = 64, kHidden = 256, kVocab = 100;
   cudaStream_t stream = nullptr;

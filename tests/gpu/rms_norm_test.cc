@@ -65,7 +65,7 @@ TEST_F(CudaRmsNorm, FusedAddMatchesCpuOnBothOutputs) {
 
 // An earlier, unrelated CUDA call's error (a failed cudaMalloc, already returned to its
 // caller and left as the thread's last error) is not this op's: the op runs and reports its
-// own success. The launch check used to pick it up with cudaGetLastError and fail the op.
+// own success. A launch check that read cudaGetLastError would pick it up and fail the op.
 TEST_F(CudaRmsNorm, AnEarlierCallsErrorIsNotReportedByTheLaunch) {
   std::mt19937 rng(203);
   HostTensor weight = Random({64}, rng, 0.5f, 1.5f);

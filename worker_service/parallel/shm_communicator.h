@@ -1,7 +1,7 @@
 // ShmCommunicator: Communicator over one shared-memory segment, for ranks on one host (as
-// vLLM's and SGLang's CPU backends do). Over loopback TCP, a Gloo all-reduce of a few KiB
-// costs about 300 us here, almost all of it thread hand-offs; this one costs a copy in, a
-// flag, and a sum over the ranks' copies.
+// vLLM's and SGLang's CPU backends do). Over loopback TCP, a Gloo all-reduce of a few KiB is
+// almost all thread hand-offs; this one costs a copy in, a flag, and a sum over the ranks'
+// copies (docs/performance/results.md, "Collectives").
 //
 // The segment (a file in `directory`, /dev/shm by default) holds, per rank, a counter of the
 // collectives it has posted and two sets of buffers of slot_bytes each. Collective k (every
