@@ -29,8 +29,8 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "llm/v1/llm_service.grpc.pb.h"
+#include "tests/testing/fake_worker.h"
 #include "tests/testing/grpc_probe.h"
-#include "tests/unit/scheduler_service/testing/fake_worker.h"
 
 extern char** environ;
 

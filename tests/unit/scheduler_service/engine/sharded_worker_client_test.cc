@@ -24,7 +24,7 @@
 #include "protocol/step_codec.h"
 #include "scheduler_service/engine/engine_core.h"
 #include "tests/testing/fake_executor.h"
-#include "tests/unit/scheduler_service/testing/fake_worker.h"
+#include "tests/testing/fake_worker.h"
 
 namespace llm {
 namespace {

@@ -1,5 +1,5 @@
 // WorkerGroup: the backoff between failed attempts and the KV sizing decision as functions; the
-// lifecycle against fake WorkerService ranks served in-process (tests/unit/.../fake_worker.h):
+// lifecycle against fake WorkerService ranks served in-process (tests/testing/fake_worker.h):
 // what every rank's Init carries, the cache sized by the smallest rank, a rank that dies taking
 // the group down and the group coming back (a fresh rendezvous prefix) once it returns, a failed
 // attempt retried after the backoff, and Stop() ending every phase at once. Waits are hang
@@ -19,7 +19,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/unit/scheduler_service/testing/fake_worker.h"
+#include "tests/testing/fake_worker.h"
 
 namespace llm {
 namespace {

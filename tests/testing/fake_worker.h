@@ -2,8 +2,8 @@
 // port of its own, that runs each step through a FakeExecutor (sized by InitCache, dropped by
 // Init) instead of a model. It can be told to answer every step with an error, or never.
 // Thread-safe.
-#ifndef LLM_TESTS_UNIT_SCHEDULER_SERVICE_TESTING_FAKE_WORKER_H_
-#define LLM_TESTS_UNIT_SCHEDULER_SERVICE_TESTING_FAKE_WORKER_H_
+#ifndef LLM_TESTS_TESTING_FAKE_WORKER_H_
+#define LLM_TESTS_TESTING_FAKE_WORKER_H_
 
 #include <atomic>
 #include <cstdint>
@@ -191,4 +191,4 @@ struct FakeWorkerServer {
 
 }  // namespace llm
 
-#endif  // LLM_TESTS_UNIT_SCHEDULER_SERVICE_TESTING_FAKE_WORKER_H_
+#endif  // LLM_TESTS_TESTING_FAKE_WORKER_H_
