@@ -21,8 +21,8 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cuda/device.h"
+#include "tests/testing/model_test_util.h"
 #include "tests/testing/test_data.h"
-#include "tests/unit/worker_service/model/model_test_util.h"
 #include "worker_service/model/device_context.h"
 #include "worker_service/parallel/nccl_communicator.h"
 

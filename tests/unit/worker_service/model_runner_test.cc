@@ -20,8 +20,8 @@
 #include "gtest/gtest.h"
 #include "kernels/philox.h"
 #include "scheduler_service/engine/engine_core.h"
+#include "tests/testing/model_test_util.h"
 #include "tests/testing/test_data.h"
-#include "tests/unit/worker_service/model/model_test_util.h"
 #include "tests/unit/worker_service/step_test_util.h"
 #ifdef LLM_TEST_ON_CUDA
 #include "kernels/cuda/device.h"

@@ -25,7 +25,7 @@
 #include "protocol/step_codec.h"
 #include "scheduler_service/engine/engine_core.h"
 #include "tests/testing/grpc_probe.h"
-#include "tests/unit/worker_service/model/model_test_util.h"
+#include "tests/testing/model_test_util.h"
 #include "tests/unit/worker_service/step_test_util.h"
 #include "worker_service/cache_engine.h"
 #include "worker_service/model_runner.h"

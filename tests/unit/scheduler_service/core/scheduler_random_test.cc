@@ -10,7 +10,7 @@
 
 #include "gtest/gtest.h"
 #include "scheduler_service/core/scheduler.h"
-#include "tests/unit/scheduler_service/core/scheduler_harness.h"
+#include "tests/testing/scheduler_harness.h"
 
 namespace llm {
 namespace {

@@ -16,7 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/fake_executor.h"
-#include "tests/unit/scheduler_service/core/scheduler_harness.h"
+#include "tests/testing/scheduler_harness.h"
 
 namespace llm {
 namespace {

@@ -12,7 +12,7 @@
 #include "common/gguf.h"
 #include "common/half.h"
 #include "gtest/gtest.h"
-#include "tests/unit/worker_service/model/model_test_util.h"
+#include "tests/testing/model_test_util.h"
 #include "worker_service/model/llama.h"
 
 namespace llm {

@@ -16,7 +16,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/packed_linear.h"
-#include "tests/unit/worker_service/model/model_test_util.h"
+#include "tests/testing/model_test_util.h"
 
 namespace llm {
 namespace {

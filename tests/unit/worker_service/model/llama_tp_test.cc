@@ -8,7 +8,7 @@
 
 #include "gloo/rendezvous/hash_store.h"
 #include "gtest/gtest.h"
-#include "tests/unit/worker_service/model/model_test_util.h"
+#include "tests/testing/model_test_util.h"
 #include "worker_service/model/llama.h"
 #include "worker_service/parallel/gloo_communicator.h"
 #include "worker_service/parallel/shm_communicator.h"

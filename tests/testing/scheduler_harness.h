@@ -1,8 +1,8 @@
 // Drives a Scheduler against a FakeExecutor step by step for tests: records every stream,
 // checks the scheduler's invariants after each step, and computes the stream a request must
 // produce straight from the FakeExecutor's token function (no scheduler, no KV).
-#ifndef LLM_TESTS_UNIT_SCHEDULER_SERVICE_CORE_SCHEDULER_HARNESS_H_
-#define LLM_TESTS_UNIT_SCHEDULER_SERVICE_CORE_SCHEDULER_HARNESS_H_
+#ifndef LLM_TESTS_TESTING_SCHEDULER_HARNESS_H_
+#define LLM_TESTS_TESTING_SCHEDULER_HARNESS_H_
 
 #include <map>
 #include <memory>
@@ -174,4 +174,4 @@ inline std::vector<TokenId> ExpectedStream(const FakeExecutor& exec, const FakeE
 
 }  // namespace llm
 
-#endif  // LLM_TESTS_UNIT_SCHEDULER_SERVICE_CORE_SCHEDULER_HARNESS_H_
+#endif  // LLM_TESTS_TESTING_SCHEDULER_HARNESS_H_

@@ -1,7 +1,7 @@
 // Test helpers for the model: transformers' golden fixtures, a poisoned paged KV cache, and
 // a driver that feeds the golden sequences through the model in chunks.
-#ifndef LLM_TESTS_UNIT_WORKER_SERVICE_MODEL_MODEL_TEST_UTIL_H_
-#define LLM_TESTS_UNIT_WORKER_SERVICE_MODEL_MODEL_TEST_UTIL_H_
+#ifndef LLM_TESTS_TESTING_MODEL_TEST_UTIL_H_
+#define LLM_TESTS_TESTING_MODEL_TEST_UTIL_H_
 
 #include <algorithm>
 #include <cmath>
@@ -188,4 +188,4 @@ inline void LoadTestModel(const std::string& dir, std::unique_ptr<LlamaModel>* m
 
 }  // namespace llm
 
-#endif  // LLM_TESTS_UNIT_WORKER_SERVICE_MODEL_MODEL_TEST_UTIL_H_
+#endif  // LLM_TESTS_TESTING_MODEL_TEST_UTIL_H_
