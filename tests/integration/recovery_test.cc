@@ -173,7 +173,7 @@ TEST(RecoveryTest, AStoppedWorkerPastTheWorkerTimeoutLosesNoRequestOnceContinued
 // Issue 35's case: rank 0 stalls for ten seconds, more than three worker timeouts, with
 // restart_workers on, and then answers again. The group re-forms on the same processes as soon as
 // the rank answers: with a recovery timeout of 20 s the streams survive only if it re-forms within
-// 10 s of the continue (it used to take two minutes). The time it took is printed.
+// 10 s of the continue. The time it took is printed.
 TEST(RecoveryTest, ARankStalledForSeveralWorkerTimeoutsRejoinsWhenItAnswersAgain) {
   ClusterOptions options = Tp2(/*restart_workers=*/true);
   options.engine.push_back({"recovery_timeout", "20"});
