@@ -27,7 +27,7 @@ DEB_PACKAGES += python3-venv
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps configure build pyenv test run serve demo bench sass gpu-kit format clean \
-	docs-reference plots
+	docs-reference plots chaos
 
 all: build
 
@@ -154,6 +154,15 @@ demo: build
 	  --prompt="The best programmers" --max-tokens=48 --n=3 --seed=7
 	$(BUILD_DIR)/tools/llm-block-demo
 	$(BUILD_DIR)/bench/bench_block_manager --benchmark_min_time=0.2
+
+# Faults injected at random into a TP-2 local cluster under load for MINUTES (tests/chaos):
+# prints the fault schedule, faults by kind, requests by status, latency during and outside
+# faults, the scheduler's memory and the invariants' result. SEED replays a run's schedule.
+MINUTES ?= 30
+SEED ?= $(shell date +%s)
+chaos: build
+	LLM_POISON_KV_CACHE=1 LLM_CHAOS_SECONDS=$$(( $(MINUTES) * 60 )) LLM_CHAOS_SEED=$(SEED) \
+	  $(BUILD_DIR)/tests/chaos/chaos_test
 
 bench: build
 	@for b in $(BUILD_DIR)/bench/bench_*; do echo "== $$b"; $$b; done

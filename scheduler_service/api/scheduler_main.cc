@@ -31,6 +31,7 @@
 // rendezvous store.
 //
 //   llm-scheduler --model=DIR --worker-addresses=H:P,H:P [--flag=value ...]   (--help)
+#include <malloc.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -571,8 +572,16 @@ int Run(int argc, char** argv) {
   WorkerGroup group(std::move(group_options));
   group.Start();
 
-  int sig = 0;
-  sigwait(&signals, &sig);
+  // Until a signal, every 10 s, the heap's free pages go back to the kernel: the scheduler's
+  // threads come and go (gRPC's callback threads, each worker group's client threads), and
+  // glibc keeps what each thread's arena once held, so resident memory would creep up with the
+  // requests and the group rebuilds served.
+  int sig = -1;
+  while (sig <= 0) {
+    const timespec period = {.tv_sec = 10, .tv_nsec = 0};
+    sig = sigtimedwait(&signals, nullptr, &period);
+    if (sig <= 0) malloc_trim(0);
+  }
   // Drain: no new requests; those in flight may finish until the timeout or a second signal.
   // Draining before health says NOT_SERVING: a client that sees it is refused from then on.
   service.Drain();

@@ -131,7 +131,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
       dtype_given = dtype_given || k == "dtype";
     }
     if (!dtype_given) out << "  dtype: float32\n";
-    out << "worker: {threads: 1}\n";
+    out << "worker: {threads: 1";
+    for (const auto& [k, v] : options.worker) out << ", " << k << ": " << v;
+    out << "}\n";
   }
   std::vector<std::string> argv = {std::string(LLM_BIN_DIR) + "/llm-cluster",
                                    "--manifest=" + manifest,

@@ -37,6 +37,8 @@ struct ClusterOptions {
   std::string worker_binary;
   // llm-scheduler options (manifest `engine:` keys, underscores), e.g. {"block_size", "16"}.
   std::vector<std::pair<std::string, std::string>> engine;
+  // llm-worker options (manifest `worker:` keys) besides threads: 1, e.g. {"shm_dir", "/tmp/x"}.
+  std::vector<std::pair<std::string, std::string>> worker;
   // When set, this existing manifest is used as it is (the fields above are ignored), except
   // that every port becomes 0 (llm-cluster --scheduler-port=0 --worker-base-port=0).
   std::string manifest;
