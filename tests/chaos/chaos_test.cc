@@ -336,8 +336,14 @@ TEST(ChaosTest, FaultsUnderLoadLoseNoTokenHangNothingAndLeakNothing) {
                                             ? absl::Milliseconds(rng.Uniform(200, 1500))
                                             : absl::ZeroDuration();
         Outcome o = Call(stub, pool, kind, cancel_after, deadline);
-        std::lock_guard<std::mutex> lock(mu);
-        outcomes.push_back(std::move(o));
+        // Refused (recovering, at the limit): back off as a client would, not spin.
+        const bool refused = o.status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                             o.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          outcomes.push_back(std::move(o));
+        }
+        if (refused) absl::SleepFor(absl::Milliseconds(100));
       }
     });
   }
