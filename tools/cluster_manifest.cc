@@ -141,6 +141,8 @@ class Reader {
         }
       } else if (*key == "restart_workers") {
         s = Bool(v, *key, &m.restart_workers);
+      } else if (*key == "restart_scheduler") {
+        s = Bool(v, *key, &m.restart_scheduler);
       } else if (*key == "restart_delay_s") {
         s = Double(v, *key, &m.restart_delay_s);
       } else if (*key == "startup_timeout_s") {
@@ -158,7 +160,8 @@ class Reader {
       } else {
         s = Error(Line(k), *key,
                   "unknown key (expected model, tensor_parallel_size, device, scheduler, "
-                  "workers, restart_workers, restart_delay_s, startup_timeout_s, engine, "
+                  "workers, restart_workers, restart_scheduler, restart_delay_s, "
+                  "startup_timeout_s, engine, "
                   "worker)");
       }
       if (!s.ok()) return s;

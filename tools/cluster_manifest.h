@@ -9,6 +9,7 @@
 //                                    # check trusts; default ssl_certfile) and tls_server_name
 //   workers: {host: 127.0.0.1, base_port: 50061}  # rank r on base_port + r; 0: free ports
 //   restart_workers: false           # true: a worker that dies is started again
+//   restart_scheduler: false         # true: so is the scheduler, on its port
 //   engine:                          # each key becomes an llm-scheduler flag --key-with-dashes
 //     block_size: 16
 //     enable_prefix_caching: true
@@ -40,7 +41,8 @@ struct ClusterManifest {
   std::string workers_host = "127.0.0.1";
   int workers_base_port = 50061;  // rank r listens on base_port + r; 0: any free ports
   bool restart_workers = false;
-  double restart_delay_s = 1.0;  // wait before a dead worker is started again
+  bool restart_scheduler = false;
+  double restart_delay_s = 1.0;  // wait before a dead worker or scheduler is started again
   double startup_timeout_s = 120.0;
   // Options in file order, key as written (underscores) and value as text.
   std::vector<std::pair<std::string, std::string>> engine;

@@ -14,7 +14,10 @@
 //   - a child that exits on its own: report which and how, stop the rest, exit 1; except a
 //     worker when the manifest says `restart_workers: true`: it is started again on the same
 //     port after restart_delay_s (the scheduler re-initializes the group when it is back, and
-//     the requests in flight continue on it).
+//     the requests in flight continue on it); and the scheduler when it says
+//     `restart_scheduler: true`: it is started again on the same port after restart_delay_s
+//     and initializes the workers anew (they are not restarted). Its clients lost their calls
+//     with its connections (UNAVAILABLE); new calls are served once it reports SERVING.
 //   - the scheduler exits 2 (the workers refuse the configuration, e.g. heads not divisible by
 //     the ranks: retrying cannot help; its message is forwarded just before): stop the rest
 //     and exit 2 at once, also during startup.
@@ -132,6 +135,7 @@ class Cluster {
   // The first child found dead (reaped), as a message; restarts are scheduled here.
   std::optional<std::string> CheckChildren();
   void RestartDueWorkers();
+  absl::Status StartScheduler();
   absl::Status WaitUntil(const std::string& what, const std::function<bool()>& ready,
                          absl::Time deadline);
 
@@ -142,6 +146,9 @@ class Cluster {
   std::string model_dir_;
   std::vector<Worker> workers_;
   std::unique_ptr<ChildProcess> scheduler_;
+  ChildSpec scheduler_spec_;  // its port becomes the one it got once it serves
+  std::string scheduler_port_file_;
+  std::optional<absl::Time> scheduler_restart_at_;
   int scheduler_port_ = 0;
   bool stop_requested_ = false;
   bool serving_ = false;  // Start() succeeded: from now on a dead worker may be restarted
@@ -179,9 +186,15 @@ bool Cluster::TakeSignals(absl::Duration timeout) {
 }
 
 std::optional<std::string> Cluster::CheckChildren() {
-  if (scheduler_ != nullptr && scheduler_->Poll().has_value()) {
-    return absl::StrCat("the scheduler (pid ", scheduler_->pid(), ") ",
-                        ChildProcess::DescribeStatus(*scheduler_->wait_status()));
+  if (scheduler_ != nullptr && !scheduler_restart_at_.has_value() &&
+      scheduler_->Poll().has_value()) {
+    const std::string what = absl::StrCat("the scheduler (pid ", scheduler_->pid(), ") ",
+                                          ChildProcess::DescribeStatus(*scheduler_->wait_status()));
+    // As for workers, only once serving; and never one the workers refused (exit 2).
+    if (!m_.restart_scheduler || !serving_ || SchedulerRefused()) return what;
+    Log(absl::StrCat(what, "; restarting it on port ", scheduler_port_, " in ", m_.restart_delay_s,
+                     " s"));
+    scheduler_restart_at_ = absl::Now() + absl::Seconds(m_.restart_delay_s);
   }
   for (Worker& w : workers_) {
     if (w.process == nullptr || w.restart_at.has_value() || !w.process->Poll().has_value()) {
@@ -198,7 +211,25 @@ std::optional<std::string> Cluster::CheckChildren() {
   return std::nullopt;
 }
 
+absl::Status Cluster::StartScheduler() {
+  std::error_code ec;
+  fs::remove(scheduler_port_file_, ec);
+  absl::StatusOr<std::unique_ptr<ChildProcess>> p = ChildProcess::Start(scheduler_spec_);
+  if (!p.ok()) return p.status();
+  scheduler_ = std::move(*p);
+  scheduler_restart_at_.reset();
+  Log(absl::StrCat("scheduler pid ", scheduler_->pid(), ": ",
+                   absl::StrJoin(scheduler_spec_.argv, " ")));
+  return absl::OkStatus();
+}
+
 void Cluster::RestartDueWorkers() {
+  if (scheduler_restart_at_.has_value() && absl::Now() >= *scheduler_restart_at_) {
+    if (absl::Status s = StartScheduler(); !s.ok()) {
+      Log(absl::StrCat("cannot restart the scheduler: ", s.ToString()));
+      scheduler_restart_at_ = absl::Now() + absl::Seconds(m_.restart_delay_s);
+    }
+  }
   for (Worker& w : workers_) {
     if (!w.restart_at.has_value() || absl::Now() < *w.restart_at) continue;
     if (absl::Status s = StartWorker(w, w.port); !s.ok()) {
@@ -270,34 +301,33 @@ absl::Status Cluster::Start() {
   for (const Worker& w : workers_) {
     addresses.push_back(absl::StrCat(ClientHost(m_.workers_host), ":", w.port));
   }
-  const std::string scheduler_port_file = tmp_dir_ + "/scheduler.port";
-  ChildSpec spec;
+  scheduler_port_file_ = tmp_dir_ + "/scheduler.port";
+  ChildSpec& spec = scheduler_spec_;
   spec.argv = {
       args_.bin_dir + "/llm-scheduler",
       "--model=" + model_dir_,
       "--host=" + m_.scheduler_host,
       absl::StrCat("--port=", args_.scheduler_port >= 0 ? args_.scheduler_port : m_.scheduler_port),
-      "--port-file=" + scheduler_port_file,
+      "--port-file=" + scheduler_port_file_,
       "--worker-addresses=" + absl::StrJoin(addresses, ","),
       absl::StrCat("--tensor-parallel-size=", m_.tensor_parallel_size),
       "--device=" + m_.device};
   for (const std::string& f : m_.SchedulerFlags()) spec.argv.push_back(f);
   spec.log_prefix = "[scheduler] ";
-  absl::StatusOr<std::unique_ptr<ChildProcess>> p = ChildProcess::Start(spec);
-  if (!p.ok()) return p.status();
-  scheduler_ = std::move(*p);
-  Log(absl::StrCat("scheduler pid ", scheduler_->pid(), ": ", absl::StrJoin(spec.argv, " ")));
+  if (absl::Status s = StartScheduler(); !s.ok()) return s;
 
   if (absl::Status s = WaitUntil(
           "the scheduler's port",
           [&] {
-            scheduler_port_ = ReadPortFile(scheduler_port_file).value_or(0);
+            scheduler_port_ = ReadPortFile(scheduler_port_file_).value_or(0);
             return scheduler_port_ != 0;
           },
           deadline);
       !s.ok()) {
     return s;
   }
+  // A restarted scheduler listens where its clients know to find it.
+  spec.argv[3] = absl::StrCat("--port=", scheduler_port_);
   const std::string address = absl::StrCat(ClientHost(m_.scheduler_host), ":", scheduler_port_);
   PublicChannelOptions channel_options;
   if (!m_.EngineOption("ssl_certfile").empty()) {

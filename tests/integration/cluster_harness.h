@@ -30,6 +30,7 @@ struct ClusterOptions {
   std::string model;  // default: tests/data/models/tiny-llama
   int tensor_parallel_size = 1;
   bool restart_workers = false;
+  bool restart_scheduler = false;
   double restart_delay_s = 1;
   std::string device = "cpu";  // the manifest's `device`
   // llm-cluster --worker-binary (a name in build/bin, e.g. llm-worker-emu); empty: llm-worker.

@@ -755,6 +755,43 @@ TEST(ClusterTest, AKilledWorkerPausesItsRequestsAndTheGroupRecovers) {
   ExpectCleanStop(*c);
 }
 
+// The scheduler SIGKILLed in mid-generation with restart_scheduler: its client's stream ends
+// UNAVAILABLE at once (its connection is gone: a scheduler's requests die with it); llm-cluster
+// starts the scheduler again on the same port, it initializes the same worker processes anew,
+// and serves the same greedy output.
+TEST(ClusterTest, AKilledSchedulerIsRestartedOnItsPortOverTheSameWorkers) {
+  constexpr int kMaxTokens = 16, kLong = 400;
+  absl::StatusOr<std::vector<std::vector<int32_t>>> reference =
+      ReferenceGreedy(DefaultModel(), {Prompts()[0]}, kMaxTokens);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  std::unique_ptr<LocalCluster> c = StartCluster({.tensor_parallel_size = 2,
+                                                  .restart_workers = true,
+                                                  .restart_scheduler = true,
+                                                  .restart_delay_s = 0.5});
+  ASSERT_NE(c, nullptr);
+  const std::vector<pid_t> workers = c->WorkerPids();
+  ASSERT_EQ(workers.size(), 2u);
+  const pid_t scheduler = c->SchedulerPid();
+
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+  auto stream = c->stub().Generate(&ctx, GreedyRequest(Prompts()[0], kLong));
+  v1::GenerateResponse resp;
+  ASSERT_TRUE(stream->Read(&resp));
+  ASSERT_EQ(kill(scheduler, SIGKILL), 0);
+  while (stream->Read(&resp)) {
+  }
+  const grpc::Status lost = stream->Finish();
+  EXPECT_EQ(lost.error_code(), grpc::StatusCode::UNAVAILABLE) << lost.error_message();
+
+  HealthChecker health(c->address());
+  EXPECT_TRUE(WaitUntilServing(health, absl::Seconds(60)));
+  EXPECT_NE(c->SchedulerPid(), scheduler);
+  EXPECT_EQ(c->WorkerPids(), workers);  // the workers took the new scheduler's Init
+  EXPECT_EQ(GreedyOutputs(*c, {Prompts()[0]}, kMaxTokens), *reference);
+  ExpectCleanStop(*c);
+}
+
 // Without restart_workers a dead worker is fatal: llm-cluster names it, stops the rest and
 // exits 1, leaving nothing behind.
 TEST(ClusterTest, ADeadWorkerStopsTheClusterByDefault) {

@@ -23,6 +23,7 @@ workers:
   host: 127.0.0.1
   base_port: 50061
 restart_workers: true
+restart_scheduler: true
 restart_delay_s: 0.5
 startup_timeout_s: 30
 engine:
@@ -39,6 +40,7 @@ worker: {threads: 1}
   EXPECT_EQ(m->scheduler_port, 0);
   EXPECT_EQ(m->workers_base_port, 50061);
   EXPECT_TRUE(m->restart_workers);
+  EXPECT_TRUE(m->restart_scheduler);
   EXPECT_DOUBLE_EQ(m->restart_delay_s, 0.5);
   EXPECT_DOUBLE_EQ(m->startup_timeout_s, 30);
   EXPECT_THAT(m->SchedulerFlags(),
