@@ -51,6 +51,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/cuda/paged_attention_decode.h"
+#include "kernels/cuda/paged_attention_params.h"
 #include "kernels/cuda/paged_attention_prefill.h"
 #include "kernels/cuda/paged_attention_simt.h"
 #include "kernels/op_check.h"
@@ -62,23 +63,12 @@ constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kChunk = kPartitionSize;
 
-struct Params {
-  void* out;                       // [T, Hq, D]: QT
-  float* tmp_out;                  // v2: [T, Hq, max_partitions, D]
-  float* max_logits;               // v2: [T, Hq, max_partitions]
-  float* exp_sums;                 // v2: [T, Hq, max_partitions]
-  const void* query;               // [T, Hq, D]: QT, q[t][h][d] at t * q_stride + h * D + d
-  const void* key_cache;           // [num_blocks, block_size, Hkv, D]: f32, f16 or bf16
-  const void* value_cache;         // the same
-  const int32_t* block_tables;     // [S, max_blocks]
-  const int32_t* seq_lens;         // [S]
-  const int32_t* query_start_loc;  // [S + 1]
-  int num_seqs;
-  int max_blocks;
-  int num_heads;
-  int num_kv_heads;
-  int block_size;
-  int64_t num_blocks;
+// query and out are QT, the caches f32, f16 or bf16. At most 128 bytes, q_stride an int
+// (paged_attention_params.h says why).
+struct Params : PagedAttentionParams {
+  float* tmp_out;      // v2: [T, Hq, max_partitions, D]
+  float* max_logits;   // v2: [T, Hq, max_partitions]
+  float* exp_sums;     // v2: [T, Hq, max_partitions]
   int max_partitions;  // v2
   bool prefill_tiled;  // rows of sequences with q_len > 1 are the tiled prefill kernel's
   float scale;
@@ -610,20 +600,8 @@ OpStatus PagedAttentionSimt(const OpContext& ctx, const TensorView& out, const T
                                          " needs more partitions than one launch takes");
   }
   Params params{};
-  params.out = out.data;
-  params.query = query.data;
+  FillPagedAttentionParams(out, query, key_cache, value_cache, metadata, &params);
   params.q_stride = static_cast<int>(internal::TokenStride(query));
-  params.key_cache = key_cache.data;
-  params.value_cache = value_cache.data;
-  params.block_tables = metadata.block_tables.data_as<const int32_t>();
-  params.seq_lens = metadata.seq_lens.data_as<const int32_t>();
-  params.query_start_loc = metadata.query_start_loc.data_as<const int32_t>();
-  params.num_seqs = static_cast<int>(num_seqs);
-  params.max_blocks = static_cast<int>(max_blocks);
-  params.num_heads = static_cast<int>(num_heads);
-  params.num_kv_heads = static_cast<int>(key_cache.shape[2]);
-  params.block_size = static_cast<int>(key_cache.shape[1]);
-  params.num_blocks = key_cache.shape[0];
   params.scale = scale;
   // kAuto: prefill chunks (q_len > 1) go to the tiled kernel, the other rows to v1 or v2.
   params.prefill_tiled = plan.prefill_tiled;

@@ -41,6 +41,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/cuda/paged_attention_decode.h"
+#include "kernels/cuda/paged_attention_params.h"
 #include "kernels/op_check.h"
 
 namespace llm::ops::cuda {
@@ -52,26 +53,13 @@ constexpr int kVec = 8;  // 16-bit elements per 16-byte load
 
 using Pack16 = cuda_internal::Vec16;
 
-struct DecodeParams {
-  void* out;                       // [T, Hq, D], 16-bit
-  const void* query;               // [T, Hq, D], 16-bit, rows q_stride apart
-  int64_t q_stride;                // elements between query rows (a multiple of 8)
-  const void* key_cache;           // [num_blocks, block_size, Hkv, D], 16-bit
-  const void* value_cache;         // the same
-  const int32_t* block_tables;     // [S, max_blocks]
-  const int32_t* seq_lens;         // [S]
-  const int32_t* query_start_loc;  // [S + 1]
-  float* part_out;                 // num_splits > 1: [S, Hq, num_splits, D]
-  float* part_ml;                  // num_splits > 1: [S, Hq, num_splits, 2]
-  int64_t num_blocks;
-  int num_seqs;
-  int max_blocks;
-  int num_heads;
-  int num_kv_heads;
-  int group;        // Hq / Hkv
-  int head_chunks;  // ceil(group / kDecodeMaxGroup)
-  int block_size;
-  int block_shift;  // log2(block_size) when a power of two, else -1
+// query, out and the caches are 16-bit; q_stride is a multiple of 8 (16-byte query loads).
+struct DecodeParams : PagedAttentionParams {
+  int64_t q_stride;  // elements between query rows
+  float* part_out;   // num_splits > 1: [S, Hq, num_splits, D]
+  float* part_ml;    // num_splits > 1: [S, Hq, num_splits, 2]
+  int group;         // Hq / Hkv
+  int head_chunks;   // ceil(group / kDecodeMaxGroup)
   int num_splits;
   int split_keys;  // num_splits > 1
   float scale_log2;
@@ -469,26 +457,10 @@ OpStatus DecodeAttention(const OpContext& ctx, const TensorView& out, const Tens
                  " bytes of workspace, got " + std::to_string(ctx.workspace_bytes));
   }
   DecodeParams params{};
-  params.out = out.data;
-  params.query = query.data;
+  FillPagedAttentionParams(out, query, key_cache, value_cache, metadata, &params);
   params.q_stride = internal::TokenStride(query);
-  params.key_cache = key_cache.data;
-  params.value_cache = value_cache.data;
-  params.block_tables = metadata.block_tables.data_as<const int32_t>();
-  params.seq_lens = metadata.seq_lens.data_as<const int32_t>();
-  params.query_start_loc = metadata.query_start_loc.data_as<const int32_t>();
-  params.num_blocks = key_cache.shape[0];
-  params.num_seqs = static_cast<int>(metadata.seq_lens.shape[0]);
-  params.max_blocks = static_cast<int>(metadata.block_tables.shape[1]);
-  params.num_heads = static_cast<int>(query.shape[1]);
-  params.num_kv_heads = static_cast<int>(key_cache.shape[2]);
   params.group = static_cast<int>(plan.group);
   params.head_chunks = static_cast<int>(plan.head_chunks);
-  params.block_size = static_cast<int>(key_cache.shape[1]);
-  params.block_shift = -1;
-  for (int b = 0; b < 31; ++b) {
-    if ((int64_t{1} << b) == key_cache.shape[1]) params.block_shift = b;
-  }
   params.num_splits = static_cast<int>(plan.num_splits);
   params.split_keys = static_cast<int>(plan.split_keys);
   params.scale_log2 = scale * 1.4426950408889634f;  // log2(e)

@@ -39,6 +39,7 @@
 
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/paged_attention_params.h"
 #include "kernels/cuda/paged_attention_prefill.h"
 #include "kernels/op_check.h"
 
@@ -56,22 +57,10 @@ constexpr int64_t kPastEnd = -1, kBadBlock = -2;  // Smem::offset's non-offsets
 
 using cuda_internal::Vec16;
 
-struct Params {
-  void* out;                       // [T, Hq, D], T
-  const void* query;               // [T, Hq, D], T, rows q_stride apart
-  int64_t q_stride;                // elements between query rows (even)
-  const void* key_cache;           // [num_blocks, block_size, Hkv, D], T
-  const void* value_cache;         // the same
-  const int32_t* block_tables;     // [S, max_blocks]
-  const int32_t* seq_lens;         // [S]
-  const int32_t* query_start_loc;  // [S + 1]
+// query, out and the caches are T; q_stride is even (Q is read two elements a word).
+struct Params : PagedAttentionParams {
+  int64_t q_stride;  // elements between query rows
   int64_t num_tokens;
-  int64_t num_blocks;
-  int num_seqs;
-  int max_blocks;
-  int num_heads;
-  int num_kv_heads;
-  int block_size;
   float scale_log2;  // scale log2(e)
   // > 0: the grid's tiles, listed on the host: listed_seq[i] has the tiles
   // listed_tile_end[i - 1] .. listed_tile_end[i] - 1 (0 before the first).
@@ -437,21 +426,9 @@ OpStatus PrefillAttentionMma(const OpContext& ctx, const TensorView& out, const 
                                 "launch");
   }
   Params params{};
-  params.out = out.data;
-  params.query = query.data;
+  FillPagedAttentionParams(out, query, key_cache, value_cache, metadata, &params);
   params.q_stride = internal::TokenStride(query);
-  params.key_cache = key_cache.data;
-  params.value_cache = value_cache.data;
-  params.block_tables = metadata.block_tables.data_as<const int32_t>();
-  params.seq_lens = metadata.seq_lens.data_as<const int32_t>();
-  params.query_start_loc = metadata.query_start_loc.data_as<const int32_t>();
   params.num_tokens = num_tokens;
-  params.num_blocks = key_cache.shape[0];
-  params.num_seqs = static_cast<int>(num_seqs);
-  params.max_blocks = static_cast<int>(metadata.block_tables.shape[1]);
-  params.num_heads = static_cast<int>(num_heads);
-  params.num_kv_heads = static_cast<int>(key_cache.shape[2]);
-  params.block_size = static_cast<int>(key_cache.shape[1]);
   params.scale_log2 = scale * kLog2E;
 
   // The grid: exact from the host's q_lens when they fit the parameters, else an upper bound.
