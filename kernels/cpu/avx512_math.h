@@ -17,6 +17,12 @@ inline bool HasAvx512() {
   return has;
 }
 
+// Whether this CPU runs AVX512BW (byte and word lanes, 32- and 64-bit masks).
+inline bool HasAvx512Bw() {
+  static const bool has = __builtin_cpu_supports("avx512bw");
+  return has;
+}
+
 // Whether this CPU runs AVX512_BF16 (Cooper Lake, Sapphire Rapids and later; Zen 4 and later).
 inline bool HasAvx512Bf16() {
   static const bool has = __builtin_cpu_supports("avx512bf16");

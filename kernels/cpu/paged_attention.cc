@@ -546,60 +546,6 @@ LLM_AVX512 inline void TileSoftmax(const Problem& pb, const ItemView& v, int64_t
   }
 }
 
-// AVX-512, f32 caches: head sizes that are multiples of 16; score rows padded to 16 (one
-// register).
-LLM_AVX512 void RunItemAvx512(const Problem& pb, const WorkItem& it) {
-  const ItemView v = View(pb, it);
-  const int64_t dim = pb.head_size, rows = v.rows, stride = (rows + 15) / 16 * 16;
-  float* qt = ThreadScratch(ScratchFloats(rows, stride, dim));
-  float* s = qt + dim * stride;
-  float* m = s + kKeyTile * stride;
-  float* l = m + stride;
-  float* alpha = l + stride;
-  float* o = alpha + stride;
-  LoadQueries<float>(pb, v, it.kv_head, stride, qt);
-  StartRunningSums(stride, rows * dim, m, l, o);
-  const float* kf[kKeyTile];
-  const float* vf[kKeyTile];
-  for (int64_t k0 = v.key_begin; k0 < v.key_end; k0 += kKeyTile) {
-    const int64_t n = std::min(kKeyTile, v.key_end - k0);
-    TilePointers(pb, v, it.kv_head, k0, n, kf, vf);
-    // S = Q K^T: 16 rows x 4 keys per step, each key element broadcast.
-    for (int64_t rb = 0; rb < stride; rb += 16) {
-      int64_t i = 0;
-      for (; i + 4 <= n; i += 4) {
-        const float *k_a = kf[i], *k_b = kf[i + 1], *k_c = kf[i + 2], *k_d = kf[i + 3];
-        __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
-        __m512 c = _mm512_setzero_ps(), e = _mm512_setzero_ps();
-        for (int64_t d = 0; d < dim; ++d) {
-          const __m512 q = _mm512_loadu_ps(qt + d * stride + rb);
-          a = _mm512_fmadd_ps(q, _mm512_set1_ps(k_a[d]), a);
-          b = _mm512_fmadd_ps(q, _mm512_set1_ps(k_b[d]), b);
-          c = _mm512_fmadd_ps(q, _mm512_set1_ps(k_c[d]), c);
-          e = _mm512_fmadd_ps(q, _mm512_set1_ps(k_d[d]), e);
-        }
-        _mm512_storeu_ps(s + i * stride + rb, a);
-        _mm512_storeu_ps(s + (i + 1) * stride + rb, b);
-        _mm512_storeu_ps(s + (i + 2) * stride + rb, c);
-        _mm512_storeu_ps(s + (i + 3) * stride + rb, e);
-      }
-      for (; i < n; ++i) {
-        __m512 a = _mm512_setzero_ps();
-        for (int64_t d = 0; d < dim; ++d) {
-          a = _mm512_fmadd_ps(_mm512_loadu_ps(qt + d * stride + rb), _mm512_set1_ps(kf[i][d]), a);
-        }
-        _mm512_storeu_ps(s + i * stride + rb, a);
-      }
-    }
-    TileSoftmax(pb, v, k0, n, stride, s, m, l, alpha);
-    // O = O * alpha + P V, row by row.
-    for (int64_t r = 0; r < rows; ++r) {
-      RescaleAndAddValues(o + r * dim, alpha[r], s + r, stride, vf, 0, n, dim);
-    }
-  }
-  Finish(pb, v, it, o, l, m);
-}
-
 // Sums of 16 vectors: lane i of the result is the sum of v[i]'s 16 lanes (45 shuffles and adds
 // for the 16, against 16 x 8 for one reduction each).
 LLM_AVX512 inline __m512 Sum16(const __m512 v[16]) {
@@ -621,15 +567,7 @@ LLM_AVX512 inline __m512 Sum16(const __m512 v[16]) {
                        _mm512_shuffle_f32x4(y0, y1, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// AVX-512 for one query row (a decode row, or one part of a split one) and all its heads
-// (the item's kv heads and their query heads, H = kv_count * group): a group's G query heads
-// are too few to fill a register of score rows (RunItemAvx512 pads them to 16), so the keys go
-// across the lanes instead; and the item reads every kv head of each cache slot it visits, so
-// that the cache is read in whole slots. Per tile of 16 keys and per head h:
-//   S[i] = sum(q_h * k_i) (16 dot products, summed by Sum16), -inf past the tile's keys;
-//   m' = max(m, max_i S[i]);  P = exp(S - m');  l = l exp(m - m') + sum P;
-//   o = o exp(m - m') + sum_i P[i] v_i.
-// No causal mask: every key of the item is at or before the row's position.
+// The row kernel's tile (RunRowAvx512, below): a key per lane of a register.
 constexpr int64_t kLaneKeys = 16;
 
 // prefetcht0 p, which the compiler keeps: GCC 12 deems __builtin_prefetch (_mm_prefetch) free of
@@ -704,51 +642,7 @@ LLM_AVX512 inline __m512 RowSoftmax(const __m512 dots[kLaneKeys], int64_t n, flo
   return probs;
 }
 
-// f32 caches.
-LLM_AVX512 void RunRowAvx512(const Problem& pb, const WorkItem& it) {
-  const ItemView v = View(pb, it);
-  const int64_t dim = pb.head_size, group = pb.group, heads = it.kv_count * group;
-  float* q = ThreadScratch(heads * dim + 2 * heads + heads * dim + kLaneKeys);
-  float* m = q + heads * dim;
-  float* l = m + heads;
-  float* o = l + heads;
-  float* p = o + heads * dim;
-  const float* src = QueryRow(pb, v.first_token, it.kv_head * group);
-  const __m512 scale = _mm512_set1_ps(pb.scale);
-  for (int64_t c = 0; c < heads * dim; c += 16) {
-    _mm512_storeu_ps(q + c, _mm512_mul_ps(_mm512_loadu_ps(src + c), scale));
-  }
-  std::fill(m, m + heads, -std::numeric_limits<float>::infinity());
-  std::fill(l, l + heads, 0.0f);
-  std::fill(o, o + heads * dim, 0.0f);
-  RowTiles<float> tiles(pb, v, it);
-  __m512 dots[kLaneKeys];
-  for (int64_t k0 = v.key_begin; k0 < v.key_end; k0 += kLaneKeys) {
-    const int64_t n = std::min(kLaneKeys, v.key_end - k0);
-    tiles.Advance(k0);
-    const float* const* keys = tiles.keys();
-    for (int64_t h = 0; h < heads; ++h) {
-      const int64_t offset = h / group * dim;  // the kv head's place in a cache slot
-      const float* qh = q + h * dim;
-      for (int64_t i = 0; i < kLaneKeys; ++i) {
-        __m512 a = _mm512_setzero_ps();
-        if (i < n) {
-          const float* k = keys[i] + offset;
-          for (int64_t c = 0; c < dim; c += 16) {
-            a = _mm512_fmadd_ps(_mm512_loadu_ps(qh + c), _mm512_loadu_ps(k + c), a);
-          }
-        }
-        dots[i] = a;
-      }
-      float alpha;
-      _mm512_storeu_ps(p, RowSoftmax(dots, n, m + h, l + h, &alpha));
-      RescaleAndAddValues(o + h * dim, alpha, p, 1, tiles.values(), offset, n, dim);
-    }
-  }
-  Finish(pb, v, it, o, l, m);
-}
-
-// ---- bf16 caches on AVX512_BF16 (head sizes that are multiples of 32) ----
+// ---- Helpers for bf16 caches on AVX512_BF16 (head sizes that are multiples of 32) ----
 //
 // vdpbf16ps(acc, a, b) adds a[2l] b[2l] + a[2l + 1] b[2l + 1] to lane l of acc: 32 bf16 products
 // per instruction, summed in f32. For P V the pairs are two keys: the values of keys 2j and
@@ -847,109 +741,230 @@ PairReg* ThreadPairs(int64_t registers) {
   return buffer.data();
 }
 
-// The row kernel on bf16 caches: q rounded to bf16 once, S by vdpbf16ps straight from the
-// cache rows, P rounded to bf16 in pairs against the tile's paired values.
-LLM_AVX512_BF16 void RunRowBf16(const Problem& pb, const WorkItem& it) {
-  const ItemView v = View(pb, it);
-  const int64_t dim = pb.head_size, group = pb.group, heads = it.kv_count * group;
-  const int64_t width = it.kv_count * dim;  // columns of a slot the item reads
-  uint16_t* q = reinterpret_cast<uint16_t*>(ThreadWords(heads * dim / 2));  // scale * q, bf16
-  float* m = ThreadScratch(2 * heads + heads * dim);
-  float* l = m + heads;
-  float* o = l + heads;
-  const float* src = QueryRow(pb, v.first_token, it.kv_head * group);
-  const __m512 scale = _mm512_set1_ps(pb.scale);
-  for (int64_t c = 0; c < heads * dim; c += 16) {
-    const __m256bh qb = _mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(src + c), scale));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + c), (__m256i)qb);
+// ---- The AVX-512 kernels: one body each for f32 and bf16 caches ----
+//
+// Avx512Cache<T> holds what differs between f32 caches (AVX-512F: f32 products, vfmadd231ps)
+// and bf16 caches (AVX512_BF16: pairs of bf16 products summed in f32, vdpbf16ps): the buffers,
+// the form of the scaled query, one step of q . k, and the tile's P V (the f32 kernels read the
+// value rows in place; the bf16 kernels pair them, PairValues, and permute the output's columns,
+// UnpairColumns). RunItemAvx512<T> and RunRowAvx512<T> are the rest, the same for both.
+//
+// A template's target cannot depend on T, so both instances are compiled for AVX512_BF16's
+// target (which includes AVX512BW). The f32 instance holds no AVX512_BF16 instruction (those
+// come only from Avx512Cache<uint16_t>'s intrinsics), but the compiler may give it AVX512BW's
+// mask moves: it runs where avx512f and avx512bw both hold (PickKernels).
+template <typename T>
+struct Avx512Cache;
+
+template <>
+struct Avx512Cache<float> {
+  using Query = float;                      // the row kernel's scaled query
+  static constexpr int64_t kRowStep = 16;   // columns per step of the row kernel's q . k
+  static constexpr int64_t kQueryPack = 1;  // columns per word of the item kernel's qt
+
+  // The row kernel's buffers, one allocation: q, m, l, o and the tile's weights p.
+  struct RowBuffers {
+    RowBuffers(int64_t heads, int64_t dim, int64_t /*width*/)
+        : q(ThreadScratch(heads * dim + 2 * heads + heads * dim + kLaneKeys)),
+          m(q + heads * dim),
+          l(m + heads),
+          o(l + heads),
+          p(o + heads * dim) {}
+    float *q, *m, *l, *o, *p;
+  };
+  // q[0 .. 15] = src[0 .. 15] * scale.
+  static LLM_AVX512 void ScaleQuery(const float* src, __m512 scale, float* q) {
+    _mm512_storeu_ps(q, _mm512_mul_ps(_mm512_loadu_ps(src), scale));
   }
-  std::fill(m, m + heads, -std::numeric_limits<float>::infinity());
-  std::fill(l, l + heads, 0.0f);
-  std::fill(o, o + heads * dim, 0.0f);
-  PairReg* vp = ThreadPairs(kLaneKeys / 2 * width / 16);
-  RowTiles<uint16_t> tiles(pb, v, it);
-  __m512 dots[kLaneKeys];
-  alignas(32) uint32_t w[kLaneKeys / 2];
-  for (int64_t k0 = v.key_begin; k0 < v.key_end; k0 += kLaneKeys) {
-    const int64_t n = std::min(kLaneKeys, v.key_end - k0);
-    tiles.Advance(k0);
-    const uint16_t* const* keys = tiles.keys();
-    PairValues(tiles.values(), n, width, vp);
-    for (int64_t h = 0; h < heads; ++h) {
-      const int64_t offset = h / group * dim;  // the kv head's place in a cache slot
-      const uint16_t* qh = q + h * dim;
-      for (int64_t i = 0; i < kLaneKeys; ++i) {
-        __m512 a = _mm512_setzero_ps();
-        if (i < n) {
-          const uint16_t* k = keys[i] + offset;
-          for (int64_t c = 0; c < dim; c += 32) {
-            a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(qh + c),
-                                 (__m512bh)_mm512_loadu_si512(k + c));
-          }
+  static LLM_AVX512 __m512 RowDot(__m512 acc, const float* q, const float* k) {
+    return _mm512_fmadd_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(k), acc);
+  }
+  // The row kernel's P V reads the tile's value rows in place.
+  static void LoadRowValues(RowBuffers& /*buf*/, const float* const* /*values*/, int64_t /*n*/,
+                            int64_t /*width*/) {}
+  // o[0:dim] = o * alpha + sum_i probs[i] * values[i][offset : offset + dim].
+  static LLM_AVX512 void AddRowValues(RowBuffers& buf, const float* const* values, int64_t n,
+                                      int64_t /*width*/, int64_t dim, int64_t offset, __m512 probs,
+                                      float alpha, float* o) {
+    _mm512_storeu_ps(buf.p, probs);
+    RescaleAndAddValues(o, alpha, buf.p, 1, values, offset, n, dim);
+  }
+
+  // The item kernel's buffers, one allocation: qt, then s, m, l, alpha and o.
+  struct ItemBuffers {
+    ItemBuffers(int64_t rows, int64_t stride, int64_t dim)
+        : qt(ThreadScratch(ScratchFloats(rows, stride, dim))), s(qt + dim * stride) {}
+    float *qt, *s;
+  };
+  // qt[d * stride + r]: column d of score row r, scaled.
+  static void LoadQueryColumns(const Problem& pb, const ItemView& v, int64_t kv_head,
+                               int64_t stride, float* qt) {
+    LoadQueries<float>(pb, v, kv_head, stride, qt);
+  }
+  static LLM_AVX512 __m512 QueryColumn(const float* qt) { return _mm512_loadu_ps(qt); }
+  static LLM_AVX512 __m512 KeyColumn(const float* k) { return _mm512_set1_ps(*k); }
+  static LLM_AVX512 __m512 Dot(__m512 acc, __m512 q, __m512 k) {
+    return _mm512_fmadd_ps(q, k, acc);
+  }
+  // The item kernel's P V reads the weights s[i * stride + r] and the value rows in place.
+  static void LoadItemValues(const ItemBuffers& /*buf*/, int64_t /*stride*/,
+                             const float* const* /*values*/, int64_t /*n*/, int64_t /*dim*/) {}
+  // o[0:dim] = o * alpha + sum_i s[i * stride + r] * values[i][0:dim].
+  static LLM_AVX512 void AddItemValues(const ItemBuffers& buf, int64_t stride,
+                                       const float* const* values, int64_t n, int64_t dim,
+                                       int64_t r, float alpha, float* o) {
+    RescaleAndAddValues(o, alpha, buf.s + r, stride, values, 0, n, dim);
+  }
+
+  static void UnpermuteColumns(float* /*o*/, int64_t /*rows*/, int64_t /*dim*/) {}
+};
+
+template <>
+struct Avx512Cache<uint16_t> {
+  using Query = uint16_t;                   // bf16 bits
+  static constexpr int64_t kRowStep = 32;   // columns per vdpbf16ps
+  static constexpr int64_t kQueryPack = 2;  // a pair of bf16 per word
+
+  // The row kernel's buffers: q (bf16); m, l and o; the tile's values in pairs (all the item's
+  // kv heads, `width` columns) and its weights in pairs.
+  struct RowBuffers {
+    RowBuffers(int64_t heads, int64_t dim, int64_t width)
+        : q(reinterpret_cast<uint16_t*>(ThreadWords(heads * dim / 2))),
+          m(ThreadScratch(2 * heads + heads * dim)),
+          l(m + heads),
+          o(l + heads),
+          vp(ThreadPairs(kLaneKeys / 2 * width / 16)) {}
+    uint16_t* q;
+    float *m, *l, *o;
+    PairReg* vp;
+    alignas(32) uint32_t w[kLaneKeys / 2];  // weights of keys 2j, 2j + 1 in dword j
+  };
+  // q[0 .. 15] = bf16(src[0 .. 15] * scale).
+  static LLM_AVX512_BF16 void ScaleQuery(const float* src, __m512 scale, uint16_t* q) {
+    const __m256bh qb = _mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(src), scale));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), (__m256i)qb);
+  }
+  static LLM_AVX512_BF16 __m512 RowDot(__m512 acc, const uint16_t* q, const uint16_t* k) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(q), (__m512bh)_mm512_loadu_si512(k));
+  }
+  static LLM_AVX512_BF16 void LoadRowValues(RowBuffers& buf, const uint16_t* const* values,
+                                            int64_t n, int64_t width) {
+    PairValues(values, n, width, buf.vp);
+  }
+  // o[0:dim] (permuted columns) = o * alpha + the weights rounded to bf16 in pairs . the kv
+  // head's paired values.
+  static LLM_AVX512_BF16 void AddRowValues(RowBuffers& buf, const uint16_t* const* /*values*/,
+                                           int64_t n, int64_t width, int64_t dim, int64_t offset,
+                                           __m512 probs, float alpha, float* o) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(buf.w), (__m256i)_mm512_cvtneps_pbh(probs));
+    RescaleAndAddPairs(o, alpha, buf.w, 1, buf.vp + offset / 16, width / 16, (n + 1) / 2, dim);
+  }
+
+  // The item kernel's buffers: s, m, l, alpha and o; qt, then the tile's weights in pairs of
+  // keys, w[j * stride + r] (key 2j's in the low half); the tile's values in pairs.
+  struct ItemBuffers {
+    ItemBuffers(int64_t rows, int64_t stride, int64_t dim)
+        : s(ThreadScratch(kKeyTile * stride + 3 * stride + rows * dim)),
+          qt(ThreadWords(dim / 2 * stride + kKeyTile / 2 * stride)),
+          w(qt + dim / 2 * stride),
+          vp(ThreadPairs(kKeyTile / 2 * dim / 16)) {}
+    float* s;
+    uint32_t *qt, *w;
+    PairReg* vp;
+  };
+  // qt[d / 2 * stride + r]: columns d and d + 1 of score row r, scaled, as a pair of bf16.
+  static void LoadQueryColumns(const Problem& pb, const ItemView& v, int64_t kv_head,
+                               int64_t stride, uint32_t* qt) {
+    const int64_t dim = pb.head_size;
+    std::fill(qt, qt + dim / 2 * stride, 0u);
+    for (int64_t j = 0; j < v.num_queries; ++j) {
+      const float* q = QueryRow(pb, v.first_token + j, kv_head * pb.group);
+      for (int64_t g = 0; g < pb.group; ++g) {
+        const int64_t r = j * pb.group + g;
+        for (int64_t d = 0; d < dim; d += 2) {
+          qt[d / 2 * stride + r] = FloatToBf16(q[g * dim + d] * pb.scale) |
+                                   static_cast<uint32_t>(FloatToBf16(q[g * dim + d + 1] * pb.scale))
+                                       << 16;
         }
-        dots[i] = a;
       }
-      float alpha;
-      const __m512 probs = RowSoftmax(dots, n, m + h, l + h, &alpha);
-      // Weights of keys 2j, 2j + 1 in dword j.
-      _mm256_store_si256(reinterpret_cast<__m256i*>(w), (__m256i)_mm512_cvtneps_pbh(probs));
-      RescaleAndAddPairs(o + h * dim, alpha, w, 1, vp + offset / 16, width / 16, (n + 1) / 2, dim);
     }
   }
-  UnpairColumns(o, heads, dim);
-  Finish(pb, v, it, o, l, m);
-}
+  static LLM_AVX512_BF16 __m512bh QueryColumn(const uint32_t* qt) {
+    return (__m512bh)_mm512_loadu_si512(qt);
+  }
+  // The key's columns d and d + 1, broadcast.
+  static LLM_AVX512_BF16 __m512bh KeyColumn(const uint16_t* k) {
+    return (__m512bh)_mm512_set1_epi32(static_cast<int>(LoadPair(k)));
+  }
+  static LLM_AVX512_BF16 __m512 Dot(__m512 acc, __m512bh q, __m512bh k) {
+    return _mm512_dpbf16_ps(acc, q, k);
+  }
+  // The tile's weights s[i * stride + r] to bf16 pairs in w, its values to pairs in vp.
+  static LLM_AVX512_BF16 void LoadItemValues(const ItemBuffers& buf, int64_t stride,
+                                             const uint16_t* const* values, int64_t n,
+                                             int64_t dim) {
+    for (int64_t j = 0; 2 * j < n; ++j) {
+      for (int64_t rb = 0; rb < stride; rb += 16) {
+        const __m512i lo = _mm512_cvtepu16_epi32(
+            (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(buf.s + 2 * j * stride + rb)));
+        const __m512i hi = 2 * j + 1 < n ? _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(
+                                               _mm512_loadu_ps(buf.s + (2 * j + 1) * stride + rb)))
+                                         : _mm512_setzero_si512();
+        _mm512_storeu_si512(buf.w + j * stride + rb,
+                            _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+      }
+    }
+    PairValues(values, n, dim, buf.vp);
+  }
+  // o[0:dim] (permuted columns) = o * alpha + row r's weights in pairs . the paired values.
+  static LLM_AVX512_BF16 void AddItemValues(const ItemBuffers& buf, int64_t stride,
+                                            const uint16_t* const* /*values*/, int64_t n,
+                                            int64_t dim, int64_t r, float alpha, float* o) {
+    RescaleAndAddPairs(o, alpha, buf.w + r, stride, buf.vp, dim / 16, (n + 1) / 2, dim);
+  }
 
-// The tiled item kernel on bf16 caches (prefill rows, and decode rows of groups of 16 or more):
-// Q in pairs of columns, qt[d / 2][r] = bf16 of row r's columns d and d + 1 (scaled), against
-// each key's pair of the same columns broadcast, S summed in f32 by vdpbf16ps; the softmax as
-// RunItemAvx512's; P rounded to bf16 in pairs of keys per row against the tile's paired values.
-LLM_AVX512_BF16 void RunItemBf16(const Problem& pb, const WorkItem& it) {
+  static LLM_AVX512_BF16 void UnpermuteColumns(float* o, int64_t rows, int64_t dim) {
+    UnpairColumns(o, rows, dim);
+  }
+};
+
+// The tiled item kernel (prefill rows, and decode rows when the row kernel does not take them):
+// head sizes that are multiples of 16 (f32 caches) or 32 (bf16); score rows padded to 16, one
+// register. Per tile of kKeyTile keys: S = Q K^T, 16 rows x 4 keys a step, each key's column
+// broadcast against a column of qt; the causal mask and online softmax (TileSoftmax); O = O *
+// alpha + P V row by row.
+template <typename T>
+LLM_AVX512_BF16 void RunItemAvx512(const Problem& pb, const WorkItem& it) {
+  using Cache = Avx512Cache<T>;
+  constexpr int64_t kPack = Cache::kQueryPack;
   const ItemView v = View(pb, it);
   const int64_t dim = pb.head_size, rows = v.rows, stride = (rows + 15) / 16 * 16;
-  float* s = ThreadScratch(kKeyTile * stride + 3 * stride + rows * dim);
+  const typename Cache::ItemBuffers buf(rows, stride, dim);
+  const auto* qt = buf.qt;
+  float* s = buf.s;
   float* m = s + kKeyTile * stride;
   float* l = m + stride;
   float* alpha = l + stride;
   float* o = alpha + stride;
-  uint32_t* qt = ThreadWords(dim / 2 * stride + kKeyTile / 2 * stride);
-  uint32_t* w = qt + dim / 2 * stride;  // w[j * stride + r]: row r's weights of keys 2j, 2j + 1
-  std::fill(qt, qt + dim / 2 * stride, 0u);
-  for (int64_t j = 0; j < v.num_queries; ++j) {
-    const float* q = QueryRow(pb, v.first_token + j, it.kv_head * pb.group);
-    for (int64_t g = 0; g < pb.group; ++g) {
-      const int64_t r = j * pb.group + g;
-      for (int64_t d = 0; d < dim; d += 2) {
-        qt[d / 2 * stride + r] = FloatToBf16(q[g * dim + d] * pb.scale) |
-                                 static_cast<uint32_t>(FloatToBf16(q[g * dim + d + 1] * pb.scale))
-                                     << 16;
-      }
-    }
-  }
+  Cache::LoadQueryColumns(pb, v, it.kv_head, stride, buf.qt);
   StartRunningSums(stride, rows * dim, m, l, o);
-  PairReg* vp = ThreadPairs(kKeyTile / 2 * dim / 16);
-  const uint16_t* keys[kKeyTile];
-  const uint16_t* values[kKeyTile];
+  const T* keys[kKeyTile];
+  const T* values[kKeyTile];
   for (int64_t k0 = v.key_begin; k0 < v.key_end; k0 += kKeyTile) {
     const int64_t n = std::min(kKeyTile, v.key_end - k0);
     TilePointers(pb, v, it.kv_head, k0, n, keys, values);
-    // S = Q K^T: 16 rows x 4 keys per step, each key's pair of columns broadcast.
     for (int64_t rb = 0; rb < stride; rb += 16) {
       int64_t i = 0;
       for (; i + 4 <= n; i += 4) {
-        const uint16_t *k_a = keys[i], *k_b = keys[i + 1], *k_c = keys[i + 2], *k_d = keys[i + 3];
+        const T *k_a = keys[i], *k_b = keys[i + 1], *k_c = keys[i + 2], *k_d = keys[i + 3];
         __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
         __m512 c = _mm512_setzero_ps(), e = _mm512_setzero_ps();
-        for (int64_t d = 0; d < dim; d += 2) {
-          const __m512bh q = (__m512bh)_mm512_loadu_si512(qt + d / 2 * stride + rb);
-          a = _mm512_dpbf16_ps(a, q,
-                               (__m512bh)_mm512_set1_epi32(static_cast<int>(LoadPair(k_a + d))));
-          b = _mm512_dpbf16_ps(b, q,
-                               (__m512bh)_mm512_set1_epi32(static_cast<int>(LoadPair(k_b + d))));
-          c = _mm512_dpbf16_ps(c, q,
-                               (__m512bh)_mm512_set1_epi32(static_cast<int>(LoadPair(k_c + d))));
-          e = _mm512_dpbf16_ps(e, q,
-                               (__m512bh)_mm512_set1_epi32(static_cast<int>(LoadPair(k_d + d))));
+        for (int64_t d = 0; d < dim; d += kPack) {
+          const auto q = Cache::QueryColumn(qt + d / kPack * stride + rb);
+          a = Cache::Dot(a, q, Cache::KeyColumn(k_a + d));
+          b = Cache::Dot(b, q, Cache::KeyColumn(k_b + d));
+          c = Cache::Dot(c, q, Cache::KeyColumn(k_c + d));
+          e = Cache::Dot(e, q, Cache::KeyColumn(k_d + d));
         }
         _mm512_storeu_ps(s + i * stride + rb, a);
         _mm512_storeu_ps(s + (i + 1) * stride + rb, b);
@@ -958,33 +973,75 @@ LLM_AVX512_BF16 void RunItemBf16(const Problem& pb, const WorkItem& it) {
       }
       for (; i < n; ++i) {
         __m512 a = _mm512_setzero_ps();
-        for (int64_t d = 0; d < dim; d += 2) {
-          a = _mm512_dpbf16_ps(
-              a, (__m512bh)_mm512_loadu_si512(qt + d / 2 * stride + rb),
-              (__m512bh)_mm512_set1_epi32(static_cast<int>(LoadPair(keys[i] + d))));
+        for (int64_t d = 0; d < dim; d += kPack) {
+          a = Cache::Dot(a, Cache::QueryColumn(qt + d / kPack * stride + rb),
+                         Cache::KeyColumn(keys[i] + d));
         }
         _mm512_storeu_ps(s + i * stride + rb, a);
       }
     }
     TileSoftmax(pb, v, k0, n, stride, s, m, l, alpha);
-    // The weights in pairs of keys, bf16: key 2j's in the low half of w[j * stride + r].
-    for (int64_t j = 0; 2 * j < n; ++j) {
-      for (int64_t rb = 0; rb < stride; rb += 16) {
-        const __m512i lo = _mm512_cvtepu16_epi32(
-            (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(s + 2 * j * stride + rb)));
-        const __m512i hi = 2 * j + 1 < n ? _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(
-                                               _mm512_loadu_ps(s + (2 * j + 1) * stride + rb)))
-                                         : _mm512_setzero_si512();
-        _mm512_storeu_si512(w + j * stride + rb, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
-      }
-    }
-    PairValues(values, n, dim, vp);
     // O = O * alpha + P V, row by row.
+    Cache::LoadItemValues(buf, stride, values, n, dim);
     for (int64_t r = 0; r < rows; ++r) {
-      RescaleAndAddPairs(o + r * dim, alpha[r], w + r, stride, vp, dim / 16, (n + 1) / 2, dim);
+      Cache::AddItemValues(buf, stride, values, n, dim, r, alpha[r], o + r * dim);
     }
   }
-  UnpairColumns(o, rows, dim);
+  Cache::UnpermuteColumns(o, rows, dim);
+  Finish(pb, v, it, o, l, m);
+}
+
+// The row kernel: one query row (a decode row, or one part of a split one) and all its heads
+// (the item's kv heads and their query heads, H = kv_count * group). A group's G query heads are
+// too few to fill a register of score rows (RunItemAvx512 pads them to 16), so the keys go
+// across the lanes instead; and the item reads every kv head of each cache slot it visits, so
+// that the cache is read in whole slots. Per tile of 16 keys and per head h:
+//   S[i] = sum(q_h * k_i) (16 dot products, summed by Sum16), -inf past the tile's keys;
+//   m' = max(m, max_i S[i]);  P = exp(S - m');  l = l exp(m - m') + sum P;
+//   o = o exp(m - m') + sum_i P[i] v_i.
+// No causal mask: every key of the item is at or before the row's position. The query is scaled
+// (and rounded to bf16 for bf16 caches) once; S comes straight from the cache rows.
+template <typename T>
+LLM_AVX512_BF16 void RunRowAvx512(const Problem& pb, const WorkItem& it) {
+  using Cache = Avx512Cache<T>;
+  const ItemView v = View(pb, it);
+  const int64_t dim = pb.head_size, group = pb.group, heads = it.kv_count * group;
+  const int64_t width = it.kv_count * dim;  // columns of a slot the item reads
+  typename Cache::RowBuffers buf(heads, dim, width);
+  typename Cache::Query* q = buf.q;
+  float* m = buf.m;
+  float* l = buf.l;
+  float* o = buf.o;
+  const float* src = QueryRow(pb, v.first_token, it.kv_head * group);
+  const __m512 scale = _mm512_set1_ps(pb.scale);
+  for (int64_t c = 0; c < heads * dim; c += 16) Cache::ScaleQuery(src + c, scale, q + c);
+  std::fill(m, m + heads, -std::numeric_limits<float>::infinity());
+  std::fill(l, l + heads, 0.0f);
+  std::fill(o, o + heads * dim, 0.0f);
+  RowTiles<T> tiles(pb, v, it);
+  __m512 dots[kLaneKeys];
+  for (int64_t k0 = v.key_begin; k0 < v.key_end; k0 += kLaneKeys) {
+    const int64_t n = std::min(kLaneKeys, v.key_end - k0);
+    tiles.Advance(k0);
+    const T* const* keys = tiles.keys();
+    Cache::LoadRowValues(buf, tiles.values(), n, width);
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t offset = h / group * dim;  // the kv head's place in a cache slot
+      const typename Cache::Query* qh = q + h * dim;
+      for (int64_t i = 0; i < kLaneKeys; ++i) {
+        __m512 a = _mm512_setzero_ps();
+        if (i < n) {
+          const T* k = keys[i] + offset;
+          for (int64_t c = 0; c < dim; c += Cache::kRowStep) a = Cache::RowDot(a, qh + c, k + c);
+        }
+        dots[i] = a;
+      }
+      float alpha;
+      const __m512 probs = RowSoftmax(dots, n, m + h, l + h, &alpha);
+      Cache::AddRowValues(buf, tiles.values(), n, width, dim, offset, probs, alpha, o + h * dim);
+    }
+  }
+  Cache::UnpermuteColumns(o, heads, dim);
   Finish(pb, v, it, o, l, m);
 }
 
@@ -1001,17 +1058,17 @@ struct Kernels {
   void (*row)(const Problem&, const WorkItem&);
   void (*item)(const Problem&, const WorkItem&);
 };
-// f32 caches: AVX-512 for head sizes that are multiples of 16. bf16 caches: AVX512_BF16 for
-// multiples of 32. Else the portable loops.
+// f32 caches: AVX-512 (F and BW) for head sizes that are multiples of 16. bf16 caches: AVX512_BF16
+// for multiples of 32. Else the portable loops.
 Kernels PickKernels(DType cache_dtype, int64_t head_size, int64_t group, bool allow_vector) {
   if (cache_dtype == DType::kBF16) {
     if (allow_vector && HasAvx512Bf16() && head_size % 32 == 0) {
-      return {group < kLaneKeys ? &RunRowBf16 : nullptr, &RunItemBf16};
+      return {group < kLaneKeys ? &RunRowAvx512<uint16_t> : nullptr, &RunItemAvx512<uint16_t>};
     }
     return {nullptr, &RunItemGeneric<uint16_t>};
   }
-  if (allow_vector && HasAvx512() && head_size % 16 == 0) {
-    return {group < kLaneKeys ? &RunRowAvx512 : nullptr, &RunItemAvx512};
+  if (allow_vector && HasAvx512() && HasAvx512Bw() && head_size % 16 == 0) {
+    return {group < kLaneKeys ? &RunRowAvx512<float> : nullptr, &RunItemAvx512<float>};
   }
   return {nullptr, &RunItemGeneric<float>};
 }
