@@ -132,16 +132,16 @@ TcpStoreServer::~TcpStoreServer() {
   shutdown(listen_fd_, SHUT_RDWR);  // wakes accept()
   if (accept_thread_.joinable()) accept_thread_.join();
   close(listen_fd_);
-  std::vector<int> fds;
-  std::vector<std::thread> threads;
+  std::list<Connection> connections;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    fds = client_fds_;
-    threads = std::move(client_threads_);
+    // Under mu_, so that no fd is closed (and its number reused) between the check and here.
+    for (Connection& c : connections_) {
+      if (c.fd >= 0) shutdown(c.fd, SHUT_RDWR);  // wakes recv()
+    }
+    connections = std::move(connections_);
   }
-  for (int fd : fds) shutdown(fd, SHUT_RDWR);  // wakes recv()
-  for (std::thread& t : threads) t.join();
-  for (int fd : fds) close(fd);
+  for (Connection& c : connections) c.thread.join();
 }
 
 void TcpStoreServer::AcceptLoop() {
@@ -151,18 +151,34 @@ void TcpStoreServer::AcceptLoop() {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       return;  // shut down
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    client_fds_.push_back(fd);
-    client_threads_.emplace_back([this, fd] { Serve(fd); });
+    // Every group attempt connects anew: the ended connections' threads are joined here, so
+    // that a long-lived server holds only the connections that are open.
+    std::list<Connection> ended;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = connections_.begin(); it != connections_.end();) {
+        auto next = std::next(it);
+        if (it->done) ended.splice(ended.end(), connections_, it);
+        it = next;
+      }
+      Connection& c = connections_.emplace_back();
+      c.fd = fd;
+      c.thread = std::thread([this, conn = &c] { Serve(conn); });
+    }
+    for (Connection& c : ended) c.thread.join();
   }
 }
 
 // One connection's requests until it closes or sends something malformed; then the
-// connection is shut down (the client sees it closed). The fd itself is closed by the
-// destructor, so that its number is not reused while the destructor may still shut it down.
-void TcpStoreServer::Serve(int fd) {
-  ServeRequests(fd);
-  shutdown(fd, SHUT_RDWR);
+// connection is shut down (the client sees it closed) and closed, under mu_ (see the
+// destructor).
+void TcpStoreServer::Serve(Connection* c) {
+  ServeRequests(c->fd);
+  std::lock_guard<std::mutex> lock(mu_);
+  shutdown(c->fd, SHUT_RDWR);
+  close(c->fd);
+  c->fd = -1;
+  c->done = true;
 }
 
 void TcpStoreServer::ServeRequests(int fd) {

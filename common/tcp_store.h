@@ -27,6 +27,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -55,9 +56,17 @@ class TcpStoreServer {
   int port() const { return port_; }
 
  private:
+  // One client's connection: its socket (-1 once closed) and the thread serving it, which
+  // closes the socket and sets `done` as it ends; AcceptLoop joins and drops the ended ones.
+  struct Connection {
+    int fd = -1;
+    std::thread thread;
+    bool done = false;
+  };
+
   TcpStoreServer(int listen_fd, int port, std::string secret);
   void AcceptLoop();
-  void Serve(int fd);
+  void Serve(Connection* c);
   void ServeRequests(int fd);
 
   const int listen_fd_;
@@ -67,8 +76,7 @@ class TcpStoreServer {
   std::thread accept_thread_;
   std::mutex mu_;
   std::map<std::string, std::vector<char>> data_ ABSL_GUARDED_BY(mu_);
-  std::vector<int> client_fds_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::thread> client_threads_ ABSL_GUARDED_BY(mu_);
+  std::list<Connection> connections_ ABSL_GUARDED_BY(mu_);  // stable addresses
 };
 
 class TcpStore : public gloo::rendezvous::Store {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,6 +38,36 @@ TEST(TcpStore, ClientsShareKeys) {
   EXPECT_EQ((*b)->get("empty"), std::vector<char>{});
   (*b)->set("rank0", Bytes("overwritten"));
   EXPECT_EQ((*a)->get("rank0"), Bytes("overwritten"));
+}
+
+// The open entries of /proc/self/<dir> (fd: file descriptors, task: threads).
+int CountEntries(const char* dir) {
+  int n = 0;
+  for ([[maybe_unused]] const auto& e :
+       std::filesystem::directory_iterator(std::string("/proc/self/") + dir)) {
+    ++n;
+  }
+  return n;
+}
+
+// A long-lived server (the scheduler's, across group rebuilds) holds only the connections that
+// are open: each ended one's socket is closed and its thread joined, not kept until the end.
+TEST(TcpStore, AServerKeepsNoThreadOrSocketOfConnectionsThatEnded) {
+  auto server = TcpStoreServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto connect_once = [&](int i) {
+    auto c = TcpStore::Connect("127.0.0.1", (*server)->port(), kTimeout);
+    ASSERT_TRUE(c.ok()) << c.status();
+    (*c)->set(std::to_string(i), Bytes("x"));
+  };
+  connect_once(-1);
+  const int fds = CountEntries("fd"), threads = CountEntries("task");
+  for (int i = 0; i < 50; ++i) connect_once(i);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the last ones end
+  connect_once(50);                                             // reaps the ended ones
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_LE(CountEntries("fd"), fds + 2);
+  EXPECT_LE(CountEntries("task"), threads + 2);
 }
 
 TEST(TcpStore, GetWaitsForAKeySetLater) {
