@@ -134,7 +134,7 @@ class Cluster {
   bool TakeSignals(absl::Duration timeout);
   // The first child found dead (reaped), as a message; restarts are scheduled here.
   std::optional<std::string> CheckChildren();
-  void RestartDueWorkers();
+  void RestartDueChildren();
   absl::Status StartScheduler();
   absl::Status WaitUntil(const std::string& what, const std::function<bool()>& ready,
                          absl::Time deadline);
@@ -146,7 +146,7 @@ class Cluster {
   std::string model_dir_;
   std::vector<Worker> workers_;
   std::unique_ptr<ChildProcess> scheduler_;
-  ChildSpec scheduler_spec_;  // its port becomes the one it got once it serves
+  ChildSpec scheduler_spec_;  // --port= becomes the port it got, once known
   std::string scheduler_port_file_;
   std::optional<absl::Time> scheduler_restart_at_;
   int scheduler_port_ = 0;
@@ -223,7 +223,7 @@ absl::Status Cluster::StartScheduler() {
   return absl::OkStatus();
 }
 
-void Cluster::RestartDueWorkers() {
+void Cluster::RestartDueChildren() {
   if (scheduler_restart_at_.has_value() && absl::Now() >= *scheduler_restart_at_) {
     if (absl::Status s = StartScheduler(); !s.ok()) {
       Log(absl::StrCat("cannot restart the scheduler: ", s.ToString()));
@@ -327,7 +327,9 @@ absl::Status Cluster::Start() {
     return s;
   }
   // A restarted scheduler listens where its clients know to find it.
-  spec.argv[3] = absl::StrCat("--port=", scheduler_port_);
+  for (std::string& arg : spec.argv) {
+    if (arg.starts_with("--port=")) arg = absl::StrCat("--port=", scheduler_port_);
+  }
   const std::string address = absl::StrCat(ClientHost(m_.scheduler_host), ":", scheduler_port_);
   PublicChannelOptions channel_options;
   if (!m_.EngineOption("ssl_certfile").empty()) {
@@ -377,7 +379,7 @@ int Cluster::Supervise() {
       Log(*dead + "; stopping the cluster");
       return SchedulerRefused() ? 2 : 1;
     }
-    RestartDueWorkers();
+    RestartDueChildren();
   }
   return 0;
 }
