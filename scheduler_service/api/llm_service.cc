@@ -1,5 +1,6 @@
 #include "scheduler_service/api/llm_service.h"
 
+#include <atomic>
 #include <deque>
 #include <limits>
 #include <map>
@@ -211,9 +212,12 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<grpc::Byt
   // Under the service's mu_ (the call is registered, so Finish has not run and the context is
   // valid): whether the client cancelled the call, though OnCancel may not have run yet.
   bool cancelled_by_client() const { return context_->IsCancelled(); }
+  // Any thread, registered or not: whether the call was cancelled (AbortAndEnd ran).
+  bool cancelled() const { return cancelled_.load(); }
 
   // Aborts the request in the engine (once) and ends the call with CANCELLED.
   void AbortAndEnd() {
+    cancelled_ = true;
     // Taken outside mu_: were this the last reference, the engine would stop under it.
     const std::shared_ptr<ServingEngine> e = engine_.lock();
     {
@@ -320,6 +324,7 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<grpc::Byt
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;      // the engine was told to abort
+  std::atomic<bool> cancelled_{false};             // AbortAndEnd ran
   bool engine_done_ ABSL_GUARDED_BY(mu_) = false;  // the engine ended the request
   std::optional<grpc::Status> final_ ABSL_GUARDED_BY(mu_);
 };
@@ -411,6 +416,12 @@ absl::Status LLMService::NotServing() const {
         absl::StrCat("the worker group is recovering: ", recovering_reason_));
   }
   return absl::OkStatus();
+}
+
+std::shared_ptr<LLMService::GenerateCall> LLMService::CallHolding(const std::string& request_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = calls_.find(request_id);
+  return it == calls_.end() ? nullptr : it->second;
 }
 
 void LLMService::Unregister(const std::string& request_id, const GenerateCall* call) {
@@ -556,22 +567,36 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* LLMService::Generate(
     request_id = absl::StrFormat("req-%06x-%d", id_prefix_, next_id_.fetch_add(1));
   }
 
-  // One rule for ids, with no waiting: an id is in use from its call's arrival until its request
-  // ends (the id is freed before the end is sent) or its client cancels it. A cancelled call
-  // frees its id even before gRPC's OnCancel ran: gRPC reads a connection's frames in order, so a
-  // client that cancels a call and then reuses its id on the same channel finds it free. A
-  // cancellation that reaches the server after the new call is too late, as for any other
-  // running request.
-  std::shared_ptr<GenerateCall> cancelled;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = calls_.find(request_id);
-    if (it != calls_.end() && it->second->cancelled_by_client()) {
-      cancelled = std::move(it->second);
-      calls_.erase(it);
+  // One rule for ids: a call whose id is held by a running call is refused ALREADY_EXISTS,
+  // unless the holder's client cancelled it. A cancellation travels to the server apart from the
+  // client's next call and may be seen just after it, so a call that finds its id held waits up
+  // to kCancelGrace for the holder's cancellation, and nothing else: a holder that ends
+  // otherwise in that time does not free the id for it. The answer depends on what the
+  // holder's client did, not on how soon the holder ends. (The id is freed before a request's
+  // end is sent, so a client that saw its request end finds the id free.)
+  if (std::shared_ptr<GenerateCall> holder = CallHolding(request_id); holder != nullptr) {
+    constexpr absl::Duration kCancelGrace = absl::Milliseconds(500);
+    const absl::Time give_up = absl::Now() + kCancelGrace;
+    bool cancelled = false;
+    while (true) {
+      {
+        absl::MutexLock lock(&mu_);
+        auto it = calls_.find(request_id);
+        const bool registered = it != calls_.end() && it->second == holder;
+        // The context is valid while the call is registered (Finish has not run).
+        cancelled = holder->cancelled() || (registered && holder->cancelled_by_client());
+        if (cancelled && registered) calls_.erase(it);
+      }
+      if (cancelled || absl::Now() >= give_up) break;
+      absl::SleepFor(absl::Milliseconds(2));
     }
+    if (!cancelled) {
+      return new ErrorWriter(
+          grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                       absl::StrCat("request id ", request_id, " is in use by a running request")));
+    }
+    holder->AbortAndEnd();  // once: a call ended already is left as it is
   }
-  if (cancelled != nullptr) cancelled->AbortAndEnd();
 
   absl::MutexLock lock(&mu_);
   if (absl::Status s = NotServing(); !s.ok()) return new ErrorWriter(ToGrpc(s));

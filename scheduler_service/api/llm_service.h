@@ -143,6 +143,8 @@ class LLMService final
   // Ends every call in flight with `status` and detaches the engine.
   std::shared_ptr<ServingEngine> Detach(const grpc::Status& status);
   void Unregister(const std::string& request_id, const GenerateCall* call);
+  // The call registered under `request_id`, or null.
+  std::shared_ptr<GenerateCall> CallHolding(const std::string& request_id);
 
   const LLMServiceOptions options_;
   const std::shared_ptr<const Tokenizer> tokenizer_;

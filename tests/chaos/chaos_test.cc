@@ -452,6 +452,9 @@ TEST(ChaosTest, FaultsUnderLoadLoseNoTokenHangNothingAndLeakNothing) {
   }
   stats = WaitUntilAllBlocksFree(stub, absl::Seconds(60));
   EXPECT_TRUE(stats.ok()) << stats.status();
+  // Measured once the scheduler has returned its free heap pages (every 10 s), not in the
+  // middle of what the last requests held.
+  absl::SleepFor(absl::Seconds(11));
   const int64_t rss_after = StatusKiB(scheduler, "VmRSS");
   const int64_t anon_after = StatusKiB(scheduler, "RssAnon");
   EXPECT_EQ(c.SchedulerPid(), scheduler);
