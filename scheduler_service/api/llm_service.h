@@ -5,11 +5,11 @@
 // alone can get wrong; an unset max_tokens becomes max_model_len - prompt tokens, filling the
 // context), tokenizes the prompt and adds it to the current EngineCore, whose admission
 // (Scheduler::ValidateRequest) is the one check of the request's rules: INVALID_ARGUMENT with a
-// message that says what to change. A request id in use (from its call's arrival until its
-// request ends or its client cancels) is ALREADY_EXISTS at once, a call beyond
-// max_concurrent_requests RESOURCE_EXHAUSTED. Generate then streams the outputs: per step, per
-// sequence, the new token ids and a UTF-8-complete text delta, with each token's logprobs (sampled
-// and top N, with their text) when the request set logprobs and the workers supplied them;
+// message that says what to change. A request id held by a running call is ALREADY_EXISTS
+// unless that call's client cancelled it (a cancellation is waited for up to 500 ms), a call
+// beyond max_concurrent_requests RESOURCE_EXHAUSTED. Generate then streams the outputs: per step,
+// per sequence, the new token ids and a UTF-8-complete text delta, with each token's logprobs
+// (sampled and top N, with their text) when the request set logprobs and the workers supplied them;
 // finish_reason / stop_reason when a sequence ends; usage on the last response (stream=false: one
 // response at the end with everything). The text is the engine's (SequenceOutput::text, from the
 // detokenizer its StopChecker runs per sequence, which also finds the stop strings), so the engine
