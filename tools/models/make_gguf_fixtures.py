@@ -8,6 +8,11 @@ quantized from random normal values (with a few outliers and a zero block); for 
 which gguf cannot quantize, the blocks are random bytes whose f16 scale fields are set to
 finite values (every bit pattern of the quant and 6-bit scale fields is a valid block).
 
+The types added later (Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS) come from a second generator,
+after the first one's loops, so that the earlier fixtures keep their bytes: Q5_0 and Q5_1 are
+quantized as above and followed by random-byte blocks; the others are random bytes with finite
+f16 scale fields, one block with a zero and one with a subnormal scale.
+
 Usage: build/pyenv/bin/python3 tools/models/make_gguf_fixtures.py [OUT_DIR]
 """
 import os
@@ -47,6 +52,43 @@ def main():
             raw[:, 2:4] = finite_f16(rng, n, 0.01)  # dmin
         else:
             raw[:, nbytes - 2:] = finite_f16(rng, n, 0.01)  # d
+        y = quants.dequantize(raw, qt).astype(np.float32)
+        raw.tofile(os.path.join(out, f"dequant_{qt.name}.bin"))
+        y.tofile(os.path.join(out, f"dequant_{qt.name}.f32"))
+
+    # Later types: a separate generator, so that the fixtures above keep their bytes.
+    rng = np.random.default_rng(23)
+    for qt in (T.Q5_0, T.Q5_1):
+        _, nbytes = GGML_QUANT_SIZES[qt]
+        x = rng.standard_normal((8, 256)).astype(np.float32)
+        x[1, 5] = 40.0       # an outlier
+        x[2, :] = 0.0        # a zero block
+        x[3, :] *= 1e-6      # tiny values (subnormal f16 scales)
+        quantized = quants.quantize(x, qt).reshape(-1, nbytes)
+        n = 8
+        rand = rng.integers(0, 256, size=(n, nbytes), dtype=np.uint8)
+        rand[:, 0:2] = finite_f16(rng, n, 0.01)  # d (either sign)
+        if qt == T.Q5_1:
+            rand[:, 2:4] = finite_f16(rng, n, 0.01)  # m
+        raw = np.concatenate([quantized, rand], axis=0)
+        y = quants.dequantize(raw, qt).astype(np.float32)
+        raw.tofile(os.path.join(out, f"dequant_{qt.name}.bin"))
+        y.tofile(os.path.join(out, f"dequant_{qt.name}.f32"))
+    # The f16 fields of each block: (offset, scale of the random values).
+    f16_fields = {
+        T.Q2_K: ((80, 0.01), (82, 0.01)),  # d, dmin
+        T.Q3_K: ((108, 0.01),),            # d
+        T.IQ4_NL: ((0, 0.01),),            # d
+        T.IQ4_XS: ((0, 0.01),),            # d
+    }
+    for qt, fields in f16_fields.items():
+        _, nbytes = GGML_QUANT_SIZES[qt]
+        n = 8 if qt != T.IQ4_NL else 64
+        raw = rng.integers(0, 256, size=(n, nbytes), dtype=np.uint8)
+        for at, scale in fields:
+            raw[:, at:at + 2] = finite_f16(rng, n, scale)
+            raw[1, at:at + 2] = 0                                    # zero scale
+            raw[2, at:at + 2] = np.array([0x37, 0x00], np.uint8)     # f16 0x0037: subnormal
         y = quants.dequantize(raw, qt).astype(np.float32)
         raw.tofile(os.path.join(out, f"dequant_{qt.name}.bin"))
         y.tofile(os.path.join(out, f"dequant_{qt.name}.f32"))
