@@ -254,6 +254,34 @@ std::string GgmlTypeName(GgmlType t) {
       return "Q6_K";
     case GgmlType::kQ8_K:
       return "Q8_K";
+    case GgmlType::kIQ2_XXS:
+      return "IQ2_XXS";
+    case GgmlType::kIQ2_XS:
+      return "IQ2_XS";
+    case GgmlType::kIQ3_XXS:
+      return "IQ3_XXS";
+    case GgmlType::kIQ1_S:
+      return "IQ1_S";
+    case GgmlType::kIQ4_NL:
+      return "IQ4_NL";
+    case GgmlType::kIQ3_S:
+      return "IQ3_S";
+    case GgmlType::kIQ2_S:
+      return "IQ2_S";
+    case GgmlType::kIQ4_XS:
+      return "IQ4_XS";
+    case GgmlType::kI8:
+      return "I8";
+    case GgmlType::kI16:
+      return "I16";
+    case GgmlType::kI32:
+      return "I32";
+    case GgmlType::kI64:
+      return "I64";
+    case GgmlType::kF64:
+      return "F64";
+    case GgmlType::kIQ1_M:
+      return "IQ1_M";
     case GgmlType::kBF16:
       return "BF16";
   }

@@ -1,8 +1,8 @@
-// Dequantization of GGUF tensor data into fp32: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K
-// and Q6_K, with the block layouts of ggml (ggml-common.h) and the arithmetic of its reference
-// dequantize_row_* (ggml-quants.c), which gguf-py's quants.py reproduces: the results equal
-// gguf.quants.dequantize bit for bit (this file is compiled without floating-point
-// contraction so that `d * q - m` stays two roundings).
+// Dequantization of GGUF tensor data into fp32: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+// IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS, with the block layouts of ggml (ggml-common.h)
+// and the arithmetic of its reference dequantize_row_* (ggml-quants.c), which gguf-py's quants.py
+// reproduces: the results equal gguf.quants.dequantize bit for bit (this file is compiled without
+// floating-point contraction so that `d * q - m` stays two roundings).
 #ifndef LLM_COMMON_GGUF_DEQUANT_H_
 #define LLM_COMMON_GGUF_DEQUANT_H_
 
@@ -14,6 +14,10 @@
 #include "common/gguf.h"
 
 namespace llm {
+
+// The types DequantizeToF32 takes, for messages: "F32, F16, BF16, ...".
+inline constexpr char kGgmlDequantizableTypes[] =
+    "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS";
 
 // Whether DequantizeToF32 takes this type.
 bool GgmlTypeCanDequantize(GgmlType type);

@@ -222,9 +222,9 @@ absl::Status GgufWeights::ReadSlice(std::string_view name, int dim, int64_t begi
   }
   const std::string what = absl::StrCat("gguf ", file_->path(), ": tensor ", g);
   if (!GgmlTypeCanDequantize(t->type)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": type ", GgmlTypeName(t->type),
-                     " is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K)"));
+    return absl::InvalidArgumentError(absl::StrCat(what, ": type ", GgmlTypeName(t->type),
+                                                   " is not supported (", kGgmlDequantizableTypes,
+                                                   ")"));
   }
   if (out_dtype != StDType::kF32 && out_dtype != StDType::kF16 && out_dtype != StDType::kBF16) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -230,15 +230,22 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(std::pair{"F16", GgmlType::kF16}, std::pair{"BF16", GgmlType::kBF16},
                       std::pair{"Q8_0", GgmlType::kQ8_0}, std::pair{"Q4_0", GgmlType::kQ4_0},
                       std::pair{"Q4_1", GgmlType::kQ4_1}, std::pair{"Q4_K", GgmlType::kQ4_K},
-                      std::pair{"Q5_K", GgmlType::kQ5_K}, std::pair{"Q6_K", GgmlType::kQ6_K}),
+                      std::pair{"Q5_K", GgmlType::kQ5_K}, std::pair{"Q6_K", GgmlType::kQ6_K},
+                      std::pair{"Q5_0", GgmlType::kQ5_0}, std::pair{"Q5_1", GgmlType::kQ5_1},
+                      std::pair{"Q2_K", GgmlType::kQ2_K}, std::pair{"Q3_K", GgmlType::kQ3_K},
+                      std::pair{"IQ4_NL", GgmlType::kIQ4_NL},
+                      std::pair{"IQ4_XS", GgmlType::kIQ4_XS}),
     [](const auto& info) { return std::string(info.param.first); });
 
 TEST(DequantTest, UnsupportedTypeIsNamed) {
-  std::vector<std::byte> raw(110);
+  std::vector<std::byte> raw(66);
   std::vector<float> out(256);
-  const absl::Status s = DequantizeToF32(GgmlType::kQ3_K, raw, out);
+  const absl::Status s = DequantizeToF32(GgmlType::kIQ2_XXS, raw, out);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("Q3_K"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("IQ2_XXS"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("Q5_0"));  // among the supported ones
+  EXPECT_FALSE(GgmlTypeCanDequantize(GgmlType::kQ8_1));
+  EXPECT_FALSE(GgmlTypeCanDequantize(static_cast<GgmlType>(77)));
 }
 
 }  // namespace

@@ -125,7 +125,7 @@ TEST(GgufModelTest, Q8_0GreedyTokensAreTransformers) {
   EXPECT_EQ(agree, total);
 }
 
-// A tensor of a type the dequantizer does not take (Q5_0) is an error naming it, at load.
+// A tensor of a type the dequantizer does not take (Q8_1) is an error naming it, at load.
 TEST(GgufModelTest, UnsupportedTensorTypesAreNamed) {
   std::vector<std::byte> b;
   auto put = [&](const void* p, size_t n) {
@@ -146,18 +146,18 @@ TEST(GgufModelTest, UnsupportedTensorTypesAreNamed) {
         "llama.attention.head_count", "llama.context_length", "llama.vocab_size"}) {
     str(key), u32(4), u32(std::string_view(key) == "llama.embedding_length" ? 32 : 2);
   }
-  // token_embd.weight: 2 rows of 32, Q5_0 (type 6: blocks of 32 in 22 bytes).
-  str("token_embd.weight"), u32(2), u64(32), u64(2), u32(6), u64(0);
+  // token_embd.weight: 2 rows of 32, Q8_1 (type 9: blocks of 32 in 40 bytes).
+  str("token_embd.weight"), u32(2), u64(32), u64(2), u32(9), u64(0);
   while (b.size() % 32 != 0) b.push_back(std::byte{0});
-  b.resize(b.size() + 44);
-  auto f = GgufFile::FromBuffer(b, "q5.gguf");
+  b.resize(b.size() + 80);
+  auto f = GgufFile::FromBuffer(b, "q8_1.gguf");
   ASSERT_TRUE(f.ok()) << f.status();
   auto w = GgufWeights::FromFile(f->get());
   ASSERT_TRUE(w.ok()) << w.status();
   std::vector<std::byte> out(2 * 32 * 4);
   const absl::Status s = (*w)->ReadSlice("model.embed_tokens.weight", 0, 0, 2, StDType::kF32, out);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("token_embd.weight: type Q5_0 is not supported"), std::string::npos)
+  EXPECT_NE(s.message().find("token_embd.weight: type Q8_1 is not supported"), std::string::npos)
       << s;
 }
 
