@@ -85,6 +85,14 @@ def main():
             raw = rng.integers(0, 256, size=(1, nbytes), dtype=np.uint8)
             w.add_tensor("w", raw, raw_dtype=qt)
         files.append((f"seed_tensor_{qt.name}.gguf", kq, None))
+    # Types added later: their own generator, so that the seeds above keep their bytes.
+    rng2 = np.random.default_rng(23)
+    for qt in (T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS):
+        def later(w, qt=qt):
+            block, nbytes = gguf.GGML_QUANT_SIZES[qt]
+            raw = rng2.integers(0, 256, size=(1, 256 // block * nbytes), dtype=np.uint8)
+            w.add_tensor("w", raw, raw_dtype=qt)
+        files.append((f"seed_tensor_{qt.name}.gguf", later, None))
 
     for name, fill, version in files:
         write(os.path.join(out, name), fill, version=version)
