@@ -60,6 +60,27 @@ OpStatus CheckCpuF32(const char* op, const TensorDevice& device,
   return OpStatus::Ok();
 }
 
+// x of the in-place elementwise ops: f32, bf16 or f16, any shape, contiguous, with data unless
+// empty.
+OpStatus CheckElementwiseArg(const char* op, const char* arg, const TensorView& t) {
+  if (t.ndim < 0 || !(t.dtype == kF32 || t.dtype == kBF16 || t.dtype == kF16)) {
+    return Error(op, std::string(arg) + ": expected f32|bf16|f16, any shape, got " + t.ToString());
+  }
+  for (int i = 0; i < t.ndim; ++i) {
+    if (t.shape[i] < 0) {
+      return Error(op, std::string(arg) + ": expected sizes >= 0, got " + t.ToString());
+    }
+  }
+  if (!t.is_contiguous()) {
+    return Error(op, std::string(arg) + ": must be contiguous, got " + t.ToString() +
+                         " with non-row-major strides");
+  }
+  if (t.data == nullptr && t.numel() > 0) {
+    return Error(op, std::string(arg) + ": data is null for " + t.ToString());
+  }
+  return OpStatus::Ok();
+}
+
 }  // namespace
 
 OpStatus Embedding(const OpContext& ctx, const TensorView& out, const TensorView& token_ids,
@@ -114,6 +135,23 @@ OpStatus FusedAddRmsNorm(const OpContext& ctx, const TensorView& x, const Tensor
 #endif
   if (!device.is_cpu()) return NoBackend(kOp, device);
   return cpu::FusedAddRmsNorm(x, residual, weight, eps);
+}
+
+OpStatus HeadRmsNorm(const OpContext& ctx, const TensorView& x, const TensorView& weight,
+                     float eps) {
+  constexpr const char* kOp = "HeadRmsNorm";
+  LLM_OPS_RETURN_IF_ERROR(
+      CheckTokenStridedArg(kOp, "x", x, {kF32, kBF16, kF16}, {kAny, kAny, kAny}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "weight", weight, {x.dtype}, {x.shape[2]}));
+  if (!(eps > 0.0f)) return Error(kOp, "eps must be > 0, got " + std::to_string(eps));
+  TensorDevice device;
+  LLM_OPS_RETURN_IF_ERROR(CheckSameDevice(kOp, {{"x", &x}, {"weight", &weight}}, &device));
+  LLM_OPS_RETURN_IF_ERROR(CheckCpuF32(kOp, device, {{"x", &x}}));
+#ifdef LLM_WITH_CUDA
+  if (device.is_cuda()) return cuda::HeadRmsNorm(ctx.stream, x, weight, eps);
+#endif
+  if (!device.is_cpu()) return NoBackend(kOp, device);
+  return cpu::HeadRmsNorm(x, weight, eps);
 }
 
 OpStatus ComputeRopeInvFreq(const RopeConfig& config, std::span<double> inv_freq) {
@@ -280,6 +318,55 @@ OpStatus SiluAndMul(const OpContext& ctx, const TensorView& out, const TensorVie
 #endif
   if (!device.is_cpu()) return NoBackend(kOp, device);
   return cpu::SiluAndMul(out, x);
+}
+
+OpStatus GeluTanhAndMul(const OpContext& ctx, const TensorView& out, const TensorView& x) {
+  constexpr const char* kOp = "GeluTanhAndMul";
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "x", x, {kF32, kBF16, kF16}, {kAny, kAny}));
+  if (x.shape[1] % 2 != 0) {
+    return Error(kOp, "x: expected an even last dim [T, 2 * I], got " + x.ToString());
+  }
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "out", out, {x.dtype}, {x.shape[0], x.shape[1] / 2}));
+  TensorDevice device;
+  LLM_OPS_RETURN_IF_ERROR(CheckSameDevice(kOp, {{"out", &out}, {"x", &x}}, &device));
+  LLM_OPS_RETURN_IF_ERROR(CheckCpuF32(kOp, device, {{"x", &x}}));
+#ifdef LLM_WITH_CUDA
+  if (device.is_cuda()) return cuda::GeluTanhAndMul(ctx.stream, out, x);
+#endif
+  if (!device.is_cpu()) return NoBackend(kOp, device);
+  return cpu::GeluTanhAndMul(out, x);
+}
+
+OpStatus Scale(const OpContext& ctx, const TensorView& x, float factor) {
+  constexpr const char* kOp = "Scale";
+  LLM_OPS_RETURN_IF_ERROR(CheckElementwiseArg(kOp, "x", x));
+  if (!std::isfinite(factor)) {
+    return Error(kOp, "factor must be finite, got " + std::to_string(factor));
+  }
+  TensorDevice device;
+  LLM_OPS_RETURN_IF_ERROR(CheckSameDevice(kOp, {{"x", &x}}, &device));
+  LLM_OPS_RETURN_IF_ERROR(CheckCpuF32(kOp, device, {{"x", &x}}));
+#ifdef LLM_WITH_CUDA
+  if (device.is_cuda()) return cuda::Scale(ctx.stream, x, factor);
+#endif
+  if (!device.is_cpu()) return NoBackend(kOp, device);
+  return cpu::Scale(x, factor);
+}
+
+OpStatus Softcap(const OpContext& ctx, const TensorView& x, float cap) {
+  constexpr const char* kOp = "Softcap";
+  LLM_OPS_RETURN_IF_ERROR(CheckElementwiseArg(kOp, "x", x));
+  if (!(cap > 0.0f) || !std::isfinite(cap)) {
+    return Error(kOp, "cap must be finite and > 0, got " + std::to_string(cap));
+  }
+  TensorDevice device;
+  LLM_OPS_RETURN_IF_ERROR(CheckSameDevice(kOp, {{"x", &x}}, &device));
+  LLM_OPS_RETURN_IF_ERROR(CheckCpuF32(kOp, device, {{"x", &x}}));
+#ifdef LLM_WITH_CUDA
+  if (device.is_cuda()) return cuda::Softcap(ctx.stream, x, cap);
+#endif
+  if (!device.is_cpu()) return NoBackend(kOp, device);
+  return cpu::Softcap(x, cap);
 }
 
 OpStatus Linear(const OpContext& ctx, const TensorView& out, const TensorView& x,

@@ -28,8 +28,9 @@
 //
 // Token-strided q, k and v. Every tensor is contiguous, except that the query, key and value
 // of RotaryEmbedding, RotaryEmbeddingCached, ReshapeAndCache and PagedAttention (its query, not
-// its out) may be token-strided views: [T, heads, D] with strides [token_stride, D, 1],
-// token_stride >= heads * D, i.e. each token's heads contiguous but tokens further apart. The
+// its out), and HeadRmsNorm's x, may be token-strided views: [T, heads, D] with strides
+// [token_stride, D, 1], token_stride >= heads * D, i.e. each token's heads contiguous but tokens
+// further apart. The
 // model passes views into the fused qkv projection's output, whose row t is [q | k | v]:
 //   q[t][h][d] = qkv[t][h * D + d],  k[t][h][d] = qkv[t][(Hq + h) * D + d],
 //   v[t][h][d] = qkv[t][(Hq + Hkv + h) * D + d],  token_stride = (Hq + 2 Hkv) * D,
@@ -97,6 +98,18 @@ OpStatus RmsNorm(const OpContext& ctx, const TensorView& out, const TensorView& 
 OpStatus FusedAddRmsNorm(const OpContext& ctx, const TensorView& x, const TensorView& residual,
                          const TensorView& weight, float eps);
 
+// Per-head RMSNorm (Qwen3's and Gemma 3's q_norm / k_norm), in place on every head vector:
+//   x[t][h][d] = x[t][h][d] / sqrt(mean_d(x[t][h][:]^2) + eps) * weight[d].
+// x [T, heads, D] (may be token-strided, see the top: q or k inside the fused qkv output; the
+// elements between its rows are untouched); weight [D], x's dtype. The arithmetic is RmsNorm's
+// (over D instead of H): sum of squares accumulated in double on cpu, in fp32 on cuda, then
+// x * inv_rms * weight in fp32 and ONE rounding to x's dtype. transformers' Qwen3RMSNorm rounds
+// x * inv_rms to the input dtype before multiplying by the weight (Gemma3RMSNorm does not): the
+// same for f32, one extra rounding apart for 16-bit. Gemma's (1 + weight) is the caller's to
+// fold into weight.
+OpStatus HeadRmsNorm(const OpContext& ctx, const TensorView& x, const TensorView& weight,
+                     float eps);
+
 // HF config.json's rope_scaling. kLinear divides positions by `factor`; kLlama3 rescales
 // each frequency as transformers' _compute_llama3_parameters does (factor, low_freq_factor,
 // high_freq_factor, original_max_position_embeddings).
@@ -153,6 +166,23 @@ OpStatus RotaryEmbeddingCached(const OpContext& ctx, const TensorView& positions
 // The gated MLP activation: x [T, 2I], out [T, I] (the same dtype),
 //   out[t][i] = silu(x[t][i]) * x[t][I + i],  silu(v) = v / (1 + exp(-v)).
 OpStatus SiluAndMul(const OpContext& ctx, const TensorView& out, const TensorView& x);
+
+// Gemma's GeGLU activation: x [T, 2I], out [T, I] (the same dtype),
+//   out[t][i] = gelu_tanh(x[t][i]) * x[t][I + i],
+//   gelu_tanh(v) = 0.5 v (1 + tanh(sqrt(2 / pi) (v + 0.044715 v^3)))
+// (PyTorch's gelu(approximate='tanh')), computed as v / (1 + exp(-2 sqrt(2 / pi) (v + 0.044715
+// v^3))), the same function without 1 + tanh's cancellation for negative v.
+OpStatus GeluTanhAndMul(const OpContext& ctx, const TensorView& out, const TensorView& x);
+
+// In place: x[...] *= factor (fp32 multiply, rounded to x's dtype). x contiguous, any shape;
+// factor finite. Gemma scales its embeddings by sqrt(hidden_size) (transformers rounds that
+// factor to the activation dtype first: the caller passes the factor it means).
+OpStatus Scale(const OpContext& ctx, const TensorView& x, float factor);
+
+// In place soft-capping: x[...] = cap * tanh(x[...] / cap) (fp32 math, rounded to x's dtype),
+// Gemma 2's final_logit_softcapping (and attn_logit_softcapping's formula). x contiguous, any
+// shape; cap finite and > 0.
+OpStatus Softcap(const OpContext& ctx, const TensorView& x, float cap);
 
 // A linear layer with HF's weight layout: out[t][n] = sum_k x[t][k] * weight[n][k] + bias[n].
 // x [T, K]; weight [N, K]; bias [N] or absent (data == nullptr); out [T, N]. x and weight the

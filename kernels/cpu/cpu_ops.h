@@ -21,6 +21,9 @@ OpStatus RmsNorm(const TensorView& out, const TensorView& x, const TensorView& w
 OpStatus FusedAddRmsNorm(const TensorView& x, const TensorView& residual, const TensorView& weight,
                          float eps);
 
+// x may be token-strided (kernels/op_check.h: TokenStride).
+OpStatus HeadRmsNorm(const TensorView& x, const TensorView& weight, float eps);
+
 // inv_freq: rotary_dim / 2 frequencies from ComputeRopeInvFreq.
 OpStatus RotaryEmbedding(const TensorView& positions, const TensorView& query,
                          const TensorView& key, std::span<const double> inv_freq, int rotary_dim);
@@ -30,6 +33,12 @@ OpStatus RotaryEmbeddingCached(const TensorView& positions, const TensorView& qu
                                const TensorView& key, const TensorView& cos_sin_cache);
 
 OpStatus SiluAndMul(const TensorView& out, const TensorView& x);
+
+OpStatus GeluTanhAndMul(const TensorView& out, const TensorView& x);
+
+OpStatus Scale(const TensorView& x, float factor);
+
+OpStatus Softcap(const TensorView& x, float cap);
 
 OpStatus Linear(const TensorView& out, const TensorView& x, const TensorView& weight,
                 const TensorView& bias);

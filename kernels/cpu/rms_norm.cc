@@ -1,9 +1,11 @@
-// RMSNorm and the fused residual add + RMSNorm of a decoder layer, on the CPU. Rows run on the
-// OpenMP pool when there are enough of them (each row's arithmetic is the same either way).
+// RMSNorm, the fused residual add + RMSNorm of a decoder layer and the per-head RMSNorm of q and
+// k, on the CPU. Rows run on the OpenMP pool when there are enough of them (each row's
+// arithmetic is the same either way).
 #include <cmath>
 
 #include "kernels/cpu/avx512_math.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/op_check.h"
 
 namespace llm::ops::cpu {
 namespace {
@@ -75,6 +77,25 @@ OpStatus FusedAddRmsNorm(const TensorView& x, const TensorView& residual, const 
     float* rr = residual.data_as<float>() + t * hidden;
     for (int64_t h = 0; h < hidden; ++h) rr[h] += xr[h];  // residual[t][h] += x[t][h]
     NormalizeRow(xr, rr, w, hidden, eps);
+  }
+  return OpStatus::Ok();
+}
+
+// Every head vector x[t][h][:] normalized in place by NormalizeRow: RmsNorm's arithmetic over D.
+// Token t's heads start at x + t * TokenStride(x); the elements between token rows are never
+// touched.
+OpStatus HeadRmsNorm(const TensorView& x, const TensorView& weight, float eps) {
+  const int64_t num_tokens = x.shape[0], num_heads = x.shape[1], head_size = x.shape[2];
+  const int64_t token_stride = internal::TokenStride(x);
+  const float* w = weight.data_as<const float>();
+  float* base = x.data_as<float>();
+#pragma omp parallel for schedule( \
+    static) if (num_tokens > 1 && num_tokens * num_heads * head_size >= kMinParallelElements)
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    for (int64_t h = 0; h < num_heads; ++h) {
+      float* v = base + t * token_stride + h * head_size;
+      NormalizeRow(v, v, w, head_size, eps);
+    }
   }
   return OpStatus::Ok();
 }

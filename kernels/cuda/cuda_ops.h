@@ -40,6 +40,9 @@ OpStatus RmsNorm(void* stream, const TensorView& out, const TensorView& x, const
 OpStatus FusedAddRmsNorm(void* stream, const TensorView& x, const TensorView& residual,
                          const TensorView& weight, float eps);
 
+// One warp per head vector (x may be token-strided), 4 warps a block.
+OpStatus HeadRmsNorm(void* stream, const TensorView& x, const TensorView& weight, float eps);
+
 // inv_freq: rotary_dim / 2 (at most kMaxRotaryHalf) frequencies from ComputeRopeInvFreq.
 inline constexpr int kMaxRotaryHalf = 256;
 OpStatus RotaryEmbedding(void* stream, const TensorView& positions, const TensorView& query,
@@ -51,6 +54,13 @@ OpStatus RotaryEmbeddingCached(void* stream, const TensorView& positions, const 
                                const TensorView& key, const TensorView& cos_sin_cache);
 
 OpStatus SiluAndMul(void* stream, const TensorView& out, const TensorView& x);
+
+OpStatus GeluTanhAndMul(void* stream, const TensorView& out, const TensorView& x);
+
+// Scale and Softcap: grid-stride loops over every element, in place.
+OpStatus Scale(void* stream, const TensorView& x, float factor);
+
+OpStatus Softcap(void* stream, const TensorView& x, float cap);
 
 // cublasLtMatmul on ctx.blaslt_handle (a cublasLtHandle_t created with the tensors' device
 // current, owned by the caller; null is an error naming the op) and ctx.stream, with fp32

@@ -1,8 +1,10 @@
-// RMSNorm and the fused residual add + RMSNorm on CUDA, f32 / bf16 / f16 in memory, fp32 math.
-// One thread block per token row; the sum of squares is a block reduction in fp32 (the CPU
-// reference sums in double).
+// RMSNorm, the fused residual add + RMSNorm and the per-head RMSNorm of q and k on CUDA,
+// f32 / bf16 / f16 in memory, fp32 math. RmsNorm and FusedAddRmsNorm: one thread block per token
+// row, the sum of squares a block reduction in fp32 (the CPU reference sums in double).
+// HeadRmsNorm: one warp per head vector, the sum of squares a warp reduction.
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_util.cuh"
+#include "kernels/op_check.h"
 
 namespace llm::ops::cuda {
 namespace {
@@ -56,6 +58,32 @@ __global__ void FusedAddRmsNormKernel(T* x, T* residual, const T* __restrict__ w
   }
 }
 
+constexpr int kHeadWarps = 4;  // head vectors per thread block of HeadRmsNormKernel
+
+// Head vector r = t * num_heads + h of x (token t's heads at x + t * token_stride), normalized in
+// place by warp r % kHeadWarps of block r / kHeadWarps: RmsNormKernel's arithmetic over D. Each
+// lane writes only the elements it read, after the reduction; nothing between token rows is
+// touched.
+template <typename T>
+__global__ void HeadRmsNormKernel(T* x, const T* __restrict__ w, int64_t num_rows,
+                                  int64_t num_heads, int64_t head_size, int64_t token_stride,
+                                  float eps) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kHeadWarps + threadIdx.x / 32;
+  if (r >= num_rows) return;  // the whole warp: no block-wide barrier follows
+  const int lane = threadIdx.x % 32;
+  T* v = x + (r / num_heads) * token_stride + (r % num_heads) * head_size;
+  float sum_sq = 0.0f;
+  for (int64_t d = lane; d < head_size; d += 32) {
+    const float f = ToFloat(v[d]);
+    sum_sq += f * f;
+  }
+  sum_sq = cuda_internal::WarpSum(sum_sq);
+  const float inv_rms = rsqrtf(sum_sq / static_cast<float>(head_size) + eps);
+  for (int64_t d = lane; d < head_size; d += 32) {
+    v[d] = FromFloat<T>(ToFloat(v[d]) * inv_rms * ToFloat(w[d]));
+  }
+}
+
 }  // namespace
 
 OpStatus RmsNorm(void* stream, const TensorView& out, const TensorView& x, const TensorView& weight,
@@ -88,6 +116,28 @@ OpStatus FusedAddRmsNorm(void* stream, const TensorView& x, const TensorView& re
     ::llm::cuda::Launch(FusedAddRmsNormKernel<T>, static_cast<unsigned>(num_tokens), threads, 0,
                         cuda_internal::AsStream(stream), x.data_as<T>(), residual.data_as<T>(),
                         weight.data_as<const T>(), hidden, eps);
+  });
+  if (!known) return cuda_internal::Error(kOp, "x: expected f32, bf16 or f16");
+  LLM_CUDA_OP_CHECK_LAUNCH(kOp);
+  return OpStatus::Ok();
+}
+
+OpStatus HeadRmsNorm(void* stream, const TensorView& x, const TensorView& weight, float eps) {
+  constexpr const char* kOp = "HeadRmsNorm";
+  if (OpStatus st = cuda_internal::StartOp(kOp, x.device); !st.ok()) return st;
+  const int64_t num_heads = x.shape[1], head_size = x.shape[2];
+  const int64_t num_rows = x.shape[0] * num_heads;
+  if (num_rows == 0 || head_size == 0) return OpStatus::Ok();
+  const int64_t blocks = (num_rows + kHeadWarps - 1) / kHeadWarps;
+  if (blocks > cuda_internal::kMaxGridX) {
+    return cuda_internal::Error(kOp, "x: too many head vectors for one grid: " + x.ToString());
+  }
+  const int64_t token_stride = internal::TokenStride(x);
+  const bool known = cuda_internal::DispatchFloat(x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    ::llm::cuda::Launch(HeadRmsNormKernel<T>, static_cast<unsigned>(blocks), kHeadWarps * 32, 0,
+                        cuda_internal::AsStream(stream), x.data_as<T>(), weight.data_as<const T>(),
+                        num_rows, num_heads, head_size, token_stride, eps);
   });
   if (!known) return cuda_internal::Error(kOp, "x: expected f32, bf16 or f16");
   LLM_CUDA_OP_CHECK_LAUNCH(kOp);
