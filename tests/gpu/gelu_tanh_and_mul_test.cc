@@ -1,0 +1,75 @@
+// GeluTanhAndMul on CUDA against the CPU op. Tolerance: atol 1e-6, rtol 1e-5 (both compute
+// v / (1 + exp(-2u)) in fp32: expf on the GPU within 2 ulp, the CPU's Exp256 about 1; where
+// exp(-2u) is large (v < -3) the roundings of u show as relative error times |2u|, on outputs
+// below 1e-3 that atol covers; inputs in [-4, 4]).
+#include <random>
+
+#include "tests/gpu/gpu_test_util.h"
+
+namespace llm::ops {
+namespace {
+
+using gpu_testing::Close;
+using gpu_testing::CudaTest;
+using gpu_testing::DeviceTensor;
+using gpu_testing::Poisoned;
+using gpu_testing::Random;
+
+class CudaGeluTanhAndMul : public CudaTest {};
+
+TEST_F(CudaGeluTanhAndMul, MatchesCpu) {
+  std::mt19937 rng(501);
+  for (const int64_t inter : {1, 3583, 14336}) {
+    for (const int64_t num_tokens : gpu_testing::kTokenCounts) {
+      SCOPED_TRACE(::testing::Message() << "intermediate " << inter << ", tokens " << num_tokens);
+      HostTensor x = Random({num_tokens, 2 * inter}, rng, -4.0f, 4.0f);
+      HostTensor want = Poisoned({num_tokens, inter});
+      ASSERT_TRUE(GeluTanhAndMul({}, want.view(), x.view()).ok());
+      DeviceTensor d_x(x), d_out(want);
+      d_out.Poison();
+      const OpStatus s = GeluTanhAndMul({}, d_out.view(), d_x.view());
+      ASSERT_TRUE(s.ok()) << s.message;
+      ASSERT_EQ(Sync(), "");
+      EXPECT_TRUE(Close(d_out.Download(), want, 1e-6, 1e-5));
+    }
+  }
+}
+
+// bf16 / f16: the CPU op on the same 16-bit inputs as f32; the GPU computes in fp32 and rounds
+// once: rtol 2^-8 (bf16) or 2^-11 (f16) plus the fp32 bound above.
+TEST_F(CudaGeluTanhAndMul, HalfMatchesCpuOnTheRoundedInputs) {
+  std::mt19937 rng(502);
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    for (const int64_t inter : {1, 3583}) {
+      for (const int64_t num_tokens : {int64_t{1}, int64_t{17}}) {
+        SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << ", intermediate " << inter
+                                          << ", tokens " << num_tokens);
+        HostTensor x = gpu_testing::RoundedThroughHalf(
+            Random({num_tokens, 2 * inter}, rng, -4.0f, 4.0f), dtype);
+        HostTensor want = Poisoned({num_tokens, inter});
+        ASSERT_TRUE(GeluTanhAndMul({}, want.view(), x.view()).ok());
+        DeviceTensor d_x(gpu_testing::ToHalf(x, dtype)), d_out(gpu_testing::ToHalf(want, dtype));
+        d_out.Poison();
+        const OpStatus s = GeluTanhAndMul({}, d_out.view(), d_x.view());
+        ASSERT_TRUE(s.ok()) << s.message;
+        ASSERT_EQ(Sync(), "");
+        EXPECT_TRUE(Close(gpu_testing::HalfToF32(d_out.Download()), want, 1e-6,
+                          gpu_testing::HalfRtol(dtype) + 1e-5));
+      }
+    }
+  }
+}
+
+TEST(CudaGeluTanhAndMulArgs, OutMustHaveXsDtype) {
+  HostTensor x(DType::kBF16, {2, 8}), out(DType::kF16, {2, 4});
+  TensorView cx = x.view(), co = out.view();
+  cx.device = co.device = TensorDevice::Cuda(0);
+  EXPECT_EQ(GeluTanhAndMul({}, co, cx).message,
+            "GeluTanhAndMul: out: expected bf16 [2, 4], got f16 [2, 4] on cuda:0");
+  HostTensor out16(DType::kBF16, {2, 4});
+  EXPECT_EQ(GeluTanhAndMul({}, out16.view(), x.view()).message,
+            "GeluTanhAndMul: x: the CPU backend takes f32 only, got bf16 [2, 8] on cpu");
+}
+
+}  // namespace
+}  // namespace llm::ops
