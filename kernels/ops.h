@@ -30,8 +30,8 @@
 // of RotaryEmbedding, RotaryEmbeddingCached, ReshapeAndCache and PagedAttention (its query, not
 // its out), and HeadRmsNorm's x, may be token-strided views: [T, heads, D] with strides
 // [token_stride, D, 1], token_stride >= heads * D, i.e. each token's heads contiguous but tokens
-// further apart. The
-// model passes views into the fused qkv projection's output, whose row t is [q | k | v]:
+// further apart. The model passes views into the fused qkv projection's output, whose row t is
+// [q | k | v]:
 //   q[t][h][d] = qkv[t][h * D + d],  k[t][h][d] = qkv[t][(Hq + h) * D + d],
 //   v[t][h][d] = qkv[t][(Hq + Hkv + h) * D + d],  token_stride = (Hq + 2 Hkv) * D,
 // so that no copy splits them. Any other layout is an error naming the argument and its strides.
