@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <numbers>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
@@ -432,7 +433,7 @@ OpStatus ReshapeAndCache(const OpContext& ctx, const TensorView& key, const Tens
 
 OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const TensorView& query,
                         const TensorView& key_cache, const TensorView& value_cache,
-                        const AttentionMetadata& metadata, float scale) {
+                        const AttentionMetadata& metadata, const AttentionOptions& options) {
   constexpr const char* kOp = "PagedAttention";
   // f32 query and out with f32, f16 or bf16 caches, or everything bf16 or everything f16.
   LLM_OPS_RETURN_IF_ERROR(
@@ -465,7 +466,15 @@ OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const Tenso
       CheckArg(kOp, "metadata.seq_lens", metadata.seq_lens, {kI32}, {num_seqs}));
   LLM_OPS_RETURN_IF_ERROR(
       CheckArg(kOp, "metadata.query_start_loc", metadata.query_start_loc, {kI32}, {num_seqs + 1}));
-  if (!std::isfinite(scale)) return Error(kOp, "scale must be finite");
+  if (!std::isfinite(options.scale)) return Error(kOp, "scale must be finite");
+  if (options.sliding_window < 0) {
+    return Error(kOp, "options.sliding_window must be >= 0 (0 = none), got " +
+                          std::to_string(options.sliding_window));
+  }
+  if (!(options.softcap >= 0.0f) || std::isinf(options.softcap)) {
+    return Error(kOp, "options.softcap must be finite and >= 0 (0 = none), got " +
+                          std::to_string(options.softcap));
+  }
   const size_t host_qsl = metadata.query_start_loc_host.size();
   if (host_qsl != 0 && static_cast<int64_t>(host_qsl) != num_seqs + 1) {
     return Error(kOp, "metadata.query_start_loc_host: expected " + std::to_string(num_seqs + 1) +
@@ -488,14 +497,22 @@ OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const Tenso
                                           &device));
 #ifdef LLM_WITH_CUDA
   if (device.is_cuda())
-    return cuda::PagedAttention(ctx, out, query, key_cache, value_cache, metadata, scale);
+    return cuda::PagedAttention(ctx, out, query, key_cache, value_cache, metadata, options);
 #endif
   if (!device.is_cpu()) return NoBackend(kOp, device);
   if (query.dtype != kF32) {
     return Error(kOp, "query: the CPU backend takes f32 queries, got " + query.ToString());
   }
   LLM_OPS_RETURN_IF_ERROR(CheckCpuCache(kOp, "key_cache", key_cache));
-  return cpu::PagedAttention(out, query, key_cache, value_cache, metadata, scale);
+  return cpu::PagedAttention(out, query, key_cache, value_cache, metadata, options);
+}
+
+OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const TensorView& query,
+                        const TensorView& key_cache, const TensorView& value_cache,
+                        const AttentionMetadata& metadata, float scale) {
+  AttentionOptions options;
+  options.scale = scale;
+  return PagedAttention(ctx, out, query, key_cache, value_cache, metadata, options);
 }
 
 size_t PagedAttentionWorkspaceBytes(int64_t max_num_tokens, int64_t num_heads, int64_t head_size,

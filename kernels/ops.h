@@ -228,16 +228,39 @@ struct AttentionMetadata {
   std::span<const int32_t> seq_lens_host = {};
 };
 
+// How PagedAttention scores its keys (the defaults: plain causal attention with scale 1).
+//   scale           the logit is s = scale * q . k (finite).
+//   sliding_window  W > 0: the query at position p sees only the last W positions, the keys
+//                   at p - W < k <= p (transformers' and vLLM's sliding_window: a key is
+//                   visible when p - k < W; Mistral, Gemma 2 / 3 local layers); the kernels
+//                   skip the blocks before the window rather than reading them. 0 = none
+//                   (every key at k <= p). Negative is an error.
+//   softcap         c > 0: each logit becomes c * tanh(s / c) before the softmax (Gemma 2's
+//                   attn_logit_softcapping, vLLM's logits_soft_cap; the scale applied first).
+//                   0 = none. Negative, infinite or NaN is an error.
+struct AttentionOptions {
+  float scale = 1.0f;
+  int sliding_window = 0;
+  float softcap = 0.0f;
+};
+
 // Attention of this step's queries over the paged KV cache. The j-th query row of sequence s
 // sits at position p = seq_lens[s] - q_len + j and attends to the keys at positions 0..p
-// (causal inside the chunk, everything cached before it). Query head h reads kv head
-// h / (Hq / Hkv) (GQA; MQA when Hkv = 1; Hq % Hkv == 0):
-//   out[t][h] = sum_{k<=p} softmax_k(scale * q[t][h] . K[k][kvh]) V[k][kvh]
+// (causal inside the chunk, everything cached before it), or with options.sliding_window = W
+// to those at max(0, p - W + 1)..p. Query head h reads kv head h / (Hq / Hkv) (GQA; MQA when
+// Hkv = 1; Hq % Hkv == 0):
+//   out[t][h] = sum_{k in window(p)} softmax_k(cap(scale * q[t][h] . K[k][kvh])) V[k][kvh]
+// with cap(s) = s, or softcap * tanh(s / softcap) when options.softcap > 0.
 // query, out [T, Hq, D] (query may be token-strided, see the top; out is contiguous);
 // key_cache, value_cache [num_blocks, block_size, Hkv, D].
 // Dtypes: f32 query and out with f32 caches (and on cuda f16 or bf16 caches, read into fp32);
 // on cuda also the 16-bit path: query, out and both caches all bf16 or all f16 (fp32
 // accumulation, the output rounded to nearest), head sizes 64 and 128.
+OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const TensorView& query,
+                        const TensorView& key_cache, const TensorView& value_cache,
+                        const AttentionMetadata& metadata, const AttentionOptions& options);
+
+// PagedAttention with options {scale} (no window, no softcap).
 OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const TensorView& query,
                         const TensorView& key_cache, const TensorView& value_cache,
                         const AttentionMetadata& metadata, float scale);

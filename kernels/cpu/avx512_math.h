@@ -51,6 +51,28 @@ LLM_AVX512 inline __m512 Exp512(__m512 x) {
   return _mm512_mask_mov_ps(y, nan, x);
 }
 
+// tanh(x) for 16 floats: x (1 + x^2 (-1/3 + x^2 (2/15 - 17/315 x^2))) below |x| = 1/8 (the
+// series' next term is under 2e-10 there), else sign(x) (1 - 2 / (exp(2 |x|) + 1)) (about
+// 1e-7 absolute; +-1 once exp(2 |x|) saturates). NaN for NaN.
+LLM_AVX512 inline __m512 Tanh512(__m512 x) {
+  const __m512 ax = _mm512_abs_ps(x);
+  const __m512 x2 = _mm512_mul_ps(x, x);
+  __m512 poly = _mm512_fmadd_ps(x2, _mm512_set1_ps(-17.0f / 315.0f), _mm512_set1_ps(2.0f / 15.0f));
+  poly = _mm512_fmadd_ps(x2, poly, _mm512_set1_ps(-1.0f / 3.0f));
+  poly = _mm512_fmadd_ps(_mm512_mul_ps(x2, poly), x, x);
+  const __m512 e = Exp512(_mm512_add_ps(ax, ax));
+  const __m512 big =
+      _mm512_sub_ps(_mm512_set1_ps(1.0f),
+                    _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, _mm512_set1_ps(1.0f))));
+  // sign(x) |tanh|: x's sign bit on the magnitude.
+  const __m512 sign = _mm512_castsi512_ps(
+      _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(static_cast<int>(0x80000000u))));
+  const __m512 large =
+      _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(big), _mm512_castps_si512(sign)));
+  const __mmask16 small = _mm512_cmp_ps_mask(ax, _mm512_set1_ps(0.125f), _CMP_LT_OQ);
+  return _mm512_mask_mov_ps(large, small, poly);
+}
+
 }  // namespace llm::ops::cpu
 
 #endif  // LLM_KERNELS_CPU_AVX512_MATH_H_

@@ -53,7 +53,13 @@ OpStatus ReshapeAndCache(const TensorView& key, const TensorView& value,
 // f32 (vdpbf16ps) where the CPU has AVX512_BF16 and the head size is a multiple of 32, with the
 // scaled query and the softmax weights rounded to bf16 (see paged_attention.cc); else
 // PagedAttentionPortable's loops. Each thread keeps its scratch between calls (no allocation
-// once grown).
+// once grown). A sliding window starts each work item's keys at its first row's window (the
+// blocks before it are never read) and masks the keys before each later row's; a softcap caps
+// each tile's scaled scores before its online-softmax step. The float overloads here take
+// options {scale}.
+OpStatus PagedAttention(const TensorView& out, const TensorView& query, const TensorView& key_cache,
+                        const TensorView& value_cache, const AttentionMetadata& metadata,
+                        const AttentionOptions& options);
 OpStatus PagedAttention(const TensorView& out, const TensorView& query, const TensorView& key_cache,
                         const TensorView& value_cache, const AttentionMetadata& metadata,
                         float scale);
@@ -66,10 +72,18 @@ void SetPagedAttentionThreads(int n);
 // so that tests cover it on AVX-512 machines too.
 OpStatus PagedAttentionPortable(const TensorView& out, const TensorView& query,
                                 const TensorView& key_cache, const TensorView& value_cache,
+                                const AttentionMetadata& metadata, const AttentionOptions& options);
+OpStatus PagedAttentionPortable(const TensorView& out, const TensorView& query,
+                                const TensorView& key_cache, const TensorView& value_cache,
                                 const AttentionMetadata& metadata, float scale);
 
 // The simple reference the others (and the CUDA kernels) are checked against: one query row
-// and kv head at a time, one block of keys per online-softmax step, single-threaded.
+// and kv head at a time, one block of keys per online-softmax step (from the block of the
+// row's window start), single-threaded.
+OpStatus PagedAttentionReference(const TensorView& out, const TensorView& query,
+                                 const TensorView& key_cache, const TensorView& value_cache,
+                                 const AttentionMetadata& metadata,
+                                 const AttentionOptions& options);
 OpStatus PagedAttentionReference(const TensorView& out, const TensorView& query,
                                  const TensorView& key_cache, const TensorView& value_cache,
                                  const AttentionMetadata& metadata, float scale);

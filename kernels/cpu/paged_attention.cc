@@ -17,6 +17,14 @@
 // tiled paths differ from it by at most 2^-9 max|v| (each weight's relative rounding error, at
 // most 2^-9) beyond f32 rounding. As in a bf16 model on PyTorch, whose query and probabilities
 // are bf16 tensors.
+//
+// Options (kernels/ops.h's AttentionOptions). A sliding window W: the row at position p sees
+// the keys from WindowStart(p) = max(0, p - W + 1) on; every kernel starts its keys at its
+// first row's window start (the blocks before it are never read) and masks, like the causal
+// mask, the keys before a later row's. A softcap c: score = c tanh(score / c) on the scaled
+// score, before the max and exp of the online softmax (the tiled paths' vector tanh:
+// Tanh512). A row none of whose keys a tile shows (a window starting past the tile) keeps
+// m = -inf, l = 0 and o = 0 through it.
 #include <immintrin.h>
 #include <omp.h>
 
@@ -87,6 +95,15 @@ OpStatus CheckMetadata(const AttentionMetadata& md, int64_t num_tokens, int64_t 
   return OpStatus::Ok();
 }
 
+// The first key position a query at position `pos` sees: 0, or with a sliding window W > 0
+// the first of its last W positions.
+inline int64_t WindowStart(int64_t pos, int64_t window) {
+  return window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+}
+
+// A scaled score after the softcap c (> 0): c tanh(s / c).
+inline float SoftCap(float s, float cap) { return cap * std::tanh(s / cap); }
+
 // A cache element as a float: the caches are f32 (float) or bf16 (uint16_t, its bits).
 inline float ToFloat(float x) { return x; }
 inline float ToFloat(uint16_t x) { return Bf16ToFloat(x); }
@@ -119,7 +136,9 @@ namespace {
 
 template <typename T>
 OpStatus Reference(const TensorView& out, const TensorView& query, const TensorView& key_cache,
-                   const TensorView& value_cache, const AttentionMetadata& metadata, float scale) {
+                   const TensorView& value_cache, const AttentionMetadata& metadata,
+                   const AttentionOptions& options) {
+  const float scale = options.scale, cap = options.softcap;
   const int64_t num_tokens = query.shape[0], num_heads = query.shape[1];
   const int64_t head_size = query.shape[2];
   const int64_t num_blocks = key_cache.shape[0], block_size = key_cache.shape[1];
@@ -150,6 +169,7 @@ OpStatus Reference(const TensorView& out, const TensorView& query, const TensorV
     for (int64_t j = 0; j < q_len; ++j) {
       const int64_t t = qsl[s] + j;
       const int64_t num_keys = seq_lens[s] - q_len + j + 1;  // positions 0 .. p
+      const int64_t first = WindowStart(num_keys - 1, options.sliding_window);
       for (int64_t kvh = 0; kvh < num_kv_heads; ++kvh) {
         // q[t][kvh * group + g][:] for the group's query heads, which share every key and value.
         const float* q = query.data_as<const float>() + t * q_stride + kvh * group * head_size;
@@ -164,24 +184,27 @@ OpStatus Reference(const TensorView& out, const TensorView& query, const TensorV
         std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
         std::fill(l.begin(), l.end(), 0.0f);
         std::fill(acc.begin(), acc.end(), 0.0f);
-        for (int64_t b = 0; b * block_size < num_keys; ++b) {
+        // The blocks from the window's first: slots i0 .. n - 1 of each.
+        for (int64_t b = first / block_size; b * block_size < num_keys; ++b) {
           const int64_t n = std::min(block_size, num_keys - b * block_size);
+          const int64_t i0 = std::max<int64_t>(0, first - b * block_size);
           const T* kb = kc + table[b] * block_stride + kvh * head_size;
           const T* vb = vc + table[b] * block_stride + kvh * head_size;
-          for (int64_t i = 0; i < n; ++i) {
+          for (int64_t i = i0; i < n; ++i) {
             const T* k = kb + i * slot_stride;  // key_cache[table[b]][i][kvh][:]
             for (int64_t g = 0; g < group; ++g) {
-              scores[g * block_size + i] = Dot(q + g * head_size, k, head_size) * q_scale;
+              const float score = Dot(q + g * head_size, k, head_size) * q_scale;
+              scores[g * block_size + i] = cap > 0.0f ? SoftCap(score, cap) : score;
             }
           }
           for (int64_t g = 0; g < group; ++g) {
             float* sc = scores.data() + g * block_size;
             float* a = acc.data() + g * head_size;
-            const float m_new = std::max(m[g], *std::max_element(sc, sc + n));
+            const float m_new = std::max(m[g], *std::max_element(sc + i0, sc + n));
             const float correction = std::exp(m[g] - m_new);  // 0 on the first block
             l[g] *= correction;
             for (int64_t d = 0; d < head_size; ++d) a[d] *= correction;
-            for (int64_t i = 0; i < n; ++i) {
+            for (int64_t i = i0; i < n; ++i) {
               const float p = std::exp(sc[i] - m_new);
               l[g] += p;
               const T* v = vb + i * slot_stride;  // value_cache[table[b]][i][kvh][:]
@@ -205,11 +228,20 @@ OpStatus Reference(const TensorView& out, const TensorView& query, const TensorV
 
 OpStatus PagedAttentionReference(const TensorView& out, const TensorView& query,
                                  const TensorView& key_cache, const TensorView& value_cache,
-                                 const AttentionMetadata& metadata, float scale) {
+                                 const AttentionMetadata& metadata,
+                                 const AttentionOptions& options) {
   if (key_cache.dtype == DType::kBF16) {
-    return Reference<uint16_t>(out, query, key_cache, value_cache, metadata, scale);
+    return Reference<uint16_t>(out, query, key_cache, value_cache, metadata, options);
   }
-  return Reference<float>(out, query, key_cache, value_cache, metadata, scale);
+  return Reference<float>(out, query, key_cache, value_cache, metadata, options);
+}
+
+OpStatus PagedAttentionReference(const TensorView& out, const TensorView& query,
+                                 const TensorView& key_cache, const TensorView& value_cache,
+                                 const AttentionMetadata& metadata, float scale) {
+  AttentionOptions options;
+  options.scale = scale;
+  return PagedAttentionReference(out, query, key_cache, value_cache, metadata, options);
 }
 
 // The production op: the same attention, blocked flash-style. A work item is one sequence's
@@ -217,7 +249,8 @@ OpStatus PagedAttentionReference(const TensorView& out, const TensorView& query,
 // all G query heads of the group make R = rows * G score rows that share every K and V tile.
 // Per tile of kKeyTile keys:
 //   S[i][r] = (scale * q_r) . k_i             (q transposed once per item: qt[d][r])
-//   S[i][r] = -inf where key i is after row r's position (causal)
+//   S[i][r] = cap(S[i][r])                   (softcap c > 0: c tanh(S / c))
+//   S[i][r] = -inf where key i is after row r's position (causal) or before its window
 //   m_new[r] = max(m[r], max_i S[i][r]);  alpha[r] = exp(m[r] - m_new[r])
 //   P[i][r] = exp(S[i][r] - m_new[r]);    l[r] = l[r] * alpha[r] + sum_i P[i][r]
 //   O[r][:] = O[r][:] * alpha[r] + sum_i P[i][r] * v_i[:]
@@ -263,6 +296,8 @@ struct Problem {
   int64_t num_heads, head_size, num_kv_heads, group, block_size, max_blocks;
   int64_t slot_stride, block_stride;  // cache elements between slots and between blocks
   float scale;
+  int64_t window;   // AttentionOptions::sliding_window; 0 = none
+  float softcap;    // AttentionOptions::softcap; 0 = none
   float* partials;  // split decode: per partial and its item's H = kv_count * group heads,
                     // m[H], l[H], o[H][head_size] (PartialFloats apart)
 };
@@ -279,7 +314,8 @@ struct ItemView {
   int64_t pos0;                // position of its first query
   int64_t num_keys;            // keys 0 .. pos of its last query
   int64_t rows;                // num_queries * group
-  int64_t key_begin, key_end;  // the keys this item reads (0 .. num_keys unless split)
+  int64_t key_begin, key_end;  // the keys this item reads (from its first row's window start
+                               // to num_keys unless split)
   const int32_t* table;
 };
 
@@ -292,7 +328,7 @@ ItemView View(const Problem& pb, const WorkItem& it) {
   v.pos0 = context + it.q_begin;
   v.num_keys = context + it.q_end;
   v.rows = v.num_queries * pb.group;
-  v.key_begin = it.k_begin;
+  v.key_begin = std::max<int64_t>(it.k_begin, WindowStart(v.pos0, pb.window));
   v.key_end = it.k_end < 0 ? v.num_keys : it.k_end;
   v.table = pb.block_tables + it.seq * pb.max_blocks;
   return v;
@@ -311,10 +347,22 @@ void TilePointers(const Problem& pb, const ItemView& v, int64_t kv_head, int64_t
   }
 }
 
-// Rows of queries before key position p: row r = j * group + g is query j's, at position
-// pos0 + j, which must not see p when pos0 + j < p.
-int64_t MaskedRows(const ItemView& v, int64_t group, int64_t p) {
-  return p <= v.pos0 ? 0 : std::min(v.rows, (p - v.pos0) * group);
+// The score rows that see key position p: row r = j * group + g is query j's, at position
+// pos0 + j, which sees p when p <= pos0 + j (causal) and, with a window W, pos0 + j - p < W.
+// Rows [0, *lo) are before p and rows [*hi, rows) past its window.
+void VisibleRows(const Problem& pb, const ItemView& v, int64_t p, int64_t* lo, int64_t* hi) {
+  *lo = p <= v.pos0 ? 0 : std::min(v.rows, (p - v.pos0) * pb.group);
+  *hi =
+      pb.window > 0 ? std::clamp<int64_t>((p + pb.window - v.pos0) * pb.group, 0, v.rows) : v.rows;
+}
+
+// Key position p's scores s[r] (r < the item's rows) set to -inf in the rows that do not see
+// it.
+void MaskScores(const Problem& pb, const ItemView& v, int64_t p, float* s) {
+  int64_t lo, hi;
+  VisibleRows(pb, v, p, &lo, &hi);
+  std::fill(s, s + lo, -std::numeric_limits<float>::infinity());
+  std::fill(s + hi, s + v.rows, -std::numeric_limits<float>::infinity());  // hi >= lo
 }
 
 // q (scaled; rounded to bf16 for bf16 caches) transposed: qt[d * stride + r] for the item's
@@ -446,16 +494,20 @@ void RunItemGeneric(const Problem& pb, const WorkItem& it) {
         const float* qd = qt + d * stride;
         for (int64_t r = 0; r < rows; ++r) si[r] += qd[r] * kd;
       }
-      const int64_t masked = MaskedRows(v, pb.group, k0 + i);
-      std::fill(si, si + masked, -std::numeric_limits<float>::infinity());
+      if (pb.softcap > 0.0f) {
+        for (int64_t r = 0; r < rows; ++r) si[r] = SoftCap(si[r], pb.softcap);
+      }
+      MaskScores(pb, v, k0 + i, si);
     }
     for (int64_t r = 0; r < rows; ++r) {
       float m_new = m[r];
       for (int64_t i = 0; i < n; ++i) m_new = std::max(m_new, s[i * stride + r]);
-      alpha[r] = std::exp(m[r] - m_new);  // 0 on the first tile
+      // A row that has seen no key yet (its window starts past this tile) keeps all zeros.
+      const float m_use = m_new == -std::numeric_limits<float>::infinity() ? 0.0f : m_new;
+      alpha[r] = std::exp(m[r] - m_use);  // 0 on the first tile
       float sum = 0.0f;
       for (int64_t i = 0; i < n; ++i)
-        sum += (s[i * stride + r] = std::exp(s[i * stride + r] - m_new));
+        sum += (s[i * stride + r] = std::exp(s[i * stride + r] - m_use));
       l[r] = l[r] * alpha[r] + sum;
       m[r] = m_new;
     }
@@ -519,24 +571,35 @@ LLM_AVX512 inline void StartRunningSums(int64_t stride, int64_t outputs, float* 
   std::fill(o, o + outputs, 0.0f);
 }
 
-// A tile's scores s[i * stride + r] (keys k0 .. k0 + n - 1) to weights: the causal mask, then
-// the online softmax 16 rows per register: m and l updated, alpha = exp(m - m') (0 on the
-// first tile), s = exp(s - m').
+// A tile's scores s[i * stride + r] (keys k0 .. k0 + n - 1) to weights: the softcap, the causal
+// and window masks, then the online softmax 16 rows per register: m and l updated, alpha =
+// exp(m - m') (0 on the first tile), s = exp(s - m') (m' taken as 0 while it is -inf: a row
+// that has seen no key yet keeps zeros).
 LLM_AVX512 inline void TileSoftmax(const Problem& pb, const ItemView& v, int64_t k0, int64_t n,
                                    int64_t stride, float* s, float* m, float* l, float* alpha) {
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t masked = MaskedRows(v, pb.group, k0 + i);
-    std::fill(s + i * stride, s + i * stride + masked, -std::numeric_limits<float>::infinity());
+  if (pb.softcap > 0.0f) {
+    const __m512 cap = _mm512_set1_ps(pb.softcap), inv_cap = _mm512_set1_ps(1.0f / pb.softcap);
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t rb = 0; rb < stride; rb += 16) {
+        float* si = s + i * stride + rb;
+        _mm512_storeu_ps(si,
+                         _mm512_mul_ps(cap, Tanh512(_mm512_mul_ps(_mm512_loadu_ps(si), inv_cap))));
+      }
+    }
   }
+  for (int64_t i = 0; i < n; ++i) MaskScores(pb, v, k0 + i, s + i * stride);
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int64_t rb = 0; rb < stride; rb += 16) {
     const __m512 m_old = _mm512_loadu_ps(m + rb);
     __m512 m_new = m_old;
     for (int64_t i = 0; i < n; ++i)
       m_new = _mm512_max_ps(_mm512_loadu_ps(s + i * stride + rb), m_new);
-    const __m512 a = Exp512(_mm512_sub_ps(m_old, m_new));
+    const __m512 m_use = _mm512_mask_mov_ps(m_new, _mm512_cmp_ps_mask(m_new, neg_inf, _CMP_EQ_OQ),
+                                            _mm512_setzero_ps());
+    const __m512 a = Exp512(_mm512_sub_ps(m_old, m_use));
     __m512 sum = _mm512_setzero_ps();
     for (int64_t i = 0; i < n; ++i) {
-      const __m512 p = Exp512(_mm512_sub_ps(_mm512_loadu_ps(s + i * stride + rb), m_new));
+      const __m512 p = Exp512(_mm512_sub_ps(_mm512_loadu_ps(s + i * stride + rb), m_use));
       _mm512_storeu_ps(s + i * stride + rb, p);
       sum = _mm512_add_ps(sum, p);
     }
@@ -628,12 +691,18 @@ class RowTiles {
 };
 
 // One head's online-softmax step over a tile: m and l updated; returns P = exp(S - m') (0 past
-// the tile's n keys) and sets alpha = exp(m - m') (0 on the first tile).
-LLM_AVX512 inline __m512 RowSoftmax(const __m512 dots[kLaneKeys], int64_t n, float* m, float* l,
-                                    float* alpha) {
+// the tile's n keys) and sets alpha = exp(m - m') (0 on the first tile). softcap > 0: S =
+// softcap tanh(S / softcap) first.
+LLM_AVX512 inline __m512 RowSoftmax(const __m512 dots[kLaneKeys], int64_t n, float softcap,
+                                    float* m, float* l, float* alpha) {
   const __mmask16 live = static_cast<__mmask16>((1u << n) - 1);
-  const __m512 scores = _mm512_mask_mov_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()),
-                                           live, Sum16(dots));
+  __m512 dot = Sum16(dots);
+  if (softcap > 0.0f) {
+    dot = _mm512_mul_ps(_mm512_set1_ps(softcap),
+                        Tanh512(_mm512_mul_ps(dot, _mm512_set1_ps(1.0f / softcap))));
+  }
+  const __m512 scores =
+      _mm512_mask_mov_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), live, dot);
   const float m_new = std::max(*m, _mm512_reduce_max_ps(scores));
   *alpha = m_new == *m ? 1.0f : std::exp(*m - m_new);  // the max seldom moves after a few tiles
   const __m512 probs = Exp512(_mm512_sub_ps(scores, _mm512_set1_ps(m_new)));
@@ -999,7 +1068,8 @@ LLM_AVX512_BF16 void RunItemAvx512(const Problem& pb, const WorkItem& it) {
 //   S[i] = sum(q_h * k_i) (16 dot products, summed by Sum16), -inf past the tile's keys;
 //   m' = max(m, max_i S[i]);  P = exp(S - m');  l = l exp(m - m') + sum P;
 //   o = o exp(m - m') + sum_i P[i] v_i.
-// No causal mask: every key of the item is at or before the row's position. The query is scaled
+// No mask: every key of the item is at or before the row's position and inside its window
+// (the item starts at the window's first key). The query is scaled
 // (and rounded to bf16 for bf16 caches) once; S comes straight from the cache rows.
 template <typename T>
 LLM_AVX512_BF16 void RunRowAvx512(const Problem& pb, const WorkItem& it) {
@@ -1037,7 +1107,7 @@ LLM_AVX512_BF16 void RunRowAvx512(const Problem& pb, const WorkItem& it) {
         dots[i] = a;
       }
       float alpha;
-      const __m512 probs = RowSoftmax(dots, n, m + h, l + h, &alpha);
+      const __m512 probs = RowSoftmax(dots, n, pb.softcap, m + h, l + h, &alpha);
       Cache::AddRowValues(buf, tiles.values(), n, width, dim, offset, probs, alpha, o + h * dim);
     }
   }
@@ -1074,8 +1144,8 @@ Kernels PickKernels(DType cache_dtype, int64_t head_size, int64_t group, bool al
 }
 
 OpStatus RunTiled(const TensorView& out, const TensorView& query, const TensorView& key_cache,
-                  const TensorView& value_cache, const AttentionMetadata& metadata, float scale,
-                  bool allow_avx512) {
+                  const TensorView& value_cache, const AttentionMetadata& metadata,
+                  const AttentionOptions& options, bool allow_avx512) {
   const int64_t num_tokens = query.shape[0];
   const int64_t num_blocks = key_cache.shape[0];
   Problem pb;
@@ -1098,7 +1168,9 @@ OpStatus RunTiled(const TensorView& out, const TensorView& query, const TensorVi
   pb.block_tables = metadata.block_tables.data_as<const int32_t>();
   pb.slot_stride = pb.num_kv_heads * pb.head_size;
   pb.block_stride = pb.block_size * pb.slot_stride;
-  pb.scale = scale;
+  pb.scale = options.scale;
+  pb.window = options.sliding_window;
+  pb.softcap = options.softcap;
 
   // Work items, the costliest first; the lists are the calling thread's, kept between calls.
   thread_local std::vector<WorkItem> items;
@@ -1115,22 +1187,24 @@ OpStatus RunTiled(const TensorView& out, const TensorView& query, const TensorVi
     const int64_t q_len = pb.query_start_loc[s + 1] - pb.query_start_loc[s];
     const int64_t context = pb.seq_lens[s] - q_len;
     if (q_len == 1 && rows_all_heads) {
+      const int64_t keys = context + 1 - WindowStart(context, pb.window);
       items.push_back({static_cast<int32_t>(s), 0, static_cast<int32_t>(pb.num_kv_heads), 0, 1, 0,
-                       -1, -1, pb.num_heads * (context + 1)});
+                       -1, -1, pb.num_heads * keys});
       continue;
     }
     for (int64_t q0 = 0; q0 < q_len; q0 += tile_queries) {
       const int64_t q1 = std::min(q_len, q0 + tile_queries);
+      const int64_t keys = context + q1 - WindowStart(context + q0, pb.window);
       for (int64_t kvh = 0; kvh < pb.num_kv_heads; ++kvh) {
         items.push_back({static_cast<int32_t>(s), static_cast<int32_t>(kvh), 1,
                          static_cast<int32_t>(q0), static_cast<int32_t>(q1), 0, -1, -1,
-                         (q1 - q0) * pb.group * (context + q1)});
+                         (q1 - q0) * pb.group * keys});
       }
     }
   }
   // Fewer items than about two per thread: decode rows with long contexts are split over
-  // their keys (whole key tiles of at least kMinSplitKeys keys each), so that every thread
-  // has work, and merged afterwards.
+  // their keys (whole key tiles of at least kMinSplitKeys keys each, from the window's first
+  // key), so that every thread has work, and merged afterwards.
   int64_t work = 0;
   for (const WorkItem& it : items) work += it.cost * pb.head_size;
   const int64_t threads = work >= kMinParallelWork ? PagedAttentionThreads() : 1;
@@ -1140,17 +1214,19 @@ OpStatus RunTiled(const TensorView& out, const TensorView& query, const TensorVi
     int64_t num_partials = 0;
     for (size_t i = 0; i < unsplit; ++i) {
       WorkItem& it = items[i];
-      const int64_t num_keys = View(pb, it).num_keys;
-      const int64_t parts = std::min(want, num_keys / kMinSplitKeys);
+      const ItemView view = View(pb, it);
+      const int64_t num_keys = view.num_keys, first = view.key_begin;
+      const int64_t parts = std::min(want, (num_keys - first) / kMinSplitKeys);
       if (it.q_end - it.q_begin != 1 || parts < 2) continue;
-      const int64_t tiles = (num_keys + kKeyTile - 1) / kKeyTile;
+      const int64_t tiles = (num_keys - first + kKeyTile - 1) / kKeyTile;
       splits.push_back({it.seq, it.kv_head, it.kv_count, static_cast<int32_t>(num_partials),
                         static_cast<int32_t>(parts)});
       const WorkItem whole = it;
       for (int64_t p = 0; p < parts; ++p) {
         WorkItem part = whole;
-        part.k_begin = static_cast<int32_t>(tiles * p / parts * kKeyTile);
-        part.k_end = static_cast<int32_t>(std::min(num_keys, tiles * (p + 1) / parts * kKeyTile));
+        part.k_begin = static_cast<int32_t>(first + tiles * p / parts * kKeyTile);
+        part.k_end =
+            static_cast<int32_t>(std::min(num_keys, first + tiles * (p + 1) / parts * kKeyTile));
         part.partial = static_cast<int32_t>(num_partials++);
         part.cost = it.kv_count * pb.group * (part.k_end - part.k_begin);
         if (p == 0) {
@@ -1185,16 +1261,33 @@ OpStatus RunTiled(const TensorView& out, const TensorView& query, const TensorVi
 
 OpStatus PagedAttention(const TensorView& out, const TensorView& query, const TensorView& key_cache,
                         const TensorView& value_cache, const AttentionMetadata& metadata,
+                        const AttentionOptions& options) {
+  return RunTiled(out, query, key_cache, value_cache, metadata, options, /*allow_avx512=*/true);
+}
+
+OpStatus PagedAttention(const TensorView& out, const TensorView& query, const TensorView& key_cache,
+                        const TensorView& value_cache, const AttentionMetadata& metadata,
                         float scale) {
-  return RunTiled(out, query, key_cache, value_cache, metadata, scale, /*allow_avx512=*/true);
+  AttentionOptions options;
+  options.scale = scale;
+  return PagedAttention(out, query, key_cache, value_cache, metadata, options);
 }
 
 void SetPagedAttentionThreads(int n) { g_threads.store(std::max(n, 0), std::memory_order_relaxed); }
 
 OpStatus PagedAttentionPortable(const TensorView& out, const TensorView& query,
                                 const TensorView& key_cache, const TensorView& value_cache,
+                                const AttentionMetadata& metadata,
+                                const AttentionOptions& options) {
+  return RunTiled(out, query, key_cache, value_cache, metadata, options, /*allow_avx512=*/false);
+}
+
+OpStatus PagedAttentionPortable(const TensorView& out, const TensorView& query,
+                                const TensorView& key_cache, const TensorView& value_cache,
                                 const AttentionMetadata& metadata, float scale) {
-  return RunTiled(out, query, key_cache, value_cache, metadata, scale, /*allow_avx512=*/false);
+  AttentionOptions options;
+  options.scale = scale;
+  return PagedAttentionPortable(out, query, key_cache, value_cache, metadata, options);
 }
 
 }  // namespace llm::ops::cpu

@@ -108,7 +108,15 @@ OpStatus ReshapeAndCache(void* stream, const TensorView& key, const TensorView& 
 //   kernels the batch has rows for. Versions and the launch plan: paged_attention_plan.h. v2
 //   uses ctx.workspace (never allocates); kV2 without enough of it is an error, kAuto then runs
 //   v1.
+// options' sliding window and softcap in every kernel: each starts its keys at its first row's
+// window (the blocks before are not read; v2 and the decode split partition only the window)
+// and caps the scaled scores before its online softmax.
 // Head sizes 64 and 128; any block size. Runs on ctx.stream.
+OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const TensorView& query,
+                        const TensorView& key_cache, const TensorView& value_cache,
+                        const AttentionMetadata& metadata, const AttentionOptions& options,
+                        PagedAttentionVersion version = PagedAttentionVersion::kAuto);
+// The same with options {scale}.
 OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const TensorView& query,
                         const TensorView& key_cache, const TensorView& value_cache,
                         const AttentionMetadata& metadata, float scale,

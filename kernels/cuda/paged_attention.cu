@@ -11,7 +11,10 @@
 //
 // Query row t belongs to sequence s with query_start_loc[s] <= t < query_start_loc[s + 1], is
 // its j-th query token, sits at position p = seq_lens[s] - q_len + j and attends to the
-// ctx = p + 1 keys at positions 0 .. p.
+// ctx = p + 1 keys at positions first .. p: first = 0, or max(0, ctx - W) with a sliding window
+// W (the options', in PagedAttentionParams). Every kernel starts at its (first) row's `first`,
+// so the blocks before a window are not read. A softcap c > 0 caps each scaled score,
+// c tanh(s / c), before the max and exp.
 //
 // The row kernels (v1, v2) take any row, each on its own (binary search of query_start_loc
 // for its sequence): with kV1 / kV2 they take every row, prefill chunks included (each row
@@ -21,9 +24,10 @@
 // rows. The host launches only the kernels the batch has rows for when the caller passes the
 // q_lens (metadata.query_start_loc_host), else both (paged_attention_plan.h).
 //
-// v1: one thread block per (row t, query head h) over positions 0 .. ctx - 1.
+// v1: one thread block per (row t, query head h) over positions first .. ctx - 1.
 // v2 (split-K): one thread block per (row, head, partition z) over positions
-//     z * kPartitionSize .. min(ctx, (z + 1) * kPartitionSize) - 1, writing its running max,
+//     first + z * kPartitionSize .. min(ctx, first + (z + 1) * kPartitionSize) - 1, writing its
+//     running max,
 //     sum and unnormalized output; then a reduction kernel per (row, head) rescales and sums
 //     the partitions:  M = max_z m_z,  L = sum_z l_z e^(m_z - M),
 //     out[t][h][d] = sum_z acc_z[d] e^(m_z - M) / L.
@@ -67,13 +71,23 @@ constexpr int kChunk = kPartitionSize;
 // (paged_attention_params.h says why).
 struct Params : PagedAttentionParams {
   float* tmp_out;      // v2: [T, Hq, max_partitions, D]
-  float* max_logits;   // v2: [T, Hq, max_partitions]
-  float* exp_sums;     // v2: [T, Hq, max_partitions]
+  float* ml;           // v2: [T, Hq, max_partitions, 2]: running max, then sum
   int max_partitions;  // v2
   bool prefill_tiled;  // rows of sequences with q_len > 1 are the tiled prefill kernel's
   float scale;
   int q_stride;  // elements between query rows (token-strided: >= Hq * D)
 };
+static_assert(sizeof(Params) <= 128, "paged_attention_params.h: the SIMT kernels' 128 bytes");
+
+// The first position a row with ctx keys sees (the window's first, or 0).
+__device__ __forceinline__ int FirstKey(const Params& p, int ctx) {
+  return p.sliding_window > 0 ? max(0, ctx - p.sliding_window) : 0;
+}
+
+// A score (scale applied) after the softcap, when there is one.
+__device__ __forceinline__ float SoftCap(const Params& p, float s) {
+  return p.softcap > 0.0f ? p.softcap * tanhf(s / p.softcap) : s;
+}
 
 // Where query row t reads from: its sequence and its number of keys; ctx = -1 when the
 // metadata cannot hold (then the row's output is NaN).
@@ -142,17 +156,18 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionKernel(Params p) {
   if (p.prefill_tiled && row.multi) return;      // PrefillAttentionKernel's row
   const int64_t head_row = t * p.num_heads + h;  // index of (t, h)
 
-  int start = 0, end = row.ctx;
+  int start = FirstKey(p, row.ctx), end = row.ctx;
   if constexpr (kPartitioned) {
     const int z = blockIdx.z;
     const int64_t part = head_row * p.max_partitions + z;  // index of (t, h, z)
     if (row.ctx < 0) return;                               // the reduction writes NaN
-    start = z * kChunk;
-    end = min(row.ctx, start + kChunk);
+    start += z * kChunk;
+    end =
+        static_cast<int>(min(static_cast<int64_t>(row.ctx), static_cast<int64_t>(start) + kChunk));
     if (start >= end) {  // past this row's context: an empty partition
       if (threadIdx.x == 0) {
-        p.max_logits[part] = -INFINITY;
-        p.exp_sums[part] = 0.0f;
+        p.ml[2 * part] = -INFINITY;
+        p.ml[2 * part + 1] = 0.0f;
       }
       if (threadIdx.x < kHeadSize) p.tmp_out[part * kHeadSize + threadIdx.x] = 0.0f;
       return;
@@ -190,7 +205,7 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionKernel(Params p) {
         for (int j = 0; j < kPerLane; ++j) dot += q[j] * cuda_internal::ToFloat(k[lane + 32 * j]);
       }
       dot = cuda_internal::WarpSum(dot);
-      if (lane == 0) logits[i] = off >= 0 ? dot : NAN;
+      if (lane == 0) logits[i] = off >= 0 ? SoftCap(p, dot) : NAN;
     }
     __syncthreads();
     // 2. softmax of the chunk against the running max
@@ -239,8 +254,8 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionKernel(Params p) {
     const int64_t part = head_row * p.max_partitions + blockIdx.z;
     p.tmp_out[part * kHeadSize + d] = sum;  // tmp_out[t][h][z][d], unnormalized
     if (d == 0) {
-      p.max_logits[part] = m;
-      p.exp_sums[part] = l;
+      p.ml[2 * part] = m;
+      p.ml[2 * part + 1] = l;
     }
   } else {
     out[head_row * kHeadSize + d] = cuda_internal::FromFloat<QT>(sum / l);  // out[t][h][d]
@@ -248,7 +263,7 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionKernel(Params p) {
 }
 
 // v2's reduction, grid (T, Hq), kThreads threads (>= kHeadSize): combines the row's
-// ceil(ctx / kChunk) partitions.
+// ceil((ctx - first) / kChunk) partitions.
 template <typename QT, int kHeadSize>
 __global__ void __launch_bounds__(kThreads) PagedAttentionReduceKernel(Params p) {
   const int64_t t = blockIdx.x;
@@ -259,18 +274,18 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionReduceKernel(Params p)
   QT* o = static_cast<QT*>(p.out) + head_row * kHeadSize;  // out[t][h][:]
   const Row row = FindRow(p, t);
   if (p.prefill_tiled && row.multi) return;  // PrefillAttentionKernel's row
-  const int num_parts = row.ctx < 0 ? -1 : (row.ctx + kChunk - 1) / kChunk;
+  const int num_parts = row.ctx < 0 ? -1 : (row.ctx - FirstKey(p, row.ctx) + kChunk - 1) / kChunk;
   if (num_parts <= 0 || num_parts > p.max_partitions) {
     o[d] = cuda_internal::FromFloat<QT>(NAN);
     return;
   }
   const int64_t base = head_row * p.max_partitions;  // (t, h, 0)
   float max_all = -INFINITY;
-  for (int z = 0; z < num_parts; ++z) max_all = fmaxf(max_all, p.max_logits[base + z]);
+  for (int z = 0; z < num_parts; ++z) max_all = fmaxf(max_all, p.ml[2 * (base + z)]);
   float sum = 0.0f, acc = 0.0f;
   for (int z = 0; z < num_parts; ++z) {
-    const float w = expf(p.max_logits[base + z] - max_all);
-    sum += p.exp_sums[base + z] * w;
+    const float w = expf(p.ml[2 * (base + z)] - max_all);
+    sum += p.ml[2 * (base + z) + 1] * w;
     acc += p.tmp_out[(base + z) * kHeadSize + d] * w;
   }
   o[d] = cuda_internal::FromFloat<QT>(acc / sum);
@@ -281,9 +296,10 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionReduceKernel(Params p)
 // sum_s ceil(q_len_s / kTileQ) over q_len > 1 when the host knows the q_lens, else
 // ceil(T / kTileQ) + S, enough for any split of the T rows into sequences (surplus blocks exit).
 // Flash-attention style: the tile's queries stay in shared memory while K and V come through the
-// block table kTileK positions at a time, with an online softmax per row and the causal mask key
-// position <= p_r = seq_len - q_len + j0 + r:
-//   s[r][c] = scale q[t0 + r][h][:] . K[k0 + c][kvh][:]   (-inf where masked)
+// block table kTileK positions at a time (from the window's first position of row 0), with an
+// online softmax per row and the causal mask key position <= p_r = seq_len - q_len + j0 + r
+// (and with a window W, > p_r - W):
+//   s[r][c] = cap(scale q[t0 + r][h][:] . K[k0 + c][kvh][:])   (-inf where masked)
 //   m'[r] = max(m[r], max_c s[r][c]);  P[r][c] = e^(s[r][c] - m'[r]);
 //   l[r] = l[r] e^(m[r] - m'[r]) + sum_c P[r][c];  O[r][:] = O[r][:] e^(m[r] - m'[r]) + P[r] V
 // and out[t0 + r][h][:] = O[r][:] / l[r]. Each K and V is read once per kTileQ rows instead of
@@ -349,7 +365,9 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(Params p) {
 #pragma unroll
   for (int i = 0; i < kOutPerThread; ++i) o[i] = 0.0f;
 
-  for (int64_t k0 = 0; k0 <= last_pos; k0 += kTileK) {
+  const int window = p.sliding_window;
+  const int64_t first_key = window > 0 ? max(static_cast<int64_t>(0), first_pos - window + 1) : 0;
+  for (int64_t k0 = first_key; k0 <= last_pos; k0 += kTileK) {
     __syncthreads();  // the previous tile's reads of k_s, v_s, s_s and corr_s are done
     for (int e = threadIdx.x; e < kTileK * kHeadSize; e += kThreads) {
       const int c = e / kHeadSize, d = e % kHeadSize;
@@ -367,10 +385,12 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(Params p) {
     for (int e = threadIdx.x; e < kTileQ * kTileK; e += kThreads) {
       const int r = e / kTileK, c = e % kTileK;
       float score = -INFINITY;
-      if (r < rows && k0 + c <= first_pos + r) {
+      if (r < rows && k0 + c <= first_pos + r &&
+          (window == 0 || first_pos + r - (k0 + c) < window)) {
         score = 0.0f;
 #pragma unroll 8
         for (int d = 0; d < kHeadSize; ++d) score += q_s[r][d] * k_s[c][d];
+        score = SoftCap(p, score);
       }
       s_s[r][c] = score;
     }
@@ -379,7 +399,8 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(Params p) {
       const int r = threadIdx.x;
       float m_new = m_s[r];
       for (int c = 0; c < kTileK; ++c) m_new = fmaxf(m_new, s_s[r][c]);
-      // A row with no key yet (only padding rows r >= rows) keeps m = -inf and P = 0.
+      // A row with no key yet (padding rows r >= rows, and rows whose window starts past this
+      // tile) keeps m = -inf and P = 0.
       const bool none = m_new == -INFINITY;
       const float corr = none ? 1.0f : expf(m_s[r] - m_new);  // 0 on the first tile
       float sum = 0.0f;
@@ -397,13 +418,16 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(Params p) {
     for (int i = 0; i < kOutPerThread; ++i) {
       const int e = threadIdx.x + i * kThreads;
       const int r = e / kHeadSize, d = e % kHeadSize;
-      // Row r sees columns c <= last_c only. A masked column's P is 0, but its V (a slot this
-      // row must not read: unwritten, poisoned, a later token's) may be NaN and 0 x NaN = NaN,
-      // so masked columns are selected away, never multiplied.
+      // Row r sees columns first_c <= c <= last_c only. A masked column's P is 0, but its V (a
+      // slot this row must not read: unwritten, poisoned, a later token's) may be NaN and
+      // 0 x NaN = NaN, so masked columns are selected away, never multiplied.
       const int64_t last_c = first_pos + r - k0;
+      const int64_t first_c = window > 0 ? last_c - window + 1 : INT64_MIN;
       float acc = o[i] * corr_s[r];
 #pragma unroll 8
-      for (int c = 0; c < kTileK; ++c) acc += c <= last_c ? s_s[r][c] * v_s[c][d] : 0.0f;
+      for (int c = 0; c < kTileK; ++c) {
+        acc += c <= last_c && c >= first_c ? s_s[r][c] * v_s[c][d] : 0.0f;
+      }
       o[i] = acc;
     }
   }
@@ -501,7 +525,7 @@ OpStatus LaunchForDType(cudaStream_t stream, const Params& params, DType query_d
 // The 16-bit path (see the file comment).
 OpStatus PagedAttention16(const OpContext& ctx, const TensorView& out, const TensorView& query,
                           const TensorView& key_cache, const TensorView& value_cache,
-                          const AttentionMetadata& metadata, float scale,
+                          const AttentionMetadata& metadata, const AttentionOptions& options,
                           PagedAttentionVersion version) {
   constexpr const char* kOp = "PagedAttention";
   if (version != PagedAttentionVersion::kAuto) {
@@ -534,11 +558,13 @@ OpStatus PagedAttention16(const OpContext& ctx, const TensorView& out, const Ten
   in.query_start_loc_host = metadata.query_start_loc_host;
   in.seq_lens_host = metadata.seq_lens_host;
   in.workspace_bytes = ctx.workspace != nullptr ? ctx.workspace_bytes : 0;
+  in.sliding_window = options.sliding_window;
   DecodePlan plan;
   if (std::string err = PlanDecode(in, &plan); !err.empty()) {
     return cuda_internal::Error(kOp, err);
   }
-  if (OpStatus st = DecodeAttention(ctx, out, query, key_cache, value_cache, metadata, scale, plan);
+  if (OpStatus st =
+          DecodeAttention(ctx, out, query, key_cache, value_cache, metadata, options, plan);
       !st.ok()) {
     return st;
   }
@@ -551,14 +577,14 @@ OpStatus PagedAttention16(const OpContext& ctx, const TensorView& out, const Ten
     for (int64_t s = 0; s < num_seqs; ++s) prefill = prefill || qsl[s + 1] - qsl[s] > 1;
   }
   if (!prefill) return OpStatus::Ok();
-  return PrefillAttentionMma(ctx, out, query, key_cache, value_cache, metadata, scale);
+  return PrefillAttentionMma(ctx, out, query, key_cache, value_cache, metadata, options);
 }
 
 }  // namespace
 
 OpStatus PagedAttentionSimt(const OpContext& ctx, const TensorView& out, const TensorView& query,
                             const TensorView& key_cache, const TensorView& value_cache,
-                            const AttentionMetadata& metadata, float scale,
+                            const AttentionMetadata& metadata, const AttentionOptions& options,
                             PagedAttentionVersion version) {
   constexpr const char* kOp = "PagedAttention";
   const int64_t num_tokens = query.shape[0], num_heads = query.shape[1];
@@ -587,6 +613,7 @@ OpStatus PagedAttentionSimt(const OpContext& ctx, const TensorView& out, const T
   in.head_size = head_size;
   in.num_seqs = num_seqs;
   in.max_seq_len = metadata.max_seq_len;
+  in.sliding_window = options.sliding_window;
   in.version = version;
   in.query_start_loc_host = metadata.query_start_loc_host;
   in.workspace_bytes = ctx.workspace != nullptr ? ctx.workspace_bytes : 0;
@@ -600,19 +627,18 @@ OpStatus PagedAttentionSimt(const OpContext& ctx, const TensorView& out, const T
                                          " needs more partitions than one launch takes");
   }
   Params params{};
-  FillPagedAttentionParams(out, query, key_cache, value_cache, metadata, &params);
+  FillPagedAttentionParams(out, query, key_cache, value_cache, metadata, options, &params);
   params.q_stride = static_cast<int>(internal::TokenStride(query));
-  params.scale = scale;
+  params.scale = options.scale;
   // kAuto: prefill chunks (q_len > 1) go to the tiled kernel, the other rows to v1 or v2.
   params.prefill_tiled = plan.prefill_tiled;
   if (plan.v2) {
-    // The caller's workspace: tmp_out, then max_logits, then exp_sums (stream-ordered on
+    // The caller's workspace: tmp_out, then the (max, sum) pairs (stream-ordered on
     // ctx.stream, like every use of it).
     params.max_partitions = static_cast<int>(plan.max_partitions);
     const size_t parts = static_cast<size_t>(num_tokens * num_heads * plan.max_partitions);
     params.tmp_out = static_cast<float*>(ctx.workspace);
-    params.max_logits = params.tmp_out + parts * head_size;
-    params.exp_sums = params.max_logits + parts;
+    params.ml = params.tmp_out + parts * head_size;
   }
   return LaunchForDType(cuda_internal::AsStream(ctx.stream), params, query.dtype, key_cache.dtype,
                         num_tokens, head_size, plan);
@@ -620,7 +646,7 @@ OpStatus PagedAttentionSimt(const OpContext& ctx, const TensorView& out, const T
 
 OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const TensorView& query,
                         const TensorView& key_cache, const TensorView& value_cache,
-                        const AttentionMetadata& metadata, float scale,
+                        const AttentionMetadata& metadata, const AttentionOptions& options,
                         PagedAttentionVersion version) {
   // 16-bit queries at head sizes 64 and 128 (kAuto, 16-byte aligned): the GQA-shared decode
   // kernel and the tensor-core prefill kernel. Everything else (f32 queries, head sizes 16 and
@@ -641,9 +667,18 @@ OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const Tenso
       return cuda_internal::Error(kOp,
                                   std::to_string(num_tokens) + " query tokens but no sequences");
     }
-    return PagedAttention16(ctx, out, query, key_cache, value_cache, metadata, scale, version);
+    return PagedAttention16(ctx, out, query, key_cache, value_cache, metadata, options, version);
   }
-  return PagedAttentionSimt(ctx, out, query, key_cache, value_cache, metadata, scale, version);
+  return PagedAttentionSimt(ctx, out, query, key_cache, value_cache, metadata, options, version);
+}
+
+OpStatus PagedAttention(const OpContext& ctx, const TensorView& out, const TensorView& query,
+                        const TensorView& key_cache, const TensorView& value_cache,
+                        const AttentionMetadata& metadata, float scale,
+                        PagedAttentionVersion version) {
+  AttentionOptions options;
+  options.scale = scale;
+  return PagedAttention(ctx, out, query, key_cache, value_cache, metadata, options, version);
 }
 
 }  // namespace llm::ops::cuda

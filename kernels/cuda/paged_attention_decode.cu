@@ -5,7 +5,11 @@
 // (sequence s, KV head kvh, head chunk c, split z) serves the query heads
 // kvh x G + c x kGroup .. + kGroup - 1 (G = Hq / Hkv query heads share KV head kvh; kGroup =
 // min(G, kDecodeMaxGroup) rounded up to 1, 2, 4 or 8) over the positions
-// z x split_keys .. min(ctx, (z + 1) x split_keys) - 1 (all of 0 .. ctx - 1 with one split).
+// base + z x split_keys .. min(ctx, base + (z + 1) x split_keys) - 1 (all of base .. ctx - 1
+// with one split). base = 0 without a sliding window; with a window W, DecodeWindowStart
+// (paged_attention_plan.h): the window's first position ctx - W rounded down to a multiple of
+// 64, the positions before ctx - W masked like those past the end (their K and V not loaded)
+// in the few warp tiles that hold them, so that the tiles stay page-aligned.
 // Sequences with q_len != 1 exit at once (their rows are PrefillAttentionMma's).
 //
 // Inside the CTA a "key group" of kLanes = D / 8 lanes reads one key (or value) row with one
@@ -18,7 +22,8 @@
 //      the loop),
 //   2. loads the kKeys K row slices and computes, for each of the kGroup query heads, its part
 //      of q . k (8 FMAs per key and head; q pre-scaled by scale x log2(e)), summed over the key
-//      group's lanes by xor shuffles: the log2-domain scores s[j][h],
+//      group's lanes by xor shuffles: the log2-domain scores s[j][h] (with a softcap c:
+//      c2 tanh(s / c2), c2 = c log2(e), the cap in the log2 domain),
 //   3. updates its running max m[h] and sum l[h] (exp2: log2(e) is in the scale) and rescales
 //      its output slice acc[h][8],
 //   4. loads the kKeys V row slices and accumulates acc[h][:] += p[j][h] v[j][:].
@@ -63,6 +68,7 @@ struct DecodeParams : PagedAttentionParams {
   int num_splits;
   int split_keys;  // num_splits > 1
   float scale_log2;
+  float softcap_log2;  // softcap x log2(e); 0 = none
 };
 
 // The 8 values of a 16-byte load of bf16 or f16, as f32.
@@ -104,10 +110,19 @@ __device__ __forceinline__ Pack16 Load16(const void* p) {
   return __ldg(static_cast<const Pack16*>(p));
 }
 
+// The first position the CTAs of a context of ctx keys read: DecodeWindowStart
+// (paged_attention_plan.h), 0 without a window.
+__device__ __forceinline__ int64_t WindowBase(const DecodeParams& p, int64_t ctx) {
+  return p.sliding_window > 0 && ctx > p.sliding_window
+             ? (ctx - p.sliding_window) / kDecodeSplitAlign * kDecodeSplitAlign
+             : 0;
+}
+
 // Whether sequence s's decode row is unusable (see the file comment); ctx = seq_lens[s].
 __device__ __forceinline__ bool BadContext(const DecodeParams& p, int64_t ctx) {
   return ctx <= 0 || ctx > static_cast<int64_t>(p.max_blocks) * p.block_size ||
-         (p.num_splits > 1 && ctx > static_cast<int64_t>(p.num_splits) * p.split_keys) ||
+         (p.num_splits > 1 &&
+          ctx - WindowBase(p, ctx) > static_cast<int64_t>(p.num_splits) * p.split_keys) ||
          p.num_blocks <= 0;
 }
 
@@ -121,11 +136,12 @@ struct State {
 };
 
 // One tile of kKeys positions pos0 .. pos0 + kKeys - 1 of one key group (see the file
-// comment). kMasked: positions at or past `end` are skipped (the last tile of a CTA's range);
-// else all are < end.
+// comment). kMasked: positions before `begin` (the window's first) or at or past `end` are
+// skipped (the first tiles of a windowed range, the last tile of a CTA's range); else all are
+// in [begin, end).
 template <typename T, int kHeadSize, int kGroup, int kKeys, bool kOnePage, bool kMasked>
 __device__ __forceinline__ void Tile(const DecodeParams& p, const int32_t* table, int64_t kv_base,
-                                     int pos0, int end, const float (&q)[kGroup][kVec],
+                                     int pos0, int begin, int end, const float (&q)[kGroup][kVec],
                                      State<kGroup>& st) {
   constexpr int kLanes = kHeadSize / kVec;
   const int64_t pos_stride = static_cast<int64_t>(p.num_kv_heads) * kHeadSize;  // one slot
@@ -134,7 +150,7 @@ __device__ __forceinline__ void Tile(const DecodeParams& p, const int32_t* table
   int64_t off[kKeys];
   bool bad[kKeys];
   if constexpr (kOnePage) {  // a power-of-two block size >= kKeys: the tile lies in one page
-    const bool any = !kMasked || pos0 < end;
+    const bool any = !kMasked || (pos0 < end && pos0 + kKeys > begin);
     const int32_t block = any ? __ldg(table + (pos0 >> p.block_shift)) : 0;
     const bool ok = block >= 0 && block < p.num_blocks;
     const int64_t first =
@@ -151,7 +167,7 @@ __device__ __forceinline__ void Tile(const DecodeParams& p, const int32_t* table
 #pragma unroll
     for (int j = 0; j < kKeys; ++j) {
       const int pos = pos0 + j;
-      const bool live = !kMasked || pos < end;
+      const bool live = !kMasked || (pos >= begin && pos < end);
       const int32_t block = live ? __ldg(table + pos / p.block_size) : 0;
       const bool ok = block >= 0 && block < p.num_blocks;
       off[j] = ok ? (static_cast<int64_t>(block) * p.block_size + pos % p.block_size) * pos_stride +
@@ -166,7 +182,7 @@ __device__ __forceinline__ void Tile(const DecodeParams& p, const int32_t* table
   float s[kKeys][kGroup];
 #pragma unroll
   for (int j = 0; j < kKeys; ++j) {
-    const bool live = !kMasked || pos0 + j < end;
+    const bool live = !kMasked || (pos0 + j >= begin && pos0 + j < end);
     Pack16 raw{};
     if (live) raw = Load16(key_cache + off[j]);
     float k[kVec];
@@ -187,9 +203,18 @@ __device__ __forceinline__ void Tile(const DecodeParams& p, const int32_t* table
       for (int h = 0; h < kGroup; ++h) s[j][h] += __shfl_xor_sync(0xffffffffu, s[j][h], off_lane);
     }
   }
+  if (p.softcap_log2 > 0.0f) {
+#pragma unroll
+    for (int j = 0; j < kKeys; ++j) {
+#pragma unroll
+      for (int h = 0; h < kGroup; ++h) {
+        s[j][h] = p.softcap_log2 * tanhf(s[j][h] / p.softcap_log2);
+      }
+    }
+  }
 #pragma unroll
   for (int j = 0; j < kKeys; ++j) {
-    const bool live = !kMasked || pos0 + j < end;
+    const bool live = !kMasked || (pos0 + j >= begin && pos0 + j < end);
 #pragma unroll
     for (int h = 0; h < kGroup; ++h) {
       s[j][h] = !live ? -INFINITY : (bad[j] ? NAN : s[j][h]);
@@ -217,7 +242,7 @@ __device__ __forceinline__ void Tile(const DecodeParams& p, const int32_t* table
   // 4. Values. A masked position's V is not read (0), and its p is 0.
 #pragma unroll
   for (int j = 0; j < kKeys; ++j) {
-    const bool live = !kMasked || pos0 + j < end;
+    const bool live = !kMasked || (pos0 + j >= begin && pos0 + j < end);
     Pack16 raw{};
     if (live) raw = Load16(value_cache + off[j]);
     float v[kVec];
@@ -267,7 +292,11 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(DecodeParams p
     }
     return;
   }
-  const int start = p.num_splits > 1 ? z * p.split_keys : 0;
+  const int64_t base = WindowBase(p, ctx);  // 0 without a window
+  const int begin = static_cast<int>(p.sliding_window > 0 && ctx > p.sliding_window
+                                         ? ctx - p.sliding_window
+                                         : 0);  // the window's first position
+  const int start = static_cast<int>(base) + (p.num_splits > 1 ? z * p.split_keys : 0);
   const int end = p.num_splits > 1
                       ? static_cast<int>(min(ctx, static_cast<int64_t>(start) + p.split_keys))
                       : static_cast<int>(ctx);
@@ -296,27 +325,40 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(DecodeParams p
   const int64_t kv_base = static_cast<int64_t>(kvh) * kHeadSize + klane * kVec;
   const int sub = (lane / kLanes) * kKeys;  // this key group's first position in a warp tile
   const int len = end - start;
-  const int full = len / kWarpTile;  // warp tiles with every position < end
-  // Two copies of the loop, so that the hot one has only its own page lookup.
+  const int full = len / kWarpTile;                     // warp tiles with every position < end
+  const int tiles = (len + kWarpTile - 1) / kWarpTile;  // ... and the last, partial one
+  // Warp tiles 0 .. clean - 1 hold positions before the window (begin - start < 64 of them,
+  // in the first split only): masked, like the last partial tile.
+  const int clean = (max(begin - start, 0) + kWarpTile - 1) / kWarpTile;
+  // Two copies of the loops, so that the hot one has only its own page lookup; each warp
+  // takes its tiles in order: the masked first ones, the full ones, the partial last one.
   if (p.block_shift >= 0 && p.block_size >= kKeys) {
     int tile = warp;
-    for (; tile < full; tile += kWarps) {
-      Tile<T, kHeadSize, kGroup, kKeys, true, false>(p, table, kv_base,
-                                                     start + tile * kWarpTile + sub, end, q, st);
+    for (; tile < clean && tile < tiles; tile += kWarps) {
+      Tile<T, kHeadSize, kGroup, kKeys, true, true>(
+          p, table, kv_base, start + tile * kWarpTile + sub, begin, end, q, st);
     }
-    if (tile == full && len % kWarpTile != 0) {  // the last, partial warp tile: one warp
-      Tile<T, kHeadSize, kGroup, kKeys, true, true>(p, table, kv_base,
-                                                    start + tile * kWarpTile + sub, end, q, st);
+    for (; tile < full; tile += kWarps) {
+      Tile<T, kHeadSize, kGroup, kKeys, true, false>(
+          p, table, kv_base, start + tile * kWarpTile + sub, begin, end, q, st);
+    }
+    if (tile < tiles) {  // the last, partial warp tile: one warp
+      Tile<T, kHeadSize, kGroup, kKeys, true, true>(
+          p, table, kv_base, start + tile * kWarpTile + sub, begin, end, q, st);
     }
   } else {
     int tile = warp;
-    for (; tile < full; tile += kWarps) {
-      Tile<T, kHeadSize, kGroup, kKeys, false, false>(p, table, kv_base,
-                                                      start + tile * kWarpTile + sub, end, q, st);
+    for (; tile < clean && tile < tiles; tile += kWarps) {
+      Tile<T, kHeadSize, kGroup, kKeys, false, true>(
+          p, table, kv_base, start + tile * kWarpTile + sub, begin, end, q, st);
     }
-    if (tile == full && len % kWarpTile != 0) {
-      Tile<T, kHeadSize, kGroup, kKeys, false, true>(p, table, kv_base,
-                                                     start + tile * kWarpTile + sub, end, q, st);
+    for (; tile < full; tile += kWarps) {
+      Tile<T, kHeadSize, kGroup, kKeys, false, false>(
+          p, table, kv_base, start + tile * kWarpTile + sub, begin, end, q, st);
+    }
+    if (tile < tiles) {
+      Tile<T, kHeadSize, kGroup, kKeys, false, true>(
+          p, table, kv_base, start + tile * kWarpTile + sub, begin, end, q, st);
     }
   }
 
@@ -388,7 +430,7 @@ __global__ void __launch_bounds__(kThreads) DecodeReduceKernel(DecodeParams p) {
     out[d] = cuda_internal::FromFloat<T>(NAN);
     return;
   }
-  const int n = static_cast<int>((ctx + p.split_keys - 1) / p.split_keys);
+  const int n = static_cast<int>((ctx - WindowBase(p, ctx) + p.split_keys - 1) / p.split_keys);
   const int64_t base = (static_cast<int64_t>(s) * p.num_heads + h) * p.num_splits;
   float m = -INFINITY;
   for (int z = 0; z < n; ++z) m = fmaxf(m, p.part_ml[2 * (base + z)]);
@@ -446,7 +488,8 @@ OpStatus LaunchForHeadSize(cudaStream_t stream, const DecodeParams& params, int6
 
 OpStatus DecodeAttention(const OpContext& ctx, const TensorView& out, const TensorView& query,
                          const TensorView& key_cache, const TensorView& value_cache,
-                         const AttentionMetadata& metadata, float scale, const DecodePlan& plan) {
+                         const AttentionMetadata& metadata, const AttentionOptions& options,
+                         const DecodePlan& plan) {
   constexpr const char* kOp = "PagedAttention";
   if (!plan.launch) return OpStatus::Ok();
   const int64_t head_size = query.shape[2];
@@ -457,13 +500,14 @@ OpStatus DecodeAttention(const OpContext& ctx, const TensorView& out, const Tens
                  " bytes of workspace, got " + std::to_string(ctx.workspace_bytes));
   }
   DecodeParams params{};
-  FillPagedAttentionParams(out, query, key_cache, value_cache, metadata, &params);
+  FillPagedAttentionParams(out, query, key_cache, value_cache, metadata, options, &params);
   params.q_stride = internal::TokenStride(query);
   params.group = static_cast<int>(plan.group);
   params.head_chunks = static_cast<int>(plan.head_chunks);
   params.num_splits = static_cast<int>(plan.num_splits);
   params.split_keys = static_cast<int>(plan.split_keys);
-  params.scale_log2 = scale * 1.4426950408889634f;  // log2(e)
+  params.scale_log2 = options.scale * 1.4426950408889634f;  // log2(e)
+  params.softcap_log2 = options.softcap * 1.4426950408889634f;
   if (plan.num_splits > 1) {
     const int64_t parts = metadata.seq_lens.shape[0] * query.shape[1] * plan.num_splits;
     params.part_out = static_cast<float*>(ctx.workspace);

@@ -18,10 +18,12 @@ namespace llm::ops::cuda {
 // query may be token-strided, its token stride a multiple of 16 bytes); head
 // sizes 64 and 128; `plan` from PlanDecode for this batch, whose partials (num_splits > 1) go
 // to ctx.workspace (an error when it is smaller than plan.workspace_bytes). Enqueued on
-// ctx.stream. The arguments have been checked by ops::PagedAttention.
+// ctx.stream; options as ops::PagedAttention takes them (the plan made with their window). The
+// arguments have been checked by ops::PagedAttention.
 OpStatus DecodeAttention(const OpContext& ctx, const TensorView& out, const TensorView& query,
                          const TensorView& key_cache, const TensorView& value_cache,
-                         const AttentionMetadata& metadata, float scale, const DecodePlan& plan);
+                         const AttentionMetadata& metadata, const AttentionOptions& options,
+                         const DecodePlan& plan);
 
 }  // namespace llm::ops::cuda
 

@@ -1,5 +1,6 @@
 // What every CUDA paged-attention kernel is told about the batch: the tensors and their sizes
-// (kernels/ops.h's PagedAttention arguments as device pointers and ints), filled by
+// (kernels/ops.h's PagedAttention arguments as device pointers and ints) and the options'
+// sliding window and softcap (the scale each launcher folds in its own way), filled by
 // FillPagedAttentionParams. Each launcher's parameter struct derives from PagedAttentionParams
 // and adds only what is its own: the query's row stride, at the width its kernels' code is tuned
 // for (below), and the SIMT kernels' split-K workspace and scale (paged_attention.cu), the decode
@@ -37,6 +38,10 @@ struct PagedAttentionParams {
   int num_kv_heads;  // Hkv
   int block_size;
   int block_shift;  // log2(block_size) when a power of two, else -1 (the decode page lookup)
+  // AttentionOptions::sliding_window W: the row at position p sees max(0, p - W + 1) .. p;
+  // 0 = none (0 .. p).
+  int sliding_window;
+  float softcap;  // AttentionOptions::softcap; 0 = none
   int64_t num_blocks;
 };
 
@@ -45,6 +50,7 @@ struct PagedAttentionParams {
 inline void FillPagedAttentionParams(const TensorView& out, const TensorView& query,
                                      const TensorView& key_cache, const TensorView& value_cache,
                                      const AttentionMetadata& metadata,
+                                     const AttentionOptions& options,
                                      PagedAttentionParams* params) {
   params->out = out.data;
   params->query = query.data;
@@ -59,6 +65,8 @@ inline void FillPagedAttentionParams(const TensorView& out, const TensorView& qu
   params->num_heads = static_cast<int>(query.shape[1]);
   params->num_kv_heads = static_cast<int>(key_cache.shape[2]);
   params->block_size = static_cast<int>(key_cache.shape[1]);
+  params->sliding_window = options.sliding_window;
+  params->softcap = options.softcap;
   params->block_shift = -1;
   for (int b = 0; b < 31; ++b) {
     if ((int64_t{1} << b) == key_cache.shape[1]) params->block_shift = b;

@@ -15,9 +15,10 @@
 // Without it both are launched, the prefill grid sized for any split of T rows:
 // ceil(T / kPrefillTileRows) + S (surplus blocks exit).
 //
-// v2's workspace (tmp_out [T, Hq, P, D], then max_logits and exp_sums [T, Hq, P], f32;
-// P = ceil(max_seq_len / kPartitionSize)) is the caller's: OpContext::workspace, allocated once
-// with PagedAttentionWorkspaceBytes. The launcher never allocates.
+// v2's workspace (tmp_out [T, Hq, P, D], then (max_logit, exp_sum) pairs [T, Hq, P, 2], f32;
+// P = ceil(K / kPartitionSize), K = max_seq_len, or min(max_seq_len, W) with a sliding window
+// W: v2's partitions cover each row's window only) is the caller's: OpContext::workspace,
+// allocated once with PagedAttentionWorkspaceBytes. The launcher never allocates.
 //
 // Host-only (no CUDA headers); pure functions, thread-safe.
 #ifndef LLM_KERNELS_CUDA_PAGED_ATTENTION_PLAN_H_
@@ -64,6 +65,17 @@ inline constexpr int kDecodeMaxGroup = 8;
 // A split is at least this many keys (fewer would cost more in the reduction than they save).
 inline constexpr int kDecodeMinSplitKeys = 256;
 inline constexpr int kDecodeSplitAlign = 64;
+
+// With a sliding window W > 0 the decode kernel reads a context of ctx keys from
+// DecodeWindowStart: the window's first position ctx - W rounded down to a multiple of
+// kDecodeSplitAlign (so that its tiles stay aligned to the pages; the positions before the
+// window are masked, never loaded), and its splits cover the DecodeKeys positions from there.
+inline int64_t DecodeWindowStart(int64_t ctx, int64_t window) {
+  return window > 0 && ctx > window ? (ctx - window) / kDecodeSplitAlign * kDecodeSplitAlign : 0;
+}
+inline int64_t DecodeKeys(int64_t ctx, int64_t window) {
+  return ctx - DecodeWindowStart(ctx, window);
+}
 // CTAs of kDecodeThreads resident per SM taken as one wave; the plan aims at two waves.
 inline constexpr int kDecodeCtasPerSm = 4;
 // The most (sequence, query head, split) partials a plan writes: bounds the workspace.
@@ -112,6 +124,7 @@ struct DecodePlanInput {
   std::span<const int32_t> query_start_loc_host;  // [S + 1] or empty (unknown)
   std::span<const int32_t> seq_lens_host;         // [S] or empty (unknown)
   size_t workspace_bytes = 0;                     // OpContext::workspace_bytes
+  int sliding_window = 0;  // AttentionOptions::sliding_window: the keys split are DecodeKeys
 };
 
 struct DecodePlan {
@@ -129,7 +142,9 @@ struct DecodePlan {
 // waves (2 x num_sms x kDecodeCtasPerSm) and the context is long, each sequence's context is
 // split so that all sequences' splits make about two waves, the splits no shorter than
 // kDecodeMinSplitKeys; the keys counted are seq_lens_host's (of the decode sequences) when
-// given, else max_seq_len per sequence; without either, no split. The splits are cut to fit
+// given, else max_seq_len per sequence; without either, no split. With a sliding window the
+// keys of a context are DecodeKeys (at most W + kDecodeSplitAlign - 1; that bound with
+// max_seq_len only). The splits are cut to fit
 // the workspace and kDecodeMaxPartials. "" on success, else what is wrong with the host
 // metadata (without the op's name).
 inline std::string PlanDecode(const DecodePlanInput& in, DecodePlan* plan) {
@@ -156,7 +171,11 @@ inline std::string PlanDecode(const DecodePlanInput& in, DecodePlan* plan) {
       if (qsl[s + 1] - qsl[s] != 1) continue;
     }
     ++decode_seqs;
-    const int64_t len = lens.empty() ? in.max_seq_len : lens[s];
+    int64_t len = lens.empty() ? in.max_seq_len : lens[s];
+    if (len > 0 && in.sliding_window > 0) {
+      const int64_t bound = static_cast<int64_t>(in.sliding_window) + kDecodeSplitAlign - 1;
+      len = lens.empty() ? (len < bound ? len : bound) : DecodeKeys(len, in.sliding_window);
+    }
     if (len > 0) {
       total_keys += len;
       if (len > max_len) max_len = len;
@@ -198,8 +217,9 @@ struct PagedAttentionPlanInput {
   int64_t num_tokens = 0;  // T > 0
   int64_t num_heads = 0;   // Hq > 0
   int64_t head_size = 0;
-  int64_t num_seqs = 0;  // S > 0
-  int max_seq_len = 0;   // metadata.max_seq_len (0 = unknown)
+  int64_t num_seqs = 0;    // S > 0
+  int max_seq_len = 0;     // metadata.max_seq_len (0 = unknown)
+  int sliding_window = 0;  // AttentionOptions::sliding_window: v2 partitions min(max_seq_len, W)
   PagedAttentionVersion version = PagedAttentionVersion::kAuto;
   std::span<const int32_t> query_start_loc_host;  // [S + 1] or empty (unknown)
   size_t workspace_bytes = 0;                     // OpContext::workspace_bytes
@@ -208,7 +228,7 @@ struct PagedAttentionPlanInput {
 struct PagedAttentionPlan {
   bool rows = false;           // launch v1 or v2 over (T, Hq)
   bool v2 = false;             // ... split into max_partitions, plus the reduction
-  int64_t max_partitions = 0;  // v2: ceil(max_seq_len / kPartitionSize)
+  int64_t max_partitions = 0;  // v2: ceil(K / kPartitionSize), K: the keys a row sees at most
   bool prefill_tiled = false;  // the row kernels leave the rows of q_len > 1 to the tiled one
   int64_t prefill_tiles = 0;   // grid x of the tiled prefill kernel; 0 = not launched
   size_t workspace_bytes = 0;  // of OpContext::workspace that v2 uses
@@ -240,6 +260,10 @@ inline std::string PlanPagedAttention(const PagedAttentionPlanInput& in, PagedAt
     }
   }
   const bool known = !qsl.empty();
+  // The keys a row sees at most: max_seq_len, or the window when shorter.
+  const int64_t max_keys = in.sliding_window > 0 && in.sliding_window < in.max_seq_len
+                               ? in.sliding_window
+                               : in.max_seq_len;
   bool want_v2 = false;
   switch (in.version) {
     case PagedAttentionVersion::kV1:
@@ -257,20 +281,19 @@ inline std::string PlanPagedAttention(const PagedAttentionPlanInput& in, PagedAt
           known ? prefill_tiles
                 : (in.num_tokens + kPrefillTileRows - 1) / kPrefillTileRows + in.num_seqs;
       // Split the context when there are too few (row, head) blocks to fill the device.
-      want_v2 = plan->rows && in.max_seq_len > kPartitionSize &&
+      want_v2 = plan->rows && max_keys > kPartitionSize &&
                 in.num_tokens * in.num_heads <= kMaxSplitKRowHeads;
       break;
   }
   if (!want_v2) return {};
-  const size_t need =
-      SplitKWorkspaceBytes(in.num_tokens, in.num_heads, in.head_size, in.max_seq_len);
+  const size_t need = SplitKWorkspaceBytes(in.num_tokens, in.num_heads, in.head_size, max_keys);
   if (need > in.workspace_bytes) {
     if (in.version == PagedAttentionVersion::kAuto) return {};  // v1: right, slower
     return "v2 needs a workspace of " + std::to_string(need) +
            " bytes (OpContext::workspace), got " + std::to_string(in.workspace_bytes);
   }
   plan->v2 = true;
-  plan->max_partitions = (in.max_seq_len + kPartitionSize - 1) / kPartitionSize;
+  plan->max_partitions = (max_keys + kPartitionSize - 1) / kPartitionSize;
   plan->workspace_bytes = need;
   return {};
 }

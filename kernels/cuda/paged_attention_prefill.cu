@@ -10,14 +10,17 @@
 // for any split of T rows (surplus CTAs exit).
 //
 // Row r of the tile (query row t = begin + j0 + r, chunk index j = j0 + r) sits at position
-// p_r = seq_len - q_len + j and sees the keys at positions 0 .. p_r. Per CTA, over key tiles of
-// kTileKeys positions k0 .. k0 + 63 up to the tile's last position:
+// p_r = seq_len - q_len + j and sees the keys at positions 0 .. p_r, or with a sliding window W
+// p_r - W + 1 .. p_r. Per CTA, over key tiles of kTileKeys positions k0 .. k0 + 63 from row 0's
+// first key (0, or p_0 - W + 1: the blocks before are not read) up to the tile's last position
+// (a warp skips the key tiles wholly before its rows' windows):
 //   1. one thread per key looks up its block (one block-table load and divide per key) and
 //      writes the key's cache offset to shared memory; then all threads gather K and V of the
 //      key tile into shared memory, 16 bytes per load (positions past the tile's last one are
 //      zeros; a bad block id fills NaN);
 //   2. each warp (unless all its rows end before k0): S = Q K^T by mma.sync m16n8k16 (Q as A
 //      fragments in registers, loaded once; K as B fragments by ldmatrix), s = S scale log2(e)
+//      (then with a softcap c: c2 tanh(s / c2), c2 = c log2(e), the cap in the log2 domain)
 //      with the positions a row must not see selected to -inf (never computed with), then the
 //      online softmax in base 2 on the C fragments:
 //        m' = max(m, max_c s[c]);  P[c] = 2^(s[c] - m');  l = l 2^(m - m') + sum_c P[c];
@@ -61,7 +64,8 @@ using cuda_internal::Vec16;
 struct Params : PagedAttentionParams {
   int64_t q_stride;  // elements between query rows
   int64_t num_tokens;
-  float scale_log2;  // scale log2(e)
+  float scale_log2;    // scale log2(e)
+  float softcap_log2;  // softcap log2(e); 0 = none
   // > 0: the grid's tiles, listed on the host: listed_seq[i] has the tiles
   // listed_tile_end[i - 1] .. listed_tile_end[i] - 1 (0 before the first).
   int num_listed;
@@ -199,6 +203,10 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionMmaKernel(const Para
   const bool warp_active = wrow0 < rows;
   const int64_t warp_last_pos = first_pos + min(rows, wrow0 + kRowsPerWarp) - 1;
   const int64_t pos_row[2] = {first_pos + wrow0 + g, first_pos + wrow0 + g + 8};
+  // The window (0: none): row 0's first key, and the first key of the warp's first row.
+  const int64_t window = p.sliding_window;
+  const int64_t key_first = window > 0 ? max(first_pos - window + 1, int64_t{0}) : 0;
+  const int64_t warp_key_first = window > 0 ? first_pos + wrow0 - window + 1 : 0;
 
   // Q as A fragments: qa[kk] covers dims 16 kk .. 16 kk + 15. Padding rows are zeros.
   uint32_t qa[kDimSteps][4];
@@ -224,7 +232,7 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionMmaKernel(const Para
   float l[2] = {0.0f, 0.0f};            // this lane's part of the running sums
   bool row_nan[2] = {false, false};     // the row sees a non-finite V (v_bad)
 
-  for (int64_t k0 = 0; k0 <= last_pos; k0 += kTileKeys) {
+  for (int64_t k0 = key_first; k0 <= last_pos; k0 += kTileKeys) {
     __syncthreads();  // the previous key tile's reads of smem are done
     // 1a. One block-table lookup per key: the element offset of (pos, kvh) in the caches,
     // kPastEnd past the tile's last position, kBadBlock for a block id outside the cache.
@@ -243,8 +251,10 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionMmaKernel(const Para
       smem.v_bad[threadIdx.x] = 0;
     }
     __syncthreads();
-    // Whether some row of the tile does not see some key of this key tile (CTA-uniform).
-    const bool diagonal = k0 + kTileKeys - 1 > first_pos;
+    // Whether some row of the tile does not see some key of this key tile (CTA-uniform): a
+    // key after row 0's position, or one before the last row's window.
+    const bool diagonal =
+        k0 + kTileKeys - 1 > first_pos || (window > 0 && k0 < last_pos - window + 1);
     // 1b. Gather K and V; only a diagonal key tile checks V (a loop of its own, so that the
     // others' stays short).
     if (diagonal) {
@@ -253,7 +263,8 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionMmaKernel(const Para
       GatherKeyTile<T, kHeadSize, false>(p, smem.offset, smem.k, smem.v, smem.v_bad);
     }
     __syncthreads();
-    if (!warp_active || k0 > warp_last_pos) continue;  // warp-uniform
+    // Warp-uniform: the key tile is wholly after the warp's rows or before their windows.
+    if (!warp_active || k0 > warp_last_pos || k0 + kTileKeys - 1 < warp_key_first) continue;
 
     // 2a. S = Q K^T: s[n] is keys k0 + 8 n .. + 7. The x4 ldmatrix over keys 8 n .. 8 n + 7
     // and dims 32 kp .. 32 kp + 31 gives the B fragments of k-steps 2 kp and 2 kp + 1.
@@ -278,25 +289,52 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionMmaKernel(const Para
                                << 32;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int64_t last_c = pos_row[r] - k0;  // the row sees key columns 0 .. last_c
-        const uint64_t seen = last_c < 0                ? 0ull
-                              : last_c >= kTileKeys - 1 ? ~0ull
-                                                        : (2ull << last_c) - 1;
+        const int64_t last_c = pos_row[r] - k0;  // the row sees key columns first_c .. last_c
+        const int64_t first_c = window > 0 ? last_c - window + 1 : 0;
+        uint64_t seen = last_c < 0 ? 0ull : last_c >= kTileKeys - 1 ? ~0ull : (2ull << last_c) - 1;
+        if (first_c >= kTileKeys) {
+          seen = 0;
+        } else if (first_c > 0) {
+          seen &= ~((1ull << first_c) - 1);
+        }
         row_nan[r] = row_nan[r] || (bad & seen) != 0;
       }
     }
-    // 2b. Scale, mask (select, never compute with a masked score) and the row maxima. Key
-    // column c of the tile is visible to a row at position q when c <= q - k0; only the key
-    // tiles that reach past the warp's first row need the compare (warp-uniform).
+    // 2b. Scale, cap, mask (select, never compute with a masked score) and the row maxima.
+    // Key column c of the tile is visible to a row at position q when c <= q - k0 (and with a
+    // window c >= q - W + 1 - k0); only the key tiles that reach past the warp's first row or
+    // before its last row's window need the compare (warp-uniform).
+    if (p.softcap_log2 > 0.0f) {
+#pragma unroll
+      for (int n = 0; n < kKeyTiles8; ++n) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          s[n][i] = p.softcap_log2 * tanhf(s[n][i] * p.scale_log2 / p.softcap_log2);
+        }
+      }
+    }
+    const float score_scale = p.softcap_log2 > 0.0f ? 1.0f : p.scale_log2;
     float tile_max[2] = {-INFINITY, -INFINITY};
-    if (k0 + kTileKeys - 1 > first_pos + wrow0) {
-      const int limit[2] = {static_cast<int>(pos_row[0] - k0), static_cast<int>(pos_row[1] - k0)};
+    if (k0 + kTileKeys - 1 > first_pos + wrow0 || (window > 0 && k0 < warp_last_pos - window + 1)) {
+      // Columns lower[r] .. limit[r] (clamped to the tile: -1 .. kTileKeys).
+      int limit[2], lower[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int64_t last_c = pos_row[r] - k0;
+        limit[r] = static_cast<int>(min(last_c, static_cast<int64_t>(kTileKeys)));
+        lower[r] =
+            window > 0
+                ? static_cast<int>(
+                      max(min(last_c - window + 1, static_cast<int64_t>(kTileKeys)), int64_t{-1}))
+                : -1;
+      }
 #pragma unroll
       for (int n = 0; n < kKeyTiles8; ++n) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int c = 8 * n + 2 * tq + (i & 1);
-          const float v = c <= limit[i >> 1] ? s[n][i] * p.scale_log2 : -INFINITY;
+          const float v =
+              c <= limit[i >> 1] && c >= lower[i >> 1] ? s[n][i] * score_scale : -INFINITY;
           s[n][i] = v;
           tile_max[i >> 1] = fmaxf(tile_max[i >> 1], v);
         }
@@ -306,20 +344,23 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionMmaKernel(const Para
       for (int n = 0; n < kKeyTiles8; ++n) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          s[n][i] *= p.scale_log2;
+          s[n][i] *= score_scale;
           tile_max[i >> 1] = fmaxf(tile_max[i >> 1], s[n][i]);
         }
       }
     }
-    float corr[2];
+    float corr[2], m_use[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
       tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
       const float m_new = fmaxf(m[r], tile_max[r]);
-      // A row always sees position 0 in the first key tile, so m_new is finite from then on
-      // (NaN scores, from bad block ids, are ignored by fmaxf and make the row NaN below).
-      corr[r] = exp2f(m[r] - m_new);  // 0 on the first key tile
+      // Without a window a row sees position 0 in the first key tile, so m_new is finite from
+      // then on (NaN scores, from bad block ids, are ignored by fmaxf and make the row NaN
+      // below); with one, a row whose window starts past this key tile has seen no key yet:
+      // m_new = -inf, taken as 0, so that its P and corr are 0 (not NaN).
+      m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
+      corr[r] = exp2f(m[r] - m_use[r]);  // 0 on the row's first key tile
       m[r] = m_new;
       l[r] *= corr[r];
     }
@@ -333,7 +374,7 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionMmaKernel(const Para
     for (int n = 0; n < kKeyTiles8; ++n) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const float e = exp2f(s[n][i] - m[i >> 1]);
+        const float e = exp2f(s[n][i] - m_use[i >> 1]);
         s[n][i] = e;
         l[i >> 1] += e;
       }
@@ -398,7 +439,7 @@ OpStatus LaunchForHeadSize(cudaStream_t stream, dim3 grid, const Params& params,
 
 OpStatus PrefillAttentionMma(const OpContext& ctx, const TensorView& out, const TensorView& query,
                              const TensorView& key_cache, const TensorView& value_cache,
-                             const AttentionMetadata& metadata, float scale) {
+                             const AttentionMetadata& metadata, const AttentionOptions& options) {
   constexpr const char* kOp = "PagedAttention";
   const int64_t num_tokens = query.shape[0], num_heads = query.shape[1];
   const int64_t head_size = query.shape[2];
@@ -426,10 +467,11 @@ OpStatus PrefillAttentionMma(const OpContext& ctx, const TensorView& out, const 
                                 "launch");
   }
   Params params{};
-  FillPagedAttentionParams(out, query, key_cache, value_cache, metadata, &params);
+  FillPagedAttentionParams(out, query, key_cache, value_cache, metadata, options, &params);
   params.q_stride = internal::TokenStride(query);
   params.num_tokens = num_tokens;
-  params.scale_log2 = scale * kLog2E;
+  params.scale_log2 = options.scale * kLog2E;
+  params.softcap_log2 = options.softcap * kLog2E;
 
   // The grid: exact from the host's q_lens when they fit the parameters, else an upper bound.
   int64_t tiles = 0;

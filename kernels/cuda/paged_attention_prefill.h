@@ -13,12 +13,13 @@ namespace llm::ops::cuda {
 
 // Writes out[t] for every row t of a sequence with q_len > 1 (prefill chunks, causal inside
 // the chunk, everything cached before it) and leaves the rows of sequences with q_len == 1
-// untouched. query, out: bf16 or f16 [T, Hq, D] (query may be token-strided); key_cache,
+// untouched; options as ops::PagedAttention takes them. query, out: bf16 or f16 [T, Hq, D]
+// (query may be token-strided); key_cache,
 // value_cache: the query's dtype, [num_blocks, block_size, Hkv, D]; head sizes 64 and 128. Enqueued
 // on ctx.stream. The arguments have been checked by ops::PagedAttention.
 OpStatus PrefillAttentionMma(const OpContext& ctx, const TensorView& out, const TensorView& query,
                              const TensorView& key_cache, const TensorView& value_cache,
-                             const AttentionMetadata& metadata, float scale);
+                             const AttentionMetadata& metadata, const AttentionOptions& options);
 
 }  // namespace llm::ops::cuda
 

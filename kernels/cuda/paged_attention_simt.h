@@ -20,7 +20,7 @@ namespace llm::ops::cuda {
 // arguments' shapes have been checked by ops::PagedAttention.
 OpStatus PagedAttentionSimt(const OpContext& ctx, const TensorView& out, const TensorView& query,
                             const TensorView& key_cache, const TensorView& value_cache,
-                            const AttentionMetadata& metadata, float scale,
+                            const AttentionMetadata& metadata, const AttentionOptions& options,
                             PagedAttentionVersion version);
 
 }  // namespace llm::ops::cuda

@@ -15,6 +15,10 @@
 // (bf16: 2^-9 relative, f16: 2^-12) and rounds the output to it (the same again); scores and
 // sums are f32. Inputs in [-1, 1]. Measured under the emulation (f32 sums of exact products,
 // as HMMA): largest error 2.9e-3 (bf16) and 3.8e-4 (f16) over this file's cases.
+//
+// With a sliding window and a softcap (AttentionOptions) the same against the CPU op with the
+// same options; the positions before each sequence's first window are NaN in the caches, so
+// that a kernel that reads the key tiles before a window (rather than skipping them) fails.
 #include "kernels/cuda/paged_attention_prefill.h"
 
 #include <algorithm>
@@ -141,19 +145,25 @@ uint16_t Bits(const HostTensor& t, int64_t i) {
 
 class CudaPrefillAttention : public CudaTest {
  protected:
-  static HostTensor Reference(const Batch& b, float scale) {
+  static HostTensor Reference(const Batch& b, const AttentionOptions& options) {
     const auto& shape = b.query.view().shape;
     HostTensor want = Poisoned({shape[0], shape[1], shape[2]});
     const OpStatus s = PagedAttention({}, want.view(), b.query.view(), b.key_cache.view(),
-                                      b.value_cache.view(), b.HostMetadata(), scale);
+                                      b.value_cache.view(), b.HostMetadata(), options);
     EXPECT_TRUE(s.ok()) << s.message;
     return want;
+  }
+  static HostTensor Reference(const Batch& b, float scale) {
+    return Reference(b, AttentionOptions{scale});
   }
 
   // Runs the kernel without and with the q_lens on the host into a freshly poisoned output
   // each; prefill rows are compared with the CPU op, decode rows must stay poison.
   static void ExpectMatches(const Batch& b, float scale) {
-    const HostTensor want = Reference(b, scale);
+    ExpectMatches(b, AttentionOptions{scale});
+  }
+  static void ExpectMatches(const Batch& b, const AttentionOptions& options) {
+    const HostTensor want = Reference(b, options);
     const auto& shape = b.query.view().shape;
     const int64_t row_numel = shape[1] * shape[2];
     const bool bf16 = b.dtype == DType::kBF16;
@@ -164,7 +174,7 @@ class CudaPrefillAttention : public CudaTest {
       out.Poison();
       const OpStatus s =
           PrefillAttentionMma({}, out.view(), b.d_query.view(), b.d_key_cache.view(),
-                              b.d_value_cache.view(), b.DeviceMetadata(host_qsl), scale);
+                              b.d_value_cache.view(), b.DeviceMetadata(host_qsl), options);
       ASSERT_TRUE(s.ok()) << s.message;
       ASSERT_EQ(Sync(), "");
       const HostTensor got = out.Download();
@@ -265,6 +275,57 @@ TEST_F(CudaPrefillAttention, DecodeOnlyBatchIsUntouched) {
   ExpectMatches(b, 0.125f);
 }
 
+// b's caches with the positions before each sequence's first query row's window NaN (host and
+// device): no row sees them, and the kernel must not read them.
+void PoisonBeforeWindows(Batch& b, int window) {
+  if (window <= 0) return;
+  const auto& shape = b.key_cache.view().shape;  // [num_blocks, block_size, Hkv, D]
+  const int64_t bs = shape[1], row = shape[2] * shape[3];
+  const int64_t max_blocks = b.block_tables.view().shape[1];
+  for (size_t s = 0; s < b.q_lens.size(); ++s) {
+    const int64_t first = b.seq_lens.data<int32_t>()[s] - b.q_lens[s] - window + 1;
+    for (int64_t p = 0; p < first; ++p) {
+      const int64_t slot = b.block_tables.data<int32_t>()[s * max_blocks + p / bs] * bs + p % bs;
+      std::fill_n(b.key_cache.data<float>() + slot * row, row, NAN);
+      std::fill_n(b.value_cache.data<float>() + slot * row, row, NAN);
+    }
+  }
+  b.d_key_cache = DeviceTensor(ToHalf(b.key_cache, b.dtype));
+  b.d_value_cache = DeviceTensor(ToHalf(b.value_cache, b.dtype));
+}
+
+// Sliding windows of 1, 10, 63, 64, 65 (around the 64-key tile), 100 and longer than every
+// context, and a softcap of 0.5 alone and with a window: 150 rows after 30 cached (three row
+// tiles, the later ones skipping whole key tiles before their windows, warps skipping key tiles
+// before theirs) and a mixed batch; bf16 and f16 at head 64, bf16 at head 128.
+TEST_F(CudaPrefillAttention, WindowAndSoftcapMatchCpu) {
+  std::mt19937 rng(9);
+  const std::vector<std::vector<SeqSpec>> batches = {{{150, 180}},
+                                                     {{1, 40}, {17, 67}, {70, 79}, {15, 15}}};
+  struct Opt {
+    int window;
+    float softcap;
+  };
+  struct Kind {
+    DType dtype;
+    int64_t head_size;
+  };
+  for (const Kind k : {Kind{DType::kBF16, 64}, Kind{DType::kF16, 64}, Kind{DType::kBF16, 128}}) {
+    for (const Opt o : {Opt{1, 0}, Opt{10, 0}, Opt{63, 0}, Opt{64, 0}, Opt{65, 0}, Opt{100, 0},
+                        Opt{1000, 0}, Opt{0, 0.5f}, Opt{30, 0.5f}}) {
+      for (size_t i = 0; i < batches.size(); ++i) {
+        SCOPED_TRACE(::testing::Message()
+                     << DTypeName(k.dtype) << " head " << k.head_size << " window " << o.window
+                     << " softcap " << o.softcap << " batch " << i);
+        Batch b = MakeBatch(batches[i], {4, 2, k.head_size, 16}, k.dtype, rng);
+        PoisonBeforeWindows(b, o.window);
+        ExpectMatches(b, AttentionOptions{1.0f / std::sqrt(static_cast<float>(k.head_size)),
+                                          o.window, o.softcap});
+      }
+    }
+  }
+}
+
 // A NaN key and value at a position inside a prefill chunk (a poisoned slot): the rows before
 // it do not attend to it and must match the CPU op on the clean cache; the rows at and after
 // it see it and are NaN. P V sums over the masked keys of a tile too (P = 0), so the kernel
@@ -294,7 +355,8 @@ TEST_F(CudaPrefillAttention, NanAtAMaskedPositionDoesNotReachTheRowsBeforeIt) {
       for (const bool host_qsl : {false, true}) {
         out.Poison();
         ASSERT_TRUE(PrefillAttentionMma({}, out.view(), b.d_query.view(), b.d_key_cache.view(),
-                                        b.d_value_cache.view(), b.DeviceMetadata(host_qsl), scale)
+                                        b.d_value_cache.view(), b.DeviceMetadata(host_qsl),
+                                        AttentionOptions{scale})
                         .ok());
         ASSERT_EQ(Sync(), "");
         const HostTensor got = out.Download();
@@ -333,9 +395,9 @@ TEST_F(CudaPrefillAttention, BadMetadataGivesNanRows) {
   DeviceTensor out(ToHalf(b.query, DType::kBF16));
   for (const bool host_qsl : {false, true}) {
     out.Poison();
-    const OpStatus s =
-        PrefillAttentionMma({}, out.view(), b.d_query.view(), b.d_key_cache.view(),
-                            b.d_value_cache.view(), b.DeviceMetadata(host_qsl), 0.125f);
+    const OpStatus s = PrefillAttentionMma({}, out.view(), b.d_query.view(), b.d_key_cache.view(),
+                                           b.d_value_cache.view(), b.DeviceMetadata(host_qsl),
+                                           AttentionOptions{0.125f});
     ASSERT_TRUE(s.ok()) << s.message;
     ASSERT_EQ(Sync(), "");
     const HostTensor got = out.Download();
@@ -354,12 +416,14 @@ TEST_F(CudaPrefillAttention, RejectsOtherDTypesAndHeadSizes) {
   DeviceTensor f32_query(b.query);
   DeviceTensor out(ToHalf(b.query, DType::kBF16));
   OpStatus s = PrefillAttentionMma({}, out.view(), f32_query.view(), b.d_key_cache.view(),
-                                   b.d_value_cache.view(), b.DeviceMetadata(false), 0.125f);
+                                   b.d_value_cache.view(), b.DeviceMetadata(false),
+                                   AttentionOptions{0.125f});
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message.find("bf16 or f16"), std::string::npos) << s.message;
   const Batch f16 = MakeBatch({{3, 3}}, {1, 1, 64, 16}, DType::kF16, rng);
   s = PrefillAttentionMma({}, out.view(), b.d_query.view(), f16.d_key_cache.view(),
-                          f16.d_value_cache.view(), b.DeviceMetadata(false), 0.125f);
+                          f16.d_value_cache.view(), b.DeviceMetadata(false),
+                          AttentionOptions{0.125f});
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message.find("dtype"), std::string::npos) << s.message;
 }

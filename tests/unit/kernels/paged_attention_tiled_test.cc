@@ -8,7 +8,9 @@
 // 1e-5 + 1e-5 |want| (outputs are averages of values in [-1, 1]). With bf16 caches the tiled
 // paths also round each softmax weight to bf16 (relative error <= 2^-9) before its product with
 // a value, which the reference does not: 2^-9 more (|v| <= 1); and a separate test with equal
-// weights (exact in bf16) holds them to fp32's tolerance.
+// weights (exact in bf16) holds them to fp32's tolerance. With a sliding window and a softcap
+// (kernels/ops.h's AttentionOptions) on the same cases, the split decode rows among them; the
+// positions before each sequence's first window are NaN then (never read).
 #include <omp.h>
 
 #include <algorithm>
@@ -55,7 +57,7 @@ std::string Describe(const Case& c) {
 
 // Runs `op` and the reference on the same random batch; compares every output element.
 using Op = OpStatus (*)(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
-                        const AttentionMetadata&, float);
+                        const AttentionMetadata&, const AttentionOptions&);
 
 // The same values in a bf16 tensor (rounded to nearest even).
 HostTensor ToBf16(const HostTensor& f32) {
@@ -72,10 +74,13 @@ HostTensor ToBf16(const HostTensor& f32) {
 // the values its row sees (the weights, all 1, are exact in bf16: fp32's tolerance again).
 // strided_query: `op` reads the query as the model passes it, a token-strided view of the q
 // columns of fused qkv rows (the k and v columns and a pad after them NaN), and must give the
-// same bytes as on the contiguous query.
+// same bytes as on the contiguous query. options: its window and softcap (the scale is
+// 1 / sqrt(head_size)); with a window the positions before each sequence's first query row's
+// window are NaN.
 ::testing::AssertionResult MatchesReference(Op op, const Case& c, std::mt19937& rng,
                                             DType cache_dtype = DType::kF32,
-                                            bool zero_query = false, bool strided_query = false) {
+                                            bool zero_query = false, bool strided_query = false,
+                                            AttentionOptions options = {}) {
   const int64_t num_seqs = static_cast<int64_t>(c.seqs.size());
   int64_t num_tokens = 0, max_blocks = 0, needed = 0;
   for (const Seq& s : c.seqs) {
@@ -99,6 +104,17 @@ HostTensor ToBf16(const HostTensor& f32) {
   // Scores spread over several units so that the softmax is neither flat nor one-hot.
   HostTensor key_cache = Random({num_blocks, c.block_size, c.kv_heads, c.head_size}, rng);
   HostTensor value_cache = Random({num_blocks, c.block_size, c.kv_heads, c.head_size}, rng);
+  if (options.sliding_window > 0) {
+    const int64_t row = c.kv_heads * c.head_size;
+    for (int64_t s = 0; s < num_seqs; ++s) {
+      for (int64_t p = 0; p < c.seqs[s].num_cached - options.sliding_window + 1; ++p) {
+        const int64_t slot =
+            tables[s * max_blocks + p / c.block_size] * c.block_size + p % c.block_size;
+        std::fill_n(key_cache.data<float>() + slot * row, row, NAN);
+        std::fill_n(value_cache.data<float>() + slot * row, row, NAN);
+      }
+    }
+  }
   if (cache_dtype == DType::kBF16) {
     key_cache = ToBf16(key_cache);
     value_cache = ToBf16(value_cache);
@@ -113,12 +129,13 @@ HostTensor ToBf16(const HostTensor& f32) {
   HostTensor q = Indices(qsl, DType::kI32);
   const AttentionMetadata md{t.view(), l.view(), q.view()};
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_size));
+  options.scale = scale;
   if (OpStatus s = cpu::PagedAttentionReference(want.view(), query.view(), key_cache.view(),
-                                                value_cache.view(), md, scale);
+                                                value_cache.view(), md, options);
       !s.ok()) {
     return ::testing::AssertionFailure() << "reference: " << s.message;
   }
-  if (OpStatus s = op(got.view(), query.view(), key_cache.view(), value_cache.view(), md, scale);
+  if (OpStatus s = op(got.view(), query.view(), key_cache.view(), value_cache.view(), md, options);
       !s.ok()) {
     return ::testing::AssertionFailure() << s.message;
   }
@@ -129,7 +146,7 @@ HostTensor ToBf16(const HostTensor& f32) {
     testing::PutHeads(qkv, 0, query);
     HostTensor strided = Poisoned({num_tokens, c.heads, c.head_size});
     const TensorView q_view = testing::HeadsView(qkv.view(), 0, c.heads, c.head_size);
-    if (OpStatus s = op(strided.view(), q_view, key_cache.view(), value_cache.view(), md, scale);
+    if (OpStatus s = op(strided.view(), q_view, key_cache.view(), value_cache.view(), md, options);
         !s.ok()) {
       return ::testing::AssertionFailure() << "strided query: " << s.message;
     }
@@ -255,6 +272,61 @@ TEST(PagedAttentionTiled, TokenStridedQueryGivesTheSameOutput) {
           << "reference, " << DTypeName(cache) << ", " << Describe(c);
     }
   }
+}
+
+// A sliding window (1, inside one key tile, past one, not a multiple of the block size, longer
+// than most contexts) and a softcap, alone and together, on f32 and bf16 caches, on the
+// production op and the portable loops: the head size 64 (the AVX-512 kernels where the CPU has
+// them) and 8 and 80 (not a multiple of 16 or 32: the portable loops), block size 16, and the
+// long decode, long prefill and wide group cases.
+TEST(PagedAttentionTiled, WindowAndSoftcapMatchReference) {
+  std::mt19937 rng(1811);
+  std::vector<AttentionOptions> options;
+  for (int window : {1, 5, 33, 50, 300}) options.push_back({1.0f, window, 0.0f});
+  options.push_back({1.0f, 0, 2.0f});
+  options.push_back({1.0f, 17, 3.0f});
+  for (const Case& c : Cases()) {
+    // Fewer cases: Cases() has them all.
+    if (c.block_size != 16 || c.heads == 6 || c.head_size == 16 || c.head_size == 128) continue;
+    for (const AttentionOptions& o : options) {
+      for (DType cache : {DType::kF32, DType::kBF16}) {
+        const std::string what = std::string(DTypeName(cache)) + ", window " +
+                                 std::to_string(o.sliding_window) + ", softcap " +
+                                 std::to_string(o.softcap) + ", " + Describe(c);
+        EXPECT_TRUE(MatchesReference(cpu::PagedAttention, c, rng, cache, false, false, o)) << what;
+        EXPECT_TRUE(MatchesReference(cpu::PagedAttentionPortable, c, rng, cache, false, false, o))
+            << "portable, " << what;
+      }
+    }
+  }
+}
+
+// Split decode rows with a window: the parts cover the window only (contexts of 2048 and 1500
+// keys, windows of 700, 130, 64 and 4096).
+TEST(PagedAttentionTiled, SplitDecodeWithWindowMatchesReference) {
+  const int saved = omp_get_max_threads();
+  std::mt19937 rng(1812);
+  const std::vector<Case> cases = {{14, 2, 64, 16, {{2047, 1}}},
+                                   {8, 1, 128, 16, {{1499, 1}, {600, 1}}},
+                                   {16, 1, 16, 32, {{2999, 1}}}};
+  for (int threads : {3, 8}) {
+    omp_set_num_threads(threads);
+    for (const Case& c : cases) {
+      for (int window : {700, 130, 64, 4096}) {
+        for (float softcap : {0.0f, 4.0f}) {
+          const AttentionOptions o{1.0f, window, softcap};
+          const std::string what = "window " + std::to_string(window) + ", softcap " +
+                                   std::to_string(softcap) + ", " + Describe(c) + ", " +
+                                   std::to_string(threads) + " threads";
+          EXPECT_TRUE(MatchesReference(cpu::PagedAttention, c, rng, DType::kF32, false, false, o))
+              << what;
+          EXPECT_TRUE(MatchesReference(cpu::PagedAttention, c, rng, DType::kBF16, false, false, o))
+              << "bf16, " << what;
+        }
+      }
+    }
+  }
+  omp_set_num_threads(saved);
 }
 
 TEST(PagedAttentionTiled, PortableMatchesReference) {

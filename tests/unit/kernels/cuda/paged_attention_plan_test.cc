@@ -24,7 +24,8 @@ struct Planned {
   PagedAttentionPlan plan;
 };
 Planned Plan(const std::vector<int32_t>& q_lens, V version = V::kAuto, bool host_qsl = true,
-             int max_seq_len = 100, size_t workspace = 0, int64_t num_heads = 8) {
+             int max_seq_len = 100, size_t workspace = 0, int64_t num_heads = 8,
+             int sliding_window = 0) {
   std::vector<int32_t> qsl = {0};
   for (const int32_t q : q_lens) qsl.push_back(qsl.back() + q);
   PagedAttentionPlanInput in;
@@ -33,6 +34,7 @@ Planned Plan(const std::vector<int32_t>& q_lens, V version = V::kAuto, bool host
   in.head_size = 128;
   in.num_seqs = static_cast<int64_t>(q_lens.size());
   in.max_seq_len = max_seq_len;
+  in.sliding_window = sliding_window;
   in.version = version;
   if (host_qsl) in.query_start_loc_host = qsl;
   in.workspace_bytes = workspace;
@@ -108,6 +110,22 @@ TEST(PagedAttentionPlan, AutoSplitsLongContextsOfSmallBatchesInTheWorkspace) {
   EXPECT_FALSE(Plan({20}, V::kAuto, true, 1300, size_t{1} << 30).plan.v2);
 }
 
+// With a sliding window v2 partitions the window only: min(max_seq_len, W) keys; a window of
+// at most one partition does not split in kAuto.
+TEST(PagedAttentionPlan, V2PartitionsTheWindowOnly) {
+  const size_t big = size_t{1} << 30;
+  const Planned whole = Plan({1, 1}, V::kV2, true, 4096, big);
+  ASSERT_EQ(whole.error, "");
+  EXPECT_EQ(whole.plan.max_partitions, 8);
+  const Planned windowed = Plan({1, 1}, V::kV2, true, 4096, big, 8, 1000);
+  ASSERT_EQ(windowed.error, "");
+  EXPECT_EQ(windowed.plan.max_partitions, 2);
+  EXPECT_EQ(windowed.plan.workspace_bytes, SplitKWorkspaceBytes(2, 8, 128, 1000));
+  EXPECT_EQ(Plan({1, 1}, V::kV2, true, 300, big, 8, 1000).plan.max_partitions, 1);
+  EXPECT_TRUE(Plan({1, 1}, V::kAuto, true, 4096, big, 8, 1000).plan.v2);
+  EXPECT_FALSE(Plan({1, 1}, V::kAuto, true, 4096, big, 8, 512).plan.v2);
+}
+
 TEST(PagedAttentionPlan, V2NeedsMaxSeqLenAndEnoughWorkspace) {
   EXPECT_EQ(Plan({1}, V::kV2, true, 0, size_t{1} << 30).error,
             "v2 needs metadata.max_seq_len > 0 to size its grid");
@@ -172,6 +190,7 @@ struct Decode {
   int max_seq_len = 0;  // 0: the largest of lens
   bool host_lens = true, host_qsl = true;
   size_t workspace = size_t{1} << 40;
+  int sliding_window = 0;
 };
 
 struct DecodePlanned {
@@ -195,6 +214,7 @@ DecodePlanned PlanOf(const Decode& d) {
   if (d.host_qsl) in.query_start_loc_host = qsl;
   if (d.host_lens) in.seq_lens_host = d.lens;
   in.workspace_bytes = d.workspace;
+  in.sliding_window = d.sliding_window;
   DecodePlanned p;
   p.error = PlanDecode(in, &p.plan);
   return p;
@@ -262,6 +282,28 @@ TEST(DecodePlan, HostSeqLensPlanFromTheTrueLengths) {
   EXPECT_EQ(PlanDecode(in, &plan), "");
   EXPECT_TRUE(plan.launch);
   EXPECT_EQ(plan.num_splits, 1);
+}
+
+// With a sliding window W the keys split are DecodeKeys: from the window's first position
+// rounded down to a multiple of 64 (the host seq_lens'), or at most W + 63 (max_seq_len only).
+TEST(DecodePlan, AWindowSplitsItsKeysOnly) {
+  EXPECT_EQ(DecodeWindowStart(1000, 0), 0);
+  EXPECT_EQ(DecodeWindowStart(1000, 1000), 0);
+  EXPECT_EQ(DecodeWindowStart(1000, 700), 256);  // 300 rounded down
+  EXPECT_EQ(DecodeWindowStart(1000, 1), 960);    // 999 rounded down
+  EXPECT_EQ(DecodeKeys(1000, 700), 744);
+  EXPECT_EQ(DecodeKeys(1000, 4096), 1000);
+  // 4096 keys (32768 - 4096 is a multiple of 64) in splits of 256.
+  EXPECT_EQ(PlanOf({.lens = {32768}, .sliding_window = 4096}).plan.num_splits, 16);
+  EXPECT_EQ(PlanOf({.lens = {32768}, .sliding_window = 4000}).plan.num_splits,
+            16);  // 4032 keys in splits of 256
+  // A window of at most one split: no split, however long the context.
+  EXPECT_EQ(PlanOf({.lens = {32768}, .sliding_window = 100}).plan.num_splits, 1);
+  EXPECT_EQ(PlanOf({.lens = {1000, 15}, .sliding_window = 700}).plan.num_splits, 3);
+  // max_seq_len only: the bound W + 63.
+  const DecodePlanned bound = PlanOf({.lens = {32768}, .host_lens = false, .sliding_window = 4000});
+  EXPECT_GE(bound.plan.num_splits * bound.plan.split_keys, 4000 + 63);
+  EXPECT_LE(bound.plan.num_splits * bound.plan.split_keys, 4096 + 256);
 }
 
 // With the q_lens known, prefill chunks are not the decode kernel's: not counted, and a batch
