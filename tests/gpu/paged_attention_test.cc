@@ -14,6 +14,10 @@
 // same 16-bit values: |got - want| <= 1e-5 + rtol |want| with rtol 2^-8 (bf16) or 2^-11 (f16),
 // the rounding of the output to the dtype (half an ulp), plus 1e-4 for the fp32 sums in
 // another order (and exp2 with log2(e) folded into the scale).
+//
+// Sliding windows and softcaps (AttentionOptions) through every kernel against the CPU op with
+// the same options, with the positions before each sequence's first window NaN in the caches:
+// a kernel that reads a block before a window, rather than skipping it, fails.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -174,13 +178,16 @@ Batch MakeBatch(const std::vector<SeqSpec>& seqs, const Shape& shape, std::mt199
 class CudaPagedAttention : public CudaTest {
  protected:
   // The CPU op's output for `b`.
-  static HostTensor Reference(const Batch& b, float scale) {
+  static HostTensor Reference(const Batch& b, const AttentionOptions& options) {
     HostTensor want =
         Poisoned({b.query.view().shape[0], b.query.view().shape[1], b.query.view().shape[2]});
     const OpStatus s = PagedAttention({}, want.view(), b.query.view(), b.key_cache.view(),
-                                      b.value_cache.view(), b.HostMetadata(), scale);
+                                      b.value_cache.view(), b.HostMetadata(), options);
     EXPECT_TRUE(s.ok()) << s.message;
     return want;
+  }
+  static HostTensor Reference(const Batch& b, float scale) {
+    return Reference(b, AttentionOptions{scale});
   }
 
   // Runs v1, v2 and the dispatcher's choice (without and with the q_lens on the host) into a
@@ -188,6 +195,10 @@ class CudaPagedAttention : public CudaTest {
   // the batch, so kAuto splits where it would.
   static void ExpectAllVersionsMatch(const Batch& b, float scale, const HostTensor& want,
                                      int v2_max_seq_len = -1) {
+    ExpectAllVersionsMatch(b, AttentionOptions{scale}, want, v2_max_seq_len);
+  }
+  static void ExpectAllVersionsMatch(const Batch& b, const AttentionOptions& options,
+                                     const HostTensor& want, int v2_max_seq_len = -1) {
     DeviceTensor out(want);
     const DeviceWorkspace workspace(
         std::max(V2WorkspaceBytes(b, v2_max_seq_len), V2WorkspaceBytes(b)));
@@ -205,10 +216,10 @@ class CudaPagedAttention : public CudaTest {
       OpStatus s;
       if (c.version == PagedAttentionVersion::kAuto) {
         s = PagedAttention(ctx, out.view(), b.d_query.view(), b.d_key_cache.view(),
-                           b.d_value_cache.view(), b.DeviceMetadata(-1, c.host_qsl), scale);
+                           b.d_value_cache.view(), b.DeviceMetadata(-1, c.host_qsl), options);
       } else {
         s = cuda::PagedAttention(ctx, out.view(), b.d_query.view(), b.d_key_cache.view(),
-                                 b.d_value_cache.view(), b.DeviceMetadata(v2_max_seq_len), scale,
+                                 b.d_value_cache.view(), b.DeviceMetadata(v2_max_seq_len), options,
                                  c.version);
       }
       ASSERT_TRUE(s.ok()) << s.message;
@@ -334,6 +345,79 @@ TEST_F(CudaPagedAttention, V2NeedsMaxSeqLenAndOtherHeadSizesAreRejected) {
                            b96.d_value_cache.view(), b96.DeviceMetadata(), 0.1f)
                 .message,
             "PagedAttention: the CUDA kernels take head sizes 16, 32, 64 and 128, got 96");
+}
+
+// b's caches with the positions before each sequence's first query row's window NaN, on the
+// host (the CPU op's) and the device: no row sees them, so a kernel that reads them (rather than
+// skipping the blocks before a window) gives NaN where the CPU op does not.
+void PoisonBeforeWindows(Batch& b, int window) {
+  if (window <= 0) return;
+  const auto& shape = b.key_cache.view().shape;  // [num_blocks, block_size, Hkv, D]
+  const int64_t bs = shape[1], row = shape[2] * shape[3];
+  const int64_t max_blocks = b.block_tables.view().shape[1];
+  for (int64_t s = 0; s < b.seq_lens.numel(); ++s) {
+    const int64_t q_len = b.qsl_host[s + 1] - b.qsl_host[s];
+    const int64_t first = b.seq_lens.data<int32_t>()[s] - q_len - window + 1;
+    for (int64_t p = 0; p < first; ++p) {
+      const int64_t slot = b.block_tables.data<int32_t>()[s * max_blocks + p / bs] * bs + p % bs;
+      std::fill_n(b.key_cache.data<float>() + slot * row, row, NAN);
+      std::fill_n(b.value_cache.data<float>() + slot * row, row, NAN);
+    }
+  }
+  const DType dtype = b.d_key_cache.view().dtype;
+  b.d_key_cache = DeviceTensor(dtype == DType::kF32 ? gpu_testing::Clone(b.key_cache)
+                                                    : ToHalf(b.key_cache, dtype));
+  b.d_value_cache = DeviceTensor(dtype == DType::kF32 ? gpu_testing::Clone(b.value_cache)
+                                                      : ToHalf(b.value_cache, dtype));
+}
+
+// Sliding windows (1, 37, 100, 700 and longer than every context) and a softcap with a
+// window, through v1, v2 (whose partitions cover the window only) and kAuto (v2 or v1 for the
+// decode rows, the tiled kernel for the chunks): decode rows (contexts of 1, 40 and 1100), chunks
+// with and without cached context, a sequence with no rows; f32 caches, and bf16 caches once.
+// Queries in [-3, 3] (scores up to ~5) so that the softcap of 1 matters.
+TEST_F(CudaPagedAttention, WindowAndSoftcapMatchCpu) {
+  std::mt19937 rng(620);
+  const std::vector<SeqSpec> batch = {{1, 40},   {1, 1100}, {17, 17}, {0, 40},
+                                      {15, 530}, {1, 1},    {20, 100}};
+  struct Opt {
+    int window;
+    float softcap;
+    DType cache;
+  };
+  for (const Shape& shape : {Shape{8, 2, 64, 16}, Shape{4, 1, 128, 32}}) {
+    for (const Opt o :
+         {Opt{1, 0, DType::kF32}, Opt{37, 0, DType::kF32}, Opt{700, 0, DType::kF32},
+          Opt{5000, 0, DType::kF32}, Opt{37, 1.0f, DType::kF32}, Opt{100, 1.0f, DType::kBF16}}) {
+      SCOPED_TRACE(Describe(shape) + ", window " + std::to_string(o.window) + ", softcap " +
+                   std::to_string(o.softcap) + ", " + DTypeName(o.cache) + " caches");
+      Batch b = MakeBatch(batch, shape, rng, 3.0f, o.cache);
+      PoisonBeforeWindows(b, o.window);
+      const AttentionOptions options{1.0f / std::sqrt(static_cast<float>(shape.head_size)),
+                                     o.window, o.softcap};
+      ExpectAllVersionsMatch(b, options, Reference(b, options));
+    }
+  }
+}
+
+// The checks above can fail: the CPU op with a window one key longer, or without the softcap,
+// differs from the CUDA op beyond the tolerance.
+TEST_F(CudaPagedAttention, WrongWindowOrSoftcapIsCaught) {
+  std::mt19937 rng(621);
+  const Shape shape{8, 2, 64, 16};
+  Batch b = MakeBatch({{1, 300}, {17, 60}}, shape, rng, 3.0f);
+  PoisonBeforeWindows(b, 37);
+  const AttentionOptions options{0.125f, 37, 1.0f};
+  DeviceTensor out(Reference(b, options));
+  out.Poison();
+  ASSERT_TRUE(PagedAttention({}, out.view(), b.d_query.view(), b.d_key_cache.view(),
+                             b.d_value_cache.view(), b.DeviceMetadata(), options)
+                  .ok());
+  ASSERT_EQ(Sync(), "");
+  const HostTensor got = out.Download();
+  EXPECT_TRUE(Close(got, Reference(b, options), kAtol, kRtol));
+  EXPECT_FALSE(Close(got, Reference(b, AttentionOptions{0.125f, 36, 1.0f}), kAtol, kRtol));
+  EXPECT_FALSE(Close(got, Reference(b, AttentionOptions{0.125f, 37, 0.0f}), kAtol, kRtol));
 }
 
 // A NaN key and value at a position of a prefill chunk (an unwritten or poisoned slot): the
@@ -601,7 +685,7 @@ std::vector<int32_t> SeqLensHost(const Batch& b) {
 
 // The decode plan the dispatcher makes for `b` on the emulated or real device 0.
 cuda::DecodePlan PlanFor(const Batch& b, const Shape& shape, size_t workspace_bytes,
-                         std::span<const int32_t> lens_host) {
+                         std::span<const int32_t> lens_host, int sliding_window = 0) {
   int num_sms = 0;
   EXPECT_EQ(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   cuda::DecodePlanInput in;
@@ -614,6 +698,7 @@ cuda::DecodePlan PlanFor(const Batch& b, const Shape& shape, size_t workspace_by
   in.query_start_loc_host = b.qsl_host;
   in.seq_lens_host = lens_host;
   in.workspace_bytes = workspace_bytes;
+  in.sliding_window = sliding_window;
   cuda::DecodePlan plan;
   EXPECT_EQ(cuda::PlanDecode(in, &plan), "");
   return plan;
@@ -626,6 +711,11 @@ class CudaPagedAttention16 : public CudaPagedAttention {
   // Runs ops::PagedAttention on `b` into a freshly poisoned 16-bit output; returns it as f32.
   static HostTensor Run(const Batch& b, DType dtype, float scale, const OpContext& ctx,
                         bool with_lens, bool with_qsl = true, int max_seq_len = -1) {
+    return Run(b, dtype, AttentionOptions{scale}, ctx, with_lens, with_qsl, max_seq_len);
+  }
+  static HostTensor Run(const Batch& b, DType dtype, const AttentionOptions& options,
+                        const OpContext& ctx, bool with_lens, bool with_qsl = true,
+                        int max_seq_len = -1) {
     const auto& qs = b.query.view().shape;
     DeviceTensor out(HostTensor(dtype, std::span<const int64_t>(qs.data(), 3)));
     out.Poison();
@@ -633,7 +723,7 @@ class CudaPagedAttention16 : public CudaPagedAttention {
     AttentionMetadata md = b.DeviceMetadata(max_seq_len, with_qsl);
     if (with_lens) md.seq_lens_host = lens;
     const OpStatus s = PagedAttention(ctx, out.view(), b.d_query.view(), b.d_key_cache.view(),
-                                      b.d_value_cache.view(), md, scale);
+                                      b.d_value_cache.view(), md, options);
     EXPECT_TRUE(s.ok()) << s.message;
     EXPECT_EQ(Sync(), "");
     return HalfToFloat(out.Download());
@@ -904,6 +994,66 @@ TEST_F(CudaPagedAttention16, MixedDtypesAreErrors) {
             "PagedAttention: metadata.seq_lens_host: expected 1 entries (or none), got 2");
 }
 
+// Decode rows with a sliding window and a softcap through the split-KV decode kernel: windows of
+// 1, 5, 64, 100, 257 and 700 and longer than every context (2000), softcap 1 alone and with a
+// window, split (the workspace PagedAttentionWorkspaceBytes gives) and not, with and without the
+// host seq_lens; bf16 at three shapes (block size 7: a page lookup per position), f16 at one.
+// The positions before each window are NaN in the caches. With a window the split covers the
+// window only: a context of 1000 under a window of 700 reads from 256 (the window's first
+// position 300 rounded down to 64) and splits 744 keys in 3, not 1000 in 4.
+TEST_F(CudaPagedAttention16, DecodeWithWindowAndSoftcapMatchesCpu) {
+  std::mt19937 rng(1730);
+  const std::vector<SeqSpec> seqs = {{1, 1000}, {1, 15}, {1, 300}, {1, 77}, {1, 700}};
+  struct Opt {
+    int window;
+    float softcap;
+  };
+  struct Run16 {
+    Shape shape;
+    DType dtype;
+  };
+  for (const Run16 r : {Run16{{8, 2, 64, 16}, DType::kBF16}, Run16{{8, 2, 128, 32}, DType::kBF16},
+                        Run16{{4, 1, 64, 7}, DType::kBF16}, Run16{{8, 2, 128, 16}, DType::kF16}}) {
+    for (const Opt o : {Opt{1, 0}, Opt{5, 0}, Opt{64, 0}, Opt{100, 0}, Opt{257, 0}, Opt{700, 0},
+                        Opt{2000, 0}, Opt{0, 1.0f}, Opt{100, 1.0f}}) {
+      SCOPED_TRACE(std::string(DTypeName(r.dtype)) + ", " + Describe(r.shape) + ", window " +
+                   std::to_string(o.window) + ", softcap " + std::to_string(o.softcap));
+      Batch b = MakeBatch(seqs, r.shape, rng, 1.0f, r.dtype);
+      b.query = RoundedThroughHalf(Random({5, r.shape.num_heads, r.shape.head_size}, rng, -3, 3),
+                                   r.dtype);
+      b.d_query = DeviceTensor(ToHalf(b.query, r.dtype));
+      PoisonBeforeWindows(b, o.window);
+      const AttentionOptions options{1.0f / std::sqrt(static_cast<float>(r.shape.head_size)),
+                                     o.window, o.softcap};
+      const HostTensor want = CudaPagedAttention16::Reference(b, options);
+      const size_t ws_bytes =
+          PagedAttentionWorkspaceBytes(5, r.shape.num_heads, r.shape.head_size, 2048);
+      const DeviceWorkspace workspace(ws_bytes);
+      const DeviceWorkspace none(0);
+      for (const bool with_lens : {false, true}) {
+        SCOPED_TRACE(with_lens ? "host seq_lens" : "no host seq_lens");
+        EXPECT_TRUE(
+            Close(CudaPagedAttention16::Run(b, r.dtype, options, workspace.Context(), with_lens),
+                  want, kAtol16, Rtol16(r.dtype)));
+      }
+      EXPECT_TRUE(Close(CudaPagedAttention16::Run(b, r.dtype, options, none.Context(), true), want,
+                        kAtol16, Rtol16(r.dtype)))
+          << "unsplit";
+    }
+  }
+  // The split of one context of 1000 keys, with and without a window of 700.
+  const Shape shape{8, 2, 64, 16};
+  const Batch one = MakeBatch16({{1, 1000}}, shape, rng, DType::kBF16);
+  const std::vector<int32_t> lens = SeqLensHost(one);
+  const size_t ws_bytes = PagedAttentionWorkspaceBytes(1, 8, 64, 2048);
+  const cuda::DecodePlan whole = PlanFor(one, shape, ws_bytes, lens);
+  const cuda::DecodePlan windowed = PlanFor(one, shape, ws_bytes, lens, 700);
+  EXPECT_EQ(whole.split_keys, 256);
+  EXPECT_EQ(whole.num_splits, 4);
+  EXPECT_EQ(windowed.split_keys, 256);
+  EXPECT_EQ(windowed.num_splits, 3);
+}
+
 // 16-bit queries and outputs (f16 and bf16, with caches of the same dtype) against the CPU op on
 // the same values: queries and caches rounded to the dtype, then given to the CPU op in f32.
 // Scores, softmax and sums are fp32 on both, so the difference is fp32's (kAtol, kRtol) plus
@@ -919,6 +1069,11 @@ class CudaPagedAttentionHalfQuery : public CudaPagedAttention {
   }
 
   static void ExpectAllVersionsMatchInHalf(const Batch& b, DType dtype, float scale,
+                                           const HostTensor& want) {
+    ExpectAllVersionsMatchInHalf(b, dtype, AttentionOptions{scale}, want);
+  }
+  static void ExpectAllVersionsMatchInHalf(const Batch& b, DType dtype,
+                                           const AttentionOptions& options,
                                            const HostTensor& want) {
     const double simt_rtol = kRtol + (dtype == DType::kBF16 ? 1.0 / 256 : 1.0 / 2048);
     // kAuto at head sizes 64 and 128 runs the tensor-core prefill kernel, which rounds the
@@ -940,9 +1095,9 @@ class CudaPagedAttentionHalfQuery : public CudaPagedAttention {
         const OpStatus s =
             v == PagedAttentionVersion::kAuto
                 ? PagedAttention(ctx, out.view(), b.d_query.view(), b.d_key_cache.view(),
-                                 b.d_value_cache.view(), b.DeviceMetadata(-1, host_qsl), scale)
+                                 b.d_value_cache.view(), b.DeviceMetadata(-1, host_qsl), options)
                 : cuda::PagedAttention(ctx, out.view(), b.d_query.view(), b.d_key_cache.view(),
-                                       b.d_value_cache.view(), b.DeviceMetadata(), scale, v);
+                                       b.d_value_cache.view(), b.DeviceMetadata(), options, v);
         ASSERT_TRUE(s.ok()) << s.message;
         ASSERT_EQ(Sync(), "");
         const HostTensor got = out.Download();
@@ -970,6 +1125,35 @@ TEST_F(CudaPagedAttentionHalfQuery, MatchesCpuOnTheSameValuesForEveryHeadSize) {
       RoundQuery(b, dtype);
       const float scale = 1.0f / std::sqrt(static_cast<float>(shape.head_size));
       ExpectAllVersionsMatchInHalf(b, dtype, scale, Reference(b, scale));
+    }
+  }
+}
+
+// A sliding window and a softcap on mixed 16-bit batches: kAuto sends the decode rows to the
+// decode kernel and the chunks (from scratch, after cached context, longer than the tensor-core
+// kernel's 64-row tile) to the tensor-core prefill kernel; v1 and v2 run every row on the SIMT
+// kernels. Windows of 1, 20 (with softcap 1) and 300; the positions before each window NaN;
+// bf16 at head sizes 64 and 128, f16 at 64.
+TEST_F(CudaPagedAttentionHalfQuery, WindowAndSoftcapMatchCpu) {
+  std::mt19937 rng(1731);
+  const std::vector<SeqSpec> batch = {{1, 17}, {15, 47}, {1, 600}, {17, 17}, {70, 100}};
+  struct Opt {
+    int window;
+    float softcap;
+  };
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    for (const Shape& shape : {Shape{8, 2, 64, 16}, Shape{4, 4, 128, 32}}) {
+      if (dtype == DType::kF16 && shape.head_size == 128) continue;  // fewer cases
+      for (const Opt o : {Opt{1, 0}, Opt{20, 1.0f}, Opt{300, 0}}) {
+        SCOPED_TRACE(Describe(shape) + ", " + DTypeName(dtype) + ", window " +
+                     std::to_string(o.window) + ", softcap " + std::to_string(o.softcap));
+        Batch b = MakeBatch(batch, shape, rng, 3.0f, dtype);
+        RoundQuery(b, dtype);
+        PoisonBeforeWindows(b, o.window);
+        const AttentionOptions options{1.0f / std::sqrt(static_cast<float>(shape.head_size)),
+                                       o.window, o.softcap};
+        ExpectAllVersionsMatchInHalf(b, dtype, options, Reference(b, options));
+      }
     }
   }
 }
