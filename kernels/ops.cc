@@ -176,6 +176,17 @@ OpStatus ComputeRopeInvFreq(const RopeConfig& config, std::span<double> inv_freq
                      std::to_string(sc.low_freq_factor) + ", original_max_position_embeddings " +
                      std::to_string(sc.original_max_position_embeddings));
   }
+  if (!config.freq_factors.empty()) {
+    if (static_cast<int64_t>(config.freq_factors.size()) != half) {
+      return Error(kOp, "freq_factors: expected " + std::to_string(half) + " factors, got " +
+                            std::to_string(config.freq_factors.size()));
+    }
+    for (double v : config.freq_factors) {
+      if (!(v > 0.0) || !std::isfinite(v)) {
+        return Error(kOp, "freq_factors: expected factors > 0, got " + std::to_string(v));
+      }
+    }
+  }
   const double dim = 2.0 * static_cast<double>(half);
   for (int64_t i = 0; i < half; ++i) {
     double f = 1.0 / std::pow(config.theta, static_cast<double>(2 * i) / dim);
@@ -202,6 +213,7 @@ OpStatus ComputeRopeInvFreq(const RopeConfig& config, std::span<double> inv_freq
         break;
       }
     }
+    if (!config.freq_factors.empty()) f /= config.freq_factors[i];
     inv_freq[i] = f;
   }
   return OpStatus::Ok();

@@ -44,6 +44,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "common/types.h"
 #include "kernels/tensor.h"
@@ -126,10 +127,14 @@ struct RopeConfig {
   double theta = 10000.0;  // rope_theta
   int rotary_dim = 0;      // dims rotated at the start of each head; 0 = the whole head
   RopeScaling scaling;
+  // Empty, or rotary_dim / 2 divisors of the inverse frequencies applied after the scaling
+  // (a GGUF's rope_freqs tensor: llama.cpp's form of Llama 3.1's scaling).
+  std::vector<double> freq_factors;
 };
 
 // The rotary_dim / 2 inverse frequencies after scaling:
-//   inv_freq[i] = theta^(-2i / rotary_dim), then scaled as config.scaling says.
+//   inv_freq[i] = theta^(-2i / rotary_dim), then scaled as config.scaling says, then divided
+//   by config.freq_factors[i] when there are any (their count must be rotary_dim / 2, each > 0).
 // The angle of pair i at position p is p * inv_freq[i]. Backends share it.
 OpStatus ComputeRopeInvFreq(const RopeConfig& config, std::span<double> inv_freq);
 

@@ -145,6 +145,26 @@ TEST(RotaryEmbedding, Llama3KeepsHighFrequenciesAndDividesLowOnes) {
   EXPECT_GT(smoothed, 0);
 }
 
+// A GGUF's rope_freqs: llama.cpp's converter writes Llama 3.1's scaling as one divisor per
+// frequency; dividing the plain frequencies by the factors the llama3 rule implies gives the
+// llama3 frequencies again.
+TEST(RotaryEmbedding, FreqFactorsDivideTheInverseFrequencies) {
+  const RopeConfig llama3{500000.0, 128, {RopeScaling::Type::kLlama3, 8.0, 1.0, 4.0, 8192}};
+  std::vector<double> want(64);
+  ASSERT_TRUE(ComputeRopeInvFreq(llama3, want).ok());
+  const std::vector<double> plain = PlainInvFreq(500000.0, 128);
+  RopeConfig factors{500000.0, 128, {}};
+  for (int i = 0; i < 64; ++i) factors.freq_factors.push_back(plain[i] / want[i]);
+  std::vector<double> got(64);
+  ASSERT_TRUE(ComputeRopeInvFreq(factors, got).ok());
+  for (int i = 0; i < 64; ++i) EXPECT_NEAR(got[i], want[i], 1e-15 * want[0]) << i;
+  factors.freq_factors.pop_back();
+  EXPECT_NE(ComputeRopeInvFreq(factors, got).message.find("freq_factors: expected 64"),
+            std::string::npos);
+  factors.freq_factors.push_back(0.0);
+  EXPECT_NE(ComputeRopeInvFreq(factors, got).message.find("factors > 0"), std::string::npos);
+}
+
 TEST(RotaryEmbedding, ErrorsNameTheArgument) {
   std::mt19937 rng(41);
   HostTensor pos = Indices({0, 1, 2}, DType::kI64);
