@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstring>
+#include <span>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/gguf_dequant.h"
 #include "common/half.h"
@@ -67,23 +70,34 @@ void Store(const float* src, int64_t n, StDType dtype, std::byte* dst) {
 
 bool IsGgufPath(std::string_view path) { return path.ends_with(".gguf"); }
 
-std::string GgufTensorName(std::string_view hf) {
+std::string GgufTensorName(std::string_view hf, std::string_view arch) {
   if (hf == "model.embed_tokens.weight") return "token_embd.weight";
   if (hf == "lm_head.weight") return "output.weight";
   if (hf == "model.norm.weight") return "output_norm.weight";
   static constexpr std::pair<std::string_view, std::string_view> kLayer[] = {
       {"input_layernorm.weight", "attn_norm.weight"},
-      {"post_attention_layernorm.weight", "ffn_norm.weight"},
       {"self_attn.q_proj.weight", "attn_q.weight"},
       {"self_attn.k_proj.weight", "attn_k.weight"},
       {"self_attn.v_proj.weight", "attn_v.weight"},
       {"self_attn.q_proj.bias", "attn_q.bias"},
       {"self_attn.k_proj.bias", "attn_k.bias"},
       {"self_attn.v_proj.bias", "attn_v.bias"},
+      {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+      {"self_attn.k_norm.weight", "attn_k_norm.weight"},
       {"self_attn.o_proj.weight", "attn_output.weight"},
       {"mlp.gate_proj.weight", "ffn_gate.weight"},
       {"mlp.up_proj.weight", "ffn_up.weight"},
       {"mlp.down_proj.weight", "ffn_down.weight"},
+  };
+  // Llama's post_attention_layernorm is the MLP's input norm; Gemma's normalizes the
+  // attention's output, and pre_feedforward_layernorm is the MLP's input norm.
+  static constexpr std::pair<std::string_view, std::string_view> kLlamaNorms[] = {
+      {"post_attention_layernorm.weight", "ffn_norm.weight"},
+  };
+  static constexpr std::pair<std::string_view, std::string_view> kGemmaNorms[] = {
+      {"post_attention_layernorm.weight", "post_attention_norm.weight"},
+      {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+      {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
   };
   constexpr std::string_view kPrefix = "model.layers.";
   if (!hf.starts_with(kPrefix)) return "";
@@ -97,82 +111,151 @@ std::string GgufTensorName(std::string_view hf) {
   for (const auto& [from, to] : kLayer) {
     if (rest == from) return absl::StrCat("blk.", layer, ".", std::string(to));
   }
+  const bool gemma = arch.starts_with("gemma");
+  using Names = std::span<const std::pair<std::string_view, std::string_view>>;
+  for (const auto& [from, to] : gemma ? Names(kGemmaNorms) : Names(kLlamaNorms)) {
+    if (rest == from) return absl::StrCat("blk.", layer, ".", std::string(to));
+  }
   return "";
 }
 
+namespace {
+
+constexpr const char* kGgufArchitectures[] = {"llama", "qwen2", "qwen3", "gemma2", "gemma3"};
+
+// An optional number key into `out`; its error when present but malformed.
+absl::Status GetOptionalNumber(const GgufFile& f, const std::string& key, double* out) {
+  absl::StatusOr<double> v = f.GetNumber(key);
+  if (v.ok()) {
+    *out = *v;
+    return absl::OkStatus();
+  }
+  return absl::IsNotFound(v.status()) ? absl::OkStatus() : v.status();
+}
+
+// rope_freqs.weight (llama.cpp's converter writes Llama 3.1+'s llama3 rope scaling as one
+// factor per frequency), dequantized.
+absl::Status ReadRopeFreqs(const GgufFile& f, const GgufTensorInfo& t, int head_dim,
+                           std::vector<float>* out) {
+  const std::vector<int64_t> shape = t.shape();
+  if (shape.size() != 1 || shape[0] != head_dim / 2) {
+    return Invalid(
+        f, absl::StrCat("rope_freqs.weight must hold head_dim / 2 = ", head_dim / 2, " factors"));
+  }
+  out->resize(static_cast<size_t>(shape[0]));
+  RETURN_IF_ERROR(DequantizeToF32(t.type, f.Bytes(t), *out));
+  for (float v : *out) {
+    if (!(v > 0) || !std::isfinite(v)) return Invalid(f, "rope_freqs.weight holds a factor <= 0");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   ASSIGN_OR_RETURN(std::string arch, f.GetString("general.architecture"));
-  if (arch != "llama") {
+  if (std::find(std::begin(kGgufArchitectures), std::end(kGgufArchitectures), arch) ==
+      std::end(kGgufArchitectures)) {
     return absl::UnimplementedError(
-        absl::StrCat("gguf ", f.path(), ": general.architecture \"", arch,
-                     "\" is not supported (only \"llama\": Llama-family models such as "
-                     "Llama 2/3, SmolLM2, Mistral without sliding window)"));
+        absl::StrCat("gguf ", f.path(), ": general.architecture \"", arch, "\" is not supported (",
+                     absl::StrJoin(kGgufArchitectures, ", "),
+                     "; llama covers Llama 2/3.x, SmolLM2 and Mistral)"));
   }
+  const std::string a = arch + ".";
   ModelConfig c;
-  c.architecture = "LlamaForCausalLM";
-  c.model_type = "llama";
-  RETURN_IF_ERROR(GetPositive(f, "llama.embedding_length", &c.hidden_size));
-  RETURN_IF_ERROR(GetPositive(f, "llama.feed_forward_length", &c.intermediate_size));
-  RETURN_IF_ERROR(GetPositive(f, "llama.block_count", &c.num_hidden_layers));
-  RETURN_IF_ERROR(GetPositive(f, "llama.attention.head_count", &c.num_attention_heads));
-  RETURN_IF_ERROR(GetPositive(f, "llama.attention.head_count_kv", &c.num_key_value_heads,
-                              c.num_attention_heads));
-  RETURN_IF_ERROR(GetPositive(f, "llama.context_length", &c.max_position_embeddings));
+  c.model_type = arch;
+  c.architecture = arch == "llama"    ? "LlamaForCausalLM"
+                   : arch == "qwen2"  ? "Qwen2ForCausalLM"
+                   : arch == "qwen3"  ? "Qwen3ForCausalLM"
+                   : arch == "gemma2" ? "Gemma2ForCausalLM"
+                                      : "Gemma3ForCausalLM";
+  RETURN_IF_ERROR(GetPositive(f, a + "embedding_length", &c.hidden_size));
+  RETURN_IF_ERROR(GetPositive(f, a + "feed_forward_length", &c.intermediate_size));
+  RETURN_IF_ERROR(GetPositive(f, a + "block_count", &c.num_hidden_layers));
+  RETURN_IF_ERROR(GetPositive(f, a + "attention.head_count", &c.num_attention_heads));
+  RETURN_IF_ERROR(
+      GetPositive(f, a + "attention.head_count_kv", &c.num_key_value_heads, c.num_attention_heads));
+  RETURN_IF_ERROR(GetPositive(f, a + "context_length", &c.max_position_embeddings));
   if (c.num_attention_heads % c.num_key_value_heads != 0) {
-    return Invalid(f, absl::StrCat("llama.attention.head_count (", c.num_attention_heads,
-                                   ") must be a multiple of llama.attention.head_count_kv (",
+    return Invalid(f, absl::StrCat(a, "attention.head_count (", c.num_attention_heads,
+                                   ") must be a multiple of ", a, "attention.head_count_kv (",
                                    c.num_key_value_heads, ")"));
   }
   int def_head_dim = c.hidden_size / c.num_attention_heads;
-  RETURN_IF_ERROR(GetPositive(f, "llama.attention.key_length", &c.head_dim, def_head_dim));
+  RETURN_IF_ERROR(GetPositive(f, a + "attention.key_length", &c.head_dim, def_head_dim));
+  int value_dim = 0;
+  RETURN_IF_ERROR(GetPositive(f, a + "attention.value_length", &value_dim, c.head_dim));
+  if (value_dim != c.head_dim) {
+    return absl::UnimplementedError(absl::StrCat("gguf ", f.path(), ": ", a,
+                                                 "attention.value_length ", value_dim,
+                                                 " differs from the key length ", c.head_dim));
+  }
   if (c.head_dim % 2 != 0) return Invalid(f, absl::StrCat("head dim ", c.head_dim, " is odd"));
   int rot = 0;
-  RETURN_IF_ERROR(GetPositive(f, "llama.rope.dimension_count", &rot, c.head_dim));
+  RETURN_IF_ERROR(GetPositive(f, a + "rope.dimension_count", &rot, c.head_dim));
   if (rot != c.head_dim) {
-    return absl::UnimplementedError(absl::StrCat("gguf ", f.path(), ": llama.rope.dimension_count ",
-                                                 rot, " differs from the head dim ", c.head_dim,
-                                                 " (partial rotary is not supported)"));
+    return absl::UnimplementedError(absl::StrCat(
+        "gguf ", f.path(), ": ", a, "rope.dimension_count ", rot, " differs from the head dim ",
+        c.head_dim, " (partial rotary is not supported)"));
   }
-  if (absl::StatusOr<double> eps = f.GetNumber("llama.attention.layer_norm_rms_epsilon");
-      eps.ok()) {
-    c.rms_norm_eps = *eps;
-  } else if (!absl::IsNotFound(eps.status())) {
-    return eps.status();
-  }
-  if (!(c.rms_norm_eps > 0))
-    return Invalid(f, "llama.attention.layer_norm_rms_epsilon must be > 0");
-  if (absl::StatusOr<double> theta = f.GetNumber("llama.rope.freq_base"); theta.ok()) {
-    c.rope_theta = *theta;
-  } else if (!absl::IsNotFound(theta.status())) {
-    return theta.status();
-  }
-  if (!(c.rope_theta > 0)) return Invalid(f, "llama.rope.freq_base must be > 0");
-  if (absl::StatusOr<std::string> type = f.GetString("llama.rope.scaling.type"); type.ok()) {
+  RETURN_IF_ERROR(GetOptionalNumber(f, a + "attention.layer_norm_rms_epsilon", &c.rms_norm_eps));
+  if (!(c.rms_norm_eps > 0)) return Invalid(f, a + "attention.layer_norm_rms_epsilon must be > 0");
+  RETURN_IF_ERROR(GetOptionalNumber(f, a + "rope.freq_base", &c.rope_theta));
+  if (!(c.rope_theta > 0)) return Invalid(f, a + "rope.freq_base must be > 0");
+  if (absl::StatusOr<std::string> type = f.GetString(a + "rope.scaling.type"); type.ok()) {
     if (*type == "linear") {
       c.rope_scaling.type = "linear";
-      ASSIGN_OR_RETURN(c.rope_scaling.factor, f.GetNumber("llama.rope.scaling.factor"));
+      ASSIGN_OR_RETURN(c.rope_scaling.factor, f.GetNumber(a + "rope.scaling.factor"));
+      if (!(c.rope_scaling.factor >= 1.0))
+        return Invalid(f, a + "rope.scaling.factor must be >= 1");
     } else if (*type != "none") {
-      return absl::UnimplementedError(absl::StrCat("gguf ", f.path(),
-                                                   ": llama.rope.scaling.type \"", *type,
+      return absl::UnimplementedError(absl::StrCat("gguf ", f.path(), ": ", a,
+                                                   "rope.scaling.type \"", *type,
                                                    "\" is not supported (none or linear)"));
     }
   }
-  if (f.FindTensor("rope_freqs.weight") != nullptr) {
-    return absl::UnimplementedError(
-        absl::StrCat("gguf ", f.path(),
-                     ": rope_freqs.weight (Llama 3.1-style rope scaling baked into per-frequency "
-                     "factors) is not supported"));
+  if (const GgufTensorInfo* freqs = f.FindTensor("rope_freqs.weight"); freqs != nullptr) {
+    RETURN_IF_ERROR(ReadRopeFreqs(f, *freqs, c.head_dim, &c.rope_freq_factors));
   }
-  // Vocabulary: llama.vocab_size, else the token list's length, else the embedding's rows.
+  // Vocabulary: <arch>.vocab_size, else the token list's length, else the embedding's rows.
   const GgufTensorInfo* embd = f.FindTensor("token_embd.weight");
   if (embd == nullptr) return Invalid(f, "no tensor token_embd.weight");
   if (embd->dims.size() != 2) return Invalid(f, "token_embd.weight is not 2-D");
   const GgufValue* tokens = f.Find("tokenizer.ggml.tokens");
   int from_tokens = tokens != nullptr ? static_cast<int>(tokens->array.size()) : 0;
-  RETURN_IF_ERROR(GetPositive(f, "llama.vocab_size", &c.vocab_size,
+  RETURN_IF_ERROR(GetPositive(f, a + "vocab_size", &c.vocab_size,
                               from_tokens > 0 ? from_tokens : static_cast<int>(embd->dims[1])));
   c.tie_word_embeddings = f.FindTensor("output.weight") == nullptr;
   c.attention_bias = f.FindTensor("blk.0.attn_q.bias") != nullptr;
+  c.qk_norm = f.FindTensor("blk.0.attn_q_norm.weight") != nullptr;
+  if (arch == "gemma2" || arch == "gemma3") {
+    // What llama.cpp's Gemma graphs do beside the keys: GeGLU, embeddings scaled by
+    // sqrt(hidden), four norms per layer (their weights already hold Gemma's + 1), the
+    // attention scale from the head size (from hidden / heads for the 27B models), and the
+    // layer pattern: every other layer sliding from the first (Gemma 2), five sliding to one
+    // global with a local rope base of 10000 (Gemma 3).
+    c.hidden_act = "gelu_pytorch_tanh";
+    c.scale_embeddings = true;
+    c.sandwich_norms = true;
+    c.query_pre_attn_scalar = c.num_hidden_layers == (arch == "gemma2" ? 46 : 62)
+                                  ? static_cast<double>(c.hidden_size) / c.num_attention_heads
+                                  : c.head_dim;
+    RETURN_IF_ERROR(GetOptionalNumber(f, a + "attn_logit_softcapping", &c.attn_logit_softcapping));
+    RETURN_IF_ERROR(
+        GetOptionalNumber(f, a + "final_logit_softcapping", &c.final_logit_softcapping));
+    int window = 0;
+    RETURN_IF_ERROR(GetPositive(f, a + "attention.sliding_window", &window, 0));
+    if (window > 0 && window < c.max_position_embeddings) {
+      c.sliding_window = window;
+      const int pattern = arch == "gemma2" ? 2 : 6;
+      for (int l = 0; l < c.num_hidden_layers; ++l) c.sliding_layers.push_back((l + 1) % pattern);
+    }
+    if (arch == "gemma3") c.rope_local_theta = 10000.0;
+  } else {
+    int window = 0;
+    RETURN_IF_ERROR(GetPositive(f, a + "attention.sliding_window", &window, 0));
+    if (window > 0 && window < c.max_position_embeddings) c.sliding_window = window;
+  }
   if (absl::StatusOr<int64_t> bos = f.GetInt("tokenizer.ggml.bos_token_id"); bos.ok()) {
     c.bos_token_id = static_cast<int>(*bos);
   }
@@ -199,11 +282,12 @@ absl::StatusOr<std::unique_ptr<GgufWeights>> GgufWeights::FromFile(const GgufFil
   w->file_ = file;
   w->n_head_ = c.num_attention_heads;
   w->n_head_kv_ = c.num_key_value_heads;
+  w->arch_ = c.model_type;
   return w;
 }
 
 absl::StatusOr<std::vector<int64_t>> GgufWeights::Shape(std::string_view name) const {
-  const std::string g = GgufTensorName(name);
+  const std::string g = GgufTensorName(name, arch_);
   const GgufTensorInfo* t = g.empty() ? nullptr : file_->FindTensor(g);
   if (t == nullptr) {
     return absl::NotFoundError(absl::StrCat("tensor ", std::string(name), " (gguf ",
@@ -214,7 +298,7 @@ absl::StatusOr<std::vector<int64_t>> GgufWeights::Shape(std::string_view name) c
 
 absl::Status GgufWeights::ReadSlice(std::string_view name, int dim, int64_t begin, int64_t end,
                                     StDType out_dtype, std::span<std::byte> out) const {
-  const std::string g = GgufTensorName(name);
+  const std::string g = GgufTensorName(name, arch_);
   const GgufTensorInfo* t = g.empty() ? nullptr : file_->FindTensor(g);
   if (t == nullptr) {
     return absl::NotFoundError(absl::StrCat("tensor ", std::string(name), " (gguf ",
@@ -248,10 +332,13 @@ absl::Status GgufWeights::ReadSlice(std::string_view name, int dim, int64_t begi
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": the slice is ", out_rows * out_cols * esize, " bytes, the buffer ", out.size()));
   }
-  // q/k rows come back in Hugging Face order.
+  // q/k rows come back in Hugging Face order (llama.cpp permutes them for the llama
+  // architecture only: the others use NeoX-style rotary, as Hugging Face does).
   int64_t permute_head_dim = 0;
-  if (absl::StrContains(g, "attn_q.")) permute_head_dim = shape[0] / n_head_;
-  if (absl::StrContains(g, "attn_k.")) permute_head_dim = shape[0] / n_head_kv_;
+  if (arch_ == "llama" && absl::StrContains(g, "attn_q.")) permute_head_dim = shape[0] / n_head_;
+  if (arch_ == "llama" && absl::StrContains(g, "attn_k.")) {
+    permute_head_dim = shape[0] / n_head_kv_;
+  }
   const auto [block, block_bytes] = GgmlBlockLayout(t->type);
   const size_t row_bytes = static_cast<size_t>(cols / block * block_bytes);
   const std::span<const std::byte> data = file_->Bytes(*t);

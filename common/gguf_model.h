@@ -1,12 +1,15 @@
-// A GGUF file as a model: its config (llama.* metadata) and its weights under their Hugging
+// A GGUF file as a model: its config (<arch>.* metadata) and its weights under their Hugging
 // Face names and layout, dequantized at load.
 //
 // Names: token_embd -> model.embed_tokens, output -> lm_head (absent: tied embeddings),
-// output_norm -> model.norm, blk.N.{attn_norm, ffn_norm, attn_q/k/v/output, ffn_gate/up/down}
-// -> model.layers.N.{input_layernorm, post_attention_layernorm, self_attn.q/k/v/o_proj,
-// mlp.gate/up/down_proj}. llama.cpp's converter interleaves the rows of each head of attn_q
-// and attn_k (for ggml's RoPE, which rotates adjacent pairs); reading undoes it, so the rows
-// are the Hugging Face ones (halves rotated together).
+// output_norm -> model.norm, blk.N.{attn_norm, attn_q/k/v/output, attn_q/k_norm,
+// ffn_gate/up/down} -> model.layers.N.{input_layernorm, self_attn.q/k/v/o_proj,
+// self_attn.q/k_norm, mlp.gate/up/down_proj}; blk.N.ffn_norm is post_attention_layernorm for
+// Llama-style models and pre_feedforward_layernorm for Gemma, whose blk.N.post_attention_norm
+// and post_ffw_norm are post_attention_layernorm and post_feedforward_layernorm. For the llama
+// architecture llama.cpp's converter interleaves the rows of each head of attn_q and attn_k
+// (for ggml's RoPE, which rotates adjacent pairs); reading undoes it, so the rows are the
+// Hugging Face ones (halves rotated together).
 #ifndef LLM_COMMON_GGUF_MODEL_H_
 #define LLM_COMMON_GGUF_MODEL_H_
 
@@ -26,8 +29,9 @@ namespace llm {
 bool IsGgufPath(std::string_view path);
 
 // The GGUF tensor name of a Hugging Face one ("model.layers.3.mlp.up_proj.weight" ->
-// "blk.3.ffn_up.weight"); "" when it has none.
-std::string GgufTensorName(std::string_view hf_name);
+// "blk.3.ffn_up.weight") in a file of architecture `arch` (general.architecture); "" when it
+// has none.
+std::string GgufTensorName(std::string_view hf_name, std::string_view arch = "llama");
 
 class GgufWeights : public WeightSource {
  public:
@@ -49,6 +53,7 @@ class GgufWeights : public WeightSource {
   const GgufFile* file_ = nullptr;
   int n_head_ = 0;
   int n_head_kv_ = 0;
+  std::string arch_;  // general.architecture
 };
 
 }  // namespace llm

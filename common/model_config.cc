@@ -1,5 +1,6 @@
 #include "common/model_config.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -16,8 +17,9 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr const char* kArchitectures[] = {"LlamaForCausalLM", "MistralForCausalLM",
-                                          "Qwen2ForCausalLM"};
+constexpr const char* kArchitectures[] = {"LlamaForCausalLM",  "MistralForCausalLM",
+                                          "Qwen2ForCausalLM",  "Qwen3ForCausalLM",
+                                          "Gemma2ForCausalLM", "Gemma3ForCausalLM"};
 
 absl::Status Invalid(absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("config.json: ", what));
@@ -56,40 +58,161 @@ absl::Status GetOptional(const json& j, const char* field, T* out) {
   return absl::OkStatus();
 }
 
-// transformers < 5 writes "rope_scaling" (and "rope_theta" beside it); transformers >= 5
-// writes "rope_parameters", which holds rope_theta too. Both are read.
-absl::Status ParseRopeScaling(const json& j, RopeScaling* out) {
-  auto it = j.find("rope_scaling");
-  if (it == j.end() || it->is_null()) it = j.find("rope_parameters");
-  if (it == j.end() || it->is_null()) return absl::OkStatus();
-  if (!it->is_object()) return Invalid("\"rope_scaling\" must be an object or null");
+// One rope description: transformers < 5's "rope_scaling" object, or one of transformers >= 5's
+// "rope_parameters" (which holds rope_theta too, read by the caller). Null or absent: none.
+absl::Status ParseRopeScaling(const json* obj, RopeScaling* out) {
+  if (obj == nullptr || obj->is_null()) return absl::OkStatus();
+  if (!obj->is_object()) return Invalid("\"rope_scaling\" must be an object or null");
+  const json& rs = *obj;
   std::string type;
   // transformers accepts both spellings.
-  RETURN_IF_ERROR(GetOptional(*it, "type", &type));
-  RETURN_IF_ERROR(GetOptional(*it, "rope_type", &type));
+  RETURN_IF_ERROR(GetOptional(rs, "type", &type));
+  RETURN_IF_ERROR(GetOptional(rs, "rope_type", &type));
   if (type.empty() || type == "default") return absl::OkStatus();
   if (type != "linear" && type != "llama3") {
     return absl::UnimplementedError(absl::StrCat("config.json: rope_scaling type \"", type,
                                                  "\" is not supported (linear, llama3)"));
   }
   out->type = type;
-  if (!it->contains("factor")) return Invalid("rope_scaling needs \"factor\"");
-  RETURN_IF_ERROR(GetOptional(*it, "factor", &out->factor));
+  if (!rs.contains("factor")) return Invalid("rope_scaling needs \"factor\"");
+  RETURN_IF_ERROR(GetOptional(rs, "factor", &out->factor));
   if (!(out->factor >= 1.0)) return Invalid("rope_scaling \"factor\" must be >= 1");
   if (type == "llama3") {
     for (const char* f :
          {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
-      if (!it->contains(f)) return Invalid(absl::StrCat("llama3 rope_scaling needs \"", f, "\""));
+      if (!rs.contains(f)) return Invalid(absl::StrCat("llama3 rope_scaling needs \"", f, "\""));
     }
-    RETURN_IF_ERROR(GetOptional(*it, "low_freq_factor", &out->low_freq_factor));
-    RETURN_IF_ERROR(GetOptional(*it, "high_freq_factor", &out->high_freq_factor));
-    RETURN_IF_ERROR(GetOptional(*it, "original_max_position_embeddings",
+    RETURN_IF_ERROR(GetOptional(rs, "low_freq_factor", &out->low_freq_factor));
+    RETURN_IF_ERROR(GetOptional(rs, "high_freq_factor", &out->high_freq_factor));
+    RETURN_IF_ERROR(GetOptional(rs, "original_max_position_embeddings",
                                 &out->original_max_position_embeddings));
     if (!(out->high_freq_factor > out->low_freq_factor)) {
       return Invalid("llama3 rope_scaling needs high_freq_factor > low_freq_factor");
     }
   }
   return absl::OkStatus();
+}
+
+const json* Member(const json& j, const char* field) {
+  auto it = j.find(field);
+  return it == j.end() || it->is_null() ? nullptr : &*it;
+}
+
+// rope_theta, rope_scaling and Gemma 3's local rope base, from either spelling.
+absl::Status ParseRope(const json& j, ModelConfig* c) {
+  RETURN_IF_ERROR(GetOptional(j, "rope_theta", &c->rope_theta));
+  RETURN_IF_ERROR(GetOptional(j, "rope_local_base_freq", &c->rope_local_theta));
+  const json* rp = Member(j, "rope_parameters");
+  const json* global = Member(j, "rope_scaling");
+  if (rp != nullptr && rp->is_object()) {
+    if (const json* full = Member(*rp, "full_attention"); full != nullptr) {
+      // Gemma 3 in transformers >= 5: one description per layer type.
+      global = full;
+      const json* local = Member(*rp, "sliding_attention");
+      if (local != nullptr && local->is_object()) {
+        RETURN_IF_ERROR(GetOptional(*local, "rope_theta", &c->rope_local_theta));
+        RopeScaling local_scaling;
+        RETURN_IF_ERROR(ParseRopeScaling(local, &local_scaling));
+        if (!local_scaling.type.empty()) {
+          return absl::UnimplementedError(
+              "config.json: rope scaling of the sliding-window layers is not supported");
+        }
+      }
+    } else if (global == nullptr) {
+      global = rp;
+    }
+    if (global != nullptr && global->is_object()) {
+      RETURN_IF_ERROR(GetOptional(*global, "rope_theta", &c->rope_theta));
+    }
+    if (rp->contains("partial_rotary_factor") && (*rp)["partial_rotary_factor"] != 1.0) {
+      return absl::UnimplementedError("config.json: partial_rotary_factor is not supported");
+    }
+  }
+  if (!(c->rope_theta > 0)) return Invalid("\"rope_theta\" must be > 0");
+  if (c->rope_local_theta < 0) return Invalid("\"rope_local_base_freq\" must be > 0");
+  return ParseRopeScaling(global, &c->rope_scaling);
+}
+
+// Which layers attend through a window, and how wide it is.
+absl::Status ParseSlidingWindow(const json& j, ModelConfig* c) {
+  const std::string& arch = c->architecture;
+  const bool gemma = arch == "Gemma2ForCausalLM" || arch == "Gemma3ForCausalLM";
+  bool use = arch == "MistralForCausalLM" || gemma;
+  if (arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM") {
+    RETURN_IF_ERROR(GetOptional(j, "use_sliding_window", &use));
+  }
+  int64_t window = 0;
+  RETURN_IF_ERROR(GetOptional(j, "sliding_window", &window));
+  if (!use || window <= 0 || window >= c->max_position_embeddings) return absl::OkStatus();
+  if (window > (1 << 30)) return Invalid("\"sliding_window\" is too large");
+  c->sliding_window = static_cast<int>(window);
+  if (const json* types = Member(j, "layer_types"); types != nullptr) {
+    if (!types->is_array() || static_cast<int>(types->size()) != c->num_hidden_layers) {
+      return Invalid(absl::StrCat("\"layer_types\" must list num_hidden_layers (",
+                                  c->num_hidden_layers, ") layer types"));
+    }
+    for (const json& t : *types) {
+      if (!t.is_string() || (t != "sliding_attention" && t != "full_attention")) {
+        return absl::UnimplementedError(absl::StrCat("config.json: layer type ", t.dump(),
+                                                     " is not supported (sliding_attention, "
+                                                     "full_attention)"));
+      }
+      c->sliding_layers.push_back(t == "sliding_attention");
+    }
+  } else if (gemma) {
+    // transformers < 5: Gemma 2 alternates from a sliding first layer; Gemma 3 has
+    // sliding_window_pattern - 1 sliding layers to one global one.
+    int pattern = arch == "Gemma2ForCausalLM" ? 2 : 6;
+    RETURN_IF_ERROR(GetOptional(j, "sliding_window_pattern", &pattern));
+    RETURN_IF_ERROR(GetOptional(j, "_sliding_window_pattern", &pattern));
+    if (pattern < 1) return Invalid("\"sliding_window_pattern\" must be >= 1");
+    for (int l = 0; l < c->num_hidden_layers; ++l) c->sliding_layers.push_back((l + 1) % pattern);
+  } else if (arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM") {
+    int max_window_layers = c->num_hidden_layers;
+    RETURN_IF_ERROR(GetOptional(j, "max_window_layers", &max_window_layers));
+    for (int l = 0; l < c->num_hidden_layers; ++l) {
+      c->sliding_layers.push_back(l >= max_window_layers);
+    }
+  }
+  if (std::none_of(c->sliding_layers.begin(), c->sliding_layers.end(), [](bool b) { return b; }) &&
+      !c->sliding_layers.empty()) {
+    c->sliding_window = 0;
+    c->sliding_layers.clear();
+  }
+  return absl::OkStatus();
+}
+
+// The features of the Gemma 2 / 3 and Qwen3 families (ModelConfig's second block).
+absl::Status ParseFamilyFeatures(const json& j, ModelConfig* c) {
+  const std::string& arch = c->architecture;
+  const bool gemma = arch == "Gemma2ForCausalLM" || arch == "Gemma3ForCausalLM";
+  c->qk_norm = arch == "Qwen3ForCausalLM" || arch == "Gemma3ForCausalLM";
+  if (gemma) {
+    c->scale_embeddings = true;
+    c->norm_weight_offset = 1.0f;
+    c->sandwich_norms = true;
+    c->tie_word_embeddings = true;  // transformers' default for Gemma
+    RETURN_IF_ERROR(GetOptional(j, "tie_word_embeddings", &c->tie_word_embeddings));
+    c->query_pre_attn_scalar = c->head_dim;
+    RETURN_IF_ERROR(GetOptional(j, "query_pre_attn_scalar", &c->query_pre_attn_scalar));
+    if (!(c->query_pre_attn_scalar > 0)) return Invalid("\"query_pre_attn_scalar\" must be > 0");
+    RETURN_IF_ERROR(GetOptional(j, "attn_logit_softcapping", &c->attn_logit_softcapping));
+    RETURN_IF_ERROR(GetOptional(j, "final_logit_softcapping", &c->final_logit_softcapping));
+    if (c->attn_logit_softcapping < 0 || c->final_logit_softcapping < 0) {
+      return Invalid("soft-capping values must be >= 0");
+    }
+  }
+  // Gemma names the activation hidden_activation (and may keep a stale hidden_act beside it).
+  std::string act = "silu";
+  RETURN_IF_ERROR(GetOptional(j, "hidden_act", &act));
+  if (gemma) RETURN_IF_ERROR(GetOptional(j, "hidden_activation", &act));
+  if (act != "silu" && !(gemma && act == "gelu_pytorch_tanh")) {
+    return absl::UnimplementedError(absl::StrCat("config.json: hidden_act \"", act,
+                                                 "\" is not supported (silu; "
+                                                 "gelu_pytorch_tanh for Gemma)"));
+  }
+  c->hidden_act = act;
+  return ParseSlidingWindow(j, c);
 }
 
 absl::Status ParseTokenIds(const json& j, ModelConfig* c) {
@@ -153,38 +276,16 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(std::string_view json_text) {
   if (c.head_dim % 2 != 0) return Invalid(absl::StrCat("head_dim ", c.head_dim, " must be even"));
   RETURN_IF_ERROR(GetOptional(j, "rms_norm_eps", &c.rms_norm_eps));
   if (!(c.rms_norm_eps > 0)) return Invalid("\"rms_norm_eps\" must be > 0");
-  RETURN_IF_ERROR(GetOptional(j, "rope_theta", &c.rope_theta));
-  if (auto rp = j.find("rope_parameters"); rp != j.end() && rp->is_object()) {
-    RETURN_IF_ERROR(GetOptional(*rp, "rope_theta", &c.rope_theta));
-  }
-  if (!(c.rope_theta > 0)) return Invalid("\"rope_theta\" must be > 0");
-  RETURN_IF_ERROR(ParseRopeScaling(j, &c.rope_scaling));
+  RETURN_IF_ERROR(ParseRope(j, &c));
   RETURN_IF_ERROR(GetOptional(j, "tie_word_embeddings", &c.tie_word_embeddings));
   RETURN_IF_ERROR(GetOptional(j, "torch_dtype", &c.torch_dtype));
   RETURN_IF_ERROR(GetOptional(j, "dtype", &c.torch_dtype));  // transformers >= 5
-  std::string act = "silu";
-  RETURN_IF_ERROR(GetOptional(j, "hidden_act", &act));
-  if (act != "silu") {
-    return absl::UnimplementedError(
-        absl::StrCat("config.json: hidden_act \"", act, "\" is not supported (silu)"));
-  }
   c.attention_bias = c.architecture == "Qwen2ForCausalLM";
   RETURN_IF_ERROR(GetOptional(j, "attention_bias", &c.attention_bias));
   bool mlp_bias = false;
   RETURN_IF_ERROR(GetOptional(j, "mlp_bias", &mlp_bias));
   if (mlp_bias) return absl::UnimplementedError("config.json: mlp_bias is not supported");
-  // Sliding-window attention changes which keys a token sees; refuse rather than ignore it.
-  bool use_sliding_window = c.architecture == "MistralForCausalLM";
-  if (c.architecture == "Qwen2ForCausalLM") {
-    RETURN_IF_ERROR(GetOptional(j, "use_sliding_window", &use_sliding_window));
-  }
-  int64_t sliding_window = 0;
-  if (use_sliding_window) RETURN_IF_ERROR(GetOptional(j, "sliding_window", &sliding_window));
-  if (use_sliding_window && sliding_window > 0 && sliding_window < c.max_position_embeddings) {
-    return absl::UnimplementedError(
-        absl::StrCat("config.json: sliding_window ", sliding_window,
-                     " (< max_position_embeddings) is not supported; only full attention is"));
-  }
+  RETURN_IF_ERROR(ParseFamilyFeatures(j, &c));
   RETURN_IF_ERROR(ParseTokenIds(j, &c));
   return c;
 }

@@ -1,9 +1,15 @@
-// The model configuration of a Hugging Face model directory (config.json), for the Llama
-// family the workers run: LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM.
+// The model configuration of a Hugging Face model directory (config.json) or of a GGUF file's
+// metadata, for the decoder families the workers run: LlamaForCausalLM, MistralForCausalLM
+// (sliding window included), Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM and
+// Gemma3ForCausalLM. The families differ by the features below (each off by default, which is
+// Llama); the model (worker_service/model/llama.h) implements each feature once.
 //
 // Parsing fails with INVALID_ARGUMENT naming the missing or malformed field, and with
-// UNIMPLEMENTED naming an architecture, activation, rope scaling type or feature (sliding
-// window attention) that is not supported, so that a model is never run half-understood.
+// UNIMPLEMENTED naming an architecture, activation, rope scaling type or feature that is not
+// supported, so that a model is never run half-understood. Both config.json spellings are read:
+// transformers < 5 ("rope_theta", "rope_scaling", Gemma 3's "rope_local_base_freq" and
+// "sliding_window_pattern") and transformers >= 5 ("rope_parameters", per layer type for
+// Gemma 3, and "layer_types").
 #ifndef LLM_COMMON_MODEL_CONFIG_H_
 #define LLM_COMMON_MODEL_CONFIG_H_
 
@@ -18,7 +24,8 @@ namespace llm {
 class GgufFile;
 
 struct RopeScaling {
-  // "" (none), "linear" or "llama3".
+  // "" (none), "linear" or "llama3" (config.json's rope_scaling); GGUF files of Llama 3.1 and
+  // later carry the llama3 scaling as per-frequency factors instead (rope_freq_factors).
   std::string type;
   double factor = 1.0;
   // llama3 only.
@@ -29,7 +36,7 @@ struct RopeScaling {
 
 struct ModelConfig {
   std::string architecture;  // as in "architectures"[0]
-  std::string model_type;    // "llama", "mistral", "qwen2"
+  std::string model_type;    // "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text"
   int vocab_size = 0;
   int hidden_size = 0;
   int intermediate_size = 0;
@@ -43,17 +50,57 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v projections have biases (Qwen2 always)
-  std::string torch_dtype;      // "float32", "bfloat16", "float16" or "" when absent
+  // Per-frequency divisors of the rotary inverse frequencies (head_dim / 2 of them), from a
+  // GGUF's rope_freqs tensor: inv_freq[i] = theta^(-2i/d) / rope_freq_factors[i]. Empty: none.
+  std::vector<float> rope_freq_factors;
+
+  // Qwen3, Gemma 3: an RMSNorm over each query and each key head (weights q_norm and k_norm,
+  // [head_dim]) between the projection and rotary.
+  bool qk_norm = false;
+  // The gated MLP's activation: "silu" (SwiGLU) or "gelu_pytorch_tanh" (Gemma's GeGLU).
+  std::string hidden_act = "silu";
+  // Gemma: the embeddings are multiplied by sqrt(hidden_size) (rounded to the activations'
+  // dtype, as transformers does).
+  bool scale_embeddings = false;
+  // Added to every RMSNorm weight at load: 1 for Gemma's Hugging Face checkpoints, whose norms
+  // multiply by (1 + w); 0 otherwise, and for GGUF files (llama.cpp's converter adds the 1).
+  float norm_weight_offset = 0.0f;
+  // Gemma 2 and 3: the attention's output and the MLP's output are normalized before their
+  // residual adds (post_attention_layernorm, post_feedforward_layernorm), four norms per layer;
+  // the MLP's input norm is then pre_feedforward_layernorm.
+  bool sandwich_norms = false;
+  // The attention scale is query_pre_attn_scalar^-0.5 (Gemma); 0: head_dim^-0.5.
+  double query_pre_attn_scalar = 0.0;
+  // Gemma 2: attention scores and final logits soft-capped, s -> cap * tanh(s / cap); 0: none.
+  double attn_logit_softcapping = 0.0;
+  double final_logit_softcapping = 0.0;
+  // Sliding-window attention: a layer that has one sees the last `sliding_window` positions
+  // (its own included). `sliding_layers` (num_hidden_layers entries) says which layers do;
+  // empty with sliding_window > 0: every layer (Mistral). 0: none.
+  int sliding_window = 0;
+  std::vector<bool> sliding_layers;
+  // Gemma 3: the sliding layers' rotary base, without the global layers' scaling; 0: the
+  // sliding layers use rope_theta and rope_scaling like the others.
+  double rope_local_theta = 0.0;
+  std::string torch_dtype;  // "float32", "bfloat16", "float16" or "" when absent
   int bos_token_id = -1;
   std::vector<int> eos_token_ids;
+
+  // Whether layer `l` attends through a sliding window.
+  bool IsSlidingLayer(int l) const {
+    if (sliding_window <= 0) return false;
+    return sliding_layers.empty() || (l >= 0 && l < static_cast<int>(sliding_layers.size()) &&
+                                      sliding_layers[static_cast<size_t>(l)]);
+  }
 
   static absl::StatusOr<ModelConfig> FromJson(std::string_view json_text);
   // Reads <dir>/config.json, or the metadata of `dir` when it is a GGUF file (*.gguf).
   static absl::StatusOr<ModelConfig> FromModelDir(const std::string& dir);
-  // From a GGUF file's metadata (general.architecture "llama"; llama.* keys; token ids from
-  // tokenizer.ggml.*). UNIMPLEMENTED naming another architecture or an unsupported feature
-  // (rope scaling other than linear, partial rotary); INVALID_ARGUMENT naming a missing or
-  // malformed key. Implemented in gguf_model.cc.
+  // From a GGUF file's metadata (general.architecture llama, qwen2, qwen3, gemma2 or gemma3;
+  // <arch>.* keys; what llama.cpp hard-codes per architecture, such as Gemma's layer pattern;
+  // token ids from tokenizer.ggml.*). UNIMPLEMENTED naming another architecture or an
+  // unsupported feature (rope scaling other than linear, partial rotary); INVALID_ARGUMENT
+  // naming a missing or malformed key. Implemented in gguf_model.cc.
   static absl::StatusOr<ModelConfig> FromGguf(const GgufFile& file);
 };
 

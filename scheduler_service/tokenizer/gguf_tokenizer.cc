@@ -149,6 +149,11 @@ absl::StatusOr<GgufTokenizerFiles> GgufTokenizerToJson(const GgufFile& f) {
   json tok = json::object();
   tok["version"] = "1.0";
   json added = json::array();
+  // User-defined tokens are matched in the raw text, before the SentencePiece-style
+  // normalizer turns spaces into U+2581, as llama.cpp and Gemma's tokenizer.json do (Gemma's
+  // whitespace runs and "\n" are such tokens); in byte-level BPE vocabularies they are matched
+  // after the normalizer, as transformers' added tokens are by default.
+  const bool user_tokens_normalized = model == "gpt2";
   for (size_t i = 0; i < n; ++i) {
     const int t = type_of(i);
     if (t != kTypeControl && t != kTypeUnknown && t != kTypeUserDefined) continue;
@@ -158,7 +163,7 @@ absl::StatusOr<GgufTokenizerFiles> GgufTokenizerToJson(const GgufFile& f) {
                      {"single_word", false},
                      {"lstrip", false},
                      {"rstrip", false},
-                     {"normalized", t == kTypeUserDefined},
+                     {"normalized", t == kTypeUserDefined && user_tokens_normalized},
                      {"special", t != kTypeUserDefined}});
   }
   tok["added_tokens"] = added;

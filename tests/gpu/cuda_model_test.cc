@@ -297,7 +297,9 @@ TEST_P(CudaRandomModelTest, Bf16OnTheTensorCoreKernelsFollowsTheCpuModel) {
 
 INSTANTIATE_TEST_SUITE_P(HeadSizes, CudaRandomModelTest, ::testing::Values(64, 128));
 
-INSTANTIATE_TEST_SUITE_P(Models, CudaModelTest, ::testing::Values("tiny-llama", "tiny-qwen2"),
+INSTANTIATE_TEST_SUITE_P(Models, CudaModelTest,
+                         ::testing::Values("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma2",
+                                           "tiny-gemma3"),
                          [](const auto& info) {
                            std::string name = info.param;
                            for (char& c : name) {

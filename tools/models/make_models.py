@@ -8,9 +8,21 @@
                                    model.safetensors.index.json, GQA, llama3 rope scaling
   tests/data/models/tiny-qwen2/    Qwen2ForCausalLM, random weights, F32, one file, qkv
                                    biases, MQA, tied embeddings
+  tests/data/models/tiny-qwen3/    Qwen3ForCausalLM, F32: per-head q/k RMSNorm, head_dim 64
+                                   (not hidden / heads), GQA, untied embeddings
+  tests/data/models/tiny-gemma2/   Gemma2ForCausalLM, F32: sliding-window layers (window 8)
+                                   alternating with global ones, attention and final logit
+                                   soft-capping (small caps, so that they matter),
+                                   query_pre_attn_scalar, four norms per layer, GeGLU
+  tests/data/models/tiny-gemma3/   Gemma3ForCausalLM, F32: q/k norm, five local layers
+                                   (window 8, own rope base) to one global (linear rope
+                                   scaling), tied embeddings; query_pre_attn_scalar = head_dim,
+                                   as llama.cpp assumes, so that its GGUF conversion agrees
 
 Needs: torch, transformers, tokenizers, safetensors (pip), and Debian's `fortunes` package.
-CI never runs this; it uses the committed outputs. Usage: python3 tools/models/make_models.py
+CI never runs this; it uses the committed outputs.
+Usage: python3 tools/models/make_models.py [MODEL ...]   (default: all; the tokenizer is
+trained only when fortune-bpe is absent or every model is made)
 """
 import glob
 import json
@@ -20,7 +32,9 @@ import sys
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
+                          LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUT = os.path.join(ROOT, "tests", "data", "models")
@@ -81,46 +95,112 @@ def save(model, out_dir, dtype, max_shard_size):
                                     max_shard_size=max_shard_size)
 
 
-def main():
-    tok_dir = os.path.join(OUT, "fortune-bpe")
-    bos_id, eos_id, vocab = make_tokenizer(fortunes(), tok_dir)
-    print(f"tokenizer: {vocab} tokens, bos {bos_id}, eos {eos_id}")
-
-    torch.manual_seed(0)
-    llama = LlamaConfig(
-        vocab_size=vocab, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        rms_norm_eps=1e-5, rope_theta=500000.0, bos_token_id=bos_id, eos_token_id=eos_id,
-        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
-        tie_word_embeddings=False, torch_dtype="bfloat16")
-    model = LlamaForCausalLM(llama)
-    with torch.no_grad():  # larger weights than the default init, so that logits differ
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.08)
-    d = os.path.join(OUT, "tiny-llama")
-    save(model, d, torch.bfloat16, "100KB")
-    copy_tokenizer(tok_dir, d)
-
-    torch.manual_seed(1)
-    qwen = Qwen2Config(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=512,
-        rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
-        use_sliding_window=False, bos_token_id=bos_id, eos_token_id=eos_id,
-        torch_dtype="float32")
-    model = Qwen2ForCausalLM(qwen)
+def randomize(model, norm_mean):
+    """Larger weights than the default init, so that logits differ. Norm weights (1-D, not
+    biases) get `norm_mean` + noise: 1 for RMSNorms that multiply by w, 0 for Gemma's (1 + w)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() > 1 or name.endswith("bias"):
                 p.normal_(0.0, 0.08)
-    d = os.path.join(OUT, "tiny-qwen2")
-    save(model, d, torch.float32, "10GB")
-    copy_tokenizer(tok_dir, d)
-    for name in ("tiny-llama", "tiny-qwen2"):
-        files = sorted(os.listdir(os.path.join(OUT, name)))
-        print(name, files)
+            elif norm_mean is not None:
+                p.normal_(norm_mean, 0.1)
+
+
+def tiny_llama(ids):
+    torch.manual_seed(0)
+    llama = LlamaConfig(
+        vocab_size=ids["vocab"], hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        rms_norm_eps=1e-5, rope_theta=500000.0, bos_token_id=ids["bos"], eos_token_id=ids["eos"],
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+        tie_word_embeddings=False, torch_dtype="bfloat16")
+    model = LlamaForCausalLM(llama)
+    randomize(model, None)
+    return model, torch.bfloat16, "100KB"
+
+
+def tiny_qwen2(ids):
+    torch.manual_seed(1)
+    qwen = Qwen2Config(
+        vocab_size=ids["vocab"], hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=512,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
+        use_sliding_window=False, bos_token_id=ids["bos"], eos_token_id=ids["eos"],
+        torch_dtype="float32")
+    model = Qwen2ForCausalLM(qwen)
+    randomize(model, None)
+    return model, torch.float32, "10GB"
+
+
+def tiny_qwen3(ids):
+    torch.manual_seed(2)
+    cfg = Qwen3Config(
+        vocab_size=ids["vocab"], hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=512,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False,
+        bos_token_id=ids["bos"], eos_token_id=ids["eos"], torch_dtype="float32")
+    model = Qwen3ForCausalLM(cfg)
+    randomize(model, 1.0)
+    return model, torch.float32, "10GB"
+
+
+def tiny_gemma2(ids):
+    torch.manual_seed(3)
+    cfg = Gemma2Config(
+        vocab_size=ids["vocab"], hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=512,
+        rms_norm_eps=1e-6, rope_theta=10000.0, query_pre_attn_scalar=48, sliding_window=8,
+        attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
+        hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+        bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=None,
+        torch_dtype="float32")
+    model = Gemma2ForCausalLM(cfg)
+    randomize(model, 0.0)
+    return model, torch.float32, "10GB"
+
+
+def tiny_gemma3(ids):
+    torch.manual_seed(4)
+    cfg = Gemma3TextConfig(
+        vocab_size=ids["vocab"], hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=64, max_position_embeddings=512,
+        rms_norm_eps=1e-6, query_pre_attn_scalar=64, sliding_window=8,
+        layer_types=["sliding_attention"] * 5 + ["full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "factor": 8.0,
+                                            "rope_theta": 1000000.0}},
+        hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+        bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=None,
+        torch_dtype="float32")
+    model = Gemma3ForCausalLM(cfg)
+    randomize(model, 0.0)
+    return model, torch.float32, "10GB"
+
+
+MODELS = {"tiny-llama": tiny_llama, "tiny-qwen2": tiny_qwen2, "tiny-qwen3": tiny_qwen3,
+          "tiny-gemma2": tiny_gemma2, "tiny-gemma3": tiny_gemma3}
+
+
+def main():
+    names = sys.argv[1:] or list(MODELS)
+    for name in names:
+        if name not in MODELS:
+            sys.exit(f"unknown model {name} (one of {', '.join(MODELS)})")
+    tok_dir = os.path.join(OUT, "fortune-bpe")
+    if len(names) == len(MODELS) or not os.path.exists(os.path.join(tok_dir, "tokenizer.json")):
+        bos_id, eos_id, vocab = make_tokenizer(fortunes(), tok_dir)
+    else:
+        tok = Tokenizer.from_file(os.path.join(tok_dir, "tokenizer.json"))
+        bos_id, eos_id, vocab = tok.token_to_id(BOS), tok.token_to_id(EOS), tok.get_vocab_size()
+    print(f"tokenizer: {vocab} tokens, bos {bos_id}, eos {eos_id}")
+    ids = {"bos": bos_id, "eos": eos_id, "vocab": vocab}
+    for name in names:
+        model, dtype, shard = MODELS[name](ids)
+        d = os.path.join(OUT, name)
+        save(model, d, dtype, shard)
+        copy_tokenizer(tok_dir, d)
+        print(name, sorted(os.listdir(d)))
 
 
 if __name__ == "__main__":

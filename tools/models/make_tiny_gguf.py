@@ -7,8 +7,16 @@ Q8_0, norms F32), with its tokenizer.json in GGUF's `gpt2` form (tokens, token t
 pre-tokenizer "llama-bpe") and llama.* config keys. attn_q / attn_k rows are permuted as the
 converter does for ggml's RoPE (the loader undoes it).
 
+With --families it writes instead the F32 conversions of the tiny models of each family
+(tests/data/models/tiny-<family>.gguf, F32 so that their logits are the directory's):
+tiny-llama (llama: its llama3 rope scaling as a rope_freqs tensor, as the converter writes
+Llama 3.1's), tiny-qwen2 (qwen2: qkv biases), tiny-qwen3 (qwen3: q/k norms) and tiny-gemma3
+(gemma3: norms stored as 1 + w, the layer pattern and local rope base that llama.cpp assumes).
+
 Usage: build/pyenv/bin/python3 tools/models/make_tiny_gguf.py [MODEL_DIR] [OUT_DIR]
+       build/pyenv/bin/python3 tools/models/make_tiny_gguf.py --families [OUT_DIR]
 """
+import math
 import json
 import os
 import sys
@@ -47,13 +55,50 @@ def permute(w, n_head, n_head_kv):
             .swapaxes(1, 2).reshape(w.shape))
 
 
+ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+         "Gemma3ForCausalLM": "gemma3"}
+
+
+def load_weights(model_dir):
+    out = {}
+    for name in sorted(os.listdir(model_dir)):
+        if name.endswith(".safetensors") and name != "golden.safetensors":
+            out.update(load_file(os.path.join(model_dir, name)))
+    return out
+
+
+def rope_freqs(cfg):
+    """convert_hf_to_gguf.py's rope_freqs for llama3 rope scaling: one factor per frequency."""
+    rp = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if rp.get("rope_type") != "llama3":
+        return None
+    dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    base = rp.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    freqs = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    factor, low, high = rp["factor"], rp["low_freq_factor"], rp["high_freq_factor"]
+    old = rp["original_max_position_embeddings"]
+    out = []
+    for f in freqs:
+        wavelen = 2 * math.pi / f
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
 def write(model_dir, out_path, qtype):
     cfg = json.load(open(os.path.join(model_dir, "config.json")))
     tok = json.load(open(os.path.join(model_dir, "tokenizer.json")))
     tok_cfg = json.load(open(os.path.join(model_dir, "tokenizer_config.json")))
-    weights = load_file(os.path.join(model_dir, "model.safetensors"))
+    weights = load_weights(model_dir)
+    arch = ARCHS[cfg["architectures"][0]]
+    gemma = arch.startswith("gemma")
 
-    w = gguf.GGUFWriter(out_path, "llama")
+    w = gguf.GGUFWriter(out_path, arch)
     w.add_name(os.path.basename(os.path.normpath(model_dir)))
     n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     w.add_context_length(cfg["max_position_embeddings"])
@@ -63,11 +108,23 @@ def write(model_dir, out_path, qtype):
     w.add_head_count(n_head)
     w.add_head_count_kv(n_kv)
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    rope = cfg.get("rope_parameters", {}).get("rope_theta", cfg.get("rope_theta", 10000.0))
+    rp = cfg.get("rope_parameters") or {}
+    if gemma and "full_attention" in rp:
+        rp = rp["full_attention"]
+        if rp.get("rope_type") == "linear":
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(rp["factor"])
+    rope = rp.get("rope_theta", cfg.get("rope_theta", 10000.0))
     w.add_rope_freq_base(rope)
-    w.add_rope_dimension_count(cfg.get("head_dim", cfg["hidden_size"] // n_head))
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // n_head
+    w.add_rope_dimension_count(head_dim)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    if gemma and cfg.get("sliding_window"):
+        w.add_sliding_window(cfg["sliding_window"])
     w.add_vocab_size(cfg["vocab_size"])
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if qtype == T.F16 else gguf.LlamaFileType.MOSTLY_Q8_0)
+    w.add_file_type({T.F16: gguf.LlamaFileType.MOSTLY_F16, T.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
+                     T.F32: gguf.LlamaFileType.ALL_F32}[qtype])
 
     # Tokenizer, gpt2 form (convert_hf_to_gguf.py _set_vocab_gpt2).
     vocab = tok["model"]["vocab"]
@@ -105,10 +162,22 @@ def write(model_dir, out_path, qtype):
                  "self_attn.q_proj.weight": "attn_q.weight",
                  "self_attn.k_proj.weight": "attn_k.weight",
                  "self_attn.v_proj.weight": "attn_v.weight",
+                 "self_attn.q_proj.bias": "attn_q.bias",
+                 "self_attn.k_proj.bias": "attn_k.bias",
+                 "self_attn.v_proj.bias": "attn_v.bias",
+                 "self_attn.q_norm.weight": "attn_q_norm.weight",
+                 "self_attn.k_norm.weight": "attn_k_norm.weight",
                  "self_attn.o_proj.weight": "attn_output.weight",
                  "mlp.gate_proj.weight": "ffn_gate.weight",
                  "mlp.up_proj.weight": "ffn_up.weight",
                  "mlp.down_proj.weight": "ffn_down.weight"}
+    if gemma:
+        per_layer.update({"post_attention_layernorm.weight": "post_attention_norm.weight",
+                          "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+                          "post_feedforward_layernorm.weight": "post_ffw_norm.weight"})
+    freqs = rope_freqs(cfg) if arch == "llama" else None
+    if freqs is not None:
+        w.add_tensor("rope_freqs.weight", freqs)
     for name in sorted(weights):
         x = weights[name].astype(np.float32)
         if name in names:
@@ -116,11 +185,15 @@ def write(model_dir, out_path, qtype):
         else:
             parts = name.split(".")
             out = f"blk.{parts[2]}." + per_layer[".".join(parts[3:])]
-        if name.endswith("q_proj.weight"):
+        if gemma and name.endswith("norm.weight"):
+            x = x + 1  # the converter stores Gemma's (1 + w)
+        if arch == "llama" and name.endswith("q_proj.weight"):
             x = permute(x, n_head, n_head)
-        elif name.endswith("k_proj.weight"):
+        elif arch == "llama" and name.endswith("k_proj.weight"):
             x = permute(x, n_head, n_kv)
-        if qtype == T.F16 and x.ndim == 2:
+        if qtype == T.F32:
+            w.add_tensor(out, x)
+        elif qtype == T.F16 and x.ndim == 2:
             w.add_tensor(out, x.astype(np.float16))
         elif x.ndim == 2:
             w.add_tensor(out, gguf.quants.quantize(x, qtype), raw_dtype=qtype)
@@ -135,6 +208,12 @@ def write(model_dir, out_path, qtype):
 
 def main():
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    if len(sys.argv) > 1 and sys.argv[1] == "--families":
+        out_dir = sys.argv[2] if len(sys.argv) > 2 else os.path.join(root, "tests", "data", "models")
+        for name in ("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3"):
+            write(os.path.join(root, "tests", "data", "models", name),
+                  os.path.join(out_dir, name + ".gguf"), T.F32)
+        return
     model_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(root, "models", "fortune-llama")
     out_dir = sys.argv[2] if len(sys.argv) > 2 else os.path.join(root, "tests", "data", "models")
     write(model_dir, os.path.join(out_dir, "fortune-llama-f16.gguf"), T.F16)

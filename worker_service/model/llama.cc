@@ -189,6 +189,11 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Make(const ModelConfig& 
                                                    "size (",
                                                    w, ")"));
   }
+  const int d = config.head_dim;
+  if (m->device_.is_cuda() && d != 16 && d != 32 && d != 64 && d != 128) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "head_dim ", d, " is not supported on cuda (the attention kernels take 16, 32, 64 and 128)"));
+  }
   m->local_q_heads_ = hq / w;
   if (hkv >= w) {
     m->local_kv_heads_ = hkv / w;
@@ -208,6 +213,15 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Make(const ModelConfig& 
   m->rope_.scaling.low_freq_factor = rs.low_freq_factor;
   m->rope_.scaling.high_freq_factor = rs.high_freq_factor;
   m->rope_.scaling.original_max_position_embeddings = rs.original_max_position_embeddings;
+  m->rope_.freq_factors.assign(config.rope_freq_factors.begin(), config.rope_freq_factors.end());
+  if (config.rope_local_theta > 0 && config.sliding_window > 0) {
+    m->rope_local_.theta = config.rope_local_theta;
+    m->rope_local_.rotary_dim = config.head_dim;
+  }
+  if (config.hidden_act != "silu" && config.hidden_act != "gelu_pytorch_tanh") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hidden_act \"", config.hidden_act, "\" is not supported"));
+  }
   return m;
 }
 
@@ -226,12 +240,14 @@ absl::Status LlamaModel::LoadWeights(const WeightSource* weights, uint64_t seed)
   void* stream = context_ != nullptr ? context_->stream() : nullptr;
   std::vector<std::byte> staging;  // cuda: one slice on its way up
   std::vector<float> random;
+  std::vector<float> f32;
   // Reads rows [begin, end) (dim 0) or columns (dim 1) of a 2-D weight, or a 1-D slice (begin
   // < 0: the whole tensor), in the model's dtype, into `dst` at element `offset`; or fills
-  // them with uniform values in [-0.05, 0.05) when there are no weights.
+  // them with uniform values in [-0.05, 0.05) when there are no weights. `add` is added to
+  // every value before the one rounding to the model's dtype (Gemma's 1 + w norms).
   auto read = [&](const std::string& name, int dim, int64_t begin, int64_t end,
-                  std::initializer_list<int64_t> shape, Tensor* dst,
-                  int64_t offset) -> absl::Status {
+                  std::initializer_list<int64_t> shape, Tensor* dst, int64_t offset,
+                  float add = 0.0f) -> absl::Status {
     int64_t numel = 1;
     for (int64_t x : shape) numel *= x;
     const size_t bytes = static_cast<size_t>(numel) * esize;
@@ -270,8 +286,24 @@ absl::Status LlamaModel::LoadWeights(const WeightSource* weights, uint64_t seed)
       } else if (st_shape.empty() || (dim == 1 && st_shape.size() != 2)) {
         return absl::InvalidArgumentError(absl::StrCat(name, " has an unexpected shape"));
       }
-      RETURN_IF_ERROR(weights->ReadSlice(name, dim, begin, end, ToStDType(act_dtype_),
-                                         std::span<std::byte>(host, bytes)));
+      if (add == 0.0f) {
+        RETURN_IF_ERROR(weights->ReadSlice(name, dim, begin, end, ToStDType(act_dtype_),
+                                           std::span<std::byte>(host, bytes)));
+      } else {
+        f32.resize(static_cast<size_t>(numel));
+        RETURN_IF_ERROR(weights->ReadSlice(
+            name, dim, begin, end, StDType::kF32,
+            std::span<std::byte>(reinterpret_cast<std::byte*>(f32.data()), f32.size() * 4)));
+        for (int64_t i = 0; i < numel; ++i) {
+          const float v = f32[i] + add;
+          if (act_dtype_ == DType::kF32) {
+            std::memcpy(host + i * 4, &v, 4);
+          } else {
+            const uint16_t b = act_dtype_ == DType::kBF16 ? FloatToBf16(v) : FloatToHalf(v);
+            std::memcpy(host + i * 2, &b, 2);
+          }
+        }
+      }
     }
     if (device_.is_cuda()) {
       RETURN_IF_ERROR(Copy(device_, out, host, bytes, stream));
@@ -284,8 +316,8 @@ absl::Status LlamaModel::LoadWeights(const WeightSource* weights, uint64_t seed)
     weight_bytes_ += t->view().nbytes();
     return absl::OkStatus();
   };
-  auto whole = [&](const std::string& name, std::initializer_list<int64_t> shape,
-                   Tensor* t) -> absl::Status {
+  auto whole = [&](const std::string& name, std::initializer_list<int64_t> shape, Tensor* t,
+                   float add = 0.0f) -> absl::Status {
     RETURN_IF_ERROR(alloc(shape, t));
     if (weights != nullptr) {
       ASSIGN_OR_RETURN(const std::vector<int64_t> st_shape, weights->Shape(name));
@@ -295,7 +327,11 @@ absl::Status LlamaModel::LoadWeights(const WeightSource* weights, uint64_t seed)
                          "]; the config implies [", absl::StrJoin(shape, ", "), "]"));
       }
     }
-    return read(name, 0, -1, -1, shape, t, 0);
+    return read(name, 0, -1, -1, shape, t, 0, add);
+  };
+  // An RMSNorm weight, with the family's offset (config.norm_weight_offset).
+  auto norm = [&](const std::string& name, int64_t n, Tensor* t) -> absl::Status {
+    return whole(name, {n}, t, weights != nullptr ? config_.norm_weight_offset : 0.0f);
   };
 
   // Vocab-parallel embedding: this rank's rows, then zeros (padding and the "other rank" row).
@@ -313,18 +349,20 @@ absl::Status LlamaModel::LoadWeights(const WeightSource* weights, uint64_t seed)
     if (v1 > v0) RETURN_IF_ERROR(read("lm_head.weight", 0, v0, v1, {v1 - v0, h}, &lm_head_, 0));
   }
   if (device_.is_cpu()) RETURN_IF_ERROR(PackCpuHead());
-  RETURN_IF_ERROR(whole("model.norm.weight", {h}, &final_norm_));
+  RETURN_IF_ERROR(norm("model.norm.weight", h, &final_norm_));
 
-  // Rotary's cos/sin table, computed once (fp64 angles) and kept on the device.
-  {
+  // Rotary's cos/sin tables, computed once (fp64 angles) and kept on the device.
+  auto rope_table = [&](const ops::RopeConfig& rope, Tensor* out) -> absl::Status {
     const int64_t positions = std::max(1, config_.max_position_embeddings);
     std::vector<float> table(static_cast<size_t>(positions * d));
-    RETURN_IF_ERROR(FromOp(ops::ComputeRopeCosSinCache(rope_, positions, table)));
-    RETURN_IF_ERROR(AllocateOnDevice(DType::kF32, {positions, d}, &cos_sin_cache_));
-    RETURN_IF_ERROR(
-        Copy(device_, cos_sin_cache_.view().data, table.data(), table.size() * 4, stream));
+    RETURN_IF_ERROR(FromOp(ops::ComputeRopeCosSinCache(rope, positions, table)));
+    RETURN_IF_ERROR(AllocateOnDevice(DType::kF32, {positions, d}, out));
+    RETURN_IF_ERROR(Copy(device_, out->view().data, table.data(), table.size() * 4, stream));
     if (context_ != nullptr) RETURN_IF_ERROR(context_->Synchronize());
-  }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(rope_table(rope_, &cos_sin_cache_));
+  if (rope_local_.rotary_dim > 0) RETURN_IF_ERROR(rope_table(rope_local_, &cos_sin_local_));
 
   const int64_t qd = static_cast<int64_t>(local_q_heads_) * d;
   const int64_t kd = static_cast<int64_t>(local_kv_heads_) * d;
@@ -335,8 +373,19 @@ absl::Status LlamaModel::LoadWeights(const WeightSource* weights, uint64_t seed)
   for (int l = 0; l < config_.num_hidden_layers; ++l) {
     Layer& L = layers_[l];
     const std::string p = absl::StrCat("model.layers.", l, ".");
-    RETURN_IF_ERROR(whole(p + "input_layernorm.weight", {h}, &L.input_norm));
-    RETURN_IF_ERROR(whole(p + "post_attention_layernorm.weight", {h}, &L.post_norm));
+    L.sliding = config_.IsSlidingLayer(l);
+    RETURN_IF_ERROR(norm(p + "input_layernorm.weight", h, &L.input_norm));
+    if (config_.sandwich_norms) {
+      RETURN_IF_ERROR(norm(p + "post_attention_layernorm.weight", h, &L.attn_out_norm));
+      RETURN_IF_ERROR(norm(p + "pre_feedforward_layernorm.weight", h, &L.post_norm));
+      RETURN_IF_ERROR(norm(p + "post_feedforward_layernorm.weight", h, &L.mlp_out_norm));
+    } else {
+      RETURN_IF_ERROR(norm(p + "post_attention_layernorm.weight", h, &L.post_norm));
+    }
+    if (config_.qk_norm) {
+      RETURN_IF_ERROR(norm(p + "self_attn.q_norm.weight", d, &L.q_norm));
+      RETURN_IF_ERROR(norm(p + "self_attn.k_norm.weight", d, &L.k_norm));
+    }
     RETURN_IF_ERROR(alloc({qd + 2 * kd, h}, &L.qkv_proj));
     RETURN_IF_ERROR(read(p + "self_attn.q_proj.weight", 0, q0, q1, {qd, h}, &L.qkv_proj, 0));
     RETURN_IF_ERROR(read(p + "self_attn.k_proj.weight", 0, k0, k1, {kd, h}, &L.qkv_proj, qd * h));
@@ -744,8 +793,13 @@ absl::Status LlamaModel::Compute(const StepViews& sv, std::span<const LayerKvCac
   void* stream = ctx.stream;
   const TensorView &ids = sv.ids, &positions = sv.positions, &slots = sv.slots, &rows = sv.rows;
   const ops::AttentionMetadata& meta = sv.meta;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  ops::AttentionOptions attention;
+  attention.scale = 1.0f / std::sqrt(static_cast<float>(config_.query_pre_attn_scalar > 0
+                                                            ? config_.query_pre_attn_scalar
+                                                            : static_cast<double>(d)));
+  attention.softcap = static_cast<float>(config_.attn_logit_softcapping);
   const float eps = static_cast<float>(config_.rms_norm_eps);
+  const bool gelu = config_.hidden_act == "gelu_pytorch_tanh";
   if (device_.is_cpu()) cpu::EnterThreadPool();
   // out = in weight^T (+ bias): the packed GEMM on cpu, ops::Linear on cuda.
   auto linear = [&](const TensorView& out, const TensorView& in, const Tensor& weight,
@@ -774,6 +828,13 @@ absl::Status LlamaModel::Compute(const StepViews& sv, std::span<const LayerKvCac
     RETURN_IF_ERROR(FromOp(lm_head_packed_->GatherRows(x, ids)));
   }
   RETURN_IF_ERROR(AllReduce(x));
+  if (config_.scale_embeddings) {
+    // sqrt(H) in the activations' dtype, as transformers multiplies by it.
+    float normalizer = std::sqrt(static_cast<float>(h));
+    if (act_dtype_ == DType::kBF16) normalizer = Bf16ToFloat(FloatToBf16(normalizer));
+    if (act_dtype_ == DType::kF16) normalizer = HalfToFloat(FloatToHalf(normalizer));
+    RETURN_IF_ERROR(FromOp(ops::Scale(ctx, x, normalizer)));
+  }
   for (int l = 0; l < config_.num_hidden_layers; ++l) {
     const Layer& L = layers_[l];
     if (l == 0) {
@@ -783,18 +844,34 @@ absl::Status LlamaModel::Compute(const StepViews& sv, std::span<const LayerKvCac
       RETURN_IF_ERROR(FromOp(ops::FusedAddRmsNorm(ctx, x, residual, L.input_norm.view(), eps)));
     }
     RETURN_IF_ERROR(linear(qkv, x, L.qkv_proj, L.qkv_bias, L.qkv_packed.get()));
-    RETURN_IF_ERROR(
-        FromOp(ops::RotaryEmbeddingCached(ctx, positions, q, k, cos_sin_cache_.view())));
+    if (config_.qk_norm) {
+      RETURN_IF_ERROR(FromOp(ops::HeadRmsNorm(ctx, q, L.q_norm.view(), eps)));
+      RETURN_IF_ERROR(FromOp(ops::HeadRmsNorm(ctx, k, L.k_norm.view(), eps)));
+    }
+    const Tensor& rope_table =
+        L.sliding && cos_sin_local_.allocated() ? cos_sin_local_ : cos_sin_cache_;
+    RETURN_IF_ERROR(FromOp(ops::RotaryEmbeddingCached(ctx, positions, q, k, rope_table.view())));
     RETURN_IF_ERROR(FromOp(ops::ReshapeAndCache(ctx, k, v, caches[l].key, caches[l].value, slots)));
+    attention.sliding_window = L.sliding ? config_.sliding_window : 0;
     RETURN_IF_ERROR(
-        FromOp(ops::PagedAttention(ctx, attn, q, caches[l].key, caches[l].value, meta, scale)));
+        FromOp(ops::PagedAttention(ctx, attn, q, caches[l].key, caches[l].value, meta, attention)));
     RETURN_IF_ERROR(linear(x, attn2, L.o_proj, no_tensor, L.o_packed.get()));
     RETURN_IF_ERROR(AllReduce(x));
+    if (config_.sandwich_norms) {
+      RETURN_IF_ERROR(FromOp(ops::RmsNorm(ctx, x, x, L.attn_out_norm.view(), eps)));
+    }
     RETURN_IF_ERROR(FromOp(ops::FusedAddRmsNorm(ctx, x, residual, L.post_norm.view(), eps)));
     RETURN_IF_ERROR(linear(gate_up, x, L.gate_up_proj, no_tensor, L.gate_up_packed.get()));
-    RETURN_IF_ERROR(FromOp(ops::SiluAndMul(ctx, act, gate_up)));
+    if (gelu) {
+      RETURN_IF_ERROR(FromOp(ops::GeluTanhAndMul(ctx, act, gate_up)));
+    } else {
+      RETURN_IF_ERROR(FromOp(ops::SiluAndMul(ctx, act, gate_up)));
+    }
     RETURN_IF_ERROR(linear(x, act, L.down_proj, no_tensor, L.down_packed.get()));
     RETURN_IF_ERROR(AllReduce(x));
+    if (config_.sandwich_norms) {
+      RETURN_IF_ERROR(FromOp(ops::RmsNorm(ctx, x, x, L.mlp_out_norm.view(), eps)));
+    }
   }
   RETURN_IF_ERROR(FromOp(ops::FusedAddRmsNorm(ctx, x, residual, final_norm_.view(), eps)));
 
@@ -809,6 +886,10 @@ absl::Status LlamaModel::Compute(const StepViews& sv, std::span<const LayerKvCac
     RETURN_IF_ERROR(FromOp(lm_head_packed_->Forward(local, selected)));
   } else {
     RETURN_IF_ERROR(FromOp(ops::Linear(ctx, local, selected, head, none)));
+  }
+  if (config_.final_logit_softcapping > 0 && n > 0) {
+    RETURN_IF_ERROR(
+        FromOp(ops::Softcap(ctx, local, static_cast<float>(config_.final_logit_softcapping))));
   }
   if (world_ == 1) {
     *logits = local;  // vp == vocab

@@ -1,5 +1,11 @@
-// The Llama family (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) over a paged KV
-// cache, tensor-parallel from the start. One LlamaModel is one rank's shard.
+// The decoder families of common/model_config.h (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3)
+// over a paged KV cache, tensor-parallel from the start. One LlamaModel is one rank's shard.
+// The Llama layer is the base; each family's differences are ModelConfig features, applied in
+// one place each: q/k norm (HeadRmsNorm after the projection), GeGLU, scaled embeddings,
+// (1 + w) norms (the offset added at load), sandwich norms, the attention scale, soft-capping
+// (of scores inside PagedAttention, of logits after the head), sliding-window layers (the
+// window passed to PagedAttention; their own rope table when the family gives them one) and
+// per-frequency rope factors.
 //
 // Sharding (W ranks, rank r; Megatron style, as vLLM does it):
 //   q/k/v_proj, gate/up_proj   column-parallel: rank r holds its rows (its heads / its part
@@ -168,10 +174,15 @@ class LlamaModel {
 
  private:
   struct Layer {
-    Tensor input_norm;    // [H]
-    Tensor qkv_proj;      // [(q_heads + 2 kv_heads) * D, H]: this rank's q rows, k rows, v rows
-    Tensor qkv_bias;      // [(q_heads + 2 kv_heads) * D]; unallocated unless attention_bias
-    Tensor o_proj;        // [H, q_heads * D]
+    bool sliding = false;   // attends through config.sliding_window
+    Tensor input_norm;      // [H]
+    Tensor q_norm, k_norm;  // [D] each; unallocated unless config.qk_norm
+    // [H] each; unallocated unless config.sandwich_norms: the attention's and the MLP's output
+    // norms (post_norm is then the MLP's input norm, pre_feedforward_layernorm).
+    Tensor qkv_proj;  // [(q_heads + 2 kv_heads) * D, H]: this rank's q rows, k rows, v rows
+    Tensor qkv_bias;  // [(q_heads + 2 kv_heads) * D]; unallocated unless attention_bias
+    Tensor o_proj;    // [H, q_heads * D]
+    Tensor attn_out_norm, mlp_out_norm;
     Tensor post_norm;     // [H]
     Tensor gate_up_proj;  // [2 * I_local, H]: this rank's gate rows, then its up rows
     Tensor down_proj;     // [H, I_local]
@@ -246,8 +257,9 @@ class LlamaModel {
   int vocab_per_rank_ = 0;  // Vp
   size_t weight_bytes_ = 0;
   size_t coded_weight_bytes_ = 0;
-  ops::RopeConfig rope_;
+  ops::RopeConfig rope_, rope_local_;
   Tensor cos_sin_cache_;  // f32 [max_position_embeddings, head_dim]: cosines, then sines
+  Tensor cos_sin_local_;  // the sliding layers' own table (Gemma 3); unallocated otherwise
   Tensor embed_;          // [Vp + 1, H]; rows past this rank's vocabulary are zero
   Tensor lm_head_;        // [Vp, H]; unallocated when tied to embed_ (or packed, on cpu)
   std::unique_ptr<cpu::PackedLinear> lm_head_packed_;  // cpu: the LM head (tied or not), packed

@@ -145,15 +145,113 @@ TEST(ModelConfig, ReadsConfigsWrittenByTransformers) {
   EXPECT_EQ(qwen->num_key_value_heads, 1);
 }
 
-TEST(ModelConfig, MistralSlidingWindowIsRefusedUnlessItCoversTheContext) {
+TEST(ModelConfig, MistralSlidingWindowAppliesToEveryLayerUnlessItCoversTheContext) {
   json j = Llama3();
   j["architectures"] = {"MistralForCausalLM"};
   j.erase("rope_scaling");
   j["max_position_embeddings"] = 32768;
-  j["sliding_window"] = 4096;
-  EXPECT_THAT(Parse(j).message(), HasSubstr("sliding_window 4096"));
+  j["sliding_window"] = 4096;  // Mistral-7B-v0.1
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromJson(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sliding_window, 4096);
+  EXPECT_TRUE(c->IsSlidingLayer(0));
+  EXPECT_TRUE(c->IsSlidingLayer(31));
   j["sliding_window"] = nullptr;  // Mistral-7B-v0.2 and later
-  EXPECT_TRUE(Parse(j).ok());
+  c = ModelConfig::FromJson(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sliding_window, 0);
+  EXPECT_FALSE(c->IsSlidingLayer(0));
+  j["sliding_window"] = 32768;  // covers the context: no window
+  EXPECT_EQ(ModelConfig::FromJson(j.dump())->sliding_window, 0);
+}
+
+// The shape of google/gemma-3-1b-it's config.json as transformers 4 wrote it (real field names
+// and values): the local rope base beside rope_theta, and the layer pattern as a number.
+json Gemma3() {
+  return json::parse(R"({
+    "architectures": ["Gemma3ForCausalLM"], "attention_bias": false,
+    "attn_logit_softcapping": null, "bos_token_id": 2, "eos_token_id": [1, 106],
+    "final_logit_softcapping": null, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size": 1152, "intermediate_size": 6912, "max_position_embeddings": 32768,
+    "model_type": "gemma3_text", "num_attention_heads": 4, "num_hidden_layers": 26,
+    "num_key_value_heads": 1, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+    "rope_local_base_freq": 10000, "rope_scaling": null, "rope_theta": 1000000,
+    "sliding_window": 512, "sliding_window_pattern": 6, "torch_dtype": "bfloat16",
+    "vocab_size": 262144})");
+}
+
+TEST(ModelConfig, Gemma3FromTransformers4) {
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromJson(Gemma3().dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_TRUE(c->sandwich_norms);
+  EXPECT_TRUE(c->scale_embeddings);
+  EXPECT_TRUE(c->tie_word_embeddings);  // Gemma's default
+  EXPECT_EQ(c->norm_weight_offset, 1.0f);
+  EXPECT_EQ(c->hidden_act, "gelu_pytorch_tanh");
+  EXPECT_EQ(c->head_dim, 256);
+  EXPECT_DOUBLE_EQ(c->query_pre_attn_scalar, 256);
+  EXPECT_DOUBLE_EQ(c->rope_theta, 1e6);
+  EXPECT_DOUBLE_EQ(c->rope_local_theta, 1e4);
+  EXPECT_EQ(c->sliding_window, 512);
+  ASSERT_EQ(c->sliding_layers.size(), 26u);
+  for (int l = 0; l < 26; ++l) EXPECT_EQ(c->IsSlidingLayer(l), (l + 1) % 6 != 0) << l;
+  EXPECT_THAT(c->eos_token_ids, ElementsAre(1, 106));
+
+  json j = Gemma3();
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 8.0}};  // gemma-3-4b and larger
+  c = ModelConfig::FromJson(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling.type, "linear");
+  j["hidden_activation"] = "relu";
+  EXPECT_THAT(Parse(j).message(), HasSubstr("hidden_act \"relu\""));
+  j = Gemma3();
+  j["layer_types"] = {"sliding_attention"};
+  EXPECT_THAT(Parse(j).message(), HasSubstr("layer_types"));
+  j = Gemma3();
+  j["architectures"] = {"Gemma3ForConditionalGeneration"};  // the multimodal checkpoints
+  EXPECT_EQ(Parse(j).code(), absl::StatusCode::kUnimplemented);
+}
+
+TEST(ModelConfig, GeluIsRefusedOutsideGemma) {
+  json j = Llama3();
+  j["hidden_act"] = "gelu_pytorch_tanh";
+  EXPECT_THAT(Parse(j).message(), HasSubstr("hidden_act \"gelu_pytorch_tanh\""));
+}
+
+// The tiny models of the new families, as transformers 5 wrote their config.json.
+TEST(ModelConfig, ReadsQwen3AndGemmaConfigsWrittenByTransformers5) {
+  absl::StatusOr<ModelConfig> qwen3 =
+      ModelConfig::FromModelDir(LLM_TEST_DATA_DIR "/models/tiny-qwen3");
+  ASSERT_TRUE(qwen3.ok()) << qwen3.status();
+  EXPECT_TRUE(qwen3->qk_norm);
+  EXPECT_FALSE(qwen3->sandwich_norms);
+  EXPECT_FALSE(qwen3->attention_bias);
+  EXPECT_EQ(qwen3->head_dim, 64);
+  EXPECT_EQ(qwen3->sliding_window, 0);
+
+  absl::StatusOr<ModelConfig> gemma2 =
+      ModelConfig::FromModelDir(LLM_TEST_DATA_DIR "/models/tiny-gemma2");
+  ASSERT_TRUE(gemma2.ok()) << gemma2.status();
+  EXPECT_FALSE(gemma2->qk_norm);
+  EXPECT_TRUE(gemma2->sandwich_norms);
+  EXPECT_DOUBLE_EQ(gemma2->attn_logit_softcapping, 2.0);
+  EXPECT_DOUBLE_EQ(gemma2->final_logit_softcapping, 3.0);
+  EXPECT_DOUBLE_EQ(gemma2->query_pre_attn_scalar, 48);
+  EXPECT_EQ(gemma2->sliding_window, 8);
+  EXPECT_THAT(gemma2->sliding_layers, ElementsAre(true, false, true, false));
+  EXPECT_DOUBLE_EQ(gemma2->rope_local_theta, 0);
+
+  absl::StatusOr<ModelConfig> gemma3 =
+      ModelConfig::FromModelDir(LLM_TEST_DATA_DIR "/models/tiny-gemma3");
+  ASSERT_TRUE(gemma3.ok()) << gemma3.status();
+  EXPECT_TRUE(gemma3->qk_norm);
+  EXPECT_DOUBLE_EQ(gemma3->query_pre_attn_scalar, 64);
+  EXPECT_DOUBLE_EQ(gemma3->rope_theta, 1e6);
+  EXPECT_DOUBLE_EQ(gemma3->rope_local_theta, 1e4);
+  EXPECT_EQ(gemma3->rope_scaling.type, "linear");
+  EXPECT_DOUBLE_EQ(gemma3->rope_scaling.factor, 8.0);
+  EXPECT_THAT(gemma3->sliding_layers, ElementsAre(true, true, true, true, true, false));
 }
 
 }  // namespace

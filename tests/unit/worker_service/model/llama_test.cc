@@ -24,14 +24,17 @@ namespace {
 class LlamaGoldenTest : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
-    // The demo model lives in models/, the tiny test models in tests/data/models/.
-    dir_ = std::string(GetParam()) == "fortune-llama"
-               ? std::string(LLM_TEST_DATA_DIR) + "/../../models/fortune-llama"
-               : std::string(LLM_TEST_DATA_DIR) + "/models/" + GetParam();
+    // The demo model lives in models/, the tiny test models in tests/data/models/; a GGUF
+    // conversion (tools/models/make_tiny_gguf.py --families) beside its directory is checked
+    // against that directory's goldens.
+    const std::string name = GetParam();
+    dir_ = name == "fortune-llama" ? std::string(LLM_TEST_DATA_DIR) + "/../../models/fortune-llama"
+                                   : std::string(LLM_TEST_DATA_DIR) + "/models/" + name;
+    const std::string golden_dir = name.ends_with(".gguf") ? dir_.substr(0, dir_.size() - 5) : dir_;
     ModelOptions options;
     options.dtype = DType::kF32;
     ASSERT_NO_FATAL_FAILURE(LoadTestModel(dir_, &model_, options));
-    golden_ = LoadGolden(dir_, model_->vocab_size());
+    golden_ = LoadGolden(golden_dir, model_->vocab_size());
     ASSERT_EQ(golden_.ids.size(), 4u);
   }
   std::string dir_;
@@ -103,10 +106,14 @@ TEST_P(LlamaGoldenTest, BadInputIsAnErrorNotACrash) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, LlamaGoldenTest,
-                         ::testing::Values("tiny-llama", "tiny-qwen2", "fortune-llama"),
+                         ::testing::Values("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma2",
+                                           "tiny-gemma3", "fortune-llama", "tiny-llama.gguf",
+                                           "tiny-qwen2.gguf", "tiny-qwen3.gguf",
+                                           "tiny-gemma3.gguf"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');
+                           std::replace(n.begin(), n.end(), '.', '_');
                            return n;
                          });
 

@@ -1,7 +1,7 @@
 // Tensor parallelism: 2 and 4 ranks (threads of this process; collectives over Gloo's loopback
 // TCP or one shared-memory segment) give the logits of one rank within 1e-5 relative, and so
-// the same greedy tokens, for both tiny models, including 4 ranks over 2 or 1 KV heads (KV
-// heads replicated).
+// the same greedy tokens, for the tiny model of each family, including 4 ranks over 2 or 1 KV
+// heads (KV heads replicated).
 #include <string>
 #include <thread>
 #include <vector>
@@ -77,7 +77,9 @@ TEST_P(LlamaTensorParallelTest, RanksAgreeWithOneRankAndTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, LlamaTensorParallelTest,
-                         ::testing::Combine(::testing::Values("tiny-llama", "tiny-qwen2"),
+                         ::testing::Combine(::testing::Values("tiny-llama", "tiny-qwen2",
+                                                              "tiny-qwen3", "tiny-gemma2",
+                                                              "tiny-gemma3"),
                                             ::testing::Values(2, 4), ::testing::Bool()),
                          [](const auto& info) {
                            std::string n = std::get<0>(info.param);
