@@ -71,11 +71,15 @@ PLOTS_ARGS ?=
 plots: pyenv
 	$(PYENV)/bin/python tools/docs/plots.py $(PLOTS_ARGS)
 
-# GgufRealModelTest serves SmolLM2 from the fetch script's default cache ($$HOME/.cache/llm-models):
-# fetched first, and said loudly when it cannot be (the test then skips, naming the path).
+# The real-model tests (GgufRealModelTest, RealModelGoldenTest) read SmolLM2 and Gemma 3 270M
+# from the fetch script's default cache ($$HOME/.cache/llm-models): fetched first, and said loudly
+# when they cannot be (those tests then skip, naming the path).
+REAL_MODELS := smollm2 gemma3-270m
 test: build pyenv
-	@tools/models/fetch_smollm2.sh > /dev/null || echo "make test: WARNING: SmolLM2-135M-Instruct" \
-	  "could not be fetched (above): GgufRealModelTest will skip"
+	@for m in $(REAL_MODELS); do \
+	  tools/models/fetch_model.sh $$m > /dev/null || echo "make test: WARNING: $$m could not be" \
+	    "fetched (above): the tests that serve it will skip"; \
+	done
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
 # The main job: a local cluster serving a real model, SmolLM2-135M-Instruct (the GGUF of PyPI's

@@ -1,7 +1,8 @@
 // llm-cluster / llm-scheduler / llm-worker serving GGUF files (--model file.gguf): the tiny
 // F16 GGUF of fortune-llama gives the greedy tokens of its safetensors directory; the real
 // SmolLM2-135M-Instruct (Q4_1, tools/models/fetch_smollm2.sh; skipped when not in the cache)
-// completes "The capital of France is" with Paris.
+// completes "The capital of France is" with Paris; the real Gemma 3 270M (Q4_K_M, fetch_model.sh
+// gemma3-270m) gives transformers' greedy tokens on the same file, at tensor-parallel size 2.
 //
 // Deadlines here are hang guards only; no assertion depends on timing.
 #include <cstdlib>
@@ -16,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/integration/cluster_harness.h"
 
 namespace llm::testing {
@@ -23,14 +25,16 @@ namespace {
 
 const std::string kSource = LLM_SOURCE_DIR;
 
-std::string SmolLm2Path() {
+std::string CachedModel(const std::string& file) {
   const char* env = std::getenv("LLM_MODELS_CACHE");
   const char* home = std::getenv("HOME");
   const std::string dir = env != nullptr    ? env
                           : home != nullptr ? std::string(home) + "/.cache/llm-models"
                                             : "";
-  return dir + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+  return dir + "/" + file;
 }
+
+std::string SmolLm2Path() { return CachedModel("SmolLM2-135M-Instruct.Q4_1.gguf"); }
 
 class GgufClusterTest : public ::testing::TestWithParam<int> {};
 
@@ -81,6 +85,56 @@ TEST(GgufRealModelTest, SmolLm2AnswersTheCapitalOfFrance) {
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
   RecordProperty("completion", r.text[0]);
   EXPECT_THAT(r.text[0], ::testing::HasSubstr("Paris"));
+  absl::StatusOr<int> s = (*c)->Stop();
+  EXPECT_TRUE(s.ok()) << s.status();
+}
+
+// Gemma 3 (sliding-window layers, q/k norm, GeGLU, sandwich norms, a 262k SentencePiece vocabulary
+// with byte fallback) served at tensor-parallel size 2 in float32: the golden prompts of
+// tests/data/models/real/ (transformers on the same file) all at once, so that the 711-token one
+// is prefilled in chunks beside the others' decodes, twice (the second round from the prefix
+// cache); every request's tokens are transformers' greedy tokens.
+TEST(GgufRealModelTest, Gemma3ServesTransformersGreedyTokens) {
+  const std::string path = CachedModel("gemma-3-270m-q4_k_m.gguf");
+  if (!std::filesystem::exists(path)) {
+    GTEST_SKIP() << path << " is not there (tools/models/fetch_model.sh gemma3-270m fetches it)";
+  }
+  std::ifstream in(kSource + "/tests/data/models/real/gemma-3-270m-q4_k_m.golden.json");
+  ASSERT_TRUE(in);
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  ClusterOptions o;
+  o.model = path;
+  o.tensor_parallel_size = 2;
+  o.engine = {{"max_model_len", "1024"},
+              {"dtype", "float32"},
+              {"max_num_batched_tokens", "256"},
+              {"enable_chunked_prefill", "true"},
+              {"enable_prefix_caching", "true"}};
+  absl::StatusOr<std::unique_ptr<LocalCluster>> c = LocalCluster::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  for (int round = 0; round < 2; ++round) {
+    std::vector<GenerateResult> results(golden["prompts"].size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < results.size(); ++i) {
+      threads.emplace_back([&, i] {
+        const auto& p = golden["prompts"][i];
+        results[i] = Generate(
+            (*c)->stub(),
+            GreedyRequest(p["text"].get<std::string>(), static_cast<int>(p["greedy"].size())),
+            absl::Seconds(300));
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (size_t i = 0; i < results.size(); ++i) {
+      ASSERT_TRUE(results[i].status.ok()) << results[i].status.error_message();
+      EXPECT_EQ(results[i].token_ids[0], golden["prompts"][i]["greedy"].get<std::vector<int32_t>>())
+          << "round " << round << ", prompt " << i;
+      EXPECT_EQ(results[i].usage.prompt_tokens(), golden["prompts"][i]["ids"].size());
+    }
+  }
+  absl::StatusOr<v1::GetStatsResponse> stats = GetStats((*c)->stub());
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_GT(stats->prefix_cache_hits(), 700u);  // the second round's long prompt
   absl::StatusOr<int> s = (*c)->Stop();
   EXPECT_TRUE(s.ok()) << s.status();
 }
