@@ -8,8 +8,10 @@
 // base + z x split_keys .. min(ctx, base + (z + 1) x split_keys) - 1 (all of base .. ctx - 1
 // with one split). base = 0 without a sliding window; with a window W, DecodeWindowStart
 // (paged_attention_plan.h): the window's first position ctx - W rounded down to a multiple of
-// 64, the positions before ctx - W masked like those past the end (their K and V not loaded)
-// in the few warp tiles that hold them, so that the tiles stay page-aligned.
+// 64 (the splits stay aligned); the first split then skips the warp tiles wholly before
+// ctx - W and masks the one that straddles it, like the last, partial tile (the K and V of
+// masked positions are not loaded). Soft-capping is a template parameter (kSoftcap): the
+// kernels without a cap carry none of its code.
 // Sequences with q_len != 1 exit at once (their rows are PrefillAttentionMma's).
 //
 // Inside the CTA a "key group" of kLanes = D / 8 lanes reads one key (or value) row with one
@@ -139,7 +141,10 @@ struct State {
 // comment). kMasked: positions before `begin` (the window's first) or at or past `end` are
 // skipped (the first tiles of a windowed range, the last tile of a CTA's range); else all are
 // in [begin, end).
-template <typename T, int kHeadSize, int kGroup, int kKeys, bool kOnePage, bool kMasked>
+// kSoftcap: the scores are soft-capped (p.softcap_log2 > 0), a template parameter so that the
+// kernel without a cap carries none of its code.
+template <typename T, int kHeadSize, int kGroup, int kKeys, bool kOnePage, bool kMasked,
+          bool kSoftcap>
 __device__ __forceinline__ void Tile(const DecodeParams& p, const int32_t* table, int64_t kv_base,
                                      int pos0, int begin, int end, const float (&q)[kGroup][kVec],
                                      State<kGroup>& st) {
@@ -203,7 +208,7 @@ __device__ __forceinline__ void Tile(const DecodeParams& p, const int32_t* table
       for (int h = 0; h < kGroup; ++h) s[j][h] += __shfl_xor_sync(0xffffffffu, s[j][h], off_lane);
     }
   }
-  if (p.softcap_log2 > 0.0f) {
+  if constexpr (kSoftcap) {
 #pragma unroll
     for (int j = 0; j < kKeys; ++j) {
 #pragma unroll
@@ -264,7 +269,7 @@ __device__ __forceinline__ void MergeWeights(float m_a, float m_b, float* m, flo
   *w_b = Exp2(m_b - m_use);
 }
 
-template <typename T, int kHeadSize, int kGroup>
+template <typename T, int kHeadSize, int kGroup, bool kSoftcap>
 __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(DecodeParams p) {
   constexpr int kLanes = kHeadSize / kVec;           // lanes per key row
   constexpr int kGroupsPerWarp = 32 / kLanes;        // key groups per warp
@@ -324,41 +329,45 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(DecodeParams p
   const int32_t* table = p.block_tables + static_cast<int64_t>(s) * p.max_blocks;
   const int64_t kv_base = static_cast<int64_t>(kvh) * kHeadSize + klane * kVec;
   const int sub = (lane / kLanes) * kKeys;  // this key group's first position in a warp tile
-  const int len = end - start;
+  // With a window, the warp tiles wholly before its first position `begin` are skipped (fewer
+  // than 64 positions, in the first split only); the first tile left may still start before it
+  // and is then masked, like the last, partial one.
+  const int first = start + min(max(begin - start, 0), end - start) / kWarpTile * kWarpTile;
+  const int len = end - first;
   const int full = len / kWarpTile;                     // warp tiles with every position < end
   const int tiles = (len + kWarpTile - 1) / kWarpTile;  // ... and the last, partial one
-  // Warp tiles 0 .. clean - 1 hold positions before the window (begin - start < 64 of them,
-  // in the first split only): masked, like the last partial tile.
-  const int clean = (max(begin - start, 0) + kWarpTile - 1) / kWarpTile;
-  // Two copies of the loops, so that the hot one has only its own page lookup; each warp
-  // takes its tiles in order: the masked first ones, the full ones, the partial last one.
+  const bool masked_first = begin > first;              // tile 0 (warp 0's), partly before it
+  // Two copies of the loop, so that the hot one has only its own page lookup; each warp takes
+  // its tiles in order: the masked first one, the full ones, the partial last one.
   if (p.block_shift >= 0 && p.block_size >= kKeys) {
     int tile = warp;
-    for (; tile < clean && tile < tiles; tile += kWarps) {
-      Tile<T, kHeadSize, kGroup, kKeys, true, true>(
-          p, table, kv_base, start + tile * kWarpTile + sub, begin, end, q, st);
+    if (masked_first && tile == 0) {
+      Tile<T, kHeadSize, kGroup, kKeys, true, true, kSoftcap>(p, table, kv_base, first + sub, begin,
+                                                              end, q, st);
+      tile += kWarps;
     }
     for (; tile < full; tile += kWarps) {
-      Tile<T, kHeadSize, kGroup, kKeys, true, false>(
-          p, table, kv_base, start + tile * kWarpTile + sub, begin, end, q, st);
+      Tile<T, kHeadSize, kGroup, kKeys, true, false, kSoftcap>(
+          p, table, kv_base, first + tile * kWarpTile + sub, begin, end, q, st);
     }
     if (tile < tiles) {  // the last, partial warp tile: one warp
-      Tile<T, kHeadSize, kGroup, kKeys, true, true>(
-          p, table, kv_base, start + tile * kWarpTile + sub, begin, end, q, st);
+      Tile<T, kHeadSize, kGroup, kKeys, true, true, kSoftcap>(
+          p, table, kv_base, first + tile * kWarpTile + sub, begin, end, q, st);
     }
   } else {
     int tile = warp;
-    for (; tile < clean && tile < tiles; tile += kWarps) {
-      Tile<T, kHeadSize, kGroup, kKeys, false, true>(
-          p, table, kv_base, start + tile * kWarpTile + sub, begin, end, q, st);
+    if (masked_first && tile == 0) {
+      Tile<T, kHeadSize, kGroup, kKeys, false, true, kSoftcap>(p, table, kv_base, first + sub,
+                                                               begin, end, q, st);
+      tile += kWarps;
     }
     for (; tile < full; tile += kWarps) {
-      Tile<T, kHeadSize, kGroup, kKeys, false, false>(
-          p, table, kv_base, start + tile * kWarpTile + sub, begin, end, q, st);
+      Tile<T, kHeadSize, kGroup, kKeys, false, false, kSoftcap>(
+          p, table, kv_base, first + tile * kWarpTile + sub, begin, end, q, st);
     }
     if (tile < tiles) {
-      Tile<T, kHeadSize, kGroup, kKeys, false, true>(
-          p, table, kv_base, start + tile * kWarpTile + sub, begin, end, q, st);
+      Tile<T, kHeadSize, kGroup, kKeys, false, true, kSoftcap>(
+          p, table, kv_base, first + tile * kWarpTile + sub, begin, end, q, st);
     }
   }
 
@@ -450,8 +459,13 @@ OpStatus LaunchDecode(cudaStream_t stream, const DecodeParams& params, const Dec
   const dim3 grid(static_cast<unsigned>(params.num_seqs),
                   static_cast<unsigned>(params.num_kv_heads * params.head_chunks),
                   static_cast<unsigned>(plan.num_splits));
-  ::llm::cuda::Launch(DecodeAttentionKernel<T, kHeadSize, kGroup>, grid, kThreads, 0, stream,
-                      params);
+  if (params.softcap_log2 > 0.0f) {
+    ::llm::cuda::Launch(DecodeAttentionKernel<T, kHeadSize, kGroup, true>, grid, kThreads, 0,
+                        stream, params);
+  } else {
+    ::llm::cuda::Launch(DecodeAttentionKernel<T, kHeadSize, kGroup, false>, grid, kThreads, 0,
+                        stream, params);
+  }
   LLM_CUDA_OP_CHECK_LAUNCH(kOp);
   if (plan.num_splits > 1) {
     const dim3 reduce_grid(static_cast<unsigned>(params.num_seqs),

@@ -153,7 +153,9 @@ __device__ __forceinline__ void GatherKeyTile(const Params& p, const int64_t* of
   }
 }
 
-template <typename T, int kHeadSize>
+// kSoftcap: the scores are soft-capped (p.softcap_log2 > 0); a template parameter so that the
+// kernel without a cap carries none of its code or registers.
+template <typename T, int kHeadSize, bool kSoftcap>
 __global__ void __launch_bounds__(kThreads) PrefillAttentionMmaKernel(const Params p) {
   constexpr int kStride = kHeadSize + 8;     // shared row, 16-bit elements: +16 bytes
   constexpr int kDimSteps = kHeadSize / 16;  // k-steps of S = Q K^T
@@ -304,7 +306,7 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionMmaKernel(const Para
     // Key column c of the tile is visible to a row at position q when c <= q - k0 (and with a
     // window c >= q - W + 1 - k0); only the key tiles that reach past the warp's first row or
     // before its last row's window need the compare (warp-uniform).
-    if (p.softcap_log2 > 0.0f) {
+    if constexpr (kSoftcap) {
 #pragma unroll
       for (int n = 0; n < kKeyTiles8; ++n) {
 #pragma unroll
@@ -313,7 +315,7 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionMmaKernel(const Para
         }
       }
     }
-    const float score_scale = p.softcap_log2 > 0.0f ? 1.0f : p.scale_log2;
+    const float score_scale = kSoftcap ? 1.0f : p.scale_log2;
     float tile_max[2] = {-INFINITY, -INFINITY};
     if (k0 + kTileKeys - 1 > first_pos + wrow0 || (window > 0 && k0 < warp_last_pos - window + 1)) {
       // Columns lower[r] .. limit[r] (clamped to the tile: -1 .. kTileKeys).
@@ -423,13 +425,15 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionMmaKernel(const Para
   }
 }
 
-template <typename T>
+template <typename T, bool kSoftcap>
 OpStatus LaunchForHeadSize(cudaStream_t stream, dim3 grid, const Params& params,
                            int64_t head_size) {
   if (head_size == 64) {
-    ::llm::cuda::Launch(PrefillAttentionMmaKernel<T, 64>, grid, kThreads, 0, stream, params);
+    ::llm::cuda::Launch(PrefillAttentionMmaKernel<T, 64, kSoftcap>, grid, kThreads, 0, stream,
+                        params);
   } else {
-    ::llm::cuda::Launch(PrefillAttentionMmaKernel<T, 128>, grid, kThreads, 0, stream, params);
+    ::llm::cuda::Launch(PrefillAttentionMmaKernel<T, 128, kSoftcap>, grid, kThreads, 0, stream,
+                        params);
   }
   LLM_CUDA_OP_CHECK_LAUNCH("PagedAttention");
   return OpStatus::Ok();
@@ -503,10 +507,13 @@ OpStatus PrefillAttentionMma(const OpContext& ctx, const TensorView& out, const 
   }
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(num_heads));
   const cudaStream_t stream = cuda_internal::AsStream(ctx.stream);
+  const bool softcap = params.softcap_log2 > 0.0f;
   if (query.dtype == DType::kBF16) {
-    return LaunchForHeadSize<__nv_bfloat16>(stream, grid, params, head_size);
+    return softcap ? LaunchForHeadSize<__nv_bfloat16, true>(stream, grid, params, head_size)
+                   : LaunchForHeadSize<__nv_bfloat16, false>(stream, grid, params, head_size);
   }
-  return LaunchForHeadSize<__half>(stream, grid, params, head_size);
+  return softcap ? LaunchForHeadSize<__half, true>(stream, grid, params, head_size)
+                 : LaunchForHeadSize<__half, false>(stream, grid, params, head_size);
 }
 
 }  // namespace llm::ops::cuda
