@@ -1,6 +1,7 @@
 #include "common/model_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -17,9 +18,9 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr const char* kArchitectures[] = {"LlamaForCausalLM",  "MistralForCausalLM",
-                                          "Qwen2ForCausalLM",  "Qwen3ForCausalLM",
-                                          "Gemma2ForCausalLM", "Gemma3ForCausalLM"};
+constexpr const char* kArchitectures[] = {
+    "LlamaForCausalLM",  "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+    "Gemma2ForCausalLM", "Gemma3ForCausalLM",  "Phi3ForCausalLM"};
 
 absl::Status Invalid(absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("config.json: ", what));
@@ -58,9 +59,28 @@ absl::Status GetOptional(const json& j, const char* field, T* out) {
   return absl::OkStatus();
 }
 
+// A list of positive numbers (longrope's short_factor / long_factor).
+absl::Status GetFactors(const json& j, const char* field, std::vector<double>* out) {
+  auto it = j.find(field);
+  if (it == j.end() || !it->is_array() || it->empty()) {
+    return Invalid(absl::StrCat("longrope rope_scaling needs \"", field, "\" (a list of numbers)"));
+  }
+  out->clear();
+  for (const json& v : *it) {
+    if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>())) {
+      return Invalid(
+          absl::StrCat("rope_scaling \"", field, "\" must hold numbers > 0, not ", v.dump()));
+    }
+    out->push_back(v.get<double>());
+  }
+  return absl::OkStatus();
+}
+
 // One rope description: transformers < 5's "rope_scaling" object, or one of transformers >= 5's
 // "rope_parameters" (which holds rope_theta too, read by the caller). Null or absent: none.
-absl::Status ParseRopeScaling(const json* obj, RopeScaling* out) {
+// Phi-3's older spellings of longrope, "su" and "yarn", are read as longrope (as Phi3Config
+// does).
+absl::Status ParseRopeScaling(const json* obj, bool phi3, RopeScaling* out) {
   if (obj == nullptr || obj->is_null()) return absl::OkStatus();
   if (!obj->is_object()) return Invalid("\"rope_scaling\" must be an object or null");
   const json& rs = *obj;
@@ -69,11 +89,31 @@ absl::Status ParseRopeScaling(const json* obj, RopeScaling* out) {
   RETURN_IF_ERROR(GetOptional(rs, "type", &type));
   RETURN_IF_ERROR(GetOptional(rs, "rope_type", &type));
   if (type.empty() || type == "default") return absl::OkStatus();
-  if (type != "linear" && type != "llama3") {
+  if (phi3 && (type == "su" || type == "yarn")) type = "longrope";
+  if (type != "linear" && type != "llama3" && type != "longrope") {
     return absl::UnimplementedError(absl::StrCat("config.json: rope_scaling type \"", type,
-                                                 "\" is not supported (linear, llama3)"));
+                                                 "\" is not supported (linear, llama3, longrope)"));
   }
   out->type = type;
+  if (type == "longrope") {
+    RETURN_IF_ERROR(GetFactors(rs, "short_factor", &out->short_factor));
+    RETURN_IF_ERROR(GetFactors(rs, "long_factor", &out->long_factor));
+    // factor, attention_factor and original_max_position_embeddings are optional: resolved
+    // by the caller (0: absent).
+    out->factor = 0.0;
+    out->attention_factor = 0.0;
+    out->original_max_position_embeddings = 0;
+    RETURN_IF_ERROR(GetOptional(rs, "factor", &out->factor));
+    RETURN_IF_ERROR(GetOptional(rs, "attention_factor", &out->attention_factor));
+    RETURN_IF_ERROR(GetOptional(rs, "original_max_position_embeddings",
+                                &out->original_max_position_embeddings));
+    if (out->factor < 0 || out->attention_factor < 0 || out->original_max_position_embeddings < 0) {
+      return Invalid(
+          "longrope rope_scaling: factor, attention_factor and "
+          "original_max_position_embeddings must be > 0");
+    }
+    return absl::OkStatus();
+  }
   if (!rs.contains("factor")) return Invalid("rope_scaling needs \"factor\"");
   RETURN_IF_ERROR(GetOptional(rs, "factor", &out->factor));
   if (!(out->factor >= 1.0)) return Invalid("rope_scaling \"factor\" must be >= 1");
@@ -112,7 +152,7 @@ absl::Status ParseRope(const json& j, ModelConfig* c) {
       if (local != nullptr && local->is_object()) {
         RETURN_IF_ERROR(GetOptional(*local, "rope_theta", &c->rope_local_theta));
         RopeScaling local_scaling;
-        RETURN_IF_ERROR(ParseRopeScaling(local, &local_scaling));
+        RETURN_IF_ERROR(ParseRopeScaling(local, /*phi3=*/false, &local_scaling));
         if (!local_scaling.type.empty()) {
           return absl::UnimplementedError(
               "config.json: rope scaling of the sliding-window layers is not supported");
@@ -124,20 +164,69 @@ absl::Status ParseRope(const json& j, ModelConfig* c) {
     if (global != nullptr && global->is_object()) {
       RETURN_IF_ERROR(GetOptional(*global, "rope_theta", &c->rope_theta));
     }
-    if (rp->contains("partial_rotary_factor") && (*rp)["partial_rotary_factor"] != 1.0) {
-      return absl::UnimplementedError("config.json: partial_rotary_factor is not supported");
-    }
   }
   if (!(c->rope_theta > 0)) return Invalid("\"rope_theta\" must be > 0");
   if (c->rope_local_theta < 0) return Invalid("\"rope_local_base_freq\" must be > 0");
-  return ParseRopeScaling(global, &c->rope_scaling);
+  const bool phi3 = c->architecture == "Phi3ForCausalLM";
+  // partial_rotary_factor: top level (transformers < 5) or in rope_parameters (>= 5, which
+  // wins). Phi-3 only: transformers' other families here rotate the whole head.
+  double partial = 1.0;
+  RETURN_IF_ERROR(GetOptional(j, "partial_rotary_factor", &partial));
+  if (rp != nullptr && rp->is_object()) {
+    RETURN_IF_ERROR(GetOptional(*rp, "partial_rotary_factor", &partial));
+  }
+  if (partial != 1.0) {
+    if (!phi3) {
+      return absl::UnimplementedError(
+          "config.json: partial_rotary_factor is not supported (Phi3ForCausalLM only)");
+    }
+    // transformers: int(head_dim * partial_rotary_factor).
+    const int dim = static_cast<int>(c->head_dim * partial);
+    if (!(partial > 0 && partial <= 1) || dim < 2 || dim % 2 != 0) {
+      return Invalid(absl::StrCat("\"partial_rotary_factor\" ", partial,
+                                  " must give an even rotary dim in [2, head_dim ", c->head_dim,
+                                  "], not ", dim));
+    }
+    c->rotary_dim = dim;
+  }
+  RETURN_IF_ERROR(ParseRopeScaling(global, phi3, &c->rope_scaling));
+  RopeScaling& rs = c->rope_scaling;
+  if (rs.type != "longrope") return absl::OkStatus();
+  const size_t half = static_cast<size_t>(c->RotaryDim() / 2);
+  if (rs.short_factor.size() != half || rs.long_factor.size() != half) {
+    return Invalid(
+        absl::StrCat("longrope short_factor and long_factor must hold rotary_dim / 2 = ", half,
+                     " numbers, not ", rs.short_factor.size(), " and ", rs.long_factor.size()));
+  }
+  // The original (pretraining) length: the top-level field (Phi-3 keeps it there and
+  // transformers prefers it), else rope_scaling's, else Phi3Config's default 4096 (the
+  // maximum length for other families).
+  int original = 0;
+  RETURN_IF_ERROR(GetOptional(j, "original_max_position_embeddings", &original));
+  if (original <= 0) original = rs.original_max_position_embeddings;
+  if (original <= 0) original = phi3 ? 4096 : c->max_position_embeddings;
+  rs.original_max_position_embeddings = original;
+  // transformers' _compute_longrope_parameters: the attention factor, unless given, from
+  // factor (unless given: max_position_embeddings / original).
+  const double factor =
+      rs.factor > 0 ? rs.factor : static_cast<double>(c->max_position_embeddings) / original;
+  if (rs.attention_factor <= 0) {
+    rs.attention_factor =
+        factor <= 1.0 || original <= 1
+            ? 1.0
+            : std::sqrt(1.0 + std::log(factor) / std::log(static_cast<double>(original)));
+  }
+  rs.factor = factor;
+  return absl::OkStatus();
 }
 
 // Which layers attend through a window, and how wide it is.
 absl::Status ParseSlidingWindow(const json& j, ModelConfig* c) {
   const std::string& arch = c->architecture;
   const bool gemma = arch == "Gemma2ForCausalLM" || arch == "Gemma3ForCausalLM";
-  bool use = arch == "MistralForCausalLM" || gemma;
+  // Phi-3: transformers masks with the window whenever sliding_window is set (2047 for
+  // Phi-3-mini-4k and Phi-3-medium-4k: a query sees itself and the 2046 positions before it).
+  bool use = arch == "MistralForCausalLM" || arch == "Phi3ForCausalLM" || gemma;
   if (arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM") {
     RETURN_IF_ERROR(GetOptional(j, "use_sliding_window", &use));
   }
@@ -187,6 +276,13 @@ absl::Status ParseFamilyFeatures(const json& j, ModelConfig* c) {
   const std::string& arch = c->architecture;
   const bool gemma = arch == "Gemma2ForCausalLM" || arch == "Gemma3ForCausalLM";
   c->qk_norm = arch == "Qwen3ForCausalLM" || arch == "Gemma3ForCausalLM";
+  if (arch == "Phi3ForCausalLM") {
+    // Fused q/k/v and gate/up weights; transformers' Phi3Attention has no biases whatever
+    // attention_bias says (Phi-4-mini's config.json has it, false).
+    c->fused_qkv = true;
+    c->fused_gate_up = true;
+    c->attention_bias = false;
+  }
   if (gemma) {
     c->scale_embeddings = true;
     c->norm_weight_offset = 1.0f;

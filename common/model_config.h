@@ -1,8 +1,9 @@
 // The model configuration of a Hugging Face model directory (config.json) or of a GGUF file's
 // metadata, for the decoder families the workers run: LlamaForCausalLM, MistralForCausalLM
-// (sliding window included), Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM and
-// Gemma3ForCausalLM. The families differ by the features below (each off by default, which is
-// Llama); the model (worker_service/model/llama.h) implements each feature once.
+// (sliding window included), Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM,
+// Gemma3ForCausalLM and Phi3ForCausalLM (Phi-3, Phi-3.5 and Phi-4-mini). The families differ by the
+// features below (each off by default, which is Llama); the model (worker_service/model/llama.h)
+// implements each feature once.
 //
 // Parsing fails with INVALID_ARGUMENT naming the missing or malformed field, and with
 // UNIMPLEMENTED naming an architecture, activation, rope scaling type or feature that is not
@@ -24,19 +25,31 @@ namespace llm {
 class GgufFile;
 
 struct RopeScaling {
-  // "" (none), "linear" or "llama3" (config.json's rope_scaling); GGUF files of Llama 3.1 and
-  // later carry the llama3 scaling as per-frequency factors instead (rope_freq_factors).
+  // "" (none), "linear", "llama3" or "longrope" (config.json's rope_scaling); GGUF files of
+  // Llama 3.1 and later carry the llama3 scaling as per-frequency factors instead
+  // (rope_freq_factors).
   std::string type;
   double factor = 1.0;
   // llama3 only.
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
+  // llama3 and longrope.
   int original_max_position_embeddings = 8192;
+  // longrope (Phi-3-*-128k, Phi-3.5, Phi-4-mini): rotary_dim / 2 divisors each of the inverse
+  // frequencies, inv_freq[i] = theta^(-2i/r) / factor[i]: the short ones for positions below
+  // original_max_position_embeddings, the long ones from there on (per position; see
+  // LlamaModel's rope table for how this differs from transformers and vLLM), and
+  // attention_factor multiplying every cos and sin: the config's, else (as transformers)
+  // sqrt(1 + ln(s) / ln(original)) with s = factor if given, else max_position_embeddings /
+  // original (1 when s <= 1). Resolved at parsing.
+  std::vector<double> short_factor, long_factor;
+  double attention_factor = 1.0;
 };
 
 struct ModelConfig {
   std::string architecture;  // as in "architectures"[0]
-  std::string model_type;    // "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text"
+  std::string model_type;    // "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text",
+                             // "phi3"
   int vocab_size = 0;
   int hidden_size = 0;
   int intermediate_size = 0;
@@ -47,9 +60,17 @@ struct ModelConfig {
   int max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
+  // Dims rotated at the start of each head (partial_rotary_factor * head_dim: Phi-4-mini's
+  // 0.75); 0 means the whole head (RotaryDim()).
+  int rotary_dim = 0;
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v projections have biases (Qwen2 always)
+  // Phi-3: the checkpoint holds q/k/v as one self_attn.qkv_proj.weight [(Hq + 2 Hkv) D, H]
+  // (q rows, then k, then v) and gate/up as one mlp.gate_up_proj.weight [2 I, H] (gate rows,
+  // then up); each rank reads its rows out of them.
+  bool fused_qkv = false;
+  bool fused_gate_up = false;
   // Per-frequency divisors of the rotary inverse frequencies (head_dim / 2 of them), from a
   // GGUF's rope_freqs tensor: inv_freq[i] = theta^(-2i/d) / rope_freq_factors[i]. Empty: none.
   std::vector<float> rope_freq_factors;
@@ -86,6 +107,8 @@ struct ModelConfig {
   int bos_token_id = -1;
   std::vector<int> eos_token_ids;
 
+  int RotaryDim() const { return rotary_dim > 0 ? rotary_dim : head_dim; }
+
   // Whether layer `l` attends through a sliding window.
   bool IsSlidingLayer(int l) const {
     if (sliding_window <= 0) return false;
@@ -96,10 +119,12 @@ struct ModelConfig {
   static absl::StatusOr<ModelConfig> FromJson(std::string_view json_text);
   // Reads <dir>/config.json, or the metadata of `dir` when it is a GGUF file (*.gguf).
   static absl::StatusOr<ModelConfig> FromModelDir(const std::string& dir);
-  // From a GGUF file's metadata (general.architecture llama, qwen2, qwen3, gemma2 or gemma3;
+  // From a GGUF file's metadata (general.architecture llama, qwen2, qwen3, gemma2, gemma3 or
+  // phi3;
   // <arch>.* keys; what llama.cpp hard-codes per architecture, such as Gemma's layer pattern;
-  // token ids from tokenizer.ggml.*). UNIMPLEMENTED naming another architecture or an
-  // unsupported feature (rope scaling other than linear, partial rotary); INVALID_ARGUMENT
+  // token ids from tokenizer.ggml.*; phi3's longrope factors from its rope_factors_short /
+  // rope_factors_long tensors). UNIMPLEMENTED naming another architecture or an unsupported
+  // feature (rope scaling other than linear); INVALID_ARGUMENT
   // naming a missing or malformed key. Implemented in gguf_model.cc.
   static absl::StatusOr<ModelConfig> FromGguf(const GgufFile& file);
 };

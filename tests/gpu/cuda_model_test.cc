@@ -299,7 +299,7 @@ INSTANTIATE_TEST_SUITE_P(HeadSizes, CudaRandomModelTest, ::testing::Values(64, 1
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaModelTest,
                          ::testing::Values("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma2",
-                                           "tiny-gemma3"),
+                                           "tiny-gemma3", "tiny-phi3"),
                          [](const auto& info) {
                            std::string name = info.param;
                            for (char& c : name) {

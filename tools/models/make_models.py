@@ -18,6 +18,12 @@
                                    (window 8, own rope base) to one global (linear rope
                                    scaling), tied embeddings; query_pre_attn_scalar = head_dim,
                                    as llama.cpp assumes, so that its GGUF conversion agrees
+  tests/data/models/tiny-phi3/     Phi3ForCausalLM, F32: fused qkv_proj and gate_up_proj, GQA,
+                                   head_dim 64 with partial_rotary_factor 0.75 (48 rotated),
+                                   longrope (short and long factors far from 1, original
+                                   length 64: the goldens' sequences, shorter, use the short
+                                   ones, as transformers does below that length; the long ones
+                                   are checked by a unit test), sliding window 24
 
 Needs: torch, transformers, tokenizers, safetensors (pip), and Debian's `fortunes` package.
 CI never runs this; it uses the committed outputs.
@@ -33,8 +39,8 @@ import sys
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
-                          LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
-                          Qwen3Config, Qwen3ForCausalLM)
+                          LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUT = os.path.join(ROOT, "tests", "data", "models")
@@ -178,8 +184,27 @@ def tiny_gemma3(ids):
     return model, torch.float32, "10GB"
 
 
+def tiny_phi3(ids):
+    torch.manual_seed(5)
+    half = 24  # rotary_dim / 2 = 64 * 0.75 / 2
+    short = [round(1.0 + 0.15 * i, 4) for i in range(half)]  # 1 .. 4.45
+    long = [round(1.0 + 0.9 * i, 4) for i in range(half)]  # 1 .. 21.7
+    cfg = Phi3Config(
+        vocab_size=ids["vocab"], hidden_size=256, intermediate_size=160, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        original_max_position_embeddings=64, rms_norm_eps=1e-5, sliding_window=24,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                         "partial_rotary_factor": 0.75, "short_factor": short,
+                         "long_factor": long, "original_max_position_embeddings": 64},
+        tie_word_embeddings=False, bos_token_id=ids["bos"], eos_token_id=ids["eos"],
+        pad_token_id=None, torch_dtype="float32")
+    model = Phi3ForCausalLM(cfg)
+    randomize(model, 1.0)
+    return model, torch.float32, "10GB"
+
+
 MODELS = {"tiny-llama": tiny_llama, "tiny-qwen2": tiny_qwen2, "tiny-qwen3": tiny_qwen3,
-          "tiny-gemma2": tiny_gemma2, "tiny-gemma3": tiny_gemma3}
+          "tiny-gemma2": tiny_gemma2, "tiny-gemma3": tiny_gemma3, "tiny-phi3": tiny_phi3}
 
 
 def main():

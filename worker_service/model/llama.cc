@@ -84,7 +84,60 @@ TensorView QkvPart(const TensorView& qkv, int64_t first_head, int64_t num_heads,
 // Rounds a byte offset up to 256 (each input array starts aligned).
 size_t Align(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
+// A fused weight's shape (Phi-3's qkv_proj, gate_up_proj), before ranks read slices of it;
+// nothing to check without weights (random ones).
+absl::Status CheckShape(const WeightSource* weights, const std::string& name,
+                        std::initializer_list<int64_t> shape) {
+  if (weights == nullptr) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const std::vector<int64_t> st_shape, weights->Shape(name));
+  if (st_shape != std::vector<int64_t>(shape)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " has shape [", absl::StrJoin(st_shape, ", "), "]; the config implies [",
+                     absl::StrJoin(shape, ", "), "]"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::StatusOr<std::vector<float>> RopeCosSinTable(const ops::RopeConfig& rope,
+                                                   const RopeScaling& scaling,
+                                                   int64_t max_position) {
+  const int64_t r = rope.rotary_dim;
+  std::vector<float> table(static_cast<size_t>(std::max<int64_t>(0, max_position) * r));
+  if (scaling.type != "longrope") {
+    RETURN_IF_ERROR(FromOp(ops::ComputeRopeCosSinCache(rope, max_position, table)));
+    return table;
+  }
+  // longrope: per-frequency divisors (ops::RopeConfig::freq_factors), the short ones below
+  // the original length and the long ones from there on, per position; every cos and sin
+  // times the attention factor. transformers instead picks one set for the whole forward
+  // (long once any position reaches the original length, i.e. seq_len > original) and vLLM
+  // one per batch, so the three agree on every position of a sequence shorter than the
+  // original length; past it, a sequence's earlier positions here keep their short-factor
+  // angles (which also keeps its cached keys valid as it grows past the original length).
+  if (scaling.short_factor.size() != static_cast<size_t>(r / 2) ||
+      scaling.long_factor.size() != static_cast<size_t>(r / 2)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "longrope: short_factor and long_factor must hold rotary_dim / 2 = ", r / 2, " factors"));
+  }
+  if (!(scaling.attention_factor > 0)) {
+    return absl::InvalidArgumentError("longrope: attention_factor must be > 0");
+  }
+  const int64_t original =
+      std::clamp<int64_t>(scaling.original_max_position_embeddings, 0, max_position);
+  ops::RopeConfig part = rope;
+  part.freq_factors = scaling.long_factor;
+  RETURN_IF_ERROR(FromOp(ops::ComputeRopeCosSinCache(part, max_position, table)));
+  part.freq_factors = scaling.short_factor;
+  RETURN_IF_ERROR(FromOp(ops::ComputeRopeCosSinCache(
+      part, original, std::span<float>(table).first(static_cast<size_t>(original * r)))));
+  const float mscale = static_cast<float>(scaling.attention_factor);
+  if (mscale != 1.0f) {
+    for (float& v : table) v *= mscale;
+  }
+  return table;
+}
 
 absl::StatusOr<DType> ParseModelDType(const std::string& name, const TensorDevice& device) {
   DType d;
@@ -191,8 +244,9 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Make(const ModelConfig& 
   }
   const int d = config.head_dim;
   if (m->device_.is_cuda() && d != 16 && d != 32 && d != 64 && d != 128) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "head_dim ", d, " is not supported on cuda (the attention kernels take 16, 32, 64 and 128)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("head_dim ", d,
+                     " is not supported on cuda (the attention kernels take 16, 32, 64 and 128)"));
   }
   m->local_q_heads_ = hq / w;
   if (hkv >= w) {
@@ -205,7 +259,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Make(const ModelConfig& 
   m->local_intermediate_ = config.intermediate_size / w;
   m->vocab_per_rank_ = (config.vocab_size + w - 1) / w;
   m->rope_.theta = config.rope_theta;
-  m->rope_.rotary_dim = config.head_dim;
+  m->rope_.rotary_dim = config.RotaryDim();
   const RopeScaling& rs = config.rope_scaling;
   if (rs.type == "linear") m->rope_.scaling.type = ops::RopeScaling::Type::kLinear;
   if (rs.type == "llama3") m->rope_.scaling.type = ops::RopeScaling::Type::kLlama3;
@@ -351,18 +405,21 @@ absl::Status LlamaModel::LoadWeights(const WeightSource* weights, uint64_t seed)
   if (device_.is_cpu()) RETURN_IF_ERROR(PackCpuHead());
   RETURN_IF_ERROR(norm("model.norm.weight", h, &final_norm_));
 
-  // Rotary's cos/sin tables, computed once (fp64 angles) and kept on the device.
-  auto rope_table = [&](const ops::RopeConfig& rope, Tensor* out) -> absl::Status {
+  // Rotary's cos/sin tables, computed once (fp64 angles) and kept on the device: [positions,
+  // rotary_dim] (narrower than the head with a partial rotary).
+  auto rope_table = [&](const ops::RopeConfig& rope, const RopeScaling& scaling,
+                        Tensor* out) -> absl::Status {
     const int64_t positions = std::max(1, config_.max_position_embeddings);
-    std::vector<float> table(static_cast<size_t>(positions * d));
-    RETURN_IF_ERROR(FromOp(ops::ComputeRopeCosSinCache(rope, positions, table)));
-    RETURN_IF_ERROR(AllocateOnDevice(DType::kF32, {positions, d}, out));
+    ASSIGN_OR_RETURN(const std::vector<float> table, RopeCosSinTable(rope, scaling, positions));
+    RETURN_IF_ERROR(AllocateOnDevice(DType::kF32, {positions, rope.rotary_dim}, out));
     RETURN_IF_ERROR(Copy(device_, out->view().data, table.data(), table.size() * 4, stream));
     if (context_ != nullptr) RETURN_IF_ERROR(context_->Synchronize());
     return absl::OkStatus();
   };
-  RETURN_IF_ERROR(rope_table(rope_, &cos_sin_cache_));
-  if (rope_local_.rotary_dim > 0) RETURN_IF_ERROR(rope_table(rope_local_, &cos_sin_local_));
+  RETURN_IF_ERROR(rope_table(rope_, config_.rope_scaling, &cos_sin_cache_));
+  if (rope_local_.rotary_dim > 0) {
+    RETURN_IF_ERROR(rope_table(rope_local_, RopeScaling{}, &cos_sin_local_));
+  }
 
   const int64_t qd = static_cast<int64_t>(local_q_heads_) * d;
   const int64_t kd = static_cast<int64_t>(local_kv_heads_) * d;
@@ -387,10 +444,22 @@ absl::Status LlamaModel::LoadWeights(const WeightSource* weights, uint64_t seed)
       RETURN_IF_ERROR(norm(p + "self_attn.k_norm.weight", d, &L.k_norm));
     }
     RETURN_IF_ERROR(alloc({qd + 2 * kd, h}, &L.qkv_proj));
-    RETURN_IF_ERROR(read(p + "self_attn.q_proj.weight", 0, q0, q1, {qd, h}, &L.qkv_proj, 0));
-    RETURN_IF_ERROR(read(p + "self_attn.k_proj.weight", 0, k0, k1, {kd, h}, &L.qkv_proj, qd * h));
-    RETURN_IF_ERROR(
-        read(p + "self_attn.v_proj.weight", 0, k0, k1, {kd, h}, &L.qkv_proj, (qd + kd) * h));
+    if (config_.fused_qkv) {
+      // Phi-3's qkv_proj [(Hq + 2 Hkv) D, H]: this rank's q rows, then its k rows (after all
+      // Hq D q rows), then its v rows (after the Hkv D k rows).
+      const std::string qkv = p + "self_attn.qkv_proj.weight";
+      const int64_t k_at = static_cast<int64_t>(config_.num_attention_heads) * d;
+      const int64_t v_at = k_at + static_cast<int64_t>(config_.num_key_value_heads) * d;
+      RETURN_IF_ERROR(CheckShape(weights, qkv, {v_at + v_at - k_at, h}));
+      RETURN_IF_ERROR(read(qkv, 0, q0, q1, {qd, h}, &L.qkv_proj, 0));
+      RETURN_IF_ERROR(read(qkv, 0, k_at + k0, k_at + k1, {kd, h}, &L.qkv_proj, qd * h));
+      RETURN_IF_ERROR(read(qkv, 0, v_at + k0, v_at + k1, {kd, h}, &L.qkv_proj, (qd + kd) * h));
+    } else {
+      RETURN_IF_ERROR(read(p + "self_attn.q_proj.weight", 0, q0, q1, {qd, h}, &L.qkv_proj, 0));
+      RETURN_IF_ERROR(read(p + "self_attn.k_proj.weight", 0, k0, k1, {kd, h}, &L.qkv_proj, qd * h));
+      RETURN_IF_ERROR(
+          read(p + "self_attn.v_proj.weight", 0, k0, k1, {kd, h}, &L.qkv_proj, (qd + kd) * h));
+    }
     if (config_.attention_bias) {
       RETURN_IF_ERROR(alloc({qd + 2 * kd}, &L.qkv_bias));
       RETURN_IF_ERROR(read(p + "self_attn.q_proj.bias", 0, q0, q1, {qd}, &L.qkv_bias, 0));
@@ -400,10 +469,21 @@ absl::Status LlamaModel::LoadWeights(const WeightSource* weights, uint64_t seed)
     RETURN_IF_ERROR(alloc({h, qd}, &L.o_proj));
     RETURN_IF_ERROR(read(p + "self_attn.o_proj.weight", 1, q0, q1, {h, qd}, &L.o_proj, 0));
     RETURN_IF_ERROR(alloc({2 * i_local, h}, &L.gate_up_proj));
-    RETURN_IF_ERROR(
-        read(p + "mlp.gate_proj.weight", 0, m0, m0 + i_local, {i_local, h}, &L.gate_up_proj, 0));
-    RETURN_IF_ERROR(read(p + "mlp.up_proj.weight", 0, m0, m0 + i_local, {i_local, h},
-                         &L.gate_up_proj, i_local * h));
+    if (config_.fused_gate_up) {
+      // Phi-3's gate_up_proj [2 I, H]: this rank's gate rows, then its up rows (after all I
+      // gate rows).
+      const std::string gate_up = p + "mlp.gate_up_proj.weight";
+      const int64_t im = config_.intermediate_size;
+      RETURN_IF_ERROR(CheckShape(weights, gate_up, {2 * im, h}));
+      RETURN_IF_ERROR(read(gate_up, 0, m0, m0 + i_local, {i_local, h}, &L.gate_up_proj, 0));
+      RETURN_IF_ERROR(
+          read(gate_up, 0, im + m0, im + m0 + i_local, {i_local, h}, &L.gate_up_proj, i_local * h));
+    } else {
+      RETURN_IF_ERROR(
+          read(p + "mlp.gate_proj.weight", 0, m0, m0 + i_local, {i_local, h}, &L.gate_up_proj, 0));
+      RETURN_IF_ERROR(read(p + "mlp.up_proj.weight", 0, m0, m0 + i_local, {i_local, h},
+                           &L.gate_up_proj, i_local * h));
+    }
     RETURN_IF_ERROR(alloc({h, i_local}, &L.down_proj));
     RETURN_IF_ERROR(
         read(p + "mlp.down_proj.weight", 1, m0, m0 + i_local, {h, i_local}, &L.down_proj, 0));

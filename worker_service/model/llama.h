@@ -1,11 +1,14 @@
-// The decoder families of common/model_config.h (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3)
-// over a paged KV cache, tensor-parallel from the start. One LlamaModel is one rank's shard.
+// The decoder families of common/model_config.h (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3,
+// Phi-3) over a paged KV cache, tensor-parallel from the start. One LlamaModel is one rank's
+// shard.
 // The Llama layer is the base; each family's differences are ModelConfig features, applied in
 // one place each: q/k norm (HeadRmsNorm after the projection), GeGLU, scaled embeddings,
 // (1 + w) norms (the offset added at load), sandwich norms, the attention scale, soft-capping
 // (of scores inside PagedAttention, of logits after the head), sliding-window layers (the
 // window passed to PagedAttention; their own rope table when the family gives them one) and
-// per-frequency rope factors.
+// per-frequency rope factors, partial rotary (a rope table narrower than the head), longrope
+// (RopeCosSinTable) and fused q/k/v and gate/up checkpoints (Phi-3: each rank reads its rows
+// out of qkv_proj and gate_up_proj).
 //
 // Sharding (W ranks, rank r; Megatron style, as vLLM does it):
 //   q/k/v_proj, gate/up_proj   column-parallel: rank r holds its rows (its heads / its part
@@ -98,6 +101,17 @@ struct ModelOptions {
 // native bf16 dot products (AVX512_BF16 or AMX, as vLLM's CPU backend), else f32) for `device`:
 // the model's dtype, or INVALID_ARGUMENT naming what the device takes.
 absl::StatusOr<DType> ParseModelDType(const std::string& name, const TensorDevice& device);
+
+// The cos/sin table of the model's rotary for positions [0, max_position):
+// ops::ComputeRopeCosSinCache's (f32, row p = rope.rotary_dim / 2 cosines then as many sines),
+// with a longrope `scaling` (type "longrope") applied: rows p < original_max_position_embeddings
+// from inv_freq / short_factor, the rest from inv_freq / long_factor (one set per position,
+// where transformers switches the whole sequence to the long factors once it is longer than
+// the original length: the same below that length), all times attention_factor. Other
+// scaling types are rope's (ops::RopeConfig::scaling), and `scaling` is ignored.
+absl::StatusOr<std::vector<float>> RopeCosSinTable(const ops::RopeConfig& rope,
+                                                   const RopeScaling& scaling,
+                                                   int64_t max_position);
 
 class LlamaModel {
  public:
@@ -258,7 +272,7 @@ class LlamaModel {
   size_t weight_bytes_ = 0;
   size_t coded_weight_bytes_ = 0;
   ops::RopeConfig rope_, rope_local_;
-  Tensor cos_sin_cache_;  // f32 [max_position_embeddings, head_dim]: cosines, then sines
+  Tensor cos_sin_cache_;  // f32 [max_position_embeddings, rotary_dim]: cosines, then sines
   Tensor cos_sin_local_;  // the sliding layers' own table (Gemma 3); unallocated otherwise
   Tensor embed_;          // [Vp + 1, H]; rows past this rank's vocabulary are zero
   Tensor lm_head_;        // [Vp, H]; unallocated when tied to embed_ (or packed, on cpu)

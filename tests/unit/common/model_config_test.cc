@@ -1,6 +1,8 @@
 #include "common/model_config.h"
 
+#include <cmath>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -252,6 +254,133 @@ TEST(ModelConfig, ReadsQwen3AndGemmaConfigsWrittenByTransformers5) {
   EXPECT_EQ(gemma3->rope_scaling.type, "linear");
   EXPECT_DOUBLE_EQ(gemma3->rope_scaling.factor, 8.0);
   EXPECT_THAT(gemma3->sliding_layers, ElementsAre(true, true, true, true, true, false));
+}
+
+// microsoft/Phi-3-mini-4k-instruct's config.json (the fields that matter, real values):
+// fused projections, no rope scaling, a sliding window of 2047 under 4096 positions.
+json Phi3Mini4k() {
+  return json::parse(R"({
+    "architectures": ["Phi3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 1, "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu",
+    "hidden_size": 3072, "initializer_range": 0.02, "intermediate_size": 8192,
+    "max_position_embeddings": 4096, "model_type": "phi3", "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 32, "original_max_position_embeddings": 4096,
+    "pad_token_id": 32000, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_scaling": null,
+    "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": false,
+    "torch_dtype": "bfloat16", "transformers_version": "4.40.2", "use_cache": true,
+    "vocab_size": 32064})");
+}
+
+// microsoft/Phi-4-mini-instruct's config.json: GQA, partial_rotary_factor 0.75 (96 of 128
+// dims), longrope to 131072 from 4096, tied embeddings, a window past the context. The 48
+// factors are of the shape of the real ones (the real lists are not reproduced digit for
+// digit here).
+json Phi4Mini() {
+  json j = json::parse(R"({
+    "architectures": ["Phi3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 199999, "embd_pdrop": 0.0, "eos_token_id": 199999, "full_attn_mod": 1,
+    "hidden_act": "silu", "hidden_size": 3072, "initializer_range": 0.02,
+    "intermediate_size": 8192, "interpolate_factor": 1, "lm_head_bias": false,
+    "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "phi3",
+    "num_attention_heads": 24, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "original_max_position_embeddings": 4096, "pad_token_id": 199999,
+    "partial_rotary_factor": 0.75, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"type": "longrope"}, "rope_theta": 10000.0, "sliding_window": 262144,
+    "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.45.0",
+    "use_cache": true, "vocab_size": 200064})");
+  std::vector<double> factors;
+  for (int i = 0; i < 48; ++i) factors.push_back(i < 31 ? std::pow(1.1183, i) : 32.0 + i - 31);
+  j["rope_scaling"]["long_factor"] = factors;
+  j["rope_scaling"]["short_factor"] = factors;
+  return j;
+}
+
+TEST(ModelConfig, Phi3Mini4kHasFusedProjectionsAndASlidingWindow) {
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromJson(Phi3Mini4k().dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, "Phi3ForCausalLM");
+  EXPECT_EQ(c->head_dim, 96);
+  EXPECT_EQ(c->RotaryDim(), 96);
+  EXPECT_TRUE(c->fused_qkv);
+  EXPECT_TRUE(c->fused_gate_up);
+  EXPECT_FALSE(c->attention_bias);
+  EXPECT_FALSE(c->tie_word_embeddings);
+  EXPECT_EQ(c->hidden_act, "silu");
+  EXPECT_EQ(c->rope_scaling.type, "");
+  // Every layer sees the last 2047 positions, its own included (transformers' mask:
+  // kv > q - sliding_window).
+  EXPECT_EQ(c->sliding_window, 2047);
+  EXPECT_TRUE(c->sliding_layers.empty());
+  EXPECT_TRUE(c->IsSlidingLayer(0) && c->IsSlidingLayer(31));
+  EXPECT_THAT(c->eos_token_ids, ElementsAre(32000));
+
+  json j = Phi3Mini4k();
+  j["sliding_window"] = nullptr;  // Phi-3-mini-128k, Phi-3.5: 262144 or null
+  c = ModelConfig::FromJson(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sliding_window, 0);
+}
+
+TEST(ModelConfig, Phi4MiniHasPartialRotaryAndLongrope) {
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromJson(Phi4Mini().dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_EQ(c->rotary_dim, 96);
+  EXPECT_EQ(c->num_key_value_heads, 8);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_EQ(c->sliding_window, 0);  // 262144 covers the context
+  const RopeScaling& rs = c->rope_scaling;
+  EXPECT_EQ(rs.type, "longrope");
+  EXPECT_EQ(rs.short_factor.size(), 48u);
+  EXPECT_EQ(rs.long_factor.size(), 48u);
+  EXPECT_DOUBLE_EQ(rs.long_factor[1], 1.1183);
+  EXPECT_EQ(rs.original_max_position_embeddings, 4096);
+  EXPECT_DOUBLE_EQ(rs.factor, 32.0);
+  // sqrt(1 + ln(131072 / 4096) / ln(4096)) = sqrt(1 + 5 / 12).
+  EXPECT_NEAR(rs.attention_factor, std::sqrt(17.0 / 12.0), 1e-12);
+
+  json j = Phi4Mini();
+  j["rope_scaling"]["attention_factor"] = 1.5;  // given: used as is
+  c = ModelConfig::FromJson(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_DOUBLE_EQ(c->rope_scaling.attention_factor, 1.5);
+
+  j = Phi4Mini();
+  j["rope_scaling"]["type"] = "su";  // Phi-3-*-128k's first configs
+  c = ModelConfig::FromJson(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling.type, "longrope");
+
+  j = Phi4Mini();
+  j.erase("partial_rotary_factor");  // 48 factors for 64 frequencies
+  EXPECT_THAT(Parse(j).message(), HasSubstr("rotary_dim / 2 = 64 numbers, not 48 and 48"));
+
+  j = Phi4Mini();
+  j["rope_scaling"].erase("long_factor");
+  EXPECT_THAT(Parse(j).message(), HasSubstr("needs \"long_factor\""));
+
+  j = Llama3();
+  j["partial_rotary_factor"] = 0.5;
+  EXPECT_EQ(Parse(j).code(), absl::StatusCode::kUnimplemented);
+  j = Llama3();
+  j["rope_scaling"] = Phi4Mini()["rope_scaling"];
+  EXPECT_THAT(Parse(j).message(), HasSubstr("rotary_dim / 2 = 64"));
+}
+
+// tiny-phi3 (tools/models/make_models.py): transformers 5's spelling, partial_rotary_factor
+// and the longrope description inside rope_parameters, original length at the top as well.
+TEST(ModelConfig, ReadsAPhi3ConfigWrittenByTransformers5) {
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromModelDir(LLM_TEST_DATA_DIR "/models/tiny-phi3");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim, 64);
+  EXPECT_EQ(c->rotary_dim, 48);
+  EXPECT_TRUE(c->fused_qkv && c->fused_gate_up);
+  EXPECT_EQ(c->sliding_window, 24);
+  EXPECT_EQ(c->rope_scaling.type, "longrope");
+  EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 64);
+  EXPECT_DOUBLE_EQ(c->rope_scaling.short_factor[1], 1.15);
+  EXPECT_DOUBLE_EQ(c->rope_scaling.long_factor[1], 1.9);
+  EXPECT_NEAR(c->rope_scaling.attention_factor, std::sqrt(1.5), 1e-12);
 }
 
 }  // namespace

@@ -107,8 +107,8 @@ TEST_P(LlamaGoldenTest, BadInputIsAnErrorNotACrash) {
 
 INSTANTIATE_TEST_SUITE_P(Models, LlamaGoldenTest,
                          ::testing::Values("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma2",
-                                           "tiny-gemma3", "fortune-llama", "tiny-llama.gguf",
-                                           "tiny-qwen2.gguf", "tiny-qwen3.gguf",
+                                           "tiny-gemma3", "tiny-phi3", "fortune-llama",
+                                           "tiny-llama.gguf", "tiny-qwen2.gguf", "tiny-qwen3.gguf",
                                            "tiny-gemma3.gguf"),
                          [](const auto& info) {
                            std::string n = info.param;
@@ -258,6 +258,58 @@ INSTANTIATE_TEST_SUITE_P(Models, LlamaBf16GoldenTest,
                            std::replace(n.begin(), n.end(), '-', '_');
                            return n;
                          });
+
+// longrope (Phi-3's long-context models), per position: rows below the original length are
+// the short factors' angles, the rest the long factors', every value times the attention
+// factor; the directly computed formula of transformers' _compute_longrope_parameters
+// (inv_freq[i] = 1 / (factor[i] * theta^(2i / r))), on a partial rotary of 48 dims.
+TEST(RopeCosSinTableTest, LongropeUsesShortFactorsBelowTheOriginalLengthAndLongOnesFromIt) {
+  ops::RopeConfig rope;
+  rope.theta = 10000.0;
+  rope.rotary_dim = 48;
+  RopeScaling scaling;
+  scaling.type = "longrope";
+  for (int i = 0; i < 24; ++i) {
+    scaling.short_factor.push_back(1.0 + 0.15 * i);
+    scaling.long_factor.push_back(1.0 + 0.9 * i);
+  }
+  scaling.original_max_position_embeddings = 64;
+  scaling.attention_factor = std::sqrt(1.0 + std::log(512.0 / 64) / std::log(64.0));
+  const int64_t positions = 512;
+  absl::StatusOr<std::vector<float>> table = RopeCosSinTable(rope, scaling, positions);
+  ASSERT_TRUE(table.ok()) << table.status();
+  ASSERT_EQ(table->size(), static_cast<size_t>(positions * 48));
+  for (int64_t p : {0, 1, 31, 63, 64, 65, 200, 511}) {
+    const std::vector<double>& f = p < 64 ? scaling.short_factor : scaling.long_factor;
+    for (int i = 0; i < 24; ++i) {
+      const double inv_freq = 1.0 / (f[i] * std::pow(10000.0, 2.0 * i / 48.0));
+      const double a = static_cast<double>(p) * inv_freq;
+      EXPECT_NEAR((*table)[p * 48 + i], std::cos(a) * scaling.attention_factor, 1e-6)
+          << "p " << p << " i " << i;
+      EXPECT_NEAR((*table)[p * 48 + 24 + i], std::sin(a) * scaling.attention_factor, 1e-6)
+          << "p " << p << " i " << i;
+    }
+  }
+  // The long factors matter: row 64 is not what the short ones would give.
+  const double short_angle = 64.0 / (scaling.short_factor[5] * std::pow(10000.0, 10.0 / 48));
+  EXPECT_GT(std::abs((*table)[64 * 48 + 5] - std::cos(short_angle) * scaling.attention_factor),
+            0.1);
+
+  scaling.long_factor.pop_back();
+  EXPECT_FALSE(RopeCosSinTable(rope, scaling, positions).ok());
+}
+
+// The tiny Phi-3 model's table is built from its config.json this way (rotary dims 48 of its
+// 64, attention factor sqrt(1 + ln(512 / 64) / ln(64))).
+TEST(RopeCosSinTableTest, TinyPhi3ConfigGivesTheLongropeTable) {
+  absl::StatusOr<ModelConfig> c =
+      ModelConfig::FromModelDir(std::string(LLM_TEST_DATA_DIR) + "/models/tiny-phi3");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->RotaryDim(), 48);
+  EXPECT_EQ(c->rope_scaling.type, "longrope");
+  EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 64);
+  EXPECT_NEAR(c->rope_scaling.attention_factor, std::sqrt(1.5), 1e-12);
+}
 
 }  // namespace
 }  // namespace llm

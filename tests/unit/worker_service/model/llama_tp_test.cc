@@ -79,7 +79,7 @@ TEST_P(LlamaTensorParallelTest, RanksAgreeWithOneRankAndTransformers) {
 INSTANTIATE_TEST_SUITE_P(Models, LlamaTensorParallelTest,
                          ::testing::Combine(::testing::Values("tiny-llama", "tiny-qwen2",
                                                               "tiny-qwen3", "tiny-gemma2",
-                                                              "tiny-gemma3"),
+                                                              "tiny-gemma3", "tiny-phi3"),
                                             ::testing::Values(2, 4), ::testing::Bool()),
                          [](const auto& info) {
                            std::string n = std::get<0>(info.param);
