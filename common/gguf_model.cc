@@ -84,6 +84,7 @@ std::string GgufTensorName(std::string_view hf, std::string_view arch) {
       {"self_attn.v_proj.bias", "attn_v.bias"},
       {"self_attn.q_norm.weight", "attn_q_norm.weight"},
       {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+      {"self_attn.qkv_proj.weight", "attn_qkv.weight"},
       {"self_attn.o_proj.weight", "attn_output.weight"},
       {"mlp.gate_proj.weight", "ffn_gate.weight"},
       {"mlp.up_proj.weight", "ffn_up.weight"},
@@ -111,6 +112,11 @@ std::string GgufTensorName(std::string_view hf, std::string_view arch) {
   for (const auto& [from, to] : kLayer) {
     if (rest == from) return absl::StrCat("blk.", layer, ".", std::string(to));
   }
+  // phi3: ffn_up holds gate_up_proj as is ([2 I, H], gate rows first; llama.cpp's SwiGLU over
+  // the fused tensor).
+  if (arch == "phi3" && rest == "mlp.gate_up_proj.weight") {
+    return absl::StrCat("blk.", layer, ".ffn_up.weight");
+  }
   const bool gemma = arch.starts_with("gemma");
   using Names = std::span<const std::pair<std::string_view, std::string_view>>;
   for (const auto& [from, to] : gemma ? Names(kGemmaNorms) : Names(kLlamaNorms)) {
@@ -121,7 +127,8 @@ std::string GgufTensorName(std::string_view hf, std::string_view arch) {
 
 namespace {
 
-constexpr const char* kGgufArchitectures[] = {"llama", "qwen2", "qwen3", "gemma2", "gemma3"};
+constexpr const char* kGgufArchitectures[] = {"llama",  "qwen2",  "qwen3",
+                                              "gemma2", "gemma3", "phi3"};
 
 // An optional number key into `out`; its error when present but malformed.
 absl::Status GetOptionalNumber(const GgufFile& f, const std::string& key, double* out) {
@@ -150,6 +157,24 @@ absl::Status ReadRopeFreqs(const GgufFile& f, const GgufTensorInfo& t, int head_
   return absl::OkStatus();
 }
 
+// phi3's rope_factors_short / rope_factors_long (longrope's factors, rotary_dim / 2 each).
+absl::Status ReadRopeFactors(const GgufFile& f, const GgufTensorInfo& t, int rotary_dim,
+                             std::vector<double>* out) {
+  const std::vector<int64_t> shape = t.shape();
+  if (shape.size() != 1 || shape[0] != rotary_dim / 2) {
+    return Invalid(
+        f, absl::StrCat(t.name, " must hold rotary_dim / 2 = ", rotary_dim / 2, " factors"));
+  }
+  std::vector<float> v(static_cast<size_t>(shape[0]));
+  RETURN_IF_ERROR(DequantizeToF32(t.type, f.Bytes(t), v));
+  for (float x : v) {
+    if (!(x > 0) || !std::isfinite(x))
+      return Invalid(f, absl::StrCat(t.name, " holds a factor <= 0"));
+  }
+  out->assign(v.begin(), v.end());
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
@@ -168,7 +193,8 @@ absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
                    : arch == "qwen2"  ? "Qwen2ForCausalLM"
                    : arch == "qwen3"  ? "Qwen3ForCausalLM"
                    : arch == "gemma2" ? "Gemma2ForCausalLM"
-                                      : "Gemma3ForCausalLM";
+                   : arch == "gemma3" ? "Gemma3ForCausalLM"
+                                      : "Phi3ForCausalLM";
   RETURN_IF_ERROR(GetPositive(f, a + "embedding_length", &c.hidden_size));
   RETURN_IF_ERROR(GetPositive(f, a + "feed_forward_length", &c.intermediate_size));
   RETURN_IF_ERROR(GetPositive(f, a + "block_count", &c.num_hidden_layers));
@@ -194,9 +220,17 @@ absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   int rot = 0;
   RETURN_IF_ERROR(GetPositive(f, a + "rope.dimension_count", &rot, c.head_dim));
   if (rot != c.head_dim) {
-    return absl::UnimplementedError(absl::StrCat(
-        "gguf ", f.path(), ": ", a, "rope.dimension_count ", rot, " differs from the head dim ",
-        c.head_dim, " (partial rotary is not supported)"));
+    // Partial rotary: phi3 only (Phi-4-mini's 96 of 128), as for config.json.
+    if (arch != "phi3") {
+      return absl::UnimplementedError(absl::StrCat(
+          "gguf ", f.path(), ": ", a, "rope.dimension_count ", rot, " differs from the head dim ",
+          c.head_dim, " (partial rotary is supported for phi3 only)"));
+    }
+    if (rot > c.head_dim || rot % 2 != 0) {
+      return Invalid(f, absl::StrCat(a, "rope.dimension_count ", rot,
+                                     " must be even and <= the head dim ", c.head_dim));
+    }
+    c.rotary_dim = rot;
   }
   RETURN_IF_ERROR(GetOptionalNumber(f, a + "attention.layer_norm_rms_epsilon", &c.rms_norm_eps));
   if (!(c.rms_norm_eps > 0)) return Invalid(f, a + "attention.layer_norm_rms_epsilon must be > 0");
@@ -216,6 +250,34 @@ absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   }
   if (const GgufTensorInfo* freqs = f.FindTensor("rope_freqs.weight"); freqs != nullptr) {
     RETURN_IF_ERROR(ReadRopeFreqs(f, *freqs, c.head_dim, &c.rope_freq_factors));
+  }
+  if (arch == "phi3") {
+    // What llama.cpp's converter writes for Phi-3: qkv_proj as attn_qkv and gate_up_proj as
+    // ffn_up (no permutation: NeoX-style rotary), and for longrope models the two factor
+    // tensors, the original context length and the attention factor (computed when absent, as
+    // transformers does from context_length / original_context_length).
+    c.fused_qkv = f.FindTensor("blk.0.attn_qkv.weight") != nullptr;
+    c.fused_gate_up = f.FindTensor("blk.0.ffn_gate.weight") == nullptr;
+    const GgufTensorInfo* lng = f.FindTensor("rope_factors_long.weight");
+    const GgufTensorInfo* shrt = f.FindTensor("rope_factors_short.weight");
+    if ((lng == nullptr) != (shrt == nullptr)) {
+      return Invalid(f, "rope_factors_long.weight and rope_factors_short.weight come together");
+    }
+    if (lng != nullptr) {
+      RopeScaling& rs = c.rope_scaling;
+      rs.type = "longrope";
+      RETURN_IF_ERROR(ReadRopeFactors(f, *shrt, c.RotaryDim(), &rs.short_factor));
+      RETURN_IF_ERROR(ReadRopeFactors(f, *lng, c.RotaryDim(), &rs.long_factor));
+      RETURN_IF_ERROR(GetPositive(f, a + "rope.scaling.original_context_length",
+                                  &rs.original_max_position_embeddings, 4096));
+      const double original = rs.original_max_position_embeddings;
+      rs.factor = c.max_position_embeddings / original;
+      rs.attention_factor = rs.factor <= 1.0 || original <= 1
+                                ? 1.0
+                                : std::sqrt(1.0 + std::log(rs.factor) / std::log(original));
+      RETURN_IF_ERROR(GetOptionalNumber(f, a + "rope.scaling.attn_factor", &rs.attention_factor));
+      if (!(rs.attention_factor > 0)) return Invalid(f, a + "rope.scaling.attn_factor must be > 0");
+    }
   }
   // Vocabulary: <arch>.vocab_size, else the token list's length, else the embedding's rows.
   const GgufTensorInfo* embd = f.FindTensor("token_embd.weight");

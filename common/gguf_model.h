@@ -6,7 +6,9 @@
 // ffn_gate/up/down} -> model.layers.N.{input_layernorm, self_attn.q/k/v/o_proj,
 // self_attn.q/k_norm, mlp.gate/up/down_proj}; blk.N.ffn_norm is post_attention_layernorm for
 // Llama-style models and pre_feedforward_layernorm for Gemma, whose blk.N.post_attention_norm
-// and post_ffw_norm are post_attention_layernorm and post_feedforward_layernorm. For the llama
+// and post_ffw_norm are post_attention_layernorm and post_feedforward_layernorm. phi3's fused
+// blk.N.attn_qkv and blk.N.ffn_up (gate and up rows, gate first) are self_attn.qkv_proj and
+// mlp.gate_up_proj, read as they are. For the llama
 // architecture llama.cpp's converter interleaves the rows of each head of attn_q and attn_k
 // (for ggml's RoPE, which rotates adjacent pairs); reading undoes it, so the rows are the
 // Hugging Face ones (halves rotated together).

@@ -10,8 +10,12 @@ converter does for ggml's RoPE (the loader undoes it).
 With --families it writes instead the F32 conversions of the tiny models of each family
 (tests/data/models/tiny-<family>.gguf, F32 so that their logits are the directory's):
 tiny-llama (llama: its llama3 rope scaling as a rope_freqs tensor, as the converter writes
-Llama 3.1's), tiny-qwen2 (qwen2: qkv biases), tiny-qwen3 (qwen3: q/k norms) and tiny-gemma3
-(gemma3: norms stored as 1 + w, the layer pattern and local rope base that llama.cpp assumes).
+Llama 3.1's), tiny-qwen2 (qwen2: qkv biases), tiny-qwen3 (qwen3: q/k norms), tiny-gemma3
+(gemma3: norms stored as 1 + w, the layer pattern and local rope base that llama.cpp assumes)
+and tiny-phi3 (phi3, as Phi3MiniModel writes it: attn_qkv and ffn_up (gate and up) fused, no
+q/k permutation, rope.dimension_count for the partial rotary, no key/value lengths, longrope as
+rope_factors_short / rope_factors_long tensors with rope.scaling.original_context_length and
+rope.scaling.attn_factor, attention.sliding_window).
 
 Usage: build/pyenv/bin/python3 tools/models/make_tiny_gguf.py [MODEL_DIR] [OUT_DIR]
        build/pyenv/bin/python3 tools/models/make_tiny_gguf.py --families [OUT_DIR]
@@ -56,7 +60,7 @@ def permute(w, n_head, n_head_kv):
 
 
 ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-         "Gemma3ForCausalLM": "gemma3"}
+         "Gemma3ForCausalLM": "gemma3", "Phi3ForCausalLM": "phi3"}
 
 
 def load_weights(model_dir):
@@ -90,6 +94,26 @@ def rope_freqs(cfg):
     return np.array(out, dtype=np.float32)
 
 
+def phi3_params(cfg, rp, w):
+    """convert_hf_to_gguf.py Phi3MiniModel: set_gguf_parameters and the longrope tensors."""
+    n_embd, n_head = cfg["hidden_size"], cfg["num_attention_heads"]
+    max_pos = cfg["max_position_embeddings"]
+    orig = cfg.get("original_max_position_embeddings") or rp.get("original_max_position_embeddings")
+    rot_pct = rp.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    rope_dims = int(rot_pct * n_embd) // n_head
+    w.add_rope_scaling_orig_ctx_len(orig)
+    w.add_rope_dimension_count(rope_dims)
+    w.add_sliding_window(cfg.get("sliding_window") or 0)
+    if rp.get("rope_type", rp.get("type")) not in ("longrope", "su"):
+        return
+    scale = max_pos / orig
+    attn_factor = math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0
+    w.add_rope_scaling_attn_factors(attn_factor)
+    assert len(rp["long_factor"]) == len(rp["short_factor"]) == rope_dims // 2
+    w.add_tensor("rope_factors_long.weight", np.array(rp["long_factor"], dtype=np.float32))
+    w.add_tensor("rope_factors_short.weight", np.array(rp["short_factor"], dtype=np.float32))
+
+
 def write(model_dir, out_path, qtype):
     cfg = json.load(open(os.path.join(model_dir, "config.json")))
     tok = json.load(open(os.path.join(model_dir, "tokenizer.json")))
@@ -117,9 +141,12 @@ def write(model_dir, out_path, qtype):
     rope = rp.get("rope_theta", cfg.get("rope_theta", 10000.0))
     w.add_rope_freq_base(rope)
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // n_head
-    w.add_rope_dimension_count(head_dim)
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
+    if arch == "phi3":
+        phi3_params(cfg, rp, w)
+    else:
+        w.add_rope_dimension_count(head_dim)
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     if gemma and cfg.get("sliding_window"):
         w.add_sliding_window(cfg["sliding_window"])
     w.add_vocab_size(cfg["vocab_size"])
@@ -170,7 +197,9 @@ def write(model_dir, out_path, qtype):
                  "self_attn.o_proj.weight": "attn_output.weight",
                  "mlp.gate_proj.weight": "ffn_gate.weight",
                  "mlp.up_proj.weight": "ffn_up.weight",
-                 "mlp.down_proj.weight": "ffn_down.weight"}
+                 "mlp.down_proj.weight": "ffn_down.weight",
+                 "self_attn.qkv_proj.weight": "attn_qkv.weight",
+                 "mlp.gate_up_proj.weight": "ffn_up.weight"}
     if gemma:
         per_layer.update({"post_attention_layernorm.weight": "post_attention_norm.weight",
                           "pre_feedforward_layernorm.weight": "ffn_norm.weight",
@@ -210,7 +239,7 @@ def main():
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
     if len(sys.argv) > 1 and sys.argv[1] == "--families":
         out_dir = sys.argv[2] if len(sys.argv) > 2 else os.path.join(root, "tests", "data", "models")
-        for name in ("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3"):
+        for name in ("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3", "tiny-phi3"):
             write(os.path.join(root, "tests", "data", "models", name),
                   os.path.join(out_dir, name + ".gguf"), T.F32)
         return

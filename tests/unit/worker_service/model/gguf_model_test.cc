@@ -87,6 +87,61 @@ TEST(GgufModelTest, SlicesEqualSafetensors) {
   EXPECT_EQ(GgufTensorName("model.layers.x.mlp.up_proj.weight"), "");
 }
 
+// tiny-phi3.gguf (make_tiny_gguf.py --families, as llama.cpp's Phi3MiniModel converter
+// writes it): the config of tiny-phi3's config.json (partial rotary from
+// rope.dimension_count, longrope from rope_factors_short / rope_factors_long, the original
+// length and attention factor from rope.scaling.*, the window), and its fused attn_qkv / ffn_up
+// served as qkv_proj / gate_up_proj, every row range a rank reads equal to the safetensors one.
+TEST(GgufModelTest, Phi3ConfigAndFusedWeightsEqualTheDirectory) {
+  const std::string dir = std::string(LLM_TEST_DATA_DIR) + "/models/tiny-phi3";
+  absl::StatusOr<ModelConfig> hf = ModelConfig::FromModelDir(dir);
+  absl::StatusOr<ModelConfig> g = ModelConfig::FromModelDir(dir + ".gguf");
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->architecture, "Phi3ForCausalLM");
+  EXPECT_EQ(g->head_dim, hf->head_dim);
+  EXPECT_EQ(g->rotary_dim, 48);
+  EXPECT_EQ(g->RotaryDim(), hf->RotaryDim());
+  EXPECT_TRUE(g->fused_qkv && g->fused_gate_up);
+  EXPECT_EQ(g->sliding_window, hf->sliding_window);
+  EXPECT_EQ(g->tie_word_embeddings, hf->tie_word_embeddings);
+  EXPECT_EQ(g->rope_scaling.type, "longrope");
+  EXPECT_EQ(g->rope_scaling.original_max_position_embeddings,
+            hf->rope_scaling.original_max_position_embeddings);
+  ASSERT_EQ(g->rope_scaling.short_factor.size(), hf->rope_scaling.short_factor.size());
+  for (size_t i = 0; i < g->rope_scaling.short_factor.size(); ++i) {
+    EXPECT_EQ(static_cast<float>(g->rope_scaling.short_factor[i]),
+              static_cast<float>(hf->rope_scaling.short_factor[i]));
+    EXPECT_EQ(static_cast<float>(g->rope_scaling.long_factor[i]),
+              static_cast<float>(hf->rope_scaling.long_factor[i]));
+  }
+  EXPECT_NEAR(g->rope_scaling.attention_factor, hf->rope_scaling.attention_factor, 1e-6);
+
+  auto st = SafetensorsModel::Open(dir);
+  auto gg = GgufWeights::Open(dir + ".gguf");
+  ASSERT_TRUE(st.ok()) << st.status();
+  ASSERT_TRUE(gg.ok()) << gg.status();
+  for (const char* name :
+       {"model.layers.1.self_attn.qkv_proj.weight", "model.layers.1.mlp.gate_up_proj.weight"}) {
+    absl::StatusOr<std::vector<int64_t>> shape = (*st)->Shape(name);
+    absl::StatusOr<std::vector<int64_t>> gshape = (*gg)->Shape(name);
+    ASSERT_TRUE(shape.ok() && gshape.ok()) << name;
+    EXPECT_EQ(*gshape, *shape) << name;
+    const int64_t cols = (*shape)[1];
+    for (int64_t begin : {int64_t{0}, int64_t{64}, (*shape)[0] - 64}) {
+      std::vector<std::byte> a(64 * cols * 4), b(64 * cols * 4);
+      ASSERT_TRUE((*st)->ReadSlice(name, 0, begin, begin + 64, StDType::kF32, a).ok());
+      ASSERT_TRUE((*gg)->ReadSlice(name, 0, begin, begin + 64, StDType::kF32, b).ok());
+      EXPECT_TRUE(a == b) << name << " rows from " << begin;
+    }
+  }
+  EXPECT_EQ(GgufTensorName("model.layers.3.mlp.gate_up_proj.weight", "phi3"),
+            "blk.3.ffn_up.weight");
+  EXPECT_EQ(GgufTensorName("model.layers.3.mlp.gate_up_proj.weight", "llama"), "");
+  EXPECT_EQ(GgufTensorName("model.layers.3.self_attn.qkv_proj.weight", "phi3"),
+            "blk.3.attn_qkv.weight");
+}
+
 TEST(GgufModelTest, F16LogitsEqualSafetensorsBitForBit) {
   std::unique_ptr<LlamaModel> st, gg;
   ASSERT_NO_FATAL_FAILURE(LoadTestModel(kDir, &st));
