@@ -101,13 +101,15 @@ def save(model, out_dir, dtype, max_shard_size):
                                     max_shard_size=max_shard_size)
 
 
-def randomize(model, norm_mean):
+def randomize(model, norm_mean, std=0.08):
     """Larger weights than the default init, so that logits differ. Norm weights (1-D, not
-    biases) get `norm_mean` + noise: 1 for RMSNorms that multiply by w, 0 for Gemma's (1 + w)."""
+    biases) get `norm_mean` + noise: 1 for RMSNorms that multiply by w, 0 for Gemma's (1 + w).
+    `std`: 0.08 for hidden size 64; scaled by sqrt(64 / hidden) for wider models, so that
+    their activations (and bf16's relative error on them) are of the same size."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() > 1 or name.endswith("bias"):
-                p.normal_(0.0, 0.08)
+                p.normal_(0.0, std)
             elif norm_mean is not None:
                 p.normal_(norm_mean, 0.1)
 
@@ -199,7 +201,7 @@ def tiny_phi3(ids):
         tie_word_embeddings=False, bos_token_id=ids["bos"], eos_token_id=ids["eos"],
         pad_token_id=None, torch_dtype="float32")
     model = Phi3ForCausalLM(cfg)
-    randomize(model, 1.0)
+    randomize(model, 1.0, std=0.04)  # hidden 256 (head_dim 64 over 4 heads)
     return model, torch.float32, "10GB"
 
 
