@@ -1,5 +1,6 @@
 #include "common/sampling_params.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -50,6 +51,26 @@ absl::Status SamplingParams::Validate(const SamplingLimits& limits) const {
   }
   if (!std::isfinite(repetition_penalty) || repetition_penalty <= 0) {
     return Bad("repetition_penalty", repetition_penalty, "finite and > 0");
+  }
+  if (!logit_bias.empty()) {
+    const std::string vocab = limits.vocab_size > 0
+                                  ? absl::StrCat("in [0, ", limits.vocab_size, ") (the vocabulary)")
+                                  : std::string(">= 0");
+    for (const auto& [token, bias] : logit_bias) {
+      if (token < 0 || (limits.vocab_size > 0 && token >= limits.vocab_size)) {
+        return Bad("logit_bias token id", token, vocab);
+      }
+      if (!std::isfinite(bias) || bias < -100 || bias > 100) {
+        return Bad(absl::StrCat("logit_bias[", token, "]"), bias, "finite and in [-100, 100]");
+      }
+    }
+    std::vector<TokenId> ids;
+    ids.reserve(logit_bias.size());
+    for (const auto& entry : logit_bias) ids.push_back(entry.first);
+    std::sort(ids.begin(), ids.end());
+    if (auto dup = std::adjacent_find(ids.begin(), ids.end()); dup != ids.end()) {
+      return Bad("logit_bias token id", *dup, "listed once");
+    }
   }
   return absl::OkStatus();
 }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -20,6 +21,7 @@ namespace llm {
 struct SamplingLimits {
   int max_n = 16;         // sequences per request
   int max_logprobs = 20;  // top logprobs per token
+  int vocab_size = 0;     // logit_bias token ids are below it; 0: not checked (>= 0 only)
 };
 
 struct SamplingParams {
@@ -40,6 +42,10 @@ struct SamplingParams {
   double presence_penalty = 0.0;    // [-2, 2]
   double frequency_penalty = 0.0;   // [-2, 2]
   double repetition_penalty = 1.0;  // finite, > 0
+  // Added to the token's logit before the penalties, temperature and filters (vLLM's order),
+  // so greedy's argmax moves too; -100 all but bans a token. Distinct token ids in
+  // [0, vocab_size), biases finite and in [-100, 100]; sorted by token id when from a proto.
+  std::vector<std::pair<TokenId, float>> logit_bias;
 
   bool greedy() const { return temperature == 0.0; }
   // Whether any of the three penalties is on: only then does sampling read the output's

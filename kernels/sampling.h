@@ -7,7 +7,9 @@
 // 128256), the results (device + pinned host), and the penalty slots: `num_slots` rows of
 // output-token counts (i32 [vocab_size]) and prompt token bitmaps (u32 [ceil(vocab_size /
 // 32)]) on the device plus a pinned staging bitmap each, for the sequences that have penalties
-// (most requests have none, so only they pay the 4.1 bytes per vocabulary entry).
+// (most requests have none, so only they pay the 4.1 bytes per vocabulary entry), and the
+// logit biases of a step's rows (pinned host staging + device, grown by ReserveBias to the
+// largest step's total: most requests have none).
 //
 // Thread-compatible: one workspace per thread at a time.
 #ifndef LLM_KERNELS_SAMPLING_H_
@@ -34,6 +36,16 @@ struct RowParams {
   uint64_t sample_index = 0;  // the draw's counter
   int32_t slot = -1;          // penalty slot, -1: no penalties
   int32_t num_logprobs = -1;  // -1: no logprobs; else top-N (N <= max_logprobs)
+  // The row's logit biases: BiasStaging(ws)[bias_begin, bias_begin + bias_count), distinct
+  // token ids in [0, vocab_size).
+  int32_t bias_begin = 0;
+  int32_t bias_count = 0;
+};
+
+// One logit_bias entry: `bias` is added to the logit of `token` before the penalties.
+struct TokenBias {
+  int32_t token;
+  float bias;
 };
 
 // Per-row result, as copied back to the host.
@@ -62,6 +74,13 @@ RowParams* HostParams(Workspace* ws);
 uint32_t* PromptStaging(Workspace* ws, int slot);
 int32_t* CountStaging(Workspace* ws);
 
+// The step's logit biases, all rows' entries (RowParams::bias_begin / bias_count index it):
+// room for `entries` of them after ReserveBias(ws, entries), which may reallocate (so the
+// staging pointer is taken after it; call it outside a step's pending copies: Sample returns
+// synchronized).
+OpStatus ReserveBias(Workspace* ws, int64_t entries);
+TokenBias* BiasStaging(Workspace* ws);
+
 // Stream-ordered on ctx.stream: slot `slot`'s counts set to CountStaging(ws) (with_counts) or
 // to zero, and its prompt bitmap to PromptStaging(ws, slot) (with_prompt) or to zero. The
 // staging stays untouched until the stream has run the copy (the next Sample synchronizes it;
@@ -72,8 +91,8 @@ OpStatus InitSlot(const OpContext& ctx, Workspace* ws, int slot, bool with_promp
 OpStatus CopySlot(const OpContext& ctx, Workspace* ws, int from, int to);
 
 // Samples rows [0, rows) of `logits` (f32 [rows, vocab_size] on the workspace's device) with
-// HostParams(ws)[0, rows): penalties (counts of rows with a slot are then incremented at the
-// sampled token), greedy or temperature / min-p / top-k / top-p and the exponential race,
+// HostParams(ws)[0, rows): logit biases, penalties (counts of rows with a slot are then incremented
+// at the sampled token), greedy or temperature / min-p / top-k / top-p and the exponential race,
 // logprobs. Copies the results back and synchronizes ctx.stream; then Result(ws, r) and
 // TopLogprobs(ws, r) hold row r's.
 OpStatus Sample(const OpContext& ctx, Workspace* ws, const TensorView& logits, int rows);

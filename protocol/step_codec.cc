@@ -143,6 +143,9 @@ SamplingParams SamplingParamsFromProto(const v1::SamplingParams& p) {
   if (p.has_repetition_penalty()) s.repetition_penalty = p.repetition_penalty();
   s.include_stop_str_in_output = p.include_stop_str_in_output();
   if (p.has_skip_special_tokens()) s.skip_special_tokens = p.skip_special_tokens();
+  // A proto map's order is unspecified: sorted, every rank applies the biases alike.
+  s.logit_bias.assign(p.logit_bias().begin(), p.logit_bias().end());
+  std::sort(s.logit_bias.begin(), s.logit_bias.end());
   return s;
 }
 
@@ -165,6 +168,7 @@ void SamplingParamsToProto(const SamplingParams& s, v1::SamplingParams* p) {
   p->set_repetition_penalty(static_cast<float>(s.repetition_penalty));
   p->set_include_stop_str_in_output(s.include_stop_str_in_output);
   p->set_skip_special_tokens(s.skip_special_tokens);
+  for (const auto& [token, bias] : s.logit_bias) (*p->mutable_logit_bias())[token] = bias;
 }
 
 void EncodeStepRequest(const SchedulerOutput& step, v1::StepRequest* out) {

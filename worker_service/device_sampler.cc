@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -81,6 +82,21 @@ absl::Status DeviceSampler::Sample(const ops::OpContext& ctx, const TensorView& 
                        " top logprobs; the sampler serves at most ", options_.max_logprobs));
     }
   }
+  // The rows' logit biases, staged one after another.
+  int64_t bias_entries = 0;
+  for (const SampleRow& row : rows)
+    bias_entries += static_cast<int64_t>(row.params->logit_bias.size());
+  if (bias_entries > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DeviceSampler::Sample: ", bias_entries, " logit_bias entries in one step"));
+  }
+  ops::sampling::TokenBias* bias = nullptr;
+  if (bias_entries > 0) {
+    ops::OpStatus st = ops::sampling::ReserveBias(ws_, bias_entries);
+    if (!st.ok()) return absl::InternalError(absl::StrCat("DeviceSampler::", st.message));
+    bias = ops::sampling::BiasStaging(ws_);
+  }
+  int32_t bias_used = 0;
   ops::sampling::RowParams* params = ops::sampling::HostParams(ws_);
   const int words = (options_.vocab_size + 31) / 32;
   for (int r = 0; r < n; ++r) {
@@ -131,6 +147,13 @@ absl::Status DeviceSampler::Sample(const ops::OpContext& ctx, const TensorView& 
     rp.sample_index = state.num_samples;
     rp.slot = penalized ? state.device_slot.slot : -1;
     rp.num_logprobs = p.logprobs.has_value() ? *p.logprobs : -1;
+    rp.bias_begin = bias_used;
+    rp.bias_count = 0;
+    for (const auto& [t, b] : p.logit_bias) {
+      if (t < 0 || t >= options_.vocab_size) continue;  // refused by Validate; never applied
+      bias[bias_used++] = {.token = t, .bias = b};
+      ++rp.bias_count;
+    }
   }
   ops::OpStatus st = ops::sampling::Sample(ctx, ws_, logits, n);
   if (!st.ok()) return absl::InternalError(absl::StrCat("DeviceSampler::", st.message));

@@ -19,6 +19,9 @@
 // again, from its host counts, when it next samples: so the slots never run out while they
 // are at least the rows of a step.
 //
+// Logit biases (SamplingParams::logit_bias) travel with the step's row parameters: a staging
+// buffer of every row's entries, grown to the largest step's total, copied with them.
+//
 // Thread-compatible. The calling thread's current device must be options.device.
 #ifndef LLM_WORKER_SERVICE_DEVICE_SAMPLER_H_
 #define LLM_WORKER_SERVICE_DEVICE_SAMPLER_H_

@@ -107,6 +107,13 @@ SampleRow SampleRowOf(BatchState& batch, int32_t slot, int seq_index) {
           .state = batch.MutableSamplingState(slot, seq_index)};
 }
 
+void Sampler::ApplyLogitBias(const SamplingParams& p, std::span<float> row) {
+  const int vocab = static_cast<int>(row.size());
+  for (const auto& [t, bias] : p.logit_bias) {
+    if (t >= 0 && t < vocab) row[t] += bias;
+  }
+}
+
 void Sampler::ApplyPenalties(const SampleRow& r, std::span<float> row) {
   const SamplingParams& p = *r.params;
   if (!p.has_penalties()) return;
@@ -160,6 +167,7 @@ std::vector<SampledToken> Sampler::Sample(std::span<float> logits, int vocab_siz
     std::span<float> row = logits.subspan(r * vocab_size, vocab_size);
     std::vector<double> raw_logprobs;
     if (p.logprobs.has_value()) raw_logprobs = LogSoftmax(row);
+    ApplyLogitBias(p, row);
     ApplyPenalties(seq, row);
     // The argmax: greedy's token, and the fallback should nothing survive the filters (logits
     // that overflow to inf when scaled).

@@ -1,5 +1,7 @@
 // Turns each sequence's logits into its next token, as vLLM's sampler does:
 //
+//   0. logit_bias: each listed token's bias added to its logit (vLLM v1 applies it among the
+//      logits processors that can move the argmax, before the penalties);
 //   1. penalties on the logits: repetition (HF style: a logit of a token seen in the prompt or
 //      the output is divided by the penalty when positive, multiplied when negative), then
 //      frequency (- f * count in the output) and presence (- p if in the output);
@@ -9,7 +11,7 @@
 //      of most likely tokens whose mass reaches top_p), and one draw from what is left,
 //      renormalized: the exponential race of kernels/philox.h;
 //   3. logprobs, when asked: of the sampled token and the top N, from the model's raw
-//      distribution (log_softmax of the logits before penalties and temperature: vLLM v1's
+//      distribution (log_softmax of the logits before bias, penalties and temperature: vLLM v1's
 //      default "raw_logprobs").
 //
 // Each sequence draws from its own Philox stream: its key comes from the request's seed and the
@@ -66,6 +68,8 @@ class Sampler {
   static std::vector<SampledToken> Sample(std::span<float> logits, int vocab_size,
                                           std::span<const SampleRow> rows);
 
+  // Step 0 alone: adds the params' logit_bias to a row of logits (ids outside it skipped).
+  static void ApplyLogitBias(const SamplingParams& params, std::span<float> logits);
   // Step 1 alone, exposed for tests: applies the row's penalties to its logits.
   static void ApplyPenalties(const SampleRow& row, std::span<float> logits);
   // The distribution step 2 draws from (after temperature, min-p, top-k, top-p), as

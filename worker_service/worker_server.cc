@@ -554,6 +554,7 @@ void WorkerServer::RunStep(const v1::StepRequest& request, uint64_t generation,
       SamplingLimits limits;
       limits.max_n = std::max(1, max_num_seqs_);
       limits.max_logprobs = MaxLogprobs();
+      limits.vocab_size = model_->vocab_size();
       DecodedStep decoded;
       status = DecodeStepRequest(request, limits, &decoded);
       ModelOutput output;

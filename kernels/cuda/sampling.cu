@@ -2,7 +2,8 @@
 // worker_service/sampler.h, with the same arithmetic, so that a seeded row samples the host
 // sampler's tokens:
 //   1. the non-finite check (the lowest bad column), the raw max and log-sum-exp (logprobs);
-//   2. penalties from the row's slot (output counts, prompt bitmap), temperature scaling into
+//   2. the row's logit biases (added into the scaled-logit buffer first, when it has any),
+//      penalties from the row's slot (output counts, prompt bitmap), temperature scaling into
 //      the workspace's scaled logits s, and the argmax (lowest id on ties; greedy's token);
 //   3. min-p as a predicate (s - max >= log(min_p)); top-k and top-p as prefixes of the order
 //      "s descending, then token id ascending", found by radix selection over order-preserving
@@ -13,6 +14,7 @@
 //   5. the sampled token's raw logprob and the top N (a radix selection of the N largest raw
 //      logits, then a rank sort of those N), and the slot's count of the token incremented.
 // Nothing runs on the host beyond the one copy of the parameters in and of the results out.
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstring>
@@ -41,6 +43,9 @@ struct Workspace {
   uint32_t* d_masks = nullptr;
   uint32_t* h_prompt = nullptr;
   int32_t* h_counts = nullptr;  // one row, InitSlot's with_counts
+  TokenBias* h_bias = nullptr;  // logit biases of a step's rows (ReserveBias)
+  TokenBias* d_bias = nullptr;
+  int64_t bias_capacity = 0;
 };
 
 namespace {
@@ -246,7 +251,8 @@ struct KernelShared {
 __global__ void __launch_bounds__(kMaxThreads, 1)
     SampleKernel(const float* __restrict__ logits, const RowParams* __restrict__ params,
                  float* scaled_all, int32_t* counts_all, const uint32_t* __restrict__ masks_all,
-                 char* results, size_t result_stride, int vocab, int mask_words) {
+                 const TokenBias* __restrict__ bias_all, char* results, size_t result_stride,
+                 int vocab, int mask_words) {
   __shared__ KernelShared sh;
   const int row = blockIdx.x;
   const RowParams p = params[row];
@@ -291,11 +297,25 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   const uint32_t* mask =
       p.slot >= 0 ? masks_all + static_cast<int64_t>(p.slot) * mask_words : nullptr;
   const bool repetition = p.repetition_penalty != 1.0f;
+  // Logit biases: the biased logits are built in s (x stays read only), which the loop below
+  // then reads and overwrites element by element, each by the thread that reads it.
+  const float* z_in = x;
+  if (p.bias_count > 0) {
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) s[i] = x[i];
+    __syncthreads();
+    const TokenBias* bias = bias_all + p.bias_begin;
+    for (int j = threadIdx.x; j < p.bias_count; j += blockDim.x) {
+      const int t = bias[j].token;
+      if (t >= 0 && t < vocab) s[t] += bias[j].bias;  // distinct ids: no two threads share one
+    }
+    __syncthreads();
+    z_in = s;
+  }
   float best = -INFINITY;
   float s_max = -INFINITY;
   int best_id = INT_MAX;
   for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-    float z = x[i];
+    float z = z_in[i];
     if (counts != nullptr) {
       const int c = counts[i];
       const bool seen = repetition && (c > 0 || ((mask[i >> 5] >> (i & 31)) & 1u));
@@ -493,6 +513,8 @@ void DestroyWorkspace(Workspace* ws) {
   cudaFreeHost(ws->h_counts);
   cudaFree(ws->d_counts);
   cudaFree(ws->d_masks);
+  cudaFreeHost(ws->h_bias);
+  cudaFree(ws->d_bias);
   if (current >= 0) cudaSetDevice(current);
   delete ws;
 }
@@ -504,6 +526,29 @@ uint32_t* PromptStaging(Workspace* ws, int slot) {
 }
 
 int32_t* CountStaging(Workspace* ws) { return ws->h_counts; }
+
+OpStatus ReserveBias(Workspace* ws, int64_t entries) {
+  constexpr const char* kOp = "sampling::ReserveBias";
+  if (entries < 0) return Fail(kOp, "entries is " + std::to_string(entries) + "; must be >= 0");
+  if (entries <= ws->bias_capacity) return OpStatus::Ok();
+  if (OpStatus st = cuda_internal::StartOp(kOp, TensorDevice::Cuda(ws->ordinal)); !st.ok()) {
+    return st;
+  }
+  const int64_t capacity = std::max<int64_t>({entries, 2 * ws->bias_capacity, 1024});
+  // The old buffers may still be read by a copy in flight.
+  LLM_CUDA_OP_RETURN_IF_ERROR(kOp, cudaDeviceSynchronize());
+  cudaFreeHost(ws->h_bias);
+  cudaFree(ws->d_bias);
+  ws->h_bias = nullptr;
+  ws->d_bias = nullptr;
+  ws->bias_capacity = 0;
+  LLM_CUDA_OP_RETURN_IF_ERROR(kOp, cudaMallocHost(&ws->h_bias, capacity * sizeof(TokenBias)));
+  LLM_CUDA_OP_RETURN_IF_ERROR(kOp, cudaMalloc(&ws->d_bias, capacity * sizeof(TokenBias)));
+  ws->bias_capacity = capacity;
+  return OpStatus::Ok();
+}
+
+TokenBias* BiasStaging(Workspace* ws) { return ws->h_bias; }
 
 OpStatus InitSlot(const OpContext& ctx, Workspace* ws, int slot, bool with_prompt,
                   bool with_counts) {
@@ -582,6 +627,7 @@ OpStatus Sample(const OpContext& ctx, Workspace* ws, const TensorView& logits, i
                          std::to_string(ws->vocab) +
                          "] contiguous on cuda:" + std::to_string(ws->ordinal) + ", got " + got);
   }
+  int64_t bias_entries = 0;
   for (int r = 0; r < rows; ++r) {
     const RowParams& p = ws->h_params[r];
     if (p.num_logprobs > ws->max_logprobs) {
@@ -593,6 +639,14 @@ OpStatus Sample(const OpContext& ctx, Workspace* ws, const TensorView& logits, i
       return Fail(kOp, "row " + std::to_string(r) + ": slot " + std::to_string(p.slot) +
                            " is not below num_slots " + std::to_string(ws->num_slots));
     }
+    if (p.bias_count < 0 || p.bias_begin < 0 ||
+        static_cast<int64_t>(p.bias_begin) + p.bias_count > ws->bias_capacity) {
+      return Fail(kOp, "row " + std::to_string(r) + ": logit biases [" +
+                           std::to_string(p.bias_begin) + ", +" + std::to_string(p.bias_count) +
+                           ") are outside the " + std::to_string(ws->bias_capacity) +
+                           " reserved (ReserveBias)");
+    }
+    bias_entries = std::max<int64_t>(bias_entries, int64_t{p.bias_begin} + p.bias_count);
     if (!(p.temperature >= 0.0f) || !std::isfinite(p.temperature)) {
       return Fail(kOp, "row " + std::to_string(r) + ": temperature " +
                            std::to_string(p.temperature) + " is not finite and >= 0");
@@ -604,6 +658,11 @@ OpStatus Sample(const OpContext& ctx, Workspace* ws, const TensorView& logits, i
   LLM_CUDA_OP_RETURN_IF_ERROR(kOp,
                               cudaMemcpyAsync(ws->d_params, ws->h_params, rows * sizeof(RowParams),
                                               cudaMemcpyHostToDevice, stream));
+  if (bias_entries > 0) {
+    LLM_CUDA_OP_RETURN_IF_ERROR(
+        kOp, cudaMemcpyAsync(ws->d_bias, ws->h_bias, bias_entries * sizeof(TokenBias),
+                             cudaMemcpyHostToDevice, stream));
+  }
   // Results poisoned (token -1, NaN logprobs), so that a field the kernel fails to write shows.
   LLM_CUDA_OP_RETURN_IF_ERROR(
       kOp, cudaMemsetAsync(ws->d_results, 0xFF, rows * ws->result_stride, stream));
@@ -611,7 +670,8 @@ OpStatus Sample(const OpContext& ctx, Workspace* ws, const TensorView& logits, i
       cuda_internal::RowThreads((ws->vocab + 7) / 8 < 64 ? 64 : (ws->vocab + 7) / 8);
   ::llm::cuda::Launch(SampleKernel, static_cast<unsigned>(rows), threads, 0, stream,
                       logits.data_as<const float>(), ws->d_params, ws->d_scaled, ws->d_counts,
-                      ws->d_masks, ws->d_results, ws->result_stride, ws->vocab, ws->mask_words);
+                      ws->d_masks, ws->d_bias, ws->d_results, ws->result_stride, ws->vocab,
+                      ws->mask_words);
   LLM_CUDA_OP_CHECK_LAUNCH(kOp);
   LLM_CUDA_OP_RETURN_IF_ERROR(
       kOp, cudaMemcpyAsync(ws->h_results, ws->d_results, rows * ws->result_stride,

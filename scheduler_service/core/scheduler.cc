@@ -65,7 +65,9 @@ Scheduler::Scheduler(const SchedulerConfig& config, const BlockSpaceManagerConfi
 
 absl::Status Scheduler::ValidateRequest(std::span<const TokenId> prompt,
                                         const SamplingParams& params) const {
-  RETURN_IF_ERROR(params.Validate(config_.sampling_limits));
+  SamplingLimits limits = config_.sampling_limits;
+  if (limits.vocab_size == 0) limits.vocab_size = config_.vocab_size;  // for logit_bias
+  RETURN_IF_ERROR(params.Validate(limits));
   if (params.n > config_.max_num_seqs) {
     return absl::InvalidArgumentError(absl::StrCat(
         "n is ", params.n, "; it must be at most max_num_seqs = ", config_.max_num_seqs));

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -223,6 +224,53 @@ TEST_F(CudaSampling, PenaltiesMatchTheHostAfterOutputTokens) {
   EXPECT_EQ(ds->free_penalty_slots(), 2);
   ds->Release(a.device.state.device_slot);  // no longer held: nothing to free twice
   EXPECT_EQ(ds->free_penalty_slots(), 2);
+}
+
+// logit_bias, row by row: greedy rows whose argmax it moves, sampled rows with banned tokens,
+// with penalties after it, rows without biases between, and a row with half the vocabulary
+// biased.
+TEST_F(CudaSampling, LogitBiasMatchesTheHost) {
+  std::mt19937 rng(11);
+  for (const int vocab : {100, 32000}) {
+    SCOPED_TRACE(::testing::Message() << "vocab " << vocab);
+    auto ds = MakeSampler(5, vocab);
+    ASSERT_NE(ds, nullptr);
+    SamplingParams lift = Params(0.0, 1);  // greedy: token 7 wins every step
+    lift.logit_bias = {{7, 100.0f}, {vocab - 1, -3.5f}};
+    lift.logprobs = 3;                    // the raw distribution's: unbiased
+    SamplingParams ban = Params(1.0, 2);  // the five likeliest of the first step never drawn
+    ban.top_k = 20;
+    SamplingParams pen = Params(0.8, 3);  // bias, then the penalties
+    pen.repetition_penalty = 1.5;
+    pen.frequency_penalty = 0.5;
+    pen.logit_bias = {{2, 4.0f}, {3, -2.0f}, {11, 6.5f}};
+    SamplingParams wide = Params(1.0, 4);  // most of the vocabulary: the staging grows
+    for (int t = 0; t < vocab; t += 2) wide.logit_bias.push_back({t, -100.0f});
+    const HostTensor first = Logits(5, vocab, rng);
+    std::vector<int> order(vocab);
+    std::iota(order.begin(), order.end(), 0);
+    const float* row1 = first.data<float>() + vocab;
+    std::partial_sort(order.begin(), order.begin() + 5, order.end(),
+                      [&](int a, int b) { return row1[a] > row1[b]; });
+    for (int i = 0; i < 5; ++i) ban.logit_bias.push_back({order[i], -100.0f});
+    Twin a(lift, 0), b(ban, 0), c(pen, 0, {2, 5}), d(Params(1.0, 5), 0), e(wide, 1);
+    std::vector<Twin*> rows{&a, &b, &c, &d, &e};
+    for (int step = 0; step < (vocab > 1000 ? 4 : 30); ++step) {
+      SCOPED_TRACE(::testing::Message() << "step " << step);
+      const HostTensor later = Logits(5, vocab, rng);
+      const StepResult r = Step(*ds, rows, step == 0 ? first : later);
+      ExpectSame(r, rows);
+      EXPECT_EQ(r.device[0].token, 7);
+      for (int i = 0; i < 5; ++i) {
+        if (step == 0) EXPECT_NE(r.device[1].token, order[i]);
+      }
+      EXPECT_EQ(r.device[4].token % 2, 1);  // even ids banned
+    }
+    // A step without any bias after steps with them.
+    Twin f(Params(1.0, 6), 0);
+    std::vector<Twin*> plain{&f};
+    ExpectSame(Step(*ds, plain, Logits(1, vocab, rng)), plain);
+  }
 }
 
 TEST_F(CudaSampling, ForkedChildStartsFromTheParentsCounts) {

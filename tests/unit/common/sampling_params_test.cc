@@ -27,7 +27,8 @@ TEST(SamplingParams, DefaultsAreValid) {
   p.presence_penalty = -2;
   p.frequency_penalty = 2;
   p.repetition_penalty = 1.3;
-  EXPECT_TRUE(p.Validate().ok()) << p.Validate();
+  p.logit_bias = {{0, -100.0f}, {31, 100.0f}, {7, 0.5f}};
+  EXPECT_TRUE(p.Validate({.vocab_size = 32}).ok()) << p.Validate();
 }
 
 TEST(SamplingParams, EachFieldOutOfRangeIsNamedWithValueAndRange) {
@@ -82,6 +83,26 @@ TEST(SamplingParams, EachFieldOutOfRangeIsNamedWithValueAndRange) {
   p = {};
   p.repetition_penalty = 0;
   EXPECT_THAT(Error(p), HasSubstr("repetition_penalty is 0; it must be finite and > 0"));
+}
+
+TEST(SamplingParams, LogitBiasTokenIdsAndBiasesAreChecked) {
+  const SamplingLimits vocab32{.vocab_size = 32};
+  SamplingParams p;
+  p.logit_bias = {{32, 1.0f}};
+  EXPECT_THAT(Error(p, vocab32),
+              HasSubstr("logit_bias token id is 32; it must be in [0, 32) (the vocabulary)"));
+  EXPECT_TRUE(p.Validate().ok());  // no vocabulary size: only >= 0
+  p.logit_bias = {{-1, 1.0f}};
+  EXPECT_THAT(Error(p), HasSubstr("logit_bias token id is -1; it must be >= 0"));
+  p.logit_bias = {{3, 100.5f}};
+  EXPECT_THAT(Error(p, vocab32), HasSubstr("logit_bias[3] is 100.5; it must be finite and in "
+                                           "[-100, 100]"));
+  p.logit_bias = {{3, -std::numeric_limits<float>::infinity()}};
+  EXPECT_THAT(Error(p, vocab32), HasSubstr("logit_bias[3] is -inf"));
+  p.logit_bias = {{3, std::numeric_limits<float>::quiet_NaN()}};
+  EXPECT_THAT(Error(p, vocab32), HasSubstr("logit_bias[3] is nan"));
+  p.logit_bias = {{3, 1.0f}, {5, 2.0f}, {3, -1.0f}};
+  EXPECT_THAT(Error(p, vocab32), HasSubstr("logit_bias token id is 3; it must be listed once"));
 }
 
 TEST(SamplingParams, GreedyOnlyWithOneSequence) {

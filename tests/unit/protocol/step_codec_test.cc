@@ -195,6 +195,7 @@ TEST(StepCodec, SamplingParamsRoundTripAndDefaults) {
   p.presence_penalty = -0.5;
   p.frequency_penalty = 1.5;
   p.repetition_penalty = 1.25;
+  p.logit_bias = {{9, -100.0f}, {2, 0.5f}, {40, 7.25f}};
   v1::SamplingParams proto;
   SamplingParamsToProto(p, &proto);
   const SamplingParams q = SamplingParamsFromProto(proto);
@@ -215,6 +216,9 @@ TEST(StepCodec, SamplingParamsRoundTripAndDefaults) {
   EXPECT_EQ(q.presence_penalty, -0.5);
   EXPECT_EQ(q.frequency_penalty, 1.5);
   EXPECT_EQ(q.repetition_penalty, 1.25);
+  // Sorted by token id, whatever order the proto map keeps.
+  EXPECT_EQ(q.logit_bias,
+            (std::vector<std::pair<TokenId, float>>{{2, 0.5f}, {9, -100.0f}, {40, 7.25f}}));
 
   // An empty message means the defaults a user of the API expects.
   const SamplingParams d = SamplingParamsFromProto(v1::SamplingParams());
@@ -228,6 +232,7 @@ TEST(StepCodec, SamplingParamsRoundTripAndDefaults) {
   EXPECT_FALSE(d.logprobs.has_value());
   EXPECT_EQ(d.repetition_penalty, 1.0);
   EXPECT_TRUE(d.skip_special_tokens);
+  EXPECT_TRUE(d.logit_bias.empty());
 }
 
 // A valid one-request step to break in the tests below.

@@ -123,6 +123,59 @@ TEST(Sampler, PenaltiesChangeLogitsExactlyAsSpecified) {
   EXPECT_FLOAT_EQ(row[4], 5.0f);
 }
 
+TEST(Sampler, LogitBiasMovesTheGreedyArgmax) {
+  const std::vector<float> logits{1.0f, 3.0f, 2.5f, -1.0f};
+  SamplingParams p = Params(0.0, 1);
+  EXPECT_EQ(Draw(p, logits, 1)[0], 1);
+  p.logit_bias = {{3, 5.0f}};  // -1 + 5 = 4 > 3
+  EXPECT_EQ(Draw(p, logits, 3), (std::vector<TokenId>{3, 3, 3}));
+  p.logit_bias = {{1, -100.0f}};  // the argmax banned: the runner-up
+  EXPECT_EQ(Draw(p, logits, 1)[0], 2);
+}
+
+TEST(Sampler, LogitBiasIsAddedBeforeThePenalties) {
+  SamplingParams p = Params(1.0, 1);
+  p.repetition_penalty = 2.0;
+  p.frequency_penalty = 0.5;
+  p.logit_bias = {{0, 1.0f}, {2, -3.0f}};
+  const TokenId prompt[] = {0};
+  SamplingSequence seq(p, 0, prompt);
+  seq.Append(2);
+  std::vector<float> row{1.0f, 0.5f, 1.0f};
+  Sampler::ApplyLogitBias(p, row);
+  Sampler::ApplyPenalties(seq.row(), row);
+  EXPECT_FLOAT_EQ(row[0], (1.0f + 1.0f) / 2.0f);         // biased, then divided
+  EXPECT_FLOAT_EQ(row[1], 0.5f);                         // untouched
+  EXPECT_FLOAT_EQ(row[2], (1.0f - 3.0f) * 2.0f - 0.5f);  // negative once biased: multiplied
+}
+
+TEST(Sampler, MinusOneHundredBansATokenUnderSampling) {
+  // Token 5 holds nearly all the mass; banned, it is never drawn, and the rest keep their
+  // relative frequencies; the reported logprobs stay the raw distribution's.
+  std::vector<float> logits = RandomLogits(16, 7, 1.0f);
+  logits[5] = 8.0f;
+  SamplingParams p = Params(1.0, 99);
+  p.logprobs = 2;
+  p.logit_bias = {{5, -100.0f}};
+  SamplingSequence seq(p, 0);
+  const SampleRow rows[] = {seq.row()};
+  std::map<TokenId, int> seen;
+  for (int i = 0; i < 2000; ++i) {
+    std::vector<float> row = logits;
+    const SampledToken t = Sampler::Sample(row, 16, rows)[0];
+    ++seen[t.token];
+    seq.Append(t.token);
+    ASSERT_EQ(t.top_logprobs.size(), 2u);
+    EXPECT_EQ(t.top_logprobs[0].first, 5);  // raw: still the most likely
+  }
+  EXPECT_EQ(seen.count(5), 0u);
+  EXPECT_GT(seen.size(), 8u);
+  // Unbiased, the same seed draws token 5 nearly always.
+  p.logit_bias.clear();
+  const std::vector<TokenId> plain = Draw(p, logits, 50);
+  EXPECT_GT(std::count(plain.begin(), plain.end(), 5), 40);
+}
+
 TEST(Sampler, SameSeedSameTokensWhateverElseIsInTheBatch) {
   const std::vector<float> logits = RandomLogits(64, 1, 1.0f);
   const SamplingParams p = Params(1.0, 1234);

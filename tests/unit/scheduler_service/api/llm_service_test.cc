@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <limits>
 #include <map>
@@ -362,6 +363,12 @@ TEST_F(LLMServiceTest, SamplingFieldsOutOfRangeAreInvalid) {
        },
        "at most 16 stop strings are allowed; the request has 17"},
       {[](auto* p) { p->set_logprobs(21); }, "logprobs is 21"},
+      {[](auto* p) { (*p->mutable_logit_bias())[2048] = 1; },
+       "logit_bias token id is 2048; it must be in [0, 2048) (the vocabulary)"},
+      {[](auto* p) { (*p->mutable_logit_bias())[-1] = 1; }, "logit_bias token id is -1"},
+      {[](auto* p) { (*p->mutable_logit_bias())[7] = 101; },
+       "logit_bias[7] is 101; it must be finite and in [-100, 100]"},
+      {[](auto* p) { (*p->mutable_logit_bias())[7] = std::nanf(""); }, "logit_bias[7] is nan"},
       // Past INT32_MAX: reported as sent, not clamped.
       {[](auto* p) { p->set_max_tokens(2147483648u); },
        "max_tokens is 2147483648; it must be in [1, 2147483647]"},
