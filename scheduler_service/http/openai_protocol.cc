@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -144,6 +146,149 @@ bool TokenIdList(const json& v, const std::string& what, Fields* f,
   return true;
 }
 
+// logit_bias: {"<token id>": bias, ...}, as OpenAI's (keys are strings of decimal token ids;
+// biases in [-100, 100]). Whether an id is in the vocabulary is the engine's check.
+void ParseLogitBias(Fields* f, v1::SamplingParams* sp) {
+  const json* lb = f->Get("logit_bias");
+  if (lb == nullptr) return;
+  if (!lb->is_object()) {
+    f->Fail(WrongType("logit_bias", "an object mapping token ids to biases", *lb));
+    return;
+  }
+  auto* out = sp->mutable_logit_bias();
+  for (const auto& [key, value] : lb->items()) {
+    int64_t id = 0;
+    bool ok = !key.empty() && key.size() <= 10;
+    for (char c : key) {
+      ok = ok && c >= '0' && c <= '9';
+      if (ok) id = id * 10 + (c - '0');
+    }
+    if (!ok || id > INT32_MAX) {
+      f->Fail(BadRequest(absl::StrCat("'logit_bias' keys must be token ids (non-negative integers "
+                                      "as strings), got \"",
+                                      key, "\""),
+                         "logit_bias"));
+      return;
+    }
+    const std::string where = absl::StrCat("logit_bias[\"", key, "\"]");
+    if (!value.is_number()) {
+      f->Fail(BadRequest(absl::StrCat("'", where, "' must be a number, got ", TypeName(value)),
+                         "logit_bias"));
+      return;
+    }
+    const double bias = value.get<double>();
+    if (!std::isfinite(bias) || bias < -100 || bias > 100) {
+      f->Fail(BadRequest(
+          absl::StrCat("'", where, "' is ", value.dump(), "; biases must be in [-100, 100]"),
+          "logit_bias"));
+      return;
+    }
+    if (out->contains(static_cast<int32_t>(id))) {
+      f->Fail(BadRequest(absl::StrCat("'logit_bias' lists token id ", id, " twice"), "logit_bias"));
+      return;
+    }
+    (*out)[static_cast<int32_t>(id)] = static_cast<float>(bias);
+  }
+}
+
+// A field whose meaning is known (OpenAI's or vLLM's) but which this server does not implement:
+// refused with 400 naming it, unless its value asks for nothing (false, an empty list, the
+// default), so that a client never gets a silently different answer. Fields nobody defines
+// stay ignored, as OpenAI clients send extras.
+struct Unsupported {
+  const char* name;
+  // Whether `v` (not null) asks for nothing; null: every value is refused.
+  bool (*accepts)(const json& v);
+  const char* why;  // what is not implemented
+  bool completions = true;
+  bool chat = true;
+};
+
+bool IsFalse(const json& v) { return v.is_boolean() && !v.get<bool>(); }
+bool IsTrue(const json& v) { return v.is_boolean() && v.get<bool>(); }
+bool IsEmpty(const json& v) { return (v.is_array() || v.is_object()) && v.empty(); }
+bool IsNone(const json& v) { return v.is_string() && v.get<std::string>() == "none"; }
+bool IsOne(const json& v) { return v.is_number() && v.get<double>() == 1.0; }
+bool IsTextFormat(const json& v) {
+  return v.is_object() && v.size() == 1 && v.contains("type") && v["type"] == "text";
+}
+bool IsDefaultTier(const json& v) { return v == "auto" || v == "default"; }
+bool IsTextOnly(const json& v) {
+  if (!v.is_array()) return false;
+  for (const json& m : v) {
+    if (m != "text") return false;
+  }
+  return true;
+}
+
+constexpr const char* kToolCalling = "tool calling is not implemented";
+constexpr const char* kStructured =
+    "structured output (JSON mode, JSON schemas, regexes, grammars) is not implemented yet";
+
+const Unsupported kUnsupported[] = {
+    {"response_format", IsTextFormat, kStructured},
+    {"tools", IsEmpty, kToolCalling},
+    {"tool_choice", IsNone, kToolCalling},
+    {"functions", IsEmpty, kToolCalling},
+    {"function_call", IsNone, kToolCalling},
+    {"store", IsFalse, "completions are not stored"},
+    {"service_tier", IsDefaultTier, "there is one service tier (\"auto\" / \"default\")"},
+    {"modalities", IsTextOnly, "the output is text only"},
+    {"audio", nullptr, "audio output is not implemented"},
+    {"prediction", nullptr, "predicted outputs are not implemented"},
+    {"reasoning_effort", nullptr, "reasoning effort is not implemented"},
+    {"verbosity", nullptr, "verbosity is not implemented"},
+    {"web_search_options", nullptr, "web search is not implemented"},
+    // vLLM's extras.
+    {"guided_json", nullptr, kStructured},
+    {"guided_regex", nullptr, kStructured},
+    {"guided_choice", nullptr, kStructured},
+    {"guided_grammar", nullptr, kStructured},
+    {"guided_decoding_backend", nullptr, kStructured},
+    {"guided_whitespace_pattern", nullptr, kStructured},
+    {"structured_outputs", nullptr, kStructured},
+    {"allowed_token_ids", nullptr, "allowed_token_ids is not implemented (logit_bias is)"},
+    {"bad_words", IsEmpty, "bad words are not implemented"},
+    {"prompt_logprobs", nullptr, "prompt logprobs are not implemented"},
+    {"use_beam_search", IsFalse, "beam search is not implemented"},
+    {"length_penalty", IsOne, "length_penalty (beam search) is not implemented"},
+    {"truncate_prompt_tokens", nullptr, "prompt truncation is not implemented"},
+    {"logits_processors", nullptr, "custom logits processors are not implemented"},
+    {"return_tokens_as_token_ids", IsFalse, "tokens as token ids are not implemented"},
+    {"return_token_ids", IsFalse, "returning token ids is not implemented"},
+    {"spaces_between_special_tokens", IsTrue,
+     "spaces_between_special_tokens false is not implemented"},
+    {"prompt_embeds", nullptr, "prompt embeddings are not implemented"},
+    {"kv_transfer_params", nullptr, "KV-cache transfer is not implemented"},
+    {"vllm_xargs", nullptr, "vLLM's extra arguments are not implemented"},
+    {"mm_processor_kwargs", IsEmpty, "multimodal input is not implemented"},
+    {"echo", IsFalse, "echoing the last message is not implemented", /*completions=*/false},
+    {"continue_final_message", IsFalse, "continuing the final message is not implemented",
+     /*completions=*/false},
+    {"chat_template", nullptr, "only the model's chat template is used", /*completions=*/false},
+    {"chat_template_kwargs", IsEmpty, "chat template arguments are not implemented",
+     /*completions=*/false},
+    {"documents", nullptr, "documents (RAG chat templates) are not implemented",
+     /*completions=*/false},
+};
+
+void RefuseUnsupported(Fields* f, Endpoint endpoint) {
+  for (const Unsupported& u : kUnsupported) {
+    if (!(endpoint == Endpoint::kChatCompletions ? u.chat : u.completions)) continue;
+    const json* v = f->Get(u.name);
+    if (v == nullptr || (u.accepts != nullptr && u.accepts(*v))) continue;
+    std::string what = absl::StrCat("'", u.name, "'");
+    if (std::string_view(u.name) == "response_format" && v->is_object() && v->contains("type") &&
+        (*v)["type"].is_string()) {
+      what = absl::StrCat("'response_format' of type '", (*v)["type"].get<std::string>(), "'");
+    } else if (v->is_string() || v->is_boolean() || v->is_number()) {
+      what = absl::StrCat("'", u.name, "' = ", v->dump());
+    }
+    f->Fail(BadRequest(absl::StrCat(what, " is not supported: ", u.why), u.name));
+    return;
+  }
+}
+
 // The sampling fields both endpoints share.
 void ParseSampling(Fields* f, v1::SamplingParams* sp) {
   if (auto n = f->Count("n")) sp->set_n(static_cast<uint32_t>(*n));
@@ -161,6 +306,7 @@ void ParseSampling(Fields* f, v1::SamplingParams* sp) {
   }
   if (auto v = f->Bool("skip_special_tokens")) sp->set_skip_special_tokens(*v);
   if (auto v = f->Bool("include_stop_str_in_output")) sp->set_include_stop_str_in_output(*v);
+  ParseLogitBias(f, sp);
   if (const json* stop = f->Get("stop")) {
     if (stop->is_string()) {
       sp->add_stop(stop->get<std::string>());
@@ -211,6 +357,7 @@ void ParseCommon(Fields* f, OpenAIRequest* r) {
   if (auto v = f->Int32("priority")) r->request.set_priority(static_cast<int32_t>(*v));
   if (auto v = f->String("cache_salt")) r->request.set_cache_salt(*v);
   ParseSampling(f, r->request.mutable_sampling_params());
+  RefuseUnsupported(f, r->endpoint);
 }
 
 ParseResult Finish(Fields& f, OpenAIRequest r) {
@@ -373,10 +520,28 @@ ParseResult ParseChatCompletionRequest(std::string_view body) {
         f.Fail(WrongType(where + ".role", "a string", role == m.end() ? json(nullptr) : *role));
         break;
       }
+      const std::string role_name = role->get<std::string>();
+      if (role_name == "tool" || role_name == "function") {
+        f.Fail(BadRequest(absl::StrCat("'", where, ".role' is '", role_name,
+                                       "': tool messages are not supported (", kToolCalling, ")"),
+                          where + ".role"));
+        break;
+      }
+      for (const char* field : {"tool_calls", "function_call", "audio"}) {
+        auto it = m.find(field);
+        if (it == m.end() || it->is_null() || IsEmpty(*it)) continue;
+        f.Fail(
+            BadRequest(absl::StrCat("'", where, ".", field, "' is not supported: ",
+                                    std::string_view(field) == "audio" ? "audio is not implemented"
+                                                                       : kToolCalling),
+                       absl::StrCat(where, ".", field)));
+        break;
+      }
+      if (f.failed()) break;
       v1::ChatMessage* msg = chat->add_messages();
-      msg->set_role(role->get<std::string>());
+      msg->set_role(role_name);
       auto content = m.find("content");
-      if (content == m.end() || content->is_null()) continue;  // e.g. an assistant tool call
+      if (content == m.end() || content->is_null()) continue;
       if (content->is_string()) {
         msg->set_content(content->get<std::string>());
       } else if (content->is_array()) {
@@ -384,7 +549,15 @@ ParseResult ParseChatCompletionRequest(std::string_view body) {
         for (size_t k = 0; k < content->size(); ++k) {
           const json& part = (*content)[k];
           const std::string pwhere = absl::StrCat(where, ".content[", k, "]");
-          if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+          const json* type = part.is_object() && part.contains("type") ? &part["type"] : nullptr;
+          if (type != nullptr && type->is_string() && *type != "text") {
+            f.Fail(BadRequest(
+                absl::StrCat("'", pwhere, "' is a content part of type '", type->get<std::string>(),
+                             "', which is not supported: only text parts are"),
+                pwhere));
+            break;
+          }
+          if (!part.is_object() || type == nullptr || !part.contains("text") ||
               !part["text"].is_string()) {
             f.Fail(BadRequest(
                 absl::StrCat("'", pwhere, "' must be {\"type\": \"text\", \"text\": <string>}; ",

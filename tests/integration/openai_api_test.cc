@@ -2,8 +2,10 @@
 // --http-port=0 and --api-key, driven by the official `openai` Python client
 // (openai_client_check.py, run with LLM_TEST_PYTHON from `make pyenv`): streaming completion
 // with include_usage, logprobs, n=2, stop strings, greedy output equal to the gRPC API's,
-// errors (400, 404 model_not_found, 401), a client that disconnects mid-stream, /metrics
-// parsed by prometheus_client, and the chat endpoint.
+// errors (400, 404 model_not_found, 401), logit_bias moving greedy's tokens, fields not
+// implemented (response_format json_schema, tools, tool messages, image parts) refused with
+// 400 naming them, a client that disconnects mid-stream, /metrics parsed by prometheus_client,
+// and the chat endpoint.
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -79,7 +81,9 @@ TEST(OpenAIApiTest, OfficialClientAgainstLocalCluster) {
   std::ofstream(ref_file) << nlohmann::json{
       {"prompt", prompt},
       {"max_tokens", max_tokens},
-      {"text", ref.text.at(0)}}.dump();
+      {"text", ref.text.at(0)},
+      {"token_ids",
+       ref.token_ids.at(0)}}.dump();
 
   const std::string script = std::string(LLM_SOURCE_DIR) +
                              "/tests/integration/"
@@ -143,7 +147,9 @@ TEST(OpenAIApiTest, ServesHttpsWithTheGivenCertificate) {
   std::ofstream(ref_file) << nlohmann::json{
       {"prompt", prompt},
       {"max_tokens", 16},
-      {"text", ref.text.at(0)}}.dump();
+      {"text", ref.text.at(0)},
+      {"token_ids",
+       ref.token_ids.at(0)}}.dump();
   const std::string script =
       std::string(LLM_SOURCE_DIR) + "/tests/integration/openai_client_check.py";
   EXPECT_EQ(RunCommand(absl::StrCat(

@@ -10,8 +10,8 @@ with --api-key) after it took a greedy reference over gRPC:
 With --cafile the base URL is https and only that certificate is trusted; --checks runs a
 subset.
 
-ref.json: {"prompt": str, "max_tokens": int, "text": str} -- the gRPC Generate output of a
-greedy request (BOS added, ignore_eos) for the prompt.
+ref.json: {"prompt": str, "max_tokens": int, "text": str, "token_ids": [int]} -- the gRPC
+Generate output of a greedy request (BOS added, ignore_eos) for the prompt.
 
 Every check runs; each failure is printed; the exit status is the number of failed checks
 (0: all passed). Checks are sequential, so the server's metrics move by this script's
@@ -199,6 +199,78 @@ class Checker:
                                  {"Authorization": f"Bearer {self.args.api_key}"})
         assert status == 400 and "error" in body, (status, body)
 
+    def check_logit_bias(self):
+        ids = self.ref["token_ids"]
+        # The greedy tokens' texts, from the unbiased run's logprobs (which name tokens by text).
+        plain = self.greedy(self.ref["prompt"], self.ref["max_tokens"], logprobs=0)
+        texts = plain.choices[0].logprobs.tokens
+        assert len(texts) == len(ids), (texts, ids)
+        # A token greedy emits later but not first: +100 makes greedy emit it at every step.
+        k = next(i for i in range(1, len(ids)) if ids[i] != ids[0] and texts[i] != texts[0])
+        r = self.greedy(self.ref["prompt"], 4, logprobs=0, logit_bias={str(ids[k]): 100})
+        assert r.choices[0].logprobs.tokens == [texts[k]] * 4, (
+            r.choices[0].logprobs.tokens, ids[k], texts[k])
+        # The same on the chat endpoint (the bias does not care what the prompt is).
+        c = self.client.chat.completions.create(
+            model=self.args.model, messages=[{"role": "user", "content": "Hi"}],
+            max_completion_tokens=3, temperature=0, logprobs=True,
+            logit_bias={str(ids[k]): 100}, extra_body={"ignore_eos": True})
+        assert [t.token for t in c.choices[0].logprobs.content] == [texts[k]] * 3, c
+        # -100 on greedy's first token: another comes first.
+        r = self.greedy(self.ref["prompt"], 1, logprobs=0, logit_bias={str(ids[0]): -100})
+        assert r.choices[0].logprobs.tokens[0] != texts[0], (r.choices[0].logprobs, texts[0])
+        # Bad biases: 400 naming the field (the id's range is the engine's check).
+        err = self.expect_error(lambda: self.greedy("x", 2, logit_bias={str(ids[0]): 150}), 400,
+                                param="logit_bias")
+        assert "[-100, 100]" in err["message"], err
+        err = self.expect_error(lambda: self.greedy("x", 2, logit_bias={"99999999": 1}), 400)
+        assert "logit_bias token id is 99999999" in err["message"], err
+        err = self.expect_error(lambda: self.greedy("x", 2, logit_bias={"a": 1}), 400,
+                                param="logit_bias")
+
+    def check_unsupported_fields(self):
+        """Fields whose meaning is known but not implemented: 400 naming them, never ignored."""
+        messages = [{"role": "user", "content": "Give me JSON."}]
+
+        def refused(param, fn):
+            try:
+                fn()
+            except openai.BadRequestError as e:
+                err = e.response.json()["error"]
+                assert err["param"] == param, f"param {err['param']!r}, expected {param!r}"
+                assert "not supported" in err["message"], err
+                return
+            raise AssertionError(f"{param}: no BadRequestError")
+
+        chat = lambda **kw: self.client.chat.completions.create(
+            model=self.args.model, max_completion_tokens=4, **kw)
+        schema = {"type": "json_schema", "json_schema": {
+            "name": "answer", "schema": {"type": "object", "properties": {"a": {"type": "string"}}}}}
+        refused("response_format", lambda: chat(messages=messages, response_format=schema))
+        refused("response_format",
+                lambda: chat(messages=messages, response_format={"type": "json_object"}))
+        refused("response_format", lambda: self.client.completions.create(
+            model=self.args.model, prompt="x", max_tokens=4,
+            extra_body={"response_format": {"type": "json_object"}}))
+        tools = [{"type": "function", "function": {
+            "name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]
+        refused("tools", lambda: chat(messages=messages, tools=tools))
+        refused("tool_choice", lambda: chat(messages=messages, tool_choice="required"))
+        refused("messages[1].tool_calls", lambda: chat(messages=messages + [
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": "{}"}}]}]))
+        refused("messages[1].role", lambda: chat(messages=messages + [
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]))
+        refused("messages[0].content[1]", lambda: chat(messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]))
+        refused("store", lambda: chat(messages=messages, store=True))
+        # What asks for nothing is accepted: the default response format, no tools, text parts.
+        r = chat(messages=[{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+                 response_format={"type": "text"}, tool_choice="none", temperature=0)
+        assert r.choices[0].message.content is not None, r
+
     def check_metrics_count_tokens(self):
         before = self.metrics()
         r = self.greedy(self.ref["prompt"], 7)
@@ -309,7 +381,8 @@ class Checker:
         checks = [name for name in dir(self) if name.startswith("check_")]
         order = ["check_models_and_health", "check_metrics_count_tokens",
                  "check_greedy_equals_grpc", "check_stream_usage", "check_logprobs",
-                 "check_n2", "check_stop", "check_errors", "check_chat",
+                 "check_n2", "check_stop", "check_errors", "check_logit_bias",
+                 "check_unsupported_fields", "check_chat",
                  "check_disconnect_aborts"]
         assert sorted(order) == sorted(checks), "every check is run once"
         if self.args.checks:

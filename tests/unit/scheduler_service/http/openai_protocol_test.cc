@@ -180,6 +180,157 @@ TEST(OpenAIProtocolTest, BadChatRequests) {
   }
 }
 
+TEST(OpenAIProtocolTest, LogitBiasMapsTokenIdsToBiases) {
+  for (const char* body : {R"({"prompt": "x", "logit_bias": {"5": 100, "17": -100, "0": 0.5}})",
+                           R"({"messages": [{"role": "user", "content": "x"}],
+                               "logit_bias": {"5": 100, "17": -100, "0": 0.5}})"}) {
+    const bool chat = std::string(body).find("messages") != std::string::npos;
+    const ParseResult p = chat ? ParseChatCompletionRequest(body) : ParseCompletionRequest(body);
+    ASSERT_TRUE(p.ok()) << p.error.message;
+    const auto& lb = p.request.request.sampling_params().logit_bias();
+    ASSERT_EQ(lb.size(), 3u);
+    EXPECT_FLOAT_EQ(lb.at(5), 100.0f);
+    EXPECT_FLOAT_EQ(lb.at(17), -100.0f);
+    EXPECT_FLOAT_EQ(lb.at(0), 0.5f);
+  }
+  // Absent, null or empty: no biases.
+  for (const char* body : {R"({"prompt": "x"})", R"({"prompt": "x", "logit_bias": null})",
+                           R"({"prompt": "x", "logit_bias": {}})"}) {
+    const ParseResult p = ParseCompletionRequest(body);
+    ASSERT_TRUE(p.ok()) << p.error.message;
+    EXPECT_TRUE(p.request.request.sampling_params().logit_bias().empty()) << body;
+  }
+  for (const BadCase& c : {
+           BadCase{R"({"prompt": "x", "logit_bias": [1, 2]})", "logit_bias",
+                   "'logit_bias' must be an object mapping token ids to biases, got an array"},
+           BadCase{R"({"prompt": "x", "logit_bias": {"abc": 1}})", "logit_bias",
+                   "keys must be token ids (non-negative integers as strings), got \"abc\""},
+           BadCase{R"({"prompt": "x", "logit_bias": {"-3": 1}})", "logit_bias", "got \"-3\""},
+           BadCase{R"({"prompt": "x", "logit_bias": {"99999999999": 1}})", "logit_bias",
+                   "got \"99999999999\""},
+           BadCase{R"({"prompt": "x", "logit_bias": {"5": "up"}})", "logit_bias",
+                   "'logit_bias[\"5\"]' must be a number, got a string"},
+           BadCase{R"({"prompt": "x", "logit_bias": {"5": 100.5}})", "logit_bias",
+                   "'logit_bias[\"5\"]' is 100.5; biases must be in [-100, 100]"},
+           BadCase{R"({"prompt": "x", "logit_bias": {"5": -1000}})", "logit_bias",
+                   "is -1000; biases must be in [-100, 100]"},
+           BadCase{R"({"prompt": "x", "logit_bias": {"5": 1, "05": 2}})", "logit_bias",
+                   "lists token id 5 twice"},
+       }) {
+    const ParseResult p = ParseCompletionRequest(c.body);
+    ASSERT_FALSE(p.ok()) << c.body;
+    EXPECT_EQ(p.error.http_status, 400) << c.body;
+    EXPECT_EQ(p.error.param, c.param) << c.body;
+    EXPECT_THAT(p.error.message, HasSubstr(c.message_part)) << c.body;
+  }
+}
+
+// Fields whose meaning is known but not implemented are refused naming them, on both
+// endpoints, unless their value asks for nothing; unknown fields stay ignored.
+TEST(OpenAIProtocolTest, UnimplementedFieldsAre400NamingThem) {
+  const std::string chat_prefix = R"({"messages": [{"role": "user", "content": "x"}], )";
+  const std::string completion_prefix = R"({"prompt": "x", )";
+  struct Case {
+    std::string rest;     // the body after the prompt, without the closing brace
+    std::string param;    // empty: accepted
+    std::string message;  // part of the message
+    bool chat_only = false;
+  };
+  const Case cases[] = {
+      {R"("response_format": {"type": "json_object"})", "response_format",
+       "'response_format' of type 'json_object' is not supported: structured output"},
+      {R"("response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {}}})",
+       "response_format", "'response_format' of type 'json_schema' is not supported"},
+      {R"("response_format": {"type": "text"})", "", ""},
+      {R"("tools": [{"type": "function", "function": {"name": "f"}}])", "tools",
+       "'tools' is not supported: tool calling is not implemented"},
+      {R"("tools": [])", "", ""},
+      {R"("tool_choice": "auto")", "tool_choice", "'tool_choice' = \"auto\" is not supported"},
+      {R"("tool_choice": {"type": "function", "function": {"name": "f"}})", "tool_choice",
+       "not supported: tool calling"},
+      {R"("tool_choice": "none")", "", ""},
+      {R"("functions": [{"name": "f"}])", "functions", "tool calling is not implemented"},
+      {R"("function_call": "auto")", "function_call", "tool calling is not implemented"},
+      {R"("function_call": "none")", "", ""},
+      {R"("parallel_tool_calls": false)", "", ""},
+      {R"("store": true)", "store", "'store' = true is not supported"},
+      {R"("store": false)", "", ""},
+      {R"("service_tier": "flex")", "service_tier", "not supported"},
+      {R"("service_tier": "auto")", "", ""},
+      {R"("modalities": ["text", "audio"])", "modalities", "the output is text only"},
+      {R"("modalities": ["text"])", "", ""},
+      {R"("audio": {"voice": "alloy", "format": "wav"})", "audio", "audio output"},
+      {R"("prediction": {"type": "content", "content": "x"})", "prediction", "predicted outputs"},
+      {R"("reasoning_effort": "low")", "reasoning_effort", "not supported"},
+      {R"("web_search_options": {})", "web_search_options", "web search"},
+      {R"("guided_json": {"type": "object"})", "guided_json", "structured output"},
+      {R"("guided_choice": ["a", "b"])", "guided_choice", "structured output"},
+      {R"("allowed_token_ids": [1, 2])", "allowed_token_ids", "not supported"},
+      {R"("prompt_logprobs": 1)", "prompt_logprobs", "prompt logprobs"},
+      {R"("use_beam_search": true)", "use_beam_search", "beam search"},
+      {R"("use_beam_search": false)", "", ""},
+      {R"("spaces_between_special_tokens": false)", "spaces_between_special_tokens",
+       "not supported"},
+      {R"("user": "u-1", "metadata": {"k": "v"}, "some_future_field": 3)", "", ""},
+      {R"("echo": true)", "echo", "echoing the last message", /*chat_only=*/true},
+      {R"("chat_template": "{{ x }}")", "chat_template", "the model's chat template",
+       /*chat_only=*/true},
+      {R"("continue_final_message": true)", "continue_final_message", "not supported",
+       /*chat_only=*/true},
+  };
+  for (const Case& c : cases) {
+    for (bool chat : {false, true}) {
+      if (c.chat_only && !chat) continue;
+      const std::string body = (chat ? chat_prefix : completion_prefix) + c.rest + "}";
+      const ParseResult p = chat ? ParseChatCompletionRequest(body) : ParseCompletionRequest(body);
+      if (c.param.empty()) {
+        EXPECT_TRUE(p.ok()) << body << ": " << p.error.message;
+        continue;
+      }
+      ASSERT_FALSE(p.ok()) << body;
+      EXPECT_EQ(p.error.http_status, 400) << body;
+      EXPECT_EQ(p.error.type, "invalid_request_error") << body;
+      EXPECT_EQ(p.error.param, c.param) << body;
+      EXPECT_THAT(p.error.message, HasSubstr(c.message)) << body;
+    }
+  }
+}
+
+TEST(OpenAIProtocolTest, ToolMessagesAndNonTextPartsAre400NamingThem) {
+  for (const BadCase& c : {
+           BadCase{R"({"messages": [{"role": "tool", "content": "42", "tool_call_id": "c1"}]})",
+                   "messages[0].role", "'messages[0].role' is 'tool': tool messages"},
+           BadCase{R"({"messages": [{"role": "user", "content": "x"},
+                       {"role": "function", "name": "f", "content": "42"}]})",
+                   "messages[1].role", "is 'function'"},
+           BadCase{R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant",
+                       "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                       "function": {"name": "f", "arguments": "{}"}}]}]})",
+                   "messages[1].tool_calls", "'messages[1].tool_calls' is not supported"},
+           BadCase{R"({"messages": [{"role": "assistant", "content": null,
+                       "function_call": {"name": "f", "arguments": "{}"}}]})",
+                   "messages[0].function_call", "tool calling is not implemented"},
+           BadCase{R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+                       {"type": "image_url", "image_url": {"url": "http://x/a.png"}}]}]})",
+                   "messages[0].content[1]",
+                   "a content part of type 'image_url', which is not supported"},
+           BadCase{R"({"messages": [{"role": "user", "content": [
+                       {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]})",
+                   "messages[0].content[0]", "of type 'input_audio'"},
+       }) {
+    const ParseResult p = ParseChatCompletionRequest(c.body);
+    ASSERT_FALSE(p.ok()) << c.body;
+    EXPECT_EQ(p.error.http_status, 400) << c.body;
+    EXPECT_EQ(p.error.param, c.param) << c.body;
+    EXPECT_THAT(p.error.message, HasSubstr(c.message_part)) << c.body;
+  }
+  // An assistant turn with empty tool_calls and a name is fine.
+  const ParseResult ok = ParseChatCompletionRequest(
+      R"({"messages": [{"role": "user", "content": "x", "name": "ann"},
+                       {"role": "assistant", "content": "y", "tool_calls": []}]})");
+  EXPECT_TRUE(ok.ok()) << ok.error.message;
+}
+
 TEST(OpenAIProtocolTest, GrpcCodesMapToHttpStatuses) {
   EXPECT_EQ(HttpStatusFromGrpc(grpc::StatusCode::INVALID_ARGUMENT), 400);
   EXPECT_EQ(HttpStatusFromGrpc(grpc::StatusCode::ALREADY_EXISTS), 400);
