@@ -297,7 +297,8 @@ TEST_F(ModelRunnerTest, SampledSequencesAreReproducibleAcrossConfigurations) {
 }
 
 // Penalties on every request below: each sequence's output counts and, for the repetition
-// penalty, its prompt's tokens move its logits.
+// penalty, its prompt's tokens move its logits; and logit biases, the request's own, so that
+// forked, preempted and resumed sequences are checked to keep them.
 SamplingParams PenalizedSampling(uint64_t seed, int n, int max_tokens) {
   SamplingParams p;
   p.n = n;
@@ -307,6 +308,7 @@ SamplingParams PenalizedSampling(uint64_t seed, int n, int max_tokens) {
   p.repetition_penalty = 1.3;
   p.frequency_penalty = 0.4;
   p.presence_penalty = 0.3;
+  p.logit_bias = {{3, 2.5f}, {5, -100.0f}, {11, 1.0f}};
   p.ignore_eos = true;
   p.max_tokens = max_tokens;
   return p;
@@ -345,6 +347,11 @@ TEST_F(ModelRunnerTest, ForkedSequencesSampleAsRequestsSeededWithTheirOwnKey) {
       EXPECT_EQ(out.at("n3")[j], alone) << c.name << ": sequence " << j;
     }
     EXPECT_NE(out.at("n3")[0], out.at("n3")[1]) << c.name;
+    for (const auto& [id, seqs] : out) {
+      for (const auto& seq : seqs) {
+        EXPECT_EQ(std::count(seq.begin(), seq.end(), 5), 0) << c.name << " " << id;  // -100
+      }
+    }
   }
 }
 
@@ -373,7 +380,10 @@ TEST_F(ModelRunnerTest, RequestsResumedOnNewWorkersSampleAsIfTheyNeverLeft) {
 #endif
   EXPECT_EQ(undisturbed.at("r2").size(), 2u);
   for (const auto& [id, seqs] : undisturbed) {
-    for (const auto& seq : seqs) EXPECT_EQ(seq.size(), 14u) << id;
+    for (const auto& seq : seqs) {
+      EXPECT_EQ(seq.size(), 14u) << id;
+      EXPECT_EQ(std::count(seq.begin(), seq.end(), 5), 0) << id;  // logit_bias -100
+    }
   }
 }
 
