@@ -19,22 +19,14 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/cluster_harness.h"
+#include "tests/testing/test_data.h"
 
 namespace llm::testing {
 namespace {
 
 const std::string kSource = LLM_SOURCE_DIR;
 
-std::string CachedModel(const std::string& file) {
-  const char* env = std::getenv("LLM_MODELS_CACHE");
-  const char* home = std::getenv("HOME");
-  const std::string dir = env != nullptr    ? env
-                          : home != nullptr ? std::string(home) + "/.cache/llm-models"
-                                            : "";
-  return dir + "/" + file;
-}
-
-std::string SmolLm2Path() { return CachedModel("SmolLM2-135M-Instruct.Q4_1.gguf"); }
+std::string SmolLm2Path() { return CachedModelPath("SmolLM2-135M-Instruct.Q4_1.gguf"); }
 
 class GgufClusterTest : public ::testing::TestWithParam<int> {};
 
@@ -95,7 +87,7 @@ TEST(GgufRealModelTest, SmolLm2AnswersTheCapitalOfFrance) {
 // is prefilled in chunks beside the others' decodes, twice (the second round from the prefix
 // cache); every request's tokens are transformers' greedy tokens.
 TEST(GgufRealModelTest, Gemma3ServesTransformersGreedyTokens) {
-  const std::string path = CachedModel("gemma-3-270m-q4_k_m.gguf");
+  const std::string path = CachedModelPath("gemma-3-270m-q4_k_m.gguf");
   if (!std::filesystem::exists(path)) {
     GTEST_SKIP() << path << " is not there (tools/models/fetch_model.sh gemma3-270m fetches it)";
   }

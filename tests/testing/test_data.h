@@ -17,6 +17,17 @@ inline std::string TestDataDir() {
   return LLM_TEST_DATA_DIR;
 }
 
+// Where tools/models/fetch_model.sh keeps the real models (`make test` fetches them first):
+// $LLM_MODELS_CACHE, else ~/.cache/llm-models; `file` inside it.
+inline std::string CachedModelPath(const std::string& file) {
+  const char* env = std::getenv("LLM_MODELS_CACHE");
+  const char* home = std::getenv("HOME");
+  const std::string dir = env != nullptr    ? env
+                          : home != nullptr ? std::string(home) + "/.cache/llm-models"
+                                            : "";
+  return dir + "/" + file;
+}
+
 }  // namespace llm::testing
 
 #endif  // LLM_TESTS_TESTING_TEST_DATA_H_

@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "scheduler_service/tokenizer/tokenizer.h"
+#include "tests/testing/test_data.h"
 
 namespace llm {
 namespace {
@@ -67,14 +68,7 @@ TEST(GgufTokenizerTest, TinyGgufEqualsTokenizerJson) {
   }
 }
 
-std::string SmolLm2Path() {
-  const char* env = std::getenv("LLM_MODELS_CACHE");
-  const char* home = std::getenv("HOME");
-  const std::string dir = env != nullptr    ? env
-                          : home != nullptr ? std::string(home) + "/.cache/llm-models"
-                                            : "";
-  return dir + "/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
+std::string SmolLm2Path() { return testing::CachedModelPath("SmolLM2-135M-Instruct.Q4_1.gguf"); }
 
 TEST(GgufTokenizerTest, SmolLm2EqualsHuggingFaceTokenizers) {
   const std::string path = SmolLm2Path();

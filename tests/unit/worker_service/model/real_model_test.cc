@@ -23,6 +23,7 @@
 #include "nlohmann/json.hpp"
 #include "scheduler_service/tokenizer/tokenizer.h"
 #include "tests/testing/model_test_util.h"
+#include "tests/testing/test_data.h"
 #include "worker_service/model/llama.h"
 
 namespace llm {
@@ -33,19 +34,10 @@ struct RealModel {
   const char* file;
 };
 
-std::string CachePath(const std::string& file) {
-  const char* env = std::getenv("LLM_MODELS_CACHE");
-  const char* home = std::getenv("HOME");
-  const std::string dir = env != nullptr    ? env
-                          : home != nullptr ? std::string(home) + "/.cache/llm-models"
-                                            : "";
-  return dir + "/" + file;
-}
-
 class RealModelGoldenTest : public ::testing::TestWithParam<RealModel> {
  protected:
   void SetUp() override {
-    path_ = CachePath(GetParam().file);
+    path_ = testing::CachedModelPath(GetParam().file);
     if (!std::filesystem::exists(path_)) {
       GTEST_SKIP() << path_ << " is not there (tools/models/fetch_model.sh "
                    << GetParam().fetch_name << " fetches it)";
