@@ -1,20 +1,18 @@
 // Gemma's GeGLU activation on the CPU: out[t][i] = gelu_tanh(x[t][i]) * x[t][I + i], with
 // gelu_tanh(v) = 0.5 v (1 + tanh(u)), u = sqrt(2 / pi) (v + 0.044715 v^3), computed as
 // v / (1 + exp(-2u)) (the same function: 0.5 (1 + tanh(u)) = sigmoid(2u)), which keeps its
-// relative accuracy where 1 + tanh(u) cancels (v below about -3). Rows run on the OpenMP pool
-// when there are enough of them; on AVX2 + FMA CPUs every element (the last partial register too,
+// relative accuracy where 1 + tanh(u) cancels (v below about -3). Rows run as
+// kernels/cpu/gated_rows.h says; on AVX2 + FMA CPUs every element (the last partial register too,
 // masked) goes through Exp256, so that an element's result does not depend on where it falls in
 // the row (tensor-parallel ranks split the row and must agree with one rank bit for bit).
 #include <cmath>
 
 #include "kernels/cpu/avx2_math.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/gated_rows.h"
 
 namespace llm::ops::cpu {
 namespace {
-
-// Below this many elements the call runs on the calling thread: waking the pool costs more.
-constexpr int64_t kMinParallelElements = int64_t{1} << 15;
 
 // -2 sqrt(2 / pi) and the cubic term's coefficient.
 constexpr float kMinus2SqrtTwoOverPi = -1.5957691216057308f;
@@ -45,21 +43,10 @@ LLM_AVX2 void RowAvx2(float* o, const float* gate, const float* up, int64_t n) {
 }  // namespace
 
 OpStatus GeluTanhAndMul(const TensorView& out, const TensorView& x) {
-  const int64_t num_tokens = out.shape[0], inter = out.shape[1];
-  const bool avx2 = HasAvx2Fma();
-  const float* in = x.data_as<const float>();
-  float* dst = out.data_as<float>();
-#pragma omp parallel for schedule(static) if (num_tokens > 1 && \
-                                              num_tokens * inter >= kMinParallelElements)
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    const float* gate = in + t * 2 * inter;  // x[t][0:I]
-    const float* up = gate + inter;          // x[t][I:2I]
-    float* o = dst + t * inter;
-    if (avx2) {
-      RowAvx2(o, gate, up, inter);
-    } else {
-      RowPortable(o, gate, up, inter);
-    }
+  if (HasAvx2Fma()) {
+    ForEachGatedRow(out, x, RowAvx2);
+  } else {
+    ForEachGatedRow(out, x, RowPortable);
   }
   return OpStatus::Ok();
 }

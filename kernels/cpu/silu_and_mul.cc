@@ -1,18 +1,16 @@
 // The gated MLP activation on the CPU: out[t][i] = silu(x[t][i]) * x[t][I + i], with
-// silu(g) = g / (1 + exp(-g)). Rows run on the OpenMP pool when there are enough of them; on
-// AVX-512 CPUs every element (the last partial register too, masked) goes through Exp512, so an
-// element's result does not depend on where it falls in the row (tensor-parallel ranks split the
-// row and must agree with one rank bit for bit).
+// silu(g) = g / (1 + exp(-g)). Rows run as kernels/cpu/gated_rows.h says; on AVX-512 CPUs every
+// element (the last partial register too, masked) goes through Exp512, so an element's result does
+// not depend on where it falls in the row (tensor-parallel ranks split the row and must agree with
+// one rank bit for bit).
 #include <cmath>
 
 #include "kernels/cpu/avx512_math.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/gated_rows.h"
 
 namespace llm::ops::cpu {
 namespace {
-
-// Below this many elements the call runs on the calling thread: waking the pool costs more.
-constexpr int64_t kMinParallelElements = int64_t{1} << 15;
 
 void RowPortable(float* o, const float* gate, const float* up, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
@@ -32,21 +30,10 @@ LLM_AVX512 void RowAvx512(float* o, const float* gate, const float* up, int64_t 
 }  // namespace
 
 OpStatus SiluAndMul(const TensorView& out, const TensorView& x) {
-  const int64_t num_tokens = out.shape[0], inter = out.shape[1];
-  const bool avx512 = HasAvx512();
-  const float* in = x.data_as<const float>();
-  float* dst = out.data_as<float>();
-#pragma omp parallel for schedule(static) if (num_tokens > 1 && \
-                                              num_tokens * inter >= kMinParallelElements)
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    const float* gate = in + t * 2 * inter;  // x[t][0:I]
-    const float* up = gate + inter;          // x[t][I:2I]
-    float* o = dst + t * inter;
-    if (avx512) {
-      RowAvx512(o, gate, up, inter);
-    } else {
-      RowPortable(o, gate, up, inter);
-    }
+  if (HasAvx512()) {
+    ForEachGatedRow(out, x, RowAvx512);
+  } else {
+    ForEachGatedRow(out, x, RowPortable);
   }
   return OpStatus::Ok();
 }
