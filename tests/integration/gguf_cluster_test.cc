@@ -5,6 +5,7 @@
 // gemma3-270m) gives transformers' greedy tokens on the same file, at tensor-parallel size 2.
 //
 // Deadlines here are hang guards only; no assertion depends on timing.
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -59,6 +60,41 @@ TEST_P(GgufClusterTest, TinyGgufServesTheSafetensorsTokens) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tp, GgufClusterTest, ::testing::Values(1, 2));
+
+// The served path runs each family's features: the GGUF conversion of each tiny family model
+// (tools/models/make_tiny_gguf.py --families), served at tensor-parallel size 2, gives the greedy
+// tokens of the in-process engine on the model's Hugging Face directory (whose logits are
+// transformers' within 1e-4: LlamaGoldenTest).
+class GgufFamilyClusterTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(GgufFamilyClusterTest, ServesTheDirectorysGreedyTokensAtTp2) {
+  const std::string dir = kSource + "/tests/data/models/" + GetParam();
+  ClusterOptions o;
+  o.model = dir + ".gguf";
+  o.tensor_parallel_size = 2;
+  o.engine = {{"dtype", "float32"}};
+  absl::StatusOr<std::unique_ptr<LocalCluster>> c = LocalCluster::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::vector<std::string> prompts = {"Once upon a time",
+                                            "A fortune: you will find a long and winding road"};
+  absl::StatusOr<std::vector<std::vector<int32_t>>> want = ReferenceGreedy(dir, prompts, 12);
+  ASSERT_TRUE(want.ok()) << want.status();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerateResult r = Generate((*c)->stub(), GreedyRequest(prompts[i], 12));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.token_ids[0], (*want)[i]) << prompts[i];
+  }
+  absl::StatusOr<int> s = (*c)->Stop();
+  EXPECT_TRUE(s.ok()) << s.status();
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, GgufFamilyClusterTest,
+                         ::testing::Values("tiny-qwen3", "tiny-gemma3", "tiny-phi3"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
 
 TEST(GgufRealModelTest, SmolLm2AnswersTheCapitalOfFrance) {
   const std::string path = SmolLm2Path();
