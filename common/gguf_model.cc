@@ -290,6 +290,9 @@ absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   c.tie_word_embeddings = f.FindTensor("output.weight") == nullptr;
   c.attention_bias = f.FindTensor("blk.0.attn_q.bias") != nullptr;
   c.qk_norm = f.FindTensor("blk.0.attn_q_norm.weight") != nullptr;
+  int window = 0;
+  RETURN_IF_ERROR(GetPositive(f, a + "attention.sliding_window", &window, 0));
+  if (window > 0 && window < c.max_position_embeddings) c.sliding_window = window;
   if (arch == "gemma2" || arch == "gemma3") {
     // What llama.cpp's Gemma graphs do beside the keys: GeGLU, embeddings scaled by
     // sqrt(hidden), four norms per layer (their weights already hold Gemma's + 1), the
@@ -305,18 +308,11 @@ absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
     RETURN_IF_ERROR(GetOptionalNumber(f, a + "attn_logit_softcapping", &c.attn_logit_softcapping));
     RETURN_IF_ERROR(
         GetOptionalNumber(f, a + "final_logit_softcapping", &c.final_logit_softcapping));
-    int window = 0;
-    RETURN_IF_ERROR(GetPositive(f, a + "attention.sliding_window", &window, 0));
-    if (window > 0 && window < c.max_position_embeddings) {
-      c.sliding_window = window;
+    if (c.sliding_window > 0) {
       const int pattern = arch == "gemma2" ? 2 : 6;
       for (int l = 0; l < c.num_hidden_layers; ++l) c.sliding_layers.push_back((l + 1) % pattern);
     }
     if (arch == "gemma3") c.rope_local_theta = 10000.0;
-  } else {
-    int window = 0;
-    RETURN_IF_ERROR(GetPositive(f, a + "attention.sliding_window", &window, 0));
-    if (window > 0 && window < c.max_position_embeddings) c.sliding_window = window;
   }
   if (absl::StatusOr<int64_t> bos = f.GetInt("tokenizer.ggml.bos_token_id"); bos.ok()) {
     c.bos_token_id = static_cast<int>(*bos);
