@@ -2,6 +2,10 @@
 //
 //   BM_DecodeStep/N        N running decode requests (block size 16, contexts 512 to 2,048)
 //   BM_DecodeStepCached/N  the same with prefix caching on (computed blocks registered)
+//   BM_OutputText/N        what the engine's output thread does for such a step: its text, from
+//                          real tokens (English text encoded by the Llama 3 style fixture
+//                          tokenizer), each request's RequestText (incremental detokenizer, one
+//                          stop string that never matches)
 //   BM_MixedStep           1,024 decodes plus chunked prefills (threshold 512) filling the
 //                          rest of a 3,072-token budget; new 2,048-token prompts keep arriving
 //   BM_Baseline_BlockManager/N  what any paged scheduler must do per decode request:
@@ -13,8 +17,12 @@
 // request at 4,096; vLLM's V0 scheduler reported about 2 ms per step.
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
+#include <functional>
 #include <map>
 #include <random>
+#include <span>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -22,7 +30,10 @@
 #include "benchmark/benchmark.h"
 #include "glog/logging.h"
 #include "scheduler_service/core/block_space_manager.h"
+#include "scheduler_service/core/request_text.h"
 #include "scheduler_service/core/scheduler.h"
+#include "scheduler_service/tokenizer/incremental_detokenizer.h"
+#include "scheduler_service/tokenizer/tokenizer.h"
 
 namespace llm {
 namespace {
@@ -38,14 +49,21 @@ std::vector<TokenId> Prompt(int n, std::mt19937* rng) {
 
 int Iterations(int n) { return n <= 256 ? 4000 : n <= 1024 ? 1000 : 250; }
 
-// Runs Schedule + UpdateFromOutput with a synthetic answer (kToken for every sample).
+// Runs Schedule + UpdateFromOutput with a synthetic answer: kToken for every sample, or the
+// next tokens of `tokens` (cycled) when it is not empty.
 class Stepper {
  public:
-  explicit Stepper(Scheduler* s) : s_(s) {}
+  explicit Stepper(Scheduler* s, std::span<const TokenId> tokens = {}) : s_(s), tokens_(tokens) {}
   const StepOutputs& Step() {
     const SchedulerOutput& out = s_->Schedule();
     mo_.step_id = out.step_id;
     mo_.sampled_token_ids.assign(out.total_num_samples, kToken);
+    if (!tokens_.empty()) {
+      for (TokenId& t : mo_.sampled_token_ids) {
+        t = tokens_[next_];
+        next_ = (next_ + 1) % tokens_.size();
+      }
+    }
     absl::StatusOr<const StepOutputs*> r = s_->UpdateFromOutput(mo_);
     CHECK(r.ok()) << r.status();
     return **r;
@@ -53,6 +71,8 @@ class Stepper {
 
  private:
   Scheduler* s_;
+  std::span<const TokenId> tokens_;
+  size_t next_ = 0;
   ModelOutput mo_;
 };
 
@@ -96,6 +116,63 @@ void RunDecode(benchmark::State& state, bool caching) {
 }
 
 void BM_DecodeStep(benchmark::State& state) { RunDecode(state, false); }
+
+// English text as the Llama 3 style fixture tokenizer encodes it.
+struct TextTokens {
+  std::shared_ptr<const Tokenizer> tokenizer;
+  std::vector<TokenId> ids;
+};
+const TextTokens& Text() {
+  static const TextTokens* text = [] {
+    const std::string dir = LLM_TOKENIZER_DATA_DIR;
+    auto tok = Tokenizer::FromDirectory(dir + "/llama3_style");
+    CHECK(tok.ok()) << tok.status();
+    std::ifstream in(dir + "/english_sample.txt");
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    auto* t = new TextTokens{std::shared_ptr<const Tokenizer>(std::move(*tok)), {}};
+    t->ids = t->tokenizer->Encode(ss.str(), false);
+    CHECK_GT(t->ids.size(), 1000u);
+    return t;
+  }();
+  return *text;
+}
+
+// The output thread's share of the same decode step (the engine thread's is BM_DecodeStep):
+// the step's outputs copied as the engine hands them over, and each request's RequestText
+// (incremental detokenizer and one stop string that never matches) applied to them.
+void BM_OutputText(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  const TokenizerDetokenizerFactory detok(Text().tokenizer);
+  std::unique_ptr<Scheduler> s = MakeDecodeBatch(n, Iterations(n) + 8, false);
+  SamplingParams params;
+  params.stop = {"\n\nUser:"};  // not in the text: searched, never found
+  const std::vector<TokenId> prompt(Text().ids.begin(), Text().ids.begin() + 64);
+  std::map<std::string, RequestText, std::less<>> texts;
+  for (int i = 0; i < n; ++i)
+    texts.emplace("r" + std::to_string(i), RequestText(&detok, prompt, params));
+  Stepper stepper(s.get(), Text().ids);
+  std::vector<RequestText*> by_output;
+  size_t text_bytes = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    const StepOutputs& from = stepper.Step();
+    by_output.clear();
+    for (const RequestOutput& r : from.requests)
+      by_output.push_back(&texts.find(r.request_id)->second);
+    state.ResumeTiming();
+    StepOutputs out = from;
+    for (size_t i = 0; i < out.requests.size(); ++i) by_output[i]->Apply(&out, &out.requests[i]);
+    text_bytes += out.text.size();
+  }
+  CHECK_GT(text_bytes, 0u);
+  state.counters["ns_per_request"] =
+      benchmark::Counter(static_cast<double>(n) * state.iterations(),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_OutputText)->Arg(256)->Iterations(Iterations(256))->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_OutputText)->Arg(1024)->Iterations(Iterations(1024))->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_OutputText)->Arg(4096)->Iterations(Iterations(4096))->Unit(benchmark::kMicrosecond);
 void BM_DecodeStepCached(benchmark::State& state) { RunDecode(state, true); }
 BENCHMARK(BM_DecodeStep)->Arg(256)->Iterations(Iterations(256))->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_DecodeStep)->Arg(1024)->Iterations(Iterations(1024))->Unit(benchmark::kMicrosecond);

@@ -26,7 +26,6 @@
 #include "absl/container/inlined_vector.h"
 #include "common/sampling_params.h"
 #include "common/types.h"
-#include "scheduler_service/core/detokenizer.h"
 
 namespace llm {
 
@@ -57,13 +56,7 @@ struct Sequence {
   SequenceStatus status = SequenceStatus::kWaiting;
   bool known_to_workers = false;
   bool resend_table = true;  // the table changed other than by appending (send it whole)
-
-  // Its output's text and stop strings (StopChecker): made at the first output token when the
-  // scheduler has a DetokenizerFactory; released once the sequence's last text was taken (an
-  // aborted sequence's, with its request).
-  std::unique_ptr<IncrementalDetokenizer> detokenizer;
-  std::string stop_string;  // the stop string that finished it, if one did
-  TokenId stop_token = -1;  // the EOS or stop token that finished it, if one did
+  TokenId stop_token = -1;   // the EOS or stop token that finished it, if one did
 };
 
 struct alignas(64) Request {
@@ -77,13 +70,13 @@ struct alignas(64) Request {
 
   // Hot fields first. A decode step of a one-sequence request reads this first cache line and
   // sequence 0's hot fields (the second), and of the rest only the tail of its tokens (to
-  // append the sampled one); the params only when a stop token id or stop string may apply
-  // (and once per sequence, to make its detokenizer). The scheduler prefetches these two
-  // lines ahead of use (request_prefetcher.h, whose test checks that the fields stay in them).
+  // append the sampled one); the params only when a stop token id may apply. The scheduler
+  // prefetches these two lines ahead of use (request_prefetcher.h, whose test checks that the
+  // fields stay in them).
   int32_t slot = 0;  // dense index in the scheduler; reused after the request is gone
   State state = State::kWaiting;
   bool known_to_workers = false;
-  bool has_stop_lists = false;  // stop_token_ids, or stop strings to check (StopChecker)
+  bool has_stop_lists = false;  // stop_token_ids to check (StopChecker)
   // Preempted by recompute while the workers held it: the next step that schedules it must
   // say resumed_from_preemption (its computed tokens went back to 0), even when that is not
   // the step that re-admitted it.
@@ -101,9 +94,9 @@ struct alignas(64) Request {
   int num_inflight_tokens = 0;  // computed by the steps planned and not applied yet
   int num_prompt_tokens = 0;
   int num_cached_prompt_tokens = -1;  // prefix-cache hits at first admission (-1: not yet)
-  // The stop rules as token counts of a sequence (StopChecker::Prepare): EOS, stop token ids
-  // and stop strings count from min_num_tokens (prompt + min_tokens); the sequence ends at
-  // max_num_tokens (prompt + max_tokens, at most max_model_len).
+  // The stop rules as token counts of a sequence (StopChecker::Prepare): EOS and stop token
+  // ids count from min_num_tokens (prompt + min_tokens); the sequence ends at max_num_tokens
+  // (prompt + max_tokens, at most max_model_len).
   int min_num_tokens = 0;
   int max_num_tokens = 0;
   TokenId eos_token_id = -1;  // -1: the model has none, or params.ignore_eos

@@ -1,7 +1,8 @@
 // What one step produced for the requests' streams: per request that sampled or finished, the
 // new tokens of each sequence, the text they made final and how sequences finished. Flat
 // arrays reused between steps; a StepOutputs is valid until the next UpdateFromOutput() or
-// Abort().
+// Abort(). The scheduler fills the tokens and the ends it sees in them; the text (and the ends
+// stop strings make) is added by the engine's RequestText on the way to the streams.
 #ifndef LLM_SCHEDULER_SERVICE_CORE_REQUEST_OUTPUT_H_
 #define LLM_SCHEDULER_SERVICE_CORE_REQUEST_OUTPUT_H_
 
@@ -20,8 +21,8 @@ struct SequenceOutput {
   int index = 0;
   IndexRange new_token_ids;  // into StepOutputs::token_ids; empty when only finishing
   // Bytes of StepOutputs::text: the UTF-8 text the sequence's detokenizer made final this step
-  // (stop_checker.h); when the sequence ended now, also the text it held back, unless a stop
-  // string ended it. Always empty when the scheduler has no DetokenizerFactory.
+  // (request_text.h); when the sequence ended now, also the text it held back, unless a stop
+  // string ended it. Empty as the scheduler makes it, and without a DetokenizerFactory.
   IndexRange text;
   SequenceStatus status = SequenceStatus::kRunning;  // a finished status when it ended now
   std::string_view stop_string;                      // when a stop string ended it

@@ -49,13 +49,12 @@ absl::Status SchedulerConfig::Validate() const {
   return absl::OkStatus();
 }
 
-Scheduler::Scheduler(const SchedulerConfig& config, const BlockSpaceManagerConfig& cache_config,
-                     const DetokenizerFactory* detokenizers)
+Scheduler::Scheduler(const SchedulerConfig& config, const BlockSpaceManagerConfig& cache_config)
     : config_(config),
       by_priority_(config.policy == SchedulingPolicy::kPriority),
       blocks_(std::make_unique<BlockSpaceManager>(cache_config)),
       block_size_(cache_config.block_size),
-      stop_checker_(config.eos_token_id, config.max_model_len, detokenizers),
+      stop_checker_(config.eos_token_id, config.max_model_len),
       waiting_(RankLess{by_priority_}),
       swapped_(RankLess{by_priority_}) {
   const absl::Status valid = config.Validate();
@@ -105,9 +104,6 @@ absl::Status Scheduler::ValidateRequest(std::span<const TokenId> prompt,
     return absl::InvalidArgumentError(absl::StrCat("the prompt is ", len, " tokens and needs ",
                                                    needed, " KV-cache blocks; the cache has ",
                                                    usable, " above its watermark"));
-  }
-  if (!params.stop.empty() && !stop_checker_.can_check_stop_strings()) {
-    return absl::InvalidArgumentError("stop strings need a detokenizer; this scheduler has none");
   }
   return absl::OkStatus();
 }
@@ -179,6 +175,25 @@ absl::Status Scheduler::Abort(std::string_view request_id_view) {
     if (!IsFinished(seq.status)) FreeSequence(req, &seq, SequenceStatus::kFinishedAborted);
   }
   FinishRequest(req);
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::StopSequences(std::string_view request_id_view,
+                                      std::span<const int> indices) {
+  const absl::string_view request_id(request_id_view.data(), request_id_view.size());
+  auto it = requests_by_id_.find(request_id);
+  if (it == requests_by_id_.end()) {
+    return absl::NotFoundError(absl::StrCat("request ", request_id, " is not active"));
+  }
+  Request* req = slots_[it->second].get();
+  for (const int index : indices) {
+    // A stop string is found in output text, so the request has forked.
+    CHECK(index >= 0 && index < static_cast<int>(req->seqs.size()))
+        << "request " << req->id << " has no sequence " << index;
+    Sequence& seq = req->seqs[index];
+    if (!IsFinished(seq.status)) FreeSequence(req, &seq, SequenceStatus::kFinishedStopped);
+  }
+  if (req->num_live == 0) EndLiveRequest(req);
   return absl::OkStatus();
 }
 
@@ -713,9 +728,6 @@ void Scheduler::ReportDropped() {
       SequenceOutput& so = step_outputs_.seqs.emplace_back();
       so.index = seq.index;
       so.status = seq.status;
-      so.text.begin = static_cast<uint32_t>(step_outputs_.text.size());
-      stop_checker_.Flush(&seq, &step_outputs_.text);
-      so.text.size = static_cast<uint32_t>(step_outputs_.text.size()) - so.text.begin;
     }
     out.seqs.size = static_cast<uint32_t>(step_outputs_.seqs.size()) - out.seqs.begin;
   }
@@ -779,7 +791,6 @@ void Scheduler::ApplySamples(Request* req, std::span<const ScheduledSequence> li
   out.request_id = req->id_view;
   out.num_cached_prompt_tokens = std::max(0, req->num_cached_prompt_tokens);
   out.seqs.begin = static_cast<uint32_t>(step_outputs_.seqs.size());
-  const Request::State state = req->state;
   for (size_t j = 0; j < sampled.size(); ++j) {
     Sequence& seq = req->seqs[fork ? j : listed[j].index];
     // Ended by the step before (its sample here came after its stop).
@@ -796,25 +807,26 @@ void Scheduler::ApplySamples(Request* req, std::span<const ScheduledSequence> li
     step_outputs_.token_ids.push_back(token);
     if (!logprobs.empty()) step_outputs_.logprobs.push_back(logprobs[j]);
     so.status = SequenceStatus::kRunning;
-    so.text.begin = static_cast<uint32_t>(step_outputs_.text.size());
-    if (std::optional<SequenceStatus> stop = stop_checker_.Check(*req, &seq, &step_outputs_.text)) {
+    if (std::optional<SequenceStatus> stop = stop_checker_.Check(*req, &seq)) {
       FreeSequence(req, &seq, *stop);
       so.status = *stop;
-      so.stop_string = seq.stop_string;
       so.stop_token = seq.stop_token;
     }
-    so.text.size = static_cast<uint32_t>(step_outputs_.text.size()) - so.text.begin;
   }
   out.seqs.size = static_cast<uint32_t>(step_outputs_.seqs.size()) - out.seqs.begin;
   ++req->num_tokens;
   if (req->num_live == 0) {
-    // A request preempted with a step in flight ends in its queue.
-    if (state == Request::State::kRunning) ++num_finished_in_running_;
-    if (state == Request::State::kWaiting) waiting_.erase(req);
-    if (state == Request::State::kSwapped) swapped_.erase(req);
-    FinishRequest(req);
+    EndLiveRequest(req);
     out.finished = true;
   }
+}
+
+void Scheduler::EndLiveRequest(Request* req) {
+  // A request preempted with a step in flight ends in its queue.
+  if (req->state == Request::State::kRunning) ++num_finished_in_running_;
+  if (req->state == Request::State::kWaiting) waiting_.erase(req);
+  if (req->state == Request::State::kSwapped) swapped_.erase(req);
+  FinishRequest(req);
 }
 
 void Scheduler::Fork(Request* req) {

@@ -70,7 +70,6 @@
 #include "common/types.h"
 #include "protocol/scheduler_output.h"
 #include "scheduler_service/core/block_space_manager.h"
-#include "scheduler_service/core/detokenizer.h"
 #include "scheduler_service/core/request.h"
 #include "scheduler_service/core/request_output.h"
 #include "scheduler_service/core/stop_checker.h"
@@ -124,10 +123,9 @@ struct SchedulerStats {
 
 class Scheduler {
  public:
-  // Both configs must be valid (CHECK). `detokenizers` (may be null; not owned, outlives the
-  // scheduler) serves stop strings.
-  Scheduler(const SchedulerConfig& config, const BlockSpaceManagerConfig& cache_config,
-            const DetokenizerFactory* detokenizers = nullptr);
+  // Both configs must be valid (CHECK). The scheduler sees tokens only: stop strings and text
+  // are the engine's (request_text.h), which ends sequences by their text with StopSequences.
+  Scheduler(const SchedulerConfig& config, const BlockSpaceManagerConfig& cache_config);
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
@@ -144,13 +142,18 @@ class Scheduler {
   // INVALID_ARGUMENT naming the field and its value for bad sampling params (against
   // sampling_limits), n over max_num_seqs, an empty prompt, a token id outside the vocabulary,
   // a prompt of max_model_len tokens or more, prompt + max_tokens over max_model_len, a prompt
-  // that can never fit the KV cache, or stop strings without a detokenizer. Thread-safe.
+  // that can never fit the KV cache. Thread-safe.
   absl::Status ValidateRequest(std::span<const TokenId> prompt, const SamplingParams& params) const;
 
   // Ends the request in whatever state it is, frees its blocks now, and tells the workers in
   // the next step (what steps in flight sample for it is dropped). NOT_FOUND for an unknown
   // (or finished) id.
   absl::Status Abort(std::string_view request_id);
+  // Ends the request's live sequences of these indices as stopped (a stop string ended their
+  // text), frees their blocks now, and ends the request, unreported (its stream has ended),
+  // when none is left; what steps in flight sample for them is dropped. Indices of sequences
+  // that ended meanwhile are skipped. NOT_FOUND for an unknown (or finished) id.
+  absl::Status StopSequences(std::string_view request_id, std::span<const int> indices);
 
   // The workers were replaced (the old group failed): whatever they held is gone. Abandons the
   // steps in flight (none of their samples is applied), and puts every
@@ -315,6 +318,8 @@ class Scheduler {
 
   void FreeSequence(Request* req, Sequence* seq, SequenceStatus status);
   void FinishRequest(Request* req);
+  // Finishes a request whose last live sequence just ended, taking it out of its queue.
+  void EndLiveRequest(Request* req);
   void CompactRunning();
 
   const SchedulerConfig config_;

@@ -12,7 +12,7 @@ namespace llm {
 
 EngineCore::EngineCore(const SchedulerConfig& config, const BlockSpaceManagerConfig& cache_config,
                        Executor* executor, const DetokenizerFactory* detokenizers)
-    : scheduler_(config, cache_config, detokenizers), executor_(executor) {
+    : scheduler_(config, cache_config), detokenizers_(detokenizers), executor_(executor) {
   PublishStats();
 }
 
@@ -21,16 +21,25 @@ EngineCore::~EngineCore() { Stop(); }
 absl::Status EngineCore::AddRequest(EngineRequest request, StreamCallback on_update) {
   // Off the engine thread, once: Scheduler::AddRequest (DrainInbox) does not check again.
   RETURN_IF_ERROR(scheduler_.ValidateRequest(request.prompt_token_ids, request.sampling_params));
+  if (!request.sampling_params.stop.empty() && detokenizers_ == nullptr) {
+    return absl::InvalidArgumentError("stop strings need a detokenizer; this engine has none");
+  }
+  // The detokenizers are made here, off the engine thread.
+  auto stream = std::make_shared<StreamState>(
+      std::move(on_update),
+      RequestText(detokenizers_, request.prompt_token_ids, request.sampling_params));
+  stream->request_id = request.request_id;
   absl::MutexLock lock(&mu_);
   const uint64_t generation = ++next_generation_;
   if (!in_flight_.try_emplace(request.request_id, generation).second) {
     return absl::AlreadyExistsError(
         absl::StrCat("request ", request.request_id, " is already in flight"));
   }
-  inbox_.push_back({.is_abort = false,
+  stream->generation = generation;
+  inbox_.push_back({.kind = Event::Kind::kAdd,
                     .generation = generation,
                     .request = std::move(request),
-                    .on_update = std::move(on_update)});
+                    .stream = std::move(stream)});
   return absl::OkStatus();
 }
 
@@ -40,7 +49,7 @@ absl::Status EngineCore::Abort(const std::string& request_id) {
   if (it == in_flight_.end()) {
     return absl::NotFoundError(absl::StrCat("request ", request_id, " is not in flight"));
   }
-  Event e{.is_abort = true, .generation = it->second};
+  Event e{.kind = Event::Kind::kAbort, .generation = it->second};
   e.request.request_id = request_id;
   in_flight_.erase(it);  // free for a new request now: its add is queued after this abort
   inbox_.push_back(std::move(e));
@@ -56,26 +65,36 @@ void EngineCore::DrainInbox() {
   Delivery ended;  // refused adds and aborts, in order
   for (Event& e : events) {
     EngineRequest& r = e.request;
-    if (!e.is_abort) {
+    if (e.kind == Event::Kind::kAdd) {
       const absl::Status s =
           scheduler_.AddRequest(r.request_id, std::move(r.prompt_token_ids), r.sampling_params,
                                 r.priority, /*arrival_time=*/0, std::move(r.cache_salt));
-      auto on_update = std::make_shared<StreamCallback>(std::move(e.on_update));
       if (!s.ok()) {
         Release(r.request_id, e.generation);
-        ended.updates.push_back({.on_update = std::move(on_update), .status = s});
+        ended.updates.push_back({.stream = std::move(e.stream), .status = s});
         continue;
       }
-      streams_.emplace(r.request_id, Stream{std::move(on_update), e.generation});
+      streams_.emplace(r.request_id, Stream{std::move(e.stream), e.generation});
       continue;
     }
     auto it = streams_.find(r.request_id);
-    // Finished meanwhile, or the id is a newer request's (the abort was for an older one).
+    // Finished meanwhile, or the id is a newer request's (the event was for an older one).
     if (it == streams_.end() || it->second.generation != e.generation) continue;
+    if (e.kind == Event::Kind::kStop) {
+      if (e.ended) {
+        // Every sequence the scheduler still runs (the output thread ended them all).
+        e.seqs.clear();
+        for (int j = 0; j < r.sampling_params.n; ++j) e.seqs.push_back(j);
+      }
+      const absl::Status s = scheduler_.StopSequences(r.request_id, e.seqs);
+      CHECK(s.ok()) << s;
+      if (e.ended) streams_.erase(it);
+      continue;
+    }
     const absl::Status s = scheduler_.Abort(r.request_id);
     CHECK(s.ok()) << s;
     ended.updates.push_back(
-        {.on_update = std::move(it->second.on_update),
+        {.stream = std::move(it->second.state),
          .status = absl::CancelledError(absl::StrCat("request ", r.request_id, " aborted"))});
     streams_.erase(it);
   }
@@ -89,7 +108,7 @@ void EngineCore::FailAll(const absl::Status& status) {
   for (auto& [id, stream] : streams) {
     (void)scheduler_.Abort(id);
     Release(id, stream.generation);
-    ended.updates.push_back({.on_update = std::move(stream.on_update), .status = status});
+    ended.updates.push_back({.stream = std::move(stream.state), .status = status});
   }
   if (!ended.updates.empty()) Deliver(std::move(ended));
 }
@@ -105,12 +124,39 @@ void EngineCore::CopyOutputs(const StepOutputs& from, Delivery* d) {
 
 void EngineCore::Run(Delivery& d) {
   for (const Delivery::Update& u : d.updates) {
+    StreamState& stream = *u.stream;
+    // Its end was delivered (a stop string ended it): the engine thread had queued more.
+    if (stream.ended) continue;
     if (u.output < 0) {
-      (*u.on_update)({.status = u.status});
-    } else {
-      (*u.on_update)({.output = &d.outputs.requests[u.output], .outputs = &d.outputs});
+      stream.ended = true;
+      stream.on_update({.status = u.status});
+      continue;
     }
+    RequestOutput& out = d.outputs.requests[u.output];
+    const bool finished_by_scheduler = out.finished;
+    RequestText::Applied applied = stream.text.Apply(&d.outputs, &out);
+    stream.ended = applied.ended;
+    // The id is free before the client hears of the end (the engine thread frees it for ends
+    // the scheduler made).
+    if (!applied.stopped.empty()) {
+      TextStopped(stream, std::move(applied.stopped), applied.ended && !finished_by_scheduler);
+    }
+    stream.on_update({.output = &out, .outputs = &d.outputs});
   }
+}
+
+void EngineCore::TextStopped(const StreamState& stream, std::vector<int> seqs, bool ended) {
+  absl::MutexLock lock(&mu_);
+  if (ended) {
+    auto it = in_flight_.find(stream.request_id);
+    if (it != in_flight_.end() && it->second == stream.generation) in_flight_.erase(it);
+  }
+  Event e{.kind = Event::Kind::kStop, .generation = stream.generation};
+  e.request.request_id = stream.request_id;
+  e.request.sampling_params.n = stream.text.n();
+  e.seqs = std::move(seqs);
+  e.ended = ended;
+  inbox_.push_back(std::move(e));
 }
 
 void EngineCore::Deliver(Delivery d) {
@@ -334,13 +380,12 @@ absl::Status EngineCore::ApplyResult(std::chrono::steady_clock::time_point t0,
     auto it = streams_.find(id);
     if (it == streams_.end()) continue;
     if (!out.finished) {
-      d.updates.push_back({.on_update = it->second.on_update, .output = static_cast<int>(i)});
+      d.updates.push_back({.stream = it->second.state, .output = static_cast<int>(i)});
       continue;
     }
     // The id is free again before the stream's end is delivered: a client that sees the end
     // may reuse it at once.
-    d.updates.push_back(
-        {.on_update = std::move(it->second.on_update), .output = static_cast<int>(i)});
+    d.updates.push_back({.stream = std::move(it->second.state), .output = static_cast<int>(i)});
     const uint64_t generation = it->second.generation;
     streams_.erase(it);
     Release(id, generation);
@@ -353,8 +398,9 @@ absl::Status EngineCore::ApplyResult(std::chrono::steady_clock::time_point t0,
     // the planning and outputs of the steps around it.
     VLOG(1) << "engine step " << model_output_.step_id << ": schedule " << Ms(t1 - t0).count()
             << " ms, execute " << Ms(t2 - t1).count() << " ms, outputs " << Ms(t4 - t2).count()
-            << " ms (update " << Ms(t3 - t2).count() << " ms: tokens, stop checks, text; streams "
-            << Ms(t4 - t3).count() << " ms: copied and queued, or delivered without Start())"
+            << " ms (update " << Ms(t3 - t2).count() << " ms: tokens and stop checks; streams "
+            << Ms(t4 - t3).count()
+            << " ms: copied and queued, or text made and delivered without Start())"
             << (async_scheduling_ ? " [async]" : "");
   }
   return absl::OkStatus();

@@ -14,12 +14,16 @@
 // Clients see the same tokens either way (scheduler.h says what planning ahead assumes and
 // how a sequence that ends in step N drops what step N + 1 sampled for it).
 //
-// The stream callbacks (turning outputs into a client's responses: most of a step's output
-// work) run off the engine thread once Start() has run: the engine thread applies a step's
-// result (tokens, stop rules, text), copies what the streams need and queues it; an output
-// thread calls the callbacks, each stream's in order. The engine thread runs ahead of it by at
-// most kMaxQueuedOutputs steps. Without Start() (tests, the simulator, llm-generate: the
-// caller steps), the callbacks run at once, on the caller's thread, from the same copies.
+// A step's output work runs off the engine thread once Start() has run: the engine thread
+// applies a step's result (tokens, and the ends they make: EOS, stop token ids, max_tokens),
+// copies what the streams need and queues it; an output thread makes the text (each request's
+// RequestText: detokenization and stop strings, several times the rest of a decode step's
+// work) and calls the callbacks, each stream's in order. A stop string the output thread finds
+// ends its sequence there (nothing past it reaches the client) and comes back to the engine
+// thread as an event, like an abort, that stops the sequence in the scheduler (the steps
+// planned meanwhile computed tokens for it that are dropped). The engine thread runs ahead of
+// the output thread by at most kMaxQueuedOutputs steps. Without Start() (tests, the simulator,
+// llm-generate: the caller steps), the same work runs at once, on the caller's thread.
 //
 // AddRequest and Abort are thread-safe and never block on a step. Step() and RunUntilIdle()
 // run on the engine thread: either the caller's or the one Start() launches. Callbacks must
@@ -48,6 +52,7 @@
 #include "common/sampling_params.h"
 #include "protocol/executor.h"
 #include "scheduler_service/core/request_output.h"
+#include "scheduler_service/core/request_text.h"
 #include "scheduler_service/core/scheduler.h"
 
 namespace llm {
@@ -91,8 +96,9 @@ class EngineCore {
   EngineCore& operator=(const EngineCore&) = delete;
 
   // Thread-safe. Validates the request now, the only check it gets (Scheduler::ValidateRequest:
-  // INVALID_ARGUMENT naming the field; ALREADY_EXISTS for an id in flight), and queues it;
-  // `on_update` is then called for each step's output.
+  // INVALID_ARGUMENT naming the field; stop strings need a DetokenizerFactory; ALREADY_EXISTS
+  // for an id in flight), makes its sequences' detokenizers and queues it; `on_update` is then
+  // called for each step's output.
   absl::Status AddRequest(EngineRequest request, StreamCallback on_update);
   // Thread-safe. NOT_FOUND for an id not in flight. The id is free for a new request at once;
   // the stream ends with CANCELLED, and the blocks are freed, at the start of the next step
@@ -144,23 +150,37 @@ class EngineCore {
   EngineStats stats_snapshot() const;
 
  private:
-  // What other threads queue for the engine thread, in order: an add (with its callback) or
-  // an abort of the request of that id and generation.
-  struct Event {
-    bool is_abort = false;
-    uint64_t generation = 0;  // of the request the event is about
-    EngineRequest request;    // an add's; an abort's request_id only
+  // A request's stream: the engine thread holds it while the request is in the scheduler, and
+  // each delivery for it holds it too; the output thread alone uses `text` and `ended`.
+  struct StreamState {
+    StreamState(StreamCallback cb, RequestText t) : on_update(std::move(cb)), text(std::move(t)) {}
     StreamCallback on_update;
+    RequestText text;
+    std::string request_id;
+    uint64_t generation = 0;
+    bool ended = false;  // its last update was delivered: nothing more is
+  };
+  // What other threads queue for the engine thread, in order: an add (with its stream), an
+  // abort, or a stop of sequences that stop strings ended (from the output thread), each about
+  // the request of that id and generation.
+  struct Event {
+    enum class Kind : uint8_t { kAdd, kAbort, kStop };
+    Kind kind = Kind::kAdd;
+    uint64_t generation = 0;
+    EngineRequest request;                // an add's; the others' request_id only
+    std::shared_ptr<StreamState> stream;  // an add's
+    std::vector<int> seqs;                // a stop's sequence indices
+    bool ended = false;                   // a stop's: the stream has ended
   };
   struct Stream {
-    std::shared_ptr<StreamCallback> on_update;
+    std::shared_ptr<StreamState> state;
     uint64_t generation = 0;
   };
   // What the output thread delivers for one step (or one event): its outputs, owned (the views
-  // into the scheduler's requests point into `strings`), and the callbacks to call in order.
+  // into the scheduler's requests point into `strings`), and the streams to update in order.
   struct Delivery {
     struct Update {
-      std::shared_ptr<StreamCallback> on_update;
+      std::shared_ptr<StreamState> stream;
       absl::Status status;
       int output = -1;  // into outputs.requests; -1: the status alone
     };
@@ -173,7 +193,11 @@ class EngineCore {
   // Queues the delivery for the output thread (waiting while kMaxQueuedOutputs are queued), or
   // delivers it now when there is none.
   void Deliver(Delivery d);
-  static void Run(Delivery& d);
+  // Makes each update's text and calls the callbacks (the output thread, or the caller's).
+  void Run(Delivery& d);
+  // The output thread found stop strings that ended sequences `seqs` of the stream (all of it
+  // when `ended`): frees the id when it ended, and queues the stop for the engine thread.
+  void TextStopped(const StreamState& stream, std::vector<int> seqs, bool ended);
   void OutputLoop();
   void DrainInbox();
   void FailAll(const absl::Status& status);
@@ -201,6 +225,7 @@ class EngineCore {
   void ExpireRecovery();
 
   Scheduler scheduler_;
+  const DetokenizerFactory* detokenizers_;
   Executor* executor_;  // engine thread
   absl::Duration recovery_timeout_ = absl::ZeroDuration();
   bool async_scheduling_ = false;

@@ -1,6 +1,8 @@
-// Drives a Scheduler against a FakeExecutor step by step for tests: records every stream,
-// checks the scheduler's invariants after each step, and computes the stream a request must
-// produce straight from the FakeExecutor's token function (no scheduler, no KV).
+// Drives a Scheduler against a FakeExecutor step by step for tests: records every stream (its
+// text and stop strings made by a RequestText per request, as the engine's output thread does,
+// and the sequences stop strings end stopped in the scheduler before the next step), checks
+// the scheduler's invariants after each step, and computes the stream a request must produce
+// straight from the FakeExecutor's token function (no scheduler, no KV).
 #ifndef LLM_TESTS_TESTING_SCHEDULER_HARNESS_H_
 #define LLM_TESTS_TESTING_SCHEDULER_HARNESS_H_
 
@@ -10,6 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "scheduler_service/core/request_text.h"
 #include "scheduler_service/core/scheduler.h"
 #include "tests/testing/fake_executor.h"
 
@@ -19,6 +22,7 @@ struct Stream {
   std::vector<std::vector<TokenId>> tokens;  // per sequence index
   std::vector<SequenceStatus> status;        // per sequence index
   std::vector<std::string> text;             // per sequence index (with a DetokenizerFactory)
+  std::vector<std::string> stop_string;      // per sequence index: the one that ended it
   bool finished = false;
   int num_cached_prompt_tokens = -1;
   int num_updates = 0;
@@ -28,7 +32,7 @@ class SchedulerHarness {
  public:
   SchedulerHarness(const SchedulerConfig& config, const BlockSpaceManagerConfig& cache,
                    const FakeExecutorConfig& exec, const DetokenizerFactory* detok = nullptr)
-      : scheduler(config, cache, detok), executor(exec) {}
+      : scheduler(config, cache), executor(exec), detok_(detok) {}
 
   static FakeExecutorConfig ExecConfig(const BlockSpaceManagerConfig& cache, TokenId eos = -1,
                                        double eos_probability = 0) {
@@ -41,7 +45,14 @@ class SchedulerHarness {
 
   absl::Status Add(const std::string& id, std::vector<TokenId> prompt, SamplingParams params,
                    int priority = 0, std::string salt = {}) {
-    return scheduler.AddRequest(id, std::move(prompt), params, priority, 0, std::move(salt));
+    if (!params.stop.empty() && detok_ == nullptr) {
+      return absl::InvalidArgumentError("stop strings need a detokenizer");
+    }
+    RequestText text(detok_, prompt, params);
+    absl::Status s =
+        scheduler.AddRequest(id, std::move(prompt), params, priority, 0, std::move(salt));
+    if (s.ok()) texts_.insert_or_assign(id, std::move(text));
+    return s;
   }
 
   // One step; returns the plan (valid until the next Step()). With `async`, as EngineCore
@@ -96,9 +107,21 @@ class SchedulerHarness {
            scheduler.num_steps_in_flight() > 0;
   }
 
-  void Record(const StepOutputs& outputs) {
-    for (const RequestOutput& r : outputs.requests) {
-      Stream& st = streams[std::string(r.request_id)];
+  void Record(const StepOutputs& from) {
+    StepOutputs outputs = from;
+    for (RequestOutput& r : outputs.requests) {
+      const std::string id(r.request_id);
+      auto text = texts_.find(id);
+      // Its stream ended at a stop string: the scheduler ended it since, unreported.
+      if (text == texts_.end()) continue;
+      const bool finished_by_scheduler = r.finished;
+      RequestText::Applied applied = text->second.Apply(&outputs, &r);
+      if (!applied.stopped.empty() && !finished_by_scheduler) {
+        const absl::Status s = scheduler.StopSequences(id, applied.stopped);
+        EXPECT_TRUE(s.ok()) << s;
+      }
+      if (applied.ended) texts_.erase(text);
+      Stream& st = streams[id];
       EXPECT_FALSE(st.finished) << r.request_id << " updated after finishing";
       ++st.num_updates;
       st.num_cached_prompt_tokens = r.num_cached_prompt_tokens;
@@ -107,9 +130,11 @@ class SchedulerHarness {
           st.tokens.resize(s.index + 1);
           st.status.resize(s.index + 1, SequenceStatus::kRunning);
           st.text.resize(s.index + 1);
+          st.stop_string.resize(s.index + 1);
         }
         for (TokenId t : outputs.NewTokenIds(s)) st.tokens[s.index].push_back(t);
         st.text[s.index] += outputs.Text(s);
+        st.stop_string[s.index] = s.stop_string;
         st.status[s.index] = s.status;
       }
       st.finished = r.finished;
@@ -143,6 +168,10 @@ class SchedulerHarness {
   bool async = false;
   std::map<std::string, Stream> streams;
   std::vector<int> last_step_tokens;
+
+ private:
+  const DetokenizerFactory* detok_;
+  std::map<std::string, RequestText> texts_;  // of the requests whose streams go on
 };
 
 // The output tokens sequence `index` of a request must produce (what any correct schedule

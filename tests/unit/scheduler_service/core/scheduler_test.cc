@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scheduler_service/core/request_prefetcher.h"
+#include "tests/testing/fake_detokenizer.h"
 #include "tests/testing/scheduler_harness.h"
 
 namespace llm {
@@ -113,9 +114,6 @@ TEST(Scheduler, ValidateRequestRejectsBadInputWithAReason) {
                         "over the model's maximum context length (max_model_len 2048)"));
   EXPECT_THAT(error(Prompt(161), Params(4)),
               HasSubstr("needs 11 KV-cache blocks; the cache has 10"));
-  SamplingParams stop = Params(4);
-  stop.stop = {"x"};
-  EXPECT_THAT(error(Prompt(4), stop), HasSubstr("need a detokenizer"));
   EXPECT_TRUE(
       h.scheduler.ValidateRequest(Prompt(152), Params(2048 - 152)).ok());  // the context, full
 }
@@ -496,77 +494,6 @@ TEST(Scheduler, PrefixCacheHitsReduceTheTokensToCompute) {
   EXPECT_EQ(h.streams["a"].tokens, h.streams["b"].tokens);
   h.ExpectAllBlocksFree();
 }
-
-// Text for tests: token t reads "<t>", released one token late (as a detokenizer holds back
-// an incomplete character) and the rest on Flush. Stop strings are searched in the text from
-// the min_tokens-th token on; at one, the text ends before it (after it with
-// include_stop_str_in_output).
-class FakeDetokenizer : public IncrementalDetokenizer {
- public:
-  explicit FakeDetokenizer(DetokenizeOptions options) : options_(std::move(options)) {}
-  Delta Append(std::span<const TokenId> ids) override {
-    Delta d;
-    for (TokenId t : ids) {
-      if (done_) break;
-      const std::string piece = "<" + std::to_string(t) + ">";
-      all_ += piece;
-      size_t end = all_.size() - piece.size();  // all but the piece held back
-      if (++num_tokens_ < options_.min_tokens) {
-        search_from_ = all_.size();
-      } else {
-        size_t first = std::string::npos;
-        for (const std::string& s : options_.stop) {
-          const size_t at = all_.find(s, search_from_);
-          if (at >= first) continue;
-          first = at;
-          end = at + (options_.include_stop_str_in_output ? s.size() : 0);
-          d.stopped = done_ = true;
-          d.stop_string = s;
-        }
-      }
-      d.text += Release(end);
-    }
-    return d;
-  }
-  std::string Flush() override {
-    if (done_) return {};
-    done_ = true;
-    return Release(all_.size());
-  }
-  const std::string& output_text() const override { return text_; }
-
- private:
-  std::string Release(size_t end) {
-    if (end <= released_) return {};
-    std::string out = all_.substr(released_, end - released_);
-    released_ = end;
-    text_ += out;
-    return out;
-  }
-
-  DetokenizeOptions options_;
-  std::string all_;  // every token's text
-  size_t released_ = 0;
-  size_t search_from_ = 0;
-  int num_tokens_ = 0;
-  bool done_ = false;
-  std::string text_;
-};
-
-// The text FakeDetokenizer gives these tokens.
-std::string FakeText(const std::vector<TokenId>& tokens) {
-  std::string text;
-  for (TokenId t : tokens) text += "<" + std::to_string(t) + ">";
-  return text;
-}
-
-class FakeDetokenizerFactory : public DetokenizerFactory {
- public:
-  std::unique_ptr<IncrementalDetokenizer> Create(std::span<const TokenId>,
-                                                 const DetokenizeOptions& o) const override {
-    return std::make_unique<FakeDetokenizer>(o);
-  }
-};
 
 TEST(Scheduler, StopsOnEosAfterMinTokensUnlessIgnored) {
   constexpr TokenId kEos = 7;

@@ -4,6 +4,8 @@
 #include <functional>
 #include <map>
 #include <numeric>
+#include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -15,6 +17,7 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/fake_detokenizer.h"
 #include "tests/testing/fake_executor.h"
 #include "tests/testing/scheduler_harness.h"
 
@@ -474,13 +477,16 @@ class AtomicStepCounter : public Executor {
   explicit AtomicStepCounter(Executor* inner) : inner_(inner) {}
   absl::Status Execute(const SchedulerOutput& step, ModelOutput* out) override {
     ++steps_;
+    thread_ = std::this_thread::get_id();
     return inner_->Execute(step, out);
   }
   int steps() const { return steps_.load(); }
+  std::thread::id thread() const { return thread_.load(); }  // of the last step: the engine's
 
  private:
   Executor* const inner_;
   std::atomic<int> steps_{0};
+  std::atomic<std::thread::id> thread_;
 };
 
 TEST_P(EngineCoreTest, ASlowStreamCallbackDoesNotHoldTheEngineThread) {
@@ -520,6 +526,186 @@ TEST_P(EngineCoreTest, ASlowStreamCallbackDoesNotHoldTheEngineThread) {
   absl::MutexLock lock(&c.mu);
   EXPECT_TRUE(c.ended["slow"].ok());
   EXPECT_EQ(c.tokens["slow"].size(), 24u);  // every update delivered, in order, after the wait
+}
+
+// FakeDetokenizers that record the threads they run on.
+class ThreadRecordingDetokenizers : public DetokenizerFactory {
+ public:
+  std::unique_ptr<IncrementalDetokenizer> Create(std::span<const TokenId> prompt,
+                                                 const DetokenizeOptions& options) const override {
+    return std::make_unique<Recording>(this, fake_.Create(prompt, options));
+  }
+  std::set<std::thread::id> threads() const {
+    absl::MutexLock lock(&mu_);
+    return threads_;
+  }
+
+ private:
+  class Recording : public IncrementalDetokenizer {
+   public:
+    Recording(const ThreadRecordingDetokenizers* f, std::unique_ptr<IncrementalDetokenizer> d)
+        : factory_(f), inner_(std::move(d)) {}
+    Delta Append(std::span<const TokenId> ids) override {
+      factory_->Record();
+      return inner_->Append(ids);
+    }
+    std::string Flush() override {
+      factory_->Record();
+      return inner_->Flush();
+    }
+    const std::string& output_text() const override { return inner_->output_text(); }
+
+   private:
+    const ThreadRecordingDetokenizers* factory_;
+    std::unique_ptr<IncrementalDetokenizer> inner_;
+  };
+  void Record() const {
+    absl::MutexLock lock(&mu_);
+    threads_.insert(std::this_thread::get_id());
+  }
+
+  FakeDetokenizerFactory fake_;
+  mutable absl::Mutex mu_;
+  mutable std::set<std::thread::id> threads_ ABSL_GUARDED_BY(mu_);
+};
+
+// Each sequence's tokens, text and end, as its client saw them.
+struct TextCollector {
+  struct Seq {
+    std::vector<TokenId> tokens;
+    std::string text;
+    SequenceStatus status = SequenceStatus::kRunning;
+    std::string stop_string;
+  };
+  absl::Mutex mu;
+  std::map<std::string, std::map<int, Seq>> seqs ABSL_GUARDED_BY(mu);
+  std::map<std::string, int> ends ABSL_GUARDED_BY(mu);  // final updates seen
+  std::map<std::string, int> late ABSL_GUARDED_BY(mu);  // updates after the final one
+
+  StreamCallback For(const std::string& id, absl::BlockingCounter* done) {
+    return [this, id, done](const StreamUpdate& u) {
+      // A slow client now and then: the engine runs steps ahead of the output thread.
+      if (id.back() == '0') absl::SleepFor(absl::Milliseconds(2));
+      absl::MutexLock lock(&mu);
+      if (ends[id] > 0) ++late[id];
+      bool last = !u.status.ok();
+      if (u.output != nullptr) {
+        for (const SequenceOutput& so : u.outputs->Seqs(*u.output)) {
+          Seq& seq = seqs[id][so.index];
+          for (TokenId t : u.outputs->NewTokenIds(so)) seq.tokens.push_back(t);
+          seq.text += u.outputs->Text(so);
+          seq.status = so.status;
+          seq.stop_string = so.stop_string;
+        }
+        last = u.output->finished;
+      }
+      if (last) {
+        ++ends[id];
+        if (ends[id] == 1) done->DecrementCount();
+      }
+    };
+  }
+};
+
+// The case: stop strings are found in the text on the output thread, while the engine
+// has planned and run steps past them; no client sees a token past its stop, the text ends
+// where the stop string starts (or after it when included), and every block is freed.
+TEST_P(EngineCoreTest, StopStringsEndSequencesOffTheEngineThreadWithNothingPastTheStop) {
+  const FakeExecutorConfig ec = SchedulerHarness::ExecConfig(Cache(2000));
+  FakeExecutor fake(ec);
+  AtomicStepCounter exec(&fake);
+  ThreadRecordingDetokenizers detok;
+  EngineCore engine(Config(), Cache(2000), &exec, &detok);
+  engine.set_async_scheduling(GetParam());
+  engine.Start();
+  constexpr int kRequests = 40;
+  struct Sent {
+    std::vector<TokenId> prompt;
+    SamplingParams params;
+  };
+  std::map<std::string, Sent> sent;
+  TextCollector c;
+  absl::BlockingCounter done(kRequests);
+  for (int i = 0; i < kRequests; ++i) {
+    // Most stop at one of the first 20 tokens of sequence 0's stream, with room for many more;
+    // some (i % 5 == 4) run to max_tokens.
+    const bool stops = i % 5 != 4;
+    Sent s{Prompt(4 + i % 11, 1000 + 53 * i), Params(stops ? 400 : 10 + i % 17)};
+    s.params.n = i % 4 == 3 ? 2 : 1;
+    s.params.seed = i;
+    const std::vector<TokenId> reference = ExpectedStream(fake, ec, s.prompt, s.params, 0, -1, 512);
+    if (stops) s.params.stop = {FakeText({reference[(i * 7) % 20]})};
+    s.params.include_stop_str_in_output = i % 3 == 0;
+    const std::string id = "r" + std::to_string(i);
+    ASSERT_TRUE(engine.AddRequest({id, s.prompt, s.params}, c.For(id, &done)).ok());
+    sent.emplace(id, std::move(s));
+  }
+  done.Wait();
+  // The stops reach the engine thread after the streams end: wait for it to free everything.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < deadline) {
+    const EngineStats st = engine.stats_snapshot();
+    if (st.num_free_gpu_blocks == 2000 && st.scheduler.num_running == 0) break;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  engine.Stop();
+  absl::MutexLock lock(&c.mu);
+  int stopped_by_text = 0;
+  int64_t bound = 0;  // tokens the engine may compute: each stop learnt within a few steps
+  for (const auto& [id, s] : sent) {
+    bound += static_cast<int64_t>(s.prompt.size());
+    EXPECT_EQ(c.ends[id], 1) << id;
+    EXPECT_EQ(c.late[id], 0) << id << ": updates after its end";
+    for (int j = 0; j < s.params.n; ++j) {
+      std::vector<TokenId> want = ExpectedStream(fake, ec, s.prompt, s.params, j, -1, 512);
+      bool stops = false;
+      for (size_t k = 0; k < want.size() && !s.params.stop.empty(); ++k) {
+        if (FakeText({want[k]}) == s.params.stop[0]) {
+          want.resize(k + 1);
+          stops = true;
+          break;
+        }
+      }
+      bound += static_cast<int64_t>(want.size()) + 2 + 2 * EngineCore::kMaxQueuedOutputs;
+      const TextCollector::Seq& got = c.seqs[id][j];
+      EXPECT_EQ(got.tokens, want) << id << " sequence " << j;
+      if (stops) {
+        ++stopped_by_text;
+        EXPECT_EQ(got.status, SequenceStatus::kFinishedStopped) << id << " sequence " << j;
+        EXPECT_EQ(got.stop_string, s.params.stop[0]) << id << " sequence " << j;
+        const std::vector<TokenId> before(want.begin(), want.end() - 1);
+        EXPECT_EQ(got.text, s.params.include_stop_str_in_output ? FakeText(want) : FakeText(before))
+            << id << " sequence " << j;
+      } else {
+        EXPECT_EQ(got.status, SequenceStatus::kFinishedLength) << id << " sequence " << j;
+        EXPECT_EQ(got.text, FakeText(want)) << id << " sequence " << j;
+      }
+    }
+  }
+  EXPECT_GT(stopped_by_text, kRequests / 2);
+  // The stops reached the scheduler: it did not run the sequences on to max_tokens.
+  EXPECT_LT(engine.scheduler().stats().total_num_scheduled_tokens, bound);
+  const BlockSpaceManagerStats blocks = engine.scheduler().block_manager().stats();
+  EXPECT_EQ(blocks.num_free_gpu_blocks, 2000);
+  EXPECT_EQ(engine.scheduler().num_requests(), 0);
+  EXPECT_EQ(fake.num_requests(), 0) << "the workers still hold requests";
+  // With steps planned past the stops, the scheduler dropped what they sampled (synchronous,
+  // the output thread alone dropped the tokens the engine ran past a stop).
+  if (GetParam()) EXPECT_GT(engine.scheduler().stats().num_samples_discarded, 0);
+  // Text was made on the output thread only.
+  const std::set<std::thread::id> threads = detok.threads();
+  EXPECT_FALSE(threads.empty());
+  EXPECT_EQ(threads.count(exec.thread()), 0u) << "a detokenizer ran on the engine thread";
+}
+
+TEST_P(EngineCoreTest, StopStringsNeedADetokenizer) {
+  FakeExecutor exec(SchedulerHarness::ExecConfig(Cache()));
+  EngineCore engine(Config(), Cache(), &exec);
+  engine.set_async_scheduling(GetParam());
+  SamplingParams stop = Params(4);
+  stop.stop = {"x"};
+  EXPECT_THAT(engine.AddRequest({"a", Prompt(4, 1), stop}, [](const StreamUpdate&) {}).message(),
+              HasSubstr("stop strings need a detokenizer"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Scheduling, EngineCoreTest, ::testing::Bool(),
