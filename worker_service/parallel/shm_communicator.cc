@@ -4,6 +4,7 @@
 //   [Header, 64 B][RankState x world_size, 64 B each][set 0: world_size x slot_bytes][set 1: ...]
 #include "worker_service/parallel/shm_communicator.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <sys/mman.h>
@@ -24,6 +25,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "glog/logging.h"
 #include "gloo/rendezvous/prefix_store.h"
 #include "gloo/rendezvous/store.h"
 
@@ -132,6 +134,35 @@ absl::StatusOr<Mapping> MapFile(const std::string& path, size_t bytes, bool crea
 
 }  // namespace
 
+int ShmCommunicator::RemoveAbandonedSegments(const std::string& directory,
+                                             std::chrono::seconds min_age) {
+  DIR* dir = opendir(directory.c_str());
+  if (dir == nullptr) return 0;
+  const time_t now = time(nullptr);
+  int removed = 0;
+  while (const dirent* entry = readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (!name.starts_with(kSegmentPrefix)) continue;
+    const std::string path = absl::StrCat(directory, "/", name);
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) continue;
+    struct stat st;
+    // Any lock on the file: a rank (of a group in its rendezvous, or a process that still maps
+    // it) holds its byte.
+    flock probe = RankByte(0, F_WRLCK);
+    probe.l_len = 0;  // to the end of the file
+    const bool old = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+                     now - st.st_mtime >= min_age.count();
+    if (old && fcntl(fd, F_OFD_GETLK, &probe) == 0 && probe.l_type == F_UNLCK &&
+        unlink(path.c_str()) == 0) {
+      ++removed;
+    }
+    close(fd);
+  }
+  closedir(dir);
+  return removed;
+}
+
 absl::StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Create(
     gloo::rendezvous::Store& store, int rank, int world_size, const ShmOptions& options) {
   if (absl::Status s = CheckGroupArgs(rank, world_size, options.timeout); !s.ok()) return s;
@@ -153,7 +184,15 @@ absl::StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Create(
       std::random_device random;
       const uint64_t token = (static_cast<uint64_t>(random()) << 32) | random();
       const uint64_t name = (static_cast<uint64_t>(random()) << 32) | random();
-      const std::string file = absl::StrCat("llm-shm-", absl::Hex(name, absl::kZeroPad16));
+      // A rank 0 killed in an earlier rendezvous left its segment (RAM, in a tmpfs).
+      if (const int removed = RemoveAbandonedSegments(
+              options.directory,
+              std::chrono::ceil<std::chrono::seconds>(options.timeout) + std::chrono::seconds(1));
+          removed > 0) {
+        LOG(INFO) << "removed " << removed << " abandoned shared-memory segment(s) from "
+                  << options.directory;
+      }
+      const std::string file = absl::StrCat(kSegmentPrefix, absl::Hex(name, absl::kZeroPad16));
       path = absl::StrCat(options.directory, "/", file);
       absl::StatusOr<Mapping> mapped = MapFile(path, bytes, /*create=*/true, rank);
       if (mapped.ok()) {

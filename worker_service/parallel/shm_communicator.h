@@ -18,7 +18,8 @@
 // do not share `directory`) or declines (ShmOptions::enabled), every rank gets
 // FAILED_PRECONDITION and should use Gloo instead.
 // Rank 0 unlinks the file once every rank has mapped it, or the rendezvous failed; only a
-// rank 0 killed during the rendezvous leaves it (a few MiB under a random name).
+// rank 0 killed during the rendezvous leaves it (a few MiB under a random name), and the next
+// rank 0 to make a segment in that directory removes it (RemoveAbandonedSegments).
 //
 // A rank that does not post within the timeout fails that collective with UNAVAILABLE naming
 // it, and so, within 100 ms, does one that died: each rank holds a lock on its byte of the
@@ -70,6 +71,13 @@ class ShmCommunicator : public Communicator {
   static absl::StatusOr<std::unique_ptr<ShmCommunicator>> Create(gloo::rendezvous::Store& store,
                                                                  int rank, int world_size,
                                                                  const ShmOptions& options = {});
+
+  // Removes the segments in `directory` that no process holds (no rank's byte is locked: their
+  // groups are gone) and that are at least `min_age` old (older than any rendezvous, so that a
+  // segment its rank 0 has made and not locked yet is never taken). Returns how many. Rank 0
+  // of every group calls it before it makes its segment.
+  static int RemoveAbandonedSegments(const std::string& directory, std::chrono::seconds min_age);
+  static constexpr char kSegmentPrefix[] = "llm-shm-";
 
   ShmCommunicator(const ShmCommunicator&) = delete;
   ShmCommunicator& operator=(const ShmCommunicator&) = delete;

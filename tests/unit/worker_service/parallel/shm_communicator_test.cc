@@ -5,7 +5,9 @@
 #include "worker_service/parallel/shm_communicator.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -252,6 +254,50 @@ TEST(ShmCommunicator, ARankThatNeverArrivesFailsTheRendezvous) {
   EXPECT_EQ(comm.status().code(), absl::StatusCode::kUnavailable) << comm.status();
   EXPECT_THAT(comm.status().message(), HasSubstr("shm rendezvous on rank 0"));
   EXPECT_EQ(NumFiles(dir), 0) << "rank 0 removes its segment when the group fails";
+}
+
+// A file in `dir` named `name`, its times set `age_s` seconds back; with `lock`, an open file
+// description of it holding byte 0 (as a live rank 0 does) is returned, else -1.
+int MakeSegmentFile(const std::string& dir, const std::string& name, int age_s, bool lock) {
+  const std::string path = dir + "/" + name;
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0 || ftruncate(fd, 4096) != 0) std::abort();
+  const timespec t[2] = {{time(nullptr) - age_s, 0}, {time(nullptr) - age_s, 0}};
+  if (futimens(fd, t) != 0) std::abort();
+  if (!lock) {
+    close(fd);
+    return -1;
+  }
+  flock byte = {};
+  byte.l_type = F_WRLCK;
+  byte.l_whence = SEEK_SET;
+  byte.l_len = 1;
+  if (fcntl(fd, F_OFD_SETLK, &byte) != 0) std::abort();
+  return fd;
+}
+
+bool Exists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
+
+// A rank 0 killed in its rendezvous leaves its segment (tmpfs memory); the next rank 0 to make
+// a segment there removes it, and nothing that a live group holds, that is young enough to be
+// in a rendezvous, or that is not a segment.
+TEST(ShmCommunicator, RankZeroRemovesTheSegmentsOfGroupsThatAreGone) {
+  const std::string dir = TempDir("shm_abandoned");
+  MakeSegmentFile(dir, "llm-shm-00000000000000aa", 3600, false);  // abandoned
+  const int held = MakeSegmentFile(dir, "llm-shm-00000000000000bb", 3600, true);
+  MakeSegmentFile(dir, "llm-shm-00000000000000cc", 0, false);  // in a rendezvous, maybe
+  MakeSegmentFile(dir, "not-a-segment", 3600, false);
+  RunRanks(2, dir, [](Communicator& comm) { ASSERT_TRUE(comm.Barrier().ok()); });
+  EXPECT_FALSE(Exists(dir + "/llm-shm-00000000000000aa"));
+  EXPECT_TRUE(Exists(dir + "/llm-shm-00000000000000bb"));
+  EXPECT_TRUE(Exists(dir + "/llm-shm-00000000000000cc"));
+  EXPECT_TRUE(Exists(dir + "/not-a-segment"));
+  EXPECT_EQ(NumFiles(dir), 3);
+  // Once no process holds it, and old enough, it goes too.
+  close(held);
+  EXPECT_EQ(ShmCommunicator::RemoveAbandonedSegments(dir, std::chrono::seconds(60)), 1);
+  EXPECT_EQ(ShmCommunicator::RemoveAbandonedSegments(dir, std::chrono::seconds(0)), 1);
+  EXPECT_EQ(NumFiles(dir), 1);
 }
 
 TEST(ShmCommunicator, RanksThatCannotShareTheSegmentAllGetFailedPrecondition) {
