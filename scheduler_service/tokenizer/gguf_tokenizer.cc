@@ -2,10 +2,11 @@
 
 #include <algorithm>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "scheduler_service/tokenizer/tokenizer.h"
@@ -72,7 +73,7 @@ size_t CodePoints(std::string_view s) {
 // each descending.
 std::vector<std::pair<std::string, std::string>> MergesFromScores(
     const std::vector<std::string>& tokens, const std::vector<double>& scores,
-    const std::unordered_map<std::string, int>& vocab) {
+    const absl::flat_hash_map<std::string, int>& vocab, const std::vector<bool>& kept) {
   struct M {
     int l, r;
     double score;
@@ -80,8 +81,8 @@ std::vector<std::pair<std::string, std::string>> MergesFromScores(
   };
   std::vector<M> merges;
   for (size_t t = 0; t < tokens.size(); ++t) {
-    const std::string& s = tokens[t];
-    if (vocab.at(s) != static_cast<int>(t)) continue;  // a duplicate: Python's dict keeps one
+    const absl::string_view s = tokens[t];
+    if (!kept[t]) continue;  // a duplicate: Python's dict keeps one
     std::vector<M> local;
     for (size_t i = 1; i < s.size(); ++i) {
       if ((static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) continue;
@@ -125,15 +126,18 @@ absl::StatusOr<GgufTokenizerFiles> GgufTokenizerToJson(const GgufFile& f) {
   }
   const size_t n = tokens_v->size();
   std::vector<std::string> tokens(n);
-  std::unordered_map<std::string, int> vocab;
+  absl::flat_hash_map<std::string, int> vocab;
+  vocab.reserve(n);
   json vocab_json = json::object();
   for (size_t i = 0; i < n; ++i) {
     tokens[i] = (*tokens_v)[i].s;
-    vocab[tokens[i]] = static_cast<int>(i);  // a repeated token keeps its last id
+    vocab.insert_or_assign(tokens[i], static_cast<int>(i));  // a repeated token keeps its last id
   }
   // A repeated token appears once, with its last id.
+  std::vector<bool> kept(n);
   for (size_t i = 0; i < n; ++i) {
-    if (vocab[tokens[i]] == static_cast<int>(i)) vocab_json[tokens[i]] = i;
+    kept[i] = vocab.find(tokens[i])->second == static_cast<int>(i);
+    if (kept[i]) vocab_json[tokens[i]] = i;
   }
   auto type_of = [&](size_t i) {
     return types_v != nullptr ? static_cast<int>((*types_v)[i].i) : kTypeNormal;
@@ -157,7 +161,7 @@ absl::StatusOr<GgufTokenizerFiles> GgufTokenizerToJson(const GgufFile& f) {
   for (size_t i = 0; i < n; ++i) {
     const int t = type_of(i);
     if (t != kTypeControl && t != kTypeUnknown && t != kTypeUserDefined) continue;
-    if (vocab[tokens[i]] != static_cast<int>(i) || tokens[i].empty()) continue;
+    if (!kept[i] || tokens[i].empty()) continue;
     added.push_back({{"id", i},
                      {"content", tokens[i]},
                      {"single_word", false},
@@ -252,7 +256,7 @@ absl::StatusOr<GgufTokenizerFiles> GgufTokenizerToJson(const GgufFile& f) {
     }
     tok["pre_tokenizer"] = nullptr;
     json merges = json::array();
-    for (auto& [l, r] : MergesFromScores(tokens, scores, vocab)) merges.push_back({l, r});
+    for (auto& [l, r] : MergesFromScores(tokens, scores, vocab, kept)) merges.push_back({l, r});
     const int64_t unk = OptInt(f, "tokenizer.ggml.unknown_token_id").value_or(0);
     if (unk >= 0 && static_cast<size_t>(unk) < n) bpe["unk_token"] = tokens[unk];
     bpe["fuse_unk"] = true;
