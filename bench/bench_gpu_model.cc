@@ -482,7 +482,7 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("hbm_nominal_source", llm::g_nominal.source);
 #ifdef LLM_CUDA_EMU
   std::printf(
-      "EMULATED CUDA (kernels/cuda/emu): this run checks that the code path works; its times "
+      "EMULATED CUDA (cuda_emu): this run checks that the code path works; its times "
       "are not a GPU's.\n");
 #endif
   if (!g_options.tiny) {

@@ -444,7 +444,7 @@ int main(int argc, char** argv) {
   std::printf("device 0: %s (sm_%d%d)\n", info.name.c_str(), info.major, info.minor);
 #ifdef LLM_CUDA_EMU
   std::printf(
-      "EMULATED CUDA (kernels/cuda/emu): this run checks that the code path works; its times "
+      "EMULATED CUDA (cuda_emu): this run checks that the code path works; its times "
       "are not a GPU's.\n");
 #endif
   benchmark::AddCustomContext("device", info.name);

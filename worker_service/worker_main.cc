@@ -5,7 +5,7 @@
 //   llm-worker [--host=0.0.0.0] [--port=50061] [--port-file=PATH] [--peer-host=127.0.0.1]
 //              [--device=cpu|cuda|cuda:N] [--threads=0]        (--help lists them)
 //
-// llm-worker-emu is the same program built against the CUDA emulation (kernels/cuda/emu):
+// llm-worker-emu is the same program built against the CUDA emulation (cuda_emu):
 // --device=cuda runs the real CUDA sources on the CPU, for tests.
 //
 // Logs "listening on HOST:PORT" to stderr once serving; with --port-file writes the bound port

@@ -12,7 +12,7 @@
 // cublasGetStatusString says why (dlerror). A function the project starts calling must be added
 // here (the link fails until it is).
 //
-// Not in the CUDA emulation's builds (kernels/cuda/emu has its own cuBLAS and cuBLASLt).
+// Not in the CUDA emulation's builds (cuda_emu has its own cuBLAS and cuBLASLt).
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <dlfcn.h>

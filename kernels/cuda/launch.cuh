@@ -1,6 +1,6 @@
 // Kernel launches: Launch(kernel, grid, block, shared_bytes, stream, args...) is
 // kernel<<<grid, block, shared_bytes, stream>>>(args...) under nvcc; under the CUDA emulation
-// (LLM_CUDA_EMU, kernels/cuda/emu) it queues the kernel on the emulated stream, with the
+// (LLM_CUDA_EMU, cuda_emu) it queues the kernel on the emulated stream, with the
 // launch site for fault messages. Either way the launch's own error (a bad configuration) is
 // then cudaGetLastError()'s, and the kernel runs when the stream gets to it.
 #ifndef LLM_KERNELS_CUDA_LAUNCH_CUH_

@@ -34,7 +34,7 @@
 #include <type_traits>
 
 #ifdef LLM_CUDA_EMU
-#include "kernels/cuda/emu/warp_exchange.h"
+#include "cuda_emu/warp_exchange.h"
 #endif
 
 namespace llm::cuda_mma {

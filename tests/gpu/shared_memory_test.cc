@@ -8,7 +8,7 @@
 //   * a tiled copy through a 2-stage cp.async pipeline (4-, 8- and 16-byte copies, the last tile
 //     partial and zero-filled), each thread storing elements that other threads copied.
 // What only the emulation can promise (poison, a copy invisible before its wait) is in
-// tests/unit/kernels/cuda_emu/. Built as CUDA for the device run (a .cu wrapper,
+// tests/unit/cuda_emu/. Built as CUDA for the device run (a .cu wrapper,
 // tests/gpu/CMakeLists.txt) and as C++ for the emulated one.
 #include "kernels/cuda/shared_memory.cuh"
 

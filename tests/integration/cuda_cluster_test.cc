@@ -1,6 +1,6 @@
 // End-to-end tests of `device: cuda` clusters on a machine without a GPU: llm-cluster starts
 // its workers from llm-worker-emu (--worker-binary), the worker built against the CUDA
-// emulation (kernels/cuda/emu). Each rank is a process with its own emulated devices; at
+// emulation (cuda_emu). Each rank is a process with its own emulated devices; at
 // tensor parallelism 2 the ranks form an NCCL group (the emulated NCCL, through /dev/shm) from
 // rank 0's unique id passed through the scheduler's rendezvous store. The workers profile
 // memory and size the KV cache from gpu_memory_utilization as on a GPU.

@@ -1,4 +1,4 @@
-// The emulated cuBLASLt (kernels/cuda/emu/cublaslt.cc): the column-major matmul with every
+// The emulated cuBLASLt (cuda_emu/cublaslt.cc): the column-major matmul with every
 // transpose, bf16 / f16 inputs with f32 accumulation and round-to-nearest-even outputs, the bias
 // epilogue, beta, and the argument checks a real cuBLASLt makes.
 #include <cublasLt.h>

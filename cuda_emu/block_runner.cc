@@ -1,6 +1,6 @@
 // Emulated CUDA: the fibers of a thread block (Boost.Context fcontext), its barriers and warp
 // collectives, and the OS threads that run a grid's blocks.
-#include "kernels/cuda/emu/block_runner.h"
+#include "cuda_emu/block_runner.h"
 
 #include <link.h>
 #include <sys/mman.h>

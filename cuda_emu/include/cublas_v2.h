@@ -1,5 +1,5 @@
 // Emulated CUDA (LLM_CUDA_EMU): the subset of cuBLAS this project calls, with cuBLAS's
-// semantics (kernels/cuda/emu/cublas.cc):
+// semantics (cuda_emu/cublas.cc):
 //
 // - A handle belongs to the device current at cublasCreate and holds a stream (default: the
 //   legacy default stream), a pointer mode and a math mode.
@@ -15,8 +15,8 @@
 //   The order of summation is k ascending (the device's differs: compare with a tolerance).
 //
 // Thread-safety: as cuBLAS: a handle is used by one host thread at a time.
-#ifndef LLM_KERNELS_CUDA_EMU_INCLUDE_CUBLAS_V2_H_
-#define LLM_KERNELS_CUDA_EMU_INCLUDE_CUBLAS_V2_H_
+#ifndef LLM_CUDA_EMU_INCLUDE_CUBLAS_V2_H_
+#define LLM_CUDA_EMU_INCLUDE_CUBLAS_V2_H_
 
 #include <cuda_runtime.h>
 #include <library_types.h>
@@ -79,4 +79,4 @@ cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa,
 const char* cublasGetStatusName(cublasStatus_t status);
 const char* cublasGetStatusString(cublasStatus_t status);
 
-#endif  // LLM_KERNELS_CUDA_EMU_INCLUDE_CUBLAS_V2_H_
+#endif  // LLM_CUDA_EMU_INCLUDE_CUBLAS_V2_H_

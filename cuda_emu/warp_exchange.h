@@ -13,13 +13,13 @@
 // them) and per warp; each lane keeps its own parity. All lanes of a warp do the same number of
 // exchanges (the instructions built on it are .aligned: the whole warp executes them), so the
 // lanes of a warp always agree on the slot, also across the blocks that run on the thread.
-#ifndef LLM_KERNELS_CUDA_EMU_WARP_EXCHANGE_H_
-#define LLM_KERNELS_CUDA_EMU_WARP_EXCHANGE_H_
+#ifndef LLM_CUDA_EMU_WARP_EXCHANGE_H_
+#define LLM_CUDA_EMU_WARP_EXCHANGE_H_
 
 #include <cstdint>
 #include <source_location>
 
-#include "kernels/cuda/emu/device.h"
+#include "cuda_emu/device.h"
 
 namespace llm::cuda_emu {
 
@@ -59,4 +59,4 @@ const uint32_t (*WarpExchange(
 
 }  // namespace llm::cuda_emu
 
-#endif  // LLM_KERNELS_CUDA_EMU_WARP_EXCHANGE_H_
+#endif  // LLM_CUDA_EMU_WARP_EXCHANGE_H_

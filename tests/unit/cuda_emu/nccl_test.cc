@@ -1,4 +1,4 @@
-// The emulated NCCL (kernels/cuda/emu/nccl.cc): ranks as threads of one process on the two
+// The emulated NCCL (cuda_emu/nccl.cc): ranks as threads of one process on the two
 // emulated devices; collectives queued on streams behind gates (runtime.h EnqueueHostWork).
 #include <cuda_runtime.h>
 #include <nccl.h>

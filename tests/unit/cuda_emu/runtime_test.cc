@@ -1,4 +1,4 @@
-// The emulated runtime (kernels/cuda/emu/runtime.cc): the guarded arena, lazy streams, events,
+// The emulated runtime (cuda_emu/runtime.cc): the guarded arena, lazy streams, events,
 // devices, memory limits; half and bf16 rounding (include/cuda_fp16.h, cuda_bf16.h).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -1,4 +1,4 @@
-// __shared__ memory poisoning (kernels/cuda/emu/block_runner.cc, shared.ld): every block starts
+// __shared__ memory poisoning (cuda_emu/block_runner.cc, shared.ld): every block starts
 // with its kernels' shared variables filled with 0x7f bytes, so a read before any thread wrote
 // sees the poison, not zeros or an earlier block's values.
 #include <cuda_runtime.h>

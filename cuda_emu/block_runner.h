@@ -1,14 +1,14 @@
 // Emulated CUDA (LLM_CUDA_EMU): runs one kernel launch's grid on the CPU (device.h has the
-// execution model). Internal to kernels/cuda/emu.
-#ifndef LLM_KERNELS_CUDA_EMU_BLOCK_RUNNER_H_
-#define LLM_KERNELS_CUDA_EMU_BLOCK_RUNNER_H_
+// execution model). Internal to cuda_emu.
+#ifndef LLM_CUDA_EMU_BLOCK_RUNNER_H_
+#define LLM_CUDA_EMU_BLOCK_RUNNER_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
 
-#include "kernels/cuda/emu/device.h"
+#include "cuda_emu/device.h"
 
 namespace llm::cuda_emu {
 
@@ -41,4 +41,4 @@ uint64_t ScheduleSeed();
 
 }  // namespace llm::cuda_emu
 
-#endif  // LLM_KERNELS_CUDA_EMU_BLOCK_RUNNER_H_
+#endif  // LLM_CUDA_EMU_BLOCK_RUNNER_H_

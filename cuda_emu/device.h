@@ -17,8 +17,8 @@
 // line (and printed to stderr): a __syncthreads that only part of the block reaches (others
 // exited or wait at another barrier), a warp collective whose mask names an exited lane or a
 // lane that is not in the block, lanes of one mask at different collectives.
-#ifndef LLM_KERNELS_CUDA_EMU_DEVICE_H_
-#define LLM_KERNELS_CUDA_EMU_DEVICE_H_
+#ifndef LLM_CUDA_EMU_DEVICE_H_
+#define LLM_CUDA_EMU_DEVICE_H_
 
 #include <algorithm>
 #include <atomic>
@@ -31,7 +31,7 @@
 #include <source_location>
 #include <type_traits>
 
-#include "kernels/cuda/emu/runtime.h"
+#include "cuda_emu/runtime.h"
 
 #define __global__
 #define __device__
@@ -239,4 +239,4 @@ inline long long max(long long a, long long b) { return a > b ? a : b; }
 inline float min(float a, float b) { return std::fmin(a, b); }
 inline float max(float a, float b) { return std::fmax(a, b); }
 
-#endif  // LLM_KERNELS_CUDA_EMU_DEVICE_H_
+#endif  // LLM_CUDA_EMU_DEVICE_H_

@@ -1,7 +1,7 @@
 // Emulated CUDA (LLM_CUDA_EMU): __half as on the device. Conversions from f32 round to nearest
 // even, bit for bit as the toolkit's (NaN becomes the canonical 0x7FFF, overflow becomes inf).
-#ifndef LLM_KERNELS_CUDA_EMU_INCLUDE_CUDA_FP16_H_
-#define LLM_KERNELS_CUDA_EMU_INCLUDE_CUDA_FP16_H_
+#ifndef LLM_CUDA_EMU_INCLUDE_CUDA_FP16_H_
+#define LLM_CUDA_EMU_INCLUDE_CUDA_FP16_H_
 
 #include <cstdint>
 #include <cstring>
@@ -72,4 +72,4 @@ inline __half __ushort_as_half(unsigned short x) {
   return h;
 }
 
-#endif  // LLM_KERNELS_CUDA_EMU_INCLUDE_CUDA_FP16_H_
+#endif  // LLM_CUDA_EMU_INCLUDE_CUDA_FP16_H_

@@ -1,12 +1,12 @@
 // Emulated NCCL (LLM_CUDA_EMU): the subset of nccl.h this project calls, for ranks that are
-// threads of one process on the emulated devices (kernels/cuda/emu/nccl.cc).
-#ifndef LLM_KERNELS_CUDA_EMU_INCLUDE_NCCL_H_
-#define LLM_KERNELS_CUDA_EMU_INCLUDE_NCCL_H_
+// threads of one process on the emulated devices (cuda_emu/nccl.cc).
+#ifndef LLM_CUDA_EMU_INCLUDE_NCCL_H_
+#define LLM_CUDA_EMU_INCLUDE_NCCL_H_
 
 #include <climits>
 #include <cstddef>
 
-#include "kernels/cuda/emu/runtime.h"
+#include "cuda_emu/runtime.h"
 
 #define NCCL_MAJOR 2
 #define NCCL_MINOR 18
@@ -108,4 +108,4 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
 ncclResult_t ncclGroupStart();
 ncclResult_t ncclGroupEnd();
 
-#endif  // LLM_KERNELS_CUDA_EMU_INCLUDE_NCCL_H_
+#endif  // LLM_CUDA_EMU_INCLUDE_NCCL_H_

@@ -1,4 +1,4 @@
-// The emulation's dynamic shared memory (kernels/cuda/emu/block_runner.cc, runtime.cc): what a
+// The emulation's dynamic shared memory (cuda_emu/block_runner.cc, runtime.cc): what a
 // GPU leaves undefined made visible. The buffer is poisoned at every block start (a read before
 // any thread wrote sees 0x7f bytes, not zeros or the previous block's words), 16-byte aligned,
 // and ends at an inaccessible page; the emulated device reports an H100's limits.

@@ -1,4 +1,4 @@
-// The emulated cuBLAS (kernels/cuda/emu/cublas.cc): cuBLAS's column-major GEMM semantics with
+// The emulated cuBLAS (cuda_emu/cublas.cc): cuBLAS's column-major GEMM semantics with
 // every transpose, its argument checks, beta == 0 never reading C, the pointer modes, and the
 // math mode's TF32 lowering of CUBLAS_COMPUTE_32F.
 #include <cublas_v2.h>

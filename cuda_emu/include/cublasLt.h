@@ -1,5 +1,5 @@
 // Emulated CUDA (LLM_CUDA_EMU): the subset of cuBLASLt this project calls, with cuBLASLt's
-// names, enum values and semantics (kernels/cuda/emu/cublaslt.cc):
+// names, enum values and semantics (cuda_emu/cublaslt.cc):
 //
 // - cublasLtCreate / cublasLtDestroy: a handle (the device current at creation).
 // - Descriptors: cublasLtMatmulDescCreate(compute type, scale type) with TRANSA, TRANSB (int32_t),
@@ -26,8 +26,8 @@
 //
 // Thread-safety: as cuBLASLt: a handle may be shared; descriptors are used by one thread at a
 // time.
-#ifndef LLM_KERNELS_CUDA_EMU_INCLUDE_CUBLASLT_H_
-#define LLM_KERNELS_CUDA_EMU_INCLUDE_CUBLASLT_H_
+#ifndef LLM_CUDA_EMU_INCLUDE_CUBLASLT_H_
+#define LLM_CUDA_EMU_INCLUDE_CUBLASLT_H_
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -132,4 +132,4 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t light_handle, cublasLtMatmulDesc_
                               cublasLtMatrixLayout_t d_desc, const cublasLtMatmulAlgo_t* algo,
                               void* workspace, size_t workspace_size_in_bytes, cudaStream_t stream);
 
-#endif  // LLM_KERNELS_CUDA_EMU_INCLUDE_CUBLASLT_H_
+#endif  // LLM_CUDA_EMU_INCLUDE_CUBLASLT_H_

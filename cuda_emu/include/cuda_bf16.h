@@ -1,7 +1,7 @@
 // Emulated CUDA (LLM_CUDA_EMU): __nv_bfloat16 as on the device. Conversions from f32 round to
 // nearest even, bit for bit as the toolkit's (NaN becomes the canonical 0x7FFF).
-#ifndef LLM_KERNELS_CUDA_EMU_INCLUDE_CUDA_BF16_H_
-#define LLM_KERNELS_CUDA_EMU_INCLUDE_CUDA_BF16_H_
+#ifndef LLM_CUDA_EMU_INCLUDE_CUDA_BF16_H_
+#define LLM_CUDA_EMU_INCLUDE_CUDA_BF16_H_
 
 #include <cstdint>
 #include <cstring>
@@ -43,4 +43,4 @@ inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short x) {
   return b;
 }
 
-#endif  // LLM_KERNELS_CUDA_EMU_INCLUDE_CUDA_BF16_H_
+#endif  // LLM_CUDA_EMU_INCLUDE_CUDA_BF16_H_

@@ -37,8 +37,8 @@
 // Not emulated (calls fail to compile, since they are not declared): peer access, managed memory,
 // the per-thread default stream, graphs built node by node. Thread-safety: every call may be made
 // from any host thread (one lock serializes them).
-#ifndef LLM_KERNELS_CUDA_EMU_RUNTIME_H_
-#define LLM_KERNELS_CUDA_EMU_RUNTIME_H_
+#ifndef LLM_CUDA_EMU_RUNTIME_H_
+#define LLM_CUDA_EMU_RUNTIME_H_
 
 #include <cstddef>
 #include <functional>
@@ -269,4 +269,4 @@ cudaError_t EnqueueHostWork(int device, cudaStream_t stream, std::function<cudaE
 
 }  // namespace llm::cuda_emu
 
-#endif  // LLM_KERNELS_CUDA_EMU_RUNTIME_H_
+#endif  // LLM_CUDA_EMU_RUNTIME_H_

@@ -1,7 +1,7 @@
 // Emulated CUDA (LLM_CUDA_EMU): the data types of the toolkit's library_types.h that the
 // emulated cuBLAS takes (values as the toolkit's).
-#ifndef LLM_KERNELS_CUDA_EMU_INCLUDE_LIBRARY_TYPES_H_
-#define LLM_KERNELS_CUDA_EMU_INCLUDE_LIBRARY_TYPES_H_
+#ifndef LLM_CUDA_EMU_INCLUDE_LIBRARY_TYPES_H_
+#define LLM_CUDA_EMU_INCLUDE_LIBRARY_TYPES_H_
 
 enum cudaDataType_t {
   CUDA_R_32F = 0,
@@ -13,4 +13,4 @@ enum cudaDataType_t {
 };
 using cudaDataType = cudaDataType_t;
 
-#endif  // LLM_KERNELS_CUDA_EMU_INCLUDE_LIBRARY_TYPES_H_
+#endif  // LLM_CUDA_EMU_INCLUDE_LIBRARY_TYPES_H_

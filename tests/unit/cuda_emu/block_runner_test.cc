@@ -1,4 +1,4 @@
-// The emulated execution model (kernels/cuda/emu/block_runner.cc): barriers, warp collectives,
+// The emulated execution model (cuda_emu/block_runner.cc): barriers, warp collectives,
 // faults that name the line, blocks on several OS threads.
 #include <cuda_runtime.h>
 

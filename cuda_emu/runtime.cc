@@ -1,6 +1,6 @@
 // Emulated CUDA runtime (runtime.h): devices with guarded arenas, lazy streams, events,
 // errors with a GPU's stickiness, and kernel launches handed to block_runner.
-#include "kernels/cuda/emu/runtime.h"
+#include "cuda_emu/runtime.h"
 
 #include <cxxabi.h>
 #include <dlfcn.h>
@@ -21,8 +21,8 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/cuda/emu/block_runner.h"
-#include "kernels/cuda/emu/device.h"
+#include "cuda_emu/block_runner.h"
+#include "cuda_emu/device.h"
 
 struct Stream;
 

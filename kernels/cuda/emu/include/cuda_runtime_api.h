@@ -1,7 +1,0 @@
-// Emulated CUDA (LLM_CUDA_EMU): the runtime API without the device side.
-#ifndef LLM_KERNELS_CUDA_EMU_INCLUDE_CUDA_RUNTIME_API_H_
-#define LLM_KERNELS_CUDA_EMU_INCLUDE_CUDA_RUNTIME_API_H_
-
-#include "kernels/cuda/emu/runtime.h"
-
-#endif  // LLM_KERNELS_CUDA_EMU_INCLUDE_CUDA_RUNTIME_API_H_
