@@ -395,6 +395,14 @@ bool HasAvx2Kernels() {
 
 }  // namespace
 
+bool IsQuantType(int ggml_type) {
+  for (QuantType t : {QuantType::kQ4_0, QuantType::kQ4_1, QuantType::kQ5_0, QuantType::kQ8_0,
+                      QuantType::kQ4_K, QuantType::kQ5_K, QuantType::kQ6_K}) {
+    if (static_cast<int>(t) == ggml_type) return true;
+  }
+  return false;
+}
+
 std::string_view QuantTypeName(QuantType type) {
   switch (type) {
     case QuantType::kQ4_0:

@@ -39,6 +39,8 @@ enum class QuantType : int {
   kQ6_K = 14,
 };
 
+// Whether ggml type id `ggml_type` is one of the above.
+bool IsQuantType(int ggml_type);
 // "Q4_1", ...
 std::string_view QuantTypeName(QuantType type);
 // Weights per block: 32, or 256 for the K-quants.

@@ -81,14 +81,14 @@ std::string QuantizedLinear::ImplementationName(int64_t m) const {
     if (p > 0) name += "+";
     name += t;
   }
-  if (m >= kDequantMinRows) name += ":dequant";
+  if (m >= dequant_min_rows_) name += ":dequant";
   return name;
 }
 
 void QuantizedLinear::Reserve(int64_t max_m) const {
-  if (max_m < kDequantMinRows) {
-    t_xq.resize(static_cast<size_t>(max_m * (k_ / kQ8BlockElems)));
-  }
+  const int64_t rows = std::min(max_m, dequant_min_rows_ - 1);
+  const size_t blocks = static_cast<size_t>(std::max<int64_t>(rows, 0) * (k_ / kQ8BlockElems));
+  if (t_xq.size() < blocks) t_xq.resize(blocks);
 }
 
 OpStatus QuantizedLinear::Forward(const TensorView& out, const TensorView& x) const {
@@ -107,7 +107,7 @@ OpStatus QuantizedLinear::Forward(const TensorView& out, const TensorView& x) co
   const float* xf = x.data_as<const float>();
   float* o = out.data_as<float>();
   const int64_t ntiles = static_cast<int64_t>(tiles_.size());
-  if (m < kDequantMinRows) {
+  if (m < dequant_min_rows_) {
     const int64_t xb = k_ / kQ8BlockElems;
     if (static_cast<int64_t>(t_xq.size()) < m * xb) t_xq.resize(static_cast<size_t>(m * xb));
     const Q8Block* xq = t_xq.data();

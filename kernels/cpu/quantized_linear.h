@@ -36,7 +36,7 @@ namespace llm::cpu {
 class QuantizedLinear {
  public:
   // Steps of this many rows or more run on dequantized tiles (see above).
-  static constexpr int64_t kDequantMinRows = 16;
+  static constexpr int64_t kDequantMinRows = 128;
 
   // Rows of one type, row after row: rows * QuantRowBytes(type, k) bytes.
   struct Part {
@@ -62,6 +62,10 @@ class QuantizedLinear {
   // embedding lookup of a tied head on a quantized table). rows i32 [T], out f32 [T, K].
   ops::OpStatus GatherRows(const TensorView& out, const TensorView& rows) const;
 
+  // Sets the row count from which Forward dequantizes tiles (default kDequantMinRows), for the
+  // benchmark that measures the crossover and for tests of both paths.
+  void set_dequant_min_rows(int64_t m) { dequant_min_rows_ = m; }
+
   // Grows the calling thread's scratch for steps of up to max_m rows.
   void Reserve(int64_t max_m) const;
 
@@ -82,6 +86,7 @@ class QuantizedLinear {
     int64_t col0;        // its first output column
   };
   int64_t n_ = 0, k_ = 0;
+  int64_t dequant_min_rows_ = kDequantMinRows;
   std::vector<Part> parts_;
   std::vector<Tile> tiles_;
   std::vector<float> bias_;
