@@ -354,6 +354,60 @@ absl::StatusOr<std::vector<int64_t>> GgufWeights::Shape(std::string_view name) c
   return t->shape();
 }
 
+absl::StatusOr<GgmlType> GgufWeights::TensorType(std::string_view name) const {
+  const std::string g = GgufTensorName(name, arch_);
+  const GgufTensorInfo* t = g.empty() ? nullptr : file_->FindTensor(g);
+  if (t == nullptr) {
+    return absl::NotFoundError(absl::StrCat("tensor ", std::string(name), " (gguf ",
+                                            g.empty() ? "none" : g, ") is not in ", file_->path()));
+  }
+  return t->type;
+}
+
+absl::Status GgufWeights::ReadBlocks(std::string_view name, int dim, int64_t begin, int64_t end,
+                                     std::vector<uint8_t>* out) const {
+  const std::string g = GgufTensorName(name, arch_);
+  const GgufTensorInfo* t = g.empty() ? nullptr : file_->FindTensor(g);
+  if (t == nullptr) {
+    return absl::NotFoundError(absl::StrCat("tensor ", std::string(name), " (gguf ",
+                                            g.empty() ? "none" : g, ") is not in ", file_->path()));
+  }
+  const std::string what = absl::StrCat("gguf ", file_->path(), ": tensor ", g);
+  const std::vector<int64_t> shape = t->shape();
+  if (shape.size() != 2 || dim < 0 || dim > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": cannot read blocks of dimension ", dim,
+                                                   " of a ", shape.size(), "-D tensor"));
+  }
+  if (begin < 0 || end < begin || end > shape[dim]) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": slice [", begin, ", ", end,
+                                                   ") is out of range [0, ", shape[dim], ")"));
+  }
+  const auto [block, block_bytes] = GgmlBlockLayout(t->type);
+  if (dim == 1 && (begin % block != 0 || end % block != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": columns [", begin, ", ", end,
+                                                   ") do not fall on the ", GgmlTypeName(t->type),
+                                                   " blocks of ", block, " weights"));
+  }
+  int64_t permute_head_dim = 0;
+  if (arch_ == "llama" && absl::StrContains(g, "attn_q.")) permute_head_dim = shape[0] / n_head_;
+  if (arch_ == "llama" && absl::StrContains(g, "attn_k.")) {
+    permute_head_dim = shape[0] / n_head_kv_;
+  }
+  const size_t row_bytes = static_cast<size_t>(shape[1] / block * block_bytes);
+  const std::span<const std::byte> data = file_->Bytes(*t);
+  const int64_t r0 = dim == 0 ? begin : 0, r1 = dim == 0 ? end : shape[0];
+  const size_t c0 = dim == 0 ? 0 : static_cast<size_t>(begin / block * block_bytes);
+  const size_t bytes =
+      dim == 0 ? row_bytes : static_cast<size_t>((end - begin) / block * block_bytes);
+  out->resize(static_cast<size_t>(r1 - r0) * bytes);
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t src = permute_head_dim > 0 ? PermutedRow(r, permute_head_dim) : r;
+    std::memcpy(out->data() + static_cast<size_t>(r - r0) * bytes,
+                data.data() + static_cast<size_t>(src) * row_bytes + c0, bytes);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status GgufWeights::ReadSlice(std::string_view name, int dim, int64_t begin, int64_t end,
                                     StDType out_dtype, std::span<std::byte> out) const {
   const std::string g = GgufTensorName(name, arch_);

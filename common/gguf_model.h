@@ -15,6 +15,7 @@
 #ifndef LLM_COMMON_GGUF_MODEL_H_
 #define LLM_COMMON_GGUF_MODEL_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -47,6 +48,15 @@ class GgufWeights : public WeightSource {
   // its type cannot be dequantized or the slice is out of range.
   absl::Status ReadSlice(std::string_view name, int dim, int64_t begin, int64_t end,
                          StDType out_dtype, std::span<std::byte> out) const override;
+
+  // The stored type of tensor `name` (NOT_FOUND naming it when absent).
+  absl::StatusOr<GgmlType> TensorType(std::string_view name) const;
+  // The stored bytes of a slice of 2-D tensor `name`, as the file holds them (quantized blocks
+  // stay blocks), row after row: rows [begin, end) (dim 0; q/k rows in Hugging Face order, as
+  // ReadSlice), or columns [begin, end) of every row (dim 1; begin and end must fall on the
+  // type's block boundaries). INVALID_ARGUMENT naming the tensor otherwise.
+  absl::Status ReadBlocks(std::string_view name, int dim, int64_t begin, int64_t end,
+                          std::vector<uint8_t>* out) const;
 
   const GgufFile& file() const { return *file_; }
 

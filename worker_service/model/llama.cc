@@ -10,6 +10,7 @@
 #include "common/half.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
+#include "glog/logging.h"
 #include "kernels/cpu/thread_pool.h"
 #include "worker_service/parallel/communicator.h"
 
@@ -172,7 +173,8 @@ LlamaModel::LlamaModel(const ModelConfig& config, Communicator* comm, const Mode
       context_(options.context),
       device_(options.context != nullptr ? options.context->device() : TensorDevice::Cpu()),
       dtype_(options.dtype),
-      act_dtype_(device_.is_cpu() ? DType::kF32 : options.dtype) {
+      act_dtype_(device_.is_cpu() ? DType::kF32 : options.dtype),
+      quantized_weights_(options.quantized_weights) {
   if (comm != nullptr) {
     rank_ = comm->rank();
     world_ = comm->world_size();
@@ -392,15 +394,27 @@ absl::Status LlamaModel::LoadWeights(const WeightSource* weights, uint64_t seed)
   const int64_t vp = vocab_per_rank_;
   const int64_t v0 = static_cast<int64_t>(rank_) * vp;
   const int64_t v1 = std::min<int64_t>(v0 + vp, config_.vocab_size);
-  RETURN_IF_ERROR(alloc({vp + 1, h}, &embed_));
-  RETURN_IF_ERROR(Memset(device_, stream, embed_.view().data, 0, embed_.view().nbytes()));
-  if (v1 > v0) {
-    RETURN_IF_ERROR(read("model.embed_tokens.weight", 0, v0, v1, {v1 - v0, h}, &embed_, 0));
+  // Kept quantized, the table's rows past this rank's vocabulary are zero blocks (rows >= Vp,
+  // other ranks' tokens, gather zeros).
+  ASSIGN_OR_RETURN(const bool embed_quantized,
+                   LoadQuantized(weights, {{"model.embed_tokens.weight", 0, v0, v1}}, h, vp,
+                                 Tensor(), &embed_quant_));
+  if (!embed_quantized) {
+    RETURN_IF_ERROR(alloc({vp + 1, h}, &embed_));
+    RETURN_IF_ERROR(Memset(device_, stream, embed_.view().data, 0, embed_.view().nbytes()));
+    if (v1 > v0) {
+      RETURN_IF_ERROR(read("model.embed_tokens.weight", 0, v0, v1, {v1 - v0, h}, &embed_, 0));
+    }
   }
   if (!config_.tie_word_embeddings) {
-    RETURN_IF_ERROR(alloc({vp, h}, &lm_head_));
-    RETURN_IF_ERROR(Memset(device_, stream, lm_head_.view().data, 0, lm_head_.view().nbytes()));
-    if (v1 > v0) RETURN_IF_ERROR(read("lm_head.weight", 0, v0, v1, {v1 - v0, h}, &lm_head_, 0));
+    ASSIGN_OR_RETURN(
+        const bool head_quantized,
+        LoadQuantized(weights, {{"lm_head.weight", 0, v0, v1}}, h, vp, Tensor(), &lm_head_quant_));
+    if (!head_quantized) {
+      RETURN_IF_ERROR(alloc({vp, h}, &lm_head_));
+      RETURN_IF_ERROR(Memset(device_, stream, lm_head_.view().data, 0, lm_head_.view().nbytes()));
+      if (v1 > v0) RETURN_IF_ERROR(read("lm_head.weight", 0, v0, v1, {v1 - v0, h}, &lm_head_, 0));
+    }
   }
   if (device_.is_cpu()) RETURN_IF_ERROR(PackCpuHead());
   RETURN_IF_ERROR(norm("model.norm.weight", h, &final_norm_));
@@ -443,7 +457,14 @@ absl::Status LlamaModel::LoadWeights(const WeightSource* weights, uint64_t seed)
       RETURN_IF_ERROR(norm(p + "self_attn.q_norm.weight", d, &L.q_norm));
       RETURN_IF_ERROR(norm(p + "self_attn.k_norm.weight", d, &L.k_norm));
     }
-    RETURN_IF_ERROR(alloc({qd + 2 * kd, h}, &L.qkv_proj));
+    if (config_.attention_bias) {
+      RETURN_IF_ERROR(alloc({qd + 2 * kd}, &L.qkv_bias));
+      RETURN_IF_ERROR(read(p + "self_attn.q_proj.bias", 0, q0, q1, {qd}, &L.qkv_bias, 0));
+      RETURN_IF_ERROR(read(p + "self_attn.k_proj.bias", 0, k0, k1, {kd}, &L.qkv_bias, qd));
+      RETURN_IF_ERROR(read(p + "self_attn.v_proj.bias", 0, k0, k1, {kd}, &L.qkv_bias, qd + kd));
+    }
+    // Each GEMM's rows as slices of the file's tensors, for LoadQuantized, or read dequantized.
+    std::vector<WeightSlice> qkv_slices;
     if (config_.fused_qkv) {
       // Phi-3's qkv_proj [(Hq + 2 Hkv) D, H]: this rank's q rows, then its k rows (after all
       // Hq D q rows), then its v rows (after the Hkv D k rows).
@@ -451,42 +472,57 @@ absl::Status LlamaModel::LoadWeights(const WeightSource* weights, uint64_t seed)
       const int64_t k_at = static_cast<int64_t>(config_.num_attention_heads) * d;
       const int64_t v_at = k_at + static_cast<int64_t>(config_.num_key_value_heads) * d;
       RETURN_IF_ERROR(CheckShape(weights, qkv, {v_at + v_at - k_at, h}));
-      RETURN_IF_ERROR(read(qkv, 0, q0, q1, {qd, h}, &L.qkv_proj, 0));
-      RETURN_IF_ERROR(read(qkv, 0, k_at + k0, k_at + k1, {kd, h}, &L.qkv_proj, qd * h));
-      RETURN_IF_ERROR(read(qkv, 0, v_at + k0, v_at + k1, {kd, h}, &L.qkv_proj, (qd + kd) * h));
+      qkv_slices = {
+          {qkv, 0, q0, q1}, {qkv, 0, k_at + k0, k_at + k1}, {qkv, 0, v_at + k0, v_at + k1}};
     } else {
-      RETURN_IF_ERROR(read(p + "self_attn.q_proj.weight", 0, q0, q1, {qd, h}, &L.qkv_proj, 0));
-      RETURN_IF_ERROR(read(p + "self_attn.k_proj.weight", 0, k0, k1, {kd, h}, &L.qkv_proj, qd * h));
-      RETURN_IF_ERROR(
-          read(p + "self_attn.v_proj.weight", 0, k0, k1, {kd, h}, &L.qkv_proj, (qd + kd) * h));
+      qkv_slices = {{p + "self_attn.q_proj.weight", 0, q0, q1},
+                    {p + "self_attn.k_proj.weight", 0, k0, k1},
+                    {p + "self_attn.v_proj.weight", 0, k0, k1}};
     }
-    if (config_.attention_bias) {
-      RETURN_IF_ERROR(alloc({qd + 2 * kd}, &L.qkv_bias));
-      RETURN_IF_ERROR(read(p + "self_attn.q_proj.bias", 0, q0, q1, {qd}, &L.qkv_bias, 0));
-      RETURN_IF_ERROR(read(p + "self_attn.k_proj.bias", 0, k0, k1, {kd}, &L.qkv_bias, qd));
-      RETURN_IF_ERROR(read(p + "self_attn.v_proj.bias", 0, k0, k1, {kd}, &L.qkv_bias, qd + kd));
-    }
-    RETURN_IF_ERROR(alloc({h, qd}, &L.o_proj));
-    RETURN_IF_ERROR(read(p + "self_attn.o_proj.weight", 1, q0, q1, {h, qd}, &L.o_proj, 0));
-    RETURN_IF_ERROR(alloc({2 * i_local, h}, &L.gate_up_proj));
+    std::vector<WeightSlice> gate_up_slices;
     if (config_.fused_gate_up) {
       // Phi-3's gate_up_proj [2 I, H]: this rank's gate rows, then its up rows (after all I
       // gate rows).
       const std::string gate_up = p + "mlp.gate_up_proj.weight";
       const int64_t im = config_.intermediate_size;
       RETURN_IF_ERROR(CheckShape(weights, gate_up, {2 * im, h}));
-      RETURN_IF_ERROR(read(gate_up, 0, m0, m0 + i_local, {i_local, h}, &L.gate_up_proj, 0));
-      RETURN_IF_ERROR(
-          read(gate_up, 0, im + m0, im + m0 + i_local, {i_local, h}, &L.gate_up_proj, i_local * h));
+      gate_up_slices = {{gate_up, 0, m0, m0 + i_local}, {gate_up, 0, im + m0, im + m0 + i_local}};
     } else {
-      RETURN_IF_ERROR(
-          read(p + "mlp.gate_proj.weight", 0, m0, m0 + i_local, {i_local, h}, &L.gate_up_proj, 0));
-      RETURN_IF_ERROR(read(p + "mlp.up_proj.weight", 0, m0, m0 + i_local, {i_local, h},
-                           &L.gate_up_proj, i_local * h));
+      gate_up_slices = {{p + "mlp.gate_proj.weight", 0, m0, m0 + i_local},
+                        {p + "mlp.up_proj.weight", 0, m0, m0 + i_local}};
     }
-    RETURN_IF_ERROR(alloc({h, i_local}, &L.down_proj));
+    // Reads the slices' rows, stacked, into `dst` [n, k] in the model's dtype.
+    auto read_rows = [&](const std::vector<WeightSlice>& slices, int64_t n, int64_t k,
+                         Tensor* dst) -> absl::Status {
+      RETURN_IF_ERROR(alloc({n, k}, dst));
+      int64_t row = 0;
+      for (const WeightSlice& sl : slices) {
+        const int64_t rows = sl.dim == 0 ? sl.end - sl.begin : n;
+        const int64_t cols = sl.dim == 0 ? k : sl.end - sl.begin;
+        RETURN_IF_ERROR(read(sl.name, sl.dim, sl.begin, sl.end, {rows, cols}, dst, row * k));
+        row += rows;
+      }
+      return absl::OkStatus();
+    };
+    // A GEMM kept as GGUF blocks, or read dequantized into `dst`.
+    auto gemm = [&](const std::vector<WeightSlice>& slices, int64_t n, int64_t k,
+                    const Tensor& bias, std::unique_ptr<cpu::QuantizedLinear>* quant,
+                    Tensor* dst) -> absl::Status {
+      ASSIGN_OR_RETURN(const bool quantized, LoadQuantized(weights, slices, k, n, bias, quant));
+      if (quantized) return absl::OkStatus();
+      return read_rows(slices, n, k, dst);
+    };
+    RETURN_IF_ERROR(gemm(qkv_slices, qd + 2 * kd, h, L.qkv_bias, &L.qkv_quant, &L.qkv_proj));
+    if (L.qkv_quant != nullptr && L.qkv_bias.allocated()) {  // the bias went with the blocks
+      weight_bytes_ -= L.qkv_bias.view().nbytes();
+      L.qkv_bias = Tensor();
+    }
     RETURN_IF_ERROR(
-        read(p + "mlp.down_proj.weight", 1, m0, m0 + i_local, {h, i_local}, &L.down_proj, 0));
+        gemm({{p + "self_attn.o_proj.weight", 1, q0, q1}}, h, qd, Tensor(), &L.o_quant, &L.o_proj));
+    RETURN_IF_ERROR(
+        gemm(gate_up_slices, 2 * i_local, h, Tensor(), &L.gate_up_quant, &L.gate_up_proj));
+    RETURN_IF_ERROR(gemm({{p + "mlp.down_proj.weight", 1, m0, m0 + i_local}}, h, i_local, Tensor(),
+                         &L.down_quant, &L.down_proj));
     // cpu: packed now, so that a load holds the unpacked copy of one layer at a time.
     if (device_.is_cpu()) RETURN_IF_ERROR(PackCpuLayer(&L));
   }
@@ -494,8 +530,61 @@ absl::Status LlamaModel::LoadWeights(const WeightSource* weights, uint64_t seed)
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> LlamaModel::LoadQuantized(const WeightSource* weights,
+                                               const std::vector<WeightSlice>& slices, int64_t k,
+                                               int64_t n_rows, const Tensor& bias,
+                                               std::unique_ptr<cpu::QuantizedLinear>* out) {
+  const auto* gguf = dynamic_cast<const GgufWeights*>(weights);
+  if (!device_.is_cpu() || !quantized_weights_ || gguf == nullptr) return false;
+  std::vector<cpu::QuantizedLinear::Part> parts;
+  int64_t n = 0;
+  for (const WeightSlice& sl : slices) {
+    ASSIGN_OR_RETURN(const GgmlType type, gguf->TensorType(sl.name));
+    ASSIGN_OR_RETURN(const std::vector<int64_t> shape, gguf->Shape(sl.name));
+    if (!cpu::IsQuantType(static_cast<int>(type))) {
+      if (type != GgmlType::kF32 && type != GgmlType::kF16 && type != GgmlType::kBF16) {
+        LOG(INFO) << sl.name << ": " << GgmlTypeName(type)
+                  << " has no quantized kernel; dequantized at load";
+      }
+      return false;
+    }
+    const auto q = static_cast<cpu::QuantType>(type);
+    const int64_t block = cpu::QuantBlockElems(q);
+    if (shape.size() != 2 || shape[1] != (sl.dim == 0 ? k : shape[1])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          sl.name, " has shape [", absl::StrJoin(shape, ", "), "]; expected ", k, " columns"));
+    }
+    if (sl.dim == 1 && (sl.begin % block != 0 || sl.end % block != 0)) {
+      LOG(WARNING) << sl.name << ": this rank's columns [" << sl.begin << ", " << sl.end
+                   << ") are not whole " << cpu::QuantTypeName(q) << " blocks of " << block
+                   << " weights (tensor-parallel size " << world_
+                   << "); dequantized at load instead";
+      return false;
+    }
+    cpu::QuantizedLinear::Part part;
+    part.type = q;
+    part.rows = sl.dim == 0 ? sl.end - sl.begin : shape[0];
+    RETURN_IF_ERROR(gguf->ReadBlocks(sl.name, sl.dim, sl.begin, sl.end, &part.blocks));
+    n += part.rows;
+    parts.push_back(std::move(part));
+  }
+  if (n < n_rows) {  // zero blocks decode to zero weights in every type
+    cpu::QuantizedLinear::Part pad;
+    pad.type = parts.back().type;
+    pad.rows = n_rows - n;
+    pad.blocks.assign(static_cast<size_t>(pad.rows * cpu::QuantRowBytes(pad.type, k)), 0);
+    parts.push_back(std::move(pad));
+  }
+  RETURN_IF_ERROR(FromOp(cpu::QuantizedLinear::Create(
+      k, std::move(parts), bias.allocated() ? bias.view() : TensorView{}, out)));
+  weight_bytes_ += (*out)->bytes();
+  quantized_weight_bytes_ += (*out)->bytes();
+  return true;
+}
+
 absl::Status LlamaModel::PackCpuWeight(Tensor* weight, Tensor* bias,
                                        std::unique_ptr<cpu::PackedLinear>* out) {
+  if (!weight->allocated()) return absl::OkStatus();  // kept as GGUF blocks
   RETURN_IF_ERROR(FromOp(cpu::PackedLinear::Create(
       weight->view(), bias != nullptr && bias->allocated() ? bias->view() : TensorView{}, dtype_,
       out)));
@@ -519,6 +608,7 @@ absl::Status LlamaModel::PackCpuLayer(Layer* L) {
 
 absl::Status LlamaModel::PackCpuHead() {
   if (!config_.tie_word_embeddings) return PackCpuWeight(&lm_head_, nullptr, &lm_head_packed_);
+  if (embed_quant_ != nullptr) return absl::OkStatus();  // the head is the quantized table
   // The table is held once, packed as the head: the lookup reads its rows from there
   // (PackedLinear::GatherRows; ids of other ranks, mapped to row vp, read zeros).
   RETURN_IF_ERROR(FromOp(cpu::PackedLinear::Create(
@@ -590,6 +680,15 @@ absl::Status LlamaModel::Reserve(int64_t max_tokens, int64_t max_seqs, int64_t m
     }
     if (lm_head_packed_ != nullptr) {
       RETURN_IF_ERROR(FromOp(lm_head_packed_->Reserve(std::min(max_tokens, max_seqs))));
+    }
+    for (const Layer& L : layers_) {
+      for (const cpu::QuantizedLinear* q :
+           {L.qkv_quant.get(), L.o_quant.get(), L.gate_up_quant.get(), L.down_quant.get()}) {
+        if (q != nullptr) q->Reserve(max_tokens);
+      }
+    }
+    for (const cpu::QuantizedLinear* q : {embed_quant_.get(), lm_head_quant_.get()}) {
+      if (q != nullptr) q->Reserve(std::min(max_tokens, max_seqs));
     }
   }
   const int64_t blocks_per_seq = max_model_len;  // an upper bound for any block size >= 1
@@ -883,7 +982,9 @@ absl::Status LlamaModel::Compute(const StepViews& sv, std::span<const LayerKvCac
   if (device_.is_cpu()) cpu::EnterThreadPool();
   // out = in weight^T (+ bias): the packed GEMM on cpu, ops::Linear on cuda.
   auto linear = [&](const TensorView& out, const TensorView& in, const Tensor& weight,
-                    const Tensor& bias, const cpu::PackedLinear* packed) -> absl::Status {
+                    const Tensor& bias, const cpu::PackedLinear* packed,
+                    const cpu::QuantizedLinear* quant = nullptr) -> absl::Status {
+    if (quant != nullptr) return FromOp(quant->Forward(out, in));
     if (packed != nullptr) return FromOp(packed->Forward(out, in));
     return FromOp(
         ops::Linear(ctx, out, in, weight.view(), bias.allocated() ? bias.view() : TensorView{}));
@@ -904,6 +1005,8 @@ absl::Status LlamaModel::Compute(const StepViews& sv, std::span<const LayerKvCac
 
   if (embed_.allocated()) {
     RETURN_IF_ERROR(FromOp(ops::Embedding(ctx, x, ids, embed_.view())));
+  } else if (embed_quant_ != nullptr) {
+    RETURN_IF_ERROR(FromOp(embed_quant_->GatherRows(x, ids)));
   } else {
     RETURN_IF_ERROR(FromOp(lm_head_packed_->GatherRows(x, ids)));
   }
@@ -923,7 +1026,7 @@ absl::Status LlamaModel::Compute(const StepViews& sv, std::span<const LayerKvCac
     } else {
       RETURN_IF_ERROR(FromOp(ops::FusedAddRmsNorm(ctx, x, residual, L.input_norm.view(), eps)));
     }
-    RETURN_IF_ERROR(linear(qkv, x, L.qkv_proj, L.qkv_bias, L.qkv_packed.get()));
+    RETURN_IF_ERROR(linear(qkv, x, L.qkv_proj, L.qkv_bias, L.qkv_packed.get(), L.qkv_quant.get()));
     if (config_.qk_norm) {
       RETURN_IF_ERROR(FromOp(ops::HeadRmsNorm(ctx, q, L.q_norm.view(), eps)));
       RETURN_IF_ERROR(FromOp(ops::HeadRmsNorm(ctx, k, L.k_norm.view(), eps)));
@@ -935,19 +1038,21 @@ absl::Status LlamaModel::Compute(const StepViews& sv, std::span<const LayerKvCac
     attention.sliding_window = L.sliding ? config_.sliding_window : 0;
     RETURN_IF_ERROR(
         FromOp(ops::PagedAttention(ctx, attn, q, caches[l].key, caches[l].value, meta, attention)));
-    RETURN_IF_ERROR(linear(x, attn2, L.o_proj, no_tensor, L.o_packed.get()));
+    RETURN_IF_ERROR(linear(x, attn2, L.o_proj, no_tensor, L.o_packed.get(), L.o_quant.get()));
     RETURN_IF_ERROR(AllReduce(x));
     if (config_.sandwich_norms) {
       RETURN_IF_ERROR(FromOp(ops::RmsNorm(ctx, x, x, L.attn_out_norm.view(), eps)));
     }
     RETURN_IF_ERROR(FromOp(ops::FusedAddRmsNorm(ctx, x, residual, L.post_norm.view(), eps)));
-    RETURN_IF_ERROR(linear(gate_up, x, L.gate_up_proj, no_tensor, L.gate_up_packed.get()));
+    RETURN_IF_ERROR(linear(gate_up, x, L.gate_up_proj, no_tensor, L.gate_up_packed.get(),
+                           L.gate_up_quant.get()));
     if (gelu) {
       RETURN_IF_ERROR(FromOp(ops::GeluTanhAndMul(ctx, act, gate_up)));
     } else {
       RETURN_IF_ERROR(FromOp(ops::SiluAndMul(ctx, act, gate_up)));
     }
-    RETURN_IF_ERROR(linear(x, act, L.down_proj, no_tensor, L.down_packed.get()));
+    RETURN_IF_ERROR(
+        linear(x, act, L.down_proj, no_tensor, L.down_packed.get(), L.down_quant.get()));
     RETURN_IF_ERROR(AllReduce(x));
     if (config_.sandwich_norms) {
       RETURN_IF_ERROR(FromOp(ops::RmsNorm(ctx, x, x, L.mlp_out_norm.view(), eps)));
@@ -958,11 +1063,15 @@ absl::Status LlamaModel::Compute(const StepViews& sv, std::span<const LayerKvCac
   // The rows that sample, then this rank's slice of the vocabulary (fp32), then all of it.
   const TensorView selected = buf_.selected.Prefix({n, h});
   RETURN_IF_ERROR(FromOp(ops::Embedding(ctx, selected, rows, x)));
-  const TensorView head = lm_head_packed_ != nullptr    ? TensorView{}
+  const cpu::QuantizedLinear* head_quant =
+      config_.tie_word_embeddings ? embed_quant_.get() : lm_head_quant_.get();
+  const TensorView head = lm_head_packed_ != nullptr || head_quant != nullptr ? TensorView{}
                           : config_.tie_word_embeddings ? embed_.Prefix({vp, h})
                                                         : lm_head_.view();
   const TensorView local = buf_.local_logits.Prefix(DType::kF32, {n, vp});
-  if (lm_head_packed_ != nullptr) {
+  if (head_quant != nullptr) {
+    RETURN_IF_ERROR(FromOp(head_quant->Forward(local, selected)));
+  } else if (lm_head_packed_ != nullptr) {
     RETURN_IF_ERROR(FromOp(lm_head_packed_->Forward(local, selected)));
   } else {
     RETURN_IF_ERROR(FromOp(ops::Linear(ctx, local, selected, head, none)));

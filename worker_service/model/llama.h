@@ -60,6 +60,7 @@
 #include "absl/status/statusor.h"
 #include "common/model_config.h"
 #include "kernels/cpu/packed_linear.h"
+#include "kernels/cpu/quantized_linear.h"
 #include "kernels/device_tensor.h"
 #include "kernels/ops.h"
 #include "kernels/tensor.h"
@@ -95,6 +96,11 @@ struct ModelOptions {
   // cuda: weights and activations, f32, bf16 or f16. cpu: the GEMM weights, f32 or bf16 (the
   // latter only where CpuHasNativeBf16()); activations stay f32.
   DType dtype = DType::kF32;
+  // cpu, GGUF files: the linear weights (and the embedding table) stored as Q4_0, Q4_1, Q5_0,
+  // Q8_0, Q4_K, Q5_K or Q6_K blocks stay those blocks and run on the quantized kernels
+  // (kernels/cpu/quantized_linear.h); other tensors are dequantized to `dtype`. false
+  // dequantizes every tensor (llm-worker --quantized-weights=false).
+  bool quantized_weights = true;
 };
 
 // "float32" / "bfloat16" / "float16" (also "auto": bf16 on cuda; on cpu bf16 where the CPU has
@@ -147,6 +153,8 @@ class LlamaModel {
   // Bytes of this rank's weights on the device, and of those the 12-bit coded copies (cpu).
   size_t weight_bytes() const { return weight_bytes_; }
   size_t coded_weight_bytes() const { return coded_weight_bytes_; }
+  // Of weight_bytes(), those held as GGUF blocks (cpu, ModelOptions::quantized_weights).
+  size_t quantized_weight_bytes() const { return quantized_weight_bytes_; }
   // Bytes of the activation and step-input buffers held now (Reserve, or the largest step).
   size_t activation_bytes() const;
 
@@ -201,8 +209,10 @@ class LlamaModel {
     Tensor gate_up_proj;  // [2 * I_local, H]: this rank's gate rows, then its up rows
     Tensor down_proj;     // [H, I_local]
     // cpu: the four GEMMs' weights (and qkv's bias) packed for oneDNN; the Tensors above are
-    // then released.
+    // then released. Or, kept as a GGUF file's blocks, the *_quant ones instead (the Tensors
+    // and the packed ones then stay empty).
     std::unique_ptr<cpu::PackedLinear> qkv_packed, o_packed, gate_up_packed, down_packed;
+    std::unique_ptr<cpu::QuantizedLinear> qkv_quant, o_quant, gate_up_quant, down_quant;
   };
   // Activation and input buffers, sized for the largest step so far.
   struct Buffers {
@@ -243,6 +253,21 @@ class LlamaModel {
   void ReleaseGraphs();
   // From `weights`, or random (seeded) when it is null.
   absl::Status LoadWeights(const WeightSource* weights, uint64_t seed);
+  // Rows [begin, end) of a weight (dim 0), or its columns [begin, end) (dim 1).
+  struct WeightSlice {
+    std::string name;
+    int dim;
+    int64_t begin, end;
+  };
+  // cpu, a GGUF file, quantized_weights_: the linear whose rows are the slices', stacked (then
+  // zero rows up to n_rows), with K = k inputs and `bias` (absent: unallocated), kept as the
+  // file's blocks in *out. false when it is not to be (another device, no GGUF, the option
+  // off) or cannot be (a slice's type has no kernel, or a column slice is not whole blocks:
+  // logged); the caller then reads it dequantized.
+  absl::StatusOr<bool> LoadQuantized(const WeightSource* weights,
+                                     const std::vector<WeightSlice>& slices, int64_t k,
+                                     int64_t n_rows, const Tensor& bias,
+                                     std::unique_ptr<cpu::QuantizedLinear>* out);
   // cpu: packs a GEMM weight (and bias) in dtype_ and releases its f32 copy; a layer's four
   // GEMMs; the LM head (tied: from the embedding table, which is then released).
   absl::Status PackCpuWeight(Tensor* weight, Tensor* bias, std::unique_ptr<cpu::PackedLinear>* out);
@@ -271,12 +296,17 @@ class LlamaModel {
   int vocab_per_rank_ = 0;  // Vp
   size_t weight_bytes_ = 0;
   size_t coded_weight_bytes_ = 0;
+  size_t quantized_weight_bytes_ = 0;
+  bool quantized_weights_ = true;
   ops::RopeConfig rope_, rope_local_;
   Tensor cos_sin_cache_;  // f32 [max_position_embeddings, rotary_dim]: cosines, then sines
   Tensor cos_sin_local_;  // the sliding layers' own table (Gemma 3); unallocated otherwise
   Tensor embed_;          // [Vp + 1, H]; rows past this rank's vocabulary are zero
   Tensor lm_head_;        // [Vp, H]; unallocated when tied to embed_ (or packed, on cpu)
   std::unique_ptr<cpu::PackedLinear> lm_head_packed_;  // cpu: the LM head (tied or not), packed
+  // cpu, kept as GGUF blocks: the embedding table ([Vp, H], the lookup's rows; the head too when
+  // tied) and the untied head ([Vp, H]); rows past this rank's vocabulary are zero blocks.
+  std::unique_ptr<cpu::QuantizedLinear> embed_quant_, lm_head_quant_;
   Tensor final_norm_;
   std::vector<Layer> layers_;
   Buffers buf_;

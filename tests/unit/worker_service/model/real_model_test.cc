@@ -70,6 +70,9 @@ TEST_P(RealModelGoldenTest, LogitsAndGreedyTokensAreTransformers) {
   std::unique_ptr<LlamaModel> model;
   ModelOptions options;
   options.dtype = DType::kF32;
+  // Dequantized at load, as transformers reads the file (the blocks kept as they are are held to
+  // this model by llama_quantized_test).
+  options.quantized_weights = false;
   ASSERT_NO_FATAL_FAILURE(LoadTestModel(path_, &model, options));
   const int vocab = model->vocab_size();
   constexpr int kBlockSize = 16, kChunk = 200;
