@@ -77,7 +77,8 @@ const std::vector<KeySpec>& EngineKeys() {
 const std::vector<KeySpec>& WorkerKeys() {
   static const auto* keys = new std::vector<KeySpec>{
       {"threads", Type::kInt, {}},
-      {"coded_weights", Type::kBool, {}},  // kernels/cpu/coded_gemv.h
+      {"coded_weights", Type::kBool, {}},      // kernels/cpu/coded_gemv.h
+      {"quantized_weights", Type::kBool, {}},  // kernels/cpu/quantized_linear.h
       {"peer_host", Type::kString, {}},
       {"shm_collectives", Type::kBool, {}},
       {"shm_dir", Type::kString, {}},

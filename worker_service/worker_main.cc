@@ -75,6 +75,10 @@ int Run(int argc, char** argv) {
             "cpu, bf16: decode steps of 1 to 4 rows read the GEMM weights from a lossless 12-bit "
             "copy (about 1.4x faster at batch 1; the copy costs 3/4 of the bf16 weights' "
             "memory); false: oneDNN on the bf16 weights only (true)");
+  flags.Add("quantized-weights", &options.quantized_weights,
+            "cpu, GGUF files: linear weights stored as Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K or Q6_K "
+            "blocks (and the embedding table) stay the file's blocks and run on the quantized "
+            "kernels (memory near the file's size); false: dequantized at load to --dtype (true)");
   std::string cluster_secret_file;
   flags.Add("cluster-secret-file", &cluster_secret_file,
             "file holding the cluster secret every WorkerService call must present (e.g. a "

@@ -294,7 +294,7 @@ absl::Status WorkerServer::DoInit(const v1::InitRequest& request, v1::InitRespon
     absl::StatusOr<std::unique_ptr<LlamaModel>> model = absl::InternalError("not loaded");
     RunModelWork([&] {
       model = LlamaModel::Load(request.model_path(), *config, comm_.get(),
-                               {context_.get(), *model_dtype});
+                               {context_.get(), *model_dtype, options_.quantized_weights});
     });
     if (!model.ok()) return model.status();
     model_ = std::move(*model);

@@ -101,6 +101,10 @@ struct WorkerServerOptions {
   // it (ShmCommunicator), the others through Gloo's TCP; false: always Gloo.
   bool shm_collectives = true;
   std::string shm_directory = "/dev/shm";
+  // cpu, GGUF files: the linear weights and the embedding table stored in the types the
+  // quantized kernels take stay the file's blocks (ModelOptions::quantized_weights); false
+  // dequantizes them at load.
+  bool quantized_weights = true;
   // Not empty: every WorkerService call must present it (common/grpc_security.h; else
   // UNAUTHENTICATED), and Init presents it to the rendezvous store. grpc.health.v1 stays open.
   std::string cluster_secret;
