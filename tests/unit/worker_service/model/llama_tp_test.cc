@@ -76,6 +76,69 @@ TEST_P(LlamaTensorParallelTest, RanksAgreeWithOneRankAndTransformers) {
   }
 }
 
+// A GGUF kept as its Q8_0 blocks (the cpu default): each rank holds its rows of the
+// column-parallel weights and its columns (whole blocks) of o_proj and down_proj as blocks, and
+// 2 ranks give one rank's logits. The activations are quantized per 32 values along the input,
+// and a rank's columns start on a block boundary, so both quantize the same blocks; but the order
+// of the fp32 sums differs, and where that moves a value across a rounding boundary of its 8-bit
+// code the two differ by the activations' rounding (1e-2 of the logits' scale, a measured bound
+// with margin), not by fp32's.
+TEST(LlamaTensorParallelQuantizedTest, RanksKeepTheirBlocksAndAgreeWithOneRank) {
+  const std::string path = std::string(LLM_TEST_DATA_DIR) + "/models/fortune-llama-q8_0.gguf";
+  const std::string dir = std::string(LLM_TEST_DATA_DIR) + "/../../models/fortune-llama";
+  auto config = ModelConfig::FromModelDir(path);
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto single = LlamaModel::Load(path, *config, nullptr);
+  ASSERT_TRUE(single.ok()) << single.status();
+  ASSERT_GT((*single)->quantized_weight_bytes(), 0u);
+  const Golden golden = LoadGolden(dir, (*single)->vocab_size());
+  std::vector<float> reference;
+  RunAndCompare(**single, golden, 16, RandomChunks(), &reference, 0.05);
+
+  constexpr int kWorld = 2;
+  gloo::rendezvous::HashStore store;
+  std::vector<std::vector<float>> per_rank(kWorld);
+  std::vector<std::string> errors(kWorld);
+  std::vector<size_t> quantized_bytes(kWorld), weight_bytes(kWorld);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    threads.emplace_back([&, rank] {
+      absl::StatusOr<std::unique_ptr<Communicator>> comm =
+          ShmCommunicator::Create(store, rank, kWorld);
+      if (!comm.ok()) {
+        errors[rank] = comm.status().ToString();
+        return;
+      }
+      auto model = LlamaModel::Load(path, *config, comm->get());
+      if (!model.ok()) {
+        errors[rank] = model.status().ToString();
+        return;
+      }
+      quantized_bytes[rank] = (*model)->quantized_weight_bytes();
+      weight_bytes[rank] = (*model)->weight_bytes();
+      RunAndCompare(**model, golden, 16, RandomChunks(), &per_rank[rank], 0.05);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int rank = 0; rank < kWorld; ++rank) {
+    ASSERT_EQ(errors[rank], "") << "rank " << rank;
+    // Every GEMM of the rank is blocks (o_proj's and down_proj's columns split on blocks): the
+    // rank holds about half the blocks, and nothing else but norms.
+    EXPECT_GT(quantized_bytes[rank], 0.95 * weight_bytes[rank]) << "rank " << rank;
+    EXPECT_LT(quantized_bytes[rank], 0.6 * (*single)->quantized_weight_bytes()) << "rank " << rank;
+    ASSERT_EQ(per_rank[rank].size(), reference.size()) << "rank " << rank;
+    const int vocab = config->vocab_size;
+    double worst = 0;
+    for (size_t row = 0; row * vocab < reference.size(); ++row) {
+      const float* got = per_rank[rank].data() + row * vocab;
+      const float* want = reference.data() + row * vocab;
+      worst = std::max(worst, RowError(got, want, vocab));
+      EXPECT_LT(RowError(got, want, vocab), 1e-2) << "rank " << rank << " row " << row;
+    }
+    std::printf("rank %d: worst relative logit difference from one rank %.3g\n", rank, worst);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, LlamaTensorParallelTest,
                          ::testing::Combine(::testing::Values("tiny-llama", "tiny-qwen2",
                                                               "tiny-qwen3", "tiny-gemma2",
