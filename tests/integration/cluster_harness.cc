@@ -237,6 +237,9 @@ GenerateResult Generate(v1::LLMService::Stub& stub, const v1::GenerateRequest& r
       ids.insert(ids.end(), s.token_ids().begin(), s.token_ids().end());
       for (const v1::Logprobs& l : s.logprobs()) {
         r.logprobs[s.index()].push_back(l.sampled().logprob());
+        if (l.top_size() >= 2) {
+          r.margins[s.index()].push_back(l.top(0).logprob() - l.top(1).logprob());
+        }
       }
       r.text[s.index()] += s.text();
       if (s.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {

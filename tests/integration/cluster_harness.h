@@ -96,6 +96,8 @@ struct GenerateResult {
   std::map<uint32_t, v1::FinishReason> finish_reason;
   // The sampled tokens' logprobs, by sequence index, when the request asked for logprobs.
   std::map<uint32_t, std::vector<float>> logprobs;
+  // Top-1 minus top-2 logprob of every step, when the request asked for 2 or more.
+  std::map<uint32_t, std::vector<float>> margins;
   v1::Usage usage;
   bool has_usage = false;
   int num_responses = 0;

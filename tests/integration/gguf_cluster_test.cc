@@ -2,7 +2,9 @@
 // F16 GGUF of fortune-llama gives the greedy tokens of its safetensors directory; the real
 // SmolLM2-135M-Instruct (Q4_1, tools/models/fetch_smollm2.sh; skipped when not in the cache)
 // completes "The capital of France is" with Paris; the real Gemma 3 270M (Q4_K_M, fetch_model.sh
-// gemma3-270m) gives transformers' greedy tokens on the same file, at tensor-parallel size 2.
+// gemma3-270m) gives transformers' greedy tokens on the same file, at tensor-parallel size 2
+// (both with their weights kept as the file's blocks, the default); SmolLM2 served kept quantized
+// holds the file's bytes and gives the greedy tokens of the same file served dequantized.
 //
 // Deadlines here are hang guards only; no assertion depends on timing.
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/gguf.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -239,7 +242,7 @@ TEST(GgufRealModelTest, WorkerMemoryIsItsWeightsPlusTheKvBlocksWritten) {
 
   const v1::WorkerStats::Memory idle = FreshMemory(c);
   ASSERT_GT(idle.kv_cache_reserved(), 1000 * kMiB);
-  ASSERT_GT(idle.weights(), 100 * kMiB);
+  ASSERT_GT(idle.weights(), 80 * kMiB);  // the Q4_1 file's blocks (96.6 MB)
   EXPECT_LT(idle.kv_cache_resident(), idle.kv_cache_reserved() / 20);
   EXPECT_EQ(idle.swap_resident(), 0u);  // the harness's swap space, reserved, never used
   within_bound(idle, "idle");
@@ -283,6 +286,73 @@ TEST(GgufRealModelTest, WorkerMemoryIsItsWeightsPlusTheKvBlocksWritten) {
   }
   absl::StatusOr<int> s = c.Stop();
   EXPECT_TRUE(s.ok()) << s.status();
+}
+
+// SmolLM2 served with its weights kept as the file's Q4_1 blocks (the default) and dequantized
+// (worker quantized_weights: false), float32 otherwise: the worker reports (GetStats) weights of
+// the file's tensor bytes kept quantized, over 4x that dequantized, and its resident memory
+// (VmRSS) follows. Both complete the prompt greedily with the same tokens up to the first step
+// where the dequantized model's top two are closer than the activations' rounding moves the
+// logits (kMaxMargin, in logprob, from llama_quantized_test's worst logit error on this model),
+// and never diverge before the answer (" Paris." and the line breaks).
+TEST(GgufRealModelTest, SmolLm2KeptQuantizedHoldsTheFilesBytes) {
+  const std::string path = SmolLm2Path();
+  if (!std::filesystem::exists(path)) {
+    GTEST_SKIP() << path << " is not there (tools/models/fetch_smollm2.sh fetches it)";
+  }
+  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  double file_bytes = 0;
+  for (const GgufTensorInfo& t : (*file)->tensors()) file_bytes += (*file)->Bytes(t).size();
+  struct Served {
+    std::vector<int32_t> tokens;
+    std::vector<float> margins;
+    double weights = 0, rss = 0;
+  };
+  auto serve = [&](bool quantized) -> Served {
+    ClusterOptions o;
+    o.model = path;
+    o.engine = {{"max_model_len", "512"}, {"dtype", "float32"}};
+    o.worker = {{"quantized_weights", quantized ? "true" : "false"}};
+    absl::StatusOr<std::unique_ptr<LocalCluster>> c = LocalCluster::Start(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return {};
+    Served out;
+    v1::GenerateRequest request = GreedyRequest("The capital of France is", 24);
+    request.mutable_sampling_params()->set_logprobs(2);
+    GenerateResult r = Generate((*c)->stub(), request, absl::Seconds(300));
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+    if (r.status.ok()) out.tokens = r.token_ids[0], out.margins = r.margins[0];
+    out.weights = static_cast<double>(FreshMemory(**c).weights());
+    out.rss = static_cast<double>(VmRssBytes((*c)->WorkerPids().at(0)));
+    absl::StatusOr<int> s = (*c)->Stop();
+    EXPECT_TRUE(s.ok()) << s.status();
+    return out;
+  };
+  const Served kept = serve(true), dequantized = serve(false);
+  std::printf(
+      "file tensors %.1f MB; kept quantized: weights %.1f MB, RSS %.1f MB; dequantized: "
+      "weights %.1f MB, RSS %.1f MB\n",
+      file_bytes / 1e6, kept.weights / 1e6, kept.rss / 1e6, dequantized.weights / 1e6,
+      dequantized.rss / 1e6);
+  RecordProperty("rss_kept_quantized_mb", std::to_string(kept.rss / 1e6));
+  RecordProperty("rss_dequantized_mb", std::to_string(dequantized.rss / 1e6));
+  EXPECT_GT(kept.weights, 0.95 * file_bytes);
+  EXPECT_LT(kept.weights, 1.05 * file_bytes);
+  EXPECT_GT(dequantized.weights, 4 * kept.weights);
+  // The dequantized copy's bytes are not resident either.
+  EXPECT_LT(kept.rss + 0.8 * (dequantized.weights - kept.weights), dequantized.rss);
+  ASSERT_EQ(kept.tokens.size(), 24u);
+  ASSERT_EQ(dequantized.tokens.size(), 24u);
+  ASSERT_EQ(dequantized.margins.size(), 24u);
+  constexpr float kMaxMargin = 1.0f;
+  size_t same = 0;
+  while (same < 24 && kept.tokens[same] == dequantized.tokens[same]) ++same;
+  std::printf("greedy tokens equal for %zu of 24; the dequantized model's top-2 margin there: %g\n",
+              same, same < 24 ? dequantized.margins[same] : 0.0f);
+  RecordProperty("equal_greedy_tokens", std::to_string(same));
+  EXPECT_GE(same, 5u);  // " Paris.\n\n" and the next word
+  if (same < 24) EXPECT_LT(dequantized.margins[same], kMaxMargin);
 }
 
 }  // namespace
