@@ -5,6 +5,9 @@
 // one thread pool (kernels/cpu/thread_pool.h: --threads=N, default the cpuset's CPUs).
 // --shape=smollm2: SmolLM2-135M's shape instead (30 layers, hidden 576, 9 query / 3 KV heads,
 // intermediate 1536, vocabulary 49,152, tied embeddings), the model bench/peers serves.
+// --model=PATH: a model's own weights instead (a directory or a GGUF file, e.g. SmolLM2's Q4_1
+// GGUF), its linear weights kept as the file's blocks, or with --quantized-weights=false
+// dequantized at load (ModelOptions::quantized_weights).
 //
 // Two baselines in the same process: a large streaming copy (memcpy of 1 GiB; bandwidth counts
 // the bytes read and written), for batch 1, which is bound by reading every weight once; and
@@ -99,7 +102,22 @@ double StepFlops(const ModelConfig& c, int batch) {
 
 // --shape=qwen0.5b (default) or --shape=smollm2 (SmolLM2-135M, the model bench/peers serves).
 bool g_smollm2 = false;
-ModelConfig BenchConfig() { return g_smollm2 ? SmolLm2() : Qwen25HalfB(); }
+std::string g_model;      // --model
+bool g_quantized = true;  // --quantized-weights
+ModelConfig BenchConfig() {
+  if (!g_model.empty()) {
+    static const ModelConfig* config = [] {
+      absl::StatusOr<ModelConfig> c = ModelConfig::FromModelDir(g_model);
+      if (!c.ok()) {
+        std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
+        std::exit(1);
+      }
+      return new ModelConfig(*c);
+    }();
+    return *config;
+  }
+  return g_smollm2 ? SmolLm2() : Qwen25HalfB();
+}
 
 struct Fixture {
   std::unique_ptr<LlamaModel> model;
@@ -116,7 +134,9 @@ Fixture& Get(DType dtype) {
     auto* fx = new Fixture;
     ModelOptions options;
     options.dtype = dtype;
-    auto model = LlamaModel::CreateRandom(BenchConfig(), 1, nullptr, options);
+    options.quantized_weights = g_quantized;
+    auto model = g_model.empty() ? LlamaModel::CreateRandom(BenchConfig(), 1, nullptr, options)
+                                 : LlamaModel::Load(g_model, BenchConfig(), nullptr, options);
     if (!model.ok()) {
       std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
       std::exit(1);
@@ -278,7 +298,12 @@ BENCHMARK(BM_Baseline_StreamingCopy)->Unit(benchmark::kMillisecond)->UseRealTime
 
 void PrintSummary(const SummaryReporter& r) {
   const ModelConfig c = BenchConfig();
-  std::printf("\nModel shape: %s\n", g_smollm2 ? "SmolLM2-135M" : "Qwen2.5-0.5B");
+  if (g_model.empty()) {
+    std::printf("\nModel shape: %s\n", g_smollm2 ? "SmolLM2-135M" : "Qwen2.5-0.5B");
+  } else {
+    std::printf("\nModel: %s, weights %s\n", g_model.c_str(),
+                g_quantized ? "kept as the file's blocks where they can" : "dequantized");
+  }
   const double copy_s = r.seconds("BM_Baseline_StreamingCopy");
   const double bandwidth = copy_s > 0 ? 2.0 * (size_t{1} << 30) / copy_s : 0;
   std::printf("\nThreads: %d (pinned: %s); CPU bf16 (AVX512_BF16 or AMX): %s\n",
@@ -290,7 +315,9 @@ void PrintSummary(const SummaryReporter& r) {
     const double gemm_s = r.seconds("BM_Baseline_Gemm/bf16:" + std::to_string(d));
     if (gemm_s <= 0) continue;
     const double peak = 2.0 * kPeakM * kPeakK * kPeakN / gemm_s;
-    const double weights = WeightBytes(c, dtype);
+    // A loaded model's own bytes (its blocks, when kept quantized).
+    const double weights = g_model.empty() ? WeightBytes(c, dtype)
+                                           : static_cast<double>(Get(dtype).model->weight_bytes());
     std::printf(
         "\n%s weights: GEMM peak %.1f GFLOP/s (%lldx%lldx%lld); %.2f GB of weights read "
         "per step\n",
@@ -331,13 +358,18 @@ int main(int argc, char** argv) {
   llm::cpu::ReexecWithOpenMpSettings(argv);
   llm::cpu::ReexecWithMatchingBlasKernels(argv);
   // --threads=N: the pool size (default: the cpuset's CPUs); --pin-threads=true: pinned;
-  // --coded-weights=false: bf16 steps of 1 to 4 rows on oneDNN, not the 12-bit coded weights.
+  // --coded-weights=false: bf16 steps of 1 to 4 rows on oneDNN, not the 12-bit coded weights;
+  // --model=PATH, --quantized-weights=false: see the file comment.
   for (int i = 1; i < argc; ++i) {
     const bool threads = std::strncmp(argv[i], "--threads=", 10) == 0;
     const bool pin = std::strncmp(argv[i], "--pin-threads=", 14) == 0;
     const bool shape = std::strncmp(argv[i], "--shape=", 8) == 0;
     const bool coded = std::strncmp(argv[i], "--coded-weights=", 16) == 0;
-    if (!threads && !pin && !shape && !coded) continue;
+    const bool model = std::strncmp(argv[i], "--model=", 8) == 0;
+    const bool quantized = std::strncmp(argv[i], "--quantized-weights=", 20) == 0;
+    if (!threads && !pin && !shape && !coded && !model && !quantized) continue;
+    if (model) llm::g_model = argv[i] + 8;
+    if (quantized) llm::g_quantized = std::strcmp(argv[i] + 20, "true") == 0;
     if (coded) llm::cpu::SetCodedWeights(std::strcmp(argv[i] + 16, "true") == 0);
     if (shape) llm::g_smollm2 = std::strcmp(argv[i] + 8, "smollm2") == 0;
     if (threads) llm::cpu::SetThreadPoolSize(std::atoi(argv[i] + 10));
