@@ -206,41 +206,70 @@ LLM_QUANT_AVX2_INLINE void Accumulate(__m256i q, __m256i scale16, float a, float
   }
 }
 
+// What the block unpackers below hand each 32-weight chunk c of a block to: weights a * scale *
+// q - b, q the chunk's 32 bytes (signed when kSigned), scale the 16-bit lanes of scale16 (ones,
+// or Q6_K's scale of each 16 weights).
+//   GemmSink: the chunk's dot products with the activation rows (Accumulate);
+//   DequantSink: the chunk's weights as f32 (the prefill tiles).
+template <int R>
+struct GemmSink {
+  const Q8Block* const* xs;
+  int64_t xb;  // the block's first activation block
+  Acc<R>* acc;
+  template <bool kSigned, bool kHasB>
+  LLM_QUANT_AVX2_INLINE void Chunk(__m256i q, __m256i scale16, float a, float b, int c) {
+    Accumulate<R, kSigned, kHasB>(q, scale16, a, b, xs, xb + c, acc);
+  }
+};
+
+struct DequantSink {
+  float* out;  // the block's first weight
+  template <bool kSigned, bool kHasB>
+  LLM_QUANT_AVX2_INLINE void Chunk(__m256i q, __m256i scale16, float a, float b, int c) {
+    const __m256 lo = _mm256_set1_ps(a * static_cast<int16_t>(_mm256_extract_epi16(scale16, 0)));
+    const __m256 hi = _mm256_set1_ps(a * static_cast<int16_t>(_mm256_extract_epi16(scale16, 8)));
+    const __m256 off = _mm256_set1_ps(b);
+    const __m128i q0 = _mm256_castsi256_si128(q), q1 = _mm256_extracti128_si256(q, 1);
+    float* o = out + 32 * c;
+    const __m128i parts[4] = {q0, _mm_srli_si128(q0, 8), q1, _mm_srli_si128(q1, 8)};
+    for (int i = 0; i < 4; ++i) {
+      const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[i]));
+      _mm256_storeu_ps(o + 8 * i, _mm256_fmsub_ps(v, i < 2 ? lo : hi, off));
+    }
+  }
+};
+
 struct Q4_0Avx2 {
-  template <int R>
-  LLM_QUANT_AVX2_INLINE static void Block(const uint8_t* blk, const Q8Block* const* xs, int64_t xb,
-                                          Acc<R>* acc) {
+  template <class Sink>
+  LLM_QUANT_AVX2_INLINE static void Block(const uint8_t* blk, Sink* sink) {
     const float d = HalfAvx2(blk);
-    Accumulate<R, false, true>(Nibbles32(blk + 2), _mm256_set1_epi16(1), d, 8.0f * d, xs, xb, acc);
+    sink->template Chunk<false, true>(Nibbles32(blk + 2), _mm256_set1_epi16(1), d, 8.0f * d, 0);
   }
 };
 
 struct Q4_1Avx2 {
-  template <int R>
-  LLM_QUANT_AVX2_INLINE static void Block(const uint8_t* blk, const Q8Block* const* xs, int64_t xb,
-                                          Acc<R>* acc) {
-    Accumulate<R, false, true>(Nibbles32(blk + 4), _mm256_set1_epi16(1), HalfAvx2(blk),
-                               -HalfAvx2(blk + 2), xs, xb, acc);
+  template <class Sink>
+  LLM_QUANT_AVX2_INLINE static void Block(const uint8_t* blk, Sink* sink) {
+    sink->template Chunk<false, true>(Nibbles32(blk + 4), _mm256_set1_epi16(1), HalfAvx2(blk),
+                                      -HalfAvx2(blk + 2), 0);
   }
 };
 
 struct Q5_0Avx2 {
-  template <int R>
-  LLM_QUANT_AVX2_INLINE static void Block(const uint8_t* blk, const Q8Block* const* xs, int64_t xb,
-                                          Acc<R>* acc) {
+  template <class Sink>
+  LLM_QUANT_AVX2_INLINE static void Block(const uint8_t* blk, Sink* sink) {
     const float d = HalfAvx2(blk);
     const __m256i hi = _mm256_and_si256(BitsToBytes32(blk + 2), _mm256_set1_epi8(0x10));
-    Accumulate<R, false, true>(_mm256_or_si256(Nibbles32(blk + 6), hi), _mm256_set1_epi16(1), d,
-                               16.0f * d, xs, xb, acc);
+    sink->template Chunk<false, true>(_mm256_or_si256(Nibbles32(blk + 6), hi), _mm256_set1_epi16(1),
+                                      d, 16.0f * d, 0);
   }
 };
 
 struct Q8_0Avx2 {
-  template <int R>
-  LLM_QUANT_AVX2_INLINE static void Block(const uint8_t* blk, const Q8Block* const* xs, int64_t xb,
-                                          Acc<R>* acc) {
+  template <class Sink>
+  LLM_QUANT_AVX2_INLINE static void Block(const uint8_t* blk, Sink* sink) {
     const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-    Accumulate<R, true, false>(q, _mm256_set1_epi16(1), HalfAvx2(blk), 0.0f, xs, xb, acc);
+    sink->template Chunk<true, false>(q, _mm256_set1_epi16(1), HalfAvx2(blk), 0.0f, 0);
   }
 };
 
@@ -248,9 +277,8 @@ struct Q8_0Avx2 {
 // 2j, high: 2j + 1); Q5_K's fifth bits are bit s of qh[i] for weight i of sub-block s.
 template <bool kFive>
 struct QK45Avx2 {
-  template <int R>
-  LLM_QUANT_AVX2_INLINE static void Block(const uint8_t* blk, const Q8Block* const* xs, int64_t xb,
-                                          Acc<R>* acc) {
+  template <class Sink>
+  LLM_QUANT_AVX2_INLINE static void Block(const uint8_t* blk, Sink* sink) {
     const float d = HalfAvx2(blk), dmin = HalfAvx2(blk + 2);
     const uint8_t* scales = blk + 4;
     const uint8_t* qs = blk + (kFive ? 48 : 16);
@@ -268,7 +296,7 @@ struct QK45Avx2 {
         }
         uint8_t sc, m;
         ScaleMinK4(s, scales, &sc, &m);
-        Accumulate<R, false, true>(q, _mm256_set1_epi16(1), d * sc, dmin * m, xs, xb + s, acc);
+        sink->template Chunk<false, true>(q, _mm256_set1_epi16(1), d * sc, dmin * m, s);
       }
     }
   }
@@ -277,9 +305,8 @@ struct QK45Avx2 {
 // Q6_K: two 128-weight halves; weight 32 k + i of a half (k < 4) is the low or high nibble of
 // ql[(k % 2) 32 + i] with bits 2k, 2k + 1 of qh[i], minus 32; scales per 16 weights.
 struct Q6_KAvx2 {
-  template <int R>
-  LLM_QUANT_AVX2_INLINE static void Block(const uint8_t* blk, const Q8Block* const* xs, int64_t xb,
-                                          Acc<R>* acc) {
+  template <class Sink>
+  LLM_QUANT_AVX2_INLINE static void Block(const uint8_t* blk, Sink* sink) {
     const float d = HalfAvx2(blk + 208);
     const int8_t* scales = reinterpret_cast<const int8_t*>(blk + 192);
     const __m256i low4 = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
@@ -296,7 +323,7 @@ struct Q6_KAvx2 {
         const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), m32);
         const int8_t* sc = scales + 8 * n + 2 * k;
         const __m256i scale16 = _mm256_set_m128i(_mm_set1_epi16(sc[1]), _mm_set1_epi16(sc[0]));
-        Accumulate<R, true, false>(q, scale16, d, 0.0f, xs, xb + 4 * n + k, acc);
+        sink->template Chunk<true, false>(q, scale16, d, 0.0f, 4 * n + k);
       }
     }
   }
@@ -316,7 +343,8 @@ LLM_QUANT_AVX2 void RowsAvx2(int64_t block_bytes, int64_t chunks, const uint8_t*
       acc.b[r] = 0.0f;
     }
     for (int64_t blk = 0; blk < nb; ++blk) {
-      T::template Block<R>(row + blk * block_bytes, xs, blk * chunks, &acc);
+      GemmSink<R> sink{xs, blk * chunks, &acc};
+      T::Block(row + blk * block_bytes, &sink);
     }
     for (int r = 0; r < R; ++r) out[r * out_stride + j] = HorizontalSum(acc.v[r]) - acc.b[r];
   }
@@ -348,6 +376,18 @@ LLM_QUANT_AVX2 void GemmAvx2(QuantType type, const uint8_t* w, int64_t row_bytes
           RowsAvx2<T, 4>(bytes, chunks, tile, row_bytes, rows, nb, xi, x_stride, o, out_stride);
           break;
       }
+    }
+  }
+}
+
+template <class T>
+LLM_QUANT_AVX2 void DequantizeAvx2(QuantType type, const uint8_t* rows, int64_t row_bytes,
+                                   int64_t n_rows, int64_t k, float* out) {
+  const int64_t bytes = QuantBlockBytes(type), elems = QuantBlockElems(type), nb = k / elems;
+  for (int64_t j = 0; j < n_rows; ++j) {
+    for (int64_t blk = 0; blk < nb; ++blk) {
+      DequantSink sink{out + j * k + blk * elems};
+      T::Block(rows + j * row_bytes + blk * bytes, &sink);
     }
   }
 }
@@ -494,6 +534,27 @@ void DequantizeRows(QuantType type, const uint8_t* rows, int64_t row_bytes, int6
         for (int i = 0; i < 32; ++i) *o++ = a[i / 16] * q[i] - b[i / 16];
       }
     }
+  }
+}
+
+void DequantizeRowsFast(QuantType type, const uint8_t* rows, int64_t row_bytes, int64_t n_rows,
+                        int64_t k, float* out) {
+  if (!HasAvx2Kernels()) return DequantizeRows(type, rows, row_bytes, n_rows, k, out);
+  switch (type) {
+    case QuantType::kQ4_0:
+      return DequantizeAvx2<Q4_0Avx2>(type, rows, row_bytes, n_rows, k, out);
+    case QuantType::kQ4_1:
+      return DequantizeAvx2<Q4_1Avx2>(type, rows, row_bytes, n_rows, k, out);
+    case QuantType::kQ5_0:
+      return DequantizeAvx2<Q5_0Avx2>(type, rows, row_bytes, n_rows, k, out);
+    case QuantType::kQ8_0:
+      return DequantizeAvx2<Q8_0Avx2>(type, rows, row_bytes, n_rows, k, out);
+    case QuantType::kQ4_K:
+      return DequantizeAvx2<QK45Avx2<false>>(type, rows, row_bytes, n_rows, k, out);
+    case QuantType::kQ5_K:
+      return DequantizeAvx2<QK45Avx2<true>>(type, rows, row_bytes, n_rows, k, out);
+    case QuantType::kQ6_K:
+      return DequantizeAvx2<Q6_KAvx2>(type, rows, row_bytes, n_rows, k, out);
   }
 }
 

@@ -71,6 +71,12 @@ void QuantizeRowQ8Portable(const float* x, int64_t k, Q8Block* out);
 void DequantizeRows(QuantType type, const uint8_t* rows, int64_t row_bytes, int64_t n_rows,
                     int64_t k, float* out);
 
+// The same up to fp32 rounding (w = a q - b in one FMA, Q4_0's and Q5_0's offsets folded into
+// b), in AVX2 where the CPU has it: the prefill path's tiles, where the bits do not matter and
+// the speed does.
+void DequantizeRowsFast(QuantType type, const uint8_t* rows, int64_t row_bytes, int64_t n_rows,
+                        int64_t k, float* out);
+
 // The product of n_rows weight rows (from `w`, row_bytes apart, k weights each) with m
 // quantized activation rows (x, k / 32 blocks each, x_stride blocks apart):
 //   out[i * out_stride + j] = sum_k w[j][k] * x[i][k]   for i < m, j < n_rows.

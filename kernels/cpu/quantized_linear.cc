@@ -129,7 +129,8 @@ OpStatus QuantizedLinear::Forward(const TensorView& out, const TensorView& x) co
       if (static_cast<int64_t>(t_tile.size()) < tile.rows * k_) {
         t_tile.resize(static_cast<size_t>(kRowsPerTile * k_));
       }
-      DequantizeRows(p.type, p.blocks.data() + tile.row0 * rb, rb, tile.rows, k_, t_tile.data());
+      DequantizeRowsFast(p.type, p.blocks.data() + tile.row0 * rb, rb, tile.rows, k_,
+                         t_tile.data());
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
                   static_cast<int>(tile.rows), static_cast<int>(k_), 1.0f, xf, static_cast<int>(k_),
                   t_tile.data(), static_cast<int>(k_), 0.0f, o + tile.col0, static_cast<int>(n_));

@@ -13,8 +13,8 @@
 //   M >= kDequantMinRows  each tile of weight rows is dequantized to f32 into per-thread scratch
 //                         and multiplied by x in fp32 (OpenBLAS sgemm, one thread per tile): at
 //                         prefill sizes the fp32 GEMM's arithmetic beats the integer path's
-//                         per-row overhead (the crossover is measured by bench_cpu_gemv;
-//                         docs/performance/results.md, "Quantized GEMMs").
+//                         per-row overhead (the crossover is measured by bench_cpu_quant_gemv;
+//                         docs/performance/results.md, "GEMMs on GGUF blocks").
 // Tiles of weight rows are spread over the OpenMP pool (kernels/cpu/thread_pool.h).
 //
 // Thread-safety: Forward and GatherRows may run on several threads at once (the scratch is per
@@ -36,7 +36,7 @@ namespace llm::cpu {
 class QuantizedLinear {
  public:
   // Steps of this many rows or more run on dequantized tiles (see above).
-  static constexpr int64_t kDequantMinRows = 128;
+  static constexpr int64_t kDequantMinRows = 64;
 
   // Rows of one type, row after row: rows * QuantRowBytes(type, k) bytes.
   struct Part {

@@ -35,7 +35,11 @@
 // AMX: the GEMM's input rounded to bf16, fp32 accumulation, f32 output). A tied embedding table
 // is held once, as the packed head, and looked up there (PackedLinear::GatherRows: in bf16 the
 // rows are the bf16 ones the head multiplies by, as vLLM's bf16 embedding); an untied one stays
-// f32. CPU steps run on the one OpenMP pool (kernels/cpu/thread_pool.h). Weights are read in
+// f32. From a GGUF file (ModelOptions::quantized_weights, the default), the GEMM weights and the
+// embedding table stored in a type the quantized kernels take stay the file's blocks instead
+// (kernels/cpu/quantized_linear.h; each rank copies its rows, or its whole-block columns), the
+// lookup dequantizing the rows it reads and a tied head running on the table's blocks.
+// CPU steps run on the one OpenMP pool (kernels/cpu/thread_pool.h). Weights are read in
 // the model's dtype (a BF16 checkpoint is copied, not converted through fp32) and each rank uploads
 // only its slices.
 //
@@ -130,7 +134,8 @@ class LlamaModel {
                                                           const ModelConfig& config,
                                                           Communicator* comm,
                                                           const ModelOptions& options = {});
-  // (`model_dir` may also be a GGUF file, *.gguf: its weights dequantized to the dtype.)
+  // (`model_dir` may also be a GGUF file, *.gguf: its weights dequantized to the dtype, or on
+  // cpu kept as the file's blocks, see ModelOptions::quantized_weights.)
   // The same from already open weights (a SafetensorsModel or a GgufWeights).
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const WeightSource& weights,
                                                           const ModelConfig& config,

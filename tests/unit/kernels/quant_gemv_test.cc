@@ -104,6 +104,21 @@ TEST_P(QuantGemvTest, DecodesAsTheLoaderDoes) {
   }
 }
 
+// The prefill tiles' decoding: ggml's values up to one rounding of a q - b (1 ulp of the larger
+// of a q and b: well below 1e-6 at these scales).
+TEST_P(QuantGemvTest, FastDecodingIsTheLoadersUpToRounding) {
+  const QuantType type = GetParam();
+  std::mt19937 rng(11);
+  const int64_t rows = 3, k = 768;
+  const std::vector<uint8_t> blocks = RandomBlocks(type, rows, k, rng);
+  const std::vector<float> want = LoaderDequant(type, blocks, rows * k);
+  std::vector<float> got(rows * k, std::nanf(""));
+  DequantizeRowsFast(type, blocks.data(), QuantRowBytes(type, k), rows, k, got.data());
+  for (int64_t i = 0; i < rows * k; ++i) {
+    ASSERT_NEAR(got[i], want[i], 1e-6) << "element " << i;
+  }
+}
+
 TEST(QuantizeRowQ8Test, DispatchGivesThePortableBlocks) {
   std::mt19937 rng(2);
   for (int64_t k : {32, 256, 2048}) {
