@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <ostream>
 #include <random>
 #include <span>
 #include <string>
@@ -24,6 +25,10 @@
 #include "kernels/tensor.h"
 
 namespace llm::cpu {
+
+// Test names and failure messages name the type.
+void PrintTo(QuantType type, std::ostream* os) { *os << QuantTypeName(type); }
+
 namespace {
 
 constexpr QuantType kTypes[] = {QuantType::kQ4_0, QuantType::kQ4_1, QuantType::kQ5_0,
