@@ -568,6 +568,10 @@ absl::StatusOr<bool> LlamaModel::LoadQuantized(const WeightSource* weights,
     n += part.rows;
     parts.push_back(std::move(part));
   }
+  if (n > n_rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(slices.front().name, ": ", n, " rows where the config implies ", n_rows));
+  }
   if (n < n_rows) {  // zero blocks decode to zero weights in every type
     cpu::QuantizedLinear::Part pad;
     pad.type = parts.back().type;
