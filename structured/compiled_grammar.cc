@@ -1,0 +1,68 @@
+#include "structured/compiled_grammar.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "structured/pushdown_parser.h"
+
+namespace llm::structured {
+
+absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Compile(
+    const Grammar& grammar, std::shared_ptr<const TokenizerInfo> tokenizer) {
+  absl::StatusOr<GrammarAutomaton> automaton = GrammarAutomaton::Build(grammar);
+  if (!automaton.ok()) return automaton.status();
+  std::shared_ptr<CompiledGrammar> compiled(
+      new CompiledGrammar(std::move(automaton).value(), std::move(tokenizer)));
+  compiled->ComputeTokenSets();
+  return std::shared_ptr<const CompiledGrammar>(std::move(compiled));
+}
+
+void CompiledGrammar::ComputeTokenSets() {
+  const TokenizerInfo& tok = *tokenizer_;
+  const std::vector<int32_t>& ids = tok.sorted_ids();
+  const std::vector<int32_t>& lcp = tok.sorted_lcp();
+  token_sets_.resize(automaton_.num_positions());
+  StackPool pool;
+  PushdownParser parser(&automaton_, &pool);
+  // states[d]: after the first d bytes of the token being walked; returned[d]: some parse
+  // returned from the position's rule within those d bytes.
+  std::vector<ParseState> states(tok.max_token_length() + 1);
+  std::vector<bool> returned(tok.max_token_length() + 1, false);
+  std::vector<int32_t> accepted;
+  for (int32_t pos = 0; pos < automaton_.num_positions(); ++pos) {
+    if (!automaton_.reachable(pos) || automaton_.byte_edges(pos).empty()) continue;
+    ++num_precomputed_;
+    TokenSets& sets = token_sets_[pos];
+    accepted.clear();
+    const int32_t mark = pool.size();
+    states[0].tops.assign(1, pool.Intern(pos, StackPool::kBottom));
+    states[0].can_end = false;
+    size_t valid = 0;  // states[0..valid] hold the previous token's prefix
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const std::string_view bytes = tok.token_bytes(ids[i]);
+      size_t d = std::min(valid, static_cast<size_t>(lcp[i]));
+      while (d < bytes.size() && !states[d].tops.empty()) {
+        parser.Advance(states[d], static_cast<uint8_t>(bytes[d]), &states[d + 1]);
+        returned[d + 1] = returned[d] || states[d + 1].can_end;
+        ++d;
+      }
+      valid = d;
+      if (d == bytes.size() && states[d].alive()) {
+        accepted.push_back(ids[i]);
+      } else if (returned[std::min(d, bytes.size() - 1)]) {
+        sets.uncertain_ids.push_back(ids[i]);
+      }
+    }
+    pool.Truncate(mark);
+    num_uncertain_ += static_cast<int64_t>(sets.uncertain_ids.size());
+    if (static_cast<int64_t>(accepted.size()) > tok.bitmask_words()) {
+      sets.accepted_bitmask.assign(tok.bitmask_words(), 0);
+      for (int32_t id : accepted) sets.accepted_bitmask[id >> 5] |= uint32_t{1} << (id & 31);
+    } else {
+      sets.accepted_ids = accepted;
+      std::sort(sets.accepted_ids.begin(), sets.accepted_ids.end());
+    }
+  }
+}
+
+}  // namespace llm::structured

@@ -1,0 +1,115 @@
+// Helpers for the tests of structured/: a byte vocabulary, real vocabularies read through the
+// tokenizer library (tests only: the library itself does not depend on it), and the brute-force
+// mask every fast mask is compared with.
+#ifndef LLM_TESTS_UNIT_STRUCTURED_TEST_UTIL_H_
+#define LLM_TESTS_UNIT_STRUCTURED_TEST_UTIL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "scheduler_service/tokenizer/tokenizer.h"
+#include "structured/compiled_grammar.h"
+#include "structured/grammar.h"
+#include "structured/grammar_matcher.h"
+#include "structured/tokenizer_info.h"
+#include "tests/testing/test_data.h"
+
+namespace llm::structured::testing {
+
+// Token i is the byte i (0-255); 256 is a stop token, 257 a special token.
+inline std::shared_ptr<const TokenizerInfo> ByteVocab() {
+  static const std::shared_ptr<const TokenizerInfo> info = [] {
+    std::vector<std::string> bytes;
+    for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, static_cast<char>(b)));
+    bytes.push_back("");
+    bytes.push_back("<special>");
+    return *TokenizerInfo::Create(std::move(bytes), 258, {256}, {257});
+  }();
+  return info;
+}
+
+inline std::shared_ptr<const CompiledGrammar> CompileForBytes(const Grammar& g) {
+  absl::StatusOr<std::shared_ptr<const CompiledGrammar>> c =
+      CompiledGrammar::Compile(g, ByteVocab());
+  return c.ok() ? *c : nullptr;
+}
+
+// The whole of `text` is in the grammar's language.
+inline bool Matches(const std::shared_ptr<const CompiledGrammar>& g, std::string_view text) {
+  GrammarMatcher m(g);
+  return m.AcceptString(text) && m.CanTerminate();
+}
+
+// A tokenizer's vocabulary as TokenizerInfo, each id's bytes by TokenToBytes (added tokens that
+// are not special are plain text).
+struct Vocab {
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::shared_ptr<const TokenizerInfo> info;
+};
+
+inline absl::StatusOr<Vocab> LoadVocab(const std::string& path, VocabEncoding encoding) {
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromDirectory(path);
+  if (!tok.ok()) return tok.status();
+  Vocab v;
+  v.tokenizer = std::move(tok).value();
+  std::vector<std::string> bytes(v.tokenizer->vocab_size());
+  std::vector<int32_t> special;
+  for (int32_t id = 0; id < v.tokenizer->vocab_size(); ++id) {
+    std::optional<std::string> s = v.tokenizer->IdToToken(id);
+    if (!s) continue;
+    if (v.tokenizer->IsSpecialToken(id)) {
+      special.push_back(id);
+      continue;
+    }
+    absl::StatusOr<std::string> b = TokenToBytes(*s, encoding);
+    bytes[id] = b.ok() ? *b : *s;
+  }
+  std::vector<int32_t> stops = v.tokenizer->eos_token_ids();
+  absl::StatusOr<std::shared_ptr<const TokenizerInfo>> info =
+      TokenizerInfo::Create(std::move(bytes), v.tokenizer->vocab_size(), stops, special);
+  if (!info.ok()) return info.status();
+  v.info = *info;
+  return v;
+}
+
+inline std::string SmolLM2Path() {
+  return llm::testing::CachedModelPath("SmolLM2-135M-Instruct.Q4_1.gguf");
+}
+inline std::string FortuneBpePath() { return llm::testing::TestDataDir() + "/models/fortune-bpe"; }
+
+// The mask by definition: each id in turn offered to AcceptToken (and taken back).
+inline std::vector<uint32_t> BruteForceMask(GrammarMatcher* m) {
+  const TokenizerInfo& tok = m->grammar().tokenizer();
+  std::vector<uint32_t> mask(tok.bitmask_words(), 0);
+  for (int32_t id = 0; id < tok.vocab_size(); ++id) {
+    if (!m->AcceptToken(id)) continue;
+    mask[id >> 5] |= uint32_t{1} << (id & 31);
+    m->Rollback(1);
+  }
+  return mask;
+}
+
+// The fast mask, written over garbage so that a word it fails to write shows.
+inline std::vector<uint32_t> FastMask(GrammarMatcher* m) {
+  std::vector<uint32_t> mask(m->grammar().tokenizer().bitmask_words(), 0xA5A5A5A5u);
+  m->FillNextTokenBitmask(mask.data());
+  return mask;
+}
+
+inline std::vector<int32_t> AllowedIds(const std::vector<uint32_t>& mask) {
+  std::vector<int32_t> ids;
+  for (size_t w = 0; w < mask.size(); ++w) {
+    for (int b = 0; b < 32; ++b) {
+      if ((mask[w] >> b) & 1) ids.push_back(static_cast<int32_t>(w * 32 + b));
+    }
+  }
+  return ids;
+}
+
+}  // namespace llm::structured::testing
+
+#endif  // LLM_TESTS_UNIT_STRUCTURED_TEST_UTIL_H_

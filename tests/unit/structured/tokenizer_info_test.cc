@@ -1,0 +1,79 @@
+// TokenToBytes and TokenizerInfo: token strings of byte-level and SentencePiece vocabularies to
+// the bytes the tokenizer's decoder writes for them, and the sorted prefix order.
+#include "structured/tokenizer_info.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/unit/structured/test_util.h"
+
+namespace llm::structured {
+namespace {
+
+TEST(TokenToBytesTest, ByteLevel) {
+  EXPECT_EQ(*TokenToBytes("\xC4\xA0hello", VocabEncoding::kByteLevel), " hello");  // Ġhello
+  EXPECT_EQ(*TokenToBytes("\xC4\x8A", VocabEncoding::kByteLevel), "\n");           // Ċ
+  EXPECT_EQ(*TokenToBytes("\xC3\xA3\xC4\xA3", VocabEncoding::kByteLevel), "\xE3\x81");
+  EXPECT_EQ(*TokenToBytes("{\"", VocabEncoding::kByteLevel), "{\"");
+  EXPECT_FALSE(TokenToBytes("\xE2\x82\xAC", VocabEncoding::kByteLevel).ok());  // € is no byte
+}
+
+TEST(TokenToBytesTest, SentencePiece) {
+  EXPECT_EQ(*TokenToBytes("\xE2\x96\x81hello", VocabEncoding::kSentencePiece), " hello");
+  EXPECT_EQ(*TokenToBytes("<0x0A>", VocabEncoding::kSentencePiece), "\n");
+  EXPECT_EQ(*TokenToBytes("<0xE2>", VocabEncoding::kSentencePiece), "\xE2");
+  EXPECT_EQ(*TokenToBytes("<0xZZ>", VocabEncoding::kSentencePiece), "<0xZZ>");
+  EXPECT_EQ(*TokenToBytes("a\xE2\x96\x81\xE2\x96\x81", VocabEncoding::kSentencePiece), "a  ");
+}
+
+// Each token's bytes, concatenated, are the text the ids decode to (valid UTF-8 texts), after
+// `prefix`: the space a SentencePiece normalizer prepends, which its decoder strips again but a
+// grammar sees as the model writes it.
+void ExpectBytesMatchDecode(const std::string& path, VocabEncoding encoding,
+                            const std::vector<std::string>& texts, const std::string& prefix = "") {
+  absl::StatusOr<testing::Vocab> v = testing::LoadVocab(path, encoding);
+  if (!v.ok()) GTEST_SKIP() << "no vocabulary at " << path << ": " << v.status();
+  for (const std::string& text : texts) {
+    std::string bytes;
+    for (TokenId id : v->tokenizer->Encode(text, false)) bytes += v->info->token_bytes(id);
+    EXPECT_EQ(v->tokenizer->Decode(v->tokenizer->Encode(text, false)), text);
+    EXPECT_EQ(bytes, prefix + text);
+  }
+}
+
+TEST(TokenizerInfoTest, ByteLevelBytesMatchDecodeOnSmolLM2) {
+  ExpectBytesMatchDecode(testing::SmolLM2Path(), VocabEncoding::kByteLevel,
+                         {"{\"name\": \"caf\xC3\xA9\", \"n\": [1, 2]}\n", "\xF0\x9F\x98\x80 \t x"});
+}
+
+TEST(TokenizerInfoTest, ByteLevelBytesMatchDecodeOnFortune) {
+  ExpectBytesMatchDecode(testing::FortuneBpePath(), VocabEncoding::kByteLevel,
+                         {"{\"a\": [true, null]}", "Hello world\n"});
+}
+
+TEST(TokenizerInfoTest, SentencePieceBytesMatchDecodeOnLlama2Style) {
+  ExpectBytesMatchDecode(llm::testing::TestDataDir() + "/tokenizer/llama2_style",
+                         VocabEncoding::kSentencePiece,
+                         {"{\"a\": 1}", "caf\xC3\xA9 \xE2\x82\xAC\n x"}, /*prefix=*/" ");
+}
+
+TEST(TokenizerInfoTest, SortedIdsShareLongestPrefixes) {
+  auto info = TokenizerInfo::Create({"ab", "a", "", "b", "abc", "<s>", "ab"}, 8, {5}, {});
+  ASSERT_TRUE(info.ok());
+  // Empty and stop tokens are left out; equal bytes are ordered by id.
+  EXPECT_EQ((*info)->sorted_ids(), (std::vector<int32_t>{1, 0, 6, 4, 3}));
+  EXPECT_EQ((*info)->sorted_lcp(), (std::vector<int32_t>{0, 1, 2, 2, 0}));
+  EXPECT_EQ((*info)->max_token_length(), 3);
+  EXPECT_EQ((*info)->bitmask_words(), 1);
+  EXPECT_TRUE((*info)->is_stop(5));
+}
+
+TEST(TokenizerInfoTest, RefusesIdsOutOfRange) {
+  EXPECT_FALSE(TokenizerInfo::Create({"a"}, 1, {1}, {}).ok());
+  EXPECT_FALSE(TokenizerInfo::Create({"a"}, 1, {}, {-1}).ok());
+  EXPECT_FALSE(TokenizerInfo::Create({"a", "b"}, 1, {}, {}).ok());
+}
+
+}  // namespace
+}  // namespace llm::structured
