@@ -38,8 +38,8 @@ void CompiledGrammar::ComputeTokenSets() {
     states[0].tops.assign(1, pool.Intern(pos, StackPool::kBottom));
     states[0].can_end = false;
     size_t valid = 0;  // states[0..valid] hold the previous token's prefix
-    for (size_t i = 0; i < ids.size(); ++i) {
-      const std::string_view bytes = tok.token_bytes(ids[i]);
+    for (size_t i = 0; i < ids.size();) {
+      const std::string_view bytes = tok.sorted_bytes(i);
       size_t d = std::min(valid, static_cast<size_t>(lcp[i]));
       while (d < bytes.size() && !states[d].tops.empty()) {
         parser.Advance(states[d], static_cast<uint8_t>(bytes[d]), &states[d + 1]);
@@ -47,11 +47,22 @@ void CompiledGrammar::ComputeTokenSets() {
         ++d;
       }
       valid = d;
-      if (d == bytes.size() && states[d].alive()) {
-        accepted.push_back(ids[i]);
-      } else if (returned[std::min(d, bytes.size() - 1)]) {
-        sets.uncertain_ids.push_back(ids[i]);
+      if (d == bytes.size()) {
+        if (states[d].alive()) {
+          accepted.push_back(ids[i]);
+        } else if (returned[d - 1]) {
+          sets.uncertain_ids.push_back(ids[i]);
+        }
+        ++i;
+        continue;
       }
+      // The first d bytes leave no stack inside the position's rule: every token that starts
+      // with them is decided alike, uncertain if a parse returned from the rule on the way.
+      const size_t end = tok.SkipPrefix(i, static_cast<int32_t>(d));
+      if (returned[d]) {
+        for (size_t j = i; j < end; ++j) sets.uncertain_ids.push_back(ids[j]);
+      }
+      i = end;
     }
     pool.Truncate(mark);
     num_uncertain_ += static_cast<int64_t>(sets.uncertain_ids.size());

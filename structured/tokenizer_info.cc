@@ -125,6 +125,20 @@ absl::StatusOr<std::shared_ptr<const TokenizerInfo>> TokenizerInfo::Create(
     while (l < n && prev[l] == cur[l]) ++l;
     info->sorted_lcp_[i] = static_cast<int32_t>(l);
   }
+  info->sorted_offsets_.push_back(0);
+  for (int32_t id : ids) {
+    info->sorted_bytes_ += bytes[id];
+    info->sorted_offsets_.push_back(static_cast<uint32_t>(info->sorted_bytes_.size()));
+  }
+  info->sorted_next_smaller_.assign(ids.size(), ids.size());
+  std::vector<size_t> stack;  // indices whose next smaller lcp is not found yet
+  for (size_t k = 0; k < ids.size(); ++k) {
+    while (!stack.empty() && info->sorted_lcp_[k] < info->sorted_lcp_[stack.back()]) {
+      info->sorted_next_smaller_[stack.back()] = k;
+      stack.pop_back();
+    }
+    stack.push_back(k);
+  }
   return std::shared_ptr<const TokenizerInfo>(std::move(info));
 }
 

@@ -60,6 +60,18 @@ class TokenizerInfo {
   // sorted_lcp()[i], the length of the prefix sorted_ids()[i] shares with sorted_ids()[i - 1].
   const std::vector<int32_t>& sorted_ids() const { return sorted_ids_; }
   const std::vector<int32_t>& sorted_lcp() const { return sorted_lcp_; }
+  // The bytes of sorted_ids()[i], stored in sorted order (a walk reads them sequentially).
+  std::string_view sorted_bytes(size_t i) const {
+    return std::string_view(sorted_bytes_)
+        .substr(sorted_offsets_[i], sorted_offsets_[i + 1] - sorted_offsets_[i]);
+  }
+  // The first index after i whose token does not start with the first `len` bytes of token i
+  // (len >= 1): where a walk goes on when that prefix is dead, past its whole subtree.
+  size_t SkipPrefix(size_t i, int32_t len) const {
+    size_t j = i + 1;
+    while (j < sorted_ids_.size() && sorted_lcp_[j] >= len) j = sorted_next_smaller_[j];
+    return j;
+  }
   int32_t max_token_length() const { return max_token_length_; }
 
  private:
@@ -71,6 +83,10 @@ class TokenizerInfo {
   std::vector<int32_t> stop_token_ids_;
   std::vector<int32_t> sorted_ids_;
   std::vector<int32_t> sorted_lcp_;
+  std::string sorted_bytes_;
+  std::vector<uint32_t> sorted_offsets_;
+  // sorted_next_smaller_[j]: the first k > j with sorted_lcp_[k] < sorted_lcp_[j] (or the end).
+  std::vector<size_t> sorted_next_smaller_;
   int32_t vocab_size_ = 0;
   int32_t max_token_length_ = 0;
 };

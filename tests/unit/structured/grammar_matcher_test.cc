@@ -164,7 +164,8 @@ TEST_P(MatcherVocabTest, RollbackRestoresMasks) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Vocabularies, MatcherVocabTest, ::testing::Values("smollm2", "fortune"),
+INSTANTIATE_TEST_SUITE_P(Vocabularies, MatcherVocabTest,
+                         ::testing::Values("smollm2", "fortune", "llama2"),
                          [](const auto& info) { return std::string(info.param); });
 
 std::shared_ptr<const CompiledGrammar> ByteGrammar(const std::string& gbnf) {

@@ -69,6 +69,19 @@ TEST(TokenizerInfoTest, SortedIdsShareLongestPrefixes) {
   EXPECT_TRUE((*info)->is_stop(5));
 }
 
+// SkipPrefix jumps past every token that starts with a dead prefix, and no further.
+TEST(TokenizerInfoTest, SkipPrefixLeavesTheSubtree) {
+  auto info = TokenizerInfo::Create({"a", "ab", "abc", "abd", "ac", "b", "abca"}, 7, {}, {});
+  ASSERT_TRUE(info.ok());
+  // Sorted: a ab abc abca abd ac b.
+  ASSERT_EQ((*info)->sorted_ids(), (std::vector<int32_t>{0, 1, 2, 6, 3, 4, 5}));
+  EXPECT_EQ((*info)->sorted_bytes(3), "abca");
+  EXPECT_EQ((*info)->SkipPrefix(1, 2), 5u);  // past ab*: at "ac"
+  EXPECT_EQ((*info)->SkipPrefix(2, 3), 4u);  // past abc*: at "abd"
+  EXPECT_EQ((*info)->SkipPrefix(0, 1), 6u);  // past a*: at "b"
+  EXPECT_EQ((*info)->SkipPrefix(6, 1), 7u);  // the end
+}
+
 TEST(TokenizerInfoTest, RefusesIdsOutOfRange) {
   EXPECT_FALSE(TokenizerInfo::Create({"a"}, 1, {1}, {}).ok());
   EXPECT_FALSE(TokenizerInfo::Create({"a"}, 1, {}, {-1}).ok());
