@@ -73,9 +73,14 @@ class MatcherVocabTest : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
     const std::string which = GetParam();
-    const std::string path =
-        which == "smollm2" ? testing::SmolLM2Path() : testing::FortuneBpePath();
-    absl::StatusOr<testing::Vocab> v = testing::LoadVocab(path, VocabEncoding::kByteLevel);
+    // llama2_style: a SentencePiece vocabulary with byte-fallback tokens (<0xE2> ...), which
+    // end inside multi-byte characters.
+    const std::string path = which == "smollm2" ? testing::SmolLM2Path()
+                             : which == "llama2"
+                                 ? llm::testing::TestDataDir() + "/tokenizer/llama2_style"
+                                 : testing::FortuneBpePath();
+    absl::StatusOr<testing::Vocab> v = testing::LoadVocab(
+        path, which == "llama2" ? VocabEncoding::kSentencePiece : VocabEncoding::kByteLevel);
     if (!v.ok()) GTEST_SKIP() << "no vocabulary at " << path << ": " << v.status();
     vocab_ = std::move(v).value();
   }
@@ -91,7 +96,8 @@ TEST_P(MatcherVocabTest, MaskEqualsBruteForceAlongDocuments) {
     absl::StatusOr<std::shared_ptr<const CompiledGrammar>> g = cache.Get(doc.spec);
     ASSERT_TRUE(g.ok()) << g.status();
     GrammarMatcher m(*g);
-    const std::vector<TokenId> ids = vocab_.tokenizer->Encode(doc.text, false);
+    const std::vector<int32_t> ids = testing::TokenizeExactly(vocab_, doc.text);
+    ASSERT_FALSE(ids.empty());
     for (size_t i = 0; i <= ids.size(); ++i) {
       const std::vector<uint32_t> fast = FastMask(&m);
       ASSERT_EQ(fast, BruteForceMask(&m)) << "step " << i;
@@ -120,7 +126,8 @@ TEST_P(MatcherVocabTest, MaskEqualsBruteForceAlongRandomWalks) {
     ASSERT_TRUE(g.ok()) << g.status();
     GrammarMatcher m(*g);
     // Start from a random prefix of the document, then walk at random.
-    const std::vector<TokenId> ids = vocab_.tokenizer->Encode(doc.text, false);
+    const std::vector<int32_t> ids = testing::TokenizeExactly(vocab_, doc.text);
+    ASSERT_FALSE(ids.empty());
     const size_t prefix = std::uniform_int_distribution<size_t>(0, ids.size() / 2)(rng);
     for (size_t i = 0; i < prefix; ++i) ASSERT_TRUE(m.AcceptToken(ids[i]));
     for (int step = 0; step < steps && !m.IsTerminated(); ++step) {
@@ -140,7 +147,8 @@ TEST_P(MatcherVocabTest, RollbackRestoresMasks) {
   for (const Document& doc : Documents()) {
     SCOPED_TRACE(doc.name);
     GrammarMatcher m(*cache.Get(doc.spec));
-    const std::vector<TokenId> ids = vocab_.tokenizer->Encode(doc.text, false);
+    const std::vector<int32_t> ids = testing::TokenizeExactly(vocab_, doc.text);
+    ASSERT_FALSE(ids.empty());
     std::vector<std::vector<uint32_t>> masks;
     for (TokenId id : ids) {
       masks.push_back(FastMask(&m));

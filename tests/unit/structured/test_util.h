@@ -81,6 +81,35 @@ inline std::string SmolLM2Path() {
 }
 inline std::string FortuneBpePath() { return llm::testing::TestDataDir() + "/models/fortune-bpe"; }
 
+// Token ids whose bytes concatenate to `text`: the tokenizer's own encoding where its bytes are
+// exactly the text, else (a SentencePiece normalizer that prepends a space) the longest
+// matching token at each position.
+inline std::vector<int32_t> TokenizeExactly(const Vocab& v, const std::string& text) {
+  std::vector<int32_t> ids;
+  std::string bytes;
+  for (TokenId id : v.tokenizer->Encode(text, false)) {
+    ids.push_back(id);
+    bytes += v.info->token_bytes(id);
+  }
+  if (bytes == text) return ids;
+  ids.clear();
+  for (size_t pos = 0; pos < text.size();) {
+    int32_t best = -1;
+    size_t best_len = 0;
+    for (int32_t id : v.info->sorted_ids()) {
+      const std::string_view b = v.info->token_bytes(id);
+      if (b.size() > best_len && std::string_view(text).substr(pos).starts_with(b)) {
+        best = id;
+        best_len = b.size();
+      }
+    }
+    if (best < 0) return {};
+    ids.push_back(best);
+    pos += best_len;
+  }
+  return ids;
+}
+
 // The mask by definition: each id in turn offered to AcceptToken (and taken back).
 inline std::vector<uint32_t> BruteForceMask(GrammarMatcher* m) {
   const TokenizerInfo& tok = m->grammar().tokenizer();
