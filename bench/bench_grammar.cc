@@ -92,8 +92,19 @@ Setup& GetSetup() {
   return *setup;
 }
 
+// llama.cpp's grammars/json.gbnf: a user grammar of many small rules (ws, string, number).
+constexpr char kJsonGbnf[] = R"(root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
+array  ::= "[" ws ( value ("," ws value)* )? "]" ws
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
+ws ::= | " " | "\n" [ \t]{0,20}
+)";
+
 GrammarSpec Spec(const std::string& name) {
   if (name == "json_schema") return {GrammarKind::kJsonSchema, kSchema};
+  if (name == "json_gbnf") return {GrammarKind::kGrammar, kJsonGbnf};
   return {GrammarKind::kJsonObject};
 }
 
@@ -198,7 +209,7 @@ double WorstMaskUs(const std::string& name, size_t* worst_state) {
 
 int main(int argc, char** argv) {
   using namespace llm::structured;
-  const std::vector<std::string> names = {"json_schema", "json_object"};
+  const std::vector<std::string> names = {"json_schema", "json_object", "json_gbnf"};
   for (const std::string& name : names) {
     benchmark::RegisterBenchmark(("Mask/" + name).c_str(), BM_Mask, name)
         ->Unit(benchmark::kMicrosecond);

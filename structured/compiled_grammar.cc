@@ -17,6 +17,18 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Compile(
   return std::shared_ptr<const CompiledGrammar>(std::move(compiled));
 }
 
+namespace {
+
+void AddRange(std::vector<CompiledGrammar::IndexRange>* ranges, size_t begin, size_t end) {
+  if (!ranges->empty() && ranges->back().end == begin) {
+    ranges->back().end = static_cast<uint32_t>(end);
+  } else {
+    ranges->push_back({static_cast<uint32_t>(begin), static_cast<uint32_t>(end)});
+  }
+}
+
+}  // namespace
+
 void CompiledGrammar::ComputeTokenSets() {
   const TokenizerInfo& tok = *tokenizer_;
   const std::vector<int32_t>& ids = tok.sorted_ids();
@@ -51,7 +63,7 @@ void CompiledGrammar::ComputeTokenSets() {
         if (states[d].alive()) {
           accepted.push_back(ids[i]);
         } else if (returned[d - 1]) {
-          sets.uncertain_ids.push_back(ids[i]);
+          AddRange(&sets.uncertain, i, i + 1);
         }
         ++i;
         continue;
@@ -59,13 +71,11 @@ void CompiledGrammar::ComputeTokenSets() {
       // The first d bytes leave no stack inside the position's rule: every token that starts
       // with them is decided alike, uncertain if a parse returned from the rule on the way.
       const size_t end = tok.SkipPrefix(i, static_cast<int32_t>(d));
-      if (returned[d]) {
-        for (size_t j = i; j < end; ++j) sets.uncertain_ids.push_back(ids[j]);
-      }
+      if (returned[d]) AddRange(&sets.uncertain, i, end);
       i = end;
     }
     pool.Truncate(mark);
-    num_uncertain_ += static_cast<int64_t>(sets.uncertain_ids.size());
+    for (const IndexRange& r : sets.uncertain) num_uncertain_ += r.end - r.begin;
     if (static_cast<int64_t>(accepted.size()) > tok.bitmask_words()) {
       sets.accepted_bitmask.assign(tok.bitmask_words(), 0);
       for (int32_t id : accepted) sets.accepted_bitmask[id >> 5] |= uint32_t{1} << (id & 31);

@@ -32,12 +32,18 @@ namespace llm::structured {
 
 class CompiledGrammar {
  public:
+  struct IndexRange {
+    uint32_t begin;
+    uint32_t end;
+  };
   struct TokenSets {
     // Either a bitmask (bitmask_words() words) or a list of ids, whichever is smaller.
     std::vector<uint32_t> accepted_bitmask;
     std::vector<int32_t> accepted_ids;
-    // In the order of TokenizerInfo::sorted_ids (by bytes), so that a walk shares prefixes.
-    std::vector<int32_t> uncertain_ids;
+    // Ranges [begin, end) of indices into TokenizerInfo::sorted_ids, ascending and disjoint:
+    // tokens in byte order, so that a walk shares prefixes, and a whole subtree of tokens
+    // that leave the rule after a common prefix is one range.
+    std::vector<IndexRange> uncertain;
   };
 
   // INVALID_ARGUMENT from GrammarAutomaton::Build when the grammar cannot be compiled.

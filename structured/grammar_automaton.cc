@@ -1,6 +1,7 @@
 #include "structured/grammar_automaton.h"
 
 #include <algorithm>
+#include <functional>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -20,6 +21,10 @@ class AutomatonBuilder {
       return absl::InvalidArgumentError("the grammar has no root rule");
     }
     out_.root_ = grammar.root();
+    for (const Grammar::Rule& rule : grammar.rules()) {
+      if (absl::Status s = CheckReferences(rule.body, num_rules); !s.ok()) return s;
+    }
+    const std::vector<Expr> bodies = InlineSmallRules(grammar);
     // Local edges first: per rule, positions with targets in local ids.
     std::vector<std::vector<LocalPosition>> rules(num_rules);
     int32_t total = 0;
@@ -28,7 +33,7 @@ class AutomatonBuilder {
       states_.clear();
       NewState();  // 0: start
       NewState();  // 1: end
-      if (absl::Status s = AddExpr(grammar, grammar.rules()[r].body, 0, 1); !s.ok()) return s;
+      if (absl::Status s = AddExpr(grammar, bodies[r], 0, 1); !s.ok()) return s;
       rules[r] = RemoveEpsilons();
       total += static_cast<int32_t>(rules[r].size());
       if (total > GrammarAutomaton::kMaxPositions) return TooLarge();
@@ -57,6 +62,80 @@ class AutomatonBuilder {
     return absl::InvalidArgumentError(
         absl::StrCat("the grammar is too large: over ", GrammarAutomaton::kMaxPositions,
                      " automaton states (a repetition count {m,n} or a length bound too large?)"));
+  }
+
+  // A rule that is not recursive and whose body (after its own inlining) has at most this many
+  // Expr nodes is copied into the rules that reference it. Its positions then see past its
+  // end, so the tokens that cross it are decided when compiling instead of checked each step
+  // (a `ws` rule of a user grammar, say); larger rules stay shared, which keeps compiling cheap.
+  static constexpr int64_t kInlineMaxNodes = 24;
+
+  static absl::Status CheckReferences(const Expr& e, int32_t num_rules) {
+    if (e.kind == Expr::Kind::kRule && (e.rule < 0 || e.rule >= num_rules)) {
+      return absl::InvalidArgumentError(absl::StrCat("reference to an undefined rule #", e.rule));
+    }
+    for (const Expr& item : e.items) {
+      if (absl::Status s = CheckReferences(item, num_rules); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+  static void CollectReferences(const Expr& e, std::vector<int32_t>* out) {
+    if (e.kind == Expr::Kind::kRule) out->push_back(e.rule);
+    for (const Expr& item : e.items) CollectReferences(item, out);
+  }
+
+  static int64_t CountNodes(const Expr& e) {
+    int64_t n = 1;
+    for (const Expr& item : e.items) n += CountNodes(item);
+    return n;
+  }
+
+  // The rule bodies with references to small non-recursive rules replaced by those bodies.
+  static std::vector<Expr> InlineSmallRules(const Grammar& grammar) {
+    const int32_t n = static_cast<int32_t>(grammar.rules().size());
+    std::vector<std::vector<int32_t>> refs(n);
+    for (int32_t r = 0; r < n; ++r) CollectReferences(grammar.rules()[r].body, &refs[r]);
+    // recursive[r]: r reaches itself through references.
+    std::vector<bool> recursive(n, false);
+    for (int32_t r = 0; r < n; ++r) {
+      std::vector<bool> seen(n, false);
+      std::vector<int32_t> stack = refs[r];
+      while (!stack.empty() && !recursive[r]) {
+        const int32_t q = stack.back();
+        stack.pop_back();
+        if (q == r) recursive[r] = true;
+        if (seen[q]) continue;
+        seen[q] = true;
+        stack.insert(stack.end(), refs[q].begin(), refs[q].end());
+      }
+    }
+    // Callees before callers: a non-recursive rule's references are all to rules done before.
+    std::vector<Expr> bodies(n);
+    std::vector<int> state(n, 0);  // 0 to do, 1 in progress, 2 done
+    std::vector<bool> inlinable(n, false);
+    std::function<void(int32_t)> visit = [&](int32_t r) {
+      if (state[r] != 0) return;
+      state[r] = 1;
+      for (int32_t q : refs[r]) {
+        if (!recursive[q]) visit(q);
+      }
+      bodies[r] = grammar.rules()[r].body;
+      Substitute(&bodies[r], bodies, inlinable, recursive);
+      inlinable[r] = !recursive[r] && CountNodes(bodies[r]) <= kInlineMaxNodes;
+      state[r] = 2;
+    };
+    for (int32_t r = 0; r < n; ++r) visit(r);
+    return bodies;
+  }
+
+  static void Substitute(Expr* e, const std::vector<Expr>& bodies,
+                         const std::vector<bool>& inlinable, const std::vector<bool>& recursive) {
+    if (e->kind == Expr::Kind::kRule) {
+      if (!recursive[e->rule] && inlinable[e->rule]) *e = bodies[e->rule];
+      return;
+    }
+    for (Expr& item : e->items) Substitute(&item, bodies, inlinable, recursive);
   }
 
   int32_t NewState() {

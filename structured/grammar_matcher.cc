@@ -87,7 +87,7 @@ void GrammarMatcher::FillNextTokenBitmask(uint32_t* bitmask) {
       }
       for (int32_t id : sets.accepted_ids) SetBit(bitmask, id);
     }
-    CheckUncertain(top, sets.uncertain_ids, bitmask);
+    CheckUncertain(top, sets, bitmask);
   }
   if (state.can_end) {
     for (int32_t id : tok.stop_token_ids()) SetBit(bitmask, id);
@@ -95,27 +95,45 @@ void GrammarMatcher::FillNextTokenBitmask(uint32_t* bitmask) {
   pool_.Truncate(mark);
 }
 
-void GrammarMatcher::CheckUncertain(int32_t top, const std::vector<int32_t>& ids,
+void GrammarMatcher::CheckUncertain(int32_t top, const CompiledGrammar::TokenSets& sets,
                                     uint32_t* bitmask) {
   const TokenizerInfo& tok = grammar_->tokenizer();
+  const std::vector<int32_t>& sorted = tok.sorted_ids();
+  const std::vector<int32_t>& lcp = tok.sorted_lcp();
   scratch_[0].tops.assign(1, top);
   scratch_[0].can_end = false;
-  std::string_view prev;
-  size_t valid = 0;  // scratch_[0..valid] hold the prefix of `prev`
-  for (int32_t id : ids) {
-    if (TestBit(bitmask, id)) continue;
-    const std::string_view bytes = tok.token_bytes(id);
+  size_t valid = 0;         // scratch_[0..valid] hold the parse of a prefix of the next token
+  std::string_view walked;  // the last token walked
+  for (const CompiledGrammar::IndexRange& range : sets.uncertain) {
+    size_t i = range.begin;
+    const std::string_view first = tok.sorted_bytes(i);
     size_t common = 0;
-    const size_t n = std::min({prev.size(), bytes.size(), valid});
-    while (common < n && prev[common] == bytes[common]) ++common;
-    size_t d = common;
-    while (d < bytes.size() && !scratch_[d].tops.empty()) {
-      parser_.Advance(scratch_[d], static_cast<uint8_t>(bytes[d]), &scratch_[d + 1]);
-      ++d;
+    while (common < std::min({valid, walked.size(), first.size()}) &&
+           walked[common] == first[common]) {
+      ++common;
     }
-    valid = d;
-    prev = bytes;
-    if (d == bytes.size() && scratch_[d].alive()) SetBit(bitmask, id);
+    valid = common;
+    while (i < range.end) {
+      if (i > range.begin) valid = std::min(valid, static_cast<size_t>(lcp[i]));
+      if (TestBit(bitmask, sorted[i])) {  // allowed already (another top's accepted set)
+        ++i;
+        continue;
+      }
+      const std::string_view bytes = tok.sorted_bytes(i);
+      size_t d = valid;
+      while (d < bytes.size() && !scratch_[d].tops.empty()) {
+        parser_.Advance(scratch_[d], static_cast<uint8_t>(bytes[d]), &scratch_[d + 1]);
+        ++d;
+      }
+      valid = d;
+      walked = bytes;
+      if (d == bytes.size()) {
+        if (scratch_[d].alive()) SetBit(bitmask, sorted[i]);
+        ++i;
+      } else {  // the first d bytes are dead: so is every token that starts with them
+        i = tok.SkipPrefix(i, static_cast<int32_t>(d));
+      }
+    }
   }
 }
 

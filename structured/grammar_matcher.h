@@ -65,7 +65,7 @@ class GrammarMatcher {
   };
   bool AcceptBytes(std::string_view bytes);
   // Sets in `bitmask` the uncertain tokens of `top`'s position whose bytes the parse survives.
-  void CheckUncertain(int32_t top, const std::vector<int32_t>& ids, uint32_t* bitmask);
+  void CheckUncertain(int32_t top, const CompiledGrammar::TokenSets& sets, uint32_t* bitmask);
 
   std::shared_ptr<const CompiledGrammar> grammar_;
   StackPool pool_;

@@ -74,6 +74,19 @@ absl::StatusOr<std::string> TokenToBytes(std::string_view token, VocabEncoding e
   return absl::InvalidArgumentError("unknown vocabulary encoding");
 }
 
+std::vector<size_t> NextSmaller(const std::vector<int32_t>& lcp) {
+  std::vector<size_t> next(lcp.size(), lcp.size());
+  std::vector<size_t> open;  // indices whose next smaller lcp is not found yet
+  for (size_t k = 0; k < lcp.size(); ++k) {
+    while (!open.empty() && lcp[k] < lcp[open.back()]) {
+      next[open.back()] = k;
+      open.pop_back();
+    }
+    open.push_back(k);
+  }
+  return next;
+}
+
 absl::StatusOr<std::shared_ptr<const TokenizerInfo>> TokenizerInfo::Create(
     std::vector<std::string> token_bytes, int32_t vocab_size, std::vector<int32_t> stop_token_ids,
     std::vector<int32_t> special_token_ids) {
@@ -130,15 +143,7 @@ absl::StatusOr<std::shared_ptr<const TokenizerInfo>> TokenizerInfo::Create(
     info->sorted_bytes_ += bytes[id];
     info->sorted_offsets_.push_back(static_cast<uint32_t>(info->sorted_bytes_.size()));
   }
-  info->sorted_next_smaller_.assign(ids.size(), ids.size());
-  std::vector<size_t> stack;  // indices whose next smaller lcp is not found yet
-  for (size_t k = 0; k < ids.size(); ++k) {
-    while (!stack.empty() && info->sorted_lcp_[k] < info->sorted_lcp_[stack.back()]) {
-      info->sorted_next_smaller_[stack.back()] = k;
-      stack.pop_back();
-    }
-    stack.push_back(k);
-  }
+  info->sorted_next_smaller_ = NextSmaller(info->sorted_lcp_);
   return std::shared_ptr<const TokenizerInfo>(std::move(info));
 }
 

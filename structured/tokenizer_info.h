@@ -36,6 +36,18 @@ enum class VocabEncoding {
 // character outside the byte-to-unicode table.
 absl::StatusOr<std::string> TokenToBytes(std::string_view token, VocabEncoding encoding);
 
+// For a list of tokens sorted by bytes with lcp[i] the length of the prefix token i shares with
+// token i - 1: next_smaller[j] is the first k > j with lcp[k] < lcp[j] (or the list's end).
+std::vector<size_t> NextSmaller(const std::vector<int32_t>& lcp);
+// The first index after i whose token does not start with the first `len` (>= 1) bytes of
+// token i: a walk jumps there when that prefix is dead, past the prefix's whole subtree.
+inline size_t SkipSharedPrefix(const std::vector<int32_t>& lcp,
+                               const std::vector<size_t>& next_smaller, size_t i, int32_t len) {
+  size_t j = i + 1;
+  while (j < lcp.size() && lcp[j] >= len) j = next_smaller[j];
+  return j;
+}
+
 class TokenizerInfo {
  public:
   // token_bytes[id] for ids 0..token_bytes.size()-1; vocab_size (at least token_bytes.size():
@@ -68,9 +80,7 @@ class TokenizerInfo {
   // The first index after i whose token does not start with the first `len` bytes of token i
   // (len >= 1): where a walk goes on when that prefix is dead, past its whole subtree.
   size_t SkipPrefix(size_t i, int32_t len) const {
-    size_t j = i + 1;
-    while (j < sorted_ids_.size() && sorted_lcp_[j] >= len) j = sorted_next_smaller_[j];
-    return j;
+    return SkipSharedPrefix(sorted_lcp_, sorted_next_smaller_, i, len);
   }
   int32_t max_token_length() const { return max_token_length_; }
 
