@@ -55,6 +55,14 @@ cols ::= "*" | name ("," " "? name)*
 name ::= [a-z_] [a-z_0-9]*
 num ::= [0-9]+)"};
   GrammarSpec choice{GrammarKind::kChoice, "", {"positive", "negative", "neutral", "negative!"}};
+  // llama.cpp's grammars/json.gbnf: small rules (ws) that the automaton inlines.
+  GrammarSpec json_gbnf{GrammarKind::kGrammar, R"(root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
+array  ::= "[" ws ( value ("," ws value)* )? "]" ws
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
+ws ::= | " " | "\n" [ \t]{0,20})"};
   return {
       {"schema", schema,
        R"({"name": "Ada Lovelace", "age": 36, "tags": ["red", 3, null], "address": {"city": "London", "zip": "12345"}, "score": -1.5e3})"},
@@ -66,6 +74,7 @@ num ::= [0-9]+)"};
       {"regex", regex, "+44 (020) 555-1234"},
       {"gbnf", gbnf, "SELECT id, name FROM users WHERE id=42;"},
       {"choice", choice, "negative!"},
+      {"json_gbnf", json_gbnf, "{\"a\": [1, -2.5e3, \"x y\"],\n  \"b\": {\"c\": null} }\n"},
   };
 }
 
