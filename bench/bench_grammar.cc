@@ -73,20 +73,13 @@ Setup& GetSetup() {
       std::exit(1);
     }
     s->tokenizer = std::move(tok).value();
-    std::vector<std::string> bytes(s->tokenizer->vocab_size());
-    std::vector<int32_t> special;
+    std::vector<VocabToken> vocab(s->tokenizer->vocab_size());
     for (int32_t id = 0; id < s->tokenizer->vocab_size(); ++id) {
-      std::optional<std::string> t = s->tokenizer->IdToToken(id);
-      if (!t) continue;
-      if (s->tokenizer->IsSpecialToken(id)) {
-        special.push_back(id);
-        continue;
-      }
-      absl::StatusOr<std::string> b = TokenToBytes(*t, VocabEncoding::kByteLevel);
-      bytes[id] = b.ok() ? *b : *t;
+      vocab[id].token = s->tokenizer->IdToToken(id).value_or("");
+      if (s->tokenizer->IsSpecialToken(id)) vocab[id].type = VocabToken::Type::kSpecial;
     }
-    s->info = *TokenizerInfo::Create(std::move(bytes), s->tokenizer->vocab_size(),
-                                     s->tokenizer->eos_token_ids(), special);
+    s->info = *TokenizerInfo::FromVocab(vocab, VocabEncoding::kByteLevel,
+                                        s->tokenizer->vocab_size(), s->tokenizer->eos_token_ids());
     return s;
   }();
   return *setup;

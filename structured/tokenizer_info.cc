@@ -87,6 +87,34 @@ std::vector<size_t> NextSmaller(const std::vector<int32_t>& lcp) {
   return next;
 }
 
+absl::StatusOr<std::shared_ptr<const TokenizerInfo>> TokenizerInfo::FromVocab(
+    const std::vector<VocabToken>& vocab, VocabEncoding encoding, int32_t vocab_size,
+    std::vector<int32_t> stop_token_ids) {
+  std::vector<std::string> bytes(vocab.size());
+  std::vector<int32_t> special;
+  for (size_t id = 0; id < vocab.size(); ++id) {
+    const VocabToken& t = vocab[id];
+    switch (t.type) {
+      case VocabToken::Type::kSpecial:
+        special.push_back(static_cast<int32_t>(id));
+        break;
+      case VocabToken::Type::kAddedText:
+        bytes[id] = t.token;
+        break;
+      case VocabToken::Type::kNormal: {
+        absl::StatusOr<std::string> b = TokenToBytes(t.token, encoding);
+        if (!b.ok()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("token id ", id, ": ", b.status().message()));
+        }
+        bytes[id] = std::move(b).value();
+        break;
+      }
+    }
+  }
+  return Create(std::move(bytes), vocab_size, std::move(stop_token_ids), std::move(special));
+}
+
 absl::StatusOr<std::shared_ptr<const TokenizerInfo>> TokenizerInfo::Create(
     std::vector<std::string> token_bytes, int32_t vocab_size, std::vector<int32_t> stop_token_ids,
     std::vector<int32_t> special_token_ids) {

@@ -48,6 +48,17 @@ inline size_t SkipSharedPrefix(const std::vector<int32_t>& lcp,
   return j;
 }
 
+// One id of a tokenizer's vocabulary, as the tokenizer describes it.
+struct VocabToken {
+  enum class Type {
+    kNormal,     // a token of the model's vocabulary: its string is decoded per VocabEncoding
+    kSpecial,    // a control token (bos, eos, <|im_start|>): never allowed by a grammar
+    kAddedText,  // an added token that is not special: its string is plain text
+  };
+  std::string token;  // empty: an id without a token (never allowed)
+  Type type = Type::kNormal;
+};
+
 class TokenizerInfo {
  public:
   // token_bytes[id] for ids 0..token_bytes.size()-1; vocab_size (at least token_bytes.size():
@@ -57,6 +68,13 @@ class TokenizerInfo {
   static absl::StatusOr<std::shared_ptr<const TokenizerInfo>> Create(
       std::vector<std::string> token_bytes, int32_t vocab_size, std::vector<int32_t> stop_token_ids,
       std::vector<int32_t> special_token_ids);
+
+  // The same from a tokenizer's vocabulary (vocab[id] for each id): the caller's whole job is
+  // IdToToken and IsSpecialToken per id and the encoding of the tokenizer's decoder.
+  // INVALID_ARGUMENT naming the id of a kNormal token TokenToBytes refuses.
+  static absl::StatusOr<std::shared_ptr<const TokenizerInfo>> FromVocab(
+      const std::vector<VocabToken>& vocab, VocabEncoding encoding, int32_t vocab_size,
+      std::vector<int32_t> stop_token_ids);
 
   int32_t vocab_size() const { return vocab_size_; }
   // uint32_t words of a token bitmask: bit (id % 32) of word (id / 32) allows id.

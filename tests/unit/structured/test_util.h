@@ -44,8 +44,8 @@ inline bool Matches(const std::shared_ptr<const CompiledGrammar>& g, std::string
   return m.AcceptString(text) && m.CanTerminate();
 }
 
-// A tokenizer's vocabulary as TokenizerInfo, each id's bytes by TokenToBytes (added tokens that
-// are not special are plain text).
+// A tokenizer's vocabulary as TokenizerInfo (TokenizerInfo::FromVocab, as the serving code
+// builds it).
 struct Vocab {
   std::unique_ptr<Tokenizer> tokenizer;
   std::shared_ptr<const TokenizerInfo> info;
@@ -56,21 +56,13 @@ inline absl::StatusOr<Vocab> LoadVocab(const std::string& path, VocabEncoding en
   if (!tok.ok()) return tok.status();
   Vocab v;
   v.tokenizer = std::move(tok).value();
-  std::vector<std::string> bytes(v.tokenizer->vocab_size());
-  std::vector<int32_t> special;
+  std::vector<VocabToken> vocab(v.tokenizer->vocab_size());
   for (int32_t id = 0; id < v.tokenizer->vocab_size(); ++id) {
-    std::optional<std::string> s = v.tokenizer->IdToToken(id);
-    if (!s) continue;
-    if (v.tokenizer->IsSpecialToken(id)) {
-      special.push_back(id);
-      continue;
-    }
-    absl::StatusOr<std::string> b = TokenToBytes(*s, encoding);
-    bytes[id] = b.ok() ? *b : *s;
+    vocab[id].token = v.tokenizer->IdToToken(id).value_or("");
+    if (v.tokenizer->IsSpecialToken(id)) vocab[id].type = VocabToken::Type::kSpecial;
   }
-  std::vector<int32_t> stops = v.tokenizer->eos_token_ids();
-  absl::StatusOr<std::shared_ptr<const TokenizerInfo>> info =
-      TokenizerInfo::Create(std::move(bytes), v.tokenizer->vocab_size(), stops, special);
+  absl::StatusOr<std::shared_ptr<const TokenizerInfo>> info = TokenizerInfo::FromVocab(
+      vocab, encoding, v.tokenizer->vocab_size(), v.tokenizer->eos_token_ids());
   if (!info.ok()) return info.status();
   v.info = *info;
   return v;

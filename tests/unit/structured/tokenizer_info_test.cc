@@ -82,6 +82,26 @@ TEST(TokenizerInfoTest, SkipPrefixLeavesTheSubtree) {
   EXPECT_EQ((*info)->SkipPrefix(6, 1), 7u);  // the end
 }
 
+TEST(TokenizerInfoTest, FromVocabDecodesNormalTokensOnly) {
+  using Type = VocabToken::Type;
+  auto info = TokenizerInfo::FromVocab({{"\xC4\xA0"
+                                         "a",
+                                         Type::kNormal},
+                                        {"<|end|>", Type::kSpecial},
+                                        {"Hello world", Type::kAddedText},
+                                        {"", Type::kNormal}},
+                                       VocabEncoding::kByteLevel, 5, {1});
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ((*info)->token_bytes(0), " a");
+  EXPECT_TRUE((*info)->is_stop(1));  // stop wins over special
+  EXPECT_EQ((*info)->token_bytes(2), "Hello world");
+  EXPECT_EQ((*info)->sorted_ids(), (std::vector<int32_t>{0, 2}));
+  auto bad = TokenizerInfo::FromVocab({{"ok", Type::kNormal}, {"\xE2\x82\xAC", Type::kNormal}},
+                                      VocabEncoding::kByteLevel, 2, {});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("token id 1"), std::string::npos);
+}
+
 TEST(TokenizerInfoTest, RefusesIdsOutOfRange) {
   EXPECT_FALSE(TokenizerInfo::Create({"a"}, 1, {1}, {}).ok());
   EXPECT_FALSE(TokenizerInfo::Create({"a"}, 1, {}, {-1}).ok());
