@@ -1,6 +1,7 @@
 #include "structured/json_schema_converter.h"
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <string>
 #include <utility>
@@ -11,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "structured/integer_range.h"
 #include "structured/regex_parser.h"
 #include "structured/utf8_class.h"
 
@@ -27,10 +29,28 @@ const absl::flat_hash_set<std::string>& Annotations() {
 }
 
 const absl::flat_hash_set<std::string>& Supported() {
-  static const auto* set = new absl::flat_hash_set<std::string>{
-      "type",    "enum",        "const",    "properties", "required",  "additionalProperties",
-      "items",   "prefixItems", "minItems", "maxItems",   "minLength", "maxLength",
-      "pattern", "format",      "anyOf",    "oneOf",      "allOf",     "$ref"};
+  static const auto* set = new absl::flat_hash_set<std::string>{"type",
+                                                                "enum",
+                                                                "const",
+                                                                "properties",
+                                                                "required",
+                                                                "additionalProperties",
+                                                                "items",
+                                                                "prefixItems",
+                                                                "minItems",
+                                                                "maxItems",
+                                                                "minLength",
+                                                                "maxLength",
+                                                                "pattern",
+                                                                "format",
+                                                                "anyOf",
+                                                                "oneOf",
+                                                                "allOf",
+                                                                "$ref",
+                                                                "minimum",
+                                                                "maximum",
+                                                                "exclusiveMinimum",
+                                                                "exclusiveMaximum"};
   return *set;
 }
 
@@ -111,13 +131,15 @@ class JsonSchemaConverter {
   Expr StringBody() {
     return Expr::Sequence({Expr::Byte('"'), Expr::Star(JsonChar()), Expr::Byte('"')});
   }
-  Expr IntegerBody() {
-    return Expr::Sequence(
-        {Expr::Optional(Expr::Byte('-')),
-         Expr::Choice({Expr::Byte('0'), Expr::Sequence({Expr::Bytes(ByteSet::Range('1', '9')),
-                                                        Expr::Star(Digit())})})});
+  static Expr UnsignedInteger() {
+    return Expr::Choice({Expr::Byte('0'), Expr::Sequence({Expr::Bytes(ByteSet::Range('1', '9')),
+                                                          Expr::Star(Digit())})});
   }
-  Expr NumberBody() {
+  Expr IntegerBody() {
+    return Expr::Sequence({Expr::Optional(Expr::Byte('-')), UnsignedInteger()});
+  }
+  // integer ("." digits)? ([eE] [+-]? digits)?
+  static Expr NumberOf(Expr integer) {
     ByteSet sign;
     sign.Add('+');
     sign.Add('-');
@@ -125,10 +147,11 @@ class JsonSchemaConverter {
     e.Add('e');
     e.Add('E');
     return Expr::Sequence(
-        {IntegerBody(), Expr::Optional(Expr::Sequence({Expr::Byte('.'), Expr::Plus(Digit())})),
+        {std::move(integer), Expr::Optional(Expr::Sequence({Expr::Byte('.'), Expr::Plus(Digit())})),
          Expr::Optional(Expr::Sequence(
              {Expr::Bytes(e), Expr::Optional(Expr::Bytes(sign)), Expr::Plus(Digit())}))});
   }
+  Expr NumberBody() { return NumberOf(IntegerBody()); }
   static Expr Digit() { return Expr::Bytes(ByteSet::Range('0', '9')); }
 
   Expr StringRule() { return Shared(&string_rule_, "string", &JsonSchemaConverter::StringBody); }
@@ -253,13 +276,70 @@ class JsonSchemaConverter {
                                  const std::string& path) {
     if (type == "any") return ValueRule();
     if (type == "string") return VisitString(schema, path);
-    if (type == "integer") return IntegerRule();
-    if (type == "number") return NumberRule();
+    if (type == "integer") return VisitInteger(schema, path);
+    if (type == "number") return VisitNumber(schema, path);
     if (type == "boolean") return Expr::Choice({Expr::Literal("true"), Expr::Literal("false")});
     if (type == "null") return Expr::Literal("null");
     if (type == "object") return VisitObject(schema, path);
     if (type == "array") return VisitArray(schema, path);
     return Refuse(path, absl::StrCat("unknown type '", type, "'"));
+  }
+
+  static bool HasBounds(const Json& schema) {
+    for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
+      if (schema.contains(k)) return true;
+    }
+    return false;
+  }
+
+  // minimum / maximum / exclusiveMinimum / exclusiveMaximum (numbers, or draft 4's booleans
+  // beside minimum and maximum) as the integers they admit.
+  absl::StatusOr<Expr> VisitInteger(const Json& schema, const std::string& path) {
+    if (!HasBounds(schema)) return IntegerRule();
+    std::optional<int64_t> lo, hi;
+    constexpr double kLimit = 1e18;
+    for (const char* key : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
+      if (!schema.contains(key) || schema[key].is_boolean()) continue;
+      if (!schema[key].is_number()) return Refuse(path, absl::StrCat(key, " must be a number"));
+      const double v = schema[key].get<double>();
+      if (std::abs(v) > kLimit) return Refuse(path, absl::StrCat(key, " beyond 10^18"));
+      const std::string k = key;
+      const bool draft4_exclusive =
+          schema.value(k == "minimum" ? "exclusiveMinimum" : "exclusiveMaximum", Json())
+              .is_boolean() &&
+          schema[k == "minimum" ? "exclusiveMinimum" : "exclusiveMaximum"].get<bool>();
+      if (k == "minimum" || k == "exclusiveMinimum") {
+        const bool exclusive = k == "exclusiveMinimum" || draft4_exclusive;
+        const int64_t b = static_cast<int64_t>(exclusive ? std::floor(v) + 1 : std::ceil(v));
+        lo = lo ? std::max(*lo, b) : b;
+      } else {
+        const bool exclusive = k == "exclusiveMaximum" || draft4_exclusive;
+        const int64_t b = static_cast<int64_t>(exclusive ? std::ceil(v) - 1 : std::floor(v));
+        hi = hi ? std::min(*hi, b) : b;
+      }
+    }
+    if (lo && hi && *lo > *hi) return Refuse(path, "minimum above maximum: no integer fits");
+    const std::string key =
+        absl::StrCat("integer_", lo ? absl::StrCat(*lo) : "", "_", hi ? absl::StrCat(*hi) : "");
+    auto [it, inserted] = length_rules_.try_emplace(key, 0);
+    if (inserted) it->second = grammar_.AddRule(key, IntegerRange(lo, hi));
+    return Expr::Rule(it->second);
+  }
+
+  // Numbers with bounds: only minimum 0 (the non-negative numbers) is supported.
+  absl::StatusOr<Expr> VisitNumber(const Json& schema, const std::string& path) {
+    if (!HasBounds(schema)) return NumberRule();
+    const bool non_negative = schema.contains("minimum") && schema["minimum"].is_number() &&
+                              schema["minimum"].get<double>() == 0 && !schema.contains("maximum") &&
+                              !schema.contains("exclusiveMinimum") &&
+                              !schema.contains("exclusiveMaximum");
+    if (!non_negative) {
+      return Refuse(path, "minimum/maximum on a number (supported: integers, and minimum 0)");
+    }
+    if (non_negative_rule_ < 0) {
+      non_negative_rule_ = grammar_.AddRule("non_negative_number", NumberOf(UnsignedInteger()));
+    }
+    return Expr::Rule(non_negative_rule_);
   }
 
   absl::StatusOr<Expr> VisitAnyOf(const Json& list, const std::string& path) {
@@ -500,6 +580,7 @@ class JsonSchemaConverter {
   int32_t value_rule_ = -1;
   int32_t object_rule_ = -1;
   int32_t array_rule_ = -1;
+  int32_t non_negative_rule_ = -1;
 };
 
 }  // namespace

@@ -17,13 +17,15 @@
 //   string: minLength/maxLength (in characters; an escape is one), pattern (regex_parser.h,
 //     anchored at both ends, matched against the raw text between the quotes), format date,
 //     time, date-time, uuid;
+//   integer: minimum, maximum, exclusiveMinimum, exclusiveMaximum (numbers, or draft 4's
+//     booleans), as the exact set of integers (integer_range.h); number: minimum 0 only;
 //   anyOf, oneOf (as anyOf: one alternative is generated, exclusivity is not checked), allOf
 //     of one schema; $ref to "#", "#/$defs/...", "#/definitions/..." (any local JSON pointer),
 //     recursion included; boolean schemas (true: any value);
 //   annotations (title, description, default, examples, $schema, $id, $comment, deprecated,
 //     readOnly, writeOnly) and "x-" extensions are ignored.
-// Refused with INVALID_ARGUMENT naming the keyword and where it is: numeric bounds (minimum,
-// maximum, exclusive*, multipleOf), uniqueItems, contains, patternProperties, propertyNames,
+// Refused with INVALID_ARGUMENT naming the keyword and where it is: other bounds on numbers,
+// multipleOf, uniqueItems, contains, patternProperties, propertyNames,
 // min/maxProperties, dependent*, if/then/else, not, unevaluated*, other formats, remote $refs,
 // anyOf/oneOf/$ref beside other constraining keywords, the false schema, unknown keywords.
 //

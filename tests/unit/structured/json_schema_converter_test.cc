@@ -105,6 +105,22 @@ std::vector<Case> Cases() {
            "kids": {"type": "array", "items": {"$ref": "#"}}}, "required": ["v"]})",
        {R"({"v": 1})", R"({"v": 1, "kids": [{"v": 2, "kids": [{"v": 3}]}, {"v": 4}]})"},
        {R"({"v": 1, "kids": [{}]})", R"({"kids": []})"}},
+      {"integer_bounds",
+       R"({"type": "integer", "minimum": -3, "maximum": 120})",
+       {"-3", "0", "7", "99", "120"},
+       {"-4", "121", "1000", "-0", "07"}},
+      {"integer_exclusive",
+       R"({"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 10.5})",
+       {"1", "10"},
+       {"0", "11", "-1"}},
+      {"integer_draft4_exclusive",
+       R"({"type": "integer", "minimum": 5, "exclusiveMinimum": true, "maximum": 7})",
+       {"6", "7"},
+       {"5", "8"}},
+      {"number_non_negative",
+       R"({"type": "number", "minimum": 0})",
+       {"0", "0.5", "12e3"},
+       {"-1", "-0.5", "-0"}},
       {"true_schema", "true", {"1", R"("s")", "[]", "{}", "null"}, {"", "nul"}},
   };
 }
@@ -149,7 +165,9 @@ TEST(JsonSchemaConverterTest, JsonObjectIsAnyObject) {
 
 TEST(JsonSchemaConverterTest, RefusesNamingTheKeyword) {
   for (const auto& [schema, message] : std::vector<std::pair<std::string, std::string>>{
-           {R"({"type": "integer", "minimum": 0})", "keyword 'minimum'"},
+           {R"({"type": "integer", "multipleOf": 2})", "keyword 'multipleOf'"},
+           {R"({"type": "number", "maximum": 1.5})", "minimum/maximum on a number"},
+           {R"({"type": "integer", "minimum": 5, "maximum": 4})", "no integer fits"},
            {R"({"type": "array", "uniqueItems": true})", "keyword 'uniqueItems'"},
            {R"({"type": "object", "patternProperties": {}})", "keyword 'patternProperties'"},
            {R"({"if": {}, "then": {}})", "keyword 'if'"},
@@ -250,7 +268,7 @@ bool Validate(const Json& v, const Json& schema, const Json& root) {
 constexpr const char* kWalkSchemas[] = {
     R"({"type": "object", "properties": {
          "name": {"type": "string", "maxLength": 8},
-         "age": {"type": "integer"},
+         "age": {"type": "integer", "minimum": 0, "maximum": 150},
          "color": {"enum": ["red", "green", 7, null]},
          "tags": {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 3},
                   "minItems": 1, "maxItems": 3},
@@ -321,8 +339,10 @@ TEST_P(JsonWalkTest, FinishedWalksAreValidJsonOfTheSchema) {
       if (!RandomWalk(&m, &rng, 400, /*check_brute_force=*/!smollm2, &text)) continue;
       ++finished;
       const Json doc = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-      ASSERT_FALSE(doc.is_discarded()) << "not JSON: " << text;
-      EXPECT_TRUE(Validate(doc, schema, schema)) << text;
+      // nlohmann::json refuses numbers past a double's range (1e19911), which JSON allows.
+      const bool huge_number = std::regex_search(text, std::regex("[eE][-+]?[0-9]{3,}"));
+      ASSERT_TRUE(!doc.is_discarded() || huge_number) << "not JSON: " << text;
+      if (!doc.is_discarded()) EXPECT_TRUE(Validate(doc, schema, schema)) << text;
       GrammarMatcher replay(*g);  // the grammar itself takes the text back byte by byte
       EXPECT_TRUE(replay.AcceptString(text) && replay.CanTerminate()) << text;
     }
