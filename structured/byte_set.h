@@ -41,6 +41,8 @@ class ByteSet {
     for (uint64_t w : words_) n += std::popcount(w);
     return n;
   }
+  // The 64 bits of bytes 64 * i to 64 * i + 63 (for hashing and ordering).
+  uint64_t word(int i) const { return words_[i]; }
   bool operator==(const ByteSet& other) const = default;
 
  private:

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "structured/equivalent_positions.h"
 #include "structured/pushdown_parser.h"
 
 namespace llm::structured {
@@ -33,7 +34,10 @@ void CompiledGrammar::ComputeTokenSets() {
   const TokenizerInfo& tok = *tokenizer_;
   const std::vector<int32_t>& ids = tok.sorted_ids();
   const std::vector<int32_t>& lcp = tok.sorted_lcp();
-  token_sets_.resize(automaton_.num_positions());
+  const std::vector<int32_t> classes = EquivalentPositions(automaton_, tok.max_token_length());
+  std::vector<int32_t> set_of_class(automaton_.num_positions(), -1);
+  sets_of_position_.assign(automaton_.num_positions(), 0);
+  token_sets_.emplace_back();  // 0: the empty sets of positions never on top of a stack
   StackPool pool;
   PushdownParser parser(&automaton_, &pool);
   // states[d]: after the first d bytes of the token being walked; returned[d]: some parse
@@ -44,7 +48,13 @@ void CompiledGrammar::ComputeTokenSets() {
   for (int32_t pos = 0; pos < automaton_.num_positions(); ++pos) {
     if (!automaton_.reachable(pos) || automaton_.byte_edges(pos).empty()) continue;
     ++num_precomputed_;
-    TokenSets& sets = token_sets_[pos];
+    int32_t& shared = set_of_class[classes[pos]];
+    if (shared >= 0) {
+      sets_of_position_[pos] = shared;
+      continue;
+    }
+    shared = sets_of_position_[pos] = static_cast<int32_t>(token_sets_.size());
+    TokenSets& sets = token_sets_.emplace_back();
     accepted.clear();
     const int32_t mark = pool.size();
     states[0].tops.assign(1, pool.Intern(pos, StackPool::kBottom));

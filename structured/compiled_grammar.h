@@ -56,11 +56,12 @@ class CompiledGrammar {
   const GrammarAutomaton& automaton() const { return automaton_; }
   const TokenizerInfo& tokenizer() const { return *tokenizer_; }
   // For positions with byte edges that the root reaches; empty sets for the others.
-  const TokenSets& token_sets(int32_t pos) const { return token_sets_[pos]; }
+  const TokenSets& token_sets(int32_t pos) const { return token_sets_[sets_of_position_[pos]]; }
 
   // What the precomputation found, for benchmarks and logs.
   int64_t num_uncertain_tokens() const { return num_uncertain_; }
   int32_t num_precomputed_positions() const { return num_precomputed_; }
+  int32_t num_token_sets() const { return static_cast<int32_t>(token_sets_.size()); }
 
  private:
   CompiledGrammar(GrammarAutomaton automaton, std::shared_ptr<const TokenizerInfo> tokenizer)
@@ -69,7 +70,10 @@ class CompiledGrammar {
 
   GrammarAutomaton automaton_;
   std::shared_ptr<const TokenizerInfo> tokenizer_;
-  std::vector<TokenSets> token_sets_;  // per position
+  // Positions whose automata agree for as many bytes as the longest token share one TokenSets
+  // (equivalent_positions.h): the unrolled copies of a bounded repetition, mostly.
+  std::vector<TokenSets> token_sets_;
+  std::vector<int32_t> sets_of_position_;
   int64_t num_uncertain_ = 0;
   int32_t num_precomputed_ = 0;
 };

@@ -43,6 +43,7 @@ class AutomatonBuilder {
     if (absl::Status s = PruneIncompletable(); !s.ok()) return s;
     if (absl::Status s = CheckLeftRecursion(); !s.ok()) return s;
     MarkReachable();
+    out_.nullable_ = nullable_;
     return std::move(out_);
   }
 

@@ -56,6 +56,8 @@ class GrammarAutomaton {
   bool reachable(int32_t pos) const { return positions_[pos].reachable; }
   int32_t rule_of(int32_t pos) const { return positions_[pos].rule; }
   const std::string& rule_name(int32_t rule) const { return rule_names_[rule]; }
+  // The rule can match the empty string.
+  bool nullable(int32_t rule) const { return nullable_[rule]; }
 
   std::span<const ByteEdge> byte_edges(int32_t pos) const {
     const Position& p = positions_[pos];
@@ -81,6 +83,7 @@ class GrammarAutomaton {
   std::vector<RuleEdge> rule_edges_;
   std::vector<int32_t> rule_start_;
   std::vector<std::string> rule_names_;
+  std::vector<bool> nullable_;
   int32_t root_ = 0;
 };
 
