@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "structured/equivalent_positions.h"
 #include "structured/pushdown_parser.h"
 
@@ -28,6 +29,69 @@ void AddRange(std::vector<CompiledGrammar::IndexRange>* ranges, size_t begin, si
   }
 }
 
+// The parse states the precomputation meets, interned, with their transitions cached. The same
+// few states recur at every depth of the walk and from position to position (one character
+// into a repetition's copy is the next copy's start), so most steps are one table lookup
+// instead of a closure. Ids stay valid until Clear.
+class ParseStateTable {
+ public:
+  // More states than this (a kilobyte of transitions each) and the table is cleared between
+  // positions.
+  static constexpr size_t kMaxStates = 16384;
+
+  explicit ParseStateTable(const GrammarAutomaton* automaton)
+      : automaton_(automaton), parser_(automaton, &pool_) {}
+
+  // The state whose only stack is `pos` over the bottom (not closed: the position's byte edges
+  // are all the first byte may take).
+  int32_t Start(int32_t pos) {
+    ParseState s;
+    s.tops.push_back(pool_.Intern(pos, StackPool::kBottom));
+    return Intern(std::move(s));
+  }
+  int32_t Next(int32_t state, uint8_t byte) {
+    const size_t slot = static_cast<size_t>(state) * 256 + byte;
+    if (next_[slot] < 0) {
+      ParseState out;
+      parser_.Advance(states_[state], byte, &out);
+      const int32_t id = Intern(std::move(out));
+      next_[slot] = id;
+    }
+    return next_[slot];
+  }
+  bool has_tops(int32_t state) const { return !states_[state].tops.empty(); }
+  bool can_end(int32_t state) const { return states_[state].can_end; }
+  bool alive(int32_t state) const { return states_[state].alive(); }
+  size_t size() const { return states_.size(); }
+  void Clear() {
+    pool_ = StackPool();
+    parser_ = PushdownParser(automaton_, &pool_);
+    states_.clear();
+    next_.clear();
+    index_.clear();
+  }
+
+ private:
+  int32_t Intern(ParseState s) {
+    std::sort(s.tops.begin(), s.tops.end());
+    std::vector<int32_t> key = s.tops;
+    key.push_back(s.can_end ? 1 : 0);
+    auto [it, inserted] = index_.try_emplace(std::move(key), static_cast<int32_t>(states_.size()));
+    if (inserted) {
+      states_.push_back(std::move(s));
+      next_.resize(next_.size() + 256, -1);
+    }
+    return it->second;
+  }
+
+  const GrammarAutomaton* automaton_;
+  StackPool pool_;
+  PushdownParser parser_;
+  std::vector<ParseState> states_;
+  std::vector<int32_t> next_;  // [state][byte]: the next state, -1 not computed yet
+  absl::flat_hash_map<std::vector<int32_t>, int32_t> index_;
+};
+
 }  // namespace
 
 void CompiledGrammar::ComputeTokenSets() {
@@ -38,11 +102,10 @@ void CompiledGrammar::ComputeTokenSets() {
   std::vector<int32_t> set_of_class(automaton_.num_positions(), -1);
   sets_of_position_.assign(automaton_.num_positions(), 0);
   token_sets_.emplace_back();  // 0: the empty sets of positions never on top of a stack
-  StackPool pool;
-  PushdownParser parser(&automaton_, &pool);
+  ParseStateTable table(&automaton_);
   // states[d]: after the first d bytes of the token being walked; returned[d]: some parse
   // returned from the position's rule within those d bytes.
-  std::vector<ParseState> states(tok.max_token_length() + 1);
+  std::vector<int32_t> states(tok.max_token_length() + 1);
   std::vector<bool> returned(tok.max_token_length() + 1, false);
   std::vector<int32_t> accepted;
   for (int32_t pos = 0; pos < automaton_.num_positions(); ++pos) {
@@ -56,21 +119,20 @@ void CompiledGrammar::ComputeTokenSets() {
     shared = sets_of_position_[pos] = static_cast<int32_t>(token_sets_.size());
     TokenSets& sets = token_sets_.emplace_back();
     accepted.clear();
-    const int32_t mark = pool.size();
-    states[0].tops.assign(1, pool.Intern(pos, StackPool::kBottom));
-    states[0].can_end = false;
+    if (table.size() > ParseStateTable::kMaxStates) table.Clear();
+    states[0] = table.Start(pos);
     size_t valid = 0;  // states[0..valid] hold the previous token's prefix
     for (size_t i = 0; i < ids.size();) {
       const std::string_view bytes = tok.sorted_bytes(i);
       size_t d = std::min(valid, static_cast<size_t>(lcp[i]));
-      while (d < bytes.size() && !states[d].tops.empty()) {
-        parser.Advance(states[d], static_cast<uint8_t>(bytes[d]), &states[d + 1]);
-        returned[d + 1] = returned[d] || states[d + 1].can_end;
+      while (d < bytes.size() && table.has_tops(states[d])) {
+        states[d + 1] = table.Next(states[d], static_cast<uint8_t>(bytes[d]));
+        returned[d + 1] = returned[d] || table.can_end(states[d + 1]);
         ++d;
       }
       valid = d;
       if (d == bytes.size()) {
-        if (states[d].alive()) {
+        if (table.alive(states[d])) {
           accepted.push_back(ids[i]);
         } else if (returned[d - 1]) {
           AddRange(&sets.uncertain, i, i + 1);
@@ -84,7 +146,6 @@ void CompiledGrammar::ComputeTokenSets() {
       if (returned[d]) AddRange(&sets.uncertain, i, end);
       i = end;
     }
-    pool.Truncate(mark);
     for (const IndexRange& r : sets.uncertain) num_uncertain_ += r.end - r.begin;
     if (static_cast<int64_t>(accepted.size()) > tok.bitmask_words()) {
       sets.accepted_bitmask.assign(tok.bitmask_words(), 0);
