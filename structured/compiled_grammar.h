@@ -58,10 +58,12 @@ class CompiledGrammar {
   // For positions with byte edges that the root reaches; empty sets for the others.
   const TokenSets& token_sets(int32_t pos) const { return token_sets_[sets_of_position_[pos]]; }
 
-  // What the precomputation found, for benchmarks and logs.
-  int64_t num_uncertain_tokens() const { return num_uncertain_; }
+  // What the precomputation found, for benchmarks and logs: the positions with byte edges the
+  // root reaches, the distinct TokenSets computed for them (one more: the empty sets), and the
+  // uncertain tokens of those sets summed.
   int32_t num_precomputed_positions() const { return num_precomputed_; }
   int32_t num_token_sets() const { return static_cast<int32_t>(token_sets_.size()); }
+  int64_t num_uncertain_tokens() const { return num_uncertain_; }
 
  private:
   CompiledGrammar(GrammarAutomaton automaton, std::shared_ptr<const TokenizerInfo> tokenizer)
