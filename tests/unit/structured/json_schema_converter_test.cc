@@ -3,6 +3,7 @@
 // as JSON and validate against the schema (a small validator below, independent of the grammar).
 #include "structured/json_schema_converter.h"
 
+#include <ostream>
 #include <random>
 #include <regex>
 #include <string>
@@ -27,6 +28,9 @@ struct Case {
   std::vector<std::string> accepted;
   std::vector<std::string> rejected;
 };
+
+// Named in messages by its text (gtest would print the struct's bytes).
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 std::vector<Case> Cases() {
   return {

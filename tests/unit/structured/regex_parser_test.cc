@@ -1,6 +1,7 @@
 // ParseRegex / RegexToExpr: strings each construct accepts and rejects, and what it refuses.
 #include "structured/regex_parser.h"
 
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,9 @@ struct Case {
   std::vector<std::string> accepted;
   std::vector<std::string> rejected;
 };
+
+// Named in messages by its text (gtest would print the struct's bytes).
+void PrintTo(const Case& c, std::ostream* os) { *os << c.regex; }
 
 class RegexCaseTest : public ::testing::TestWithParam<Case> {};
 
