@@ -1,7 +1,6 @@
 // ParseGbnf: strings each construct accepts and rejects, and what it refuses (by name).
 #include "structured/gbnf_parser.h"
 
-#include <ostream>
 #include <string>
 #include <vector>
 
@@ -15,25 +14,12 @@ namespace {
 using testing::CompileForBytes;
 using testing::Matches;
 
-struct Case {
-  std::string grammar;
-  std::vector<std::string> accepted;
-  std::vector<std::string> rejected;
-};
-
-// Named in messages by its text (gtest would print the struct's bytes).
-void PrintTo(const Case& c, std::ostream* os) { *os << c.grammar; }
+using Case = testing::FrontEndCase;
 
 class GbnfCaseTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(GbnfCaseTest, AcceptsAndRejects) {
-  const Case& c = GetParam();
-  absl::StatusOr<Grammar> g = ParseGbnf(c.grammar);
-  ASSERT_TRUE(g.ok()) << g.status();
-  auto compiled = CompileForBytes(*g);
-  ASSERT_NE(compiled, nullptr) << g->ToString();
-  for (const std::string& s : c.accepted) EXPECT_TRUE(Matches(compiled, s)) << "'" << s << "'";
-  for (const std::string& s : c.rejected) EXPECT_FALSE(Matches(compiled, s)) << "'" << s << "'";
+  testing::ExpectAcceptsAndRejects(ParseGbnf(GetParam().text), GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(

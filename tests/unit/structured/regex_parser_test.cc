@@ -1,7 +1,6 @@
 // ParseRegex / RegexToExpr: strings each construct accepts and rejects, and what it refuses.
 #include "structured/regex_parser.h"
 
-#include <ostream>
 #include <string>
 #include <vector>
 
@@ -13,27 +12,13 @@ namespace llm::structured {
 namespace {
 
 using testing::CompileForBytes;
-using testing::Matches;
 
-struct Case {
-  std::string regex;
-  std::vector<std::string> accepted;
-  std::vector<std::string> rejected;
-};
-
-// Named in messages by its text (gtest would print the struct's bytes).
-void PrintTo(const Case& c, std::ostream* os) { *os << c.regex; }
+using Case = testing::FrontEndCase;
 
 class RegexCaseTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(RegexCaseTest, AcceptsAndRejects) {
-  const Case& c = GetParam();
-  absl::StatusOr<Grammar> g = ParseRegex(c.regex);
-  ASSERT_TRUE(g.ok()) << g.status();
-  auto compiled = CompileForBytes(*g);
-  ASSERT_NE(compiled, nullptr) << g->ToString();
-  for (const std::string& s : c.accepted) EXPECT_TRUE(Matches(compiled, s)) << "'" << s << "'";
-  for (const std::string& s : c.rejected) EXPECT_FALSE(Matches(compiled, s)) << "'" << s << "'";
+  testing::ExpectAcceptsAndRejects(ParseRegex(GetParam().text), GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(

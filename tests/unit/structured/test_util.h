@@ -6,11 +6,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "gtest/gtest.h"
 #include "scheduler_service/tokenizer/tokenizer.h"
 #include "structured/compiled_grammar.h"
 #include "structured/grammar.h"
@@ -42,6 +44,25 @@ inline std::shared_ptr<const CompiledGrammar> CompileForBytes(const Grammar& g) 
 inline bool Matches(const std::shared_ptr<const CompiledGrammar>& g, std::string_view text) {
   GrammarMatcher m(g);
   return m.AcceptString(text) && m.CanTerminate();
+}
+
+// A front end's case: its source text (a grammar, a regex), and strings the grammar made of it
+// must match and must not.
+struct FrontEndCase {
+  std::string text;
+  std::vector<std::string> accepted;
+  std::vector<std::string> rejected;
+};
+// Named in messages by its text (gtest would print the struct's bytes).
+inline void PrintTo(const FrontEndCase& c, std::ostream* os) { *os << c.text; }
+
+// The grammar a front end made of `c.text` matches every accepted string and no rejected one.
+inline void ExpectAcceptsAndRejects(const absl::StatusOr<Grammar>& g, const FrontEndCase& c) {
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto compiled = CompileForBytes(*g);
+  ASSERT_NE(compiled, nullptr) << g->ToString();
+  for (const std::string& s : c.accepted) EXPECT_TRUE(Matches(compiled, s)) << "'" << s << "'";
+  for (const std::string& s : c.rejected) EXPECT_FALSE(Matches(compiled, s)) << "'" << s << "'";
 }
 
 // A tokenizer's vocabulary as TokenizerInfo (TokenizerInfo::FromVocab, as the serving code
