@@ -169,15 +169,7 @@ class GbnfParser {
     ++pos_;
     if (AtEnd()) return -1;
     const char e = text_[pos_++];
-    auto hex = [&](int digits) -> int32_t {
-      int32_t v = 0;
-      for (int i = 0; i < digits; ++i) {
-        if (AtEnd() || !std::isxdigit(static_cast<unsigned char>(text_[pos_]))) return -1;
-        const char d = static_cast<char>(std::tolower(static_cast<unsigned char>(text_[pos_++])));
-        v = v * 16 + (d <= '9' ? d - '0' : d - 'a' + 10);
-      }
-      return v;
-    };
+    auto hex = [&](int digits) { return ReadHexDigits(text_, &pos_, digits); };
     switch (e) {
       case 'x':
         return hex(2);

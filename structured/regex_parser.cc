@@ -170,15 +170,7 @@ class RegexParser {
       *ranges = std::move(shorthand);
       return -2;
     }
-    auto hex = [&](int digits) -> int32_t {
-      int32_t v = 0;
-      for (int i = 0; i < digits; ++i) {
-        if (AtEnd() || !std::isxdigit(static_cast<unsigned char>(p_[pos_]))) return -1;
-        const char d = static_cast<char>(std::tolower(static_cast<unsigned char>(p_[pos_++])));
-        v = v * 16 + (d <= '9' ? d - '0' : d - 'a' + 10);
-      }
-      return v;
-    };
+    auto hex = [&](int digits) { return ReadHexDigits(p_, &pos_, digits); };
     int32_t cp = -1;
     switch (e) {
       case 'n':

@@ -1,6 +1,7 @@
 #include "structured/utf8_class.h"
 
 #include <algorithm>
+#include <cctype>
 #include <utility>
 
 namespace llm::structured {
@@ -120,6 +121,16 @@ void AppendUtf8(uint32_t cp, std::string* out) {
     out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
     out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
   }
+}
+
+int32_t ReadHexDigits(std::string_view text, size_t* pos, int digits) {
+  int32_t v = 0;
+  for (int i = 0; i < digits; ++i) {
+    if (*pos >= text.size() || !std::isxdigit(static_cast<unsigned char>(text[*pos]))) return -1;
+    const char d = static_cast<char>(std::tolower(static_cast<unsigned char>(text[(*pos)++])));
+    v = v * 16 + (d <= '9' ? d - '0' : d - 'a' + 10);
+  }
+  return v;
 }
 
 int32_t DecodeUtf8(std::string_view text, size_t* pos) {

@@ -34,6 +34,10 @@ void AppendUtf8(uint32_t cp, std::string* out);
 // advances one byte) at an invalid sequence.
 int32_t DecodeUtf8(std::string_view text, size_t* pos);
 
+// Reads `digits` hex digits of `text` at *pos (an escape's \xHH, \uHHHH, \UHHHHHHHH) and
+// advances *pos past them; -1 when fewer are there.
+int32_t ReadHexDigits(std::string_view text, size_t* pos, int digits);
+
 }  // namespace llm::structured
 
 #endif  // LLM_STRUCTURED_UTF8_CLASS_H_

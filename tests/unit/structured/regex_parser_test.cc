@@ -26,6 +26,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         Case{"abc", {"abc"}, {"", "ab", "abcd"}}, Case{"^abc$", {"abc"}, {"^abc$", "abcabc"}},
         Case{"a|bc|", {"a", "bc", ""}, {"abc", "b"}},
+        // Hex escapes, in a class too (é as octal escapes, which end after 3 digits).
+        Case{R"(\x41\u00e9[\x30-\x32])", {"A\303\2511"}, {"A\303\251", "a\303\2511", "A\303\2513"}},
         Case{"colou?r", {"color", "colour"}, {"colouur"}},
         Case{"a*b+", {"b", "aabbb"}, {"", "a", "ba"}}, Case{"x{3}", {"xxx"}, {"xx", "xxxx"}},
         Case{"x{2,}", {"xx", "xxxxxx"}, {"x"}}, Case{"x{1,3}y", {"xy", "xxxy"}, {"y", "xxxxy"}},
