@@ -306,13 +306,18 @@ TEST_F(LLMSchedulerTest, SigtermDrainsTheStreamsInFlightThenExitsZero) {
   ASSERT_TRUE(Eventually([&] { return GrpcHealthCheck(channel, "") == 1; }));
   constexpr int kCalls = 4;
   constexpr int kMaxTokens = 40;
-  // The worker holds its steps after 10 (the streams have begun, none can have finished),
-  // whatever the machine's speed.
-  r0.service->pause_after(10);
+  // The worker holds every step while the calls arrive (the engine waits on the first step, so
+  // the others queue for the step after), then runs 10 more and holds again: every stream has
+  // begun, none can have finished. Without the first hold, 10 steps of the first call could
+  // run before the others arrived on a loaded machine, and those would never begin.
+  r0.service->set_paused(true);
   std::vector<std::unique_ptr<StreamingCall>> calls;
   for (int i = 0; i < kCalls; ++i) {
     calls.push_back(std::make_unique<StreamingCall>(stub_.get(), kMaxTokens));
   }
+  ASSERT_TRUE(Eventually([&] { return r0.service->num_steps() >= 1; }));
+  absl::SleepFor(absl::Milliseconds(500));  // for the other calls to reach the engine's queue
+  r0.service->pause_after(10);
   ASSERT_TRUE(Eventually([&] {
     for (auto& c : calls) {
       if (c->tokens == 0) return false;
