@@ -7,7 +7,8 @@
 //
 // Usage: bench_grammar [google benchmark flags]. The vocabulary is read from
 // $LLM_MODELS_CACHE or ~/.cache/llm-models (tools/models/fetch_model.sh smollm2), else from
-// the committed fortune-bpe tokenizer (2,048 tokens), said in the output.
+// the committed fortune-bpe tokenizer (2,048 tokens), said in the output; LLM_GRAMMAR_VOCAB=PATH
+// reads another model's (e.g. Gemma 3's GGUF: 262,144 tokens, SentencePiece spelling).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "scheduler_service/tokenizer/grammar_vocabulary.h"
 #include "scheduler_service/tokenizer/tokenizer.h"
 #include "structured/grammar_cache.h"
 #include "structured/grammar_matcher.h"
@@ -61,10 +63,12 @@ Setup& GetSetup() {
     const char* cache = std::getenv("LLM_MODELS_CACHE");
     const char* home = std::getenv("HOME");
     const std::string dir = cache ? cache : std::string(home ? home : "") + "/.cache/llm-models";
-    absl::StatusOr<std::unique_ptr<Tokenizer>> tok =
-        Tokenizer::FromDirectory(dir + "/SmolLM2-135M-Instruct.Q4_1.gguf");
-    s->vocab_label = "SmolLM2-135M";
-    if (!tok.ok()) {
+    // LLM_GRAMMAR_VOCAB: another tokenizer (a model directory or GGUF), e.g. Gemma 3's 262k.
+    const char* other = std::getenv("LLM_GRAMMAR_VOCAB");
+    const std::string path = other != nullptr ? other : dir + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromDirectory(path);
+    s->vocab_label = path.substr(path.rfind('/') + 1);
+    if (!tok.ok() && other == nullptr) {
       tok = Tokenizer::FromDirectory(std::string(LLM_TEST_MODELS_DIR) + "/fortune-bpe");
       s->vocab_label = "fortune-bpe (SmolLM2 not fetched)";
     }
@@ -73,13 +77,14 @@ Setup& GetSetup() {
       std::exit(1);
     }
     s->tokenizer = std::move(tok).value();
-    std::vector<VocabToken> vocab(s->tokenizer->vocab_size());
-    for (int32_t id = 0; id < s->tokenizer->vocab_size(); ++id) {
-      vocab[id].token = s->tokenizer->IdToToken(id).value_or("");
-      if (s->tokenizer->IsSpecialToken(id)) vocab[id].type = VocabToken::Type::kSpecial;
+    // As the scheduler and the workers build it.
+    absl::StatusOr<std::shared_ptr<const TokenizerInfo>> info =
+        GrammarVocabulary(*s->tokenizer, s->tokenizer->vocab_size());
+    if (!info.ok()) {
+      std::fprintf(stderr, "vocabulary: %s\n", std::string(info.status().message()).c_str());
+      std::exit(1);
     }
-    s->info = *TokenizerInfo::FromVocab(vocab, VocabEncoding::kByteLevel,
-                                        s->tokenizer->vocab_size(), s->tokenizer->eos_token_ids());
+    s->info = *std::move(info);
     return s;
   }();
   return *setup;

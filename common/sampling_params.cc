@@ -72,6 +72,27 @@ absl::Status SamplingParams::Validate(const SamplingLimits& limits) const {
       return Bad("logit_bias token id", *dup, "listed once");
     }
   }
+  using Kind = StructuredOutputParams::Kind;
+  switch (structured.kind) {
+    case Kind::kJsonSchema:
+    case Kind::kRegex:
+    case Kind::kGrammar:
+      if (structured.text.empty()) {
+        return Bad(structured.kind == Kind::kJsonSchema ? "structured_output.json_schema"
+                   : structured.kind == Kind::kRegex    ? "structured_output.regex"
+                                                        : "structured_output.grammar",
+                   "empty", "a non-empty text");
+      }
+      break;
+    case Kind::kChoice:
+      if (structured.choices.empty()) {
+        return Bad("structured_output.choice", "an empty list", "at least one string");
+      }
+      break;
+    case Kind::kNone:
+    case Kind::kJsonObject:
+      break;
+  }
   return absl::OkStatus();
 }
 

@@ -24,6 +24,23 @@ struct SamplingLimits {
   int vocab_size = 0;     // logit_bias token ids are below it; 0: not checked (>= 0 only)
 };
 
+// A constraint on the output's text (structured outputs, vLLM's structured_outputs and
+// OpenAI's response_format): sampling allows only tokens that keep the text a prefix of the
+// constraint's language, and the stop tokens only once the text is a whole sentence of it. The
+// grammar engine (structured/) compiles it; Validate checks only its shape.
+struct StructuredOutputParams {
+  enum class Kind { kNone, kJsonSchema, kJsonObject, kRegex, kGrammar, kChoice };
+  Kind kind = Kind::kNone;
+  // kJsonSchema: the schema as JSON text; kRegex: the expression; kGrammar: GBNF.
+  std::string text;
+  std::vector<std::string> choices;  // kChoice: the output is one of these strings
+  // The JSON kinds: any whitespace between tokens. Off by default: with it a small model can
+  // spend its whole budget on blank lines that the grammar allows.
+  bool any_whitespace = false;
+
+  bool active() const { return kind != Kind::kNone; }
+};
+
 struct SamplingParams {
   int n = 1;                 // output sequences sharing the prompt; [1, max_n]
   double temperature = 1.0;  // finite, >= 0; 0 means greedy (then n must be 1)
@@ -46,6 +63,7 @@ struct SamplingParams {
   // so greedy's argmax moves too; -100 all but bans a token. Distinct token ids in
   // [0, vocab_size), biases finite and in [-100, 100]; sorted by token id when from a proto.
   std::vector<std::pair<TokenId, float>> logit_bias;
+  StructuredOutputParams structured;
 
   bool greedy() const { return temperature == 0.0; }
   // Whether any of the three penalties is on: only then does sampling read the output's

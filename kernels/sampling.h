@@ -9,7 +9,8 @@
 // 32)]) on the device plus a pinned staging bitmap each, for the sequences that have penalties
 // (most requests have none, so only they pay the 4.1 bytes per vocabulary entry), and the
 // logit biases of a step's rows (pinned host staging + device, grown by ReserveBias to the
-// largest step's total: most requests have none).
+// largest step's total: most requests have none), and a token mask per row for structured
+// outputs (pinned host staging + device, 4 bytes per 32 vocabulary entries per row).
 //
 // Thread-compatible: one workspace per thread at a time.
 #ifndef LLM_KERNELS_SAMPLING_H_
@@ -40,6 +41,9 @@ struct RowParams {
   // token ids in [0, vocab_size).
   int32_t bias_begin = 0;
   int32_t bias_count = 0;
+  // Nonzero: AllowedStaging(ws, row) holds the row's structured-output token mask; the logits
+  // of the tokens it does not allow are -inf from the biases on (not in the raw logprobs).
+  int32_t constrained = 0;
 };
 
 // One logit_bias entry: `bias` is added to the logit of `token` before the penalties.
@@ -80,6 +84,10 @@ int32_t* CountStaging(Workspace* ws);
 // synchronized).
 OpStatus ReserveBias(Workspace* ws, int64_t entries);
 TokenBias* BiasStaging(Workspace* ws);
+
+// Pinned host staging of row `row`'s token mask (ceil(vocab_size / 32) words: bit (id % 32) of
+// word id / 32 allows id), read by the next Sample for a row whose params say `constrained`.
+uint32_t* AllowedStaging(Workspace* ws, int row);
 
 // Stream-ordered on ctx.stream: slot `slot`'s counts set to CountStaging(ws) (with_counts) or
 // to zero, and its prompt bitmap to PromptStaging(ws, slot) (with_prompt) or to zero. The

@@ -59,11 +59,14 @@ SamplingState* BatchState::MutableSamplingState(int32_t slot, int seq_index) {
   return &it->second.seqs[seq_index].sampling;
 }
 
-void BatchState::ResetSequence(Sequence* seq) {
+void BatchState::ResetSequence(Sequence* seq,
+                               const std::shared_ptr<const structured::CompiledGrammar>& grammar) {
   if (seq->sampling.device_slot.slot >= 0) {
     released_device_slots_.push_back(seq->sampling.device_slot);
   }
   *seq = Sequence{};
+  if (grammar != nullptr)
+    seq->sampling.grammar = std::make_unique<structured::GrammarMatcher>(grammar);
 }
 
 void BatchState::Clear() {
@@ -84,7 +87,10 @@ absl::Status BatchState::Apply(const SchedulerOutput& step) {
     for (Sequence& seq : it->second.seqs) ResetSequence(&seq);
     requests_.erase(it);
   }
-  for (const ScheduledRequest& r : step.new_requests) ApplyRequest(step, r, /*is_new=*/true);
+  for (size_t i = 0; i < step.new_requests.size(); ++i) {
+    requests_[step.new_requests[i].slot].grammar = std::move(new_grammars_[i]);
+    ApplyRequest(step, step.new_requests[i], /*is_new=*/true);
+  }
   for (const ScheduledRequest& r : step.cached_requests) ApplyRequest(step, r, /*is_new=*/false);
 
   BatchInputs& in = inputs_;
@@ -117,8 +123,25 @@ absl::Status BatchState::Validate(const SchedulerOutput& step) {
     return absl::InvalidArgumentError(
         absl::StrCat("step ", step.step_id, ": slot ", *it, " is scheduled twice"));
   }
+  new_grammars_.clear();
   for (const ScheduledRequest& r : step.new_requests) {
     RETURN_IF_ERROR(ValidateRequest(step, r, /*is_new=*/true));
+    std::shared_ptr<const structured::CompiledGrammar>& grammar = new_grammars_.emplace_back();
+    if (!r.sampling_params->structured.active()) continue;
+    if (config_.grammars == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step ", step.step_id, ": request ", std::string(r.request_id),
+                       " has a structured output, which this worker cannot enforce (it has no "
+                       "vocabulary for grammars)"));
+    }
+    absl::StatusOr<std::shared_ptr<const structured::CompiledGrammar>> compiled =
+        config_.grammars->Get(structured::SpecOf(r.sampling_params->structured));
+    if (!compiled.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step ", step.step_id, ": request ", std::string(r.request_id),
+                       ": structured output: ", std::string(compiled.status().message())));
+    }
+    grammar = *std::move(compiled);
   }
   for (const ScheduledRequest& r : step.cached_requests) {
     RETURN_IF_ERROR(ValidateRequest(step, r, /*is_new=*/false));
@@ -247,7 +270,9 @@ void BatchState::ApplyRequest(const SchedulerOutput& step, const ScheduledReques
     req.prompt_token_set = RepetitionPenaltyTokens(req.params, req.prompt);
     // Every sequence's state from the start: the n - 1 a fork makes sample their first token
     // (from the parent's row) before they exist as sequences.
-    req.seqs.assign(req.params.n, Sequence{});
+    req.seqs.clear();
+    req.seqs.resize(req.params.n);
+    for (Sequence& seq : req.seqs) ResetSequence(&seq, req.grammar);
   }
   req.num_computed_tokens = r.num_computed_tokens + r.num_scheduled_tokens;
   const bool count = req.params.has_penalties();
@@ -258,7 +283,7 @@ void BatchState::ApplyRequest(const SchedulerOutput& step, const ScheduledReques
     Sequence& seq = req.seqs[i];
     if (next == listed.end() || next->index != i) {
       // Also a sequence yet to fork, should a failed step have left it a device slot.
-      if (seq.live || seq.sampling.device_slot.slot >= 0) ResetSequence(&seq);
+      if (seq.live || seq.sampling.device_slot.slot >= 0) ResetSequence(&seq, req.grammar);
       continue;
     }
     const ScheduledSequence& s = *next++;
@@ -267,7 +292,7 @@ void BatchState::ApplyRequest(const SchedulerOutput& step, const ScheduledReques
       // Its tokens are the prompt and its output so far (a request resumed on workers that
       // never held it): the state continues from that output, as on the workers that sampled
       // it.
-      ResetSequence(&seq);
+      ResetSequence(&seq, req.grammar);
       seq.token_ids = req.prompt;
       for (TokenId t : tokens) seq.sampling.AddOutputToken(t, count);
     }

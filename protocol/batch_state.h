@@ -17,6 +17,12 @@
 // (AppendSampled), and goes with the sequence. The arithmetic that reads it is
 // worker_service/sampler.h's.
 //
+// A request with a structured output (SamplingParams::structured) gets its grammar, compiled
+// once per distinct constraint by config.grammars, and each of its sequences a matcher in its
+// sampling state, advanced by every token the state records: the tokens a sequence new to the
+// workers brings, then each one sampled. A worker without config.grammars refuses such a
+// request (INVALID_ARGUMENT), as it does a constraint that does not compile.
+//
 // Swaps and copies move KV, not state: the caller applies them after Apply returns OK and
 // before the forward pass.
 //
@@ -42,6 +48,7 @@
 #define LLM_PROTOCOL_BATCH_STATE_H_
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -51,6 +58,8 @@
 #include "common/sampling_params.h"
 #include "common/types.h"
 #include "protocol/scheduler_output.h"
+#include "structured/grammar_cache.h"
+#include "structured/grammar_matcher.h"
 
 namespace llm {
 
@@ -59,6 +68,8 @@ struct BatchStateConfig {
   int num_cpu_blocks = 0;  // the swap space's blocks
   int block_size = 16;
   int vocab_size = 0;  // token ids are in [0, vocab_size)
+  // Compiles the requests' structured outputs; shared by the runners a worker makes.
+  std::shared_ptr<structured::GrammarCache> grammars;
 };
 
 // The inputs of one step's forward pass and its sampling. T tokens, S batch sequences (listed
@@ -107,12 +118,19 @@ struct SamplingState {
   // Output token -> occurrences, kept only when a penalty is on (the only reader).
   absl::flat_hash_map<TokenId, int> output_counts;
   DeviceSlot device_slot;
+  // The sequence's progress through its request's structured output; null without one.
+  std::unique_ptr<structured::GrammarMatcher> grammar;
 
-  // Records one output token; `count`: a penalty of the request is on.
+  // Records one output token; `count`: a penalty of the request is on. A token the grammar
+  // does not take (one sampled past its end, which the scheduler drops) leaves it as it was.
   void AddOutputToken(TokenId token, bool count) {
     ++num_samples;
     if (count) ++output_counts[token];
+    if (grammar != nullptr) grammar->AcceptToken(token);
   }
+  // Whether sampling is constrained now: a grammar that has not ended (once it has, the
+  // sequence's further samples are past its stop, which the scheduler drops).
+  bool constrained() const { return grammar != nullptr && !grammar->IsTerminated(); }
 };
 
 // The distinct tokens of `prompt`, ascending, when the repetition penalty is on; otherwise
@@ -141,6 +159,7 @@ class BatchState {
     // every request a seed, so that every rank draws the same tokens).
     uint64_t seed = 0;
     std::vector<TokenId> prompt_token_set;  // RepetitionPenaltyTokens(params, prompt)
+    std::shared_ptr<const structured::CompiledGrammar> grammar;  // params.structured's
     int num_computed_tokens = 0;
     std::vector<Sequence> seqs;  // by index, params.n of them
   };
@@ -186,8 +205,10 @@ class BatchState {
   void ApplyRequest(const SchedulerOutput& step, const ScheduledRequest& r, bool is_new);
   void AddToBatch(const SchedulerOutput& step, const ScheduledRequest& r);
   void FillBlockTables();
-  // Resets a sequence that ended (or that starts anew), listing its device slot as released.
-  void ResetSequence(Sequence* seq);
+  // Resets a sequence that ended (or that starts anew), listing its device slot as released;
+  // its grammar matcher starts again from `grammar` (null: none).
+  void ResetSequence(Sequence* seq,
+                     const std::shared_ptr<const structured::CompiledGrammar>& grammar = nullptr);
 
   const BatchStateConfig config_;
   absl::flat_hash_map<int32_t, Request> requests_;  // by slot
@@ -198,6 +219,8 @@ class BatchState {
   // Reused by AddToBatch: the block table of each batch sequence.
   std::vector<const std::vector<BlockId>*> tables_;
   std::vector<DeviceSlot> released_device_slots_;
+  // Reused by Validate: the grammars of the step's new requests, in order (null: none).
+  std::vector<std::shared_ptr<const structured::CompiledGrammar>> new_grammars_;
 };
 
 }  // namespace llm

@@ -156,6 +156,8 @@ struct WorkerStats {
   int64_t linear_plans = 0;
   int64_t linear_plan_hits = 0;
   int64_t linear_plan_misses = 0;
+  int64_t constrained_samples = 0;  // samples drawn under a structured output's token mask
+  int64_t grammar_mask_micros = 0;  // host time filling those masks
   // The worker's memory, in bytes, sampled at most once a second (mirrors
   // llm.v1.WorkerStats.memory).
   struct Memory {

@@ -146,6 +146,33 @@ SamplingParams SamplingParamsFromProto(const v1::SamplingParams& p) {
   // A proto map's order is unspecified: sorted, every rank applies the biases alike.
   s.logit_bias.assign(p.logit_bias().begin(), p.logit_bias().end());
   std::sort(s.logit_bias.begin(), s.logit_bias.end());
+  using Kind = StructuredOutputParams::Kind;
+  const v1::StructuredOutput& so = p.structured_output();
+  StructuredOutputParams& st = s.structured;
+  switch (so.kind_case()) {
+    case v1::StructuredOutput::kJsonSchema:
+      st.kind = Kind::kJsonSchema;
+      st.text = so.json_schema();
+      break;
+    case v1::StructuredOutput::kJsonObject:
+      if (so.json_object()) st.kind = Kind::kJsonObject;
+      break;
+    case v1::StructuredOutput::kRegex:
+      st.kind = Kind::kRegex;
+      st.text = so.regex();
+      break;
+    case v1::StructuredOutput::kGrammar:
+      st.kind = Kind::kGrammar;
+      st.text = so.grammar();
+      break;
+    case v1::StructuredOutput::kChoice:
+      st.kind = Kind::kChoice;
+      st.choices.assign(so.choice().choices().begin(), so.choice().choices().end());
+      break;
+    case v1::StructuredOutput::KIND_NOT_SET:
+      break;
+  }
+  st.any_whitespace = so.any_whitespace();
   return s;
 }
 
@@ -169,6 +196,30 @@ void SamplingParamsToProto(const SamplingParams& s, v1::SamplingParams* p) {
   p->set_include_stop_str_in_output(s.include_stop_str_in_output);
   p->set_skip_special_tokens(s.skip_special_tokens);
   for (const auto& [token, bias] : s.logit_bias) (*p->mutable_logit_bias())[token] = bias;
+  using Kind = StructuredOutputParams::Kind;
+  const StructuredOutputParams& st = s.structured;
+  if (!st.active()) return;
+  v1::StructuredOutput* so = p->mutable_structured_output();
+  switch (st.kind) {
+    case Kind::kJsonSchema:
+      so->set_json_schema(st.text);
+      break;
+    case Kind::kJsonObject:
+      so->set_json_object(true);
+      break;
+    case Kind::kRegex:
+      so->set_regex(st.text);
+      break;
+    case Kind::kGrammar:
+      so->set_grammar(st.text);
+      break;
+    case Kind::kChoice:
+      so->mutable_choice()->mutable_choices()->Add(st.choices.begin(), st.choices.end());
+      break;
+    case Kind::kNone:
+      break;
+  }
+  so->set_any_whitespace(st.any_whitespace);
 }
 
 void EncodeStepRequest(const SchedulerOutput& step, v1::StepRequest* out) {
@@ -267,6 +318,8 @@ void EncodeWorkerStats(const WorkerStats& stats, v1::WorkerStats* out) {
   out->set_linear_plans(static_cast<uint64_t>(stats.linear_plans));
   out->set_linear_plan_hits(static_cast<uint64_t>(stats.linear_plan_hits));
   out->set_linear_plan_misses(static_cast<uint64_t>(stats.linear_plan_misses));
+  out->set_constrained_samples(static_cast<uint64_t>(stats.constrained_samples));
+  out->set_grammar_mask_micros(static_cast<uint64_t>(stats.grammar_mask_micros));
   const WorkerStats::Memory& m = stats.memory;
   v1::WorkerStats::Memory* mo = out->mutable_memory();
   mo->set_resident(static_cast<uint64_t>(m.resident));
@@ -292,6 +345,8 @@ WorkerStats DecodeWorkerStats(const v1::WorkerStats& in) {
   s.linear_plans = static_cast<int64_t>(in.linear_plans());
   s.linear_plan_hits = static_cast<int64_t>(in.linear_plan_hits());
   s.linear_plan_misses = static_cast<int64_t>(in.linear_plan_misses());
+  s.constrained_samples = static_cast<int64_t>(in.constrained_samples());
+  s.grammar_mask_micros = static_cast<int64_t>(in.grammar_mask_micros());
   const v1::WorkerStats::Memory& m = in.memory();
   s.memory.resident = static_cast<int64_t>(m.resident());
   s.memory.weights = static_cast<int64_t>(m.weights());

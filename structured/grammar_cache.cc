@@ -18,6 +18,34 @@ std::string GrammarSpec::CacheKey() const {
   return key;
 }
 
+GrammarSpec SpecOf(const StructuredOutputParams& params) {
+  using Kind = StructuredOutputParams::Kind;
+  GrammarSpec spec;
+  switch (params.kind) {
+    case Kind::kJsonSchema:
+      spec.kind = GrammarKind::kJsonSchema;
+      break;
+    case Kind::kJsonObject:
+    case Kind::kNone:
+      spec.kind = GrammarKind::kJsonObject;
+      break;
+    case Kind::kRegex:
+      spec.kind = GrammarKind::kRegex;
+      break;
+    case Kind::kGrammar:
+      spec.kind = GrammarKind::kGrammar;
+      break;
+    case Kind::kChoice:
+      spec.kind = GrammarKind::kChoice;
+      break;
+  }
+  spec.text = params.text;
+  spec.choices = params.choices;
+  spec.json_options.whitespace = params.any_whitespace ? JsonGrammarOptions::Whitespace::kAny
+                                                       : JsonGrammarOptions::Whitespace::kCompact;
+  return spec;
+}
+
 absl::StatusOr<Grammar> ChoiceGrammar(const std::vector<std::string>& choices) {
   if (choices.empty()) return absl::InvalidArgumentError("choice needs at least one string");
   std::vector<Expr> items;

@@ -15,6 +15,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/sampling_params.h"
 #include "structured/compiled_grammar.h"
 #include "structured/grammar.h"
 #include "structured/json_schema_converter.h"
@@ -40,6 +41,9 @@ struct GrammarSpec {
   // A string that differs for specs that build different grammars.
   std::string CacheKey() const;
 };
+
+// The spec of a request's constraint (common/sampling_params.h); `params` must be active().
+GrammarSpec SpecOf(const StructuredOutputParams& params);
 
 // The Grammar of `spec` from its front end. INVALID_ARGUMENT naming what the front end refuses.
 absl::StatusOr<Grammar> BuildGrammar(const GrammarSpec& spec);

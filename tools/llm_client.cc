@@ -414,11 +414,13 @@ int Stats(const Args& a, v1::LLMService::Stub& stub) {
     std::printf(
         "worker sampler:   %s (%llu steps sampled on the device, %llu on the host)\n"
         "cuda graphs:      %s, %u captured, %llu of %llu steps replayed from one\n"
-        "cuBLASLt plans:   %llu cached, %llu hits, %llu misses\n",
+        "cuBLASLt plans:   %llu cached, %llu hits, %llu misses\n"
+        "structured:       %llu samples under a grammar mask (%.1f ms filling masks)\n",
         w.sampler() == v1::WorkerStats::SAMPLER_KIND_DEVICE ? "device" : "host",
         u(w.device_sampled_steps()), u(w.host_sampled_steps()),
         w.cuda_graphs_enabled() ? "on" : "off", w.graphs_captured(), u(w.graph_steps()),
-        u(w.steps()), u(w.linear_plans()), u(w.linear_plan_hits()), u(w.linear_plan_misses()));
+        u(w.steps()), u(w.linear_plans()), u(w.linear_plan_hits()), u(w.linear_plan_misses()),
+        u(w.constrained_samples()), w.grammar_mask_micros() / 1000.0);
     const v1::WorkerStats::Memory& m = w.memory();
     auto mib = [](uint64_t bytes) { return bytes / 1048576.0; };
     std::printf(

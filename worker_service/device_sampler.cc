@@ -154,6 +154,10 @@ absl::Status DeviceSampler::Sample(const ops::OpContext& ctx, const TensorView& 
       bias[bias_used++] = {.token = t, .bias = b};
       ++rp.bias_count;
     }
+    rp.constrained = row.allowed != nullptr ? 1 : 0;
+    if (row.allowed != nullptr) {
+      std::memcpy(ops::sampling::AllowedStaging(ws_, r), row.allowed, words * sizeof(uint32_t));
+    }
   }
   ops::OpStatus st = ops::sampling::Sample(ctx, ws_, logits, n);
   if (!st.ok()) return absl::InternalError(absl::StrCat("DeviceSampler::", st.message));

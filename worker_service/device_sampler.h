@@ -20,7 +20,8 @@
 // are at least the rows of a step.
 //
 // Logit biases (SamplingParams::logit_bias) travel with the step's row parameters: a staging
-// buffer of every row's entries, grown to the largest step's total, copied with them.
+// buffer of every row's entries, grown to the largest step's total, copied with them; so do the
+// token masks of structured outputs (SampleRow::allowed), one row of bits each.
 //
 // Thread-compatible. The calling thread's current device must be options.device.
 #ifndef LLM_WORKER_SERVICE_DEVICE_SAMPLER_H_

@@ -49,14 +49,16 @@ int64_t FirstNonFinite(std::span<const float> values) {
   return -1;
 }
 
-ModelRunner::ModelRunner(LlamaModel* model, CacheEngine* cache, DeviceSampler* device_sampler)
+ModelRunner::ModelRunner(LlamaModel* model, CacheEngine* cache, DeviceSampler* device_sampler,
+                         std::shared_ptr<structured::GrammarCache> grammars)
     : model_(model),
       cache_(cache),
       device_sampler_(model->device().is_cuda() ? device_sampler : nullptr),
       batch_({.num_gpu_blocks = cache->num_device_blocks(),
               .num_cpu_blocks = cache->num_host_blocks(),
               .block_size = cache->shape().block_size,
-              .vocab_size = model->vocab_size()}) {
+              .vocab_size = model->vocab_size(),
+              .grammars = std::move(grammars)}) {
   stats_.sampler =
       device_sampler_ != nullptr ? WorkerStats::Sampler::kDevice : WorkerStats::Sampler::kHost;
   stats_.cuda_graphs_enabled = model_->cuda_graphs_enabled();
@@ -160,6 +162,7 @@ absl::Status ModelRunner::RunModel(const SchedulerOutput& step, ModelOutput* out
     }
     input.logits_indices = sample_rows_;
     RETURN_IF_ERROR(model_->Forward(input, cache_->device_caches(), &logits_));
+    FillAllowed();
     // With a group, the step's wait goes through the communicator's deadline (a dead peer fails
     // it instead of hanging it) and the sampler's own wait then covers only its kernel. At one
     // rank the sampler's wait is the step's.
@@ -178,6 +181,7 @@ absl::Status ModelRunner::RunModel(const SchedulerOutput& step, ModelOutput* out
   }
 #endif
   RETURN_IF_ERROR(model_->Forward(input, cache_->device_caches(), &logits_));
+  FillAllowed();
   RETURN_IF_ERROR(FetchLogits());
   RETURN_IF_ERROR(CheckFinite(step.step_id));
   return Sample(out);
@@ -215,13 +219,47 @@ absl::Status ModelRunner::CheckFinite(int64_t step_id) const {
                                           " of row ", i / model_->vocab_size(), " is not finite"));
 }
 
+void ModelRunner::FillAllowed() {
+  const BatchInputs& in = batch_.inputs();
+  allowed_at_.assign(in.samples.size(), -1);
+  const auto start = std::chrono::steady_clock::now();
+  int64_t constrained = 0;
+  size_t used = 0;
+  for (size_t i = 0; i < in.samples.size(); ++i) {
+    const BatchInputs::Sample& s = in.samples[i];
+    SamplingState* state = batch_.MutableSamplingState(in.seqs[s.batch_seq].slot, s.seq_index);
+    if (!state->constrained()) continue;
+    const structured::TokenizerInfo& vocab = state->grammar->grammar().tokenizer();
+    const size_t words = static_cast<size_t>(vocab.bitmask_words());
+    if (allowed_.size() < used + words) allowed_.resize(used + words);
+    uint32_t* mask = allowed_.data() + used;
+    state->grammar->FillNextTokenBitmask(mask);
+    // A grammar with no token to go on with (its text cannot be continued by any token of the
+    // vocabulary) may end: else the row is left unconstrained rather than sampled from nothing.
+    if (std::all_of(mask, mask + words, [](uint32_t w) { return w == 0; })) {
+      for (int32_t id : vocab.stop_token_ids()) mask[id / 32] |= 1u << (id % 32);
+      if (vocab.stop_token_ids().empty()) continue;
+    }
+    allowed_at_[i] = static_cast<int64_t>(used);
+    used += words;
+    ++constrained;
+  }
+  if (constrained == 0) return;
+  stats_.constrained_samples += constrained;
+  stats_.grammar_mask_micros += std::chrono::duration_cast<std::chrono::microseconds>(
+                                    std::chrono::steady_clock::now() - start)
+                                    .count();
+}
+
 bool ModelRunner::CollectRows() {
   const BatchInputs& in = batch_.inputs();
   rows_.clear();
   bool any_logprobs = false;
-  for (const BatchInputs::Sample& s : in.samples) {
-    const SampleRow& row =
+  for (size_t i = 0; i < in.samples.size(); ++i) {
+    const BatchInputs::Sample& s = in.samples[i];
+    SampleRow& row =
         rows_.emplace_back(SampleRowOf(batch_, in.seqs[s.batch_seq].slot, s.seq_index));
+    if (i < allowed_at_.size() && allowed_at_[i] >= 0) row.allowed = &allowed_[allowed_at_[i]];
     any_logprobs |= row.params->logprobs.has_value();
   }
   return any_logprobs;

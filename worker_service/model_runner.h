@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -30,6 +31,7 @@
 #include "protocol/batch_state.h"
 #include "protocol/executor.h"
 #include "protocol/scheduler_output.h"
+#include "structured/grammar_cache.h"
 #include "worker_service/cache_engine.h"
 #include "worker_service/model/llama.h"
 #include "worker_service/sampler.h"
@@ -50,8 +52,10 @@ class ModelRunner : public Executor {
   // way and appends its tokens to its own sequences; only rank 0's travel to the scheduler. A
   // model on cuda samples on the device with `device_sampler` (not owned; sized for the batch's
   // rows), only token ids and logprobs crossing to the host; without one its logits are copied
-  // to the host and sampled there.
-  ModelRunner(LlamaModel* model, CacheEngine* cache, DeviceSampler* device_sampler = nullptr);
+  // to the host and sampled there. `grammars` (shared with the runners the worker makes later)
+  // compiles the structured outputs of requests; without it a request with one is refused.
+  ModelRunner(LlamaModel* model, CacheEngine* cache, DeviceSampler* device_sampler = nullptr,
+              std::shared_ptr<structured::GrammarCache> grammars = nullptr);
   ~ModelRunner() override;
 
   absl::Status Execute(const SchedulerOutput& step, ModelOutput* out) override;
@@ -68,7 +72,11 @@ class ModelRunner : public Executor {
   absl::Status FetchLogits();
   absl::Status CheckFinite(int64_t step_id) const;
   absl::Status Sample(ModelOutput* out);
-  // The samples' rows, in sample order, into rows_; true when some asks for logprobs.
+  // The token mask of each sample under a structured output, into allowed_ (filled while the
+  // forward pass runs on a GPU: call between launching it and waiting for it).
+  void FillAllowed();
+  // The samples' rows, in sample order, into rows_ (with their masks); true when some asks for
+  // logprobs.
   bool CollectRows();
   void Emit(std::vector<SampledToken>& sampled, bool any_logprobs, ModelOutput* out);
   // The step's forward pass and sampling, once the batch is laid out; *sampled_on_device when
@@ -92,6 +100,9 @@ class ModelRunner : public Executor {
   std::vector<SampleRow> rows_;
   std::vector<int32_t> sample_rows_;  // device sampling: logits rows, one per sample
   std::vector<SampledToken> sampled_;
+  // FillAllowed's: per sample, the offset of its mask in allowed_ words, or -1 (unconstrained).
+  std::vector<uint32_t> allowed_;
+  std::vector<int64_t> allowed_at_;
   WorkerStats stats_;
   std::chrono::steady_clock::time_point memory_sampled_;
 };

@@ -158,6 +158,18 @@ std::vector<double> Sampler::FilteredProbs(const SamplingParams& p, std::span<co
   return filtered;
 }
 
+void Sampler::ApplyAllowed(const uint32_t* allowed, std::span<float> logits) {
+  const size_t n = logits.size();
+  for (size_t w = 0; w * 32 < n; ++w) {
+    const uint32_t bits = allowed[w];
+    if (bits == ~uint32_t{0}) continue;
+    const size_t end = std::min(n, w * 32 + 32);
+    for (size_t i = w * 32; i < end; ++i) {
+      if (((bits >> (i % 32)) & 1u) == 0) logits[i] = -std::numeric_limits<float>::infinity();
+    }
+  }
+}
+
 std::vector<SampledToken> Sampler::Sample(std::span<float> logits, int vocab_size,
                                           std::span<const SampleRow> rows) {
   std::vector<SampledToken> out(rows.size());
@@ -168,6 +180,7 @@ std::vector<SampledToken> Sampler::Sample(std::span<float> logits, int vocab_siz
     std::vector<double> raw_logprobs;
     if (p.logprobs.has_value()) raw_logprobs = LogSoftmax(row);
     ApplyLogitBias(p, row);
+    if (seq.allowed != nullptr) ApplyAllowed(seq.allowed, row);
     ApplyPenalties(seq, row);
     // The argmax: greedy's token, and the fallback should nothing survive the filters (logits
     // that overflow to inf when scaled).

@@ -1,7 +1,8 @@
 // Turns each sequence's logits into its next token, as vLLM's sampler does:
 //
 //   0. logit_bias: each listed token's bias added to its logit (vLLM v1 applies it among the
-//      logits processors that can move the argmax, before the penalties);
+//      logits processors that can move the argmax, before the penalties); then a structured
+//      output's token mask: the logit of every token its grammar does not allow now is -inf;
 //   1. penalties on the logits: repetition (HF style: a logit of a token seen in the prompt or
 //      the output is divided by the penalty when positive, multiplied when negative), then
 //      frequency (- f * count in the output) and presence (- p if in the output);
@@ -11,8 +12,8 @@
 //      of most likely tokens whose mass reaches top_p), and one draw from what is left,
 //      renormalized: the exponential race of kernels/philox.h;
 //   3. logprobs, when asked: of the sampled token and the top N, from the model's raw
-//      distribution (log_softmax of the logits before bias, penalties and temperature: vLLM v1's
-//      default "raw_logprobs").
+//      distribution (log_softmax of the logits before bias, mask, penalties and temperature:
+//      vLLM v1's default "raw_logprobs").
 //
 // Each sequence draws from its own Philox stream: its key comes from the request's seed and the
 // sequence's index, its counter from the sample's index (the sequence's output length) and the
@@ -51,6 +52,9 @@ struct SampleRow {
   uint64_t key = 0;  // philox::SequenceKey(the request's seed, the sequence's index)
   // The sequence's counter and output counts; a DeviceSampler records its penalty slot here.
   SamplingState* state = nullptr;
+  // The tokens a structured output allows now: bit (id % 32) of allowed[id / 32]; at least one
+  // is set. Null: every token.
+  const uint32_t* allowed = nullptr;
 };
 
 // The row of sequence `seq_index` of the request in `slot`, which `batch` holds.
@@ -70,6 +74,8 @@ class Sampler {
 
   // Step 0 alone: adds the params' logit_bias to a row of logits (ids outside it skipped).
   static void ApplyLogitBias(const SamplingParams& params, std::span<float> logits);
+  // The mask of step 0 alone: -inf for each id of the row whose bit in `allowed` is clear.
+  static void ApplyAllowed(const uint32_t* allowed, std::span<float> logits);
   // Step 1 alone, exposed for tests: applies the row's penalties to its logits.
   static void ApplyPenalties(const SampleRow& row, std::span<float> logits);
   // The distribution step 2 draws from (after temperature, min-p, top-k, top-p), as

@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "common/grpc_security.h"
 #include "common/model_config.h"
 #include "common/status_macros.h"
@@ -21,6 +22,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "protocol/step_codec.h"
+#include "scheduler_service/tokenizer/grammar_vocabulary.h"
 #include "worker_service/cache_engine.h"
 #include "worker_service/kv_cache_sizing.h"
 #include "worker_service/model/llama.h"
@@ -299,6 +301,18 @@ absl::Status WorkerServer::DoInit(const v1::InitRequest& request, v1::InitRespon
     if (!model.ok()) return model.status();
     model_ = std::move(*model);
     model_key_ = key;
+    const absl::Time vocabulary_start = absl::Now();
+    absl::StatusOr<std::shared_ptr<const structured::TokenizerInfo>> vocabulary =
+        LoadGrammarVocabulary(request.model_path(), config->vocab_size);
+    if (vocabulary.ok()) {
+      LOG(INFO) << "structured outputs: the vocabulary's " << (*vocabulary)->num_tokens()
+                << " tokens read in " << absl::FormatDuration(absl::Now() - vocabulary_start);
+      grammars_ = std::make_shared<structured::GrammarCache>(*std::move(vocabulary));
+    } else {
+      grammars_.reset();
+      LOG(WARNING) << "structured outputs are off on this worker: "
+                   << vocabulary.status().message();
+    }
     // Loading freed its temporaries (dequantized and unpacked tensors) into malloc's arenas,
     // which keep them resident; give those pages back before serving.
     malloc_trim(0);
@@ -516,7 +530,8 @@ grpc::Status WorkerServer::InitCache(grpc::ServerContext* context,
       return ToGrpc(absl::Status(s.code(), absl::StrCat("InitCache: warm-up: ", s.message())));
     }
   }
-  runner_ = std::make_unique<ModelRunner>(model_.get(), cache_.get(), device_sampler_.get());
+  runner_ =
+      std::make_unique<ModelRunner>(model_.get(), cache_.get(), device_sampler_.get(), grammars_);
   SetStats(runner_->stats());
   const WorkerStats::Memory& m = runner_->stats().memory;
   auto mib = [](int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); };

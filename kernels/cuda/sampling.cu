@@ -42,7 +42,9 @@ struct Workspace {
   int32_t* d_counts = nullptr;
   uint32_t* d_masks = nullptr;
   uint32_t* h_prompt = nullptr;
-  int32_t* h_counts = nullptr;  // one row, InitSlot's with_counts
+  int32_t* h_counts = nullptr;    // one row, InitSlot's with_counts
+  uint32_t* h_allowed = nullptr;  // [max_rows, mask_words]: structured outputs' token masks
+  uint32_t* d_allowed = nullptr;
   TokenBias* h_bias = nullptr;  // logit biases of a step's rows (ReserveBias)
   TokenBias* d_bias = nullptr;
   int64_t bias_capacity = 0;
@@ -251,8 +253,8 @@ struct KernelShared {
 __global__ void __launch_bounds__(kMaxThreads, 1)
     SampleKernel(const float* __restrict__ logits, const RowParams* __restrict__ params,
                  float* scaled_all, int32_t* counts_all, const uint32_t* __restrict__ masks_all,
-                 const TokenBias* __restrict__ bias_all, char* results, size_t result_stride,
-                 int vocab, int mask_words) {
+                 const TokenBias* __restrict__ bias_all, const uint32_t* __restrict__ allowed_all,
+                 char* results, size_t result_stride, int vocab, int mask_words) {
   __shared__ KernelShared sh;
   const int row = blockIdx.x;
   const RowParams p = params[row];
@@ -297,6 +299,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   const uint32_t* mask =
       p.slot >= 0 ? masks_all + static_cast<int64_t>(p.slot) * mask_words : nullptr;
   const bool repetition = p.repetition_penalty != 1.0f;
+  const uint32_t* allowed =
+      p.constrained != 0 ? allowed_all + static_cast<int64_t>(row) * mask_words : nullptr;
   // Logit biases: the biased logits are built in s (x stays read only), which the loop below
   // then reads and overwrites element by element, each by the thread that reads it.
   const float* z_in = x;
@@ -316,6 +320,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   int best_id = INT_MAX;
   for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
     float z = z_in[i];
+    if (allowed != nullptr && ((allowed[i >> 5] >> (i & 31)) & 1u) == 0) z = -INFINITY;
     if (counts != nullptr) {
       const int c = counts[i];
       const bool seen = repetition && (c > 0 || ((mask[i >> 5] >> (i & 31)) & 1u));
@@ -486,6 +491,8 @@ OpStatus CreateWorkspace(int ordinal, int max_rows, int vocab_size, int max_logp
   LLM_SAMPLING_ALLOC(cudaMalloc(&ws->d_scaled, rows * vocab_size * sizeof(float)));
   LLM_SAMPLING_ALLOC(cudaMalloc(&ws->d_results, rows * ws->result_stride));
   LLM_SAMPLING_ALLOC(cudaMallocHost(&ws->h_results, rows * ws->result_stride));
+  LLM_SAMPLING_ALLOC(cudaMallocHost(&ws->h_allowed, rows * ws->mask_words * sizeof(uint32_t)));
+  LLM_SAMPLING_ALLOC(cudaMalloc(&ws->d_allowed, rows * ws->mask_words * sizeof(uint32_t)));
   if (slots > 0) {
     LLM_SAMPLING_ALLOC(cudaMallocHost(&ws->h_prompt, slots * ws->mask_words * sizeof(uint32_t)));
     LLM_SAMPLING_ALLOC(cudaMallocHost(&ws->h_counts, vocab_size * sizeof(int32_t)));
@@ -509,6 +516,8 @@ void DestroyWorkspace(Workspace* ws) {
   cudaFree(ws->d_scaled);
   cudaFree(ws->d_results);
   cudaFreeHost(ws->h_results);
+  cudaFreeHost(ws->h_allowed);
+  cudaFree(ws->d_allowed);
   cudaFreeHost(ws->h_prompt);
   cudaFreeHost(ws->h_counts);
   cudaFree(ws->d_counts);
@@ -526,6 +535,10 @@ uint32_t* PromptStaging(Workspace* ws, int slot) {
 }
 
 int32_t* CountStaging(Workspace* ws) { return ws->h_counts; }
+
+uint32_t* AllowedStaging(Workspace* ws, int row) {
+  return ws->h_allowed + static_cast<size_t>(row) * ws->mask_words;
+}
 
 OpStatus ReserveBias(Workspace* ws, int64_t entries) {
   constexpr const char* kOp = "sampling::ReserveBias";
@@ -628,8 +641,10 @@ OpStatus Sample(const OpContext& ctx, Workspace* ws, const TensorView& logits, i
                          "] contiguous on cuda:" + std::to_string(ws->ordinal) + ", got " + got);
   }
   int64_t bias_entries = 0;
+  int constrained_rows = 0;  // one past the last constrained row
   for (int r = 0; r < rows; ++r) {
     const RowParams& p = ws->h_params[r];
+    if (p.constrained != 0) constrained_rows = r + 1;
     if (p.num_logprobs > ws->max_logprobs) {
       return Fail(kOp, "row " + std::to_string(r) + ": num_logprobs is " +
                            std::to_string(p.num_logprobs) + "; the workspace holds at most " +
@@ -663,6 +678,12 @@ OpStatus Sample(const OpContext& ctx, Workspace* ws, const TensorView& logits, i
         kOp, cudaMemcpyAsync(ws->d_bias, ws->h_bias, bias_entries * sizeof(TokenBias),
                              cudaMemcpyHostToDevice, stream));
   }
+  if (constrained_rows > 0) {
+    LLM_CUDA_OP_RETURN_IF_ERROR(
+        kOp, cudaMemcpyAsync(ws->d_allowed, ws->h_allowed,
+                             constrained_rows * ws->mask_words * sizeof(uint32_t),
+                             cudaMemcpyHostToDevice, stream));
+  }
   // Results poisoned (token -1, NaN logprobs), so that a field the kernel fails to write shows.
   LLM_CUDA_OP_RETURN_IF_ERROR(
       kOp, cudaMemsetAsync(ws->d_results, 0xFF, rows * ws->result_stride, stream));
@@ -670,8 +691,8 @@ OpStatus Sample(const OpContext& ctx, Workspace* ws, const TensorView& logits, i
       cuda_internal::RowThreads((ws->vocab + 7) / 8 < 64 ? 64 : (ws->vocab + 7) / 8);
   ::llm::cuda::Launch(SampleKernel, static_cast<unsigned>(rows), threads, 0, stream,
                       logits.data_as<const float>(), ws->d_params, ws->d_scaled, ws->d_counts,
-                      ws->d_masks, ws->d_bias, ws->d_results, ws->result_stride, ws->vocab,
-                      ws->mask_words);
+                      ws->d_masks, ws->d_bias, ws->d_allowed, ws->d_results, ws->result_stride,
+                      ws->vocab, ws->mask_words);
   LLM_CUDA_OP_CHECK_LAUNCH(kOp);
   LLM_CUDA_OP_RETURN_IF_ERROR(
       kOp, cudaMemcpyAsync(ws->h_results, ws->d_results, rows * ws->result_stride,

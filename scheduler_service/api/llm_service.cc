@@ -17,6 +17,7 @@
 #include "common/grpc_security.h"
 #include "glog/logging.h"
 #include "protocol/step_codec.h"
+#include "scheduler_service/tokenizer/grammar_vocabulary.h"
 
 namespace llm {
 namespace {
@@ -505,7 +506,51 @@ absl::Status LLMService::ParamsFromRequest(const v1::GenerateRequest& request,
     return too_big("logprobs", sp.logprobs(), absl::StrCat("in [0, ", limits.max_logprobs, "]"));
   }
   *params = SamplingParamsFromProto(sp);
+  if (params->structured.active()) return CheckStructuredOutput(params->structured);
   return absl::OkStatus();
+}
+
+absl::Status LLMService::CheckStructuredOutput(const StructuredOutputParams& structured) const {
+  std::shared_ptr<structured::GrammarCache> grammars;
+  {
+    absl::MutexLock lock(&grammars_mu_);
+    if (grammars_ == nullptr) {
+      absl::StatusOr<std::shared_ptr<const structured::TokenizerInfo>> vocabulary =
+          GrammarVocabulary(*tokenizer_, tokenizer_->vocab_size());
+      if (!vocabulary.ok()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("structured outputs are unavailable for this model's tokenizer: ",
+                         vocabulary.status().message()));
+      }
+      grammars_ = std::make_shared<structured::GrammarCache>(*std::move(vocabulary));
+    }
+    grammars = grammars_;
+  }
+  absl::StatusOr<std::shared_ptr<const structured::CompiledGrammar>> compiled =
+      grammars->Get(structured::SpecOf(structured));
+  if (compiled.ok()) return absl::OkStatus();
+  using Kind = StructuredOutputParams::Kind;
+  const char* field = "structured_output";
+  switch (structured.kind) {
+    case Kind::kJsonSchema:
+      field = "structured_output.json_schema";
+      break;
+    case Kind::kJsonObject:
+      field = "structured_output.json_object";
+      break;
+    case Kind::kRegex:
+      field = "structured_output.regex";
+      break;
+    case Kind::kGrammar:
+      field = "structured_output.grammar";
+      break;
+    case Kind::kChoice:
+      field = "structured_output.choice";
+      break;
+    case Kind::kNone:
+      break;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", compiled.status().message()));
 }
 
 absl::StatusOr<std::string> LLMService::RenderChat(const v1::ChatPrompt& chat) const {

@@ -61,6 +61,7 @@
 #include "scheduler_service/engine/engine_core.h"
 #include "scheduler_service/engine/serving_engine.h"
 #include "scheduler_service/tokenizer/tokenizer.h"
+#include "structured/grammar_cache.h"
 
 namespace llm {
 
@@ -137,6 +138,10 @@ class LLMService final
   absl::Status ParamsFromRequest(const v1::GenerateRequest& request, SamplingParams* params) const;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
                                                        const v1::GenerateRequest& request);
+  // Compiles a request's structured output (the workers compile the same grammar against the
+  // same vocabulary, so what passes here compiles there; compiled grammars are cached):
+  // INVALID_ARGUMENT naming the field and what the grammar engine refused.
+  absl::Status CheckStructuredOutput(const StructuredOutputParams& structured) const;
   // The prompt text of a chat request (options_.chat_template is set).
   absl::StatusOr<std::string> RenderChat(const v1::ChatPrompt& chat) const;
   absl::Status NotServing() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -149,6 +154,9 @@ class LLMService final
   const LLMServiceOptions options_;
   const std::shared_ptr<const Tokenizer> tokenizer_;
   const uint64_t id_prefix_;
+  // The grammar cache of CheckStructuredOutput, made at the first request that needs it.
+  mutable absl::Mutex grammars_mu_;
+  mutable std::shared_ptr<structured::GrammarCache> grammars_ ABSL_GUARDED_BY(grammars_mu_);
   std::atomic<uint64_t> next_id_{0};
 
   mutable absl::Mutex mu_;

@@ -218,6 +218,10 @@ ServingMetrics::ServingMetrics(const std::string& model_name)
       "llm:worker_memory_bytes",
       "Memory of the rank-0 worker by kind, in bytes, as of its last step (resident: the "
       "process's resident set).");
+  worker_constrained_samples = r.AddGauge(
+      "llm:worker_constrained_samples",
+      "Tokens the rank-0 worker sampled under a structured output's token mask since it started "
+      "(a count; reset when the worker restarts).");
 }
 
 void ServingMetrics::UpdateFromStats(const v1::GetStatsResponse& s) {
@@ -241,6 +245,7 @@ void ServingMetrics::UpdateFromStats(const v1::GetStatsResponse& s) {
     for (const auto& [kind, bytes] : kinds) {
       worker_memory_bytes->Set(static_cast<double>(bytes), {{"kind", kind}});
     }
+    worker_constrained_samples->Set(static_cast<double>(s.worker().constrained_samples()));
   }
 }
 

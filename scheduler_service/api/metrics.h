@@ -19,7 +19,8 @@
 //     llm:worker_memory_bytes{kind} (rank 0's worker, from its last step: kind resident,
 //     weights, coded_weights, kv_cache_reserved, kv_cache_resident, swap_reserved,
 //     swap_resident, activations, other = resident - weights - kv_cache_resident -
-//     swap_resident - activations on cpu, whose every kind is host memory).
+//     swap_resident - activations on cpu, whose every kind is host memory) and
+//     llm:worker_constrained_samples (tokens rank 0 sampled under a structured output's mask).
 //
 // Thread-safety: every method is thread-safe. Metric pointers stay valid as long as their
 // registry.
@@ -143,6 +144,7 @@ struct ServingMetrics {
   Histogram* inter_token_latency_seconds;
   Histogram* e2e_request_latency_seconds;
   Gauge* worker_memory_bytes;  // label kind (see above)
+  Gauge* worker_constrained_samples;
 };
 
 // The worker's resident bytes not accounted for by a kind (libraries, gRPC, scratch of the

@@ -52,7 +52,23 @@ OpenAIError WrongType(const std::string& field, const char* expected, const json
 // Typed access to the body's fields; null counts as absent. The first error is kept.
 class Fields {
  public:
-  explicit Fields(const json& body) : body_(body) {}
+  // `raw`: the body's text, which `body` was parsed from (outlives this); empty for a part of a
+  // body, whose OrderedDump is then the parsed value's, keys sorted.
+  explicit Fields(const json& body, std::string_view raw = {}) : body_(body), raw_(raw) {}
+
+  // The value at `path` (present) with its object keys in the order the client wrote them
+  // (json sorts them): a JSON schema's properties are generated in their written order, as
+  // OpenAI and vLLM do.
+  std::string OrderedDump(std::initializer_list<const char*> path) const {
+    if (raw_.empty()) {
+      json v = body_;
+      for (const char* key : path) v = json(v[key]);
+      return v.dump();
+    }
+    nlohmann::ordered_json v = nlohmann::ordered_json::parse(raw_, nullptr, false);
+    for (const char* key : path) v = nlohmann::ordered_json(v[key]);
+    return v.dump();
+  }
 
   const json* Get(const char* name) const {
     auto it = body_.find(name);
@@ -127,6 +143,7 @@ class Fields {
 
  private:
   const json& body_;
+  std::string_view raw_;
   std::optional<OpenAIError> error_;
 };
 
@@ -222,11 +239,8 @@ bool IsTextOnly(const json& v) {
 }
 
 constexpr const char* kToolCalling = "tool calling is not implemented";
-constexpr const char* kStructured =
-    "structured output (JSON mode, JSON schemas, regexes, grammars) is not implemented yet";
 
 const Unsupported kUnsupported[] = {
-    {"response_format", IsTextFormat, kStructured},
     {"tools", IsEmpty, kToolCalling},
     {"tool_choice", IsNone, kToolCalling},
     {"functions", IsEmpty, kToolCalling},
@@ -240,13 +254,8 @@ const Unsupported kUnsupported[] = {
     {"verbosity", nullptr, "verbosity is not implemented"},
     {"web_search_options", nullptr, "web search is not implemented"},
     // vLLM's extras.
-    {"guided_json", nullptr, kStructured},
-    {"guided_regex", nullptr, kStructured},
-    {"guided_choice", nullptr, kStructured},
-    {"guided_grammar", nullptr, kStructured},
-    {"guided_decoding_backend", nullptr, kStructured},
-    {"guided_whitespace_pattern", nullptr, kStructured},
-    {"structured_outputs", nullptr, kStructured},
+    {"guided_whitespace_pattern", nullptr,
+     "a whitespace pattern is not implemented (structured_outputs.disable_any_whitespace is)"},
     {"allowed_token_ids", nullptr, "allowed_token_ids is not implemented (logit_bias is)"},
     {"bad_words", IsEmpty, "bad words are not implemented"},
     {"prompt_logprobs", nullptr, "prompt logprobs are not implemented"},
@@ -278,15 +287,158 @@ void RefuseUnsupported(Fields* f, Endpoint endpoint) {
     const json* v = f->Get(u.name);
     if (v == nullptr || (u.accepts != nullptr && u.accepts(*v))) continue;
     std::string what = absl::StrCat("'", u.name, "'");
-    if (std::string_view(u.name) == "response_format" && v->is_object() && v->contains("type") &&
-        (*v)["type"].is_string()) {
-      what = absl::StrCat("'response_format' of type '", (*v)["type"].get<std::string>(), "'");
-    } else if (v->is_string() || v->is_boolean() || v->is_number()) {
+    if (v->is_string() || v->is_boolean() || v->is_number()) {
       what = absl::StrCat("'", u.name, "' = ", v->dump());
     }
     f->Fail(BadRequest(absl::StrCat(what, " is not supported: ", u.why), u.name));
     return;
   }
+}
+
+// A JSON schema given as an object (or true / false) at `path`, or as its text: its text.
+std::optional<std::string> SchemaText(Fields* f, const json& v, const std::string& where,
+                                      std::initializer_list<const char*> path) {
+  if (v.is_object()) return f->OrderedDump(path);
+  if (v.is_boolean()) return v.dump();
+  if (v.is_string()) return v.get<std::string>();
+  f->Fail(WrongType(where.c_str(), "a JSON schema (an object)", v));
+  return std::nullopt;
+}
+
+// Structured outputs, in the three ways clients ask for them: OpenAI's response_format
+// (json_object, json_schema), vLLM's structured_outputs object, and vLLM's older guided_* fields.
+// One constraint per request. OpenAI's json_schema `strict` is accepted either way: the schema is
+// always enforced.
+void ParseStructured(Fields* f, v1::SamplingParams* sp) {
+  v1::StructuredOutput so;
+  std::vector<std::string> sources;  // the fields that set a constraint
+  auto set_once = [&](const std::string& source) {
+    sources.push_back(source);
+    if (sources.size() == 2) {
+      f->Fail(BadRequest(absl::StrCat("'", sources[0], "' and '", sources[1],
+                                      "' both constrain the output; give one"),
+                         source));
+    }
+  };
+  if (const json* rf = f->Get("response_format")) {
+    const json* type = rf->is_object() && rf->contains("type") ? &(*rf)["type"] : nullptr;
+    if (type == nullptr || !type->is_string()) {
+      f->Fail(WrongType("response_format", "an object with a string 'type'", *rf));
+      return;
+    }
+    const std::string t = type->get<std::string>();
+    if (t == "json_object") {
+      so.set_json_object(true);
+      set_once("response_format");
+    } else if (t == "json_schema") {
+      const json* js = rf->contains("json_schema") ? &(*rf)["json_schema"] : nullptr;
+      if (js == nullptr || !js->is_object() || !js->contains("schema") ||
+          (*js)["schema"].is_null()) {
+        f->Fail(
+            BadRequest("'response_format' of type 'json_schema' needs 'json_schema' with a "
+                       "'schema'",
+                       "response_format.json_schema"));
+        return;
+      }
+      const json& strict = js->value("strict", json());
+      if (!strict.is_null() && !strict.is_boolean()) {
+        f->Fail(WrongType("response_format.json_schema.strict", "a boolean", strict));
+        return;
+      }
+      std::optional<std::string> text =
+          SchemaText(f, (*js)["schema"], "response_format.json_schema.schema",
+                     {"response_format", "json_schema", "schema"});
+      if (!text.has_value()) return;
+      so.set_json_schema(*text);
+      set_once("response_format");
+    } else if (t != "text") {
+      f->Fail(BadRequest(absl::StrCat("'response_format' of type '", t,
+                                      "' is not supported: the types are 'text', 'json_object' "
+                                      "and 'json_schema'"),
+                         "response_format.type"));
+      return;
+    }
+  }
+  // vLLM's structured_outputs: one of json, regex, choice, grammar, json_object.
+  if (const json* s = f->Get("structured_outputs")) {
+    if (!s->is_object()) {
+      f->Fail(WrongType("structured_outputs", "an object", *s));
+      return;
+    }
+    for (const auto& [key, v] : s->items()) {
+      const std::string where = "structured_outputs." + key;
+      if (v.is_null()) continue;
+      if (key == "json") {
+        std::optional<std::string> text = SchemaText(f, v, where, {"structured_outputs", "json"});
+        if (!text.has_value()) return;
+        so.set_json_schema(*text);
+      } else if (key == "regex" || key == "grammar") {
+        if (!v.is_string()) {
+          f->Fail(WrongType(where.c_str(), "a string", v));
+          return;
+        }
+        key == "regex" ? so.set_regex(v.get<std::string>()) : so.set_grammar(v.get<std::string>());
+      } else if (key == "choice") {
+        if (!v.is_array() ||
+            !std::all_of(v.begin(), v.end(), [](const json& c) { return c.is_string(); })) {
+          f->Fail(WrongType(where.c_str(), "a list of strings", v));
+          return;
+        }
+        for (const json& c : v) so.mutable_choice()->add_choices(c.get<std::string>());
+      } else if (key == "json_object") {
+        if (!v.is_boolean()) {
+          f->Fail(WrongType(where.c_str(), "a boolean", v));
+          return;
+        }
+        if (!v.get<bool>()) continue;
+        so.set_json_object(true);
+      } else if (key == "disable_any_whitespace") {
+        if (!v.is_boolean()) {
+          f->Fail(WrongType(where.c_str(), "a boolean", v));
+          return;
+        }
+        so.set_any_whitespace(!v.get<bool>());
+        continue;
+      } else if (key == "backend" || key == "disable_fallback") {
+        continue;  // one engine, which never falls back: nothing to choose
+      } else {
+        f->Fail(BadRequest(absl::StrCat("'", where,
+                                        "' is not supported (supported: json, regex, "
+                                        "choice, grammar, json_object, disable_any_whitespace)"),
+                           where));
+        return;
+      }
+      set_once(where);
+    }
+  }
+  // vLLM's older names for the same.
+  for (const char* name : {"guided_json", "guided_regex", "guided_choice", "guided_grammar"}) {
+    const json* v = f->Get(name);
+    if (v == nullptr) continue;
+    const std::string key(name);
+    if (key == "guided_json") {
+      std::optional<std::string> text = SchemaText(f, *v, key, {"guided_json"});
+      if (!text.has_value()) return;
+      so.set_json_schema(*text);
+    } else if (key == "guided_choice") {
+      if (!v->is_array() ||
+          !std::all_of(v->begin(), v->end(), [](const json& c) { return c.is_string(); })) {
+        f->Fail(WrongType(name, "a list of strings", *v));
+        return;
+      }
+      for (const json& c : *v) so.mutable_choice()->add_choices(c.get<std::string>());
+    } else {
+      if (!v->is_string()) {
+        f->Fail(WrongType(name, "a string", *v));
+        return;
+      }
+      key == "guided_regex" ? so.set_regex(v->get<std::string>())
+                            : so.set_grammar(v->get<std::string>());
+    }
+    set_once(key);
+  }
+  if (f->failed() || sources.empty()) return;
+  *sp->mutable_structured_output() = std::move(so);
 }
 
 // The sampling fields both endpoints share.
@@ -307,6 +459,7 @@ void ParseSampling(Fields* f, v1::SamplingParams* sp) {
   if (auto v = f->Bool("skip_special_tokens")) sp->set_skip_special_tokens(*v);
   if (auto v = f->Bool("include_stop_str_in_output")) sp->set_include_stop_str_in_output(*v);
   ParseLogitBias(f, sp);
+  ParseStructured(f, sp);
   if (const json* stop = f->Get("stop")) {
     if (stop->is_string()) {
       sp->add_stop(stop->get<std::string>());
@@ -450,7 +603,7 @@ ParseResult ParseCompletionRequest(std::string_view body) {
   ParseResult out;
   std::optional<json> j = ParseBody(body, &out);
   if (!j.has_value()) return out;
-  Fields f(*j);
+  Fields f(*j, body);
   OpenAIRequest r;
   r.endpoint = Endpoint::kCompletions;
   ParseCommon(&f, &r);
@@ -497,7 +650,7 @@ ParseResult ParseChatCompletionRequest(std::string_view body) {
   ParseResult out;
   std::optional<json> j = ParseBody(body, &out);
   if (!j.has_value()) return out;
-  Fields f(*j);
+  Fields f(*j, body);
   OpenAIRequest r;
   r.endpoint = Endpoint::kChatCompletions;
   ParseCommon(&f, &r);

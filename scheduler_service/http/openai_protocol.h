@@ -7,8 +7,8 @@
 //                              (stream=true, one JSON object per SSE event)
 //
 // Parsing follows OpenAI: fields nobody defines are ignored and null means absent; fields whose
-// meaning OpenAI or vLLM define but this server does not implement (response_format other than
-// text, tools, ...) are 400 naming them, unless their value asks for nothing; a field of the
+// meaning OpenAI or vLLM define but this server does not implement (tools, audio, ...) are 400
+// naming them, unless their value asks for nothing; a field of the
 // wrong type or value is INVALID_ARGUMENT whose message names the field, what was expected and
 // what was got, and OpenAIError::param carries the field. Ranges the gRPC service checks
 // (temperature, top_p, n, logprobs, ...) are left to it, so both APIs refuse the same values.

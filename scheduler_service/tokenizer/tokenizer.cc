@@ -146,6 +146,36 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(
   }
 }
 
+namespace {
+
+// The spelling a decoder undoes: ByteLevel anywhere in it, or SentencePiece's "▁" and byte
+// fallback; a decoder of neither (or none) leaves token strings as they are.
+Tokenizer::TokenSpelling SpellingOf(const json& decoder) {
+  using Spelling = Tokenizer::TokenSpelling;
+  if (!decoder.is_object()) return Spelling::kRaw;
+  const std::string type = decoder.value("type", "");
+  if (type == "ByteLevel") return Spelling::kByteLevel;
+  if (type == "Metaspace" || type == "ByteFallback") return Spelling::kSentencePiece;
+  if (type == "Replace") {
+    const json& pattern = decoder.value("pattern", json());
+    if (pattern.is_object() && pattern.value("String", "") == "\xE2\x96\x81" /* ▁ */) {
+      return Spelling::kSentencePiece;
+    }
+  }
+  if (type == "Sequence") {
+    Spelling found = Spelling::kRaw;
+    for (const json& d : decoder.value("decoders", json::array())) {
+      const Spelling s = SpellingOf(d);
+      if (s == Spelling::kByteLevel) return s;
+      if (s != Spelling::kRaw) found = s;
+    }
+    return found;
+  }
+  return Spelling::kRaw;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJsonOrThrow(
     std::string_view tokenizer_json, std::string_view tokenizer_config_json,
     std::string_view generation_config_json) {
@@ -156,6 +186,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJsonOrThrow(
   ASSIGN_OR_RETURN(tok->pre_tokenizer_, ParsePreTokenizer(spec.value("pre_tokenizer", json())));
   ASSIGN_OR_RETURN(tok->model_, BpeModel::FromJson(spec.value("model", json())));
   ASSIGN_OR_RETURN(tok->decoder_, ParseDecoder(spec.value("decoder", json())));
+  tok->token_spelling_ = SpellingOf(spec.value("decoder", json()));
 
   std::vector<AddedToken> added;
   for (const auto& t : spec.value("added_tokens", json::array())) {

@@ -38,6 +38,14 @@ class GgufFile;
 
 class Tokenizer {
  public:
+  // How a vocabulary token's string (IdToToken) spells the bytes it adds to the text, as the
+  // tokenizer's decoder reads it back.
+  enum class TokenSpelling {
+    kRaw,            // the string is the bytes
+    kByteLevel,      // GPT-2's byte-to-unicode characters (a ByteLevel decoder)
+    kSentencePiece,  // "▁" for a space and "<0xAB>" byte-fallback tokens (Metaspace, ByteFallback)
+  };
+
   // Reads <dir>/tokenizer.json (required), tokenizer_config.json and
   // generation_config.json (both optional).
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromDirectory(const std::string& dir);
@@ -61,6 +69,9 @@ class Tokenizer {
   std::optional<TokenId> TokenToId(std::string_view token) const;
   std::optional<std::string> IdToToken(TokenId id) const;
   bool IsSpecialToken(TokenId id) const;
+  // An added token (tokenizer.json's added_tokens): its string is its text, not a spelling.
+  bool IsAddedToken(TokenId id) const { return added_.FindById(id) != nullptr; }
+  TokenSpelling token_spelling() const { return token_spelling_; }
   // One more than the largest id of the model or the added tokens.
   int32_t vocab_size() const { return vocab_size_; }
 
@@ -96,6 +107,7 @@ class Tokenizer {
   std::optional<TokenId> bos_token_id_;
   std::vector<TokenId> eos_token_ids_;
   int32_t vocab_size_ = 0;
+  TokenSpelling token_spelling_ = TokenSpelling::kRaw;
 };
 
 }  // namespace llm

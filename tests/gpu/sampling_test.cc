@@ -60,13 +60,16 @@ class CudaSampling : public CudaTest {
   // One step of every twin in `rows` (in that order) on `logits`; each side records its
   // sampled tokens in its sequences' state, as the worker's BatchState does (the device keeps
   // its own counts besides, from which it samples; a slot taken later starts from the state's).
+  // `allowed`: the rows' token masks (SampleRow::allowed), none when empty.
   static StepResult Step(DeviceSampler& ds, const std::vector<Twin*>& rows,
-                         const HostTensor& logits) {
+                         const HostTensor& logits,
+                         const std::vector<const uint32_t*>& allowed = {}) {
     const int vocab = static_cast<int>(logits.view().shape[1]);
     std::vector<SampleRow> host, device;
-    for (Twin* t : rows) {
-      host.push_back(t->host.row());
-      device.push_back(t->device.row());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      host.push_back(rows[i]->host.row());
+      device.push_back(rows[i]->device.row());
+      if (i < allowed.size()) host.back().allowed = device.back().allowed = allowed[i];
     }
     StepResult r;
     std::vector<float> copy(logits.data<float>(), logits.data<float>() + logits.numel());
@@ -270,6 +273,49 @@ TEST_F(CudaSampling, LogitBiasMatchesTheHost) {
     Twin f(Params(1.0, 6), 0);
     std::vector<Twin*> plain{&f};
     ExpectSame(Step(*ds, plain, Logits(1, vocab, rng)), plain);
+  }
+}
+
+// Structured outputs' token masks, row by row: greedy and sampled rows (with top-k, top-p,
+// min-p, penalties) draw only allowed tokens, the same ones as the host; logprobs stay the raw
+// distribution's; a row without a mask among masked ones is left alone.
+TEST_F(CudaSampling, TokenMasksMatchTheHost) {
+  std::mt19937 rng(12);
+  for (const int vocab : {100, 32000}) {
+    SCOPED_TRACE(::testing::Message() << "vocab " << vocab);
+    auto ds = MakeSampler(4, vocab);
+    ASSERT_NE(ds, nullptr);
+    const int words = (vocab + 31) / 32;
+    SamplingParams greedy = Params(0.0, 1);
+    greedy.logprobs = 2;
+    SamplingParams filtered = Params(0.9, 2);
+    filtered.top_k = 5;
+    filtered.top_p = 0.9;
+    filtered.min_p = 0.01;
+    SamplingParams pen = Params(1.0, 3);
+    pen.repetition_penalty = 1.3;
+    pen.presence_penalty = 0.5;
+    Twin a(greedy, 0), b(filtered, 0), c(pen, 0, {1, 2}), d(Params(1.0, 4), 0);
+    std::vector<Twin*> rows{&a, &b, &c, &d};
+    auto set = [](std::vector<uint32_t>& m, int t) { m[t / 32] |= 1u << (t % 32); };
+    auto has = [](const std::vector<uint32_t>& m, int t) { return (m[t / 32] >> (t % 32)) & 1u; };
+    for (int step = 0; step < (vocab > 1000 ? 4 : 30); ++step) {
+      SCOPED_TRACE(::testing::Message() << "step " << step);
+      // a: a random third of the vocabulary; b: three tokens; c: one; d: no mask.
+      std::vector<std::vector<uint32_t>> masks(3, std::vector<uint32_t>(words, 0));
+      set(masks[0], 0);
+      for (int t = 1; t < vocab; ++t) {
+        if (rng() % 3 == 0) set(masks[0], t);
+      }
+      for (int k = 0; k < 3; ++k) set(masks[1], static_cast<int>(rng() % vocab));
+      const int only = static_cast<int>(rng() % vocab);
+      set(masks[2], only);
+      const StepResult r = Step(*ds, rows, Logits(4, vocab, rng),
+                                {masks[0].data(), masks[1].data(), masks[2].data(), nullptr});
+      ExpectSame(r, rows);
+      for (int i = 0; i < 3; ++i) EXPECT_TRUE(has(masks[i], r.device[i].token)) << "row " << i;
+      EXPECT_EQ(r.device[2].token, only);
+    }
   }
 }
 

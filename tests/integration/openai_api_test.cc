@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/cluster_harness.h"
+#include "tests/testing/test_data.h"
 
 namespace llm::testing {
 namespace {
@@ -161,6 +162,40 @@ TEST(OpenAIApiTest, ServesHttpsWithTheGivenCertificate) {
                 "check_errors")),
             0)
       << "openai_client_check.py over HTTPS: failed checks (output above)";
+  absl::StatusOr<int> stopped = (*cluster)->Stop();
+  EXPECT_TRUE(stopped.ok()) << stopped.status();
+  fs::remove_all(dir);
+}
+
+// Structured outputs from a real model: SmolLM2 (fetched by `make test`) served on the CPU,
+// asked through the official client's `parse` with Pydantic models; every finished output
+// validates against its schema (tests/integration/structured_outputs_check.py).
+TEST(OpenAIApiTest, StructuredOutputsFromARealModel) {
+  if (!fs::exists(LLM_TEST_PYTHON)) {
+    GTEST_SKIP() << LLM_TEST_PYTHON << " does not exist: run `make pyenv` to run this test";
+  }
+  const std::string model = CachedModelPath("SmolLM2-135M-Instruct.Q4_1.gguf");
+  if (!fs::exists(model)) {
+    GTEST_SKIP() << model << " is not there (tools/models/fetch_smollm2.sh fetches it)";
+  }
+  char tmpl[] = "/tmp/openai-api-test.XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const std::string http_port_file = dir + "/http.port";
+  ClusterOptions options;
+  options.model = model;
+  options.engine = {
+      {"max_model_len", "1024"}, {"http_port", "0"}, {"http_port_file", http_port_file}};
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::optional<int> http_port = ReadPortFile(http_port_file);
+  ASSERT_TRUE(http_port.has_value()) << http_port_file;
+  const std::string script =
+      std::string(LLM_SOURCE_DIR) + "/tests/integration/structured_outputs_check.py";
+  const int failed = RunCommand(absl::StrCat(ShellQuote(LLM_TEST_PYTHON), " ", ShellQuote(script),
+                                             " --base-url=http://127.0.0.1:", *http_port,
+                                             "/v1 --model=SmolLM2-135M-Instruct.Q4_1"));
+  EXPECT_EQ(failed, 0) << "structured_outputs_check.py: failures (output above)";
   absl::StatusOr<int> stopped = (*cluster)->Stop();
   EXPECT_TRUE(stopped.ok()) << stopped.status();
   fs::remove_all(dir);

@@ -244,14 +244,6 @@ class Checker:
 
         chat = lambda **kw: self.client.chat.completions.create(
             model=self.args.model, max_completion_tokens=4, **kw)
-        schema = {"type": "json_schema", "json_schema": {
-            "name": "answer", "schema": {"type": "object", "properties": {"a": {"type": "string"}}}}}
-        refused("response_format", lambda: chat(messages=messages, response_format=schema))
-        refused("response_format",
-                lambda: chat(messages=messages, response_format={"type": "json_object"}))
-        refused("response_format", lambda: self.client.completions.create(
-            model=self.args.model, prompt="x", max_tokens=4,
-            extra_body={"response_format": {"type": "json_object"}}))
         tools = [{"type": "function", "function": {
             "name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]
         refused("tools", lambda: chat(messages=messages, tools=tools))
@@ -270,6 +262,93 @@ class Checker:
         r = chat(messages=[{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
                  response_format={"type": "text"}, tool_choice="none", temperature=0)
         assert r.choices[0].message.content is not None, r
+
+    def check_structured_outputs(self):
+        """Constrained outputs through every way of asking: each finished output is valid."""
+        import re
+        from typing import Literal
+
+        import jsonschema
+        import pydantic
+
+        before = self.m(self.metrics(), "llm:worker_constrained_samples")
+
+        class Pet(pydantic.BaseModel):
+            name: str = pydantic.Field(max_length=10)
+            kind: Literal["cat", "dog", "fish"]
+            age: int = pydantic.Field(ge=0, le=30)
+            vaccinated: bool
+            toys: list[Literal["ball", "rope", "bell"]] = pydantic.Field(max_length=3)
+
+        messages = [{"role": "user", "content": "Describe a pet as JSON."}]
+        finished = 0
+        for seed in range(4):
+            r = self.client.chat.completions.parse(
+                model=self.args.model, messages=messages, response_format=Pet,
+                max_completion_tokens=120, temperature=1.0, seed=seed)
+            c = r.choices[0]
+            assert c.finish_reason in ("stop", "length"), c.finish_reason
+            if c.finish_reason == "stop":
+                finished += 1
+                jsonschema.validate(json.loads(c.message.content), Pet.model_json_schema())
+                assert c.message.parsed is not None and isinstance(c.message.parsed, Pet), c
+                assert re.fullmatch(r"\{.*\}", c.message.content), c.message.content  # compact
+        assert finished >= 3, f"only {finished} of 4 schema outputs ended within 120 tokens"
+
+        def completion(extra, seed, max_tokens=40, prompt="Say something: "):
+            r = self.client.completions.create(model=self.args.model, prompt=prompt,
+                                               max_tokens=max_tokens, temperature=1.0,
+                                               seed=seed, extra_body=extra)
+            return r.choices[0]
+
+        email = r"[a-z]{3,8}@[a-z]{2,5}\.(com|org)"
+        for seed in range(3):
+            c = completion({"structured_outputs": {"regex": email}}, seed)
+            assert c.finish_reason == "stop" and re.fullmatch(email, c.text), (c.finish_reason,
+                                                                               c.text)
+        colors = ["red", "green", "dark blue"]
+        for seed in range(3):
+            c = completion({"guided_choice": colors}, seed)
+            assert c.finish_reason == "stop" and c.text in colors, (c.finish_reason, c.text)
+        gbnf = 'root ::= "(" num ("+" num){0,3} ")"\nnum ::= [1-9] [0-9]{0,2}'
+        for seed in range(3):
+            c = completion({"structured_outputs": {"grammar": gbnf}}, seed)
+            assert c.finish_reason == "stop" and re.fullmatch(
+                r"\([1-9][0-9]{0,2}(\+[1-9][0-9]{0,2}){0,3}\)", c.text), (c.finish_reason, c.text)
+        # JSON mode: an object; with few tokens, a prefix of one cut at the length.
+        c = completion({"response_format": {"type": "json_object"}}, 7, max_tokens=200)
+        if c.finish_reason == "stop":
+            assert isinstance(json.loads(c.text), dict), c.text
+        assert c.text.startswith("{"), c.text
+        # A truncated output says so.
+        c = completion({"structured_outputs": {"json": {"type": "array", "items": {
+            "type": "string"}, "minItems": 40}}}, 1, max_tokens=5)
+        assert c.finish_reason == "length" and c.text.startswith("["), (c.finish_reason, c.text)
+        # n > 1 and logprobs beside a constraint: every sequence obeys it.
+        r = self.client.completions.create(
+            model=self.args.model, prompt="Pick: ", max_tokens=10, temperature=1.0, n=3, seed=5,
+            logprobs=2, extra_body={"structured_outputs": {"choice": colors}})
+        assert all(c.finish_reason == "stop" and c.text in colors for c in r.choices), r.choices
+        # Streaming: the deltas concatenate to a match.
+        stream = self.client.completions.create(
+            model=self.args.model, prompt="x", max_tokens=40, temperature=1.0, seed=3,
+            stream=True, extra_body={"structured_outputs": {"regex": email}})
+        text = "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
+        assert re.fullmatch(email, text), text
+        # A constraint the grammar engine refuses is a 400 naming it; nothing was generated.
+        for extra, field in (({"structured_outputs": {"regex": "(ab"}}, "structured_output.regex"),
+                             ({"response_format": {"type": "json_schema", "json_schema": {
+                                 "name": "x", "schema": {"type": "object", "properties": {
+                                     "a": {"type": "strin"}}}}}},
+                              "structured_output.json_schema")):
+            try:
+                completion(extra, 0)
+                raise AssertionError(f"{extra}: no BadRequestError")
+            except openai.BadRequestError as e:
+                assert field in e.response.json()["error"]["message"], e.response.json()
+        # The worker sampled them under its masks (its own count, through /metrics).
+        after = self.m(self.metrics(), "llm:worker_constrained_samples")
+        assert after - before >= 40, (before, after)
 
     def check_metrics_count_tokens(self):
         before = self.metrics()
@@ -382,7 +461,7 @@ class Checker:
         order = ["check_models_and_health", "check_metrics_count_tokens",
                  "check_greedy_equals_grpc", "check_stream_usage", "check_logprobs",
                  "check_n2", "check_stop", "check_errors", "check_logit_bias",
-                 "check_unsupported_fields", "check_chat",
+                 "check_unsupported_fields", "check_structured_outputs", "check_chat",
                  "check_disconnect_aborts"]
         assert sorted(order) == sorted(checks), "every check is run once"
         if self.args.checks:

@@ -4,8 +4,10 @@
 #include <string>
 #include <vector>
 
+#include "glog/logging.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "structured/tokenizer_info.h"
 
 namespace llm {
 namespace {
@@ -14,7 +16,7 @@ using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
-constexpr BatchStateConfig kConfig{
+const BatchStateConfig kConfig{
     .num_gpu_blocks = 16, .num_cpu_blocks = 4, .block_size = 4, .vocab_size = 100};
 
 // Builds a step by hand, as the scheduler would send it: Seq() adds a sequence to the request
@@ -473,6 +475,103 @@ TEST(BatchState, ListsTheDeviceSlotsOfTheSequencesItDrops) {
   slots.clear();
   for (const DeviceSlot& d : batch.released_device_slots()) slots.push_back(d.slot);
   EXPECT_THAT(slots, ::testing::UnorderedElementsAre(0, 2));
+  EXPECT_EQ(batch.num_requests(), 0);
+}
+
+namespace grammar_test {
+
+// A vocabulary of ids 0..4 spelling "a", "b", "c", "d" and a stop token (4), for masks one can
+// read: bit i allows token i.
+std::shared_ptr<structured::GrammarCache> Grammars() {
+  auto vocab = structured::TokenizerInfo::Create({"a", "b", "c", "d", ""}, 100, {4}, {});
+  CHECK(vocab.ok());
+  return std::make_shared<structured::GrammarCache>(*vocab);
+}
+
+SamplingParams Choice(int n) {
+  SamplingParams p = WithN(n);
+  p.structured.kind = StructuredOutputParams::Kind::kChoice;
+  p.structured.choices = {"ab", "cd"};
+  return p;
+}
+
+// The tokens the sequence's grammar allows next, as a bit set of ids 0..4.
+uint32_t Allowed(BatchState& batch, int32_t slot, int seq) {
+  SamplingState* state = batch.MutableSamplingState(slot, seq);
+  if (state->grammar == nullptr) return ~0u;
+  std::vector<uint32_t> mask(state->grammar->grammar().tokenizer().bitmask_words());
+  state->grammar->FillNextTokenBitmask(mask.data());
+  return mask[0];
+}
+
+}  // namespace grammar_test
+
+// A request's structured output gives each of its sequences a matcher that every recorded token
+// advances: the sampled ones, the n a fork draws (each sequence from the start), and the tokens a
+// sequence resumed on a worker that never held it brings.
+TEST(BatchStateTest, StructuredOutputMatchersFollowEachSequencesTokens) {
+  using grammar_test::Allowed;
+  BatchStateConfig config = kConfig;
+  config.grammars = grammar_test::Grammars();
+  BatchState batch(config);
+  const SamplingParams one = grammar_test::Choice(1);
+  const SamplingParams two = grammar_test::Choice(2);
+  StepBuilder b1(1);
+  b1.Seq(0, true, true, {}, {3}).New(0, "one", {7, 8}, one, 0, 2, 1);
+  b1.Seq(0, true, true, {}, {5}).New(1, "two", {7, 8}, two, 0, 2, 2);
+  ASSERT_TRUE(batch.Apply(b1.step()).ok());
+  EXPECT_EQ(Allowed(batch, 0, 0), 0b0101u);            // "a" or "c"
+  EXPECT_EQ(Allowed(batch, 1, 1), 0b0101u);            // the sequence a fork makes starts there too
+  batch.AppendSampled(std::vector<TokenId>{0, 0, 2});  // "a"; the fork: "a" and "c"
+  EXPECT_EQ(Allowed(batch, 0, 0), 0b0010u);            // "b"
+  EXPECT_EQ(Allowed(batch, 1, 0), 0b0010u);
+  EXPECT_EQ(Allowed(batch, 1, 1), 0b1000u);  // "d"
+
+  StepBuilder b2(2);
+  b2.Seq(0, false, false, {}, {}).Cached(0, "one", 2, 1, 1);
+  b2.Seq(0, false, false, {}, {}).Seq(1, false, true, {}, {6}).Cached(1, "two", 2, 1, 2);
+  ASSERT_TRUE(batch.Apply(b2.step()).ok());
+  batch.AppendSampled(std::vector<TokenId>{1, 1, 3});
+  EXPECT_EQ(Allowed(batch, 0, 0), 0b10000u);  // complete: only the stop token
+  EXPECT_EQ(Allowed(batch, 1, 1), 0b10000u);
+  EXPECT_TRUE(batch.MutableSamplingState(0, 0)->constrained());
+  StepBuilder b3(3);
+  b3.Seq(0, false, false, {}, {}).Cached(0, "one", 3, 1, 1);
+  b3.Seq(0, false, false, {}, {}).Seq(1, false, false, {}, {}).Cached(1, "two", 3, 1, 2);
+  ASSERT_TRUE(batch.Apply(b3.step()).ok());
+  batch.AppendSampled(std::vector<TokenId>{4, 4, 4});
+  EXPECT_FALSE(batch.MutableSamplingState(0, 0)->constrained());  // ended: sampled freely
+
+  // A worker that never held "one" gets it resumed with its output so far ("a"): its matcher
+  // replays it.
+  BatchState fresh(config);
+  StepBuilder b4(4);
+  b4.Seq(0, true, true, {0}, {3}).New(0, "one", {7, 8}, one, 0, 3, 1);
+  ASSERT_TRUE(fresh.Apply(b4.step()).ok());
+  EXPECT_EQ(Allowed(fresh, 0, 0), 0b0010u);
+}
+
+TEST(BatchStateTest, StructuredOutputIsRefusedWithoutGrammarsOrWhenItDoesNotCompile) {
+  BatchState without(kConfig);
+  const SamplingParams choice = grammar_test::Choice(1);
+  StepBuilder b1(1);
+  b1.Seq(0, true, true, {}, {3}).New(0, "x", {7, 8}, choice, 0, 2, 1);
+  absl::Status s = without.Apply(b1.step());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("request x has a structured output"));
+  EXPECT_EQ(without.num_requests(), 0);
+
+  BatchStateConfig config = kConfig;
+  config.grammars = grammar_test::Grammars();
+  BatchState batch(config);
+  SamplingParams bad = WithN(1);
+  bad.structured.kind = StructuredOutputParams::Kind::kRegex;
+  bad.structured.text = "(ab";
+  StepBuilder b2(1);
+  b2.Seq(0, true, true, {}, {3}).New(0, "y", {7, 8}, bad, 0, 2, 1);
+  s = batch.Apply(b2.step());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("request y: structured output: "));
   EXPECT_EQ(batch.num_requests(), 0);
 }
 

@@ -12,7 +12,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "scheduler_service/tokenizer/grammar_vocabulary.h"
 #include "scheduler_service/tokenizer/tokenizer.h"
 #include "structured/compiled_grammar.h"
 #include "structured/grammar.h"
@@ -65,8 +67,9 @@ inline void ExpectAcceptsAndRejects(const absl::StatusOr<Grammar>& g, const Fron
   for (const std::string& s : c.rejected) EXPECT_FALSE(Matches(compiled, s)) << "'" << s << "'";
 }
 
-// A tokenizer's vocabulary as TokenizerInfo (TokenizerInfo::FromVocab, as the serving code
-// builds it).
+// A tokenizer's vocabulary as TokenizerInfo, built as the scheduler and the workers build it
+// (GrammarVocabulary); FAILED_PRECONDITION when the spelling it reads from the tokenizer's
+// decoder is not `encoding`, the one the test expects of that tokenizer.
 struct Vocab {
   std::unique_ptr<Tokenizer> tokenizer;
   std::shared_ptr<const TokenizerInfo> info;
@@ -77,13 +80,18 @@ inline absl::StatusOr<Vocab> LoadVocab(const std::string& path, VocabEncoding en
   if (!tok.ok()) return tok.status();
   Vocab v;
   v.tokenizer = std::move(tok).value();
-  std::vector<VocabToken> vocab(v.tokenizer->vocab_size());
-  for (int32_t id = 0; id < v.tokenizer->vocab_size(); ++id) {
-    vocab[id].token = v.tokenizer->IdToToken(id).value_or("");
-    if (v.tokenizer->IsSpecialToken(id)) vocab[id].type = VocabToken::Type::kSpecial;
+  const Tokenizer::TokenSpelling spelling = v.tokenizer->token_spelling();
+  const VocabEncoding read =
+      spelling == Tokenizer::TokenSpelling::kByteLevel       ? VocabEncoding::kByteLevel
+      : spelling == Tokenizer::TokenSpelling::kSentencePiece ? VocabEncoding::kSentencePiece
+                                                             : VocabEncoding::kRaw;
+  if (read != encoding) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": the tokenizer's spelling was read as ", static_cast<int>(read),
+                     ", expected ", static_cast<int>(encoding)));
   }
-  absl::StatusOr<std::shared_ptr<const TokenizerInfo>> info = TokenizerInfo::FromVocab(
-      vocab, encoding, v.tokenizer->vocab_size(), v.tokenizer->eos_token_ids());
+  absl::StatusOr<std::shared_ptr<const TokenizerInfo>> info =
+      GrammarVocabulary(*v.tokenizer, v.tokenizer->vocab_size());
   if (!info.ok()) return info.status();
   v.info = *info;
   return v;

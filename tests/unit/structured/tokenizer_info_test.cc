@@ -42,6 +42,16 @@ void ExpectBytesMatchDecode(const std::string& path, VocabEncoding encoding,
   }
 }
 
+// If a test skips, its vocabulary was missing: a skip here would hide a broken test tokenizer.
+void ExpectBytesMatchDecodeHere(const std::string& style, VocabEncoding encoding,
+                                const std::vector<std::string>& texts,
+                                const std::string& prefix = "") {
+  const std::string path = llm::testing::TestDataDir() + "/tokenizer/" + style;
+  absl::StatusOr<testing::Vocab> v = testing::LoadVocab(path, encoding);
+  ASSERT_TRUE(v.ok()) << v.status();
+  ExpectBytesMatchDecode(path, encoding, texts, prefix);
+}
+
 TEST(TokenizerInfoTest, ByteLevelBytesMatchDecodeOnSmolLM2) {
   ExpectBytesMatchDecode(testing::SmolLM2Path(), VocabEncoding::kByteLevel,
                          {"{\"name\": \"caf\xC3\xA9\", \"n\": [1, 2]}\n", "\xF0\x9F\x98\x80 \t x"});
@@ -56,6 +66,15 @@ TEST(TokenizerInfoTest, SentencePieceBytesMatchDecodeOnLlama2Style) {
   ExpectBytesMatchDecode(llm::testing::TestDataDir() + "/tokenizer/llama2_style",
                          VocabEncoding::kSentencePiece,
                          {"{\"a\": 1}", "caf\xC3\xA9 \xE2\x82\xAC\n x"}, /*prefix=*/" ");
+}
+
+// The spelling each committed tokenizer style is read with (from its decoder), and its bytes.
+TEST(TokenizerInfoTest, SpellingReadFromTheDecoderOfEachTokenizerStyle) {
+  const std::vector<std::string> texts = {"{\"a\": [1, 2.5e3, \"x y\"]}", "caf\xC3\xA9 ok\n"};
+  ExpectBytesMatchDecodeHere("llama3_style", VocabEncoding::kByteLevel, texts);
+  ExpectBytesMatchDecodeHere("qwen2_style", VocabEncoding::kByteLevel, texts);
+  ExpectBytesMatchDecodeHere("mistral_style", VocabEncoding::kSentencePiece, texts, " ");
+  ExpectBytesMatchDecodeHere("metaspace_style", VocabEncoding::kSentencePiece, texts, " ");
 }
 
 TEST(TokenizerInfoTest, SortedIdsShareLongestPrefixes) {

@@ -14,12 +14,16 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <regex>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/philox.h"
+#include "nlohmann/json.hpp"
 #include "scheduler_service/engine/engine_core.h"
+#include "scheduler_service/tokenizer/grammar_vocabulary.h"
+#include "scheduler_service/tokenizer/tokenizer.h"
 #include "tests/testing/model_test_util.h"
 #include "tests/testing/test_data.h"
 #include "tests/unit/worker_service/step_test_util.h"
@@ -43,6 +47,8 @@ struct Config {
   bool prefix_caching = false;
   int max_num_batched_tokens = 512;
   int max_num_seqs = 256;
+  TokenId eos_token_id = -1;  // the scheduler ends sequences at it (>= 0)
+  bool async_scheduling = false;
 };
 
 // The step's logits check: inf, -inf or NaN anywhere (in the first, a middle or the last
@@ -89,6 +95,10 @@ class ModelRunnerTest : public ::testing::Test {
     kv_dtype_ = dtype;
     ASSERT_NO_FATAL_FAILURE(LoadTestModel(dir_, &model_, options));
     golden_ = LoadGolden(dir_, model_->vocab_size());
+    absl::StatusOr<std::shared_ptr<const structured::TokenizerInfo>> vocabulary =
+        LoadGrammarVocabulary(dir_, model_->vocab_size());
+    ASSERT_TRUE(vocabulary.ok()) << vocabulary.status();
+    grammars_ = std::make_shared<structured::GrammarCache>(*vocabulary);
 #ifdef LLM_TEST_ON_CUDA
     DeviceSampler::Options so;
     so.max_rows = kSamplerRows;
@@ -109,7 +119,7 @@ class ModelRunnerTest : public ::testing::Test {
     return cache.ok() ? std::move(*cache) : nullptr;
   }
   std::unique_ptr<ModelRunner> MakeRunner(CacheEngine* cache) {
-    return std::make_unique<ModelRunner>(model_.get(), cache, sampler());
+    return std::make_unique<ModelRunner>(model_.get(), cache, sampler(), grammars_);
   }
 
   // Runs `requests` (id -> prompt, params) to completion; returns id -> tokens per sequence.
@@ -131,12 +141,14 @@ class ModelRunnerTest : public ::testing::Test {
     sc.enable_chunked_prefill = c.chunked;
     sc.long_prefill_token_threshold = c.threshold;
     sc.preemption_mode = c.mode;
+    sc.eos_token_id = c.eos_token_id;
     BlockSpaceManagerConfig bc{.block_size = c.block_size,
                                .num_gpu_blocks = c.num_gpu_blocks,
                                .num_cpu_blocks = c.num_cpu_blocks,
                                .watermark = 0.0,
                                .enable_prefix_caching = c.prefix_caching};
     EngineCore engine(sc, bc, runner_owner.get());
+    engine.set_async_scheduling(c.async_scheduling);
     std::map<std::string, std::vector<std::vector<TokenId>>> out;
     for (const auto& [id, req] : requests) {
       const absl::Status s = engine.AddRequest(req, [&out, id = id](const StreamUpdate& u) {
@@ -216,6 +228,7 @@ class ModelRunnerTest : public ::testing::Test {
   DeviceSampler* sampler() { return nullptr; }  // the CPU model samples on the host
 #endif
   std::string dir_;
+  std::shared_ptr<structured::GrammarCache> grammars_;
   DType kv_dtype_ = DType::kF32;
   std::unique_ptr<LlamaModel> model_;
   Golden golden_;
@@ -385,6 +398,88 @@ TEST_F(ModelRunnerTest, RequestsResumedOnNewWorkersSampleAsIfTheyNeverLeft) {
       EXPECT_EQ(std::count(seq.begin(), seq.end(), 5), 0) << id;  // logit_bias -100
     }
   }
+}
+
+// Structured outputs on the real model (its byte-level BPE vocabulary): a regex under greedy
+// decoding, a JSON schema with n = 3 sampled and a choice, beside unconstrained greedy requests.
+// Every constrained sequence ends at EOS with a whole sentence of its language, and each is the
+// same whether the pool is large, small enough to preempt by swap or by recompute (with chunked
+// prefill), the steps are planned ahead (asynchronous scheduling), or the requests move to new
+// workers mid-way (their matchers replay the output); the unconstrained ones stay transformers'.
+TEST_F(ModelRunnerTest, StructuredOutputsHoldAcrossPreemptionForksAndNewWorkers) {
+  const std::string kRegex = "(red|green|blue)( (red|green|blue)){1,3}\\.";
+  const std::vector<std::string> kChoices = {"alpha", "beta gamma", "delta"};
+  auto request = [&](const std::string& id, int prompt, StructuredOutputParams so) {
+    EngineRequest r;
+    r.request_id = id;
+    r.prompt_token_ids.assign(golden_.ids[prompt].begin(),
+                              golden_.ids[prompt].begin() + golden_.prompt_lens[prompt]);
+    r.sampling_params.max_tokens = 48;
+    r.sampling_params.structured = std::move(so);
+    return r;
+  };
+  using Kind = StructuredOutputParams::Kind;
+  EngineRequest re = request("re", 0, {.kind = Kind::kRegex, .text = kRegex});
+  re.sampling_params.temperature = 0;
+  EngineRequest json =
+      request("json", 1,
+              {.kind = Kind::kJsonSchema,
+               .text = R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": 0,
+                   "maximum": 999}, "b": {"enum": ["x", "yy"]}}, "required": ["a", "b"]})"});
+  json.sampling_params.n = 3;
+  json.sampling_params.temperature = 1.0;
+  json.sampling_params.seed = 5;
+  EngineRequest choice = request("choice", 2, {.kind = Kind::kChoice, .choices = kChoices});
+  choice.sampling_params.temperature = 0.8;
+  choice.sampling_params.seed = 9;
+  std::vector<std::pair<std::string, EngineRequest>> reqs = {
+      {"re", re}, {"json", json}, {"choice", choice}};
+  auto golden = GoldenRequests();
+  reqs.insert(reqs.end(), golden.begin(), golden.end());
+
+  const TokenId eos = 1;  // <|end_of_text|>
+  const auto large = Run({.name = "large", .eos_token_id = eos}, reqs);
+  ExpectGolden(large, "large");
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromDirectory(dir_);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  auto text = [&](const std::vector<TokenId>& seq) {
+    EXPECT_FALSE(seq.empty());
+    EXPECT_EQ(seq.back(), eos) << "ended by EOS, complete";
+    return (*tok)->Decode(std::span<const TokenId>(seq.data(), seq.size() - 1));
+  };
+  EXPECT_TRUE(std::regex_match(text(large.at("re")[0]), std::regex(kRegex)))
+      << text(large.at("re")[0]);
+  ASSERT_EQ(large.at("json").size(), 3u);
+  for (const auto& seq : large.at("json")) {
+    const nlohmann::json j = nlohmann::json::parse(text(seq));
+    ASSERT_TRUE(j.is_object() && j.size() == 2 && j["a"].is_number_integer()) << j;
+    EXPECT_TRUE(j["a"] >= 0 && j["a"] <= 999) << j;
+    EXPECT_TRUE(j["b"] == "x" || j["b"] == "yy") << j;
+  }
+  EXPECT_NE(large.at("json")[0], large.at("json")[1]);
+  const std::string c = text(large.at("choice")[0]);
+  EXPECT_NE(std::find(kChoices.begin(), kChoices.end(), c), kChoices.end()) << c;
+
+  const Config small{.name = "small swap",
+                     .num_gpu_blocks = 14,
+                     .num_cpu_blocks = 64,
+                     .block_size = 8,
+                     .mode = PreemptionMode::kSwap,
+                     .chunked = true,
+                     .threshold = 5,
+                     .max_num_batched_tokens = 16,
+                     .eos_token_id = eos};
+  SchedulerStats stats;
+  EXPECT_EQ(Run(small, reqs, &stats), large);
+  EXPECT_GT(stats.num_preemptions, 0);
+  Config recompute = small;
+  recompute.name = "small recompute";
+  recompute.mode = PreemptionMode::kRecompute;
+  EXPECT_EQ(Run(recompute, reqs, &stats), large);
+  EXPECT_GT(stats.num_preemptions, 0);
+  EXPECT_EQ(Run({.name = "async", .eos_token_id = eos, .async_scheduling = true}, reqs), large);
+  EXPECT_EQ(Run({.name = "moved", .eos_token_id = eos}, reqs, nullptr, /*new_workers_after=*/4),
+            large);
 }
 
 TEST_F(ModelRunnerTest, ForkedSequencesWithTopK1AreAllTransformersGreedy) {

@@ -176,6 +176,45 @@ TEST(Sampler, MinusOneHundredBansATokenUnderSampling) {
   EXPECT_GT(std::count(plain.begin(), plain.end(), 5), 40);
 }
 
+// A structured output's mask: only allowed tokens are drawn, greedy or sampled under every
+// filter, with the allowed ones keeping their relative frequencies; logprobs stay raw.
+TEST(Sampler, TokenMaskAllowsOnlyItsTokens) {
+  std::vector<float> logits = RandomLogits(70, 5, 1.0f);
+  logits[9] = 6.0f;  // the argmax, not allowed
+  std::vector<uint32_t> mask(3, 0);
+  for (int t : {3, 33, 34, 69}) mask[t / 32] |= 1u << (t % 32);
+  auto allowed = [&](TokenId t) { return t == 3 || t == 33 || t == 34 || t == 69; };
+  for (const SamplingParams& p : {Params(0.0, 1), Params(1.0, 2), Params(0.7, 3)}) {
+    SamplingParams q = p;
+    q.logprobs = 1;
+    if (q.temperature == 0.7) {
+      q.top_k = 3;
+      q.top_p = 0.8;
+      q.min_p = 0.05;
+      q.repetition_penalty = 1.2;
+    }
+    SamplingSequence seq(q, 0);
+    SampleRow row = seq.row();
+    row.allowed = mask.data();
+    const SampleRow rows[] = {row};
+    std::map<TokenId, int> seen;
+    for (int i = 0; i < 400; ++i) {
+      std::vector<float> copy = logits;
+      const SampledToken t = Sampler::Sample(copy, 70, rows)[0];
+      ASSERT_TRUE(allowed(t.token)) << t.token;
+      EXPECT_EQ(t.top_logprobs[0].first, 9);  // raw: the masked argmax is still the likeliest
+      ++seen[t.token];
+      seq.Append(t.token);
+    }
+    if (q.temperature == 1.0) EXPECT_EQ(seen.size(), 4u);  // every allowed token drawn
+  }
+  std::vector<float> row = logits;
+  Sampler::ApplyAllowed(mask.data(), row);
+  for (int t = 0; t < 70; ++t) {
+    EXPECT_EQ(std::isinf(row[t]) && row[t] < 0, !allowed(t)) << t;
+  }
+}
+
 TEST(Sampler, SameSeedSameTokensWhateverElseIsInTheBatch) {
   const std::vector<float> logits = RandomLogits(64, 1, 1.0f);
   const SamplingParams p = Params(1.0, 1234);

@@ -237,10 +237,7 @@ TEST(OpenAIProtocolTest, UnimplementedFieldsAre400NamingThem) {
     bool chat_only = false;
   };
   const Case cases[] = {
-      {R"("response_format": {"type": "json_object"})", "response_format",
-       "'response_format' of type 'json_object' is not supported: structured output"},
-      {R"("response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {}}})",
-       "response_format", "'response_format' of type 'json_schema' is not supported"},
+      {R"("response_format": {"type": "json_object"})", "", ""},
       {R"("response_format": {"type": "text"})", "", ""},
       {R"("tools": [{"type": "function", "function": {"name": "f"}}])", "tools",
        "'tools' is not supported: tool calling is not implemented"},
@@ -263,8 +260,7 @@ TEST(OpenAIProtocolTest, UnimplementedFieldsAre400NamingThem) {
       {R"("prediction": {"type": "content", "content": "x"})", "prediction", "predicted outputs"},
       {R"("reasoning_effort": "low")", "reasoning_effort", "not supported"},
       {R"("web_search_options": {})", "web_search_options", "web search"},
-      {R"("guided_json": {"type": "object"})", "guided_json", "structured output"},
-      {R"("guided_choice": ["a", "b"])", "guided_choice", "structured output"},
+      {R"("guided_whitespace_pattern": " ?")", "guided_whitespace_pattern", "not supported"},
       {R"("allowed_token_ids": [1, 2])", "allowed_token_ids", "not supported"},
       {R"("prompt_logprobs": 1)", "prompt_logprobs", "prompt logprobs"},
       {R"("use_beam_search": true)", "use_beam_search", "beam search"},
@@ -293,6 +289,65 @@ TEST(OpenAIProtocolTest, UnimplementedFieldsAre400NamingThem) {
       EXPECT_EQ(p.error.param, c.param) << body;
       EXPECT_THAT(p.error.message, HasSubstr(c.message)) << body;
     }
+  }
+}
+
+// The three ways clients ask for a structured output reach the proto as one constraint.
+TEST(OpenAIProtocolTest, StructuredOutputsFromResponseFormatStructuredOutputsAndGuidedFields) {
+  const std::string chat_prefix = R"({"messages": [{"role": "user", "content": "x"}], )";
+  struct Case {
+    std::string rest;
+    std::string expected;  // the StructuredOutput's text form
+  };
+  const Case cases[] = {
+      {R"("response_format": {"type": "json_object"})", "json_object: true"},
+      {R"("response_format": {"type": "json_schema", "json_schema": {"name": "a", "strict": true,
+          "schema": {"type": "integer"}}})",
+       R"(json_schema: "{\"type\":\"integer\"}")"},
+      {R"("structured_outputs": {"json": {"type": "string"}, "disable_any_whitespace": false})",
+       R"(json_schema: "{\"type\":\"string\"}" any_whitespace: true)"},
+      {R"("structured_outputs": {"regex": "[0-9]+"})", R"(regex: "[0-9]+")"},
+      {R"("structured_outputs": {"choice": ["yes", "no"]})",
+       R"(choice { choices: "yes" choices: "no" })"},
+      {R"("structured_outputs": {"grammar": "root ::= \"a\""})", R"(grammar: "root ::= \"a\"")"},
+      {R"("guided_regex": "a|b", "guided_decoding_backend": "xgrammar")", R"(regex: "a|b")"},
+      {R"("guided_json": "{\"type\": \"object\"}")", R"(json_schema: "{\"type\": \"object\"}")"},
+      {R"("response_format": {"type": "text"})", ""},
+      // The schema's keys keep the order the client wrote (properties are generated in it).
+      {R"("structured_outputs": {"json": {"type": "object", "properties": {"z": {}, "a": {}}}})",
+       R"(json_schema: "{\"type\":\"object\",\"properties\":{\"z\":{},\"a\":{}}}")"},
+  };
+  for (const Case& c : cases) {
+    const std::string body = chat_prefix + c.rest + "}";
+    const ParseResult p = ParseChatCompletionRequest(body);
+    ASSERT_TRUE(p.ok()) << body << ": " << p.error.message;
+    EXPECT_EQ(p.request.request.sampling_params().structured_output().ShortDebugString(),
+              c.expected)
+        << body;
+  }
+  const BadCase bad[] = {
+      {R"("response_format": {"type": "json_schema"})", "response_format.json_schema",
+       "needs 'json_schema' with a 'schema'"},
+      {R"("response_format": {"type": "regex"})", "response_format.type",
+       "'response_format' of type 'regex' is not supported"},
+      {R"("response_format": "json")", "response_format", "an object with a string 'type'"},
+      {R"("structured_outputs": {"regex": 3})", "structured_outputs.regex", "a string"},
+      {R"("structured_outputs": {"choice": ["a", 1]})", "structured_outputs.choice",
+       "a list of strings"},
+      {R"("structured_outputs": {"whitespace_pattern": " "})",
+       "structured_outputs.whitespace_pattern", "is not supported"},
+      {R"("structured_outputs": {"regex": "a", "choice": ["a"]})", "structured_outputs.regex",
+       "both constrain the output"},
+      {R"("response_format": {"type": "json_object"}, "guided_regex": "a")", "guided_regex",
+       "'response_format' and 'guided_regex' both constrain the output"},
+  };
+  for (const BadCase& c : bad) {
+    const std::string body = chat_prefix + c.body + "}";
+    const ParseResult p = ParseChatCompletionRequest(body);
+    ASSERT_FALSE(p.ok()) << body;
+    EXPECT_EQ(p.error.http_status, 400) << body;
+    EXPECT_EQ(p.error.param, c.param) << body;
+    EXPECT_THAT(p.error.message, HasSubstr(c.message_part)) << body;
   }
 }
 
