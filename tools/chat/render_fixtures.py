@@ -112,8 +112,8 @@ def chat_cases(env):
 
 # Small templates, one feature each: (name, source, context). Errors are recorded as such;
 # the C++ test checks that they fail (and, for raise_exception, with the same message).
-# Tuples (from .items(), the items filter, dictsort) are lists in the C++ interpreter and would
-# print as [..] rather than (..): the snippets unpack them instead of printing them.
+# An error's message is compared too where jinja2 raises one of the runtime errors
+# (UndefinedError, TypeError, ...): the C++ message contains the text after "Error: ".
 SNIPPETS = [
     ("text", "plain text only", {}),
     ("print_values", "{{ 1 }}|{{ 1.5 }}|{{ 2.0 }}|{{ -3 }}|{{ true }}|{{ none }}|{{ 'a' }}|{{ [1, 'b', none] }}|{{ {'k': 'v', 'n': 1} }}", {}),
@@ -158,6 +158,10 @@ SNIPPETS = [
     ("string_escapes", "{{ 'tab\\there' }}|{{ \"q\\\"uote\" }}|{{ 'uni\\u00e9' }}|{{ 'a' 'b' }}", {}),
     ("range", "{{ range(3) | list }} {{ range(1, 4) | list }} {{ range(10, 0, -3) | list }}", {}),
     ("raw", "{% raw %}{{ not rendered }}{% endraw %}", {}),
+    ("attr_undefined", "{{ s.content is defined }} {{ m.content.content is defined }} [{{ s.foo }}] {{ l.foo is defined }} {{ l.append is defined }} {{ s.startswith is defined }} {{ d.items is defined }} {{ d['keys'] is defined }} {{ d.a.b is defined }} {{ none.x is defined }} {{ 1.5.x is defined }} {{ s.startswith('x') }} {{ m.content.upper() }}", {"s": "text", "m": {"content": "hi"}, "l": [1], "d": {"a": "b"}}),
+    ("attr_call_missing", "{{ 'abc'.foo() }}", {}),
+    ("attr_of_missing_attr", "{{ s.content.x }}", {"s": "text"}),
+    ("tuples", "{{ (1, 2) }} {{ (1,) }} {{ () }} {{ d.items() | list }} {{ d | dictsort }} {{ (1, 2) == [1, 2] }} {{ (1, 2) == (1, 2) }} {{ (1, 2) + (3,) }} {{ (1, 2, 3)[1:] }} {% set t = 1, 'a' %}{{ t }} {{ t is sequence }} {{ t | length }} {{ 'b' in ('a', 'b') }} {{ 'abc'.startswith(('x', 'a')) }}", {"d": {"k": 1}}),
     ("raise_exception", "{% if true %}{{ raise_exception('Custom failure: ' ~ 42) }}{% endif %}", {}),
     ("undefined_callable", "{{ not_a_function(1) }}", {}),
     ("undefined_attribute_of_undefined", "{{ nope.attr }}", {}),

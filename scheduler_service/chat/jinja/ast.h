@@ -56,6 +56,7 @@ struct Name : Expr {
 
 struct ListExpr : Expr {
   std::vector<ExprPtr> items;
+  bool tuple = false;
   Value Eval(Ctx& ctx) const override;
 };
 

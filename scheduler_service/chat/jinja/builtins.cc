@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "scheduler_service/chat/jinja/operators.h"
 #include "scheduler_service/chat/jinja/python_string.h"
@@ -216,7 +217,8 @@ Value ApplyFilter(const std::string& name, const Value& in, CallArgs& args, Ctx&
     if (in.is_undefined()) return ValueList();
     if (!in.is_dict()) throw CallError{"items filter expects a dict, got " + in.TypeName()};
     ValueList out;
-    for (const auto& [k, v] : in.dict().items) out.push_back(ValueList{Value(k), v});
+    for (const auto& [k, v] : in.dict().items)
+      out.push_back(Value::MakeTuple(ValueList{Value(k), v}));
     return out;
   }
   if (name == "int") {
@@ -354,7 +356,7 @@ Value ApplyFilter(const std::string& name, const Value& in, CallArgs& args, Ctx&
       return AsciiLower(a.first) < AsciiLower(b.first);
     });
     ValueList out;
-    for (auto& [k, v] : items) out.push_back(ValueList{Value(k), v});
+    for (auto& [k, v] : items) out.push_back(Value::MakeTuple(ValueList{Value(k), v}));
     return out;
   }
   if (name == "wordcount") {
@@ -416,8 +418,23 @@ bool ApplyTest(const std::string& name, const Value& v, CallArgs& args, Ctx&) {
   throw CallError{"no test named '" + name + "'"};
 }
 
+bool HasMethod(const Value& obj, const std::string& name) {
+  static const auto* str_methods = new absl::flat_hash_set<std::string>{
+      "strip", "lstrip", "rstrip",  "startswith", "endswith", "split",   "rsplit",
+      "upper", "lower",  "title",   "capitalize", "replace",  "find",    "count",
+      "index", "join",   "isdigit", "isspace",    "isalpha",  "isalnum", "splitlines"};
+  static const auto* dict_methods =
+      new absl::flat_hash_set<std::string>{"items", "keys", "values", "get"};
+  static const auto* list_methods = new absl::flat_hash_set<std::string>{"index", "count"};
+  if (obj.is_string()) return str_methods->contains(name);
+  if (obj.is_dict()) return !obj.dict().is_namespace && dict_methods->contains(name);
+  if (obj.is_list()) return list_methods->contains(name);
+  return false;
+}
+
 Value CallMethod(const Value& obj, const std::string& name, CallArgs& args, bool* found) {
-  *found = true;
+  *found = HasMethod(obj, name);
+  if (!*found) return Value();
   ArgReader r(args, name);
   if (obj.is_string()) {
     const std::string& s = obj.as_string();
@@ -524,7 +541,7 @@ Value CallMethod(const Value& obj, const std::string& name, CallArgs& args, bool
     const ValueDict& d = obj.dict();
     if (name == "items") {
       ValueList out;
-      for (const auto& [k, v] : d.items) out.push_back(ValueList{Value(k), v});
+      for (const auto& [k, v] : d.items) out.push_back(Value::MakeTuple(ValueList{Value(k), v}));
       return out;
     }
     if (name == "keys") {

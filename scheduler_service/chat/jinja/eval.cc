@@ -74,7 +74,7 @@ Value Name::Eval(Ctx& ctx) const { return ctx.Lookup(name); }
 Value ListExpr::Eval(Ctx& ctx) const {
   ValueList out;
   for (const ExprPtr& e : items) out.push_back(e->Eval(ctx));
-  return out;
+  return tuple ? Value::MakeTuple(std::move(out)) : Value(std::move(out));
 }
 
 Value DictExpr::Eval(Ctx& ctx) const {
@@ -117,7 +117,7 @@ Value SliceExpr::Eval(Ctx& ctx) const {
       ValueList out;
       for (int64_t i : SliceIndices(static_cast<int64_t>(o.list().size()), a, b, c))
         out.push_back(o.list()[i]);
-      return out;
+      return o.is_tuple() ? Value::MakeTuple(std::move(out)) : Value(std::move(out));
     }
     if (o.is_string()) {
       std::vector<std::string_view> cs = SplitUtf8Chars(o.as_string());
@@ -138,13 +138,10 @@ Value Call::Eval(Ctx& ctx) const {
     if (auto* attr = dynamic_cast<const GetAttr*>(callee.get())) {
       Value obj = attr->obj->Eval(ctx);
       if (obj.is_undefined()) UndefinedError(obj);
-      if (obj.is_string() || obj.is_list() || (obj.is_dict() && !obj.dict().is_namespace)) {
+      if (HasMethod(obj, attr->name)) {
         call_args = EvalArgs(args, ctx);
         bool found = false;
-        Value v = CallMethod(obj, attr->name, call_args, &found);
-        if (found) return v;
-        if (!obj.is_dict() || obj.dict().Find(attr->name) == nullptr)
-          throw CallError{"'" + obj.TypeName() + "' object has no attribute '" + attr->name + "'"};
+        return CallMethod(obj, attr->name, call_args, &found);
       }
       fn = GetAttrValue(obj, attr->name);
     } else {

@@ -54,7 +54,7 @@ bool Equal(const Value& a, const Value& b) {
   if (a.is_undefined() && b.is_undefined()) return true;
   if (a.is_list() && b.is_list()) {
     const ValueList &x = a.list(), &y = b.list();
-    if (x.size() != y.size()) return false;
+    if (x.size() != y.size() || a.is_tuple() != b.is_tuple()) return false;
     for (size_t i = 0; i < x.size(); ++i)
       if (!Equal(x[i], y[i])) return false;
     return true;
@@ -132,9 +132,12 @@ Value Arith(const std::string& op, const Value& a, const Value& b) {
   if (op == "+") {
     if (a.is_string() && b.is_string()) return a.as_string() + b.as_string();
     if (a.is_list() && b.is_list()) {
+      if (a.is_tuple() != b.is_tuple())
+        throw CallError{std::string("can only concatenate ") + (a.is_tuple() ? "tuple" : "list") +
+                        " (not \"" + b.TypeName() + "\") to " + (a.is_tuple() ? "tuple" : "list")};
       ValueList out = a.list();
       out.insert(out.end(), b.list().begin(), b.list().end());
-      return out;
+      return a.is_tuple() ? Value::MakeTuple(std::move(out)) : Value(std::move(out));
     }
     if (a.is_string() || b.is_string()) {
       if (a.is_string())
@@ -242,30 +245,28 @@ std::vector<int64_t> SliceIndices(int64_t n, const Value& start, const Value& st
   return out;
 }
 
+std::string ObjectTypeRepr(const Value& obj) {
+  return obj.is_none() ? "None" : obj.TypeName() + " object";
+}
+
+Value MissingAttribute(const Value& obj, const std::string& name) {
+  return Value::MakeUndefined("'" + ObjectTypeRepr(obj) + "' has no attribute '" + name + "'");
+}
+
 Value GetAttrValue(const Value& obj, const std::string& name) {
   if (obj.is_undefined()) UndefinedError(obj);
-  if (obj.is_dict()) {
-    static const char* kMethods[] = {"items", "keys", "values", "get"};
-    if (!obj.dict().is_namespace)
-      for (const char* m : kMethods)
-        if (name == m)
-          return Value::MakeCallable(name, [obj, name](CallArgs& args) {
-            bool found = false;
-            return CallMethod(obj, name, args, &found);
-          });
-    if (const Value* v = obj.dict().Find(name)) return *v;
-    return Value::MakeUndefined("'" + obj.TypeName() + " object' has no attribute '" + name + "'");
-  }
-  if (obj.is_string() || obj.is_list()) {
+  if (HasMethod(obj, name)) {
     return Value::MakeCallable(name, [obj, name](CallArgs& args) {
       bool found = false;
-      Value v = CallMethod(obj, name, args, &found);
-      if (!found)
-        throw CallError{"'" + obj.TypeName() + "' object has no attribute '" + name + "'"};
-      return v;
+      return CallMethod(obj, name, args, &found);
     });
   }
-  return Value::MakeUndefined("'" + obj.TypeName() + " object' has no attribute '" + name + "'");
+  if (obj.is_dict()) {
+    if (const Value* v = obj.dict().Find(name)) return *v;
+  } else if (const Value* v = obj.TupleField(name)) {
+    return *v;
+  }
+  return MissingAttribute(obj, name);
 }
 
 Value GetItemValue(const Value& obj, const Value& key) {
@@ -273,7 +274,7 @@ Value GetItemValue(const Value& obj, const Value& key) {
   if (obj.is_dict()) {
     if (key.is_string()) {
       if (const Value* v = obj.dict().Find(key.as_string())) return *v;
-      return Value::MakeUndefined("'dict object' has no attribute '" + key.as_string() + "'");
+      return GetAttrValue(obj, key.as_string());
     }
     return Value::MakeUndefined("'dict object' has no attribute " + key.Repr());
   }

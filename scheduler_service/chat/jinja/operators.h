@@ -28,11 +28,15 @@ Value Arith(const std::string& op, const Value& a, const Value& b);
 // Python slicing over `n` items: the indices taken.
 std::vector<int64_t> SliceIndices(int64_t n, const Value& start, const Value& stop,
                                   const Value& step);
-// obj.name: a dict's method (items, keys, values, get) or entry, undefined when it has neither;
-// a string's or list's method, bound (calling one it lacks fails); undefined for other types.
+// jinja2's "'str object'" (the type as its messages name it).
+std::string ObjectTypeRepr(const Value& obj);
+// The undefined value of an attribute `name` that `obj` lacks.
+Value MissingAttribute(const Value& obj, const std::string& name);
+// obj.name as jinja2's getattr: the method of that name (bound), else a dict's entry or a
+// named tuple's field, else undefined (so `x.name is defined` is false).
 Value GetAttrValue(const Value& obj, const std::string& name);
 // obj[key]: a dict's entry, a list's item or a string's character (negative indices count
-// from the end), or for a string key on a list or string its method; undefined when absent.
+// from the end), or for a string key that is not an entry, obj.name; undefined when absent.
 Value GetItemValue(const Value& obj, const Value& key);
 
 }  // namespace llm::jinja

@@ -260,12 +260,13 @@ class Parser {
     return out;
   }
 
-  // An expression, or a tuple of them ("a, b") as a list.
+  // An expression, or a tuple of them ("a, b").
   ExprPtr ParseTuple(bool with_cond = true) {
     const Token& at = Peek();
     ExprPtr e = with_cond ? ParseExpression() : ParseOr();
     if (!IsOp(",")) return e;
     auto list = Make<ListExpr>(at);
+    list->tuple = true;
     list->items.push_back(std::move(e));
     while (IsOp(",")) {
       Next();
@@ -437,11 +438,14 @@ class Parser {
       Next();
       if (IsOp(")")) {
         Next();
-        return Make<ListExpr>(t);
+        auto empty = Make<ListExpr>(t);
+        empty->tuple = true;
+        return empty;
       }
       ExprPtr e = ParseExpression();
       if (IsOp(",")) {
         auto list = Make<ListExpr>(t);
+        list->tuple = true;
         list->items.push_back(std::move(e));
         while (IsOp(",")) {
           Next();

@@ -130,6 +130,21 @@ Value Value::MakeCallable(std::string name, Function fn) {
   return Value(std::make_shared<const Callable>(Callable{std::move(name), std::move(fn)}));
 }
 
+Value Value::MakeTuple(ValueList items, std::shared_ptr<const TupleType> type) {
+  Value v(std::move(items));
+  v.tuple_ = true;
+  v.tuple_type_ = std::move(type);
+  return v;
+}
+
+const Value* Value::TupleField(std::string_view name) const {
+  if (!tuple_type_) return nullptr;
+  const std::vector<std::string>& fields = tuple_type_->fields;
+  for (size_t i = 0; i < fields.size() && i < list().size(); ++i)
+    if (fields[i] == name) return &list()[i];
+  return nullptr;
+}
+
 Value Value::FromJson(const nlohmann::ordered_json& json) {
   switch (json.type()) {
     case nlohmann::ordered_json::value_t::null:
@@ -184,14 +199,14 @@ std::string Value::Repr() const {
   if (is_float()) return PyFloatRepr(as_float());
   if (is_string()) return PyStrRepr(as_string());
   if (is_list()) {
-    std::string out = "[";
-    bool first = true;
-    for (const Value& v : list()) {
-      if (!first) out += ", ";
-      first = false;
-      out += v.Repr();
+    std::string out = tuple_type_ ? tuple_type_->name + "(" : tuple_ ? "(" : "[";
+    for (size_t i = 0; i < list().size(); ++i) {
+      if (i > 0) out += ", ";
+      if (tuple_type_ && i < tuple_type_->fields.size()) out += tuple_type_->fields[i] + "=";
+      out += list()[i].Repr();
     }
-    return out + "]";
+    if (tuple_ && !tuple_type_ && list().size() == 1) out += ",";
+    return out + (tuple_ ? ")" : "]");
   }
   if (is_dict()) {
     if (dict().is_namespace) return "<Namespace>";
@@ -214,7 +229,7 @@ std::string Value::TypeName() const {
   if (is_int()) return "int";
   if (is_float()) return "float";
   if (is_string()) return "str";
-  if (is_list()) return "list";
+  if (is_list()) return tuple_type_ ? tuple_type_->name : tuple_ ? "tuple" : "list";
   if (is_dict()) return dict().is_namespace ? "Namespace" : "dict";
   return "function";
 }

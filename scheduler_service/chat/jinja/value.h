@@ -41,6 +41,12 @@ class Value {
     std::string name;
     Function fn;
   };
+  // A named tuple's type (jinja2's groupby yields (grouper, list) as one): its name and the
+  // names of its fields, which are attributes of its values.
+  struct TupleType {
+    std::string name;
+    std::vector<std::string> fields;
+  };
   using ListPtr = std::shared_ptr<ValueList>;
   using DictPtr = std::shared_ptr<ValueDict>;
   using CallablePtr = std::shared_ptr<const Callable>;
@@ -57,6 +63,9 @@ class Value {
   Value(ValueList list) : v_(std::make_shared<ValueList>(std::move(list))) {}  // NOLINT
   Value(ValueDict dict) : v_(std::make_shared<ValueDict>(std::move(dict))) {}  // NOLINT
   static Value MakeCallable(std::string name, Function fn);
+  // A tuple: a list (is_list() is true, so everything that reads a list reads it) that prints
+  // as (..), is named "tuple" and never equals a list, as in Python.
+  static Value MakeTuple(ValueList items, std::shared_ptr<const TupleType> type = nullptr);
   // JSON null -> none, objects -> dicts (key order kept), numbers -> int or float.
   static Value FromJson(const nlohmann::ordered_json& json);
 
@@ -70,6 +79,9 @@ class Value {
   bool is_list() const { return std::holds_alternative<ListPtr>(v_); }
   bool is_dict() const { return std::holds_alternative<DictPtr>(v_); }
   bool is_callable() const { return std::holds_alternative<CallablePtr>(v_); }
+  bool is_tuple() const { return tuple_; }
+  // The field `name` of a named tuple; null for anything else.
+  const Value* TupleField(std::string_view name) const;
 
   bool as_bool() const { return std::get<bool>(v_); }
   int64_t as_int() const { return std::get<int64_t>(v_); }
@@ -98,6 +110,8 @@ class Value {
 
   std::variant<Undefined, None, bool, int64_t, double, std::string, ListPtr, DictPtr, CallablePtr>
       v_;
+  bool tuple_ = false;
+  std::shared_ptr<const TupleType> tuple_type_;
 };
 
 // Arguments of a call from a template: positional, then keyword.
