@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "scheduler_service/chat/jinja/error.h"
 #include "scheduler_service/chat/jinja/value.h"
 
@@ -86,6 +87,8 @@ struct Call : Expr {
   ExprPtr callee;
   std::vector<Arg> args;
   Value Eval(Ctx& ctx) const override;
+  // The call with `extra` keyword arguments after those written (a call block's `caller`).
+  Value EvalWith(Ctx& ctx, std::vector<std::pair<std::string, Value>> extra) const;
 };
 
 struct FilterExpr : Expr {
@@ -150,7 +153,9 @@ struct For : Stmt {
   ExprPtr filter;
   Body body;
   Body otherwise;
+  bool recursive = false;  // `loop(items)` runs the loop over items, one level deeper
   void Exec(Ctx& ctx) const override;
+  void Run(Ctx& ctx, const Value& seq, int depth) const;
 };
 
 struct LoopControl : Stmt {
@@ -166,12 +171,39 @@ struct Set : Stmt {
   void Exec(Ctx& ctx) const override;
 };
 
+using Frame = absl::flat_hash_map<std::string, Value>;
+
 struct Macro : Stmt {
   std::string name;
   std::vector<std::pair<std::string, ExprPtr>> params;  // default may be null
   Body body;
   void Exec(Ctx& ctx) const override;
-  Value Invoke(Ctx& ctx, CallArgs& args) const;
+  // Runs the body with the arguments bound over the template's top-level names, or over
+  // `closure` (the scopes where a call block's caller was written) when given.
+  Value Invoke(Ctx& ctx, CallArgs& args, const std::vector<Frame>* closure = nullptr) const;
+};
+
+// {% call(params) macro(args) %}body{% endcall %}: the macro, called with `caller`, a macro of
+// `params` that renders the body.
+struct CallBlock : Stmt {
+  std::unique_ptr<Call> call;
+  Macro caller;
+  void Exec(Ctx& ctx) const override;
+};
+
+// {% filter f(args)|g %}body{% endfilter %}: the body's output through the filters.
+struct FilterBlock : Stmt {
+  std::vector<std::pair<std::string, std::vector<Arg>>> filters;
+  Body body;
+  void Exec(Ctx& ctx) const override;
+};
+
+// {% with a = x, b = y %}body{% endwith %}: the body in a scope of its own where the names are
+// the values (computed in the scope outside).
+struct With : Stmt {
+  std::vector<std::pair<std::string, ExprPtr>> assigns;
+  Body body;
+  void Exec(Ctx& ctx) const override;
 };
 
 struct Block : Stmt {  // {% generation %}: its body

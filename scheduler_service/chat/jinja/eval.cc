@@ -1,6 +1,8 @@
 #include "scheduler_service/chat/jinja/eval.h"
 
 #include <limits>
+#include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -33,6 +35,22 @@ void ExecBody(const Body& body, Ctx& ctx) {
 }
 
 namespace {
+
+constexpr char kLoopCall[] = "__call__";
+
+// Runs `body` with ctx.out pointed at a string of its own; the string.
+std::string Capture(const Body& body, Ctx& ctx) {
+  std::string captured;
+  std::string* saved = ctx.out;
+  ctx.out = &captured;
+  struct Restore {
+    Ctx& ctx;
+    std::string* out;
+    ~Restore() { ctx.out = out; }
+  } restore{ctx, saved};
+  ExecBody(body, ctx);
+  return captured;
+}
 
 CallArgs EvalArgs(const std::vector<Arg>& args, Ctx& ctx) {
   CallArgs out;
@@ -131,15 +149,21 @@ Value SliceExpr::Eval(Ctx& ctx) const {
   }
 }
 
-Value Call::Eval(Ctx& ctx) const {
+Value Call::Eval(Ctx& ctx) const { return EvalWith(ctx, {}); }
+
+Value Call::EvalWith(Ctx& ctx, std::vector<std::pair<std::string, Value>> extra) const {
   Value fn;
   CallArgs call_args;
+  auto eval_args = [&] {
+    call_args = EvalArgs(args, ctx);
+    for (auto& kv : extra) call_args.keyword.push_back(std::move(kv));
+  };
   try {
     if (auto* attr = dynamic_cast<const GetAttr*>(callee.get())) {
       Value obj = attr->obj->Eval(ctx);
       if (obj.is_undefined()) UndefinedError(obj);
       if (HasMethod(obj, attr->name)) {
-        call_args = EvalArgs(args, ctx);
+        eval_args();
         bool found = false;
         return CallMethod(obj, attr->name, call_args, &found);
       }
@@ -148,8 +172,12 @@ Value Call::Eval(Ctx& ctx) const {
       fn = callee->Eval(ctx);
     }
     if (fn.is_undefined()) UndefinedError(fn);
+    // The loop object of a recursive loop is a dict that is also callable.
+    if (fn.is_dict() && !fn.dict().is_namespace) {
+      if (const Value* call = fn.dict().Find(kLoopCall)) fn = *call;
+    }
     if (!fn.is_callable()) throw CallError{"'" + fn.TypeName() + "' object is not callable"};
-    call_args = EvalArgs(args, ctx);
+    eval_args();
     return fn.callable().fn(call_args);
   } catch (CallError& e) {
     Error(e.message);
@@ -269,8 +297,9 @@ void If::Exec(Ctx& ctx) const {
   ExecBody(otherwise, ctx);
 }
 
-void For::Exec(Ctx& ctx) const {
-  Value seq = iter->Eval(ctx);
+void For::Exec(Ctx& ctx) const { Run(ctx, iter->Eval(ctx), 0); }
+
+void For::Run(Ctx& ctx, const Value& seq, int depth) const {
   std::vector<Value> items;
   try {
     items = Iterate(seq);
@@ -288,6 +317,14 @@ void For::Exec(Ctx& ctx) const {
     items = std::move(kept);
   }
   const int64_t n = static_cast<int64_t>(items.size());
+  // loop.changed(x): true when x differs from the value of its last call in this loop.
+  auto last_changed = std::make_shared<std::optional<Value>>();
+  const Value changed = Value::MakeCallable("changed", [last_changed](CallArgs& args) -> Value {
+    Value now = Value::MakeTuple(args.positional);
+    if (last_changed->has_value() && Equal(**last_changed, now)) return false;
+    *last_changed = std::move(now);
+    return true;
+  });
   for (int64_t i = 0; i < n; ++i) {
     ctx.CountIteration(*this);
     ctx.frames.back().clear();  // as jinja2: what the body sets lasts one iteration
@@ -299,14 +336,41 @@ void For::Exec(Ctx& ctx) const {
     loop.Set("first", i == 0);
     loop.Set("last", i == n - 1);
     loop.Set("length", n);
-    loop.Set("depth", 1);
-    loop.Set("depth0", 0);
+    loop.Set("depth", depth + 1);
+    loop.Set("depth0", depth);
     loop.Set("previtem", i > 0 ? items[i - 1] : Value::MakeUndefined("there is no previous item"));
     loop.Set("nextitem", i + 1 < n ? items[i + 1] : Value::MakeUndefined("there is no next item"));
     loop.Set("cycle", Value::MakeCallable("cycle", [i](CallArgs& args) -> Value {
                if (args.positional.empty()) throw CallError{"no items for cycling given"};
                return args.positional[i % args.positional.size()];
              }));
+    loop.Set("changed", changed);
+    if (recursive) {
+      Ctx* c = &ctx;
+      loop.Set(kLoopCall, Value::MakeCallable("loop", [c, this, depth](CallArgs& args) -> Value {
+                 if (args.positional.size() != 1) throw CallError{"loop() takes one iterable"};
+                 if (c->depth >= c->limits.max_call_depth) {
+                   throw JinjaError{line, col,
+                                    absl::StrCat("recursive loops nested deeper than ",
+                                                 c->limits.max_call_depth),
+                                    true};
+                 }
+                 std::string captured;
+                 std::string* saved = c->out;
+                 c->out = &captured;
+                 ++c->depth;
+                 struct Restore {
+                   Ctx* c;
+                   std::string* out;
+                   ~Restore() {
+                     c->out = out;
+                     --c->depth;
+                   }
+                 } restore{c, saved};
+                 Run(*c, args.positional[0], depth + 1);
+                 return captured;
+               }));
+    }
     ctx.Set("loop", Value(std::move(loop)));
     Assign(*this, ctx, targets, items[i]);
     ExecBody(body, ctx);
@@ -327,12 +391,7 @@ void Set::Exec(Ctx& ctx) const {
   if (value) {
     v = value->Eval(ctx);
   } else {
-    std::string captured;
-    std::string* saved = ctx.out;
-    ctx.out = &captured;
-    ExecBody(body, ctx);
-    ctx.out = saved;
-    v = captured;
+    v = Capture(body, ctx);
   }
   if (!attr.empty()) {
     Value ns = ctx.Lookup(targets[0]);
@@ -351,7 +410,7 @@ void Macro::Exec(Ctx& ctx) const {
                     name, [c, self](CallArgs& args) -> Value { return self->Invoke(*c, args); }));
 }
 
-Value Macro::Invoke(Ctx& ctx, CallArgs& args) const {
+Value Macro::Invoke(Ctx& ctx, CallArgs& args, const std::vector<Frame>* closure) const {
   if (ctx.depth >= ctx.limits.max_call_depth) {
     throw JinjaError{line, col,
                      absl::StrCat("macro calls nested deeper than ", ctx.limits.max_call_depth),
@@ -381,11 +440,20 @@ Value Macro::Invoke(Ctx& ctx, CallArgs& args) const {
   for (auto& [k, kv] : args.keyword) {
     bool known = false;
     for (const auto& p : params) known |= p.first == k;
+    // A call block passes the macro its body as `caller`.
+    if (k == "caller" && !known) {
+      frame[k] = kv;
+      continue;
+    }
     if (!known) throw CallError{"macro '" + name + "' takes no keyword argument '" + k + "'"};
   }
-  std::vector<absl::flat_hash_map<std::string, Value>> saved_frames;
+  std::vector<Frame> saved_frames;
   saved_frames.swap(ctx.frames);
-  ctx.frames.push_back(saved_frames.front());
+  if (closure != nullptr) {
+    ctx.frames = *closure;
+  } else {
+    ctx.frames.push_back(saved_frames.front());
+  }
   ctx.frames.push_back(std::move(frame));
   std::string captured;
   std::string* saved_out = ctx.out;
@@ -393,20 +461,56 @@ Value Macro::Invoke(Ctx& ctx, CallArgs& args) const {
   ++ctx.depth;
   struct Restore {
     Ctx& ctx;
-    std::vector<absl::flat_hash_map<std::string, Value>>& frames;
+    std::vector<Frame>& frames;
     std::string* out;
+    bool closure;
     ~Restore() {
-      frames.front() = std::move(ctx.frames.front());
+      if (!closure) frames.front() = std::move(ctx.frames.front());
       ctx.frames.swap(frames);
       ctx.out = out;
       --ctx.depth;
       ctx.flow = Flow::kNormal;
     }
-  } restore{ctx, saved_frames, saved_out};
+  } restore{ctx, saved_frames, saved_out, closure != nullptr};
   ExecBody(body, ctx);
   return captured;
 }
 
 void Block::Exec(Ctx& ctx) const { ExecBody(body, ctx); }
+
+void CallBlock::Exec(Ctx& ctx) const {
+  // The body sees the names of where the call block is, as a closure in jinja2 does.
+  auto closure = std::make_shared<const std::vector<Frame>>(ctx.frames);
+  Ctx* c = &ctx;
+  const Macro* body = &caller;
+  Value fn = Value::MakeCallable("caller", [c, body, closure](CallArgs& args) -> Value {
+    return body->Invoke(*c, args, closure.get());
+  });
+  ctx.Write(*this, call->EvalWith(ctx, {{"caller", std::move(fn)}}).Str());
+}
+
+void FilterBlock::Exec(Ctx& ctx) const {
+  Value v = Capture(body, ctx);
+  for (const auto& [name, args] : filters) {
+    CallArgs a = EvalArgs(args, ctx);
+    try {
+      v = ApplyFilter(name, v, a, ctx);
+    } catch (CallError& e) {
+      Error(e.message);
+    }
+  }
+  ctx.Write(*this, v.Str());
+}
+
+void With::Exec(Ctx& ctx) const {
+  Frame frame;
+  for (const auto& [name, value] : assigns) frame[name] = value->Eval(ctx);
+  ctx.frames.push_back(std::move(frame));
+  struct Pop {
+    Ctx& ctx;
+    ~Pop() { ctx.frames.pop_back(); }
+  } pop{ctx};
+  ExecBody(body, ctx);
+}
 
 }  // namespace llm::jinja

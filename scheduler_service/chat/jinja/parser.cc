@@ -151,7 +151,10 @@ class Parser {
         Next();
         f->filter = ParseExpression();
       }
-      if (IsName("recursive")) Fail(Peek().line, Peek().col, "recursive loops are not supported");
+      if (IsName("recursive")) {
+        Next();
+        f->recursive = true;
+      }
       Expect(Tok::kBlockEnd, "'%}'");
       std::string end;
       f->body = ParseUntil({"endfor", "else"}, &end);
@@ -212,23 +215,70 @@ class Parser {
       auto m = Make<Macro>(kw);
       m->name = ExpectName();
       ExpectOp("(");
-      while (!IsOp(")")) {
-        std::string p = ExpectName();
-        ExprPtr dflt;
-        if (IsOp("=")) {
-          Next();
-          dflt = ParseExpression();
-        }
-        m->params.emplace_back(p, std::move(dflt));
-        if (!IsOp(")")) ExpectOp(",");
-      }
-      Next();
+      m->params = ParseParams();
       Expect(Tok::kBlockEnd, "'%}'");
       std::string end;
       m->body = ParseUntil({"endmacro"}, &end);
       if (Peek().kind == Tok::kName) Next();  // {% endmacro name %}
       Expect(Tok::kBlockEnd, "'%}'");
       return m;
+    }
+    if (k == "call") {
+      auto c = Make<CallBlock>(kw);
+      c->caller.line = kw.line;
+      c->caller.col = kw.col;
+      c->caller.name = "caller";
+      if (IsOp("(")) {
+        Next();
+        c->caller.params = ParseParams();
+      }
+      const Token& at = Peek();
+      ExprPtr e = ParseExpression();
+      c->call.reset(dynamic_cast<Call*>(e.get()));
+      if (!c->call) Fail(at.line, at.col, "expected call");
+      e.release();
+      Expect(Tok::kBlockEnd, "'%}'");
+      std::string end;
+      c->caller.body = ParseUntil({"endcall"}, &end);
+      Expect(Tok::kBlockEnd, "'%}'");
+      return c;
+    }
+    if (k == "filter") {
+      auto f = Make<FilterBlock>(kw);
+      while (true) {
+        std::string name = ExpectName();
+        while (IsOp(".")) {
+          Next();
+          name += "." + ExpectName();
+        }
+        std::vector<Arg> args;
+        if (IsOp("(")) {
+          Next();
+          args = ParseArgs();
+        }
+        f->filters.emplace_back(std::move(name), std::move(args));
+        if (!IsOp("|")) break;
+        Next();
+      }
+      Expect(Tok::kBlockEnd, "'%}'");
+      std::string end;
+      f->body = ParseUntil({"endfilter"}, &end);
+      Expect(Tok::kBlockEnd, "'%}'");
+      return f;
+    }
+    if (k == "with") {
+      auto w = Make<With>(kw);
+      while (Peek().kind != Tok::kBlockEnd) {
+        std::string name = ExpectName();
+        ExpectOp("=");
+        w->assigns.emplace_back(std::move(name), ParseExpression());
+        if (Peek().kind != Tok::kBlockEnd) ExpectOp(",");
+      }
+      Next();
+      std::string end;
+      w->body = ParseUntil({"endwith"}, &end);
+      Expect(Tok::kBlockEnd, "'%}'");
+      return w;
     }
     if (k == "break" || k == "continue") {
       auto s = Make<LoopControl>(kw);
@@ -245,6 +295,23 @@ class Parser {
       return b;
     }
     Fail(kw.line, kw.col, "unknown or unexpected tag '" + k + "'");
+  }
+
+  // A macro's parameters, after '(' up to and including ')'.
+  std::vector<std::pair<std::string, ExprPtr>> ParseParams() {
+    std::vector<std::pair<std::string, ExprPtr>> params;
+    while (!IsOp(")")) {
+      std::string p = ExpectName();
+      ExprPtr dflt;
+      if (IsOp("=")) {
+        Next();
+        dflt = ParseExpression();
+      }
+      params.emplace_back(p, std::move(dflt));
+      if (!IsOp(")")) ExpectOp(",");
+    }
+    Next();
+    return params;
   }
 
   std::vector<std::string> ParseTargets() {
