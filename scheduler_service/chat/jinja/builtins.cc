@@ -13,43 +13,16 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "scheduler_service/chat/jinja/arg_reader.h"
+#include "scheduler_service/chat/jinja/methods.h"
 #include "scheduler_service/chat/jinja/operators.h"
 #include "scheduler_service/chat/jinja/python_string.h"
+#include "scheduler_service/chat/jinja/string_format.h"
 #include "scheduler_service/tokenizer/utf8.h"
 
 namespace llm::jinja {
 namespace {
-
-// Arguments by position or name, as a Python function with parameters `names` takes them.
-class ArgReader {
- public:
-  ArgReader(CallArgs& args, std::string fn) : args_(args), fn_(std::move(fn)) {}
-  // The argument at `index` or named `name`; `fallback` when absent.
-  Value Get(size_t index, const std::string& name, Value fallback = Value()) {
-    for (auto& [k, v] : args_.keyword)
-      if (k == name) return v;
-    if (index < args_.positional.size()) return args_.positional[index];
-    return fallback;
-  }
-  Value Required(size_t index, const std::string& name) {
-    Value v = Get(index, name);
-    if (v.is_undefined() && index >= args_.positional.size())
-      throw CallError{fn_ + "() missing required argument '" + name + "'"};
-    return v;
-  }
-  std::string String(size_t index, const std::string& name) {
-    Value v = Required(index, name);
-    if (!v.is_string())
-      throw CallError{fn_ + "(): argument '" + name + "' must be a string, got " + v.TypeName()};
-    return v.as_string();
-  }
-
- private:
-  CallArgs& args_;
-  std::string fn_;
-};
 
 int64_t Length(const Value& v) {
   if (v.is_undefined()) return 0;
@@ -96,45 +69,6 @@ std::string JinjaTitle(const std::string& s) {
   return out;
 }
 
-Value SplitString(const std::string& s, const Value& sep_v, int64_t maxsplit) {
-  ValueList out;
-  if (sep_v.is_undefined() || sep_v.is_none()) {
-    // Runs of whitespace; no empty strings.
-    std::vector<std::string_view> cs = SplitUtf8Chars(s);
-    size_t i = 0;
-    int64_t splits = 0;
-    while (i < cs.size()) {
-      while (i < cs.size() && IsPySpace(Utf8CharCodePoint(cs[i]))) ++i;
-      if (i >= cs.size()) break;
-      std::string word;
-      if (maxsplit >= 0 && splits >= maxsplit) {
-        for (; i < cs.size(); ++i) word += cs[i];
-        word = PyStrip(word, nullptr, false, true);
-        out.emplace_back(word);
-        break;
-      }
-      while (i < cs.size() && !IsPySpace(Utf8CharCodePoint(cs[i]))) word += cs[i++];
-      out.emplace_back(word);
-      ++splits;
-    }
-    return out;
-  }
-  if (!sep_v.is_string()) throw CallError{"split(): separator must be a string"};
-  const std::string& sep = sep_v.as_string();
-  if (sep.empty()) throw CallError{"empty separator"};
-  size_t pos = 0;
-  int64_t splits = 0;
-  while (maxsplit < 0 || splits < maxsplit) {
-    size_t hit = s.find(sep, pos);
-    if (hit == std::string::npos) break;
-    out.emplace_back(s.substr(pos, hit - pos));
-    pos = hit + sep.size();
-    ++splits;
-  }
-  out.emplace_back(s.substr(pos));
-  return out;
-}
-
 }  // namespace
 
 Value ApplyFilter(const std::string& name, const Value& in, CallArgs& args, Ctx& ctx) {
@@ -156,6 +90,42 @@ Value ApplyFilter(const std::string& name, const Value& in, CallArgs& args, Ctx&
   if (name == "title") return JinjaTitle(in.Str());
   if (name == "capitalize") return PyCapitalize(in.Str());
   if (name == "string") return in.Str();
+  if (name == "format") {
+    if (!args.positional.empty() && !args.keyword.empty())
+      throw CallError{"can't handle positional and keyword arguments at the same time"};
+    if (args.keyword.empty()) return PercentFormat(in.Str(), Value::MakeTuple(args.positional));
+    ValueDict mapping;
+    for (const auto& [k, v] : args.keyword) mapping.Set(k, v);
+    return PercentFormat(in.Str(), Value(std::move(mapping)));
+  }
+  if (name == "center") {
+    CallArgs a;
+    a.positional.push_back(Value(r.Int(0, "width", 80)));
+    bool found;
+    return CallMethod(Value(in.Str()), "center", a, &found);
+  }
+  if (name == "truncate") {
+    // jinja2's: strings within length + leeway stay; else cut to length - len(end) (at a word
+    // boundary unless killwords) and `end` appended.
+    const std::string text = in.Str();
+    const std::vector<std::string_view> cs = SplitUtf8Chars(text);
+    const int64_t length = r.Int(0, "length", 255);
+    const bool killwords = r.Get(1, "killwords").Truthy();
+    const std::string end = r.Get(2, "end", Value("...")).Str();
+    const int64_t leeway = r.Int(3, "leeway", 5);
+    const int64_t end_len = static_cast<int64_t>(SplitUtf8Chars(end).size());
+    if (length < end_len)
+      throw CallError{absl::StrCat("expected length >= ", end_len, ", got ", length)};
+    if (leeway < 0) throw CallError{absl::StrCat("expected leeway >= 0, got ", leeway)};
+    if (static_cast<int64_t>(cs.size()) <= length + leeway) return text;
+    std::string head;
+    for (int64_t i = 0; i < length - end_len; ++i) head += cs[i];
+    if (!killwords) {
+      const size_t space = head.rfind(' ');
+      if (space != std::string::npos) head.erase(space);
+    }
+    return head + end;
+  }
   if (name == "safe" || name == "e" || name == "escape" || name == "forceescape") {
     if (name == "safe") return in;
     std::string out;
@@ -416,166 +386,6 @@ bool ApplyTest(const std::string& name, const Value& v, CallArgs& args, Ctx&) {
     return false;
   }
   throw CallError{"no test named '" + name + "'"};
-}
-
-bool HasMethod(const Value& obj, const std::string& name) {
-  static const auto* str_methods = new absl::flat_hash_set<std::string>{
-      "strip", "lstrip", "rstrip",  "startswith", "endswith", "split",   "rsplit",
-      "upper", "lower",  "title",   "capitalize", "replace",  "find",    "count",
-      "index", "join",   "isdigit", "isspace",    "isalpha",  "isalnum", "splitlines"};
-  static const auto* dict_methods =
-      new absl::flat_hash_set<std::string>{"items", "keys", "values", "get"};
-  static const auto* list_methods = new absl::flat_hash_set<std::string>{"index", "count"};
-  if (obj.is_string()) return str_methods->contains(name);
-  if (obj.is_dict()) return !obj.dict().is_namespace && dict_methods->contains(name);
-  if (obj.is_list()) return list_methods->contains(name);
-  return false;
-}
-
-Value CallMethod(const Value& obj, const std::string& name, CallArgs& args, bool* found) {
-  *found = HasMethod(obj, name);
-  if (!*found) return Value();
-  ArgReader r(args, name);
-  if (obj.is_string()) {
-    const std::string& s = obj.as_string();
-    if (name == "strip" || name == "lstrip" || name == "rstrip") {
-      Value chars = r.Get(0, "chars");
-      std::string c = chars.is_string() ? chars.as_string() : "";
-      return PyStrip(s, chars.is_string() ? &c : nullptr, name != "rstrip", name != "lstrip");
-    }
-    if (name == "startswith" || name == "endswith") {
-      Value arg = r.Required(0, "prefix");
-      std::vector<Value> options = arg.is_list() ? arg.list() : std::vector<Value>{arg};
-      for (const Value& o : options) {
-        if (!o.is_string())
-          throw CallError{name + "() argument must be str or a tuple of str, not " + o.TypeName()};
-        const std::string& p = o.as_string();
-        if (p.size() <= s.size() &&
-            (name == "startswith" ? s.compare(0, p.size(), p) == 0
-                                  : s.compare(s.size() - p.size(), p.size(), p) == 0))
-          return true;
-      }
-      return false;
-    }
-    if (name == "split" || name == "rsplit") {
-      Value maxsplit = r.Get(1, "maxsplit");
-      int64_t m = maxsplit.is_int() ? maxsplit.as_int() : -1;
-      if (name == "rsplit" && m >= 0) {
-        // Split from the right: reverse the pieces of a full split and rejoin the head.
-        Value all = SplitString(s, r.Get(0, "sep"), -1);
-        ValueList& parts = all.list();
-        if (static_cast<int64_t>(parts.size()) <= m + 1) return all;
-        Value sep = r.Get(0, "sep");
-        std::string joiner = sep.is_string() ? sep.as_string() : " ";
-        std::string head;
-        size_t n_head = parts.size() - static_cast<size_t>(m);
-        for (size_t i = 0; i < n_head; ++i) head += (i ? joiner : "") + parts[i].as_string();
-        ValueList out{Value(head)};
-        for (size_t i = n_head; i < parts.size(); ++i) out.push_back(parts[i]);
-        return out;
-      }
-      return SplitString(s, r.Get(0, "sep"), m);
-    }
-    if (name == "upper") return AsciiUpper(s);
-    if (name == "lower") return AsciiLower(s);
-    if (name == "title") return PyTitle(s);
-    if (name == "capitalize") return PyCapitalize(s);
-    if (name == "replace") {
-      Value count = r.Get(2, "count");
-      return PyReplace(s, r.String(0, "old"), r.String(1, "new"),
-                       count.is_int() ? count.as_int() : -1);
-    }
-    if (name == "find" || name == "count" || name == "index") {
-      std::string sub = r.String(0, "sub");
-      if (name == "count") {
-        if (sub.empty()) return static_cast<int64_t>(SplitUtf8Chars(s).size() + 1);
-        int64_t n = 0;
-        for (size_t p = s.find(sub); p != std::string::npos; p = s.find(sub, p + sub.size())) ++n;
-        return n;
-      }
-      size_t p = s.find(sub);
-      if (p == std::string::npos) {
-        if (name == "index") throw CallError{"substring not found"};
-        return int64_t{-1};
-      }
-      return static_cast<int64_t>(SplitUtf8Chars(s.substr(0, p)).size());
-    }
-    if (name == "join") {
-      std::string out;
-      bool first = true;
-      for (const Value& v : Iterate(r.Required(0, "iterable"))) {
-        if (!v.is_string())
-          throw CallError{"sequence item: expected str instance, " + v.TypeName() + " found"};
-        if (!first) out += s;
-        first = false;
-        out += v.as_string();
-      }
-      return out;
-    }
-    if (name == "isdigit" || name == "isspace" || name == "isalpha" || name == "isalnum") {
-      if (s.empty()) return false;
-      for (char c : s) {
-        unsigned char u = static_cast<unsigned char>(c);
-        bool ok = name == "isdigit"   ? std::isdigit(u)
-                  : name == "isspace" ? std::isspace(u)
-                  : name == "isalpha" ? std::isalpha(u)
-                                      : std::isalnum(u);
-        if (!ok) return false;
-      }
-      return true;
-    }
-    if (name == "splitlines") {
-      ValueList out;
-      size_t pos = 0;
-      while (pos < s.size()) {
-        size_t nl = s.find('\n', pos);
-        std::string line = s.substr(pos, nl == std::string::npos ? std::string::npos : nl - pos);
-        if (!line.empty() && line.back() == '\r') line.pop_back();
-        out.emplace_back(line);
-        if (nl == std::string::npos) break;
-        pos = nl + 1;
-      }
-      return out;
-    }
-  } else if (obj.is_dict()) {
-    const ValueDict& d = obj.dict();
-    if (name == "items") {
-      ValueList out;
-      for (const auto& [k, v] : d.items) out.push_back(Value::MakeTuple(ValueList{Value(k), v}));
-      return out;
-    }
-    if (name == "keys") {
-      ValueList out;
-      for (const auto& kv : d.items) out.emplace_back(kv.first);
-      return out;
-    }
-    if (name == "values") {
-      ValueList out;
-      for (const auto& kv : d.items) out.push_back(kv.second);
-      return out;
-    }
-    if (name == "get") {
-      Value key = r.Required(0, "key");
-      if (key.is_string())
-        if (const Value* v = d.Find(key.as_string())) return *v;
-      return r.Get(1, "default", Value::MakeNone());
-    }
-  } else if (obj.is_list()) {
-    if (name == "index" || name == "count") {
-      Value x = r.Required(0, "value");
-      int64_t n = 0;
-      for (size_t i = 0; i < obj.list().size(); ++i) {
-        if (Equal(obj.list()[i], x)) {
-          if (name == "index") return static_cast<int64_t>(i);
-          ++n;
-        }
-      }
-      if (name == "index") throw CallError{x.Repr() + " is not in list"};
-      return n;
-    }
-  }
-  *found = false;
-  return Value();
 }
 
 Value Global(const std::string& name) {

@@ -1,6 +1,5 @@
-// The built-in library of templates: filters (`x|name(...)`), tests (`x is name(...)`), the
-// methods of strings, lists and dicts (`x.name(...)`), and the globals (range, namespace, dict,
-// raise_exception, strftime_now). Errors are CallError.
+// The built-in library of templates: filters (`x|name(...)`), tests (`x is name(...)`) and the
+// globals (range, namespace, dict, raise_exception, strftime_now). Errors are CallError.
 #ifndef LLM_SCHEDULER_SERVICE_CHAT_JINJA_BUILTINS_H_
 #define LLM_SCHEDULER_SERVICE_CHAT_JINJA_BUILTINS_H_
 
@@ -14,14 +13,6 @@ struct Ctx;
 
 Value ApplyFilter(const std::string& name, const Value& input, CallArgs& args, Ctx& ctx);
 bool ApplyTest(const std::string& name, const Value& input, CallArgs& args, Ctx& ctx);
-// Whether a string, dict or list has the method `name` (one CallMethod implements). As in
-// jinja2, an attribute a value does not have is undefined, so `s.content is defined` is false
-// for a string s; the methods that mutate a list or dict are absent, as jinja2's immutable
-// sandbox refuses them.
-bool HasMethod(const Value& obj, const std::string& name);
-// The method `name` of a string, dict or list; *found is false (and the value undefined) when
-// it has none of that name.
-Value CallMethod(const Value& obj, const std::string& name, CallArgs& args, bool* found);
 // The global `name`; undefined when there is none.
 Value Global(const std::string& name);
 

@@ -9,7 +9,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "scheduler_service/chat/jinja/builtins.h"
+#include "scheduler_service/chat/jinja/methods.h"
+#include "scheduler_service/chat/jinja/string_format.h"
 #include "scheduler_service/tokenizer/utf8.h"
 
 namespace llm::jinja {
@@ -145,6 +146,7 @@ Value Arith(const std::string& op, const Value& a, const Value& b) {
       throw type_error();
     }
   }
+  if (op == "%" && a.is_string()) return PercentFormat(a.as_string(), b);
   if (op == "*") {
     const Value* seq = a.is_string() || a.is_list()   ? &a
                        : b.is_string() || b.is_list() ? &b

@@ -59,7 +59,7 @@ TEST(JinjaTest, SnippetsRenderAsJinja2Does) {
     }
     ++checked;
   }
-  EXPECT_EQ(checked, 61);
+  EXPECT_EQ(checked, 73);
 }
 
 TEST(JinjaTest, ErrorsNameTheLineColumnAndTheMessage) {
