@@ -15,6 +15,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "scheduler_service/chat/jinja/arg_reader.h"
+#include "scheduler_service/chat/jinja/collection_filters.h"
 #include "scheduler_service/chat/jinja/methods.h"
 #include "scheduler_service/chat/jinja/operators.h"
 #include "scheduler_service/chat/jinja/python_string.h"
@@ -30,23 +31,6 @@ int64_t Length(const Value& v) {
   if (v.is_list()) return static_cast<int64_t>(v.list().size());
   if (v.is_dict()) return static_cast<int64_t>(v.dict().items.size());
   throw CallError{"object of type '" + v.TypeName() + "' has no len()"};
-}
-
-// jinja2's attribute lookup for filters: "a.b" walks dicts; integers index lists.
-Value AttrPath(const Value& v, const std::string& path) {
-  Value cur = v;
-  size_t pos = 0;
-  while (true) {
-    size_t dot = path.find('.', pos);
-    std::string part = path.substr(pos, dot == std::string::npos ? std::string::npos : dot - pos);
-    bool numeric = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
-    if (cur.is_undefined()) return cur;
-    cur = numeric && cur.is_list()
-              ? GetItemValue(cur, Value(static_cast<int64_t>(std::stoll(part))))
-              : GetItemValue(cur, Value(part));
-    if (dot == std::string::npos) return cur;
-    pos = dot + 1;
-  }
 }
 
 // jinja2's `title` filter: words begin after runs of [-\s({\[<].
@@ -80,10 +64,34 @@ Value ApplyFilter(const std::string& name, const Value& in, CallArgs& args, Ctx&
   }
   if (name == "length" || name == "count") return Length(in);
   if (name == "tojson") {
-    Value indent = r.Get(0, "indent");
-    int ind = -1;
-    if (indent.is_int()) ind = static_cast<int>(std::clamp<int64_t>(indent.as_int(), 0, 64));
-    return ToJson(in, ind, r.Get(3, "sort_keys").Truthy());
+    // transformers' tojson(x, ensure_ascii=False, indent=None, separators=None,
+    // sort_keys=False), which is json.dumps with those arguments.
+    JsonOptions o;
+    o.ensure_ascii = r.Get(0, "ensure_ascii").Truthy();
+    const Value indent = r.Get(1, "indent");
+    if (indent.is_int() || indent.is_bool()) {
+      o.indented = true;
+      const int64_t n = indent.is_bool() ? indent.as_bool() : indent.as_int();
+      o.indent = std::string(static_cast<size_t>(std::clamp<int64_t>(n, 0, 64)), ' ');
+    } else if (indent.is_string()) {
+      o.indented = true;
+      o.indent = indent.as_string();
+    } else if (!indent.is_undefined() && !indent.is_none()) {
+      throw CallError{"tojson(): indent must be an integer or a string, not " + indent.TypeName()};
+    }
+    if (o.indented) o.item_separator = ",";
+    const Value separators = r.Get(2, "separators");
+    if (separators.is_list()) {
+      const ValueList& pair = separators.list();
+      if (pair.size() != 2 || !pair[0].is_string() || !pair[1].is_string())
+        throw CallError{"tojson(): separators must be a pair of strings"};
+      o.item_separator = pair[0].as_string();
+      o.key_separator = pair[1].as_string();
+    } else if (!separators.is_undefined() && !separators.is_none()) {
+      throw CallError{"tojson(): separators must be a pair of strings"};
+    }
+    o.sort_keys = r.Get(3, "sort_keys").Truthy();
+    return ToJson(in, o);
   }
   if (name == "upper") return AsciiUpper(in.Str());
   if (name == "lower") return AsciiLower(in.Str());
@@ -241,15 +249,6 @@ Value ApplyFilter(const std::string& name, const Value& in, CallArgs& args, Ctx&
     std::reverse(items.begin(), items.end());
     return ValueList(std::move(items));
   }
-  if (name == "unique") {
-    ValueList out;
-    for (const Value& v : Iterate(in)) {
-      bool seen = false;
-      for (const Value& o : out) seen |= Equal(o, v);
-      if (!seen) out.push_back(v);
-    }
-    return out;
-  }
   if (name == "indent") {
     int64_t width = r.Get(0, "width", Value(int64_t{4})).is_int()
                         ? r.Get(0, "width", Value(int64_t{4})).as_int()
@@ -339,6 +338,8 @@ Value ApplyFilter(const std::string& name, const Value& in, CallArgs& args, Ctx&
     }
     return n;
   }
+  Value out;
+  if (ApplyCollectionFilter(name, in, args, &out)) return out;
   throw CallError{"no filter named '" + name + "'"};
 }
 

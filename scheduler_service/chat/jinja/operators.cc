@@ -271,6 +271,24 @@ Value GetAttrValue(const Value& obj, const std::string& name) {
   return MissingAttribute(obj, name);
 }
 
+// jinja2's attribute lookup for filters: "a.b" walks dicts; integers index lists.
+Value AttrPath(const Value& v, const std::string& path) {
+  Value cur = v;
+  size_t pos = 0;
+  while (true) {
+    size_t dot = path.find('.', pos);
+    std::string part = path.substr(pos, dot == std::string::npos ? std::string::npos : dot - pos);
+    bool numeric =
+        !part.empty() && part.size() < 19 && std::all_of(part.begin(), part.end(), ::isdigit);
+    if (cur.is_undefined()) return cur;
+    cur = numeric && cur.is_list()
+              ? GetItemValue(cur, Value(static_cast<int64_t>(std::stoll(part))))
+              : GetItemValue(cur, Value(part));
+    if (dot == std::string::npos) return cur;
+    pos = dot + 1;
+  }
+}
+
 Value GetItemValue(const Value& obj, const Value& key) {
   if (obj.is_undefined()) UndefinedError(obj);
   if (obj.is_dict()) {

@@ -39,6 +39,10 @@ Value GetAttrValue(const Value& obj, const std::string& name);
 // from the end), or for a string key that is not an entry, obj.name; undefined when absent.
 Value GetItemValue(const Value& obj, const Value& key);
 
+// jinja2's attribute getter of filters (`map(attribute="a.b")`, `sort(attribute="0")`): the
+// dot-separated parts looked up in turn as items, integers as list indices.
+Value AttrPath(const Value& v, const std::string& path);
+
 }  // namespace llm::jinja
 
 #endif  // LLM_SCHEDULER_SERVICE_CHAT_JINJA_OPERATORS_H_

@@ -8,13 +8,15 @@
 #include <vector>
 
 #include "scheduler_service/chat/jinja/python_string.h"
+#include "scheduler_service/tokenizer/utf8.h"
 
 namespace llm::jinja {
 namespace {
 
-void JsonString(const std::string& s, std::string* out) {
+void JsonString(const std::string& s, bool ensure_ascii, std::string* out) {
   out->push_back('"');
-  for (unsigned char c : s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
     switch (c) {
       case '"':
         *out += "\\\"";
@@ -37,23 +39,39 @@ void JsonString(const std::string& s, std::string* out) {
       case '\f':
         *out += "\\f";
         break;
-      default:
-        if (c < 0x20) {
-          char b[8];
+      default: {
+        char b[16];
+        if (c < 0x20 || (ensure_ascii && c == 0x7f)) {
           std::snprintf(b, sizeof(b), "\\u%04x", c);
+          *out += b;
+        } else if (ensure_ascii && c >= 0x80) {
+          // One UTF-8 character as its code point, beyond the BMP as a surrogate pair.
+          size_t len = 1;
+          while (i + len < s.size() && (static_cast<unsigned char>(s[i + len]) & 0xc0) == 0x80)
+            ++len;
+          uint32_t cp = Utf8CharCodePoint(std::string_view(s).substr(i, len));
+          i += len - 1;
+          if (cp >= 0x10000) {
+            cp -= 0x10000;
+            std::snprintf(b, sizeof(b), "\\u%04x\\u%04x", 0xd800 + (cp >> 10),
+                          0xdc00 + (cp & 0x3ff));
+          } else {
+            std::snprintf(b, sizeof(b), "\\u%04x", cp);
+          }
           *out += b;
         } else {
           out->push_back(static_cast<char>(c));
         }
+      }
     }
   }
   out->push_back('"');
 }
 
-void ToJsonImpl(const Value& v, int indent, bool sort_keys, int level, std::string* out) {
+void ToJsonImpl(const Value& v, const JsonOptions& o, int level, std::string* out) {
   auto newline = [&](int lvl) {
     out->push_back('\n');
-    out->append(static_cast<size_t>(indent) * lvl, ' ');
+    for (int i = 0; i < lvl; ++i) *out += o.indent;
   };
   if (v.is_none()) {
     *out += "null";
@@ -67,7 +85,7 @@ void ToJsonImpl(const Value& v, int indent, bool sort_keys, int level, std::stri
             : std::isinf(d) ? (d > 0 ? "Infinity" : "-Infinity")
                             : PyFloatRepr(d);
   } else if (v.is_string()) {
-    JsonString(v.as_string(), out);
+    JsonString(v.as_string(), o.ensure_ascii, out);
   } else if (v.is_list()) {
     const ValueList& list = v.list();
     if (list.empty()) {
@@ -76,11 +94,11 @@ void ToJsonImpl(const Value& v, int indent, bool sort_keys, int level, std::stri
     }
     out->push_back('[');
     for (size_t i = 0; i < list.size(); ++i) {
-      if (i > 0) *out += indent >= 0 ? "," : ", ";
-      if (indent >= 0) newline(level + 1);
-      ToJsonImpl(list[i], indent, sort_keys, level + 1, out);
+      if (i > 0) *out += o.item_separator;
+      if (o.indented) newline(level + 1);
+      ToJsonImpl(list[i], o, level + 1, out);
     }
-    if (indent >= 0) newline(level);
+    if (o.indented) newline(level);
     out->push_back(']');
   } else if (v.is_dict()) {
     std::vector<const std::pair<std::string, Value>*> items;
@@ -89,17 +107,17 @@ void ToJsonImpl(const Value& v, int indent, bool sort_keys, int level, std::stri
       *out += "{}";
       return;
     }
-    if (sort_keys)
+    if (o.sort_keys)
       std::sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
     out->push_back('{');
     for (size_t i = 0; i < items.size(); ++i) {
-      if (i > 0) *out += indent >= 0 ? "," : ", ";
-      if (indent >= 0) newline(level + 1);
-      JsonString(items[i]->first, out);
-      *out += ": ";
-      ToJsonImpl(items[i]->second, indent, sort_keys, level + 1, out);
+      if (i > 0) *out += o.item_separator;
+      if (o.indented) newline(level + 1);
+      JsonString(items[i]->first, o.ensure_ascii, out);
+      *out += o.key_separator;
+      ToJsonImpl(items[i]->second, o, level + 1, out);
     }
-    if (indent >= 0) newline(level);
+    if (o.indented) newline(level);
     out->push_back('}');
   } else if (v.is_undefined()) {
     throw CallError{"Object of type Undefined is not JSON serializable"};
@@ -199,13 +217,13 @@ std::string Value::Repr() const {
   if (is_float()) return PyFloatRepr(as_float());
   if (is_string()) return PyStrRepr(as_string());
   if (is_list()) {
-    std::string out = tuple_type_ ? tuple_type_->name + "(" : tuple_ ? "(" : "[";
+    // A named tuple prints as a tuple, as jinja2's _GroupTuple does.
+    std::string out = tuple_ ? "(" : "[";
     for (size_t i = 0; i < list().size(); ++i) {
       if (i > 0) out += ", ";
-      if (tuple_type_ && i < tuple_type_->fields.size()) out += tuple_type_->fields[i] + "=";
       out += list()[i].Repr();
     }
-    if (tuple_ && !tuple_type_ && list().size() == 1) out += ",";
+    if (tuple_ && list().size() == 1) out += ",";
     return out + (tuple_ ? ")" : "]");
   }
   if (is_dict()) {
@@ -234,10 +252,21 @@ std::string Value::TypeName() const {
   return "function";
 }
 
-std::string ToJson(const Value& value, int indent, bool sort_keys) {
+std::string ToJson(const Value& value, const JsonOptions& options) {
   std::string out;
-  ToJsonImpl(value, indent, sort_keys, 0, &out);
+  ToJsonImpl(value, options, 0, &out);
   return out;
+}
+
+std::string ToJson(const Value& value, int indent, bool sort_keys) {
+  JsonOptions options;
+  options.sort_keys = sort_keys;
+  if (indent >= 0) {
+    options.indented = true;
+    options.indent = std::string(indent, ' ');
+    options.item_separator = ",";
+  }
+  return ToJson(value, options);
 }
 
 }  // namespace llm::jinja

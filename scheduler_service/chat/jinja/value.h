@@ -126,9 +126,20 @@ struct CallError {
   std::string message;
 };
 
-// Python's json.dumps(value, ensure_ascii=False, indent=indent, sort_keys=sort_keys) with
-// its default separators; indent < 0 is None (one line). Undefined and callables are
-// errors (CallError).
+// The arguments of Python's json.dumps that transformers' tojson filter passes on.
+struct JsonOptions {
+  bool ensure_ascii = false;  // non-ASCII characters as \uXXXX escapes
+  bool indented = false;      // one item a line, each level indented by `indent`
+  std::string indent;
+  std::string item_separator = ", ";  // json.dumps' defaults: "," when indented
+  std::string key_separator = ": ";
+  bool sort_keys = false;
+};
+
+// Python's json.dumps(value, ...). Undefined and callables are errors (CallError).
+std::string ToJson(const Value& value, const JsonOptions& options);
+// json.dumps(value, ensure_ascii=False, indent=indent, sort_keys=sort_keys) with its default
+// separators; indent < 0 is None (one line).
 std::string ToJson(const Value& value, int indent, bool sort_keys);
 
 }  // namespace llm::jinja

@@ -59,7 +59,7 @@ TEST(JinjaTest, SnippetsRenderAsJinja2Does) {
     }
     ++checked;
   }
-  EXPECT_EQ(checked, 73);
+  EXPECT_EQ(checked, 81);
 }
 
 TEST(JinjaTest, ErrorsNameTheLineColumnAndTheMessage) {
