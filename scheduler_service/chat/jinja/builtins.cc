@@ -20,6 +20,7 @@
 #include "scheduler_service/chat/jinja/operators.h"
 #include "scheduler_service/chat/jinja/python_string.h"
 #include "scheduler_service/chat/jinja/string_format.h"
+#include "scheduler_service/chat/jinja/unicode_case.h"
 #include "scheduler_service/tokenizer/utf8.h"
 
 namespace llm::jinja {
@@ -31,26 +32,6 @@ int64_t Length(const Value& v) {
   if (v.is_list()) return static_cast<int64_t>(v.list().size());
   if (v.is_dict()) return static_cast<int64_t>(v.dict().items.size());
   throw CallError{"object of type '" + v.TypeName() + "' has no len()"};
-}
-
-// jinja2's `title` filter: words begin after runs of [-\s({\[<].
-std::string JinjaTitle(const std::string& s) {
-  std::string out;
-  bool at_start = true;
-  for (char c : s) {
-    bool sep = c == '-' || c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' ||
-               c == '\v' || c == '(' || c == '{' || c == '[' || c == '<';
-    if (sep) {
-      out.push_back(c);
-      at_start = true;
-    } else if (at_start) {
-      out += AsciiUpper(std::string(1, c));
-      at_start = false;
-    } else {
-      out += AsciiLower(std::string(1, c));
-    }
-  }
-  return out;
 }
 
 }  // namespace
@@ -93,8 +74,8 @@ Value ApplyFilter(const std::string& name, const Value& in, CallArgs& args, Ctx&
     o.sort_keys = r.Get(3, "sort_keys").Truthy();
     return ToJson(in, o);
   }
-  if (name == "upper") return AsciiUpper(in.Str());
-  if (name == "lower") return AsciiLower(in.Str());
+  if (name == "upper") return PyUpper(in.Str());
+  if (name == "lower") return PyLower(in.Str());
   if (name == "title") return JinjaTitle(in.Str());
   if (name == "capitalize") return PyCapitalize(in.Str());
   if (name == "string") return in.Str();
@@ -322,7 +303,7 @@ Value ApplyFilter(const std::string& name, const Value& in, CallArgs& args, Ctx&
     if (!in.is_dict()) throw CallError{"dictsort expects a dict, got " + in.TypeName()};
     std::vector<std::pair<std::string, Value>> items = in.dict().items;
     std::stable_sort(items.begin(), items.end(), [](const auto& a, const auto& b) {
-      return AsciiLower(a.first) < AsciiLower(b.first);
+      return PyLower(a.first) < PyLower(b.first);
     });
     ValueList out;
     for (auto& [k, v] : items) out.push_back(Value::MakeTuple(ValueList{Value(k), v}));
@@ -359,8 +340,8 @@ bool ApplyTest(const std::string& name, const Value& v, CallArgs& args, Ctx&) {
   if (name == "iterable") return v.is_list() || v.is_dict() || v.is_string() || v.is_undefined();
   if (name == "sequence") return v.is_list() || v.is_dict() || v.is_string();
   if (name == "callable") return v.is_callable();
-  if (name == "lower") return v.is_string() && AsciiLower(v.as_string()) == v.as_string();
-  if (name == "upper") return v.is_string() && AsciiUpper(v.as_string()) == v.as_string();
+  if (name == "lower") return PyIsLower(v.Str());
+  if (name == "upper") return PyIsUpper(v.Str());
   if (name == "even" || name == "odd") {
     if (!v.is_int()) throw CallError{"test '" + name + "' expects an integer, got " + v.TypeName()};
     return (PyMod(v.as_int(), 2) == 0) == (name == "even");

@@ -11,7 +11,7 @@
 
 #include "scheduler_service/chat/jinja/arg_reader.h"
 #include "scheduler_service/chat/jinja/operators.h"
-#include "scheduler_service/chat/jinja/python_string.h"
+#include "scheduler_service/chat/jinja/unicode_case.h"
 
 namespace llm::jinja {
 namespace {
@@ -55,7 +55,7 @@ class KeyGetter {
   Value Get(const Value& item, const std::string& path, bool fold) const {
     Value v = path.empty() ? item : AttrPath(item, path);
     if (v.is_undefined() && !fallback_.is_undefined()) v = fallback_;
-    if (fold && !case_sensitive_ && v.is_string()) return AsciiLower(v.as_string());
+    if (fold && !case_sensitive_ && v.is_string()) return PyLower(v.as_string());
     return v;
   }
 

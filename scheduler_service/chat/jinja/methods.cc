@@ -12,6 +12,7 @@
 #include "scheduler_service/chat/jinja/operators.h"
 #include "scheduler_service/chat/jinja/python_string.h"
 #include "scheduler_service/chat/jinja/string_format.h"
+#include "scheduler_service/chat/jinja/unicode_case.h"
 #include "scheduler_service/tokenizer/utf8.h"
 
 namespace llm::jinja {
@@ -120,8 +121,8 @@ Value CallMethod(const Value& obj, const std::string& name, CallArgs& args, bool
       }
       return SplitString(s, r.Get(0, "sep"), m);
     }
-    if (name == "upper") return AsciiUpper(s);
-    if (name == "lower") return AsciiLower(s);
+    if (name == "upper") return PyUpper(s);
+    if (name == "lower") return PyLower(s);
     if (name == "title") return PyTitle(s);
     if (name == "capitalize") return PyCapitalize(s);
     if (name == "replace") {
@@ -186,28 +187,10 @@ Value CallMethod(const Value& obj, const std::string& name, CallArgs& args, bool
                  ? s.substr(0, s.size() - p.size())
                  : s;
     }
-    if (name == "casefold") return AsciiLower(s);
-    if (name == "swapcase") {
-      std::string out = s;
-      for (char& c : out) {
-        if (c >= 'a' && c <= 'z') {
-          c = static_cast<char>(c - 'a' + 'A');
-        } else if (c >= 'A' && c <= 'Z') {
-          c = static_cast<char>(c - 'A' + 'a');
-        }
-      }
-      return out;
-    }
-    if (name == "isupper" || name == "islower") {
-      // Python: at least one cased character, and none of the other case.
-      bool cased = false;
-      for (char c : s) {
-        const bool upper = c >= 'A' && c <= 'Z', lower = c >= 'a' && c <= 'z';
-        if (name == "isupper" ? lower : upper) return false;
-        cased |= upper || lower;
-      }
-      return cased;
-    }
+    if (name == "casefold") return PyLower(s);
+    if (name == "swapcase") return PySwapcase(s);
+    if (name == "isupper") return PyIsUpper(s);
+    if (name == "islower") return PyIsLower(s);
     if (name == "find" || name == "count" || name == "index") {
       std::string sub = r.String(0, "sub");
       if (name == "count") {

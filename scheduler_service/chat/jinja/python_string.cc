@@ -50,25 +50,6 @@ std::string AsciiLower(std::string s) {
 
 bool IsAlpha(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
 
-std::string PyTitle(const std::string& s) {
-  std::string out = s;
-  bool prev_alpha = false;
-  for (char& c : out) {
-    if (IsAlpha(c)) {
-      c = prev_alpha ? AsciiLower(std::string(1, c))[0] : AsciiUpper(std::string(1, c))[0];
-      prev_alpha = true;
-    } else {
-      prev_alpha = (static_cast<unsigned char>(c) >= 0x80) && prev_alpha;
-    }
-  }
-  return out;
-}
-
-std::string PyCapitalize(const std::string& s) {
-  if (s.empty()) return s;
-  return AsciiUpper(s.substr(0, 1)) + AsciiLower(s.substr(1));
-}
-
 std::string PyReplace(const std::string& s, const std::string& from, const std::string& to,
                       int64_t count) {
   std::string out;

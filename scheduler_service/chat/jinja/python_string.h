@@ -1,5 +1,5 @@
 // Python's str semantics over UTF-8 bytes, as jinja2 inherits them: whitespace, strip,
-// title, capitalize, replace, and the reprs of strings and floats. Letter case is ASCII only.
+// replace, and the reprs of strings and floats (unicode_case.h has letter case).
 #ifndef LLM_SCHEDULER_SERVICE_CHAT_JINJA_PYTHON_STRING_H_
 #define LLM_SCHEDULER_SERVICE_CHAT_JINJA_PYTHON_STRING_H_
 
@@ -15,10 +15,6 @@ std::string PyStrip(const std::string& s, const std::string* chars, bool left, b
 std::string AsciiUpper(std::string s);
 std::string AsciiLower(std::string s);
 bool IsAlpha(char c);  // an ASCII letter
-// Python's str.title() (ASCII letters): a letter after a non-letter is upper-cased, the
-// others lower-cased.
-std::string PyTitle(const std::string& s);
-std::string PyCapitalize(const std::string& s);
 // Python's str.replace(from, to, count); count < 0: all.
 std::string PyReplace(const std::string& s, const std::string& from, const std::string& to,
                       int64_t count);

@@ -59,7 +59,7 @@ TEST(JinjaTest, SnippetsRenderAsJinja2Does) {
     }
     ++checked;
   }
-  EXPECT_EQ(checked, 81);
+  EXPECT_EQ(checked, 82);
 }
 
 TEST(JinjaTest, ErrorsNameTheLineColumnAndTheMessage) {
