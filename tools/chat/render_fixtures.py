@@ -85,6 +85,59 @@ CONVERSATIONS = {
 }
 
 
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city (°C or °F)",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "description": "City name, e.g. \"Paris\""},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city"]}}}
+TIME_TOOL = {"type": "function", "function": {
+    "name": "get_time", "description": "The time now",
+    "parameters": {"type": "object", "properties": {}}}}
+
+
+def call(name, arguments):
+    return {"type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+# Conversations with tools, for the templates that take them: (name, messages, variables).
+TOOL_CONVERSATIONS = [
+    ("tools_offered", [m("system", "You are a helpful assistant."), m("user", "Weather in Paris?")],
+     {"tools": [WEATHER_TOOL, TIME_TOOL]}),
+    ("tools_no_system", [m("user", "What time is it?")], {"tools": [TIME_TOOL]}),
+    ("tool_call_roundtrip",
+     [m("user", "Weather in Paris?"),
+      {"role": "assistant", "content": "", "tool_calls": [call("get_weather", {"city": "Paris", "unit": "celsius"})]},
+      {"role": "tool", "name": "get_weather", "content": "{\"temp\": 21}"}],
+     {"tools": [WEATHER_TOOL]}),
+    ("tool_call_string_arguments",
+     [m("user", "Weather in Zürich?"),
+      {"role": "assistant", "content": "Checking.", "tool_calls": [call("get_weather", "{\"city\": \"Zürich\"}")]},
+      {"role": "tool", "content": "sunny"},
+      m("assistant", "It is sunny."), m("user", "Thanks!")],
+     {"tools": [WEATHER_TOOL]}),
+    ("tools_in_system_message", [m("user", "Weather in Oslo?")],
+     {"tools": [WEATHER_TOOL], "tools_in_user_message": False}),
+]
+TOOL_TEMPLATES = ["qwen2.5", "llama3.1"]
+
+
+def tool_cases(env):
+    cases = []
+    for name in TOOL_TEMPLATES:
+        file, bos, eos = TEMPLATES[name]
+        with open(os.path.join(OUT, "templates", file), encoding="utf-8") as f:
+            source = f.read()
+        for conv, messages, variables in TOOL_CONVERSATIONS:
+            context = {"messages": messages, "documents": None, "add_generation_prompt": True,
+                       "bos_token": bos, "eos_token": eos}
+            context.update(variables)
+            case = {"template": name, "conversation": conv, "context": context}
+            case.update(render(env, source, context))
+            cases.append(case)
+    return cases
+
+
 def render(env, source, context):
     try:
         return {"expected": env.from_string(source).render(**context)}
@@ -107,7 +160,8 @@ def chat_cases(env):
             cases.append(case)
     return {"templates": {k: {"file": "templates/" + v[0], "bos_token": v[1], "eos_token": v[2]}
                           for k, v in TEMPLATES.items()},
-            "cases": cases}
+            "cases": cases,
+            "tool_cases": tool_cases(env)}
 
 
 # Small templates, one feature each: (name, source, context). Errors are recorded as such;

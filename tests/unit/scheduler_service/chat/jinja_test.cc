@@ -62,6 +62,29 @@ TEST(JinjaTest, SnippetsRenderAsJinja2Does) {
   EXPECT_EQ(checked, 82);
 }
 
+// The published templates that take tools (Qwen2.5, Llama 3.1) over conversations that offer
+// tools, call them and answer from them (cases.json's tool_cases), with the whole context a
+// caller passes (messages with tool_calls, tools, tools_in_user_message).
+TEST(JinjaTest, RealTemplatesWithToolsRenderAsJinja2Does) {
+  const nlohmann::ordered_json fixture = ReadFixture("cases.json");
+  int rendered = 0;
+  for (const auto& c : fixture["tool_cases"]) {
+    const std::string name =
+        c["template"].get<std::string>() + "/" + c["conversation"].get<std::string>();
+    const std::string file = fixture["templates"][c["template"].get<std::string>()]["file"];
+    std::ifstream in(std::string(LLM_TEST_DATA_DIR) + "/chat_templates/" + file);
+    std::stringstream source;
+    source << in.rdbuf();
+    const Value context = Value::FromJson(c["context"]);
+    absl::StatusOr<std::string> out = RenderSource(source.str(), context.dict());
+    ASSERT_TRUE(c.contains("expected")) << name;
+    ASSERT_TRUE(out.ok()) << name << ": " << out.status();
+    EXPECT_EQ(*out, c["expected"].get<std::string>()) << name;
+    ++rendered;
+  }
+  EXPECT_EQ(rendered, 10);
+}
+
 TEST(JinjaTest, ErrorsNameTheLineColumnAndTheMessage) {
   absl::StatusOr<std::string> out =
       RenderSource("line one\n  {{ raise_exception('Custom failure: ' ~ 42) }}", {});
