@@ -176,8 +176,7 @@ Value ApplyFilter(const std::string& name, const Value& in, CallArgs& args, Ctx&
     if (in.is_undefined()) return ValueList();
     if (!in.is_dict()) throw CallError{"items filter expects a dict, got " + in.TypeName()};
     ValueList out;
-    for (const auto& [k, v] : in.dict().items)
-      out.push_back(Value::MakeTuple(ValueList{Value(k), v}));
+    for (const auto& [k, v] : in.dict().items) out.push_back(Value::MakeTuple(ValueList{k, v}));
     return out;
   }
   if (name == "int") {
@@ -301,12 +300,24 @@ Value ApplyFilter(const std::string& name, const Value& in, CallArgs& args, Ctx&
   }
   if (name == "dictsort") {
     if (!in.is_dict()) throw CallError{"dictsort expects a dict, got " + in.TypeName()};
-    std::vector<std::pair<std::string, Value>> items = in.dict().items;
-    std::stable_sort(items.begin(), items.end(), [](const auto& a, const auto& b) {
-      return PyLower(a.first) < PyLower(b.first);
+    // jinja2's dictsort(case_sensitive=False, by="key", reverse=False).
+    const bool case_sensitive = r.Get(0, "case_sensitive").Truthy();
+    const Value by = r.Get(1, "by", Value("key"));
+    if (!by.is_string() || (by.as_string() != "key" && by.as_string() != "value"))
+      throw CallError{"You can only sort by either \"key\" or \"value\""};
+    const bool by_value = by.as_string() == "value";
+    const bool reverse = r.Get(2, "reverse").Truthy();
+    auto sort_key = [&](const std::pair<Value, Value>& item) {
+      const Value& v = by_value ? item.second : item.first;
+      return !case_sensitive && v.is_string() ? Value(PyLower(v.as_string())) : v;
+    };
+    std::vector<std::pair<Value, Value>> items = in.dict().items;
+    std::stable_sort(items.begin(), items.end(), [&](const auto& a, const auto& b) {
+      return reverse ? Compare(sort_key(b), sort_key(a), "<") < 0
+                     : Compare(sort_key(a), sort_key(b), "<") < 0;
     });
     ValueList out;
-    for (auto& [k, v] : items) out.push_back(Value::MakeTuple(ValueList{Value(k), v}));
+    for (auto& [k, v] : items) out.push_back(Value::MakeTuple(ValueList{k, v}));
     return out;
   }
   if (name == "wordcount") {

@@ -100,8 +100,8 @@ Value DictExpr::Eval(Ctx& ctx) const {
   ValueDict out;
   for (const auto& [k, v] : items) {
     Value key = k->Eval(ctx);
-    if (!key.is_string()) k->Error("dict keys must be strings, got " + key.TypeName());
-    out.Set(key.as_string(), v->Eval(ctx));
+    if (!key.Hashable()) k->Error("unhashable type: '" + key.TypeName() + "'");
+    out.Set(std::move(key), v->Eval(ctx));
   }
   return out;
 }

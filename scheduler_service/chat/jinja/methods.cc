@@ -248,7 +248,7 @@ Value CallMethod(const Value& obj, const std::string& name, CallArgs& args, bool
     const ValueDict& d = obj.dict();
     if (name == "items") {
       ValueList out;
-      for (const auto& [k, v] : d.items) out.push_back(Value::MakeTuple(ValueList{Value(k), v}));
+      for (const auto& [k, v] : d.items) out.push_back(Value::MakeTuple(ValueList{k, v}));
       return out;
     }
     if (name == "keys") {
@@ -267,8 +267,7 @@ Value CallMethod(const Value& obj, const std::string& name, CallArgs& args, bool
     }
     if (name == "get") {
       Value key = r.Required(0, "key");
-      if (key.is_string())
-        if (const Value* v = d.Find(key.as_string())) return *v;
+      if (const Value* v = d.Find(key)) return *v;
       return r.Get(1, "default", Value::MakeNone());
     }
   } else if (obj.is_list()) {

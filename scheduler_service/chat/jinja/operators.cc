@@ -107,7 +107,7 @@ bool Contains(const Value& container, const Value& item) {
       if (Equal(v, item)) return true;
     return false;
   }
-  if (container.is_dict()) return item.is_string() && container.dict().Find(item.as_string());
+  if (container.is_dict()) return container.dict().Find(item) != nullptr;
   if (container.is_undefined()) return false;
   throw CallError{"argument of type '" + container.TypeName() + "' is not iterable"};
 }
@@ -292,11 +292,9 @@ Value AttrPath(const Value& v, const std::string& path) {
 Value GetItemValue(const Value& obj, const Value& key) {
   if (obj.is_undefined()) UndefinedError(obj);
   if (obj.is_dict()) {
-    if (key.is_string()) {
-      if (const Value* v = obj.dict().Find(key.as_string())) return *v;
-      return GetAttrValue(obj, key.as_string());
-    }
-    return Value::MakeUndefined("'dict object' has no attribute " + key.Repr());
+    if (const Value* v = obj.dict().Find(key)) return *v;
+    if (key.is_string()) return GetAttrValue(obj, key.as_string());
+    return Value::MakeUndefined("'dict object' has no element " + key.Repr());
   }
   if (obj.is_list() || obj.is_string()) {
     if (!key.is_int()) {

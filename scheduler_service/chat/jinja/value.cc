@@ -68,6 +68,21 @@ void JsonString(const std::string& s, bool ensure_ascii, std::string* out) {
   out->push_back('"');
 }
 
+// json.dumps turns a key that is not a string into one: 1 -> "1", true -> "true".
+std::string JsonKey(const Value& k) {
+  if (k.is_string()) return k.as_string();
+  if (k.is_bool()) return k.as_bool() ? "true" : "false";
+  if (k.is_none()) return "null";
+  if (k.is_int()) return std::to_string(k.as_int());
+  if (k.is_float()) {
+    const double d = k.as_float();
+    return std::isnan(d)   ? "NaN"
+           : std::isinf(d) ? (d > 0 ? "Infinity" : "-Infinity")
+                           : PyFloatRepr(d);
+  }
+  throw CallError{"keys must be str, int, float, bool or None, not " + k.TypeName()};
+}
+
 void ToJsonImpl(const Value& v, const JsonOptions& o, int level, std::string* out) {
   auto newline = [&](int lvl) {
     out->push_back('\n');
@@ -101,19 +116,31 @@ void ToJsonImpl(const Value& v, const JsonOptions& o, int level, std::string* ou
     if (o.indented) newline(level);
     out->push_back(']');
   } else if (v.is_dict()) {
-    std::vector<const std::pair<std::string, Value>*> items;
+    std::vector<const std::pair<Value, Value>*> items;
     for (const auto& kv : v.dict().items) items.push_back(&kv);
     if (items.empty()) {
       *out += "{}";
       return;
     }
-    if (o.sort_keys)
-      std::sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
+    if (o.sort_keys) {
+      std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) {
+        const Value &x = a->first, &y = b->first;
+        if (x.is_string() && y.is_string()) return x.as_string() < y.as_string();
+        if ((x.is_number() || x.is_bool()) && (y.is_number() || y.is_bool())) {
+          auto num = [](const Value& v) {
+            return v.is_bool() ? (v.as_bool() ? 1.0 : 0.0) : v.as_number();
+          };
+          return num(x) < num(y);
+        }
+        throw CallError{"'<' not supported between instances of '" + y.TypeName() + "' and '" +
+                        x.TypeName() + "'"};
+      });
+    }
     out->push_back('{');
     for (size_t i = 0; i < items.size(); ++i) {
       if (i > 0) *out += o.item_separator;
       if (o.indented) newline(level + 1);
-      JsonString(items[i]->first, o.ensure_ascii, out);
+      JsonString(JsonKey(items[i]->first), o.ensure_ascii, out);
       *out += o.key_separator;
       ToJsonImpl(items[i]->second, o, level + 1, out);
     }
@@ -130,18 +157,59 @@ void ToJsonImpl(const Value& v, const JsonOptions& o, int level, std::string* ou
 
 const Value* ValueDict::Find(std::string_view key) const {
   for (const auto& [k, v] : items)
-    if (k == key) return &v;
+    if (k.is_string() && k.as_string() == key) return &v;
   return nullptr;
 }
 
-void ValueDict::Set(std::string key, Value value) {
+const Value* ValueDict::Find(const Value& key) const {
+  for (const auto& [k, v] : items)
+    if (k.KeyEquals(key)) return &v;
+  return nullptr;
+}
+
+void ValueDict::Set(const char* key, Value value) { Set(Value(key), std::move(value)); }
+
+void ValueDict::Set(std::string key, Value value) { Set(Value(std::move(key)), std::move(value)); }
+
+void ValueDict::Set(Value key, Value value) {
   for (auto& [k, v] : items) {
-    if (k == key) {
+    if (k.KeyEquals(key)) {
       v = std::move(value);
       return;
     }
   }
   items.emplace_back(std::move(key), std::move(value));
+}
+
+bool Value::Hashable() const {
+  if (is_list()) {
+    if (!is_tuple()) return false;
+    for (const Value& v : list())
+      if (!v.Hashable()) return false;
+    return true;
+  }
+  return is_string() || is_number() || is_bool() || is_none();
+}
+
+bool Value::KeyEquals(const Value& other) const {
+  if (is_string() || other.is_string())
+    return is_string() && other.is_string() && as_string() == other.as_string();
+  auto numeric = [](const Value& v) { return v.is_number() || v.is_bool(); };
+  if (numeric(*this) && numeric(other)) {
+    if (is_int() && other.is_int()) return as_int() == other.as_int();
+    auto num = [](const Value& v) {
+      return v.is_bool() ? (v.as_bool() ? 1.0 : 0.0) : v.as_number();
+    };
+    return num(*this) == num(other);
+  }
+  if (is_none() || other.is_none()) return is_none() && other.is_none();
+  if (is_list() && other.is_list()) {
+    if (list().size() != other.list().size()) return false;
+    for (size_t i = 0; i < list().size(); ++i)
+      if (!list()[i].KeyEquals(other.list()[i])) return false;
+    return true;
+  }
+  return false;
 }
 
 Value Value::MakeCallable(std::string name, Function fn) {
@@ -184,7 +252,7 @@ Value Value::FromJson(const nlohmann::ordered_json& json) {
     }
     case nlohmann::ordered_json::value_t::object: {
       ValueDict dict;
-      for (const auto& [k, v] : json.items()) dict.items.emplace_back(k, FromJson(v));
+      for (const auto& [k, v] : json.items()) dict.items.emplace_back(Value(k), FromJson(v));
       return Value(std::move(dict));
     }
     default:
@@ -233,7 +301,7 @@ std::string Value::Repr() const {
     for (const auto& [k, v] : dict().items) {
       if (!first) out += ", ";
       first = false;
-      out += PyStrRepr(k) + ": " + v.Repr();
+      out += k.Repr() + ": " + v.Repr();
     }
     return out + "}";
   }

@@ -19,13 +19,20 @@ namespace llm::jinja {
 class Value;
 using ValueList = std::vector<Value>;
 
-// An insertion-ordered dict with string keys (as JSON objects and Python dicts are).
+// An insertion-ordered dict, as Python's. Keys are strings (all of a JSON object's), or the
+// other values Python can hash: ints, floats, bools, none and tuples, where 1, 1.0 and true
+// are one key.
 struct ValueDict {
-  std::vector<std::pair<std::string, Value>> items;
+  std::vector<std::pair<Value, Value>> items;
   bool is_namespace = false;  // made by namespace(): the one kind `set x.attr = ...` accepts
 
   const Value* Find(std::string_view key) const;
+  const Value* Find(const char* key) const { return Find(std::string_view(key)); }
+  const Value* Find(const std::string& key) const { return Find(std::string_view(key)); }
+  const Value* Find(const Value& key) const;
+  void Set(const char* key, Value value);
   void Set(std::string key, Value value);
+  void Set(Value key, Value value);
 };
 
 struct CallArgs;
@@ -100,6 +107,10 @@ class Value {
   std::string Str() const;
   // Python's repr() (strings quoted).
   std::string Repr() const;
+  // Whether Python could make this a dict key (strings, numbers, bools, none, tuples of them).
+  bool Hashable() const;
+  // Equality of dict keys: Python's ==, where 1, 1.0 and true are equal.
+  bool KeyEquals(const Value& other) const;
   // The type's name as Python says it ("str", "int", "list", "dict", "NoneType", ...).
   std::string TypeName() const;
 
