@@ -230,27 +230,31 @@ Value ApplyFilter(const std::string& name, const Value& in, CallArgs& args, Ctx&
     return ValueList(std::move(items));
   }
   if (name == "indent") {
-    int64_t width = r.Get(0, "width", Value(int64_t{4})).is_int()
-                        ? r.Get(0, "width", Value(int64_t{4})).as_int()
-                        : 4;
-    bool first = r.Get(1, "first").Truthy();
-    bool blank = r.Get(2, "blank").Truthy();
-    std::string pad(static_cast<size_t>(std::clamp<int64_t>(width, 0, 256)), ' ');
-    std::string s = in.Str();
-    std::string out;
-    size_t pos = 0;
-    bool line0 = true;
-    while (pos <= s.size()) {
-      size_t nl = s.find('\n', pos);
-      std::string line = s.substr(pos, nl == std::string::npos ? std::string::npos : nl - pos);
-      if ((!line0 || first) && (blank || !line.empty())) out += pad;
-      out += line;
-      if (nl == std::string::npos) break;
-      out += "\n";
-      pos = nl + 1;
-      line0 = false;
+    // jinja2's indent(width=4, first=False, blank=False): a newline appended, the lines split
+    // as str.splitlines does, every line after the first indented unless blank (and `blank`
+    // not given), the first too when `first`.
+    const Value width = r.Get(0, "width", Value(int64_t{4}));
+    std::string pad;
+    if (width.is_string()) {
+      pad = width.as_string();
+    } else if (width.is_int() || width.is_bool()) {
+      const int64_t n = width.is_bool() ? width.as_bool() : width.as_int();
+      pad = std::string(static_cast<size_t>(std::clamp<int64_t>(n, 0, 256)), ' ');
+    } else {
+      throw CallError{"indent(): width must be an integer or a string, not " + width.TypeName()};
     }
-    return out;
+    const bool first = r.Get(1, "first").Truthy();
+    const bool blank = r.Get(2, "blank").Truthy();
+    const std::vector<std::string> lines = PySplitlines(in.Str() + "\n");
+    std::string out;
+    for (size_t i = 0; i < lines.size(); ++i) {
+      if (i > 0) {
+        out += "\n";
+        if (blank || !lines[i].empty()) out += pad;
+      }
+      out += lines[i];
+    }
+    return first ? pad + out : out;
   }
   if (name == "selectattr" || name == "rejectattr" || name == "select" || name == "reject") {
     bool by_attr = name == "selectattr" || name == "rejectattr";

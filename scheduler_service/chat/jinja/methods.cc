@@ -111,7 +111,34 @@ Value CallMethod(const Value& obj, const std::string& name, CallArgs& args, bool
         ValueList& parts = all.list();
         if (static_cast<int64_t>(parts.size()) <= m + 1) return all;
         Value sep = r.Get(0, "sep");
-        std::string joiner = sep.is_string() ? sep.as_string() : " ";
+        if (!sep.is_string()) {
+          // By whitespace: m words from the right; the rest, less its trailing whitespace,
+          // is the head.
+          std::vector<std::string_view> cs = SplitUtf8Chars(s);
+          size_t end = cs.size();
+          ValueList tail;
+          auto space = [&](size_t i) { return IsPySpace(Utf8CharCodePoint(cs[i])); };
+          for (int64_t k = 0; k < m; ++k) {
+            while (end > 0 && space(end - 1)) --end;
+            if (end == 0) break;
+            size_t begin = end;
+            while (begin > 0 && !space(begin - 1)) --begin;
+            std::string word;
+            for (size_t i = begin; i < end; ++i) word += cs[i];
+            tail.insert(tail.begin(), Value(word));
+            end = begin;
+          }
+          while (end > 0 && space(end - 1)) --end;
+          ValueList out;
+          if (end > 0) {
+            std::string head;
+            for (size_t i = 0; i < end; ++i) head += cs[i];
+            out.push_back(Value(head));
+          }
+          out.insert(out.end(), tail.begin(), tail.end());
+          return out;
+        }
+        std::string joiner = sep.as_string();
         std::string head;
         size_t n_head = parts.size() - static_cast<size_t>(m);
         for (size_t i = 0; i < n_head; ++i) head += (i ? joiner : "") + parts[i].as_string();
@@ -233,15 +260,7 @@ Value CallMethod(const Value& obj, const std::string& name, CallArgs& args, bool
     }
     if (name == "splitlines") {
       ValueList out;
-      size_t pos = 0;
-      while (pos < s.size()) {
-        size_t nl = s.find('\n', pos);
-        std::string line = s.substr(pos, nl == std::string::npos ? std::string::npos : nl - pos);
-        if (!line.empty() && line.back() == '\r') line.pop_back();
-        out.emplace_back(line);
-        if (nl == std::string::npos) break;
-        pos = nl + 1;
-      }
+      for (std::string& line : PySplitlines(s)) out.emplace_back(std::move(line));
       return out;
     }
   } else if (obj.is_dict()) {

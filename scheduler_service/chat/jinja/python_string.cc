@@ -50,6 +50,26 @@ std::string AsciiLower(std::string s) {
 
 bool IsAlpha(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
 
+std::vector<std::string> PySplitlines(const std::string& s) {
+  std::vector<std::string> out;
+  std::string line;
+  const std::vector<std::string_view> cs = SplitUtf8Chars(s);
+  for (size_t i = 0; i < cs.size(); ++i) {
+    const uint32_t c = Utf8CharCodePoint(cs[i]);
+    const bool end = c == '\n' || c == '\r' || c == 0x0b || c == 0x0c || (c >= 0x1c && c <= 0x1e) ||
+                     c == 0x85 || c == 0x2028 || c == 0x2029;
+    if (!end) {
+      line += cs[i];
+      continue;
+    }
+    if (c == '\r' && i + 1 < cs.size() && cs[i + 1] == "\n") ++i;
+    out.push_back(std::move(line));
+    line.clear();
+  }
+  if (!line.empty()) out.push_back(std::move(line));
+  return out;
+}
+
 std::string PyReplace(const std::string& s, const std::string& from, const std::string& to,
                       int64_t count) {
   std::string out;

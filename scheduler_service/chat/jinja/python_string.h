@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace llm::jinja {
 
@@ -15,6 +16,9 @@ std::string PyStrip(const std::string& s, const std::string* chars, bool left, b
 std::string AsciiUpper(std::string s);
 std::string AsciiLower(std::string s);
 bool IsAlpha(char c);  // an ASCII letter
+// Python's str.splitlines(): lines end at \n, \r, \r\n, \v, \f, \x1c-\x1e, \x85, U+2028 and
+// U+2029; the ends are dropped, and a final end makes no empty line.
+std::vector<std::string> PySplitlines(const std::string& s);
 // Python's str.replace(from, to, count); count < 0: all.
 std::string PyReplace(const std::string& s, const std::string& from, const std::string& to,
                       int64_t count);
