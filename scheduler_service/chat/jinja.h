@@ -5,21 +5,25 @@
 //
 // Supported: text, {{ expressions }}, {% statements %}, {# comments #}, whitespace control
 // ("-" on either side; "+" turns lstrip_blocks / trim_blocks off for one tag); statements
-// for (tuple unpacking, an `if` filter, `else`, the `loop` object: index, index0, revindex,
-// revindex0, first, last, length, previtem, nextitem, cycle), break / continue, if / elif /
-// else, set (names, tuples, `ns.attr` on a namespace, block set), macro (positional and
-// keyword arguments, defaults), generation (rendered as its body); expressions: literals
-// (strings, ints, floats, lists, tuples, dicts, true/false/none in either case), arithmetic
-// (+ - * / // % **), comparison (chained), in / not in, and / or / not, `a if c else b`,
-// ~ concatenation, attributes, subscripts and slices, filters (see jinja/builtins.cc's
-// ApplyFilter), tests (`is defined`, `is not none`, ...), Python's string, dict and list
-// methods that templates call, and the globals range, namespace, dict, raise_exception and
-// strftime_now.
+// for (tuple unpacking, an `if` filter, `else`, `recursive` with loop(items), the `loop`
+// object: index, index0, revindex, revindex0, first, last, length, depth, depth0, previtem,
+// nextitem, cycle(), changed()), break / continue, if / elif / else, set (names, tuples,
+// `ns.attr` on a namespace, block set), macro (positional and keyword arguments, defaults),
+// call blocks with caller(), filter blocks, with, generation (rendered as its body);
+// expressions: literals (strings, ints, floats, lists, tuples, dicts, true/false/none in
+// either case), arithmetic (+ - * / // % **), `str % args` and str.format, comparison
+// (chained), in / not in, and / or / not, `a if c else b`, ~ concatenation, attributes,
+// subscripts and slices, filters (jinja/builtins.cc's ApplyFilter and
+// jinja/collection_filters.cc), tests (`is defined`, `is not none`, ...), Python's string,
+// dict and list methods that templates call (jinja/methods.cc), and the globals range,
+// namespace, dict, raise_exception and strftime_now.
 //
-// Values are JSON-like (undefined, none, bool, int, float, string, list, dict) plus
-// callables; lists and dicts have reference semantics as in Python. An undefined variable
-// behaves as jinja2's default Undefined: it prints as "", is false, iterates as empty, and
-// is an error when one takes its attribute or calls it.
+// Values are Python's: undefined, none, bool, int, float, string, list, tuple, dict (keys
+// strings or other hashable values) plus callables; lists and dicts have reference semantics
+// as in Python. An undefined variable, or an attribute a value does not have, behaves as
+// jinja2's default Undefined: it prints as "", is false, iterates as empty, and is an error
+// when one takes its attribute or calls it. Integers are 64-bit: overflow is an error, not a
+// wrapped number.
 //
 // Errors (syntax, unknown filter or test, calling what is not callable, type errors,
 // raise_exception) are absl::InvalidArgumentError "line L:C: <message>"; a template that runs
