@@ -246,6 +246,7 @@ SNIPPETS = [
     ("dict_int_keys", "{% set d = {1: 'one', 2: 'two', 'k': 'v'} %}{{ d[1] }} {{ d[2] }} {{ d.k }} {{ d }} {{ 1 in d }} {{ 3 in d }} {{ d.get(2) }} {{ d.get(1.0) }} {{ d[true] }} {% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %} {{ d | tojson }} {{ d.keys() | list }} {{ {(1, 2): 'pair'}[(1, 2)] }} {{ {none: 'n'} }} [{{ d[5] }}] {{ {2: 'b', 1: 'a'} | dictsort }} {{ {'b': 2, 'a': 3} | dictsort(by='value', reverse=true) }} {{ {1.5: 1, true: 2, none: 3} | tojson }} {{ {1: 'x', 2: 'y'} | tojson(sort_keys=true) }} {{ {1: 'a'} == {1.0: 'a'} }} {% for k in {3: 'c', 1: 'a'} %}{{ k + 1 }}{% endfor %}", {}),
     ("dict_unhashable_key", "{{ {[1]: 2} }}", {}),
     ("indent_splitlines", "{{ 'a\\nb\\n\\nc' | indent }}|{{ 'a\\nb' | indent(2, true) }}|{{ 'a\\n\\nb\\n' | indent(width='> ', blank=true) }}|{{ '\\nx' | indent(first=true) }}|{{ 'a\\r\\nb\\rc\\x0bd' | indent(1) }}|{{ 'a\\r\\nb\\rc\\n'.splitlines() }}|{{ '  a b  c '.rsplit(None, 1) }}|{{ 'a  b c'.rsplit(None, 1) }}|{{ ' x '.rsplit(None, 5) }}|{{ 'a b c'.rsplit(' ', 1) }}", {}),
+    ("filter_attr", "{{ (d | attr('items'))() | list }} [{{ d | attr('k') }}] {{ d | attr('k') is defined }} {% for g in [{'a': 1}] | groupby('a') %}{{ g | attr('grouper') }}{% endfor %} {{ 'abc' | attr('upper') is defined }}", {"d": {"k": "v"}}),
     ("raise_exception", "{% if true %}{{ raise_exception('Custom failure: ' ~ 42) }}{% endif %}", {}),
     ("undefined_callable", "{{ not_a_function(1) }}", {}),
     ("undefined_attribute_of_undefined", "{{ nope.attr }}", {}),

@@ -79,6 +79,14 @@ Value ApplyFilter(const std::string& name, const Value& in, CallArgs& args, Ctx&
   if (name == "title") return JinjaTitle(in.Str());
   if (name == "capitalize") return PyCapitalize(in.Str());
   if (name == "string") return in.Str();
+  if (name == "attr") {
+    // jinja2's attr reads Python attributes only: a dict's entries are not among them.
+    const std::string attr = r.Required(0, "name").Str();
+    if (in.is_undefined()) return in;
+    if (HasMethod(in, attr)) return GetAttrValue(in, attr);
+    if (const Value* field = in.TupleField(attr)) return *field;
+    return MissingAttribute(in, attr);
+  }
   if (name == "format") {
     if (!args.positional.empty() && !args.keyword.empty())
       throw CallError{"can't handle positional and keyword arguments at the same time"};

@@ -59,7 +59,7 @@ TEST(JinjaTest, SnippetsRenderAsJinja2Does) {
     }
     ++checked;
   }
-  EXPECT_EQ(checked, 85);
+  EXPECT_EQ(checked, 86);
 }
 
 // The published templates that take tools (Qwen2.5, Llama 3.1) over conversations that offer
