@@ -349,9 +349,9 @@ OpStatus PackedLinear::Reserve(int64_t max_m) const {
     pad = std::max(pad, a->prim->scratch_bytes);
   }
   s.GrowPad(pad);
-  if (bf16 && max_m > 0 && s.src16.size() < static_cast<size_t>(max_m * k_)) {
-    s.src16.resize(static_cast<size_t>(max_m * k_));
-  }
+  // Capacity only: its pages become resident as steps of that many rows fill them (a worker
+  // reserves for max_num_batched_tokens, which may be far more than its steps reach).
+  if (bf16 && max_m > 0) s.src16.reserve(static_cast<size_t>(max_m * k_));
   return OpStatus::Ok();
 }
 

@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <string>
 
@@ -16,9 +17,26 @@ using ops::OpStatus;
 // the L2 cache.
 constexpr int64_t kRowsPerTile = 64;
 
-// Per thread: the quantized activations, the dequantized tile.
-thread_local std::vector<Q8Block> t_xq;
-thread_local std::vector<float> t_tile;
+// Bytes of every thread's Scratch, for ScratchBytes().
+std::atomic<size_t> g_scratch_bytes{0};
+
+// Per thread: the quantized activations (the calling thread's) and the dequantized tile (each
+// pool thread's). Grown by Reserve before serving, so that steps do not allocate.
+struct Scratch {
+  std::vector<Q8Block> xq;
+  std::vector<float> tile;
+
+  size_t bytes() const { return xq.capacity() * sizeof(Q8Block) + tile.capacity() * sizeof(float); }
+  template <typename T>
+  void Grow(std::vector<T>* v, size_t n) {
+    if (v->size() >= n) return;
+    const size_t before = bytes();
+    v->resize(n);
+    g_scratch_bytes.fetch_add(bytes() - before, std::memory_order_relaxed);
+  }
+  ~Scratch() { g_scratch_bytes.fetch_sub(bytes(), std::memory_order_relaxed); }
+};
+thread_local Scratch t_scratch;
 
 }  // namespace
 
@@ -87,9 +105,15 @@ std::string QuantizedLinear::ImplementationName(int64_t m) const {
 
 void QuantizedLinear::Reserve(int64_t max_m) const {
   const int64_t rows = std::min(max_m, dequant_min_rows_ - 1);
-  const size_t blocks = static_cast<size_t>(std::max<int64_t>(rows, 0) * (k_ / kQ8BlockElems));
-  if (t_xq.size() < blocks) t_xq.resize(blocks);
+  t_scratch.Grow(&t_scratch.xq,
+                 static_cast<size_t>(std::max<int64_t>(rows, 0) * (k_ / kQ8BlockElems)));
+  // Steps that dequantize may do so on every thread of the calling thread's team.
+  if (max_m < dequant_min_rows_) return;
+#pragma omp parallel
+  { t_scratch.Grow(&t_scratch.tile, static_cast<size_t>(kRowsPerTile * k_)); }
 }
+
+size_t QuantizedLinear::ScratchBytes() { return g_scratch_bytes.load(std::memory_order_relaxed); }
 
 OpStatus QuantizedLinear::Forward(const TensorView& out, const TensorView& x) const {
   if (x.dtype != DType::kF32 || x.ndim != 2 || x.shape[1] != k_ || !x.device.is_cpu() ||
@@ -109,9 +133,9 @@ OpStatus QuantizedLinear::Forward(const TensorView& out, const TensorView& x) co
   const int64_t ntiles = static_cast<int64_t>(tiles_.size());
   if (m < dequant_min_rows_) {
     const int64_t xb = k_ / kQ8BlockElems;
-    if (static_cast<int64_t>(t_xq.size()) < m * xb) t_xq.resize(static_cast<size_t>(m * xb));
-    const Q8Block* xq = t_xq.data();
-    for (int64_t i = 0; i < m; ++i) QuantizeRowQ8(xf + i * k_, k_, t_xq.data() + i * xb);
+    t_scratch.Grow(&t_scratch.xq, static_cast<size_t>(m * xb));
+    Q8Block* xq = t_scratch.xq.data();
+    for (int64_t i = 0; i < m; ++i) QuantizeRowQ8(xf + i * k_, k_, xq + i * xb);
 #pragma omp parallel for schedule(dynamic) if (ntiles > 1)
     for (int64_t t = 0; t < ntiles; ++t) {
       const Tile& tile = tiles_[t];
@@ -126,14 +150,12 @@ OpStatus QuantizedLinear::Forward(const TensorView& out, const TensorView& x) co
       const Tile& tile = tiles_[t];
       const Part& p = parts_[tile.part];
       const int64_t rb = QuantRowBytes(p.type, k_);
-      if (static_cast<int64_t>(t_tile.size()) < tile.rows * k_) {
-        t_tile.resize(static_cast<size_t>(kRowsPerTile * k_));
-      }
-      DequantizeRowsFast(p.type, p.blocks.data() + tile.row0 * rb, rb, tile.rows, k_,
-                         t_tile.data());
+      t_scratch.Grow(&t_scratch.tile, static_cast<size_t>(kRowsPerTile * k_));
+      float* w = t_scratch.tile.data();
+      DequantizeRowsFast(p.type, p.blocks.data() + tile.row0 * rb, rb, tile.rows, k_, w);
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
                   static_cast<int>(tile.rows), static_cast<int>(k_), 1.0f, xf, static_cast<int>(k_),
-                  t_tile.data(), static_cast<int>(k_), 0.0f, o + tile.col0, static_cast<int>(n_));
+                  w, static_cast<int>(k_), 0.0f, o + tile.col0, static_cast<int>(n_));
     }
   }
   if (!bias_.empty()) {

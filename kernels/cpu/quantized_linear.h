@@ -18,7 +18,8 @@
 // Tiles of weight rows are spread over the OpenMP pool (kernels/cpu/thread_pool.h).
 //
 // Thread-safety: Forward and GatherRows may run on several threads at once (the scratch is per
-// thread); the weight is immutable after Create.
+// thread, kept for the thread's life and shared by all instances); the weight is immutable after
+// Create.
 #ifndef LLM_KERNELS_CPU_QUANTIZED_LINEAR_H_
 #define LLM_KERNELS_CPU_QUANTIZED_LINEAR_H_
 
@@ -66,8 +67,14 @@ class QuantizedLinear {
   // benchmark that measures the crossover and for tests of both paths.
   void set_dequant_min_rows(int64_t m) { dequant_min_rows_ = m; }
 
-  // Grows the calling thread's scratch for steps of up to max_m rows.
+  // Grows the scratch of Forward for steps of up to max_m rows: the calling thread's quantized
+  // activations and, when max_m reaches the dequantized path, the tile of every thread in the
+  // calling thread's OpenMP team. Call it on the thread that runs the steps, before serving:
+  // a Forward within the reserved size allocates nothing.
   void Reserve(int64_t max_m) const;
+
+  // Bytes of the scratch that every thread of the process holds for Forward (all instances).
+  static size_t ScratchBytes();
 
   int64_t n() const { return n_; }
   int64_t k() const { return k_; }

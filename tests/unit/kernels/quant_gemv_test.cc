@@ -275,6 +275,37 @@ TEST(QuantizedLinearTest, GatherRowsDequantizesTheRowsAndZerosOthers) {
   }
 }
 
+// Reserve takes the scratch of the largest step up front (the calling thread's quantized
+// activations, a dequantized tile per thread of its team), counted in ScratchBytes; steps up to
+// that size, on either path, then grow nothing.
+TEST(QuantizedLinearTest, ReserveTakesTheScratchOfTheLargestStepUpFront) {
+  std::mt19937 rng(9);
+  const int64_t k = 1024, n = 200;  // four tiles of rows
+  std::vector<QuantizedLinear::Part> parts;
+  parts.push_back({QuantType::kQ4_1, n, RandomBlocks(QuantType::kQ4_1, n, k, rng)});
+  std::unique_ptr<QuantizedLinear> lin;
+  ASSERT_TRUE(QuantizedLinear::Create(k, std::move(parts), TensorView{}, &lin).ok());
+  const int64_t max_m = 2 * QuantizedLinear::kDequantMinRows;
+  const size_t before = QuantizedLinear::ScratchBytes();
+  lin->Reserve(max_m);
+  const size_t reserved = QuantizedLinear::ScratchBytes();
+  const size_t xq = (QuantizedLinear::kDequantMinRows - 1) * (k / kQ8BlockElems) * sizeof(Q8Block);
+  const size_t tile = 64 * k * sizeof(float);
+  EXPECT_GE(reserved, before + tile);
+  EXPECT_GE(reserved, xq + tile);
+  const std::vector<float> x = RandomActivations(max_m * k, rng);
+  std::vector<float> out(max_m * n);
+  for (int64_t m : {int64_t{1}, int64_t{17}, QuantizedLinear::kDequantMinRows - 1,
+                    QuantizedLinear::kDequantMinRows, max_m}) {
+    SCOPED_TRACE(testing::Message() << "M=" << m);
+    ASSERT_TRUE(
+        lin->Forward(TensorView::Contiguous(out.data(), DType::kF32, {m, n}),
+                     TensorView::Contiguous(const_cast<float*>(x.data()), DType::kF32, {m, k}))
+            .ok());
+    EXPECT_EQ(QuantizedLinear::ScratchBytes(), reserved);
+  }
+}
+
 TEST(QuantizedLinearTest, RefusesMismatchedParts) {
   std::unique_ptr<QuantizedLinear> lin;
   std::vector<QuantizedLinear::Part> parts;
