@@ -327,6 +327,16 @@ absl::Status WorkerServer::DoInit(const v1::InitRequest& request, v1::InitRespon
   max_num_seqs_ = static_cast<int>(request.max_num_seqs());
   if (device_.is_cuda()) {
     if (absl::Status s = PrepareCudaServing(request.enforce_eager()); !s.ok()) return s;
+  } else {
+    // The activations and GEMM scratch of the largest step, on the thread that runs the steps
+    // (the scratch is its OpenMP team's): grown step by step instead, every step larger than
+    // those before would reallocate them, leaving the old buffers resident in malloc's heap.
+    absl::Status reserved;
+    RunModelWork([&] {
+      reserved = model_->Reserve(max_num_batched_tokens_, std::max(1, max_num_seqs_),
+                                 std::max(1, max_model_len_));
+    });
+    if (!reserved.ok()) return reserved;
   }
 
   response->set_vocab_size(static_cast<uint32_t>(config->vocab_size));

@@ -289,6 +289,18 @@ absl::Status LlamaModel::AllocateOnDevice(DType dtype, std::initializer_list<int
   return absl::OkStatus();
 }
 
+absl::Status LlamaModel::AllocateActivation(DType dtype, std::initializer_list<int64_t> shape,
+                                            Tensor* t) {
+  // On cpu reserved address space: a buffer sized for the largest step costs only the pages
+  // that the steps served so far reached, and a buffer outgrown goes back to the system whole
+  // instead of staying in malloc's heap.
+  if (std::string err = Tensor::Allocate(dtype, shape, device_, t, HostMemory::kReserved);
+      !err.empty()) {
+    return absl::ResourceExhaustedError(err);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status LlamaModel::LoadWeights(const WeightSource* weights, uint64_t seed) {
   const int64_t h = config_.hidden_size, d = config_.head_dim, i_local = local_intermediate_;
   const size_t esize = DTypeSize(act_dtype_);
@@ -630,8 +642,10 @@ size_t LlamaModel::activation_bytes() const {
   for (const Tensor* t :
        {&b.x, &b.residual, &b.qkv, &b.attn, &b.gate_up, &b.act, &b.selected, &b.local_logits,
         &b.gathered, &b.logits, &b.staging, &b.inputs, &b.attention_workspace}) {
-    total += t->capacity_bytes();
+    total += device_.is_cpu() ? t->ResidentBytes() : t->capacity_bytes();
   }
+  // The quantized GEMMs' per-thread scratch (the process's, shared by its models).
+  if (quantized_weight_bytes_ > 0) total += cpu::QuantizedLinear::ScratchBytes();
   return total;
 }
 
@@ -711,20 +725,20 @@ absl::Status LlamaModel::Grow(int64_t tokens, int64_t rows, int64_t seqs, int64_
   if (tokens > b.tokens || rows > b.rows || (device_.is_cuda() && inputs_stale)) ReleaseGraphs();
   if (tokens > b.tokens) {
     tokens = std::max<int64_t>(tokens, 1);
-    RETURN_IF_ERROR(AllocateOnDevice(act_dtype_, {tokens, h}, &b.x));
-    RETURN_IF_ERROR(AllocateOnDevice(act_dtype_, {tokens, h}, &b.residual));
-    RETURN_IF_ERROR(AllocateOnDevice(act_dtype_, {tokens, (qh + 2 * kvh) * d}, &b.qkv));
-    RETURN_IF_ERROR(AllocateOnDevice(act_dtype_, {tokens, qh, d}, &b.attn));
-    RETURN_IF_ERROR(AllocateOnDevice(act_dtype_, {tokens, 2 * il}, &b.gate_up));
-    RETURN_IF_ERROR(AllocateOnDevice(act_dtype_, {tokens, il}, &b.act));
+    RETURN_IF_ERROR(AllocateActivation(act_dtype_, {tokens, h}, &b.x));
+    RETURN_IF_ERROR(AllocateActivation(act_dtype_, {tokens, h}, &b.residual));
+    RETURN_IF_ERROR(AllocateActivation(act_dtype_, {tokens, (qh + 2 * kvh) * d}, &b.qkv));
+    RETURN_IF_ERROR(AllocateActivation(act_dtype_, {tokens, qh, d}, &b.attn));
+    RETURN_IF_ERROR(AllocateActivation(act_dtype_, {tokens, 2 * il}, &b.gate_up));
+    RETURN_IF_ERROR(AllocateActivation(act_dtype_, {tokens, il}, &b.act));
     b.tokens = tokens;
   }
   if (rows > b.rows) {
-    RETURN_IF_ERROR(AllocateOnDevice(act_dtype_, {rows, h}, &b.selected));
-    RETURN_IF_ERROR(AllocateOnDevice(DType::kF32, {rows, vp}, &b.local_logits));
+    RETURN_IF_ERROR(AllocateActivation(act_dtype_, {rows, h}, &b.selected));
+    RETURN_IF_ERROR(AllocateActivation(DType::kF32, {rows, vp}, &b.local_logits));
     if (world_ > 1) {
-      RETURN_IF_ERROR(AllocateOnDevice(DType::kF32, {world_, rows, vp}, &b.gathered));
-      RETURN_IF_ERROR(AllocateOnDevice(DType::kF32, {rows, config_.vocab_size}, &b.logits));
+      RETURN_IF_ERROR(AllocateActivation(DType::kF32, {world_, rows, vp}, &b.gathered));
+      RETURN_IF_ERROR(AllocateActivation(DType::kF32, {rows, config_.vocab_size}, &b.logits));
     }
     b.rows = rows;
   }

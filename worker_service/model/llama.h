@@ -160,7 +160,9 @@ class LlamaModel {
   size_t coded_weight_bytes() const { return coded_weight_bytes_; }
   // Of weight_bytes(), those held as GGUF blocks (cpu, ModelOptions::quantized_weights).
   size_t quantized_weight_bytes() const { return quantized_weight_bytes_; }
-  // Bytes of the activation and step-input buffers held now (Reserve, or the largest step).
+  // Bytes of the activation and step-input buffers held now (Reserve, or the largest step);
+  // on cpu, where they are reserved address space, the bytes of theirs that are resident (the
+  // rows the largest steps so far wrote), with the quantized GEMMs' scratch.
   size_t activation_bytes() const;
 
   // CUDA graphs for decode steps (cuda; off until called): a step whose every sequence
@@ -180,7 +182,9 @@ class LlamaModel {
 
   // Allocates the activation buffers for steps of up to max_tokens tokens, max_seqs sequences
   // and contexts of max_model_len (the attention workspace), so that no step allocates and
-  // memory profiling sees them. Forward grows them when a step is larger.
+  // memory profiling sees them. Forward grows them when a step is larger. On cpu the buffers
+  // are address space, resident where steps write them, and the GEMMs' scratch is reserved
+  // too: call it on the thread that runs the steps (its OpenMP team's scratch is reserved).
   absl::Status Reserve(int64_t max_tokens, int64_t max_seqs, int64_t max_model_len);
 
   const ModelConfig& config() const { return config_; }
@@ -284,6 +288,8 @@ class LlamaModel {
   absl::Status AllReduce(const TensorView& t);
   absl::Status Grow(int64_t tokens, int64_t rows, int64_t seqs, int64_t table);
   absl::Status AllocateOnDevice(DType dtype, std::initializer_list<int64_t> shape, Tensor* t);
+  // An activation buffer: AllocateOnDevice, but on cpu in HostMemory::kReserved memory.
+  absl::Status AllocateActivation(DType dtype, std::initializer_list<int64_t> shape, Tensor* t);
   ops::OpContext OpContextFor() const;
 
   ModelConfig config_;
