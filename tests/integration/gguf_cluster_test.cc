@@ -198,8 +198,18 @@ int64_t VmRssBytes(pid_t pid) {
 // the process stays within 1.1 x (weights + KV resident + activations) + 100 MiB, measured
 // from outside (/proc) as well as reported (GetStats). With the cache poisoned (as every other
 // test runs) or touched at start the idle and growth checks fail; with freed blocks reused
-// last (least recently freed first) the same-level check fails.
-TEST(GgufRealModelTest, WorkerMemoryIsItsWeightsPlusTheKvBlocksWritten) {
+// last (least recently freed first) the same-level check fails. Served with the weights kept
+// as the file's Q4_1 blocks (the default) and dequantized at load.
+//
+// Which requests share a step depends on when they reach the scheduler, so a round's largest
+// step, and with it the activation rows written (reported resident, on cpu), may differ from
+// round to round: the same-level check leaves the reported activations out. What it catches
+// is memory no kind accounts for: buffers reallocated for a larger step, the old ones left
+// resident in malloc's heap, as when the activations and GEMM scratch were not reserved at Init.
+class GgufWorkerMemoryTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(GgufWorkerMemoryTest, IsItsWeightsPlusTheKvBlocksWritten) {
+  const bool quantized = GetParam();
   const std::string path = SmolLm2Path();
   if (!std::filesystem::exists(path)) {
     GTEST_SKIP() << path << " is not there (tools/models/fetch_smollm2.sh fetches it)";
@@ -222,11 +232,7 @@ TEST(GgufRealModelTest, WorkerMemoryIsItsWeightsPlusTheKvBlocksWritten) {
               {"dtype", "auto"},
               {"cpu_kv_cache_space", "1"},
               {"enable_prefix_caching", "false"}};
-  // The KV cache's memory is what this test follows: the weights dequantized at load, whose
-  // GEMMs reserve their scratch. Kept as blocks (the default), the worker grew 17.7 MB between
-  // two equal rounds in one fresh-clone make test (of two): not explained yet; the quantized
-  // GEMMs' scratch, which is not reserved, is the first suspect.
-  o.worker = {{"quantized_weights", "false"}};
+  o.worker = {{"quantized_weights", quantized ? "true" : "false"}};
   absl::StatusOr<std::unique_ptr<LocalCluster>> made = LocalCluster::Start(o);
   ASSERT_TRUE(made.ok()) << made.status();
   LocalCluster& c = **made;
@@ -247,7 +253,9 @@ TEST(GgufRealModelTest, WorkerMemoryIsItsWeightsPlusTheKvBlocksWritten) {
 
   const v1::WorkerStats::Memory idle = FreshMemory(c);
   ASSERT_GT(idle.kv_cache_reserved(), 1000 * kMiB);
-  ASSERT_GT(idle.weights(), 100 * kMiB);  // dequantized: 538 MB in f32
+  // Kept quantized: the file's Q4_1 blocks (96.6 MB); dequantized: 538 MB in f32.
+  ASSERT_GT(idle.weights(), (quantized ? 80 : 400) * kMiB);
+  ASSERT_LT(idle.weights(), (quantized ? 120 : 600) * kMiB);
   EXPECT_LT(idle.kv_cache_resident(), idle.kv_cache_reserved() / 20);
   EXPECT_EQ(idle.swap_resident(), 0u);  // the harness's swap space, reserved, never used
   within_bound(idle, "idle");
@@ -287,11 +295,19 @@ TEST(GgufRealModelTest, WorkerMemoryIsItsWeightsPlusTheKvBlocksWritten) {
     EXPECT_LE(after.kv_cache_resident(),
               first.kv_cache_resident() + static_cast<uint64_t>(4 * 16 * bytes_per_token))
         << when;
-    EXPECT_LE(after.resident(), first.resident() + 16 * kMiB) << when;
+    EXPECT_LE(after.resident() - after.activations(),
+              first.resident() - first.activations() + 16 * kMiB)
+        << when << ": activations " << first.activations() / kMiB << " -> "
+        << after.activations() / kMiB << " MiB";
   }
   absl::StatusOr<int> s = c.Stop();
   EXPECT_TRUE(s.ok()) << s.status();
 }
+
+INSTANTIATE_TEST_SUITE_P(Weights, GgufWorkerMemoryTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "KeptQuantized" : "Dequantized";
+                         });
 
 // SmolLM2 served with its weights kept as the file's Q4_1 blocks (the default) and dequantized
 // (worker quantized_weights: false), float32 otherwise: the worker reports (GetStats) weights of
