@@ -203,9 +203,9 @@ int64_t VmRssBytes(pid_t pid) {
 //
 // Which requests share a step depends on when they reach the scheduler, so a round's largest
 // step, and with it the activation rows written (reported resident, on cpu), may differ from
-// round to round: the same-level check leaves the reported activations out. What it catches
-// is memory no kind accounts for: buffers reallocated for a larger step, the old ones left
-// resident in malloc's heap, as when the activations and GEMM scratch were not reserved at Init.
+// round to round: the same-level check leaves the reported activations out. What it bounds is
+// memory no kind accounts for, such as buffers reallocated for a larger step with the old ones
+// left resident in malloc's heap (the worker reserves its activations and scratch at Init).
 class GgufWorkerMemoryTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(GgufWorkerMemoryTest, IsItsWeightsPlusTheKvBlocksWritten) {
