@@ -168,7 +168,7 @@ struct WorkerStats {
     int64_t kv_resident = 0;    // of it, resident in host memory (cpu: the blocks written)
     int64_t swap_reserved = 0;  // the swap space (host)
     int64_t swap_resident = 0;  // of it, resident
-    int64_t activations = 0;    // the model's activation and input buffers
+    int64_t activations = 0;    // the model's activation and input buffers (cpu: resident)
   };
   Memory memory;
 };
