@@ -294,8 +294,8 @@ absl::Status LlamaModel::AllocateActivation(DType dtype, std::initializer_list<i
   // On cpu reserved address space: a buffer sized for the largest step costs only the pages
   // that the steps served so far reached, and a buffer outgrown goes back to the system whole
   // instead of staying in malloc's heap.
-  if (std::string err = Tensor::Allocate(dtype, shape, device_, t, HostMemory::kReserved);
-      !err.empty()) {
+  const HostMemory kind = device_.is_cpu() ? HostMemory::kReserved : HostMemory::kPageable;
+  if (std::string err = Tensor::Allocate(dtype, shape, device_, t, kind); !err.empty()) {
     return absl::ResourceExhaustedError(err);
   }
   return absl::OkStatus();
