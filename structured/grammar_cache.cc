@@ -83,8 +83,10 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCache::Get(const G
   // Compiled outside the lock: it takes milliseconds, other specs need not wait.
   absl::StatusOr<Grammar> grammar = BuildGrammar(spec);
   if (!grammar.ok()) return grammar.status();
+  const Vocabulary& vocabulary = tokenizer_.get();
+  if (!vocabulary.ok()) return vocabulary.status();
   absl::StatusOr<std::shared_ptr<const CompiledGrammar>> compiled =
-      CompiledGrammar::Compile(*grammar, tokenizer_);
+      CompiledGrammar::Compile(*grammar, *vocabulary);
   if (!compiled.ok()) return compiled.status();
   absl::MutexLock lock(&mu_);
   ++num_compiled_;

@@ -5,6 +5,7 @@
 #define LLM_STRUCTURED_GRAMMAR_CACHE_H_
 
 #include <cstdint>
+#include <future>
 #include <list>
 #include <memory>
 #include <string>
@@ -57,7 +58,17 @@ absl::StatusOr<Grammar> ChoiceGrammar(const std::vector<std::string>& choices);
 // first result stored is the one kept.
 class GrammarCache {
  public:
+  using Vocabulary = absl::StatusOr<std::shared_ptr<const TokenizerInfo>>;
+
   GrammarCache(std::shared_ptr<const TokenizerInfo> tokenizer, size_t capacity = 256)
+      : capacity_(capacity) {
+    std::promise<Vocabulary> ready;
+    ready.set_value(std::move(tokenizer));
+    tokenizer_ = ready.get_future().share();
+  }
+  // A vocabulary still being read (a worker reads it beside its other start-up work): the
+  // first Get waits for it, and every Get fails with its error if reading it failed.
+  explicit GrammarCache(std::shared_future<Vocabulary> tokenizer, size_t capacity = 256)
       : tokenizer_(std::move(tokenizer)), capacity_(capacity) {}
   GrammarCache(const GrammarCache&) = delete;
   GrammarCache& operator=(const GrammarCache&) = delete;
@@ -70,7 +81,7 @@ class GrammarCache {
  private:
   using Entry = std::pair<std::string, std::shared_ptr<const CompiledGrammar>>;
 
-  const std::shared_ptr<const TokenizerInfo> tokenizer_;
+  std::shared_future<Vocabulary> tokenizer_;
   const size_t capacity_;
   mutable absl::Mutex mu_;
   std::list<Entry> lru_ ABSL_GUARDED_BY(mu_);  // most recently used first

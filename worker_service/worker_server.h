@@ -216,9 +216,9 @@ class WorkerServer final
   // cuda: sampling on the device, sized at Init (max_num_seqs rows) before memory is profiled.
   std::unique_ptr<DeviceSampler> device_sampler_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<ModelRunner> runner_ ABSL_GUARDED_BY(mu_);
-  // Structured outputs: the model's vocabulary as the grammar engine reads it (loaded with the
-  // model, from its tokenizer) and the grammars compiled against it; null when the model's
-  // tokenizer could not be read (requests with a structured output are then refused).
+  // Structured outputs: the grammars compiled against the model's vocabulary (read from its
+  // tokenizer in the background when the model is loaded; if that fails, requests with a
+  // structured output fail their step with its error).
   std::shared_ptr<structured::GrammarCache> grammars_ ABSL_GUARDED_BY(mu_);
   bool initialized_ ABSL_GUARDED_BY(mu_) = false;  // Init succeeded (and nothing broke since)
   int max_num_seqs_ ABSL_GUARDED_BY(mu_) = 0;
