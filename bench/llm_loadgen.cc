@@ -19,6 +19,9 @@
 //
 //   llm-loadgen --address=127.0.0.1:50051 --num-requests=32 --concurrency=8 [--rate=4]
 //   llm-loadgen --duration=600 --concurrency=32 --cancel-fraction=0.1 --deadline-fraction=0.1
+//
+// --json-schema constrains every request (structured outputs), to measure their cost against
+// the same workload without (bench/structured_overhead.sh).
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -59,6 +62,7 @@ struct Args {
   double cancel_fraction = 0;
   double deadline_fraction = 0;
   int deadline_ms = 2000;
+  std::string json_schema;  // non-empty: every request's output is constrained to it
 };
 
 struct Planned {
@@ -118,6 +122,7 @@ Result RunOne(v1::LLMService::Stub& stub, const Planned& plan, const Args& args,
   p->set_temperature(args.temperature);
   p->set_seed(static_cast<uint64_t>(args.seed + index));
   p->set_ignore_eos(true);
+  if (!args.json_schema.empty()) p->mutable_structured_output()->set_json_schema(args.json_schema);
   req.set_stream(true);
 
   Result r;
@@ -225,6 +230,10 @@ int Run(int argc, char** argv) {
             "share of requests sent with a deadline of 1 to --deadline-ms milliseconds (0)");
   flags.Add("deadline-ms", &a.deadline_ms,
             "longest deadline of the --deadline-fraction requests, in ms (2000)");
+  flags.Add("json-schema", &a.json_schema,
+            "a JSON schema (its text) every request's output is constrained to; empty: none. "
+            "Choose one the outputs cannot complete (minItems beyond them) to mask every token "
+            "(empty)");
   flags.Parse(argc, argv);
   std::string bad;
   if (a.duration_s < 0) bad = "--duration must be >= 0, got " + std::to_string(a.duration_s);
