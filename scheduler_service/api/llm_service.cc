@@ -556,10 +556,27 @@ absl::Status LLMService::CheckStructuredOutput(const StructuredOutputParams& str
 absl::StatusOr<std::string> LLMService::RenderChat(const v1::ChatPrompt& chat) const {
   std::vector<ChatMessage> messages;
   messages.reserve(chat.messages_size());
-  for (const v1::ChatMessage& m : chat.messages()) messages.push_back({m.role(), m.content()});
+  for (const v1::ChatMessage& m : chat.messages()) {
+    ChatMessage& msg = messages.emplace_back();
+    msg.role = m.role();
+    msg.content = m.content();
+    msg.content_is_none = !m.has_content();
+    for (const v1::ToolCall& c : m.tool_calls()) {
+      msg.tool_calls.push_back({.id = c.id(),
+                                .type = c.type().empty() ? "function" : c.type(),
+                                .name = c.function().name(),
+                                .arguments = c.function().arguments()});
+    }
+    msg.tool_call_id = m.tool_call_id();
+    msg.name = m.name();
+  }
   const bool add_generation_prompt =
       chat.has_add_generation_prompt() ? chat.add_generation_prompt() : true;
-  return options_.chat_template->Render(messages, add_generation_prompt);
+  absl::StatusOr<jinja::Value> tools = ToolsValue(chat.tools_json());
+  if (!tools.ok()) return tools.status();
+  jinja::ValueDict extra;
+  extra.Set("tools", *std::move(tools));
+  return options_.chat_template->Render(messages, add_generation_prompt, extra);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* LLMService::Generate(

@@ -66,6 +66,15 @@ absl::StatusOr<std::string> TemplateField(const Json& value, const std::string& 
 
 }  // namespace
 
+absl::StatusOr<jinja::Value> ToolsValue(std::string_view tools_json) {
+  if (tools_json.empty()) return jinja::Value::MakeNone();
+  const Json tools = Json::parse(tools_json, nullptr, /*allow_exceptions=*/false);
+  if (!tools.is_array()) {
+    return absl::InvalidArgumentError("chat tools_json must be the JSON text of a list of tools");
+  }
+  return jinja::Value::FromJson(tools);
+}
+
 ChatTemplate::ChatTemplate(std::string source, std::string bos, std::string eos,
                            std::unique_ptr<const jinja::Template> tmpl)
     : source_(std::move(source)),
@@ -98,7 +107,25 @@ absl::StatusOr<std::string> ChatTemplate::Render(absl::Span<const ChatMessage> m
   for (const ChatMessage& m : messages) {
     jinja::ValueDict d;
     d.Set("role", m.role);
-    d.Set("content", m.content);
+    d.Set("content", m.content_is_none ? jinja::Value::MakeNone() : jinja::Value(m.content));
+    if (!m.tool_calls.empty()) {
+      jinja::ValueList calls;
+      for (const ToolCall& c : m.tool_calls) {
+        jinja::ValueDict function;
+        function.Set("name", c.name);
+        const Json args = Json::parse(c.arguments, nullptr, /*allow_exceptions=*/false);
+        function.Set("arguments",
+                     args.is_object() ? jinja::Value::FromJson(args) : jinja::Value(c.arguments));
+        jinja::ValueDict call;
+        if (!c.id.empty()) call.Set("id", c.id);
+        call.Set("type", c.type);
+        call.Set("function", std::move(function));
+        calls.emplace_back(std::move(call));
+      }
+      d.Set("tool_calls", std::move(calls));
+    }
+    if (!m.tool_call_id.empty()) d.Set("tool_call_id", m.tool_call_id);
+    if (!m.name.empty()) d.Set("name", m.name);
     list.emplace_back(std::move(d));
   }
   jinja::ValueDict context;

@@ -1,7 +1,8 @@
 // ChatTemplate: a model's chat template (Jinja, see jinja.h) rendering a conversation into the
 // prompt text, with the variables transformers' apply_chat_template gives it: messages (a list
-// of {"role", "content"} dicts), add_generation_prompt, bos_token, eos_token, tools (none) and
-// documents (none).
+// of {"role", "content"} dicts, with "tool_calls", "tool_call_id" and "name" where a message has
+// them), add_generation_prompt, bos_token, eos_token, tools (none unless given) and documents
+// (none).
 //
 // LoadChatTemplate finds a model directory's template as transformers does:
 // chat_template.jinja, else chat_template.json's "chat_template", else tokenizer_config.json's
@@ -14,6 +15,8 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -21,10 +24,29 @@
 
 namespace llm {
 
+// A call as transformers' chat format has it: {"id", "type", "function": {"name",
+// "arguments"}}. `arguments` is JSON text; the template gets it parsed when it is a JSON object,
+// as vLLM passes it (the published templates write it with tojson, or test `is string`).
+struct ToolCall {
+  std::string id;  // empty: no "id" key
+  std::string type = "function";
+  std::string name;
+  std::string arguments;
+};
+
 struct ChatMessage {
   std::string role;
   std::string content;
+  bool content_is_none = false;  // content none in the template (a message that only calls tools)
+  std::vector<ToolCall> tool_calls;  // empty: no "tool_calls" key
+  std::string tool_call_id;          // empty: no "tool_call_id" key
+  std::string name;                  // empty: no "name" key
 };
+
+// The `tools` variable from the OpenAI `tools` array's JSON text, its objects' keys in the
+// order written (templates write them with tojson); empty text: none. Not a JSON array:
+// InvalidArgumentError.
+absl::StatusOr<jinja::Value> ToolsValue(std::string_view tools_json);
 
 class ChatTemplate {
  public:

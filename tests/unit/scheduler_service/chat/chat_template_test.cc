@@ -64,6 +64,83 @@ TEST(ChatTemplateTest, RealTemplatesRenderAsJinja2Does) {
   EXPECT_EQ(refused, 3);
 }
 
+// The tool-aware templates (Qwen2.5, Llama 3.1) over cases.json's tool_cases, with the
+// conversation given as the API gives it: ChatMessage's tool fields, arguments as JSON text (as
+// OpenAI clients send them) and the tools as the `tools` array's JSON text. The arguments reach
+// the template parsed, as vLLM passes them, so they render as jinja2 renders the fixture's
+// dicts; where the fixture passed a string, which both templates write with tojson as a quoted
+// string, they write the object.
+TEST(ChatTemplateTest, ToolConversationsRenderAsJinja2Does) {
+  const auto fixture = nlohmann::ordered_json::parse(ReadFile(kDir + "cases.json"));
+  int rendered = 0;
+  for (const auto& c : fixture["tool_cases"]) {
+    const std::string name =
+        c["template"].get<std::string>() + "/" + c["conversation"].get<std::string>();
+    const auto& t = fixture["templates"][c["template"].get<std::string>()];
+    const auto& context = c["context"];
+    absl::StatusOr<std::shared_ptr<const ChatTemplate>> tmpl = ChatTemplate::Create(
+        ReadFile(kDir + t["file"].get<std::string>()), context["bos_token"], context["eos_token"]);
+    ASSERT_TRUE(tmpl.ok()) << name << ": " << tmpl.status();
+    std::vector<ChatMessage> messages;
+    bool string_arguments = false;
+    for (const auto& m : context["messages"]) {
+      ChatMessage& msg = messages.emplace_back();
+      msg.role = m["role"];
+      msg.content = m["content"];
+      if (m.contains("name")) msg.name = m["name"];
+      if (m.contains("tool_call_id")) msg.tool_call_id = m["tool_call_id"];
+      for (const auto& call : m.value("tool_calls", nlohmann::ordered_json::array())) {
+        const auto& args = call["function"]["arguments"];
+        string_arguments = string_arguments || args.is_string();
+        msg.tool_calls.push_back(
+            {.name = call["function"]["name"],
+             .arguments = args.is_string() ? args.get<std::string>() : args.dump(-1, ' ', false)});
+      }
+    }
+    absl::StatusOr<jinja::Value> tools = ToolsValue(context["tools"].dump());
+    ASSERT_TRUE(tools.ok()) << tools.status();
+    jinja::ValueDict extra;
+    extra.Set("tools", *tools);
+    if (context.contains("tools_in_user_message")) {
+      extra.Set("tools_in_user_message", context["tools_in_user_message"].get<bool>());
+    }
+    absl::StatusOr<std::string> out =
+        (*tmpl)->Render(messages, context["add_generation_prompt"].get<bool>(), extra);
+    ASSERT_TRUE(out.ok()) << name << ": " << out.status();
+    std::string expected = c["expected"];
+    if (string_arguments) {
+      const std::string quoted = R"("{\"city\": \"Zürich\"}")";
+      ASSERT_NE(expected.find(quoted), std::string::npos) << name;
+      expected.replace(expected.find(quoted), quoted.size(), R"({"city": "Zürich"})");
+    }
+    EXPECT_EQ(*out, expected) << name;
+    ++rendered;
+  }
+  EXPECT_EQ(rendered, 10);
+}
+
+// An assistant message that only calls tools has content none, as OpenAI clients send it.
+TEST(ChatTemplateTest, ContentNoneAndToolCallIds) {
+  absl::StatusOr<std::shared_ptr<const ChatTemplate>> tmpl = ChatTemplate::Create(
+      "{% for m in messages %}{{ m.content is none }}|{% if m.tool_calls %}{{ m.tool_calls[0].id "
+      "}}|"
+      "{{ m.tool_calls[0].function.arguments.x }}{% endif %}|{{ m.tool_call_id is defined }};"
+      "{% endfor %}",
+      "", "");
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status();
+  std::vector<ChatMessage> messages(2);
+  messages[0].role = "assistant";
+  messages[0].content_is_none = true;
+  messages[0].tool_calls.push_back({.id = "call_1", .name = "f", .arguments = R"({"x": 5})"});
+  messages[1].role = "tool";
+  messages[1].content = "ok";
+  messages[1].tool_call_id = "call_1";
+  absl::StatusOr<std::string> out = (*tmpl)->Render(messages, false);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "True|call_1|5|False;False||True;");
+  EXPECT_FALSE(ToolsValue("{}").ok());
+}
+
 class LoadChatTemplateTest : public ::testing::Test {
  protected:
   void SetUp() override {
