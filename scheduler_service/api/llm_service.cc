@@ -712,6 +712,9 @@ grpc::ServerUnaryReactor* LLMService::GetModelInfo(grpc::CallbackServerContext* 
   response->set_vocab_size(options_.vocab_size);
   response->set_tensor_parallel_size(options_.tensor_parallel_size);
   response->set_block_size(options_.block_size);
+  if (options_.chat_template != nullptr) {
+    response->set_chat_template(options_.chat_template->source());
+  }
   {
     absl::MutexLock lock(&mu_);
     if (engine_ != nullptr) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <random>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -238,13 +239,12 @@ bool IsTextOnly(const json& v) {
   return true;
 }
 
-constexpr const char* kToolCalling = "tool calling is not implemented";
+constexpr const char* kLegacyFunctions =
+    "the deprecated functions API is not implemented (tools and tool_choice are)";
 
 const Unsupported kUnsupported[] = {
-    {"tools", IsEmpty, kToolCalling},
-    {"tool_choice", IsNone, kToolCalling},
-    {"functions", IsEmpty, kToolCalling},
-    {"function_call", IsNone, kToolCalling},
+    {"functions", IsEmpty, kLegacyFunctions},
+    {"function_call", IsNone, kLegacyFunctions},
     {"store", IsFalse, "completions are not stored"},
     {"service_tier", IsDefaultTier, "there is one service tier (\"auto\" / \"default\")"},
     {"modalities", IsTextOnly, "the output is text only"},
@@ -279,6 +279,10 @@ const Unsupported kUnsupported[] = {
      /*completions=*/false},
     {"documents", nullptr, "documents (RAG chat templates) are not implemented",
      /*completions=*/false},
+    {"tools", IsEmpty, "tools are a chat completions field", /*completions=*/true,
+     /*chat=*/false},
+    {"tool_choice", IsNone, "tools are a chat completions field", /*completions=*/true,
+     /*chat=*/false},
 };
 
 void RefuseUnsupported(Fields* f, Endpoint endpoint) {
@@ -513,6 +517,204 @@ void ParseCommon(Fields* f, OpenAIRequest* r) {
   RefuseUnsupported(f, r->endpoint);
 }
 
+// An assistant message's tool_calls: [{"id", "type": "function", "function": {"name",
+// "arguments"}}]; arguments as JSON text (OpenAI's) or an object.
+void ParseMessageToolCalls(Fields* f, const json& m, const std::string& where,
+                           v1::ChatMessage* msg) {
+  auto calls = m.find("tool_calls");
+  if (calls == m.end() || calls->is_null()) return;
+  const std::string cwhere = where + ".tool_calls";
+  if (!calls->is_array()) {
+    f->Fail(WrongType(cwhere, "a list of tool calls", *calls));
+    return;
+  }
+  for (size_t k = 0; k < calls->size(); ++k) {
+    const json& c = (*calls)[k];
+    const std::string kwhere = absl::StrCat(cwhere, "[", k, "]");
+    if (!c.is_object()) {
+      f->Fail(WrongType(kwhere, "an object", c));
+      return;
+    }
+    v1::ToolCall* call = msg->add_tool_calls();
+    const json& id = c.value("id", json());
+    if (!id.is_null() && !id.is_string()) {
+      f->Fail(WrongType(kwhere + ".id", "a string", id));
+      return;
+    }
+    if (id.is_string()) call->set_id(id.get<std::string>());
+    const json& type = c.value("type", json("function"));
+    if (type != "function") {
+      f->Fail(
+          BadRequest(absl::StrCat("'", kwhere, ".type' must be \"function\", got ", type.dump()),
+                     kwhere + ".type"));
+      return;
+    }
+    call->set_type("function");
+    const json& fn = c.value("function", json());
+    if (!fn.is_object()) {
+      f->Fail(WrongType(kwhere + ".function", "an object with 'name' and 'arguments'", fn));
+      return;
+    }
+    const json& name = fn.value("name", json());
+    if (!name.is_string() || name.get<std::string>().empty()) {
+      f->Fail(WrongType(kwhere + ".function.name", "a non-empty string", name));
+      return;
+    }
+    call->mutable_function()->set_name(name.get<std::string>());
+    const json& args = fn.value("arguments", json());
+    if (args.is_string()) {
+      call->mutable_function()->set_arguments(args.get<std::string>());
+    } else if (args.is_object()) {
+      call->mutable_function()->set_arguments(args.dump());
+    } else if (!args.is_null()) {
+      f->Fail(WrongType(kwhere + ".function.arguments", "a string of JSON", args));
+      return;
+    }
+  }
+}
+
+// tools, tool_choice and parallel_tool_calls. tool_choice defaults to "auto" with tools, as
+// OpenAI's; "required" and a named function constrain the output with a JSON schema, as vLLM
+// does: named, to the function's parameters (the output is the call's arguments); required, to
+// a list of {"name", "parameters"} calls of the tools.
+void ParseTools(Fields* f, OpenAIRequest* r) {
+  if (f->failed()) return;
+  using ojson = nlohmann::ordered_json;
+  ojson tools = ojson::array();
+  if (const json* t = f->Get("tools")) {
+    if (!t->is_array()) {
+      f->Fail(WrongType("tools", "a list of tools", *t));
+      return;
+    }
+    tools = ojson::parse(f->OrderedDump({"tools"}));
+  }
+  std::vector<std::string> names;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ojson& tool = tools[i];
+    const std::string where = absl::StrCat("tools[", i, "]");
+    if (!tool.is_object()) {
+      f->Fail(WrongType(where, "an object {\"type\": \"function\", \"function\": {...}}", tool));
+      return;
+    }
+    if (tool.value("type", ojson()) != "function") {
+      f->Fail(BadRequest(absl::StrCat("'", where, ".type' must be \"function\", got ",
+                                      tool.value("type", ojson()).dump()),
+                         where + ".type"));
+      return;
+    }
+    const ojson& fn = tool.value("function", ojson());
+    if (!fn.is_object()) {
+      f->Fail(WrongType(where + ".function", "an object with a 'name'", json::parse(fn.dump())));
+      return;
+    }
+    const ojson& name = fn.value("name", ojson());
+    if (!name.is_string() || name.get<std::string>().empty()) {
+      f->Fail(WrongType(where + ".function.name", "a non-empty string", json::parse(name.dump())));
+      return;
+    }
+    for (const char* key : {"description"}) {
+      if (fn.contains(key) && !fn[key].is_null() && !fn[key].is_string()) {
+        f->Fail(WrongType(absl::StrCat(where, ".function.", key), "a string",
+                          json::parse(fn[key].dump())));
+        return;
+      }
+    }
+    if (fn.contains("parameters") && !fn["parameters"].is_null() && !fn["parameters"].is_object()) {
+      f->Fail(WrongType(where + ".function.parameters", "a JSON schema (an object)",
+                        json::parse(fn["parameters"].dump())));
+      return;
+    }
+    if (fn.contains("strict") && !fn["strict"].is_null() && !fn["strict"].is_boolean()) {
+      f->Fail(WrongType(where + ".function.strict", "a boolean", json::parse(fn["strict"].dump())));
+      return;
+    }
+    const std::string n = name.get<std::string>();
+    if (std::find(names.begin(), names.end(), n) != names.end()) {
+      f->Fail(BadRequest(absl::StrCat("'tools' has two functions named '", n, "'"),
+                         where + ".function.name"));
+      return;
+    }
+    names.push_back(n);
+  }
+  if (auto v = f->Bool("parallel_tool_calls")) r->parallel_tool_calls = *v;
+  ToolChoice choice = tools.empty() ? ToolChoice::kNone : ToolChoice::kAuto;
+  if (const json* tc = f->Get("tool_choice")) {
+    if (tc->is_string()) {
+      const std::string c = tc->get<std::string>();
+      if (c == "none") {
+        choice = ToolChoice::kNone;
+      } else if (c == "auto") {
+        choice = ToolChoice::kAuto;
+      } else if (c == "required") {
+        choice = ToolChoice::kRequired;
+      } else {
+        f->Fail(BadRequest(absl::StrCat("'tool_choice' = \"", c,
+                                        "\" is not one of \"none\", \"auto\", \"required\" or "
+                                        "{\"type\": \"function\", \"function\": {\"name\": ...}}"),
+                           "tool_choice"));
+        return;
+      }
+    } else if (tc->is_object() && tc->value("type", json()) == "function" &&
+               tc->contains("function") && (*tc)["function"].is_object() &&
+               (*tc)["function"].value("name", json()).is_string()) {
+      choice = ToolChoice::kNamed;
+      r->tool_name = (*tc)["function"]["name"].get<std::string>();
+      if (std::find(names.begin(), names.end(), r->tool_name) == names.end()) {
+        f->Fail(BadRequest(absl::StrCat("'tool_choice.function.name' is '", r->tool_name,
+                                        "', which is not among the tools"),
+                           "tool_choice.function.name"));
+        return;
+      }
+    } else {
+      f->Fail(WrongType("tool_choice",
+                        "\"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                        "\"function\": {\"name\": <string>}}",
+                        *tc));
+      return;
+    }
+    if (choice != ToolChoice::kNone && tools.empty()) {
+      f->Fail(BadRequest("'tool_choice' other than \"none\" needs 'tools'", "tool_choice"));
+      return;
+    }
+  }
+  r->tool_choice = choice;
+  if (!tools.empty()) r->request.mutable_chat()->set_tools_json(tools.dump());
+  if (choice != ToolChoice::kRequired && choice != ToolChoice::kNamed) return;
+  v1::SamplingParams* sp = r->request.mutable_sampling_params();
+  if (sp->has_structured_output()) {
+    f->Fail(
+        BadRequest("'tool_choice' \"required\" or a named function constrains the output to "
+                   "tool calls; it cannot be combined with response_format or "
+                   "structured_outputs",
+                   "tool_choice"));
+    return;
+  }
+  auto parameters = [](const ojson& fn) {
+    const ojson p = fn.value("parameters", ojson());
+    return p.is_object() ? p : ojson{{"type", "object"}};
+  };
+  ojson schema;
+  if (choice == ToolChoice::kNamed) {
+    for (const ojson& tool : tools) {
+      if (tool["function"]["name"] == r->tool_name) schema = parameters(tool["function"]);
+    }
+  } else {
+    ojson any_of = ojson::array();
+    for (const ojson& tool : tools) {
+      ojson props = ojson::object();
+      props["name"] = {{"type", "string"}, {"enum", ojson::array({tool["function"]["name"]})}};
+      props["parameters"] = parameters(tool["function"]);
+      any_of.push_back({{"type", "object"},
+                        {"properties", std::move(props)},
+                        {"required", ojson::array({"name", "parameters"})}});
+    }
+    schema = {{"type", "array"}, {"minItems", 1}};
+    if (!r->parallel_tool_calls) schema["maxItems"] = 1;
+    schema["items"] = any_of.size() == 1 ? any_of[0] : ojson{{"anyOf", std::move(any_of)}};
+  }
+  sp->mutable_structured_output()->set_json_schema(schema.dump());
+}
+
 ParseResult Finish(Fields& f, OpenAIRequest r) {
   ParseResult out;
   if (f.failed()) {
@@ -587,6 +789,122 @@ json ChatLogprobs(const v1::SequenceOutput& o) {
 
 json StopReason(const v1::SequenceOutput& o) {
   return o.stop_reason().empty() ? json(nullptr) : json(o.stop_reason());
+}
+
+// "call_" and 24 random letters and digits, as OpenAI's ids.
+std::string ToolCallId() {
+  static constexpr char kChars[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  std::string id = "call_";
+  for (int i = 0; i < 24; ++i) id += kChars[rng() % (sizeof(kChars) - 1)];
+  return id;
+}
+
+json ToolCallJson(const ParsedToolCall& c) {
+  return {{"id", ToolCallId()},
+          {"type", "function"},
+          {"function", {{"name", c.name}, {"arguments", c.arguments}}}};
+}
+
+// kRequired's output: the constrained list of {"name", "parameters"}; nullopt when it does not
+// parse (cut by max_tokens).
+std::optional<std::vector<ParsedToolCall>> RequiredCalls(const std::string& text) {
+  const nlohmann::ordered_json j =
+      nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_array() || j.empty()) return std::nullopt;
+  std::vector<ParsedToolCall> calls;
+  for (const auto& c : j) {
+    if (!c.is_object() || !c.contains("name") || !c["name"].is_string()) return std::nullopt;
+    calls.push_back({c["name"].get<std::string>(),
+                     c.contains("parameters") ? c["parameters"].dump() : std::string("{}")});
+  }
+  return calls;
+}
+
+// The calls and content of a whole chat output under the request's tool_choice.
+ParsedOutput ChatToolOutput(const OpenAIRequest& req, const v1::SequenceOutput& o) {
+  ParsedOutput out;
+  switch (req.tool_choice) {
+    case ToolChoice::kNamed:
+      out.calls.push_back({req.tool_name, o.text()});
+      break;
+    case ToolChoice::kRequired:
+      if (auto calls = RequiredCalls(o.text())) {
+        out.calls = std::move(*calls);
+      } else {
+        out.content = o.text();
+      }
+      break;
+    case ToolChoice::kAuto:
+      out = ParseToolCalls(req.tool_format, o.text());
+      if (!req.parallel_tool_calls && out.calls.size() > 1) out.calls.resize(1);
+      break;
+    default:
+      out.content = o.text();
+  }
+  return out;
+}
+
+// A stop with tool calls is finish_reason "tool_calls", as OpenAI's.
+json ChatFinishReason(const v1::SequenceOutput& o, bool called) {
+  if (called && o.finish_reason() == v1::FINISH_REASON_STOP) return "tool_calls";
+  return FinishReasonJson(o.finish_reason());
+}
+
+// A streamed chat output's delta under the request's tool_choice: content that cannot be part
+// of a call streams as content; a call is sent whole once read (kAuto, kRequired), or, named,
+// its name first and its arguments as they are generated.
+json ToolDelta(const OpenAIRequest& req, const v1::SequenceOutput& o, StreamState::Tools* t) {
+  const bool final = o.finish_reason() != v1::FINISH_REASON_UNSPECIFIED;
+  std::string content;
+  json calls = json::array();
+  auto add_calls = [&](std::vector<ParsedToolCall>& parsed) {
+    for (ParsedToolCall& call : parsed) {
+      if (!req.parallel_tool_calls && t->calls > 0) break;
+      json j = ToolCallJson(call);
+      j["index"] = t->calls++;
+      calls.push_back(std::move(j));
+    }
+  };
+  switch (req.tool_choice) {
+    case ToolChoice::kNamed:
+      if (t->named_id.empty()) {
+        t->named_id = ToolCallId();
+        t->calls = 1;
+        calls.push_back({{"index", 0},
+                         {"id", t->named_id},
+                         {"type", "function"},
+                         {"function", {{"name", req.tool_name}, {"arguments", o.text()}}}});
+      } else if (!o.text().empty()) {
+        calls.push_back({{"index", 0}, {"function", {{"arguments", o.text()}}}});
+      }
+      break;
+    case ToolChoice::kRequired:
+      t->text += o.text();
+      if (final) {
+        if (auto parsed = RequiredCalls(t->text)) {
+          add_calls(*parsed);
+        } else {
+          content = t->text;
+        }
+      }
+      break;
+    default: {
+      if (t->parser == nullptr) t->parser = std::make_shared<ToolCallStreamParser>(req.tool_format);
+      ToolCallStreamParser::Delta d = t->parser->Add(o.text());
+      content = std::move(d.content);
+      add_calls(d.calls);
+      if (final) {
+        ToolCallStreamParser::Delta rest = t->parser->Finish();
+        content += rest.content;
+        add_calls(rest.calls);
+      }
+    }
+  }
+  json delta = json::object();
+  if (!content.empty() || calls.empty()) delta["content"] = content;
+  if (!calls.empty()) delta["tool_calls"] = std::move(calls);
+  return delta;
 }
 
 }  // namespace
@@ -674,27 +992,44 @@ ParseResult ParseChatCompletionRequest(std::string_view body) {
         break;
       }
       const std::string role_name = role->get<std::string>();
-      if (role_name == "tool" || role_name == "function") {
-        f.Fail(BadRequest(absl::StrCat("'", where, ".role' is '", role_name,
-                                       "': tool messages are not supported (", kToolCalling, ")"),
+      if (role_name == "function") {
+        f.Fail(BadRequest(absl::StrCat("'", where, ".role' is 'function': ", kLegacyFunctions,
+                                       "; send role 'tool'"),
                           where + ".role"));
         break;
       }
-      for (const char* field : {"tool_calls", "function_call", "audio"}) {
+      for (const char* field : {"function_call", "audio"}) {
         auto it = m.find(field);
         if (it == m.end() || it->is_null() || IsEmpty(*it)) continue;
         f.Fail(
             BadRequest(absl::StrCat("'", where, ".", field, "' is not supported: ",
                                     std::string_view(field) == "audio" ? "audio is not implemented"
-                                                                       : kToolCalling),
+                                                                       : kLegacyFunctions),
                        absl::StrCat(where, ".", field)));
         break;
       }
       if (f.failed()) break;
       v1::ChatMessage* msg = chat->add_messages();
       msg->set_role(role_name);
+      for (const char* field : {"tool_call_id", "name"}) {
+        auto it = m.find(field);
+        if (it == m.end() || it->is_null()) continue;
+        if (!it->is_string()) {
+          f.Fail(WrongType(absl::StrCat(where, ".", field), "a string", *it));
+          break;
+        }
+        std::string_view(field) == "name" ? msg->set_name(it->get<std::string>())
+                                          : msg->set_tool_call_id(it->get<std::string>());
+      }
+      ParseMessageToolCalls(&f, m, where, msg);
+      if (f.failed()) break;
       auto content = m.find("content");
-      if (content == m.end() || content->is_null()) continue;
+      if (content == m.end() || content->is_null()) {
+        // "" rather than none, as vLLM passes it: templates that know nothing of tools
+        // concatenate every message's content.
+        msg->set_content("");
+        continue;
+      }
       if (content->is_string()) {
         msg->set_content(content->get<std::string>());
       } else if (content->is_array()) {
@@ -725,6 +1060,7 @@ ParseResult ParseChatCompletionRequest(std::string_view body) {
       }
     }
   }
+  ParseTools(&f, &r);
   if (auto v = f.Bool("add_generation_prompt")) chat->set_add_generation_prompt(*v);
   r.request.set_add_special_tokens(f.Bool("add_special_tokens").value_or(false));
   v1::SamplingParams* sp = r.request.mutable_sampling_params();
@@ -845,7 +1181,20 @@ json CompletionBody(const OpenAIRequest& req, const ResponseContext& ctx,
   json choices = json::array();
   for (const v1::SequenceOutput& o : response.outputs()) {
     json c = {{"index", o.index()}};
-    if (chat) {
+    bool called = false;
+    if (chat && req.tool_choice != ToolChoice::kNone) {
+      ParsedOutput parsed = ChatToolOutput(req, o);
+      called = !parsed.calls.empty();
+      c["message"] = {
+          {"role", "assistant"},
+          {"content", parsed.content.empty() && called ? json(nullptr) : json(parsed.content)}};
+      if (called) {
+        json calls = json::array();
+        for (const ParsedToolCall& call : parsed.calls) calls.push_back(ToolCallJson(call));
+        c["message"]["tool_calls"] = std::move(calls);
+      }
+      c["logprobs"] = req.logprobs ? ChatLogprobs(o) : json(nullptr);
+    } else if (chat) {
       c["message"] = {{"role", "assistant"}, {"content", o.text()}};
       c["logprobs"] = req.logprobs ? ChatLogprobs(o) : json(nullptr);
     } else {
@@ -853,7 +1202,7 @@ json CompletionBody(const OpenAIRequest& req, const ResponseContext& ctx,
       size_t offset = 0;
       c["logprobs"] = req.logprobs ? CompletionLogprobs(o, &offset) : json(nullptr);
     }
-    c["finish_reason"] = FinishReasonJson(o.finish_reason());
+    c["finish_reason"] = chat ? ChatFinishReason(o, called) : FinishReasonJson(o.finish_reason());
     c["stop_reason"] = StopReason(o);
     choices.push_back(std::move(c));
   }
@@ -874,8 +1223,14 @@ std::vector<json> StreamChunks(const OpenAIRequest& req, const ResponseContext& 
     if (state->role_sent.size() <= i) state->role_sent.resize(i + 1, false);
     if (state->text_offset.size() <= i) state->text_offset.resize(i + 1, 0);
     json c = {{"index", i}};
+    bool called = false;
     if (chat) {
       json delta = {{"content", o.text()}};
+      if (req.tool_choice != ToolChoice::kNone) {
+        if (state->tools.size() <= i) state->tools.resize(i + 1);
+        delta = ToolDelta(req, o, &state->tools[i]);
+        called = state->tools[i].calls > 0;
+      }
       if (!state->role_sent[i]) {
         delta["role"] = "assistant";
         state->role_sent[i] = true;
@@ -886,7 +1241,7 @@ std::vector<json> StreamChunks(const OpenAIRequest& req, const ResponseContext& 
       c["text"] = o.text();
       c["logprobs"] = req.logprobs ? CompletionLogprobs(o, &state->text_offset[i]) : json(nullptr);
     }
-    c["finish_reason"] = FinishReasonJson(o.finish_reason());
+    c["finish_reason"] = chat ? ChatFinishReason(o, called) : FinishReasonJson(o.finish_reason());
     c["stop_reason"] = StopReason(o);
     chunks.push_back({{"id", ctx.id},
                       {"object", chat ? "chat.completion.chunk" : "text_completion"},

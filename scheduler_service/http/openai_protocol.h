@@ -7,7 +7,7 @@
 //                              (stream=true, one JSON object per SSE event)
 //
 // Parsing follows OpenAI: fields nobody defines are ignored and null means absent; fields whose
-// meaning OpenAI or vLLM define but this server does not implement (tools, audio, ...) are 400
+// meaning OpenAI or vLLM define but this server does not implement (audio, ...) are 400
 // naming them, unless their value asks for nothing; a field of the
 // wrong type or value is INVALID_ARGUMENT whose message names the field, what was expected and
 // what was got, and OpenAIError::param carries the field. Ranges the gRPC service checks
@@ -18,6 +18,7 @@
 #define LLM_SCHEDULER_SERVICE_HTTP_OPENAI_PROTOCOL_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,10 +26,17 @@
 #include "grpcpp/support/status.h"
 #include "llm/v1/llm_service.pb.h"
 #include "nlohmann/json.hpp"
+#include "scheduler_service/http/tool_call_parser.h"
 
 namespace llm::openai {
 
 enum class Endpoint { kCompletions, kChatCompletions };
+
+// How the answer may call the request's tools. kNone also when no tools were given (the output
+// is text). kRequired and kNamed constrain the output (a JSON schema) to the calls, as vLLM
+// does, so that they need no model-specific parsing; kAuto parses the model's own format
+// (tool_format, which the server sets from the model's chat template).
+enum class ToolChoice { kNone, kAuto, kRequired, kNamed };
 
 // One parsed request.
 struct OpenAIRequest {
@@ -39,6 +47,10 @@ struct OpenAIRequest {
   // completions: logprobs (int) set; chat: logprobs true (top_logprobs in request's
   // sampling_params.logprobs).
   bool logprobs = false;
+  ToolChoice tool_choice = ToolChoice::kNone;
+  std::string tool_name;                               // kNamed: the function
+  bool parallel_tool_calls = true;                     // false: at most one call
+  ToolCallFormat tool_format = ToolCallFormat::kNone;  // kAuto: the model's format
 };
 
 // An error as OpenAI's API answers it: HTTP status and {"error": {message, type, param, code}}.
@@ -90,6 +102,14 @@ nlohmann::json CompletionBody(const OpenAIRequest& req, const ResponseContext& c
 struct StreamState {
   std::vector<bool> role_sent;      // chat: the first chunk carries delta.role = "assistant"
   std::vector<size_t> text_offset;  // completions logprobs: text_offset of the next token
+  // chat with tools, per sequence: the calls read so far.
+  struct Tools {
+    std::shared_ptr<ToolCallStreamParser> parser;  // kAuto
+    std::string text;                              // kRequired: the output so far
+    int calls = 0;                                 // calls sent
+    std::string named_id;                          // kNamed: the call's id once sent
+  };
+  std::vector<Tools> tools;
 };
 
 // stream=true: the chunks of one streamed GenerateResponse, one per sequence output.

@@ -4,10 +4,12 @@
 
 #include <chrono>
 #include <ctime>
+#include <optional>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "glog/logging.h"
 #include "httplib.h"
 #include "llm/v1/llm_service.grpc.pb.h"
@@ -157,6 +159,31 @@ class OpenAIServer::Impl {
     if (!r->model.empty() && r->model != options_.served_model_name) {
       return SendError(res, openai::ModelNotFound(r->model));
     }
+    if (r->tool_choice == openai::ToolChoice::kAuto) {
+      absl::StatusOr<openai::ToolCallFormat> format = ToolFormat();
+      if (!format.ok()) {
+        return SendError(res, openai::ErrorFromGrpc(grpc::Status(
+                                  static_cast<grpc::StatusCode>(format.status().code()),
+                                  std::string(format.status().message()))));
+      }
+      if (*format == openai::ToolCallFormat::kNone) {
+        return SendError(
+            res, {.http_status = 400,
+                  .message = "'tool_choice' \"auto\" needs the model's chat template to teach a "
+                             "tool-call format this server reads (Hermes/Qwen <tool_call>, Llama "
+                             "3 JSON, Mistral [TOOL_CALLS]), and this model's does not; use "
+                             "tool_choice \"required\" or a named function, which constrain the "
+                             "output to calls",
+                  .type = "invalid_request_error",
+                  .param = "tool_choice"});
+      }
+      r->tool_format = *format;
+      // Mistral's marker is a special token, which the output would otherwise skip.
+      if (*format == openai::ToolCallFormat::kMistral &&
+          !r->request.sampling_params().has_skip_special_tokens()) {
+        r->request.mutable_sampling_params()->set_skip_special_tokens(false);
+      }
+    }
     auto call = std::make_shared<UpstreamGenerate>();
     const std::string auth = req.get_header_value("Authorization");
     if (!auth.empty() && IsPrintableAscii(auth)) call->context.AddMetadata("authorization", auth);
@@ -206,6 +233,25 @@ class OpenAIServer::Impl {
           if (ok && write(std::string(openai::kSseDone))) sink.done();
           return ok;
         });
+  }
+
+  // The tool-call format the model's chat template teaches, asked of the service once.
+  absl::StatusOr<openai::ToolCallFormat> ToolFormat() {
+    {
+      absl::MutexLock lock(&mu_);
+      if (tool_format_.has_value()) return *tool_format_;
+    }
+    grpc::ClientContext ctx;
+    InternalContext(&ctx);
+    v1::GetModelInfoResponse info;
+    const grpc::Status s = stub_->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info);
+    if (!s.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+    }
+    const openai::ToolCallFormat format = openai::ToolCallFormatOfTemplate(info.chat_template());
+    absl::MutexLock lock(&mu_);
+    tool_format_ = format;
+    return format;
   }
 
   void HandleModels(const httplib::Request& /*req*/, httplib::Response& res) {
@@ -258,6 +304,8 @@ class OpenAIServer::Impl {
   const std::shared_ptr<ServingMetrics> metrics_;
   const std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
+  absl::Mutex mu_;
+  std::optional<openai::ToolCallFormat> tool_format_ ABSL_GUARDED_BY(mu_);
 };
 
 absl::StatusOr<std::unique_ptr<OpenAIServer>> OpenAIServer::Start(

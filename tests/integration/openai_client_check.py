@@ -244,24 +244,112 @@ class Checker:
 
         chat = lambda **kw: self.client.chat.completions.create(
             model=self.args.model, max_completion_tokens=4, **kw)
-        tools = [{"type": "function", "function": {
-            "name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]
-        refused("tools", lambda: chat(messages=messages, tools=tools))
-        refused("tool_choice", lambda: chat(messages=messages, tool_choice="required"))
-        refused("messages[1].tool_calls", lambda: chat(messages=messages + [
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "c1", "type": "function",
-                 "function": {"name": "get_weather", "arguments": "{}"}}]}]))
-        refused("messages[1].role", lambda: chat(messages=messages + [
-            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]))
+        refused("functions", lambda: chat(messages=messages, functions=[{"name": "f"}]))
         refused("messages[0].content[1]", lambda: chat(messages=[{"role": "user", "content": [
             {"type": "text", "text": "What is this?"},
             {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]))
         refused("store", lambda: chat(messages=messages, store=True))
-        # What asks for nothing is accepted: the default response format, no tools, text parts.
+        # What asks for nothing is accepted: the default response format, no tool calls, text
+        # parts.
         r = chat(messages=[{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
                  response_format={"type": "text"}, tool_choice="none", temperature=0)
         assert r.choices[0].message.content is not None, r
+
+    def check_tool_calling(self):
+        """tools with tool_choice required and named (constrained to calls of the tools, whose
+        arguments validate against their schemas), then the round trip: the calls and a tool
+        message answered with tool_choice none."""
+        import jsonschema
+
+        weather = {"type": "object",
+                   "properties": {"city": {"type": "string", "maxLength": 12},
+                                  "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"]}
+        tools = [{"type": "function", "function": {"name": "get_weather",
+                                                   "description": "Current weather",
+                                                   "parameters": weather}},
+                 {"type": "function", "function": {"name": "get_time",
+                                                   "parameters": {"type": "object",
+                                                                  "properties": {}}}}]
+        schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+        messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+        def create(msgs, **kw):
+            return self.client.chat.completions.create(model=self.args.model, messages=msgs,
+                                                       tools=tools, **kw)
+
+        def valid_calls(choice, names):
+            calls = choice.message.tool_calls
+            assert calls, choice
+            for call in calls:
+                assert call.id.startswith("call_") and call.type == "function", call
+                assert call.function.name in names, call
+                jsonschema.validate(json.loads(call.function.arguments),
+                                    schemas[call.function.name])
+            return calls
+
+        # fortune-llama's template (SmolLM2's) teaches no tool-call format: "auto" cannot be read.
+        self.expect_error(lambda: create(messages, max_completion_tokens=4), 400,
+                          param="tool_choice")
+        self.expect_error(lambda: create(messages, tool_choice={
+            "type": "function", "function": {"name": "nope"}}), 400,
+            param="tool_choice.function.name")
+
+        required = None
+        for seed in range(6):
+            r = create(messages, tool_choice="required", max_completion_tokens=120,
+                       temperature=1.0, seed=seed)
+            c = r.choices[0]
+            assert c.finish_reason in ("tool_calls", "length"), c.finish_reason
+            if c.finish_reason == "tool_calls":
+                required = valid_calls(c, schemas)
+                break
+        assert required is not None, "no required call finished within 120 tokens"
+
+        named = None
+        for seed in range(6):
+            r = create(messages, tool_choice={"type": "function",
+                                              "function": {"name": "get_weather"}},
+                       max_completion_tokens=120, temperature=1.0, seed=seed)
+            c = r.choices[0]
+            if c.finish_reason == "tool_calls":
+                named = valid_calls(c, ["get_weather"])
+                assert len(named) == 1 and c.message.content is None, c
+                break
+        assert named is not None, "no named call finished within 120 tokens"
+
+        # Streamed, named: the name first, then the arguments in pieces that join to the call.
+        stream = create(messages, tool_choice={"type": "function",
+                                               "function": {"name": "get_weather"}},
+                        max_completion_tokens=120, temperature=1.0, seed=1, stream=True)
+        name, args, finish = None, "", None
+        for chunk in stream:
+            if not chunk.choices:
+                continue
+            d = chunk.choices[0].delta
+            for tc in d.tool_calls or []:
+                assert tc.index == 0, tc
+                if tc.function.name:
+                    assert name is None and tc.id.startswith("call_"), tc
+                    name = tc.function.name
+                args += tc.function.arguments or ""
+            finish = chunk.choices[0].finish_reason or finish
+        assert name == "get_weather", name
+        if finish == "tool_calls":
+            jsonschema.validate(json.loads(args), weather)
+
+        # The round trip: the calls, their results, and an answer in text.
+        follow = messages + [
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                for c in required]}]
+        follow += [{"role": "tool", "tool_call_id": c.id, "content": "21 degrees, sunny"}
+                   for c in required]
+        r = create(follow, tool_choice="none", max_completion_tokens=16, temperature=0)
+        c = r.choices[0]
+        assert c.finish_reason in ("stop", "length"), c.finish_reason
+        assert not c.message.tool_calls and isinstance(c.message.content, str), c
 
     def check_structured_outputs(self):
         """Constrained outputs through every way of asking: each finished output is valid."""
@@ -461,7 +549,8 @@ class Checker:
         order = ["check_models_and_health", "check_metrics_count_tokens",
                  "check_greedy_equals_grpc", "check_stream_usage", "check_logprobs",
                  "check_n2", "check_stop", "check_errors", "check_logit_bias",
-                 "check_unsupported_fields", "check_structured_outputs", "check_chat",
+                 "check_unsupported_fields", "check_structured_outputs", "check_tool_calling",
+                 "check_chat",
                  "check_disconnect_aborts"]
         assert sorted(order) == sorted(checks), "every check is run once"
         if self.args.checks:

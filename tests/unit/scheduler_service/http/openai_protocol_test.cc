@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -86,9 +87,9 @@ TEST(OpenAIProtocolTest, CompletionPromptForms) {
 }
 
 struct BadCase {
-  const char* body;
-  const char* param;
-  const char* message_part;
+  std::string body;
+  std::string param;
+  std::string message_part;
 };
 
 TEST(OpenAIProtocolTest, BadCompletionRequestsName400AndTheField) {
@@ -239,15 +240,10 @@ TEST(OpenAIProtocolTest, UnimplementedFieldsAre400NamingThem) {
   const Case cases[] = {
       {R"("response_format": {"type": "json_object"})", "", ""},
       {R"("response_format": {"type": "text"})", "", ""},
-      {R"("tools": [{"type": "function", "function": {"name": "f"}}])", "tools",
-       "'tools' is not supported: tool calling is not implemented"},
       {R"("tools": [])", "", ""},
-      {R"("tool_choice": "auto")", "tool_choice", "'tool_choice' = \"auto\" is not supported"},
-      {R"("tool_choice": {"type": "function", "function": {"name": "f"}})", "tool_choice",
-       "not supported: tool calling"},
       {R"("tool_choice": "none")", "", ""},
-      {R"("functions": [{"name": "f"}])", "functions", "tool calling is not implemented"},
-      {R"("function_call": "auto")", "function_call", "tool calling is not implemented"},
+      {R"("functions": [{"name": "f"}])", "functions", "the deprecated functions API"},
+      {R"("function_call": "auto")", "function_call", "the deprecated functions API"},
       {R"("function_call": "none")", "", ""},
       {R"("parallel_tool_calls": false)", "", ""},
       {R"("store": true)", "store", "'store' = true is not supported"},
@@ -351,20 +347,24 @@ TEST(OpenAIProtocolTest, StructuredOutputsFromResponseFormatStructuredOutputsAnd
   }
 }
 
-TEST(OpenAIProtocolTest, ToolMessagesAndNonTextPartsAre400NamingThem) {
+TEST(OpenAIProtocolTest, BadToolCallsLegacyFunctionsAndNonTextPartsAre400NamingThem) {
   for (const BadCase& c : {
-           BadCase{R"({"messages": [{"role": "tool", "content": "42", "tool_call_id": "c1"}]})",
-                   "messages[0].role", "'messages[0].role' is 'tool': tool messages"},
            BadCase{R"({"messages": [{"role": "user", "content": "x"},
                        {"role": "function", "name": "f", "content": "42"}]})",
                    "messages[1].role", "is 'function'"},
            BadCase{R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant",
                        "content": null, "tool_calls": [{"id": "c1", "type": "function",
-                       "function": {"name": "f", "arguments": "{}"}}]}]})",
-                   "messages[1].tool_calls", "'messages[1].tool_calls' is not supported"},
+                       "function": {"arguments": "{}"}}]}]})",
+                   "messages[1].tool_calls[0].function.name",
+                   "'messages[1].tool_calls[0].function.name' must be a non-empty string"},
+           BadCase{R"({"messages": [{"role": "assistant", "content": null, "tool_calls":
+                       [{"type": "function", "function": {"name": "f", "arguments": 5}}]}]})",
+                   "messages[0].tool_calls[0].function.arguments", "a string of JSON"},
+           BadCase{R"({"messages": [{"role": "tool", "content": "x", "tool_call_id": 7}]})",
+                   "messages[0].tool_call_id", "must be a string"},
            BadCase{R"({"messages": [{"role": "assistant", "content": null,
                        "function_call": {"name": "f", "arguments": "{}"}}]})",
-                   "messages[0].function_call", "tool calling is not implemented"},
+                   "messages[0].function_call", "the deprecated functions API"},
            BadCase{R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
                        {"type": "image_url", "image_url": {"url": "http://x/a.png"}}]}]})",
                    "messages[0].content[1]",
@@ -512,6 +512,235 @@ TEST(OpenAIProtocolTest, SseEventsAndInvalidUtf8) {
   EXPECT_EQ(kSseDone, "data: [DONE]\n\n");
   // A token text that is not UTF-8 on its own (half a character) is replaced, not thrown on.
   EXPECT_EQ(SseEvent(json{{"t", std::string("\xe4\xbd")}}), "data: {\"t\":\"\xEF\xBF\xBD\"}\n\n");
+}
+
+// Messages that call tools and answer them reach the proto with transformers' fields.
+TEST(OpenAIProtocolTest, ToolMessagesReachTheProto) {
+  const ParseResult p = ParseChatCompletionRequest(R"({"messages": [
+      {"role": "user", "content": [{"type": "text", "text": "Weather "}, {"type": "text",
+       "text": "in Paris?"}]},
+      {"role": "assistant", "content": null, "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
+        {"id": "call_2", "type": "function", "function": {"name": "get_time",
+         "arguments": {"tz": "CET"}}}]},
+      {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "21 C"}]})");
+  ASSERT_TRUE(p.ok()) << p.error.message;
+  const v1::ChatPrompt& chat = p.request.request.chat();
+  ASSERT_EQ(chat.messages_size(), 3);
+  EXPECT_EQ(chat.messages(0).content(), "Weather in Paris?");
+  EXPECT_EQ(chat.messages(1).content(), "");  // null: "", as vLLM gives templates
+  ASSERT_EQ(chat.messages(1).tool_calls_size(), 2);
+  EXPECT_EQ(chat.messages(1).tool_calls(0).id(), "call_1");
+  EXPECT_EQ(chat.messages(1).tool_calls(0).type(), "function");
+  EXPECT_EQ(chat.messages(1).tool_calls(0).function().name(), "get_weather");
+  EXPECT_EQ(chat.messages(1).tool_calls(0).function().arguments(), R"({"city": "Paris"})");
+  EXPECT_EQ(chat.messages(1).tool_calls(1).function().arguments(), R"({"tz":"CET"})");
+  EXPECT_EQ(chat.messages(2).role(), "tool");
+  EXPECT_EQ(chat.messages(2).tool_call_id(), "call_1");
+  EXPECT_EQ(chat.messages(2).name(), "get_weather");
+  EXPECT_EQ(chat.messages(2).content(), "21 C");
+  EXPECT_EQ(chat.tools_json(), "");
+  EXPECT_EQ(p.request.tool_choice, ToolChoice::kNone);
+}
+
+constexpr const char* kTools = R"("tools": [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather",
+     "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                    "unit": {"enum": ["c", "f"]}}, "required": ["city"]}}},
+    {"type": "function", "function": {"name": "get_time"}}])";
+
+ParseResult ParseWithTools(const std::string& rest) {
+  return ParseChatCompletionRequest(
+      absl::StrCat(R"({"messages": [{"role": "user", "content": "x"}], )", kTools, rest, "}"));
+}
+
+TEST(OpenAIProtocolTest, ToolsAndToolChoice) {
+  // Default "auto": the tools reach the template in the order written; the output is free.
+  ParseResult p = ParseWithTools("");
+  ASSERT_TRUE(p.ok()) << p.error.message;
+  EXPECT_EQ(p.request.tool_choice, ToolChoice::kAuto);
+  EXPECT_TRUE(p.request.parallel_tool_calls);
+  EXPECT_FALSE(p.request.request.sampling_params().has_structured_output());
+  EXPECT_EQ(p.request.request.chat().tools_json(),
+            R"([{"type":"function","function":{"name":"get_weather","description":"Weather",)"
+            R"("parameters":{"type":"object","properties":{"city":{"type":"string"},)"
+            R"("unit":{"enum":["c","f"]}},"required":["city"]}}},)"
+            R"({"type":"function","function":{"name":"get_time"}}])");
+
+  p = ParseWithTools(R"(, "tool_choice": "none")");
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p.request.tool_choice, ToolChoice::kNone);
+  EXPECT_FALSE(p.request.request.chat().tools_json().empty());  // the template still sees them
+
+  // Named: the output is the function's arguments.
+  p = ParseWithTools(
+      R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}})");
+  ASSERT_TRUE(p.ok()) << p.error.message;
+  EXPECT_EQ(p.request.tool_choice, ToolChoice::kNamed);
+  EXPECT_EQ(p.request.tool_name, "get_weather");
+  EXPECT_EQ(p.request.request.sampling_params().structured_output().json_schema(),
+            R"({"type":"object","properties":{"city":{"type":"string"},)"
+            R"("unit":{"enum":["c","f"]}},"required":["city"]})");
+
+  // Required: a list of calls of the tools.
+  p = ParseWithTools(R"(, "tool_choice": "required", "parallel_tool_calls": false)");
+  ASSERT_TRUE(p.ok()) << p.error.message;
+  EXPECT_EQ(p.request.tool_choice, ToolChoice::kRequired);
+  EXPECT_FALSE(p.request.parallel_tool_calls);
+  EXPECT_EQ(json::parse(p.request.request.sampling_params().structured_output().json_schema()),
+            json::parse(R"({"type": "array", "minItems": 1, "maxItems": 1, "items": {"anyOf": [
+              {"type": "object", "properties": {
+                 "name": {"type": "string", "enum": ["get_weather"]},
+                 "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                "unit": {"enum": ["c", "f"]}}, "required": ["city"]}},
+               "required": ["name", "parameters"]},
+              {"type": "object", "properties": {
+                 "name": {"type": "string", "enum": ["get_time"]},
+                 "parameters": {"type": "object"}},
+               "required": ["name", "parameters"]}]}})"));
+}
+
+TEST(OpenAIProtocolTest, BadToolsAndToolChoiceAre400NamingTheField) {
+  const std::string prefix = R"({"messages": [{"role": "user", "content": "x"}], )";
+  for (const BadCase& c : {
+           BadCase{prefix + R"("tools": [{"type": "function", "function": {"description": "d"}}]})",
+                   "tools[0].function.name", "must be a non-empty string"},
+           BadCase{prefix + R"("tools": [{"type": "retrieval"}]})", "tools[0].type",
+                   "must be \"function\""},
+           BadCase{prefix + R"("tools": {"type": "function"}})", "tools", "a list of tools"},
+           BadCase{prefix + R"("tools": [{"type": "function", "function": {"name": "f",
+                       "parameters": "x"}}]})",
+                   "tools[0].function.parameters", "a JSON schema"},
+           BadCase{prefix + R"("tools": [{"type": "function", "function": {"name": "f"}},
+                       {"type": "function", "function": {"name": "f"}}]})",
+                   "tools[1].function.name", "two functions named 'f'"},
+           BadCase{absl::StrCat(prefix, kTools, R"(, "tool_choice": {"type": "function",
+                       "function": {"name": "nope"}}})"),
+                   "tool_choice.function.name", "'nope', which is not among the tools"},
+           BadCase{absl::StrCat(prefix, kTools, R"(, "tool_choice": "sometimes"})"), "tool_choice",
+                   "is not one of"},
+           BadCase{absl::StrCat(prefix, kTools, R"(, "tool_choice": {"type": "function"}})"),
+                   "tool_choice", "must be \"none\", \"auto\", \"required\" or"},
+           BadCase{prefix + R"("tool_choice": "required"})", "tool_choice", "needs 'tools'"},
+           BadCase{absl::StrCat(prefix, kTools, R"(, "parallel_tool_calls": "yes"})"),
+                   "parallel_tool_calls", "must be a boolean"},
+           BadCase{absl::StrCat(prefix, kTools, R"(, "tool_choice": "required",
+                       "response_format": {"type": "json_object"}})"),
+                   "tool_choice", "cannot be combined with response_format"},
+       }) {
+    const ParseResult p = ParseChatCompletionRequest(c.body);
+    ASSERT_FALSE(p.ok()) << c.body;
+    EXPECT_EQ(p.error.http_status, 400) << c.body;
+    EXPECT_EQ(p.error.param, c.param) << c.body;
+    EXPECT_THAT(p.error.message, HasSubstr(c.message_part)) << c.body;
+  }
+  // Completions have no tools.
+  const ParseResult p = ParseCompletionRequest(
+      R"({"prompt": "x", "tools": [{"type": "function", "function": {"name": "f"}}]})");
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.error.param, "tools");
+}
+
+v1::GenerateResponse OneOutput(const std::string& text, v1::FinishReason reason) {
+  v1::GenerateResponse r;
+  v1::SequenceOutput* o = r.add_outputs();
+  o->set_text(text);
+  o->set_finish_reason(reason);
+  return r;
+}
+
+TEST(OpenAIProtocolTest, ToolCallsInTheChatBody) {
+  const ResponseContext ctx{.id = "chatcmpl-x", .created = 1, .model = "m"};
+  OpenAIRequest req;
+  req.endpoint = Endpoint::kChatCompletions;
+  req.tool_choice = ToolChoice::kAuto;
+  req.tool_format = ToolCallFormat::kHermes;
+  json body = CompletionBody(req, ctx,
+                             OneOutput("<tool_call>\n{\"name\": \"get_time\", \"arguments\": "
+                                       "{}}\n</tool_call>",
+                                       v1::FINISH_REASON_STOP));
+  json choice = body["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  EXPECT_EQ(choice["message"]["content"], nullptr);
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u);
+  const json call = choice["message"]["tool_calls"][0];
+  EXPECT_TRUE(call["id"].get<std::string>().starts_with("call_"));
+  EXPECT_EQ(call["id"].get<std::string>().size(), 29u);
+  EXPECT_EQ(call["type"], "function");
+  EXPECT_EQ(call["function"], json::parse(R"({"name": "get_time", "arguments": "{}"})"));
+
+  // No call: the text, finish_reason stop, no tool_calls.
+  body = CompletionBody(req, ctx, OneOutput("It is noon.", v1::FINISH_REASON_STOP));
+  EXPECT_EQ(body["choices"][0]["message"], json::parse(R"({"role": "assistant",
+                                                          "content": "It is noon."})"));
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "stop");
+
+  req.tool_choice = ToolChoice::kNamed;
+  req.tool_name = "get_weather";
+  body = CompletionBody(req, ctx, OneOutput(R"({"city":"Oslo"})", v1::FINISH_REASON_STOP));
+  EXPECT_EQ(body["choices"][0]["message"]["tool_calls"][0]["function"],
+            json::parse(R"({"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"})"));
+
+  req.tool_choice = ToolChoice::kRequired;
+  body = CompletionBody(
+      req, ctx,
+      OneOutput(R"([{"name":"get_weather","parameters":{"city":"Oslo"}},{"name":"get_time",)"
+                R"("parameters":{}}])",
+                v1::FINISH_REASON_STOP));
+  choice = body["choices"][0];
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 2u);
+  EXPECT_EQ(choice["message"]["tool_calls"][0]["function"]["arguments"], R"({"city":"Oslo"})");
+  EXPECT_EQ(choice["message"]["tool_calls"][1]["function"]["name"], "get_time");
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  // Cut by max_tokens: the text as it is.
+  body = CompletionBody(req, ctx, OneOutput(R"([{"name":"get_w)", v1::FINISH_REASON_LENGTH));
+  EXPECT_EQ(body["choices"][0]["message"]["content"], R"([{"name":"get_w)");
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
+}
+
+TEST(OpenAIProtocolTest, ToolCallsStreamAsDeltas) {
+  const ResponseContext ctx{.id = "chatcmpl-x", .created = 1, .model = "m"};
+  OpenAIRequest req;
+  req.endpoint = Endpoint::kChatCompletions;
+  req.tool_choice = ToolChoice::kAuto;
+  req.tool_format = ToolCallFormat::kHermes;
+  StreamState state;
+  std::vector<json> deltas;
+  json last;
+  for (const char* piece : {"Checking", ".\n<tool", "_call>\n{\"name\": \"get_time\", ",
+                            "\"arguments\": {}}\n</tool_call>", ""}) {
+    v1::GenerateResponse r =
+        OneOutput(piece, *piece == '\0' ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_UNSPECIFIED);
+    for (const json& chunk : StreamChunks(req, ctx, r, &state)) {
+      deltas.push_back(chunk["choices"][0]["delta"]);
+      last = chunk["choices"][0];
+    }
+  }
+  ASSERT_EQ(deltas.size(), 5u);
+  EXPECT_EQ(deltas[0], json::parse(R"({"role": "assistant", "content": "Checking"})"));
+  EXPECT_EQ(deltas[1], json::parse(R"({"content": "."})"));
+  EXPECT_EQ(deltas[2], json::parse(R"({"content": ""})"));
+  ASSERT_TRUE(deltas[3].contains("tool_calls"));
+  EXPECT_FALSE(deltas[3].contains("content"));
+  const json call = deltas[3]["tool_calls"][0];
+  EXPECT_EQ(call["index"], 0);
+  EXPECT_EQ(call["type"], "function");
+  EXPECT_EQ(call["function"], json::parse(R"({"name": "get_time", "arguments": "{}"})"));
+  EXPECT_EQ(last["finish_reason"], "tool_calls");
+
+  // Named: the name first, then the arguments as generated.
+  req.tool_choice = ToolChoice::kNamed;
+  req.tool_name = "get_weather";
+  StreamState named;
+  std::vector<json> chunks =
+      StreamChunks(req, ctx, OneOutput("{\"city\"", v1::FINISH_REASON_UNSPECIFIED), &named);
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"]["tool_calls"][0]["function"],
+            json::parse(R"({"name": "get_weather", "arguments": "{\"city\""})"));
+  chunks = StreamChunks(req, ctx, OneOutput(":\"Oslo\"}", v1::FINISH_REASON_STOP), &named);
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"]["tool_calls"][0],
+            json::parse(R"({"index": 0, "function": {"arguments": ":\"Oslo\"}"}})"));
+  EXPECT_EQ(chunks[0]["choices"][0]["finish_reason"], "tool_calls");
 }
 
 }  // namespace
