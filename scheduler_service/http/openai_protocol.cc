@@ -826,7 +826,12 @@ ParsedOutput ChatToolOutput(const OpenAIRequest& req, const v1::SequenceOutput& 
   ParsedOutput out;
   switch (req.tool_choice) {
     case ToolChoice::kNamed:
-      out.calls.push_back({req.tool_name, o.text()});
+      // The constrained arguments; cut by max_tokens, the text as it is.
+      if (json::accept(o.text())) {
+        out.calls.push_back({req.tool_name, o.text()});
+      } else {
+        out.content = o.text();
+      }
       break;
     case ToolChoice::kRequired:
       if (auto calls = RequiredCalls(o.text())) {

@@ -682,6 +682,11 @@ TEST(OpenAIProtocolTest, ToolCallsInTheChatBody) {
   EXPECT_EQ(body["choices"][0]["message"]["tool_calls"][0]["function"],
             json::parse(R"({"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"})"));
 
+  body = CompletionBody(req, ctx, OneOutput(R"({"city":"Os)", v1::FINISH_REASON_LENGTH));
+  EXPECT_EQ(body["choices"][0]["message"], json::parse(R"({"role": "assistant",
+                                                          "content": "{\"city\":\"Os"})"));
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
+
   req.tool_choice = ToolChoice::kRequired;
   body = CompletionBody(
       req, ctx,
