@@ -1029,6 +1029,49 @@ TEST_F(LLMServiceTest, ChatPromptIsTheTemplatesTextTokenized) {
   EXPECT_EQ(gate_->PromptOf("chat-2"), tokenizer_->Encode(expected2, false));
 }
 
+// The proto's tool fields reach the template as transformers' variables: tools_json as
+// `tools`, tool_calls with their JSON-text arguments parsed (as vLLM passes them), the tool
+// message's tool_call_id and name, and unset content as none. (The published templates over
+// these fields: chat_template_test's ToolConversationsRenderAsJinja2Does.)
+TEST_F(LLMServiceTest, ChatToolFieldsReachTheTemplate) {
+  absl::StatusOr<std::shared_ptr<const ChatTemplate>> t = ChatTemplate::Create(
+      "{{ tools | tojson }}\n{% for m in messages %}{{ m.role }}: {{ m.content }}"
+      "{% if m.tool_calls %} {{ m.tool_calls[0].id }} {{ m.tool_calls[0].function.name }}"
+      "{{ m.tool_calls[0].function.arguments | tojson }}{% endif %}"
+      "{% if m.tool_call_id %} for {{ m.tool_call_id }} ({{ m.name }}){% endif %};{% endfor %}",
+      "", "");
+  ASSERT_TRUE(t.ok()) << t.status();
+  ServeWithChatTemplate(*t);
+
+  v1::GenerateRequest req = Chat({{"user", "Weather?"}}, std::nullopt, "chat-tools");
+  v1::ChatMessage* call = req.mutable_chat()->add_messages();
+  call->set_role("assistant");
+  v1::ToolCall* tc = call->add_tool_calls();
+  tc->set_id("call_1");
+  tc->set_type("function");
+  tc->mutable_function()->set_name("get_weather");
+  tc->mutable_function()->set_arguments(R"({"city":"Paris"})");
+  v1::ChatMessage* result = req.mutable_chat()->add_messages();
+  result->set_role("tool");
+  result->set_content("21 C");
+  result->set_tool_call_id("call_1");
+  result->set_name("get_weather");
+  req.mutable_chat()->set_tools_json(R"([{"type":"function","function":{"name":"get_weather"}}])");
+  const CallResult r = Generate(req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  const std::string expected =
+      "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\"}}]\n"
+      "user: Weather?;assistant: None call_1 get_weather{\"city\": \"Paris\"};"
+      "tool: 21 C for call_1 (get_weather);";
+  const std::vector<TokenId> prompt = gate_->PromptOf("chat-tools");
+  EXPECT_EQ(tokenizer_->Decode(prompt), expected);
+  EXPECT_EQ(prompt, tokenizer_->Encode(expected, false));
+
+  req.set_request_id("chat-bad-tools");
+  req.mutable_chat()->set_tools_json("{\"type\": \"function\"}");
+  ExpectInvalid(req, "tools_json");
+}
+
 TEST_F(LLMServiceTest, ChatErrorsAreInvalidArguments) {
   absl::StatusOr<std::shared_ptr<const ChatTemplate>> t = ChatTemplate::Create(
       "{% if messages[0]['role'] != 'user' %}"
