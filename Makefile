@@ -96,6 +96,11 @@ MODEL_CACHE ?= $(BUILD_DIR)/models
 RUN_DIR := $(BUILD_DIR)/run
 RUN_CHAT_JSON := {"model": "SmolLM2-135M-Instruct.Q4_1", "max_tokens": 40, "temperature": 0, \
   "messages": [{"role": "user", "content": "Name three colors."}]}
+RUN_JSON_CHAT := {"model": "SmolLM2-135M-Instruct.Q4_1", "max_tokens": 60, "temperature": 0, \
+  "messages": [{"role": "user", "content": "What is the capital of France? Answer in JSON."}], \
+  "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": \
+  {"type": "object", "properties": {"country": {"type": "string"}, "capital": {"type": "string"}}, \
+  "required": ["country", "capital"]}}}}
 run: build
 	@mkdir -p $(RUN_DIR); rm -f $(RUN_DIR)/port $(RUN_DIR)/http.port; \
 	manifest=$(MANIFEST); model=; \
@@ -134,6 +139,8 @@ run: build
 	  url=http://127.0.0.1:$$(cat $(RUN_DIR)/http.port)/v1/chat/completions; \
 	  echo; echo "== curl $$url"; \
 	  curl -sS $$url -H 'Content-Type: application/json' -d '$(RUN_CHAT_JSON)'; echo; \
+	  echo; echo "== curl $$url with a JSON schema (structured outputs)"; \
+	  curl -sS $$url -H 'Content-Type: application/json' -d '$(RUN_JSON_CHAT)'; echo; \
 	fi; \
 	echo; echo "== llm-loadgen"; \
 	$(BUILD_DIR)/bench/llm-loadgen --address=$$addr --num-requests=32 --concurrency=8 \
