@@ -15,6 +15,24 @@ absl::Status Bad(absl::string_view field, const absl::AlphaNum& value, absl::str
 
 }  // namespace
 
+const char* StructuredOutputParams::field_name() const {
+  switch (kind) {
+    case Kind::kJsonSchema:
+      return "structured_output.json_schema";
+    case Kind::kJsonObject:
+      return "structured_output.json_object";
+    case Kind::kRegex:
+      return "structured_output.regex";
+    case Kind::kGrammar:
+      return "structured_output.grammar";
+    case Kind::kChoice:
+      return "structured_output.choice";
+    case Kind::kNone:
+      break;
+  }
+  return "structured_output";
+}
+
 absl::Status SamplingParams::Validate(const SamplingLimits& limits) const {
   if (n < 1 || n > limits.max_n) {
     return Bad("n", n, absl::StrCat("in [1, ", limits.max_n, "]"));
@@ -78,15 +96,12 @@ absl::Status SamplingParams::Validate(const SamplingLimits& limits) const {
     case Kind::kRegex:
     case Kind::kGrammar:
       if (structured.text.empty()) {
-        return Bad(structured.kind == Kind::kJsonSchema ? "structured_output.json_schema"
-                   : structured.kind == Kind::kRegex    ? "structured_output.regex"
-                                                        : "structured_output.grammar",
-                   "empty", "a non-empty text");
+        return Bad(structured.field_name(), "empty", "a non-empty text");
       }
       break;
     case Kind::kChoice:
       if (structured.choices.empty()) {
-        return Bad("structured_output.choice", "an empty list", "at least one string");
+        return Bad(structured.field_name(), "an empty list", "at least one string");
       }
       break;
     case Kind::kNone:

@@ -39,6 +39,8 @@ struct StructuredOutputParams {
   bool any_whitespace = false;
 
   bool active() const { return kind != Kind::kNone; }
+  // The proto field that sets this kind, for messages: "structured_output.regex", ...
+  const char* field_name() const;
 };
 
 struct SamplingParams {

@@ -529,28 +529,8 @@ absl::Status LLMService::CheckStructuredOutput(const StructuredOutputParams& str
   absl::StatusOr<std::shared_ptr<const structured::CompiledGrammar>> compiled =
       grammars->Get(structured::SpecOf(structured));
   if (compiled.ok()) return absl::OkStatus();
-  using Kind = StructuredOutputParams::Kind;
-  const char* field = "structured_output";
-  switch (structured.kind) {
-    case Kind::kJsonSchema:
-      field = "structured_output.json_schema";
-      break;
-    case Kind::kJsonObject:
-      field = "structured_output.json_object";
-      break;
-    case Kind::kRegex:
-      field = "structured_output.regex";
-      break;
-    case Kind::kGrammar:
-      field = "structured_output.grammar";
-      break;
-    case Kind::kChoice:
-      field = "structured_output.choice";
-      break;
-    case Kind::kNone:
-      break;
-  }
-  return absl::InvalidArgumentError(absl::StrCat(field, ": ", compiled.status().message()));
+  return absl::InvalidArgumentError(
+      absl::StrCat(structured.field_name(), ": ", compiled.status().message()));
 }
 
 absl::StatusOr<std::string> LLMService::RenderChat(const v1::ChatPrompt& chat) const {

@@ -309,6 +309,33 @@ std::optional<std::string> SchemaText(Fields* f, const json& v, const std::strin
   return std::nullopt;
 }
 
+// Sets `so`'s constraint of kind `kind` ("json", "regex", "grammar" or "choice", as vLLM names
+// them) from `v`, the value of the field `where` found at `path`; false, the failure recorded,
+// when `v` has the wrong type.
+bool SetConstraint(Fields* f, const std::string& kind, const json& v, const std::string& where,
+                   std::initializer_list<const char*> path, v1::StructuredOutput* so) {
+  if (kind == "json") {
+    std::optional<std::string> text = SchemaText(f, v, where, path);
+    if (text.has_value()) so->set_json_schema(*text);
+    return text.has_value();
+  }
+  if (kind == "choice") {
+    if (!v.is_array() ||
+        !std::all_of(v.begin(), v.end(), [](const json& c) { return c.is_string(); })) {
+      f->Fail(WrongType(where, "a list of strings", v));
+      return false;
+    }
+    for (const json& c : v) so->mutable_choice()->add_choices(c.get<std::string>());
+    return true;
+  }
+  if (!v.is_string()) {
+    f->Fail(WrongType(where, "a string", v));
+    return false;
+  }
+  kind == "regex" ? so->set_regex(v.get<std::string>()) : so->set_grammar(v.get<std::string>());
+  return true;
+}
+
 // Structured outputs, in the three ways clients ask for them: OpenAI's response_format
 // (json_object, json_schema), vLLM's structured_outputs object, and vLLM's older guided_* fields.
 // One constraint per request. OpenAI's json_schema `strict` is accepted either way: the schema is
@@ -372,23 +399,8 @@ void ParseStructured(Fields* f, v1::SamplingParams* sp) {
     for (const auto& [key, v] : s->items()) {
       const std::string where = "structured_outputs." + key;
       if (v.is_null()) continue;
-      if (key == "json") {
-        std::optional<std::string> text = SchemaText(f, v, where, {"structured_outputs", "json"});
-        if (!text.has_value()) return;
-        so.set_json_schema(*text);
-      } else if (key == "regex" || key == "grammar") {
-        if (!v.is_string()) {
-          f->Fail(WrongType(where.c_str(), "a string", v));
-          return;
-        }
-        key == "regex" ? so.set_regex(v.get<std::string>()) : so.set_grammar(v.get<std::string>());
-      } else if (key == "choice") {
-        if (!v.is_array() ||
-            !std::all_of(v.begin(), v.end(), [](const json& c) { return c.is_string(); })) {
-          f->Fail(WrongType(where.c_str(), "a list of strings", v));
-          return;
-        }
-        for (const json& c : v) so.mutable_choice()->add_choices(c.get<std::string>());
+      if (key == "json" || key == "regex" || key == "grammar" || key == "choice") {
+        if (!SetConstraint(f, key, v, where, {"structured_outputs", key.c_str()}, &so)) return;
       } else if (key == "json_object") {
         if (!v.is_boolean()) {
           f->Fail(WrongType(where.c_str(), "a boolean", v));
@@ -420,24 +432,8 @@ void ParseStructured(Fields* f, v1::SamplingParams* sp) {
     const json* v = f->Get(name);
     if (v == nullptr) continue;
     const std::string key(name);
-    if (key == "guided_json") {
-      std::optional<std::string> text = SchemaText(f, *v, key, {"guided_json"});
-      if (!text.has_value()) return;
-      so.set_json_schema(*text);
-    } else if (key == "guided_choice") {
-      if (!v->is_array() ||
-          !std::all_of(v->begin(), v->end(), [](const json& c) { return c.is_string(); })) {
-        f->Fail(WrongType(name, "a list of strings", *v));
-        return;
-      }
-      for (const json& c : *v) so.mutable_choice()->add_choices(c.get<std::string>());
-    } else {
-      if (!v->is_string()) {
-        f->Fail(WrongType(name, "a string", *v));
-        return;
-      }
-      key == "guided_regex" ? so.set_regex(v->get<std::string>())
-                            : so.set_grammar(v->get<std::string>());
+    if (!SetConstraint(f, key.substr(std::string_view("guided_").size()), *v, key, {name}, &so)) {
+      return;
     }
     set_once(key);
   }

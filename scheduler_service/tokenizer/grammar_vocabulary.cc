@@ -8,6 +8,18 @@
 
 namespace llm {
 
+structured::VocabEncoding VocabEncodingOf(Tokenizer::TokenSpelling spelling) {
+  switch (spelling) {
+    case Tokenizer::TokenSpelling::kByteLevel:
+      return structured::VocabEncoding::kByteLevel;
+    case Tokenizer::TokenSpelling::kSentencePiece:
+      return structured::VocabEncoding::kSentencePiece;
+    case Tokenizer::TokenSpelling::kRaw:
+      break;
+  }
+  return structured::VocabEncoding::kRaw;
+}
+
 absl::StatusOr<std::shared_ptr<const structured::TokenizerInfo>> GrammarVocabulary(
     const Tokenizer& tokenizer, int32_t vocab_size) {
   using structured::VocabToken;
@@ -23,22 +35,12 @@ absl::StatusOr<std::shared_ptr<const structured::TokenizerInfo>> GrammarVocabula
       vocab[id].type = VocabToken::Type::kAddedText;
     }
   }
-  structured::VocabEncoding encoding = structured::VocabEncoding::kRaw;
-  switch (tokenizer.token_spelling()) {
-    case Tokenizer::TokenSpelling::kByteLevel:
-      encoding = structured::VocabEncoding::kByteLevel;
-      break;
-    case Tokenizer::TokenSpelling::kSentencePiece:
-      encoding = structured::VocabEncoding::kSentencePiece;
-      break;
-    case Tokenizer::TokenSpelling::kRaw:
-      break;
-  }
   std::vector<int32_t> stops;
   for (TokenId id : tokenizer.eos_token_ids()) {
     if (id >= 0 && id < vocab_size) stops.push_back(id);
   }
-  return structured::TokenizerInfo::FromVocab(vocab, encoding, vocab_size, std::move(stops));
+  return structured::TokenizerInfo::FromVocab(vocab, VocabEncodingOf(tokenizer.token_spelling()),
+                                              vocab_size, std::move(stops));
 }
 
 absl::StatusOr<std::shared_ptr<const structured::TokenizerInfo>> LoadGrammarVocabulary(

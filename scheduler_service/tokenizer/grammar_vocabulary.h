@@ -15,6 +15,9 @@
 
 namespace llm {
 
+// The grammar engine's name for how the tokenizer spells its tokens' bytes.
+structured::VocabEncoding VocabEncodingOf(Tokenizer::TokenSpelling spelling);
+
 // `vocab_size`: the model's (its logits' width, at least the tokenizer's). INVALID_ARGUMENT
 // naming a token whose string its spelling cannot read.
 absl::StatusOr<std::shared_ptr<const structured::TokenizerInfo>> GrammarVocabulary(

@@ -80,11 +80,7 @@ inline absl::StatusOr<Vocab> LoadVocab(const std::string& path, VocabEncoding en
   if (!tok.ok()) return tok.status();
   Vocab v;
   v.tokenizer = std::move(tok).value();
-  const Tokenizer::TokenSpelling spelling = v.tokenizer->token_spelling();
-  const VocabEncoding read =
-      spelling == Tokenizer::TokenSpelling::kByteLevel       ? VocabEncoding::kByteLevel
-      : spelling == Tokenizer::TokenSpelling::kSentencePiece ? VocabEncoding::kSentencePiece
-                                                             : VocabEncoding::kRaw;
+  const VocabEncoding read = VocabEncodingOf(v.tokenizer->token_spelling());
   if (read != encoding) {
     return absl::FailedPreconditionError(
         absl::StrCat(path, ": the tokenizer's spelling was read as ", static_cast<int>(read),
