@@ -102,6 +102,26 @@ bool SplitObjects(std::string_view text, std::vector<std::string_view>* out) {
   }
 }
 
+// Mistral's newer form (tokenizers v11 on): name[ARGS]{...}, further calls each after another
+// [TOOL_CALLS]; false when any part is not one.
+bool ParseMistralNamedCalls(std::string_view payload, std::vector<ParsedToolCall>* found) {
+  constexpr std::string_view kArgs = "[ARGS]";
+  while (true) {
+    const size_t next = payload.find(kMistralStart);
+    const std::string_view call = payload.substr(0, next);
+    const size_t args = call.find(kArgs);
+    if (args == std::string_view::npos) return false;
+    const std::string_view name = Trim(call.substr(0, args));
+    if (name.empty() || name.find_first_of(" \n\t\r{[\"") != std::string_view::npos) return false;
+    const Json j = Json::parse(Trim(call.substr(args + kArgs.size())), nullptr,
+                               /*allow_exceptions=*/false);
+    if (!j.is_object()) return false;
+    found->push_back({std::string(name), j.dump()});
+    if (next == std::string_view::npos) return true;
+    payload.remove_prefix(next + kMistralStart.size());
+  }
+}
+
 }  // namespace
 
 ToolCallFormat ToolCallFormatOfTemplate(std::string_view source) {
@@ -138,6 +158,9 @@ bool ToolCallStreamParser::ParsePayload(std::string_view payload,
       const Json j = Json::parse(o, nullptr, /*allow_exceptions=*/false);
       if (!CallFromJson(j, {"parameters", "arguments"}, &found.emplace_back())) return false;
     }
+  } else if (format_ == ToolCallFormat::kMistral && !Trim(payload).starts_with('[') &&
+             !Trim(payload).starts_with('{')) {
+    if (!ParseMistralNamedCalls(payload, &found)) return false;
   } else {
     const Json j = Json::parse(Trim(payload), nullptr, /*allow_exceptions=*/false);
     if (format_ == ToolCallFormat::kMistral && j.is_array()) {

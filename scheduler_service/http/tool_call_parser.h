@@ -5,7 +5,8 @@
 //                (any number of blocks, text around them is content)
 //   kLlama3Json  Llama 3.x:  {"name": ..., "parameters": {...}} as the whole output, optionally
 //                after <|python_tag|>; several separated by ';'
-//   kMistral     Mistral:  [TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]
+//   kMistral     Mistral:  [TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...], or (tokenizers
+//                v11 on) [TOOL_CALLS]name[ARGS]{...}, each further call after [TOOL_CALLS]
 //
 // ToolCallFormatOfTemplate picks the format from the chat template's text, by the markers it
 // teaches. A call whose JSON does not parse stays in the content, so that no output is lost.

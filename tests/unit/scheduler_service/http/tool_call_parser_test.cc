@@ -98,6 +98,24 @@ TEST(ToolCallParserTest, Llama3JsonWholeOutputOrAfterPythonTag) {
   EXPECT_EQ(answer.content, "{\"x\": 1}");
 }
 
+// Mistral's tokenizers from v11 write name[ARGS]{...} after each [TOOL_CALLS].
+TEST(ToolCallParserTest, MistralNamedCalls) {
+  const std::string text =
+      "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}[TOOL_CALLS]get_time[ARGS]{}";
+  for (size_t step : {size_t{1}, size_t{5}, text.size()}) {
+    const ParsedOutput out = Streamed(ToolCallFormat::kMistral, text, step);
+    EXPECT_EQ(out.content, "") << step;
+    ExpectCalls(out, {{"get_weather", R"({"city":"Paris"})"}, {"get_time", "{}"}});
+  }
+  // Arguments that do not parse, or no name: all of it stays content.
+  for (const std::string bad :
+       {"[TOOL_CALLS]f[ARGS]{\"x\": ", "[TOOL_CALLS][ARGS]{}", "[TOOL_CALLS]f{}"}) {
+    const ParsedOutput out = ParseToolCalls(ToolCallFormat::kMistral, bad);
+    EXPECT_TRUE(out.calls.empty()) << bad;
+    EXPECT_EQ(out.content, bad);
+  }
+}
+
 TEST(ToolCallParserTest, MistralList) {
   const std::string text =
       "[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {\"k\": [1, 2]}}, {\"name\": \"b\", "
