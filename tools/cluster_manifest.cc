@@ -68,6 +68,7 @@ const std::vector<KeySpec>& EngineKeys() {
       {"cluster_secret_file", Type::kString, {}},
       {"http_port", Type::kInt, {}},
       {"http_host", Type::kString, {}},
+      {"reasoning_parser", Type::kString, {"none", "deepseek_r1", "qwen3"}},
       {"http_port_file", Type::kString, {}},
   };
   return *keys;

@@ -116,7 +116,7 @@ class LLMService::GenerateCall final : public grpc::ServerWriteReactor<grpc::Byt
         if (!seq.stop_string.empty()) {
           o->set_stop_reason(std::string(seq.stop_string));
         } else if (seq.stop_token >= 0) {
-          o->set_stop_reason(absl::StrCat(seq.stop_token));
+          o->set_stop_token_id(seq.stop_token);
         }
       }
     }
@@ -549,14 +549,19 @@ absl::StatusOr<std::string> LLMService::RenderChat(const v1::ChatPrompt& chat) c
     }
     msg.tool_call_id = m.tool_call_id();
     msg.name = m.name();
+    if (m.has_reasoning_content()) msg.reasoning_content = m.reasoning_content();
   }
   const bool add_generation_prompt =
       chat.has_add_generation_prompt() ? chat.add_generation_prompt() : true;
   absl::StatusOr<jinja::Value> tools = ToolsValue(chat.tools_json());
   if (!tools.ok()) return tools.status();
-  jinja::ValueDict extra;
-  extra.Set("tools", *std::move(tools));
-  return options_.chat_template->Render(messages, add_generation_prompt, extra);
+  absl::StatusOr<jinja::Value> documents = DocumentsValue(chat.documents_json());
+  if (!documents.ok()) return documents.status();
+  absl::StatusOr<jinja::ValueDict> extra = TemplateKwargs(chat.template_kwargs_json());
+  if (!extra.ok()) return extra.status();
+  extra->Set("tools", *std::move(tools));
+  extra->Set("documents", *std::move(documents));
+  return options_.chat_template->Render(messages, add_generation_prompt, *extra);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* LLMService::Generate(

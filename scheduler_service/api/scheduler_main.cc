@@ -68,6 +68,7 @@
 #include "scheduler_service/engine/sharded_worker_client.h"
 #include "scheduler_service/engine/worker_group.h"
 #include "scheduler_service/http/openai_server.h"
+#include "scheduler_service/http/reasoning_parser.h"
 #include "scheduler_service/tokenizer/gguf_tokenizer.h"
 #include "scheduler_service/tokenizer/incremental_detokenizer.h"
 #include "scheduler_service/tokenizer/tokenizer.h"
@@ -122,6 +123,7 @@ struct Flags {
   int http_port = -1;  // -1: no HTTP server
   std::string http_host = "0.0.0.0";
   std::string http_port_file;
+  std::string reasoning_parser;
   double recovery_timeout = 120;
   bool async_scheduling = true;
 };
@@ -238,6 +240,10 @@ Flags Parse(int argc, char** argv) {
   p.Add("http-host", &f.http_host, "HTTP listen address (0.0.0.0)");
   p.Add("http-port-file", &f.http_port_file,
         "once the HTTP server listens, write its port to this file (none)");
+  p.Add("reasoning-parser", &f.reasoning_parser,
+        "HTTP chat: answer a reasoning model's <think>...</think> as reasoning_content: "
+        "deepseek_r1 (the output is reasoning until </think>: DeepSeek-R1, QwQ, Qwen3 "
+        "thinking models) or qwen3 (reasoning only when the output opens with <think>) (none)");
   p.Add("recovery-timeout", &f.recovery_timeout,
         "seconds a request in flight waits for the worker group to be rebuilt after a rank "
         "died, stalled or was cut off, before it ends with UNAVAILABLE; 0: none waits (every "
@@ -276,6 +282,11 @@ ServingConfigs ConfigsFromFlags(const Flags& f, const ModelConfig& model,
   if (f.port < 0 || f.port > 65535) Usage(absl::StrCat("--port is ", f.port));
   if (f.http_port < -1 || f.http_port > 65535) {
     Usage(absl::StrCat("--http-port must be -1 (none) or in [0, 65535], got ", f.http_port));
+  }
+  if (absl::StatusOr<openai::ReasoningFormat> r =
+          openai::ReasoningFormatFromName(f.reasoning_parser);
+      !r.ok()) {
+    Usage(absl::StrCat("--reasoning-parser: ", r.status().message()));
   }
   if (f.worker_timeout <= 0) Usage("--worker-timeout must be positive");
   if (f.collective_timeout <= 0) Usage("--collective-timeout must be positive");
@@ -482,7 +493,8 @@ int Run(int argc, char** argv) {
          .served_model_name = service_options.model_name,
          .api_key = service_options.api_key,
          .ssl_certfile = flags.ssl_certfile,
-         .ssl_keyfile = flags.ssl_keyfile},
+         .ssl_keyfile = flags.ssl_keyfile,
+         .reasoning_parser = flags.reasoning_parser},
         server->InProcessChannel(grpc::ChannelArguments()), service_options.metrics);
     if (!started.ok()) Fail("HTTP server: " + started.status().ToString());
     http = std::move(*started);

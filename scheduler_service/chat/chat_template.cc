@@ -1,5 +1,6 @@
 #include "scheduler_service/chat/chat_template.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -75,6 +76,39 @@ absl::StatusOr<jinja::Value> ToolsValue(std::string_view tools_json) {
   return jinja::Value::FromJson(tools);
 }
 
+absl::StatusOr<jinja::Value> DocumentsValue(std::string_view documents_json) {
+  if (documents_json.empty()) return jinja::Value::MakeNone();
+  const Json docs = Json::parse(documents_json, nullptr, /*allow_exceptions=*/false);
+  if (!docs.is_array() ||
+      !std::all_of(docs.begin(), docs.end(), [](const Json& d) { return d.is_object(); })) {
+    return absl::InvalidArgumentError(
+        "chat documents_json must be the JSON text of a list of objects");
+  }
+  return jinja::Value::FromJson(docs);
+}
+
+absl::StatusOr<jinja::ValueDict> TemplateKwargs(std::string_view kwargs_json) {
+  jinja::ValueDict out;
+  if (kwargs_json.empty()) return out;
+  const Json kwargs = Json::parse(kwargs_json, nullptr, /*allow_exceptions=*/false);
+  if (!kwargs.is_object()) {
+    return absl::InvalidArgumentError(
+        "chat template_kwargs_json must be the JSON text of an object");
+  }
+  for (const auto& [key, value] : kwargs.items()) {
+    for (const char* reserved :
+         {"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token"}) {
+      if (key == reserved) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "chat template_kwargs_json: '", key,
+            "' is a variable the request sets by its own field, not a template argument"));
+      }
+    }
+    out.Set(key, jinja::Value::FromJson(value));
+  }
+  return out;
+}
+
 ChatTemplate::ChatTemplate(std::string source, std::string bos, std::string eos,
                            std::unique_ptr<const jinja::Template> tmpl)
     : source_(std::move(source)),
@@ -126,6 +160,7 @@ absl::StatusOr<std::string> ChatTemplate::Render(absl::Span<const ChatMessage> m
     }
     if (!m.tool_call_id.empty()) d.Set("tool_call_id", m.tool_call_id);
     if (!m.name.empty()) d.Set("name", m.name);
+    if (m.reasoning_content.has_value()) d.Set("reasoning_content", *m.reasoning_content);
     list.emplace_back(std::move(d));
   }
   jinja::ValueDict context;

@@ -1,8 +1,8 @@
 // ChatTemplate: a model's chat template (Jinja, see jinja.h) rendering a conversation into the
 // prompt text, with the variables transformers' apply_chat_template gives it: messages (a list
-// of {"role", "content"} dicts, with "tool_calls", "tool_call_id" and "name" where a message has
-// them), add_generation_prompt, bos_token, eos_token, tools (none unless given) and documents
-// (none).
+// of {"role", "content"} dicts, with "tool_calls", "tool_call_id", "name" and
+// "reasoning_content" where a message has them), add_generation_prompt, bos_token, eos_token,
+// tools and documents (none unless given), and any further variables the caller gives.
 //
 // LoadChatTemplate finds a model directory's template as transformers does:
 // chat_template.jinja, else chat_template.json's "chat_template", else tokenizer_config.json's
@@ -14,6 +14,7 @@
 #define LLM_SCHEDULER_SERVICE_CHAT_CHAT_TEMPLATE_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -38,15 +39,24 @@ struct ChatMessage {
   std::string role;
   std::string content;
   bool content_is_none = false;  // content none in the template (a message that only calls tools)
-  std::vector<ToolCall> tool_calls;  // empty: no "tool_calls" key
-  std::string tool_call_id;          // empty: no "tool_call_id" key
-  std::string name;                  // empty: no "name" key
+  std::vector<ToolCall> tool_calls;              // empty: no "tool_calls" key
+  std::string tool_call_id;                      // empty: no "tool_call_id" key
+  std::string name;                              // empty: no "name" key
+  std::optional<std::string> reasoning_content;  // unset: no "reasoning_content" key
 };
 
 // The `tools` variable from the OpenAI `tools` array's JSON text, its objects' keys in the
 // order written (templates write them with tojson); empty text: none. Not a JSON array:
 // InvalidArgumentError.
 absl::StatusOr<jinja::Value> ToolsValue(std::string_view tools_json);
+// The `documents` variable from a JSON list of objects; empty text: none. Otherwise
+// InvalidArgumentError.
+absl::StatusOr<jinja::Value> DocumentsValue(std::string_view documents_json);
+// More variables for Render's `extra` from a JSON object's text (transformers'
+// apply_chat_template kwargs); empty text: none. Not an object, or a key that names a standard
+// variable (messages, tools, documents, add_generation_prompt, bos_token, eos_token):
+// InvalidArgumentError naming it.
+absl::StatusOr<jinja::ValueDict> TemplateKwargs(std::string_view kwargs_json);
 
 class ChatTemplate {
  public:

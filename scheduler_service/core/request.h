@@ -56,7 +56,7 @@ struct Sequence {
   SequenceStatus status = SequenceStatus::kWaiting;
   bool known_to_workers = false;
   bool resend_table = true;  // the table changed other than by appending (send it whole)
-  TokenId stop_token = -1;   // the EOS or stop token that finished it, if one did
+  TokenId stop_token = -1;   // the stop_token_ids entry that finished it, if one did (not EOS)
 };
 
 struct alignas(64) Request {

@@ -26,7 +26,7 @@ struct SequenceOutput {
   IndexRange text;
   SequenceStatus status = SequenceStatus::kRunning;  // a finished status when it ended now
   std::string_view stop_string;                      // when a stop string ended it
-  TokenId stop_token = -1;                           // when EOS or a stop token id ended it
+  TokenId stop_token = -1;  // when a stop_token_ids entry ended it (not EOS)
 };
 
 struct RequestOutput {

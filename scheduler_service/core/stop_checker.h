@@ -28,13 +28,12 @@ class StopChecker {
   void Prepare(Request* req) const;
 
   // The finished status the sequence (of `req`) takes after its last token was appended, or
-  // nullopt when it goes on. Records the stop token in the sequence.
+  // nullopt when it goes on. Records a stop_token_ids entry that ended it in the sequence.
   std::optional<SequenceStatus> Check(const Request& req, Sequence* seq) const {
     const int num_tokens = static_cast<int>(seq->tokens.size());
     if (num_tokens >= req.min_num_tokens) {
       if (seq->last_token == req.eos_token_id && req.eos_token_id >= 0) {
-        seq->stop_token = req.eos_token_id;
-        return SequenceStatus::kFinishedStopped;
+        return SequenceStatus::kFinishedStopped;  // EOS: no stop token (OpenAI's null)
       }
       if (req.has_stop_lists && CheckStopTokenIds(req, seq)) {
         return SequenceStatus::kFinishedStopped;

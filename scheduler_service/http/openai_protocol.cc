@@ -275,10 +275,6 @@ const Unsupported kUnsupported[] = {
     {"continue_final_message", IsFalse, "continuing the final message is not implemented",
      /*completions=*/false},
     {"chat_template", nullptr, "only the model's chat template is used", /*completions=*/false},
-    {"chat_template_kwargs", IsEmpty, "chat template arguments are not implemented",
-     /*completions=*/false},
-    {"documents", nullptr, "documents (RAG chat templates) are not implemented",
-     /*completions=*/false},
     {"tools", IsEmpty, "tools are a chat completions field", /*completions=*/true,
      /*chat=*/false},
     {"tool_choice", IsNone, "tools are a chat completions field", /*completions=*/true,
@@ -569,6 +565,36 @@ void ParseMessageToolCalls(Fields* f, const json& m, const std::string& where,
   }
 }
 
+// vLLM's chat `documents` (a list of objects) and `chat_template_kwargs` (an object whose keys
+// are more template variables), their keys in the order written.
+void ParseTemplateInputs(Fields* f, v1::ChatPrompt* chat) {
+  if (f->failed()) return;
+  if (const json* d = f->Get("documents")) {
+    if (!d->is_array() ||
+        !std::all_of(d->begin(), d->end(), [](const json& doc) { return doc.is_object(); })) {
+      f->Fail(WrongType("documents", "a list of objects", *d));
+      return;
+    }
+    chat->set_documents_json(f->OrderedDump({"documents"}));
+  }
+  if (const json* k = f->Get("chat_template_kwargs")) {
+    if (!k->is_object()) {
+      f->Fail(WrongType("chat_template_kwargs", "an object", *k));
+      return;
+    }
+    for (const char* reserved :
+         {"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token"}) {
+      if (!k->contains(reserved)) continue;
+      const std::string param = absl::StrCat("chat_template_kwargs.", reserved);
+      f->Fail(BadRequest(absl::StrCat("'", param, "' is not a template argument: the request's ",
+                                      "own fields set it"),
+                         param));
+      return;
+    }
+    if (!k->empty()) chat->set_template_kwargs_json(f->OrderedDump({"chat_template_kwargs"}));
+  }
+}
+
 // tools, tool_choice and parallel_tool_calls. tool_choice defaults to "auto" with tools, as
 // OpenAI's; "required" and a named function constrain the output with a JSON schema, as vLLM
 // does: named, to the function's parameters (the output is the call's arguments); required, to
@@ -783,8 +809,11 @@ json ChatLogprobs(const v1::SequenceOutput& o) {
   return {{"content", std::move(content)}};
 }
 
+// vLLM's stop_reason: the stop string, the stop token id (an integer), or null (EOS, length).
 json StopReason(const v1::SequenceOutput& o) {
-  return o.stop_reason().empty() ? json(nullptr) : json(o.stop_reason());
+  if (!o.stop_reason().empty()) return o.stop_reason();
+  if (o.has_stop_token_id()) return o.stop_token_id();
+  return nullptr;
 }
 
 // "call_" and 24 random letters and digits, as OpenAI's ids.
@@ -817,31 +846,32 @@ std::optional<std::vector<ParsedToolCall>> RequiredCalls(const std::string& text
   return calls;
 }
 
-// The calls and content of a whole chat output under the request's tool_choice.
-ParsedOutput ChatToolOutput(const OpenAIRequest& req, const v1::SequenceOutput& o) {
+// The calls and content of a whole chat output's `text` (after its reasoning) under the
+// request's tool_choice.
+ParsedOutput ChatToolOutput(const OpenAIRequest& req, const std::string& text) {
   ParsedOutput out;
   switch (req.tool_choice) {
     case ToolChoice::kNamed:
       // The constrained arguments; cut by max_tokens, the text as it is.
-      if (json::accept(o.text())) {
-        out.calls.push_back({req.tool_name, o.text()});
+      if (json::accept(text)) {
+        out.calls.push_back({req.tool_name, text});
       } else {
-        out.content = o.text();
+        out.content = text;
       }
       break;
     case ToolChoice::kRequired:
-      if (auto calls = RequiredCalls(o.text())) {
+      if (auto calls = RequiredCalls(text)) {
         out.calls = std::move(*calls);
       } else {
-        out.content = o.text();
+        out.content = text;
       }
       break;
     case ToolChoice::kAuto:
-      out = ParseToolCalls(req.tool_format, o.text());
+      out = ParseToolCalls(req.tool_format, text);
       if (!req.parallel_tool_calls && out.calls.size() > 1) out.calls.resize(1);
       break;
     default:
-      out.content = o.text();
+      out.content = text;
   }
   return out;
 }
@@ -852,11 +882,12 @@ json ChatFinishReason(const v1::SequenceOutput& o, bool called) {
   return FinishReasonJson(o.finish_reason());
 }
 
-// A streamed chat output's delta under the request's tool_choice: content that cannot be part
-// of a call streams as content; a call is sent whole once read (kAuto, kRequired), or, named,
-// its name first and its arguments as they are generated.
-json ToolDelta(const OpenAIRequest& req, const v1::SequenceOutput& o, StreamState::Tools* t) {
-  const bool final = o.finish_reason() != v1::FINISH_REASON_UNSPECIFIED;
+// A streamed chat output's delta (`text`, after its reasoning; `final`: its last) under the
+// request's tool_choice: content that cannot be part of a call streams as content; a call is
+// sent whole once read (kAuto, kRequired), or, named, its name first and its arguments as they
+// are generated.
+json ToolDelta(const OpenAIRequest& req, const std::string& text, bool final,
+               StreamState::Tools* t) {
   std::string content;
   json calls = json::array();
   auto add_calls = [&](std::vector<ParsedToolCall>& parsed) {
@@ -875,13 +906,13 @@ json ToolDelta(const OpenAIRequest& req, const v1::SequenceOutput& o, StreamStat
         calls.push_back({{"index", 0},
                          {"id", t->named_id},
                          {"type", "function"},
-                         {"function", {{"name", req.tool_name}, {"arguments", o.text()}}}});
-      } else if (!o.text().empty()) {
-        calls.push_back({{"index", 0}, {"function", {{"arguments", o.text()}}}});
+                         {"function", {{"name", req.tool_name}, {"arguments", text}}}});
+      } else if (!text.empty()) {
+        calls.push_back({{"index", 0}, {"function", {{"arguments", text}}}});
       }
       break;
     case ToolChoice::kRequired:
-      t->text += o.text();
+      t->text += text;
       if (final) {
         if (auto parsed = RequiredCalls(t->text)) {
           add_calls(*parsed);
@@ -892,7 +923,7 @@ json ToolDelta(const OpenAIRequest& req, const v1::SequenceOutput& o, StreamStat
       break;
     default: {
       if (t->parser == nullptr) t->parser = std::make_shared<ToolCallStreamParser>(req.tool_format);
-      ToolCallStreamParser::Delta d = t->parser->Add(o.text());
+      ToolCallStreamParser::Delta d = t->parser->Add(text);
       content = std::move(d.content);
       add_calls(d.calls);
       if (final) {
@@ -909,6 +940,13 @@ json ToolDelta(const OpenAIRequest& req, const v1::SequenceOutput& o, StreamStat
 }
 
 }  // namespace
+
+bool StartsInReasoning(const OpenAIRequest& req) {
+  const bool constrained = req.request.sampling_params().has_structured_output() ||
+                           req.tool_choice == ToolChoice::kRequired ||
+                           req.tool_choice == ToolChoice::kNamed;
+  return req.reasoning == ReasoningFormat::kDeepSeekR1 && !constrained;
+}
 
 json OpenAIError::ToJson() const {
   return {{"error",
@@ -1022,6 +1060,18 @@ ParseResult ParseChatCompletionRequest(std::string_view body) {
         std::string_view(field) == "name" ? msg->set_name(it->get<std::string>())
                                           : msg->set_tool_call_id(it->get<std::string>());
       }
+      // A reasoning model's earlier thinking: vLLM's reasoning_content, or reasoning (newer).
+      for (const char* field : {"reasoning_content", "reasoning"}) {
+        auto it = m.find(field);
+        if (it == m.end() || it->is_null()) continue;
+        if (!it->is_string()) {
+          f.Fail(WrongType(absl::StrCat(where, ".", field), "a string", *it));
+          break;
+        }
+        msg->set_reasoning_content(it->get<std::string>());
+        break;
+      }
+      if (f.failed()) break;
       ParseMessageToolCalls(&f, m, where, msg);
       if (f.failed()) break;
       auto content = m.find("content");
@@ -1062,6 +1112,8 @@ ParseResult ParseChatCompletionRequest(std::string_view body) {
     }
   }
   ParseTools(&f, &r);
+  ParseTemplateInputs(&f, chat);
+  r.include_reasoning = f.Bool("include_reasoning").value_or(true);
   if (auto v = f.Bool("add_generation_prompt")) chat->set_add_generation_prompt(*v);
   r.request.set_add_special_tokens(f.Bool("add_special_tokens").value_or(false));
   v1::SamplingParams* sp = r.request.mutable_sampling_params();
@@ -1183,20 +1235,28 @@ json CompletionBody(const OpenAIRequest& req, const ResponseContext& ctx,
   for (const v1::SequenceOutput& o : response.outputs()) {
     json c = {{"index", o.index()}};
     bool called = false;
-    if (chat && req.tool_choice != ToolChoice::kNone) {
-      ParsedOutput parsed = ChatToolOutput(req, o);
+    if (chat) {
+      ReasoningSplit split;
+      if (req.reasoning != ReasoningFormat::kNone) {
+        split = SplitReasoning(StartsInReasoning(req), o.text());
+      } else {
+        split.content = o.text();
+      }
+      ParsedOutput parsed = ChatToolOutput(req, split.content);
       called = !parsed.calls.empty();
-      c["message"] = {
-          {"role", "assistant"},
-          {"content", parsed.content.empty() && called ? json(nullptr) : json(parsed.content)}};
+      // content null when the output was all calls or all reasoning, as vLLM's.
+      const bool no_content = parsed.content.empty() && (called || split.reasoning.has_value());
+      c["message"] = {{"role", "assistant"},
+                      {"content", no_content ? json(nullptr) : json(parsed.content)}};
+      if (req.reasoning != ReasoningFormat::kNone && req.include_reasoning) {
+        c["message"]["reasoning_content"] =
+            split.reasoning.has_value() ? json(*split.reasoning) : json(nullptr);
+      }
       if (called) {
         json calls = json::array();
         for (const ParsedToolCall& call : parsed.calls) calls.push_back(ToolCallJson(call));
         c["message"]["tool_calls"] = std::move(calls);
       }
-      c["logprobs"] = req.logprobs ? ChatLogprobs(o) : json(nullptr);
-    } else if (chat) {
-      c["message"] = {{"role", "assistant"}, {"content", o.text()}};
       c["logprobs"] = req.logprobs ? ChatLogprobs(o) : json(nullptr);
     } else {
       c["text"] = o.text();
@@ -1226,11 +1286,33 @@ std::vector<json> StreamChunks(const OpenAIRequest& req, const ResponseContext& 
     json c = {{"index", i}};
     bool called = false;
     if (chat) {
-      json delta = {{"content", o.text()}};
+      const bool final = o.finish_reason() != v1::FINISH_REASON_UNSPECIFIED;
+      std::string text = o.text();
+      std::string reasoning;
+      if (req.reasoning != ReasoningFormat::kNone) {
+        if (state->reasoning.size() <= i) state->reasoning.resize(i + 1);
+        std::shared_ptr<ReasoningStreamParser>& parser = state->reasoning[i];
+        if (parser == nullptr)
+          parser = std::make_shared<ReasoningStreamParser>(StartsInReasoning(req));
+        ReasoningStreamParser::Delta d = parser->Add(text);
+        if (final) {
+          ReasoningStreamParser::Delta rest = parser->Finish();
+          d.reasoning += rest.reasoning;
+          d.content += rest.content;
+        }
+        text = std::move(d.content);
+        if (req.include_reasoning) reasoning = std::move(d.reasoning);
+      }
+      json delta = {{"content", text}};
       if (req.tool_choice != ToolChoice::kNone) {
         if (state->tools.size() <= i) state->tools.resize(i + 1);
-        delta = ToolDelta(req, o, &state->tools[i]);
+        delta = ToolDelta(req, text, final, &state->tools[i]);
         called = state->tools[i].calls > 0;
+      }
+      if (!reasoning.empty()) {
+        // A reasoning delta without content, as vLLM's, unless this chunk carries both.
+        if (delta.contains("content") && delta["content"] == "") delta.erase("content");
+        delta["reasoning_content"] = std::move(reasoning);
       }
       if (!state->role_sent[i]) {
         delta["role"] = "assistant";

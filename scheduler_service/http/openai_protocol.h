@@ -26,6 +26,7 @@
 #include "grpcpp/support/status.h"
 #include "llm/v1/llm_service.pb.h"
 #include "nlohmann/json.hpp"
+#include "scheduler_service/http/reasoning_parser.h"
 #include "scheduler_service/http/tool_call_parser.h"
 
 namespace llm::openai {
@@ -51,7 +52,15 @@ struct OpenAIRequest {
   std::string tool_name;                               // kNamed: the function
   bool parallel_tool_calls = true;                     // false: at most one call
   ToolCallFormat tool_format = ToolCallFormat::kNone;  // kAuto: the model's format
+  // chat: how the output's reasoning is read (the server's --reasoning-parser), and whether it
+  // is answered (vLLM's include_reasoning; false: dropped).
+  ReasoningFormat reasoning = ReasoningFormat::kNone;
+  bool include_reasoning = true;
 };
+
+// Whether `req`'s output is reasoning from its first token (reasoning_parser.h): deepseek_r1
+// and not constrained by a grammar.
+bool StartsInReasoning(const OpenAIRequest& req);
 
 // An error as OpenAI's API answers it: HTTP status and {"error": {message, type, param, code}}.
 struct OpenAIError {
@@ -110,6 +119,8 @@ struct StreamState {
     std::string named_id;                          // kNamed: the call's id once sent
   };
   std::vector<Tools> tools;
+  // chat with a reasoning parser, per sequence.
+  std::vector<std::shared_ptr<ReasoningStreamParser>> reasoning;
 };
 
 // stream=true: the chunks of one streamed GenerateResponse, one per sequence output.

@@ -75,9 +75,11 @@ struct UpstreamGenerate {
 
 class OpenAIServer::Impl {
  public:
-  Impl(OpenAIServerOptions options, std::shared_ptr<grpc::Channel> channel,
-       std::shared_ptr<ServingMetrics> metrics, std::unique_ptr<httplib::Server> server)
+  Impl(OpenAIServerOptions options, openai::ReasoningFormat reasoning,
+       std::shared_ptr<grpc::Channel> channel, std::shared_ptr<ServingMetrics> metrics,
+       std::unique_ptr<httplib::Server> server)
       : options_(std::move(options)),
+        reasoning_(reasoning),
         stub_(v1::LLMService::NewStub(channel)),
         metrics_(std::move(metrics)),
         server_(std::move(server)) {}
@@ -159,6 +161,7 @@ class OpenAIServer::Impl {
     if (!r->model.empty() && r->model != options_.served_model_name) {
       return SendError(res, openai::ModelNotFound(r->model));
     }
+    if (endpoint == Endpoint::kChatCompletions) r->reasoning = reasoning_;
     if (r->tool_choice == openai::ToolChoice::kAuto) {
       absl::StatusOr<openai::ToolCallFormat> format = ToolFormat();
       if (!format.ok()) {
@@ -300,6 +303,7 @@ class OpenAIServer::Impl {
   }
 
   const OpenAIServerOptions options_;
+  const openai::ReasoningFormat reasoning_;
   const std::unique_ptr<v1::LLMService::Stub> stub_;
   const std::shared_ptr<ServingMetrics> metrics_;
   const std::unique_ptr<httplib::Server> server_;
@@ -324,6 +328,9 @@ absl::StatusOr<std::unique_ptr<OpenAIServer>> OpenAIServer::Start(
         absl::StrCat("num_threads must be at least 1, got ", options.num_threads));
   }
   if (channel == nullptr) return absl::InvalidArgumentError("no gRPC channel");
+  absl::StatusOr<openai::ReasoningFormat> reasoning =
+      openai::ReasoningFormatFromName(options.reasoning_parser);
+  if (!reasoning.ok()) return reasoning.status();
   // A write to a connection the peer closed must fail, not kill the process.
   signal(SIGPIPE, SIG_IGN);
   std::unique_ptr<httplib::Server> server;
@@ -339,8 +346,8 @@ absl::StatusOr<std::unique_ptr<OpenAIServer>> OpenAIServer::Start(
   } else {
     server = std::make_unique<httplib::Server>();
   }
-  auto impl = std::make_unique<Impl>(std::move(options), std::move(channel), std::move(metrics),
-                                     std::move(server));
+  auto impl = std::make_unique<Impl>(std::move(options), *reasoning, std::move(channel),
+                                     std::move(metrics), std::move(server));
   absl::StatusOr<int> port = impl->Bind();
   if (!port.ok()) return port.status();
   return std::unique_ptr<OpenAIServer>(new OpenAIServer(std::move(impl), *port));

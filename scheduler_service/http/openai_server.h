@@ -47,6 +47,8 @@ struct OpenAIServerOptions {
   std::string ssl_certfile;  // both set: HTTPS
   std::string ssl_keyfile;
   int num_threads = 64;  // connections served at once
+  // Chat answers' reasoning (reasoning_parser.h): "", "none", "deepseek_r1" or "qwen3".
+  std::string reasoning_parser;
 };
 
 class OpenAIServer {

@@ -64,7 +64,8 @@ TEST(OpenAIApiTest, OfficialClientAgainstLocalCluster) {
   options.engine = {{"max_model_len", "512"},
                     {"enable_prefix_caching", "true"},
                     {"http_port", "0"},
-                    {"http_port_file", http_port_file}};
+                    {"http_port_file", http_port_file},
+                    {"reasoning_parser", "qwen3"}};
   options.api_key = kApiKey;
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();

@@ -20,6 +20,7 @@ requests only.
 
 import argparse
 import json
+import re
 import socket
 import ssl
 import sys
@@ -98,9 +99,10 @@ class Checker:
         raise AssertionError(f"no error; expected HTTP {status}")
 
     def greedy(self, prompt, max_tokens, **kw):
+        extra = {"ignore_eos": True, **kw.pop("extra_body", {})}
         return self.client.completions.create(
             model=self.args.model, prompt=prompt, max_tokens=max_tokens, temperature=0,
-            extra_body={"ignore_eos": True}, **kw)
+            extra_body=extra, **kw)
 
     # --- checks ----------------------------------------------------------------------------
     def check_models_and_health(self):
@@ -174,6 +176,15 @@ class Checker:
         # A single string works as well as a list.
         r2 = self.greedy(self.ref["prompt"], self.ref["max_tokens"], stop=stop)
         assert r2.choices[0].text == full[:first]
+        assert r2.choices[0].stop_reason == stop, r2.choices[0].stop_reason
+        # A stop token id: stop_reason is that id, an integer (vLLM's); length: null.
+        ids = self.ref["token_ids"]
+        r3 = self.greedy(self.ref["prompt"], self.ref["max_tokens"],
+                         extra_body={"stop_token_ids": [ids[4]]})
+        assert r3.choices[0].finish_reason == "stop", r3.choices[0].finish_reason
+        assert r3.choices[0].stop_reason == ids[4], r3.choices[0].stop_reason
+        r4 = self.greedy(self.ref["prompt"], 4)
+        assert r4.choices[0].finish_reason == "length" and r4.choices[0].stop_reason is None, r4
 
     def check_errors(self):
         # A wrong type: 400 naming the field.
@@ -350,6 +361,57 @@ class Checker:
         c = r.choices[0]
         assert c.finish_reason in ("stop", "length"), c.finish_reason
         assert not c.message.tool_calls and isinstance(c.message.content, str), c
+
+    def check_reasoning(self):
+        """The cluster runs --reasoning-parser=qwen3. fortune-llama is no reasoning model, so a
+        regex constraint makes it open its answer with <think>: the answer comes back as
+        reasoning_content and content, whole and streamed alike; include_reasoning false drops
+        the reasoning; an answer without <think> is all content. Earlier reasoning in the
+        messages, chat_template_kwargs and documents are accepted."""
+        pattern = r"<think>[a-z]{1,12}</think>(yes|no)"
+        msgs = [{"role": "user", "content": "Is the sky blue?"}]
+
+        def create(**kw):
+            return self.client.chat.completions.create(
+                model=self.args.model, messages=msgs, max_completion_tokens=60, temperature=0,
+                **kw)
+
+        constrained = {"structured_outputs": {"regex": pattern}}
+        m = create(extra_body=constrained).choices[0]
+        assert m.finish_reason == "stop", m
+        d = m.message.model_dump()
+        reasoning, content = d.get("reasoning_content"), d.get("content")
+        assert isinstance(reasoning, str) and content in ("yes", "no"), d
+        assert re.fullmatch(pattern, f"<think>{reasoning}</think>{content}"), d
+
+        streamed = {"reasoning_content": "", "content": ""}
+        for chunk in create(extra_body=constrained, stream=True):
+            if not chunk.choices:
+                continue
+            delta = chunk.choices[0].delta.model_dump()
+            for key in streamed:
+                streamed[key] += delta.get(key) or ""
+        assert streamed == {"reasoning_content": reasoning, "content": content}, streamed
+
+        hidden = create(extra_body={**constrained, "include_reasoning": False}).choices[0]
+        assert hidden.message.model_dump().get("reasoning_content") is None, hidden
+        assert hidden.message.content == content, hidden
+
+        plain = create().choices[0].message.model_dump()
+        assert plain.get("reasoning_content") is None and plain["content"], plain
+
+        history = msgs + [{"role": "assistant", "content": content,
+                           "reasoning_content": reasoning},
+                          {"role": "user", "content": "Why?"}]
+        r = self.client.chat.completions.create(
+            model=self.args.model, messages=history, max_completion_tokens=4,
+            extra_body={"chat_template_kwargs": {"enable_thinking": False},
+                        "documents": [{"title": "Sky", "text": "Rayleigh scattering."}]})
+        assert r.choices[0].finish_reason in ("stop", "length"), r
+        self.expect_error(lambda: self.client.chat.completions.create(
+            model=self.args.model, messages=msgs,
+            extra_body={"chat_template_kwargs": {"messages": []}}), 400,
+            param="chat_template_kwargs.messages")
 
     def check_structured_outputs(self):
         """Constrained outputs through every way of asking: each finished output is valid."""
@@ -550,7 +612,7 @@ class Checker:
                  "check_greedy_equals_grpc", "check_stream_usage", "check_logprobs",
                  "check_n2", "check_stop", "check_errors", "check_logit_bias",
                  "check_unsupported_fields", "check_structured_outputs", "check_tool_calling",
-                 "check_chat",
+                 "check_reasoning", "check_chat",
                  "check_disconnect_aborts"]
         assert sorted(order) == sorted(checks), "every check is run once"
         if self.args.checks:

@@ -532,6 +532,24 @@ TEST_F(LLMServiceTest, IncludeStopStrInOutputEndsTheTextWithTheStopString) {
   }
 }
 
+// A stop_token_ids entry that ends a sequence is its stop_token_id, not a stop_reason (EOS is
+// neither: StopChecker's test).
+TEST_F(LLMServiceTest, StopTokenIdIsReportedAndEosIsNot) {
+  const CallResult first = Generate(Text("Hello world", 40));
+  ASSERT_TRUE(first.status.ok());
+  const std::vector<TokenId> tokens = AllTokens(first, 0);
+  ASSERT_GE(tokens.size(), 4u);
+  v1::GenerateRequest req = Text("Hello world", 40);
+  req.mutable_sampling_params()->add_stop_token_ids(tokens[3]);
+  const CallResult r = Generate(req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  const v1::SequenceOutput& last = r.responses.back().outputs(0);
+  EXPECT_EQ(last.finish_reason(), v1::FINISH_REASON_STOP);
+  ASSERT_TRUE(last.has_stop_token_id());
+  EXPECT_EQ(last.stop_token_id(), tokens[3]);
+  EXPECT_EQ(last.stop_reason(), "");
+}
+
 // A stop string in the text of the first min_tokens tokens neither ends the sequence nor
 // cuts its text.
 TEST_F(LLMServiceTest, StopStringsCountOnlyFromMinTokens) {
@@ -1070,6 +1088,41 @@ TEST_F(LLMServiceTest, ChatToolFieldsReachTheTemplate) {
   req.set_request_id("chat-bad-tools");
   req.mutable_chat()->set_tools_json("{\"type\": \"function\"}");
   ExpectInvalid(req, "tools_json");
+}
+
+// documents_json is the template's `documents`, template_kwargs_json's keys are variables of
+// their own (Qwen3's enable_thinking), a message's reasoning_content is its key; a kwarg that
+// would replace a standard variable, and documents that are not a list of objects, are
+// INVALID_ARGUMENT naming them.
+TEST_F(LLMServiceTest, ChatDocumentsTemplateKwargsAndReasoningReachTheTemplate) {
+  absl::StatusOr<std::shared_ptr<const ChatTemplate>> t = ChatTemplate::Create(
+      "{% for d in documents %}[{{ d.title }}: {{ d.text }}]{% endfor %}"
+      "{% if enable_thinking is defined %}thinking={{ enable_thinking }} {% endif %}"
+      "{% for m in messages %}{{ m.role }}: "
+      "{% if m.reasoning_content is defined %}<think>{{ m.reasoning_content }}</think>{% endif %}"
+      "{{ m.content }};{% endfor %}",
+      "", "");
+  ASSERT_TRUE(t.ok()) << t.status();
+  ServeWithChatTemplate(*t);
+
+  v1::GenerateRequest req = Chat({{"user", "Hi"}, {"assistant", "Hello"}}, std::nullopt, "chat-d");
+  req.mutable_chat()->mutable_messages(1)->set_reasoning_content("greet back");
+  req.mutable_chat()->set_documents_json(
+      R"([{"title":"A","text":"one"},{"title":"B","text":"two"}])");
+  req.mutable_chat()->set_template_kwargs_json(R"({"enable_thinking": false})");
+  const CallResult r = Generate(req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  const std::string expected =
+      "[A: one][B: two]thinking=False user: Hi;assistant: <think>greet back</think>Hello;";
+  EXPECT_EQ(tokenizer_->Decode(gate_->PromptOf("chat-d")), expected);
+
+  req.set_request_id("chat-d-bad-kwargs");
+  req.mutable_chat()->set_template_kwargs_json(R"({"messages": []})");
+  ExpectInvalid(req, "'messages' is a variable the request sets by its own field");
+  req.set_request_id("chat-d-bad-docs");
+  req.mutable_chat()->clear_template_kwargs_json();
+  req.mutable_chat()->set_documents_json(R"(["text"])");
+  ExpectInvalid(req, "documents_json");
 }
 
 TEST_F(LLMServiceTest, ChatErrorsAreInvalidArguments) {

@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scheduler_service/core/request_prefetcher.h"
+#include "scheduler_service/core/stop_checker.h"
 #include "tests/testing/fake_detokenizer.h"
 #include "tests/testing/scheduler_harness.h"
 
@@ -514,6 +515,28 @@ TEST(Scheduler, StopsOnEosAfterMinTokensUnlessIgnored) {
   EXPECT_THAT(h.streams["ignore"].tokens[0], SizeIs(10));
   EXPECT_EQ(h.streams["ignore"].status[0], SequenceStatus::kFinishedLength);
   h.ExpectAllBlocksFree();
+}
+
+// EOS ends a sequence without a stop token (OpenAI's stop_reason null); a stop_token_ids entry
+// is recorded (its stop_reason).
+TEST(StopChecker, RecordsAStopTokenIdButNotEos) {
+  const StopChecker checker(/*eos_token_id=*/7, /*max_model_len=*/100);
+  Request req;
+  req.num_prompt_tokens = 2;
+  req.params.stop_token_ids = {5};
+  checker.Prepare(&req);
+  Sequence seq;
+  seq.tokens = {1, 2, 7};
+  seq.last_token = 7;
+  EXPECT_EQ(checker.Check(req, &seq), SequenceStatus::kFinishedStopped);
+  EXPECT_EQ(seq.stop_token, -1);
+  seq.tokens = {1, 2, 5};
+  seq.last_token = 5;
+  EXPECT_EQ(checker.Check(req, &seq), SequenceStatus::kFinishedStopped);
+  EXPECT_EQ(seq.stop_token, 5);
+  seq.tokens = {1, 2, 3};
+  seq.last_token = 3;
+  EXPECT_EQ(checker.Check(req, &seq), std::nullopt);
 }
 
 TEST(Scheduler, StopsOnStopTokenIdsStopStringsAndMaxTokensUpToMaxModelLen) {

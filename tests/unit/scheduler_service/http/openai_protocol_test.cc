@@ -457,6 +457,30 @@ TEST(OpenAIProtocolTest, CompletionBodyHasOpenAIsShape) {
                 "prompt_tokens_details": {"cached_tokens": 2}}})"));
 }
 
+// stop_reason as vLLM's: the stop string, the stop token id as an integer, null for EOS.
+TEST(OpenAIProtocolTest, StopReasonIsTheStopStringTheTokenIdOrNull) {
+  OpenAIRequest req;
+  req.endpoint = Endpoint::kCompletions;
+  v1::GenerateResponse r;
+  for (int i = 0; i < 3; ++i) {
+    v1::SequenceOutput* o = r.add_outputs();
+    o->set_index(i);
+    o->set_finish_reason(v1::FINISH_REASON_STOP);
+  }
+  r.mutable_outputs(0)->set_stop_reason("###");
+  r.mutable_outputs(1)->set_stop_token_id(13);
+  const json body = CompletionBody(req, {.id = "cmpl-x", .created = 1, .model = "m"}, r);
+  EXPECT_EQ(body["choices"][0]["stop_reason"], "###");
+  EXPECT_EQ(body["choices"][1]["stop_reason"], 13);
+  EXPECT_TRUE(body["choices"][2]["stop_reason"].is_null());
+  StreamState state;
+  const std::vector<json> chunks =
+      StreamChunks(req, {.id = "cmpl-x", .created = 1, .model = "m"}, r, &state);
+  ASSERT_EQ(chunks.size(), 3u);
+  EXPECT_EQ(chunks[1]["choices"][0]["stop_reason"], 13);
+  EXPECT_TRUE(chunks[2]["choices"][0]["stop_reason"].is_null());
+}
+
 TEST(OpenAIProtocolTest, ChatBodyHasOpenAIsShape) {
   OpenAIRequest req;
   req.endpoint = Endpoint::kChatCompletions;
@@ -746,6 +770,123 @@ TEST(OpenAIProtocolTest, ToolCallsStreamAsDeltas) {
   EXPECT_EQ(chunks[0]["choices"][0]["delta"]["tool_calls"][0],
             json::parse(R"({"index": 0, "function": {"arguments": ":\"Oslo\"}"}})"));
   EXPECT_EQ(chunks[0]["choices"][0]["finish_reason"], "tool_calls");
+}
+
+// vLLM's documents and chat_template_kwargs reach the proto as JSON text in the order written;
+// a message's reasoning_content (or reasoning) too; the wrong types, and kwargs that would
+// replace a standard variable, are 400 naming them.
+TEST(OpenAIProtocolTest, DocumentsTemplateKwargsAndMessageReasoningReachTheProto) {
+  ParseResult p = ParseChatCompletionRequest(R"({"messages": [
+      {"role": "user", "content": "Hi"},
+      {"role": "assistant", "content": "Hello", "reasoning_content": "be nice"},
+      {"role": "assistant", "content": "Again", "reasoning": "newer name"}],
+      "documents": [{"title": "T", "text": "body", "a": 1}],
+      "chat_template_kwargs": {"enable_thinking": false, "custom": [1, 2]},
+      "include_reasoning": false})");
+  ASSERT_TRUE(p.ok()) << p.error.message;
+  const v1::ChatPrompt& chat = p.request.request.chat();
+  EXPECT_FALSE(chat.messages(0).has_reasoning_content());
+  EXPECT_EQ(chat.messages(1).reasoning_content(), "be nice");
+  EXPECT_EQ(chat.messages(2).reasoning_content(), "newer name");
+  EXPECT_EQ(chat.documents_json(), R"([{"title":"T","text":"body","a":1}])");
+  EXPECT_EQ(chat.template_kwargs_json(), R"({"enable_thinking":false,"custom":[1,2]})");
+  EXPECT_FALSE(p.request.include_reasoning);
+
+  p = ParseChatCompletionRequest(R"({"messages": [{"role": "user", "content": "Hi"}],
+                                     "chat_template_kwargs": {}, "documents": []})");
+  ASSERT_TRUE(p.ok()) << p.error.message;
+  EXPECT_EQ(p.request.request.chat().template_kwargs_json(), "");
+  EXPECT_TRUE(p.request.include_reasoning);
+
+  const std::pair<std::string, std::string> bad[] = {
+      {R"("documents": {"text": "x"})", "documents"},
+      {R"("documents": ["x"])", "documents"},
+      {R"("chat_template_kwargs": [1])", "chat_template_kwargs"},
+      {R"("chat_template_kwargs": {"messages": []})", "chat_template_kwargs.messages"},
+      {R"("chat_template_kwargs": {"add_generation_prompt": false})",
+       "chat_template_kwargs.add_generation_prompt"},
+      {R"("include_reasoning": "yes")", "include_reasoning"},
+  };
+  for (const auto& [rest, param] : bad) {
+    const std::string body = R"({"messages": [{"role": "user", "content": "x"}], )" + rest + "}";
+    const ParseResult r = ParseChatCompletionRequest(body);
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_EQ(r.error.http_status, 400) << body;
+    EXPECT_EQ(r.error.param, param) << body;
+  }
+  const ParseResult r = ParseChatCompletionRequest(
+      R"({"messages": [{"role": "assistant", "content": "x", "reasoning_content": 3}]})");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error.param, "messages[0].reasoning_content");
+}
+
+// With a reasoning parser the answer's <think> part is reasoning_content, in the body and in
+// the stream (never mixed into content); a tool call after the reasoning is read from the
+// content; include_reasoning false drops it; a constrained output starts as content.
+TEST(OpenAIProtocolTest, ReasoningContentInTheBodyAndTheStream) {
+  const ResponseContext ctx{.id = "chatcmpl-x", .created = 1, .model = "m"};
+  OpenAIRequest req;
+  req.endpoint = Endpoint::kChatCompletions;
+  req.reasoning = ReasoningFormat::kDeepSeekR1;
+  json body = CompletionBody(req, ctx, OneOutput("Hmm.</think>\n42", v1::FINISH_REASON_STOP));
+  EXPECT_EQ(body["choices"][0]["message"],
+            json::parse(R"({"role": "assistant", "reasoning_content": "Hmm.",
+                            "content": "\n42"})"));
+  body = CompletionBody(req, ctx, OneOutput("Still going", v1::FINISH_REASON_LENGTH));
+  EXPECT_EQ(body["choices"][0]["message"],
+            json::parse(R"({"role": "assistant", "reasoning_content": "Still going",
+                            "content": null})"));
+
+  req.reasoning = ReasoningFormat::kQwen3;
+  body = CompletionBody(req, ctx, OneOutput("No thinking.", v1::FINISH_REASON_STOP));
+  EXPECT_EQ(body["choices"][0]["message"],
+            json::parse(R"({"role": "assistant", "reasoning_content": null,
+                            "content": "No thinking."})"));
+  req.include_reasoning = false;
+  body = CompletionBody(req, ctx, OneOutput("<think>x</think>y", v1::FINISH_REASON_STOP));
+  EXPECT_EQ(body["choices"][0]["message"], json::parse(R"({"role": "assistant",
+                                                          "content": "y"})"));
+  req.include_reasoning = true;
+
+  // A call after the reasoning.
+  req.tool_choice = ToolChoice::kAuto;
+  req.tool_format = ToolCallFormat::kHermes;
+  body = CompletionBody(req, ctx,
+                        OneOutput("<think>use the tool</think>\n<tool_call>\n{\"name\": "
+                                  "\"get_time\", \"arguments\": {}}\n</tool_call>",
+                                  v1::FINISH_REASON_STOP));
+  json choice = body["choices"][0];
+  EXPECT_EQ(choice["message"]["reasoning_content"], "use the tool");
+  EXPECT_EQ(choice["message"]["content"], nullptr);
+  EXPECT_EQ(choice["message"]["tool_calls"][0]["function"]["name"], "get_time");
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+
+  // Streamed: reasoning deltas, then content deltas; the marker split across pieces.
+  req.tool_choice = ToolChoice::kNone;
+  req.reasoning = ReasoningFormat::kDeepSeekR1;
+  StreamState state;
+  std::string reasoning, content;
+  for (const char* piece : {"Let", " me </th", "ink>", "Yes", ""}) {
+    v1::GenerateResponse r =
+        OneOutput(piece, *piece == '\0' ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_UNSPECIFIED);
+    for (const json& chunk : StreamChunks(req, ctx, r, &state)) {
+      const json& delta = chunk["choices"][0]["delta"];
+      if (delta.contains("reasoning_content")) {
+        reasoning += delta["reasoning_content"].get<std::string>();
+        EXPECT_FALSE(delta.contains("content")) << delta;
+      }
+      if (delta.contains("content")) content += delta["content"].get<std::string>();
+    }
+  }
+  EXPECT_EQ(reasoning, "Let me ");
+  EXPECT_EQ(content, "Yes");
+
+  // Constrained (a JSON schema): deepseek_r1 does not take the output for reasoning.
+  req.request.mutable_sampling_params()->mutable_structured_output()->set_json_schema("{}");
+  EXPECT_FALSE(StartsInReasoning(req));
+  body = CompletionBody(req, ctx, OneOutput("{}", v1::FINISH_REASON_STOP));
+  EXPECT_EQ(body["choices"][0]["message"]["content"], "{}");
+  EXPECT_EQ(body["choices"][0]["message"]["reasoning_content"], nullptr);
 }
 
 }  // namespace
