@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/utf8.h"
 #include "structured/utf8_class.h"
 
 namespace llm::structured {

@@ -6,7 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "structured/utf8_class.h"
+#include "common/utf8.h"
 
 namespace llm::structured {
 namespace {

@@ -4,6 +4,8 @@
 #include <cctype>
 #include <utility>
 
+#include "common/utf8.h"
+
 namespace llm::structured {
 namespace {
 
@@ -43,8 +45,6 @@ std::vector<CodepointRange> Normalize(std::vector<CodepointRange> ranges, bool n
   return out;
 }
 
-int EncodedLength(uint32_t cp) { return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4; }
-
 // Appends to `out` the byte-range sequences of [lo, hi], whose codepoints all have `len` bytes:
 // the range is split until each byte position of the split ranges spans a full range, as the
 // UTF-8 range compilers of regex engines do.
@@ -83,7 +83,7 @@ Expr Utf8Class(std::vector<CodepointRange> ranges, bool negated) {
   for (const CodepointRange& r : Normalize(std::move(ranges), negated)) {
     uint32_t lo = r.lo;
     while (lo <= r.hi) {
-      const int len = EncodedLength(lo);
+      const int len = Utf8EncodedLength(lo);
       const uint32_t hi = std::min(r.hi, kLengthEnds[len - 1]);
       SplitSameLength(lo, hi, len, &seqs);
       lo = hi + 1;
@@ -105,24 +105,6 @@ Expr Utf8Class(std::vector<CodepointRange> ranges, bool negated) {
   return Expr::Choice(std::move(choices));
 }
 
-void AppendUtf8(uint32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
-
 int32_t ReadHexDigits(std::string_view text, size_t* pos, int digits) {
   int32_t v = 0;
   for (int i = 0; i < digits; ++i) {
@@ -131,30 +113,6 @@ int32_t ReadHexDigits(std::string_view text, size_t* pos, int digits) {
     v = v * 16 + (d <= '9' ? d - '0' : d - 'a' + 10);
   }
   return v;
-}
-
-int32_t DecodeUtf8(std::string_view text, size_t* pos) {
-  const uint8_t c = static_cast<uint8_t>(text[*pos]);
-  int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-  if (len == 0 || *pos + len > text.size()) {
-    ++*pos;
-    return -1;
-  }
-  uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1F) : len == 3 ? (c & 0x0F) : (c & 0x07);
-  for (int i = 1; i < len; ++i) {
-    const uint8_t d = static_cast<uint8_t>(text[*pos + i]);
-    if ((d >> 6) != 2) {
-      ++*pos;
-      return -1;
-    }
-    cp = (cp << 6) | (d & 0x3F);
-  }
-  if (EncodedLength(cp) != len || cp > kMaxCodepoint || (cp >= 0xD800 && cp <= 0xDFFF)) {
-    ++*pos;
-    return -1;
-  }
-  *pos += len;
-  return static_cast<int32_t>(cp);
 }
 
 }  // namespace llm::structured

@@ -6,7 +6,6 @@
 #define LLM_STRUCTURED_UTF8_CLASS_H_
 
 #include <cstdint>
-#include <string>
 #include <string_view>
 #include <vector>
 
@@ -27,12 +26,7 @@ Expr Utf8Class(std::vector<CodepointRange> ranges, bool negated);
 // Any one character (any valid UTF-8 sequence).
 inline Expr AnyUtf8Char() { return Utf8Class({}, /*negated=*/true); }
 
-// Appends the UTF-8 encoding of `cp` (cp <= kMaxCodepoint).
-void AppendUtf8(uint32_t cp, std::string* out);
-
-// Decodes one UTF-8 character of `text` at *pos and advances *pos past it. Returns -1 (and
-// advances one byte) at an invalid sequence.
-int32_t DecodeUtf8(std::string_view text, size_t* pos);
+// The UTF-8 encoding and decoding themselves (AppendUtf8, DecodeUtf8) are common/utf8.h's.
 
 // Reads `digits` hex digits of `text` at *pos (an escape's \xHH, \uHHHH, \UHHHHHHHH) and
 // advances *pos past them; -1 when fewer are there.

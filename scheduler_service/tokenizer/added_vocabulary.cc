@@ -4,8 +4,8 @@
 #include <cctype>
 #include <utility>
 
+#include "common/utf8.h"
 #include "scheduler_service/tokenizer/string_view_compat.h"
-#include "scheduler_service/tokenizer/utf8.h"
 
 namespace llm {
 namespace {

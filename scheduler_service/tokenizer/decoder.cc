@@ -5,11 +5,11 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/utf8.h"
 #include "nlohmann/json.hpp"
 #include "scheduler_service/tokenizer/byte_level.h"
 #include "scheduler_service/tokenizer/json_util.h"
 #include "scheduler_service/tokenizer/regex.h"
-#include "scheduler_service/tokenizer/utf8.h"
 
 namespace llm {
 namespace {

@@ -2,7 +2,7 @@
 
 #include <utility>
 
-#include "scheduler_service/tokenizer/utf8.h"
+#include "common/utf8.h"
 
 namespace llm {
 namespace {

@@ -6,8 +6,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/utf8.h"
 #include "scheduler_service/tokenizer/string_view_compat.h"
-#include "scheduler_service/tokenizer/utf8.h"
 
 namespace llm {
 namespace {

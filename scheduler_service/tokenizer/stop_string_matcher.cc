@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "scheduler_service/tokenizer/utf8.h"
+#include "common/utf8.h"
 
 namespace llm {
 

@@ -10,10 +10,10 @@
 #include "absl/strings/str_join.h"
 #include "common/gguf.h"
 #include "common/status_macros.h"
+#include "common/utf8.h"
 #include "nlohmann/json.hpp"
 #include "scheduler_service/tokenizer/json_util.h"
 #include "scheduler_service/tokenizer/string_view_compat.h"
-#include "scheduler_service/tokenizer/utf8.h"
 
 namespace llm {
 namespace {

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "scheduler_service/tokenizer/utf8.h"
+#include "common/utf8.h"
 
 namespace llm {
 namespace {

@@ -14,6 +14,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "common/utf8.h"
 #include "scheduler_service/chat/jinja/arg_reader.h"
 #include "scheduler_service/chat/jinja/collection_filters.h"
 #include "scheduler_service/chat/jinja/methods.h"
@@ -21,7 +22,6 @@
 #include "scheduler_service/chat/jinja/python_string.h"
 #include "scheduler_service/chat/jinja/string_format.h"
 #include "scheduler_service/chat/jinja/unicode_case.h"
-#include "scheduler_service/tokenizer/utf8.h"
 
 namespace llm::jinja {
 namespace {

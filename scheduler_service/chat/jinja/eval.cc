@@ -10,10 +10,10 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "common/utf8.h"
 #include "scheduler_service/chat/jinja/builtins.h"
 #include "scheduler_service/chat/jinja/methods.h"
 #include "scheduler_service/chat/jinja/operators.h"
-#include "scheduler_service/tokenizer/utf8.h"
 
 namespace llm::jinja {
 

@@ -8,12 +8,12 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "common/utf8.h"
 #include "scheduler_service/chat/jinja/arg_reader.h"
 #include "scheduler_service/chat/jinja/operators.h"
 #include "scheduler_service/chat/jinja/python_string.h"
 #include "scheduler_service/chat/jinja/string_format.h"
 #include "scheduler_service/chat/jinja/unicode_case.h"
-#include "scheduler_service/tokenizer/utf8.h"
 
 namespace llm::jinja {
 namespace {

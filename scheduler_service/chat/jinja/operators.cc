@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/utf8.h"
 #include "scheduler_service/chat/jinja/methods.h"
 #include "scheduler_service/chat/jinja/string_format.h"
-#include "scheduler_service/tokenizer/utf8.h"
 
 namespace llm::jinja {
 namespace {

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "scheduler_service/tokenizer/utf8.h"
+#include "common/utf8.h"
 
 namespace llm::jinja {
 

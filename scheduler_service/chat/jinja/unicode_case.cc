@@ -5,8 +5,8 @@
 #include <string_view>
 #include <vector>
 
+#include "common/utf8.h"
 #include "scheduler_service/chat/jinja/python_string.h"
-#include "scheduler_service/tokenizer/utf8.h"
 
 namespace llm::jinja {
 namespace {

@@ -7,8 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/utf8.h"
 #include "scheduler_service/chat/jinja/python_string.h"
-#include "scheduler_service/tokenizer/utf8.h"
 
 namespace llm::jinja {
 namespace {

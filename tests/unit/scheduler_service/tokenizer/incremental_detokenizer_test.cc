@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "common/utf8.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "scheduler_service/tokenizer/utf8.h"
 #include "tests/unit/scheduler_service/tokenizer/test_data.h"
 
 namespace llm {

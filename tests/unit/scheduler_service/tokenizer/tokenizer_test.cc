@@ -10,11 +10,11 @@
 #include <thread>
 #include <vector>
 
+#include "common/utf8.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "scheduler_service/tokenizer/unicode_normalization.h"
-#include "scheduler_service/tokenizer/utf8.h"
 #include "tests/unit/scheduler_service/tokenizer/test_data.h"
 
 namespace llm {

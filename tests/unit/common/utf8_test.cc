@@ -1,7 +1,7 @@
 // UTF-8 repair follows Unicode's "maximal subpart" practice, the one of Rust's
 // from_utf8_lossy and Python's decode(errors="replace"), which the Hugging Face fixtures
 // rely on: checked here by counting replacement characters per kind of damage.
-#include "scheduler_service/tokenizer/utf8.h"
+#include "common/utf8.h"
 
 #include <string>
 #include <string_view>
@@ -69,6 +69,34 @@ TEST(Utf8Test, Utf8CharCodePointDecodesOneCharacter) {
   // tab, and text cut after it would lose it to a strip.
   EXPECT_EQ(Utf8CharCodePoint("\xC9"), 0xC9u);
   EXPECT_EQ(Utf8CharCodePoint("\xF8"), 0xF8u);
+}
+
+// The grammar engine's decoder (regex and GBNF literals, token texts): a well-formed character
+// gives its code point; anything else is -1 and costs exactly one byte, so a scan goes on.
+TEST(Utf8Test, DecodeUtf8AcceptsOnlyWellFormedCharacters) {
+  const std::string_view text = "a\u00e9\u3000\U0001F600";
+  size_t pos = 0;
+  std::vector<int32_t> cps;
+  while (pos < text.size()) cps.push_back(DecodeUtf8(text, &pos));
+  EXPECT_EQ(cps, (std::vector<int32_t>{0x61, 0xE9, 0x3000, 0x1F600}));
+  EXPECT_EQ(pos, text.size());
+
+  for (std::string_view bad : {"\xC0\xAF", "\xE0\x80\xAF", "\xED\xA0\x80", "\xF4\x90\x80\x80",
+                               "\xF8\x88\x80\x80", "\x80", "\xE4\xBD"}) {
+    size_t p = 0;
+    EXPECT_EQ(DecodeUtf8(bad, &p), -1) << "at " << testing::PrintToString(std::string(bad));
+    EXPECT_EQ(p, 1u);
+  }
+}
+
+TEST(Utf8Test, Utf8EncodedLengthMatchesAppendUtf8) {
+  for (uint32_t cp : {0x0u, 0x7Fu, 0x80u, 0x7FFu, 0x800u, 0xFFFFu, 0x10000u, 0x10FFFFu}) {
+    std::string bytes;
+    AppendUtf8(cp, &bytes);
+    EXPECT_EQ(Utf8EncodedLength(cp), static_cast<int>(bytes.size())) << cp;
+    size_t pos = 0;
+    EXPECT_EQ(DecodeUtf8(bytes, &pos), static_cast<int32_t>(cp));
+  }
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
-// UTF-8 helpers for the tokenizer and the chat templates: validation, lossy repair, code point
-// iteration and splitting into characters.
+// UTF-8 helpers for the tokenizer, the chat templates and the grammar engine (structured/):
+// validation, lossy repair, code point iteration and splitting into characters.
 // Stateless free functions; thread-safe.
-#ifndef LLM_SCHEDULER_SERVICE_TOKENIZER_UTF8_H_
-#define LLM_SCHEDULER_SERVICE_TOKENIZER_UTF8_H_
+#ifndef LLM_COMMON_UTF8_H_
+#define LLM_COMMON_UTF8_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -25,9 +25,16 @@ std::string Utf8Lossy(std::string_view s);
 
 // Decodes the code point starting at s[*pos] (which must be valid UTF-8) and advances *pos.
 uint32_t NextCodePoint(std::string_view s, size_t* pos);
+// Decodes the character at s[*pos] and advances *pos past it when it is well-formed UTF-8 (by
+// the rules of IsValidUtf8); otherwise returns -1 and advances one byte.
+int32_t DecodeUtf8(std::string_view s, size_t* pos);
 // The byte length of the UTF-8 character whose lead byte is `lead` (1 for a stray byte).
 inline size_t Utf8CharLength(unsigned char lead) {
   return lead < 0x80 ? 1 : lead < 0xE0 ? (lead < 0xC0 ? 1 : 2) : lead < 0xF0 ? 3 : 4;
+}
+// The byte length of the UTF-8 encoding of `code_point`.
+inline int Utf8EncodedLength(uint32_t code_point) {
+  return code_point < 0x80 ? 1 : code_point < 0x800 ? 2 : code_point < 0x10000 ? 3 : 4;
 }
 void AppendUtf8(uint32_t code_point, std::string* out);
 
@@ -44,4 +51,4 @@ bool IsUnicodeWhitespace(uint32_t code_point);
 
 }  // namespace llm
 
-#endif  // LLM_SCHEDULER_SERVICE_TOKENIZER_UTF8_H_
+#endif  // LLM_COMMON_UTF8_H_

@@ -1,4 +1,4 @@
-#include "scheduler_service/tokenizer/utf8.h"
+#include "common/utf8.h"
 
 #include <algorithm>
 
@@ -92,6 +92,18 @@ uint32_t NextCodePoint(std::string_view s, size_t* pos) {
   const uint32_t cp = DecodeSequence(s, *pos, len);
   *pos += len;
   return cp;
+}
+
+int32_t DecodeUtf8(std::string_view s, size_t* pos) {
+  size_t bad_len;
+  const size_t len = ValidSequenceAt(s, *pos, &bad_len);
+  if (len == 0) {
+    ++*pos;
+    return -1;
+  }
+  const uint32_t cp = DecodeSequence(s, *pos, len);
+  *pos += len;
+  return static_cast<int32_t>(cp);
 }
 
 void AppendUtf8(uint32_t cp, std::string* out) {
