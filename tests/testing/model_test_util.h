@@ -1,5 +1,6 @@
-// Test helpers for the model: transformers' golden fixtures, a poisoned paged KV cache, and
-// a driver that feeds the golden sequences through the model in chunks.
+// Test helpers for the model: transformers' golden fixtures, a poisoned paged KV cache, a
+// driver that feeds the golden sequences through the model in chunks, and one sequence fed in
+// chunks (ChunkedSequence).
 #ifndef LLM_TESTS_TESTING_MODEL_TEST_UTIL_H_
 #define LLM_TESTS_TESTING_MODEL_TEST_UTIL_H_
 
@@ -174,6 +175,58 @@ double RunAndCompare(LlamaModel& model, const Golden& g, int block_size, ChunkFn
   }
   return worst;
 }
+
+// One sequence fed through a model in chunks of up to `chunk` tokens over a NaN-poisoned paged
+// Cache of its own, whose blocks it takes in the cache's shuffled order. Feed(ids) runs `ids`
+// after the tokens fed before and returns the logits ([rows][vocab]) of its tokens at positions
+// from `first_logits_position` on (by default only the last token's); empty after a failed
+// Forward, which fails the test.
+class ChunkedSequence {
+ public:
+  ChunkedSequence(LlamaModel& model, int max_tokens, int block_size = 16, int chunk = 200)
+      : model_(model),
+        block_size_(block_size),
+        chunk_(chunk),
+        cache_(model, (max_tokens + block_size - 1) / block_size, block_size),
+        blocks_(cache_.free.rbegin(), cache_.free.rend()) {}
+
+  std::vector<float> Feed(const std::vector<int32_t>& ids, int first_logits_position = -1) {
+    const int end = done_ + static_cast<int>(ids.size());
+    const int first = first_logits_position < 0 ? end - 1 : first_logits_position;
+    std::vector<float> out;
+    for (size_t at = 0; at < ids.size();) {
+      const int n = static_cast<int>(std::min<size_t>(chunk_, ids.size() - at));
+      std::vector<int32_t> tokens(ids.begin() + at, ids.begin() + at + n), positions, rows;
+      std::vector<int64_t> slots;
+      for (int i = done_; i < done_ + n; ++i) {
+        positions.push_back(i);
+        slots.push_back(static_cast<int64_t>(blocks_[i / block_size_]) * block_size_ +
+                        i % block_size_);
+        if (i >= first) rows.push_back(i - done_);
+      }
+      const int max_blocks = (done_ + n + block_size_ - 1) / block_size_;
+      std::vector<int32_t> table(blocks_.begin(), blocks_.begin() + max_blocks);
+      std::vector<int32_t> seq_lens{done_ + n}, qsl{0, n};
+      ForwardInput in{tokens, positions, slots, table, max_blocks, seq_lens, qsl, rows};
+      HostTensor logits;
+      const absl::Status s = model_.Forward(in, cache_.layers, &logits);
+      EXPECT_TRUE(s.ok()) << s;
+      if (!s.ok()) return {};
+      out.insert(out.end(), logits.data<float>(),
+                 logits.data<float>() + rows.size() * model_.vocab_size());
+      done_ += n;
+      at += n;
+    }
+    return out;
+  }
+
+ private:
+  LlamaModel& model_;
+  const int block_size_, chunk_;
+  Cache cache_;
+  std::vector<int32_t> blocks_;
+  int done_ = 0;  // tokens fed so far
+};
 
 // Loads the model in `dir` at one rank into *model; fails the test (fatally) on an error.
 inline void LoadTestModel(const std::string& dir, std::unique_ptr<LlamaModel>* model,

@@ -13,9 +13,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -24,7 +21,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/model_test_util.h"
-#include "tests/testing/test_data.h"
+#include "tests/testing/real_model_file_test.h"
 #include "worker_service/model/llama.h"
 
 namespace llm {
@@ -38,62 +35,15 @@ struct RealModel {
   double bound;
 };
 
-// One sequence fed through a model: Feed(tokens) runs them (in chunks of up to 200) over a
-// NaN-poisoned paged cache and returns the logits of the last.
-class Sequence {
- public:
-  Sequence(LlamaModel& model, int max_tokens)
-      : model_(model), cache_(model, (max_tokens + kBlockSize - 1) / kBlockSize, kBlockSize) {
-    blocks_.assign(cache_.free.rbegin(), cache_.free.rend());
-  }
-
-  std::vector<float> Feed(const std::vector<int32_t>& ids) {
-    std::vector<float> last;
-    for (size_t at = 0; at < ids.size();) {
-      const int n = static_cast<int>(std::min<size_t>(kChunk, ids.size() - at));
-      std::vector<int32_t> tokens(ids.begin() + at, ids.begin() + at + n), positions;
-      std::vector<int32_t> rows{n - 1};
-      std::vector<int64_t> slots;
-      for (int i = done_; i < done_ + n; ++i) {
-        positions.push_back(i);
-        slots.push_back(static_cast<int64_t>(blocks_[i / kBlockSize]) * kBlockSize +
-                        i % kBlockSize);
-      }
-      const int max_blocks = (done_ + n + kBlockSize - 1) / kBlockSize;
-      std::vector<int32_t> table(blocks_.begin(), blocks_.begin() + max_blocks);
-      std::vector<int32_t> seq_lens{done_ + n}, qsl{0, n};
-      ForwardInput in{tokens, positions, slots, table, max_blocks, seq_lens, qsl, rows};
-      HostTensor logits;
-      const absl::Status s = model_.Forward(in, cache_.layers, &logits);
-      EXPECT_TRUE(s.ok()) << s;
-      if (!s.ok()) return {};
-      last.assign(logits.data<float>(), logits.data<float>() + model_.vocab_size());
-      done_ += n;
-      at += n;
-    }
-    return last;
-  }
-
- private:
-  static constexpr int kBlockSize = 16, kChunk = 200;
-  LlamaModel& model_;
-  Cache cache_;
-  std::vector<int32_t> blocks_;
-  int done_ = 0;
-};
-
 int Argmax(const std::vector<float>& row) {
   return static_cast<int>(std::max_element(row.begin(), row.end()) - row.begin());
 }
 
-class QuantizedGgufTest : public ::testing::TestWithParam<RealModel> {
+class QuantizedGgufTest : public testing::RealModelFileTest<RealModel> {
  protected:
   void SetUp() override {
-    path_ = testing::CachedModelPath(GetParam().file);
-    if (!std::filesystem::exists(path_)) {
-      GTEST_SKIP() << path_ << " is not there (tools/models/fetch_model.sh "
-                   << GetParam().fetch_name << " fetches it)";
-    }
+    RealModelFileTest::SetUp();
+    if (IsSkipped()) return;
     ModelOptions dequantized;
     dequantized.dtype = DType::kF32;
     dequantized.quantized_weights = false;
@@ -102,7 +52,6 @@ class QuantizedGgufTest : public ::testing::TestWithParam<RealModel> {
     quantized.quantized_weights = true;
     ASSERT_NO_FATAL_FAILURE(LoadTestModel(path_, &quantized_, quantized));
   }
-  std::string path_;
   std::unique_ptr<LlamaModel> dequantized_, quantized_;
 };
 
@@ -126,11 +75,8 @@ TEST_P(QuantizedGgufTest, HoldsTheFilesBlocks) {
 }
 
 TEST_P(QuantizedGgufTest, GreedyTokensAreTheDequantizedModels) {
-  std::ifstream in(testing::TestDataDir() + "/models/real/gemma-3-270m-q4_k_m.golden.json");
-  ASSERT_TRUE(in);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const nlohmann::json golden = nlohmann::json::parse(ss.str());
+  const nlohmann::json golden = testing::ReadRealGolden("gemma-3-270m-q4_k_m.gguf");
+  ASSERT_FALSE(golden.is_null());
   constexpr int kSteps = 12;  // per prompt: 48 greedy steps in all, each on both models
   double worst = 0;
   int differing = 0, compared = 0;
@@ -140,7 +86,7 @@ TEST_P(QuantizedGgufTest, GreedyTokensAreTheDequantizedModels) {
     for (int32_t& id : ids) id %= quantized_->vocab_size();
     const int prompt_len = static_cast<int>(ids.size());
     // The dequantized model decodes greedily; the quantized one is fed the same tokens.
-    Sequence dequantized(*dequantized_, prompt_len + kSteps),
+    ChunkedSequence dequantized(*dequantized_, prompt_len + kSteps),
         quantized(*quantized_, prompt_len + kSteps);
     std::vector<float> w = dequantized.Feed(ids), g = quantized.Feed(ids);
     for (int step = 0; step < kSteps; ++step) {
@@ -181,11 +127,7 @@ INSTANTIATE_TEST_SUITE_P(
     Models, QuantizedGgufTest,
     ::testing::Values(RealModel{"smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", 0.1},
                       RealModel{"gemma3-270m", "gemma-3-270m-q4_k_m.gguf", 0.1}),
-    [](const auto& info) {
-      std::string n = info.param.fetch_name;
-      std::replace(n.begin(), n.end(), '-', '_');
-      return n;
-    });
+    testing::FetchNameOfParam());
 
 }  // namespace
 }  // namespace llm

@@ -10,10 +10,7 @@
 // that is not in the cache skips its test, naming the path and the command.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -23,7 +20,7 @@
 #include "nlohmann/json.hpp"
 #include "scheduler_service/tokenizer/tokenizer.h"
 #include "tests/testing/model_test_util.h"
-#include "tests/testing/test_data.h"
+#include "tests/testing/real_model_file_test.h"
 #include "worker_service/model/llama.h"
 
 namespace llm {
@@ -34,22 +31,14 @@ struct RealModel {
   const char* file;
 };
 
-class RealModelGoldenTest : public ::testing::TestWithParam<RealModel> {
+class RealModelGoldenTest : public testing::RealModelFileTest<RealModel> {
  protected:
   void SetUp() override {
-    path_ = testing::CachedModelPath(GetParam().file);
-    if (!std::filesystem::exists(path_)) {
-      GTEST_SKIP() << path_ << " is not there (tools/models/fetch_model.sh "
-                   << GetParam().fetch_name << " fetches it)";
-    }
-    std::ifstream in(std::string(LLM_TEST_DATA_DIR) + "/models/real/" +
-                     std::filesystem::path(GetParam().file).stem().string() + ".golden.json");
-    ASSERT_TRUE(in) << "no golden file for " << GetParam().file;
-    std::stringstream ss;
-    ss << in.rdbuf();
-    golden_ = nlohmann::json::parse(ss.str());
+    RealModelFileTest::SetUp();
+    if (IsSkipped()) return;
+    golden_ = testing::ReadRealGolden(GetParam().file);
+    ASSERT_FALSE(golden_.is_null());
   }
-  std::string path_;
   nlohmann::json golden_;
 };
 
@@ -75,49 +64,31 @@ TEST_P(RealModelGoldenTest, LogitsAndGreedyTokensAreTransformers) {
   options.quantized_weights = false;
   ASSERT_NO_FATAL_FAILURE(LoadTestModel(path_, &model, options));
   const int vocab = model->vocab_size();
-  constexpr int kBlockSize = 16, kChunk = 200;
   double worst = 0;
   for (const auto& p : golden_["prompts"]) {
     const std::vector<int32_t> prompt = p["ids"].get<std::vector<int32_t>>();
     const std::vector<int32_t> greedy = p["greedy"].get<std::vector<int32_t>>();
     std::vector<int32_t> ids = prompt;
     ids.insert(ids.end(), greedy.begin(), greedy.end());
-    const int total = static_cast<int>(ids.size());
+    // The logits of the last prompt position and of each greedy step: one row a step.
     const int first_checked = static_cast<int>(prompt.size()) - 1;
-    Cache cache(*model, (total + kBlockSize - 1) / kBlockSize, kBlockSize);
-    std::vector<int32_t> blocks(cache.free.rbegin(), cache.free.rend());
-    for (int done = 0; done < total;) {
-      const int n = std::min(kChunk, total - done);
-      std::vector<int32_t> tokens(ids.begin() + done, ids.begin() + done + n), positions, rows;
-      std::vector<int64_t> slots;
-      for (int i = done; i < done + n; ++i) {
-        positions.push_back(i);
-        slots.push_back(static_cast<int64_t>(blocks[i / kBlockSize]) * kBlockSize + i % kBlockSize);
-        if (i >= first_checked) rows.push_back(i - done);
+    const std::vector<float> logits =
+        ChunkedSequence(*model, static_cast<int>(ids.size())).Feed(ids, first_checked);
+    ASSERT_EQ(logits.size(), (ids.size() - first_checked) * vocab);
+    for (int step = 0; step < static_cast<int>(ids.size()) - first_checked; ++step) {
+      const float* row = logits.data() + static_cast<size_t>(step) * vocab;
+      const auto& top = p["top"][step];
+      double scale = 0;
+      for (const auto& e : top) scale = std::max(scale, std::fabs(e[1].get<double>()));
+      for (const auto& e : top) {
+        const double err = std::fabs(row[e[0].get<int>()] - e[1].get<double>()) / scale;
+        worst = std::max(worst, err);
+        EXPECT_LT(err, 2e-3) << "position " << first_checked + step << " token " << e[0];
       }
-      const int max_blocks = (done + n + kBlockSize - 1) / kBlockSize;
-      std::vector<int32_t> table(blocks.begin(), blocks.begin() + max_blocks);
-      std::vector<int32_t> seq_lens{done + n}, qsl{0, n};
-      ForwardInput in{tokens, positions, slots, table, max_blocks, seq_lens, qsl, rows};
-      HostTensor logits;
-      ASSERT_TRUE(model->Forward(in, cache.layers, &logits).ok());
-      for (size_t r = 0; r < rows.size(); ++r) {
-        const int step = done + rows[r] - first_checked;
-        const float* row = logits.data<float>() + r * vocab;
-        const auto& top = p["top"][step];
-        double scale = 0;
-        for (const auto& e : top) scale = std::max(scale, std::fabs(e[1].get<double>()));
-        for (const auto& e : top) {
-          const double err = std::fabs(row[e[0].get<int>()] - e[1].get<double>()) / scale;
-          worst = std::max(worst, err);
-          EXPECT_LT(err, 2e-3) << "position " << first_checked + step << " token " << e[0];
-        }
-        const int argmax = static_cast<int>(std::max_element(row, row + vocab) - row);
-        if (step < static_cast<int>(greedy.size())) {
-          EXPECT_EQ(argmax, greedy[step]) << "greedy step " << step << " of " << p["text"];
-        }
+      const int argmax = static_cast<int>(std::max_element(row, row + vocab) - row);
+      if (step < static_cast<int>(greedy.size())) {
+        EXPECT_EQ(argmax, greedy[step]) << "greedy step " << step << " of " << p["text"];
       }
-      done += n;
     }
   }
   RecordProperty("max_relative_error", std::to_string(worst));
@@ -126,11 +97,7 @@ TEST_P(RealModelGoldenTest, LogitsAndGreedyTokensAreTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Models, RealModelGoldenTest,
                          ::testing::Values(RealModel{"gemma3-270m", "gemma-3-270m-q4_k_m.gguf"}),
-                         [](const auto& info) {
-                           std::string n = info.param.fetch_name;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+                         testing::FetchNameOfParam());
 
 }  // namespace
 }  // namespace llm
