@@ -19,26 +19,8 @@ std::string GrammarSpec::CacheKey() const {
 }
 
 GrammarSpec SpecOf(const StructuredOutputParams& params) {
-  using Kind = StructuredOutputParams::Kind;
   GrammarSpec spec;
-  switch (params.kind) {
-    case Kind::kJsonSchema:
-      spec.kind = GrammarKind::kJsonSchema;
-      break;
-    case Kind::kJsonObject:
-    case Kind::kNone:
-      spec.kind = GrammarKind::kJsonObject;
-      break;
-    case Kind::kRegex:
-      spec.kind = GrammarKind::kRegex;
-      break;
-    case Kind::kGrammar:
-      spec.kind = GrammarKind::kGrammar;
-      break;
-    case Kind::kChoice:
-      spec.kind = GrammarKind::kChoice;
-      break;
-  }
+  if (params.active()) spec.kind = params.kind;  // else the default, kJsonObject
   spec.text = params.text;
   spec.choices = params.choices;
   spec.json_options.whitespace = params.any_whitespace ? JsonGrammarOptions::Whitespace::kAny
@@ -67,6 +49,8 @@ absl::StatusOr<Grammar> BuildGrammar(const GrammarSpec& spec) {
       return ParseGbnf(spec.text);
     case GrammarKind::kChoice:
       return ChoiceGrammar(spec.choices);
+    case GrammarKind::kNone:
+      break;
   }
   return absl::InvalidArgumentError("unknown grammar kind");
 }

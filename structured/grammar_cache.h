@@ -24,14 +24,10 @@
 
 namespace llm::structured {
 
-// The structured-output kinds of vLLM's guided decoding / OpenAI's response_format.
-enum class GrammarKind {
-  kJsonSchema,  // text: a JSON schema
-  kJsonObject,  // any JSON object; text unused
-  kRegex,       // text: a regular expression
-  kGrammar,     // text: GBNF
-  kChoice,      // choices: the output is one of these strings
-};
+// The structured-output kinds of vLLM's guided decoding / OpenAI's response_format are the
+// request's own (StructuredOutputParams::Kind, whose comments say what `text` and `choices` hold
+// for each), so that a request's constraint needs no mapping. kNone builds no grammar.
+using GrammarKind = StructuredOutputParams::Kind;
 
 struct GrammarSpec {
   GrammarKind kind = GrammarKind::kJsonObject;
