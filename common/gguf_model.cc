@@ -187,6 +187,14 @@ absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
                      "; llama covers Llama 2/3.x, SmolLM2 and Mistral)"));
   }
   const std::string a = arch + ".";
+  // Mixtral's GGUF files say llama with experts (llama.cpp's converter writes them so).
+  if (absl::StatusOr<int64_t> experts = f.GetInt(a + "expert_count");
+      experts.ok() && *experts > 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        "gguf ", f.path(), ": ", a, "expert_count = ", *experts,
+        ": mixture-of-experts GGUF files are not supported (load the model's Hugging Face "
+        "directory instead)"));
+  }
   ModelConfig c;
   c.model_type = arch;
   c.architecture = arch == "llama"    ? "LlamaForCausalLM"

@@ -19,8 +19,9 @@ namespace {
 using json = nlohmann::json;
 
 constexpr const char* kArchitectures[] = {
-    "LlamaForCausalLM",  "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-    "Gemma2ForCausalLM", "Gemma3ForCausalLM",  "Phi3ForCausalLM"};
+    "LlamaForCausalLM",    "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+    "Gemma2ForCausalLM",   "Gemma3ForCausalLM",  "Phi3ForCausalLM",  "MixtralForCausalLM",
+    "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"};
 
 absl::Status Invalid(absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("config.json: ", what));
@@ -226,8 +227,11 @@ absl::Status ParseSlidingWindow(const json& j, ModelConfig* c) {
   const bool gemma = arch == "Gemma2ForCausalLM" || arch == "Gemma3ForCausalLM";
   // Phi-3: transformers masks with the window whenever sliding_window is set (2047 for
   // Phi-3-mini-4k and Phi-3-medium-4k: a query sees itself and the 2046 positions before it).
-  bool use = arch == "MistralForCausalLM" || arch == "Phi3ForCausalLM" || gemma;
-  if (arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM") {
+  const bool qwen = arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM" ||
+                    arch == "Qwen2MoeForCausalLM" || arch == "Qwen3MoeForCausalLM";
+  bool use = arch == "MistralForCausalLM" || arch == "MixtralForCausalLM" ||
+             arch == "Phi3ForCausalLM" || gemma;
+  if (qwen) {
     RETURN_IF_ERROR(GetOptional(j, "use_sliding_window", &use));
   }
   int64_t window = 0;
@@ -256,7 +260,7 @@ absl::Status ParseSlidingWindow(const json& j, ModelConfig* c) {
     RETURN_IF_ERROR(GetOptional(j, "_sliding_window_pattern", &pattern));
     if (pattern < 1) return Invalid("\"sliding_window_pattern\" must be >= 1");
     for (int l = 0; l < c->num_hidden_layers; ++l) c->sliding_layers.push_back((l + 1) % pattern);
-  } else if (arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM") {
+  } else if (qwen) {
     int max_window_layers = c->num_hidden_layers;
     RETURN_IF_ERROR(GetOptional(j, "max_window_layers", &max_window_layers));
     for (int l = 0; l < c->num_hidden_layers; ++l) {
@@ -275,7 +279,8 @@ absl::Status ParseSlidingWindow(const json& j, ModelConfig* c) {
 absl::Status ParseFamilyFeatures(const json& j, ModelConfig* c) {
   const std::string& arch = c->architecture;
   const bool gemma = arch == "Gemma2ForCausalLM" || arch == "Gemma3ForCausalLM";
-  c->qk_norm = arch == "Qwen3ForCausalLM" || arch == "Gemma3ForCausalLM";
+  c->qk_norm =
+      arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM" || arch == "Gemma3ForCausalLM";
   if (arch == "Phi3ForCausalLM") {
     // Fused q/k/v and gate/up weights; transformers' Phi3Attention has no biases whatever
     // attention_bias says (Phi-4-mini's config.json has it, false).
@@ -309,6 +314,59 @@ absl::Status ParseFamilyFeatures(const json& j, ModelConfig* c) {
   }
   c->hidden_act = act;
   return ParseSlidingWindow(j, c);
+}
+
+// The mixture-of-experts fields (ModelConfig::num_experts and after): Mixtral's
+// num_local_experts (every layer, experts intermediate_size wide, weights always renormalized),
+// Qwen2-MoE's and Qwen3-MoE's num_experts (also spelled num_local_experts, as transformers >= 5
+// writes Qwen3-MoE's), moe_intermediate_size, norm_topk_prob, decoder_sparse_step and
+// mlp_only_layers (a layer is sparse unless listed there or (l + 1) % step != 0), and Qwen2-MoE's
+// shared expert.
+absl::Status ParseExperts(const json& j, ModelConfig* c) {
+  const std::string& arch = c->architecture;
+  const bool mixtral = arch == "MixtralForCausalLM";
+  if (!mixtral && arch != "Qwen2MoeForCausalLM" && arch != "Qwen3MoeForCausalLM") {
+    return absl::OkStatus();
+  }
+  const char* experts_field = j.contains("num_local_experts") ? "num_local_experts" : "num_experts";
+  RETURN_IF_ERROR(GetPositiveInt(j, experts_field, &c->num_experts));
+  RETURN_IF_ERROR(GetPositiveInt(j, "num_experts_per_tok", &c->num_experts_per_tok));
+  if (c->num_experts_per_tok > c->num_experts) {
+    return Invalid(absl::StrCat("\"num_experts_per_tok\" (", c->num_experts_per_tok,
+                                ") exceeds the number of experts (", c->num_experts, ")"));
+  }
+  c->moe_layers.assign(static_cast<size_t>(c->num_hidden_layers), true);
+  if (mixtral) {
+    c->moe_intermediate_size = c->intermediate_size;
+    c->norm_topk_prob = true;
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(GetPositiveInt(j, "moe_intermediate_size", &c->moe_intermediate_size));
+  RETURN_IF_ERROR(GetOptional(j, "norm_topk_prob", &c->norm_topk_prob));
+  if (arch == "Qwen2MoeForCausalLM") {
+    RETURN_IF_ERROR(
+        GetOptional(j, "shared_expert_intermediate_size", &c->shared_expert_intermediate_size));
+    if (c->shared_expert_intermediate_size < 0) {
+      return Invalid("\"shared_expert_intermediate_size\" must be >= 0");
+    }
+  }
+  int step = 1;
+  RETURN_IF_ERROR(GetOptional(j, "decoder_sparse_step", &step));
+  if (step < 1) return Invalid("\"decoder_sparse_step\" must be >= 1");
+  for (int l = 0; l < c->num_hidden_layers; ++l) c->moe_layers[l] = (l + 1) % step == 0;
+  if (const json* dense = Member(j, "mlp_only_layers"); dense != nullptr) {
+    if (!dense->is_array()) return Invalid("\"mlp_only_layers\" must be a list of layer indices");
+    for (const json& l : *dense) {
+      if (!l.is_number_integer() || l.get<int64_t>() < 0 ||
+          l.get<int64_t>() >= c->num_hidden_layers) {
+        return Invalid(absl::StrCat("\"mlp_only_layers\" holds ", l.dump(),
+                                    ", not a layer index below num_hidden_layers (",
+                                    c->num_hidden_layers, ")"));
+      }
+      c->moe_layers[l.get<size_t>()] = false;
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ParseTokenIds(const json& j, ModelConfig* c) {
@@ -376,14 +434,31 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(std::string_view json_text) {
   RETURN_IF_ERROR(GetOptional(j, "tie_word_embeddings", &c.tie_word_embeddings));
   RETURN_IF_ERROR(GetOptional(j, "torch_dtype", &c.torch_dtype));
   RETURN_IF_ERROR(GetOptional(j, "dtype", &c.torch_dtype));  // transformers >= 5
-  c.attention_bias = c.architecture == "Qwen2ForCausalLM";
+  // Qwen2 and Qwen2-MoE have q/k/v biases (Qwen2-MoE's config says so as qkv_bias in
+  // transformers >= 5).
+  c.attention_bias =
+      c.architecture == "Qwen2ForCausalLM" || c.architecture == "Qwen2MoeForCausalLM";
   RETURN_IF_ERROR(GetOptional(j, "attention_bias", &c.attention_bias));
+  if (c.architecture == "Qwen2MoeForCausalLM") {
+    RETURN_IF_ERROR(GetOptional(j, "qkv_bias", &c.attention_bias));
+  }
   bool mlp_bias = false;
   RETURN_IF_ERROR(GetOptional(j, "mlp_bias", &mlp_bias));
   if (mlp_bias) return absl::UnimplementedError("config.json: mlp_bias is not supported");
   RETURN_IF_ERROR(ParseFamilyFeatures(j, &c));
+  RETURN_IF_ERROR(ParseExperts(j, &c));
   RETURN_IF_ERROR(ParseTokenIds(j, &c));
   return c;
+}
+
+int ModelConfig::MaxIntermediateSize() const {
+  int widest = 0;
+  for (int l = 0; l < num_hidden_layers; ++l) {
+    widest = std::max(widest, IsMoeLayer(l)
+                                  ? std::max(moe_intermediate_size, shared_expert_intermediate_size)
+                                  : intermediate_size);
+  }
+  return std::max(widest, num_hidden_layers == 0 ? intermediate_size : 0);
 }
 
 absl::StatusOr<ModelConfig> ModelConfig::FromModelDir(const std::string& dir) {

@@ -1,9 +1,10 @@
 // The model configuration of a Hugging Face model directory (config.json) or of a GGUF file's
 // metadata, for the decoder families the workers run: LlamaForCausalLM, MistralForCausalLM
 // (sliding window included), Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM,
-// Gemma3ForCausalLM and Phi3ForCausalLM (Phi-3, Phi-3.5 and Phi-4-mini). The families differ by the
-// features below (each off by default, which is Llama); the model (worker_service/model/llama.h)
-// implements each feature once.
+// Gemma3ForCausalLM and Phi3ForCausalLM (Phi-3, Phi-3.5 and Phi-4-mini), and the mixtures of
+// experts MixtralForCausalLM, Qwen2MoeForCausalLM and Qwen3MoeForCausalLM (from config.json
+// only). The families differ by the features below (each off by default, which is Llama); the
+// model (worker_service/model/llama.h) implements each feature once.
 //
 // Parsing fails with INVALID_ARGUMENT naming the missing or malformed field, and with
 // UNIMPLEMENTED naming an architecture, activation, rope scaling type or feature that is not
@@ -49,7 +50,7 @@ struct RopeScaling {
 struct ModelConfig {
   std::string architecture;  // as in "architectures"[0]
   std::string model_type;    // "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text",
-                             // "phi3"
+                             // "phi3", "mixtral", "qwen2_moe", "qwen3_moe"
   int vocab_size = 0;
   int hidden_size = 0;
   int intermediate_size = 0;
@@ -103,7 +104,21 @@ struct ModelConfig {
   // Gemma 3: the sliding layers' rotary base, without the global layers' scaling; 0: the
   // sliding layers use rope_theta and rope_scaling like the others.
   double rope_local_theta = 0.0;
-  std::string torch_dtype;  // "float32", "bfloat16", "float16" or "" when absent
+  // Mixture of experts: in the layers IsMoeLayer() names, the MLP is num_experts experts (each
+  // a gated MLP of moe_intermediate_size) of which each token runs num_experts_per_tok, chosen
+  // by a router (a [num_experts, H] linear, softmax, top-k) and weighted by their softmax
+  // probabilities, renormalized over the k chosen when norm_topk_prob (Mixtral always).
+  // Qwen2-MoE adds a shared expert every token runs (shared_expert_intermediate_size, 0: none),
+  // scaled by sigmoid(shared_expert_gate . x). The other layers (Qwen2/3-MoE's mlp_only_layers
+  // and those decoder_sparse_step skips) keep the dense MLP of intermediate_size. Mixtral's
+  // experts are intermediate_size wide (moe_intermediate_size is set to it). 0 experts: dense.
+  int num_experts = 0;
+  int num_experts_per_tok = 0;
+  int moe_intermediate_size = 0;
+  int shared_expert_intermediate_size = 0;
+  bool norm_topk_prob = false;
+  std::vector<bool> moe_layers;  // num_hidden_layers entries when num_experts > 0
+  std::string torch_dtype;       // "float32", "bfloat16", "float16" or "" when absent
   int bos_token_id = -1;
   std::vector<int> eos_token_ids;
 
@@ -116,6 +131,14 @@ struct ModelConfig {
                                       sliding_layers[static_cast<size_t>(l)]);
   }
 
+  // Whether layer `l`'s MLP is a mixture of experts.
+  bool IsMoeLayer(int l) const {
+    return num_experts > 0 && l >= 0 && l < static_cast<int>(moe_layers.size()) &&
+           moe_layers[static_cast<size_t>(l)];
+  }
+  // The widest MLP of any layer (dense, expert or shared expert): the activations' width.
+  int MaxIntermediateSize() const;
+
   static absl::StatusOr<ModelConfig> FromJson(std::string_view json_text);
   // Reads <dir>/config.json, or the metadata of `dir` when it is a GGUF file (*.gguf).
   static absl::StatusOr<ModelConfig> FromModelDir(const std::string& dir);
@@ -124,7 +147,8 @@ struct ModelConfig {
   // <arch>.* keys; what llama.cpp hard-codes per architecture, such as Gemma's layer pattern;
   // token ids from tokenizer.ggml.*; phi3's longrope factors from its rope_factors_short /
   // rope_factors_long tensors). UNIMPLEMENTED naming another architecture or an unsupported
-  // feature (rope scaling other than linear); INVALID_ARGUMENT
+  // feature (rope scaling other than linear, experts: <arch>.expert_count > 0, a mixture of
+  // experts, is refused by name); INVALID_ARGUMENT
   // naming a missing or malformed key. Implemented in gguf_model.cc.
   static absl::StatusOr<ModelConfig> FromGguf(const GgufFile& file);
 };

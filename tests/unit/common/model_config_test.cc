@@ -1,9 +1,11 @@
 #include "common/model_config.h"
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include "common/gguf.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -222,6 +224,183 @@ TEST(ModelConfig, GeluIsRefusedOutsideGemma) {
 }
 
 // The tiny models of the new families, as transformers 5 wrote their config.json.
+// The shape of Mixtral-8x7B-Instruct-v0.1's config.json (real field names and values).
+json Mixtral() {
+  return json::parse(R"({
+    "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+    "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336,
+    "max_position_embeddings": 32768, "model_type": "mixtral", "num_attention_heads": 32,
+    "num_experts_per_tok": 2, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "num_local_experts": 8, "output_router_logits": false, "rms_norm_eps": 1e-05,
+    "rope_theta": 1e6, "router_aux_loss_coef": 0.02, "sliding_window": null,
+    "tie_word_embeddings": false, "torch_dtype": "bfloat16", "vocab_size": 32000})");
+}
+
+// Qwen1.5-MoE-A2.7B's.
+json Qwen2Moe() {
+  return json::parse(R"({
+    "architectures": ["Qwen2MoeForCausalLM"], "bos_token_id": 151643, "eos_token_id": 151643,
+    "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 5632,
+    "max_position_embeddings": 8192, "max_window_layers": 21, "model_type": "qwen2_moe",
+    "num_attention_heads": 16, "num_hidden_layers": 24, "num_key_value_heads": 16,
+    "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
+    "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_sliding_window": false,
+    "vocab_size": 151936, "decoder_sparse_step": 1, "moe_intermediate_size": 1408,
+    "shared_expert_intermediate_size": 5632, "num_experts_per_tok": 4, "num_experts": 60,
+    "norm_topk_prob": false, "router_aux_loss_coef": 0.001})");
+}
+
+// Qwen3-30B-A3B's.
+json Qwen3Moe() {
+  return json::parse(R"({
+    "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false, "bos_token_id": 151643,
+    "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 2048, "intermediate_size": 6144, "max_position_embeddings": 40960,
+    "max_window_layers": 48, "mlp_only_layers": [], "model_type": "qwen3_moe",
+    "moe_intermediate_size": 768, "norm_topk_prob": true, "num_attention_heads": 32,
+    "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 48,
+    "num_key_value_heads": 4, "rms_norm_eps": 1e-06, "rope_scaling": null,
+    "rope_theta": 1000000.0, "sliding_window": null, "tie_word_embeddings": false,
+    "torch_dtype": "bfloat16", "use_sliding_window": false, "vocab_size": 151936})");
+}
+
+TEST(ModelConfig, MixtralHasExpertsInEveryLayerWithRenormalizedWeights) {
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromJson(Mixtral().dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_experts, 8);
+  EXPECT_EQ(c->num_experts_per_tok, 2);
+  EXPECT_EQ(c->moe_intermediate_size, 14336);  // the experts are intermediate_size wide
+  EXPECT_EQ(c->shared_expert_intermediate_size, 0);
+  EXPECT_TRUE(c->norm_topk_prob);
+  for (int l = 0; l < 32; ++l) EXPECT_TRUE(c->IsMoeLayer(l)) << l;
+  EXPECT_FALSE(c->IsMoeLayer(32));
+  EXPECT_FALSE(c->attention_bias);
+  EXPECT_FALSE(c->qk_norm);
+  EXPECT_EQ(c->sliding_window, 0);  // null
+  EXPECT_EQ(c->MaxIntermediateSize(), 14336);
+  // A window, when set, applies to every layer as Mistral's.
+  json j = Mixtral();
+  j["sliding_window"] = 4096;
+  c = ModelConfig::FromJson(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->IsSlidingLayer(0));
+  EXPECT_TRUE(c->IsSlidingLayer(31));
+}
+
+TEST(ModelConfig, Qwen2MoeHasASharedExpertAndQkvBias) {
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromJson(Qwen2Moe().dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_experts, 60);
+  EXPECT_EQ(c->num_experts_per_tok, 4);
+  EXPECT_EQ(c->moe_intermediate_size, 1408);
+  EXPECT_EQ(c->shared_expert_intermediate_size, 5632);
+  EXPECT_FALSE(c->norm_topk_prob);
+  EXPECT_TRUE(c->attention_bias);  // Qwen2-MoE's default
+  EXPECT_FALSE(c->qk_norm);
+  EXPECT_EQ(c->sliding_window, 0);
+  for (int l = 0; l < 24; ++l) EXPECT_TRUE(c->IsMoeLayer(l)) << l;
+  EXPECT_EQ(c->MaxIntermediateSize(), 5632);
+  // transformers >= 5 writes qkv_bias.
+  json j = Qwen2Moe();
+  j["qkv_bias"] = false;
+  c = ModelConfig::FromJson(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->attention_bias);
+}
+
+TEST(ModelConfig, Qwen3MoeHasQkNormAndNormalizedTopK) {
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromJson(Qwen3Moe().dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_experts, 128);
+  EXPECT_EQ(c->num_experts_per_tok, 8);
+  EXPECT_EQ(c->moe_intermediate_size, 768);
+  EXPECT_EQ(c->shared_expert_intermediate_size, 0);
+  EXPECT_TRUE(c->norm_topk_prob);
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_FALSE(c->attention_bias);
+  EXPECT_EQ(c->head_dim, 128);
+  for (int l = 0; l < 48; ++l) EXPECT_TRUE(c->IsMoeLayer(l)) << l;
+  // transformers >= 5 spells the expert count num_local_experts (an alias of num_experts).
+  json j = Qwen3Moe();
+  j.erase("num_experts");
+  j["num_local_experts"] = 16;
+  c = ModelConfig::FromJson(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_experts, 16);
+}
+
+TEST(ModelConfig, SparseStepAndMlpOnlyLayersLeaveDenseLayers) {
+  json j = Qwen2Moe();
+  j["num_hidden_layers"] = 6;
+  j["decoder_sparse_step"] = 2;  // layers 1, 3, 5 sparse ...
+  j["mlp_only_layers"] = {3};    // ... but 3 dense
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromJson(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(c->moe_layers, ElementsAre(false, true, false, false, false, true));
+  EXPECT_EQ(c->MaxIntermediateSize(), 5632);
+  j["intermediate_size"] = 10000;  // the dense layers' MLP is now the widest
+  c = ModelConfig::FromJson(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->MaxIntermediateSize(), 10000);
+  // Dense families have no experts.
+  c = ModelConfig::FromJson(Llama3().dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_experts, 0);
+  EXPECT_FALSE(c->IsMoeLayer(0));
+  EXPECT_EQ(c->MaxIntermediateSize(), 14336);
+}
+
+TEST(ModelConfig, ExpertErrorsNameTheField) {
+  json j = Mixtral();
+  j.erase("num_local_experts");
+  EXPECT_THAT(Parse(j).message(), HasSubstr("missing \"num_experts\""));
+  j = Mixtral();
+  j.erase("num_experts_per_tok");
+  EXPECT_THAT(Parse(j).message(), HasSubstr("missing \"num_experts_per_tok\""));
+  j = Mixtral();
+  j["num_experts_per_tok"] = 9;
+  EXPECT_THAT(Parse(j).message(), HasSubstr("\"num_experts_per_tok\" (9) exceeds"));
+  j = Qwen3Moe();
+  j.erase("moe_intermediate_size");
+  EXPECT_THAT(Parse(j).message(), HasSubstr("missing \"moe_intermediate_size\""));
+  j = Qwen2Moe();
+  j["decoder_sparse_step"] = 0;
+  EXPECT_THAT(Parse(j).message(), HasSubstr("\"decoder_sparse_step\" must be >= 1"));
+  j = Qwen2Moe();
+  j["mlp_only_layers"] = {24};
+  EXPECT_THAT(Parse(j).message(), HasSubstr("\"mlp_only_layers\" holds 24"));
+  j = Qwen2Moe();
+  j["norm_topk_prob"] = 1;
+  EXPECT_THAT(Parse(j).message(), HasSubstr("\"norm_topk_prob\" must be a boolean"));
+  // OLMoE (q/k norm over the whole projection, not per head) is not one of them.
+  j = Qwen3Moe();
+  j["architectures"] = {"OlmoeForCausalLM"};
+  EXPECT_EQ(Parse(j).code(), absl::StatusCode::kUnimplemented);
+}
+
+// Mixtral's GGUF files say general.architecture llama with llama.expert_count: refused by name.
+TEST(ModelConfig, MixtureOfExpertsGgufIsRefusedByName) {
+  std::vector<std::byte> b;
+  auto put = [&b](const auto& v) {
+    const size_t n = b.size();
+    b.resize(n + sizeof(v));
+    std::memcpy(b.data() + n, &v, sizeof(v));
+  };
+  auto str = [&](std::string_view s) {
+    put(static_cast<uint64_t>(s.size()));
+    for (char ch : s) b.push_back(static_cast<std::byte>(ch));
+  };
+  put(GgufFile::kMagic), put(uint32_t{3}), put(uint64_t{0}), put(uint64_t{2});
+  str("general.architecture"), put(uint32_t{8}), str("llama");    // 8: string
+  str("llama.expert_count"), put(uint32_t{4}), put(uint32_t{8});  // 4: u32
+  absl::StatusOr<std::unique_ptr<GgufFile>> f = GgufFile::FromBuffer(b, "mixtral.gguf");
+  ASSERT_TRUE(f.ok()) << f.status();
+  const absl::Status s = ModelConfig::FromGguf(**f).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(s.message(), HasSubstr("mixture-of-experts GGUF"));
+  EXPECT_THAT(s.message(), HasSubstr("llama.expert_count = 8"));
+}
+
 TEST(ModelConfig, ReadsQwen3AndGemmaConfigsWrittenByTransformers5) {
   absl::StatusOr<ModelConfig> qwen3 =
       ModelConfig::FromModelDir(LLM_TEST_DATA_DIR "/models/tiny-qwen3");
