@@ -1,6 +1,6 @@
 // The decoder families of common/model_config.h (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3,
-// Phi-3) over a paged KV cache, tensor-parallel from the start. One LlamaModel is one rank's
-// shard.
+// Phi-3, and the mixtures of experts Mixtral, Qwen2-MoE and Qwen3-MoE) over a paged KV cache,
+// tensor-parallel from the start. One LlamaModel is one rank's shard.
 // The Llama layer is the base; each family's differences are ModelConfig features, applied in
 // one place each: q/k norm (HeadRmsNorm after the projection), GeGLU, scaled embeddings,
 // (1 + w) norms (the offset added at load), sandwich norms, the attention scale, soft-capping
@@ -21,7 +21,17 @@
 //   KV heads                   split across ranks; replicated when W > num_key_value_heads
 //                              (rank r then holds kv head r / (W / Hkv), the one its q heads
 //                              read)
+//   experts (MoE layers)       each expert's gate/up column-parallel and down row-parallel,
+//                              like the dense MLP (rank r holds its part of every expert's
+//                              intermediate size), the shared expert likewise; the router and
+//                              the shared expert's gate replicated; one all-reduce per layer
 // Each rank reads only its own slices of the weights (SafetensorsModel slices).
+//
+// Mixture of experts (cpu; refused on cuda at load): the router GEMM (f32), then on the host each
+// token's softmax and top-k (moe_routing.h) and the tokens grouped by expert; each active expert
+// runs one gate/up GEMM and one down GEMM over its tokens' rows (gathered), whose outputs are
+// added, weighted, into their tokens' rows; Qwen2-MoE's shared expert runs over every token and
+// is added times sigmoid(its gate). Each rank's sum is partial, all-reduced as the dense MLP's.
 //
 // q/k/v_proj are one fused weight [(q_heads + 2 kv_heads) * D, H] (one GEMM; rotary, the cache
 // write and attention read q, k and v as token-strided views of its output, no copy), gate/up_proj
@@ -57,6 +67,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -69,6 +80,7 @@
 #include "kernels/ops.h"
 #include "kernels/tensor.h"
 #include "worker_service/model/device_context.h"
+#include "worker_service/model/moe_routing.h"
 
 namespace llm {
 
@@ -128,7 +140,8 @@ class LlamaModel {
   ~LlamaModel();
   // Reads rank `comm->rank()` of `comm->world_size()`'s shard (rank 0 of 1 when comm is
   // null). INVALID_ARGUMENT when the heads or the intermediate size do not split over the
-  // ranks, or the dtype does not suit the device; the loader's errors when a tensor is missing
+  // ranks, or the dtype does not suit the device; UNIMPLEMENTED for a mixture of experts on
+  // cuda; the loader's errors when a tensor is missing
   // or malformed; RESOURCE_EXHAUSTED when the weights do not fit the device.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const std::string& model_dir,
                                                           const ModelConfig& config,
@@ -222,13 +235,23 @@ class LlamaModel {
     // and the packed ones then stay empty).
     std::unique_ptr<cpu::PackedLinear> qkv_packed, o_packed, gate_up_packed, down_packed;
     std::unique_ptr<cpu::QuantizedLinear> qkv_quant, o_quant, gate_up_quant, down_quant;
+    // A mixture-of-experts layer (config.IsMoeLayer): the router [E, H] packed in f32, each
+    // expert's gate/up [2 Ie_local, H] and down [H, Ie_local] packed, and Qwen2-MoE's shared
+    // expert in gate_up_packed / down_packed above with its gate [H] (unallocated: none).
+    bool moe = false;
+    std::unique_ptr<cpu::PackedLinear> router_packed;
+    std::vector<std::unique_ptr<cpu::PackedLinear>> expert_gate_up, expert_down;
+    Tensor shared_gate;
   };
   // Activation and input buffers, sized for the largest step so far.
   struct Buffers {
     int64_t tokens = 0, rows = 0, seqs = 0, table = 0;  // capacities
     Tensor x, residual, qkv, attn, gate_up, act;        // [tokens, ...], model dtype
-    Tensor selected;                                    // [rows, H]
-    Tensor local_logits, gathered, logits;              // f32 [rows, Vp], [W, rows, Vp], [rows, V]
+    // Mixture of experts (cpu, f32): the router's logits [tokens, E], an expert's gathered
+    // input rows and output rows [tokens, H], and the layer's weighted sum [tokens, H].
+    Tensor router_logits, moe_in, moe_out, moe_sum;
+    Tensor selected;                        // [rows, H]
+    Tensor local_logits, gathered, logits;  // f32 [rows, Vp], [W, rows, Vp], [rows, V]
     // The step's integer inputs: on cpu they are read where the caller has them; on cuda they
     // are packed into `staging` (pinned) and go up in one copy into `inputs`.
     Tensor staging, inputs;
@@ -253,6 +276,9 @@ class LlamaModel {
   // Enqueues the whole forward pass over `views` (nothing is allocated or waited for).
   absl::Status Compute(const StepViews& views, std::span<const LayerKvCache> caches,
                        TensorView* logits);
+  // x [t, H] (the MLP's normalized input) becomes this rank's part of the layer's mixture of
+  // experts (cpu), before the all-reduce.
+  absl::Status MoeMlp(const Layer& L, const TensorView& x, int64_t t);
   bool UseGraph(const ForwardInput& in, std::span<const LayerKvCache> caches) const;
   int64_t GraphSize(int64_t num_seqs) const;
   // A graph's block-table row: the blocks of max_model_len tokens in the caches' block size.
@@ -277,9 +303,10 @@ class LlamaModel {
                                      const std::vector<WeightSlice>& slices, int64_t k,
                                      int64_t n_rows, const Tensor& bias,
                                      std::unique_ptr<cpu::QuantizedLinear>* out);
-  // cpu: packs a GEMM weight (and bias) in dtype_ and releases its f32 copy; a layer's four
-  // GEMMs; the LM head (tied: from the embedding table, which is then released).
-  absl::Status PackCpuWeight(Tensor* weight, Tensor* bias, std::unique_ptr<cpu::PackedLinear>* out);
+  // cpu: packs a GEMM weight (and bias) in dtype_ (or `dtype`) and releases its f32 copy; a layer's
+  // four GEMMs; the LM head (tied: from the embedding table, which is then released).
+  absl::Status PackCpuWeight(Tensor* weight, Tensor* bias, std::unique_ptr<cpu::PackedLinear>* out,
+                             std::optional<DType> dtype = std::nullopt);
   absl::Status PackCpuLayer(Layer* layer);
   absl::Status PackCpuHead();
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Make(const ModelConfig& config,
@@ -304,7 +331,10 @@ class LlamaModel {
   int local_kv_heads_ = 0;
   int first_kv_head_ = 0;
   int local_intermediate_ = 0;
-  int vocab_per_rank_ = 0;  // Vp
+  int local_expert_intermediate_ = 0;  // each expert's part of moe_intermediate_size
+  int local_shared_intermediate_ = 0;  // the shared expert's part
+  int local_max_intermediate_ = 0;     // the widest of the three: the MLP buffers' width
+  int vocab_per_rank_ = 0;             // Vp
   size_t weight_bytes_ = 0;
   size_t coded_weight_bytes_ = 0;
   size_t quantized_weight_bytes_ = 0;
@@ -322,6 +352,7 @@ class LlamaModel {
   std::vector<Layer> layers_;
   Buffers buf_;
   std::vector<int32_t> local_ids_;  // cpu: this step's ids in the local vocabulary
+  MoeRouting routing_;              // cpu: the step's routing of the current MoE layer
   int max_graph_batch_ = 0;
   std::map<int64_t, Graph> graphs_;               // by padded batch size
   std::map<int64_t, std::string> failed_graphs_;  // sizes that run eagerly, and why
