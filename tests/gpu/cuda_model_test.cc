@@ -303,6 +303,23 @@ TEST_P(CudaRandomModelTest, Bf16OnTheTensorCoreKernelsFollowsTheCpuModel) {
 
 INSTANTIATE_TEST_SUITE_P(HeadSizes, CudaRandomModelTest, ::testing::Values(64, 128));
 
+// A mixture of experts is refused on cuda, naming it, at load (no grouped expert GEMMs there
+// yet): never run silently wrong.
+TEST(CudaMoeTest, MixtureOfExpertsIsRefusedOnCudaByName) {
+  std::string why_none;
+  if (cuda::DeviceCount(&why_none) == 0) GTEST_SKIP() << "no usable CUDA device: " << why_none;
+  absl::StatusOr<std::unique_ptr<DeviceContext>> ctx = DeviceContext::Create(TensorDevice::Cuda(0));
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  const std::string dir = ::llm::testing::TestDataDir() + "/models/tiny-mixtral";
+  absl::StatusOr<ModelConfig> config = ModelConfig::FromModelDir(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<std::unique_ptr<LlamaModel>> model =
+      LlamaModel::Load(dir, *config, nullptr, {ctx->get(), DType::kF32});
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(model.status().message().find("mixture-of-experts on cuda"), std::string::npos)
+      << model.status();
+}
+
 // tiny-gemma2 is left to the CPU goldens here (emulated, its runs cost about 90 s): what it adds
 // on cuda, soft-capped attention, is checked against the CPU op in paged_attention_test.cc.
 INSTANTIATE_TEST_SUITE_P(Models, CudaModelTest,

@@ -24,6 +24,13 @@
                                    length 64: the goldens' sequences, shorter, use the short
                                    ones, as transformers does below that length; the long ones
                                    are checked by a unit test), sliding window 24
+  tests/data/models/tiny-mixtral/  MixtralForCausalLM, F32: 8 experts, top-2 (softmax, weights
+                                   renormalized), hidden 32, MQA, tied embeddings
+  tests/data/models/tiny-qwen2-moe/ Qwen2MoeForCausalLM, F32: 6 experts, top-2 of the softmax
+                                   (norm_topk_prob false), a shared expert with its sigmoid
+                                   gate, qkv biases, layer 1 dense (mlp_only_layers)
+  tests/data/models/tiny-qwen3-moe/ Qwen3MoeForCausalLM, F32: q/k norm, head_dim 16 (not
+                                   hidden / heads), 8 experts, top-2, norm_topk_prob true
 
 Needs: torch, transformers, tokenizers, safetensors (pip), and Debian's `fortunes` package.
 CI never runs this; it uses the committed outputs.
@@ -39,8 +46,10 @@ import sys
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
-                          LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                          LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM,
+                          Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUT = os.path.join(ROOT, "tests", "data", "models")
@@ -205,8 +214,57 @@ def tiny_phi3(ids):
     return model, torch.float32, "10GB"
 
 
+# The mixtures of experts: hidden 32 (std scaled as randomize says), so that with the tied
+# 2048-token table each model.safetensors stays near 0.5 MB.
+MOE_STD = 0.08 * (64 / 32) ** 0.5
+
+
+def tiny_mixtral(ids):
+    torch.manual_seed(6)
+    cfg = MixtralConfig(
+        vocab_size=ids["vocab"], hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+        num_local_experts=8, num_experts_per_tok=2, rms_norm_eps=1e-5, rope_theta=1000000.0,
+        sliding_window=None, tie_word_embeddings=True, bos_token_id=ids["bos"],
+        eos_token_id=ids["eos"], pad_token_id=None, torch_dtype="float32")
+    model = MixtralForCausalLM(cfg)
+    randomize(model, 1.0, std=MOE_STD)
+    return model, torch.float32, "10GB"
+
+
+def tiny_qwen2_moe(ids):
+    torch.manual_seed(7)
+    cfg = Qwen2MoeConfig(
+        vocab_size=ids["vocab"], hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+        num_experts=6, num_experts_per_tok=2, moe_intermediate_size=16,
+        shared_expert_intermediate_size=48, norm_topk_prob=False, decoder_sparse_step=1,
+        mlp_only_layers=[1], rms_norm_eps=1e-6, rope_theta=1000000.0, use_sliding_window=False,
+        tie_word_embeddings=True, bos_token_id=ids["bos"], eos_token_id=ids["eos"],
+        pad_token_id=None, torch_dtype="float32")
+    model = Qwen2MoeForCausalLM(cfg)
+    randomize(model, 1.0, std=MOE_STD)
+    return model, torch.float32, "10GB"
+
+
+def tiny_qwen3_moe(ids):
+    torch.manual_seed(8)
+    cfg = Qwen3MoeConfig(
+        vocab_size=ids["vocab"], hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16, norm_topk_prob=True,
+        decoder_sparse_step=1, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        tie_word_embeddings=True, bos_token_id=ids["bos"], eos_token_id=ids["eos"],
+        pad_token_id=None, torch_dtype="float32")
+    model = Qwen3MoeForCausalLM(cfg)
+    randomize(model, 1.0, std=MOE_STD)
+    return model, torch.float32, "10GB"
+
+
 MODELS = {"tiny-llama": tiny_llama, "tiny-qwen2": tiny_qwen2, "tiny-qwen3": tiny_qwen3,
-          "tiny-gemma2": tiny_gemma2, "tiny-gemma3": tiny_gemma3, "tiny-phi3": tiny_phi3}
+          "tiny-gemma2": tiny_gemma2, "tiny-gemma3": tiny_gemma3, "tiny-phi3": tiny_phi3,
+          "tiny-mixtral": tiny_mixtral, "tiny-qwen2-moe": tiny_qwen2_moe,
+          "tiny-qwen3-moe": tiny_qwen3_moe}
 
 
 def main():

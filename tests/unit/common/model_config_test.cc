@@ -378,6 +378,34 @@ TEST(ModelConfig, ExpertErrorsNameTheField) {
   EXPECT_EQ(Parse(j).code(), absl::StatusCode::kUnimplemented);
 }
 
+// The config.json files transformers 5 wrote for the tiny mixtures of experts (tools/models).
+TEST(ModelConfig, ReadsMoeConfigsWrittenByTransformers5) {
+  absl::StatusOr<ModelConfig> mixtral =
+      ModelConfig::FromModelDir(LLM_TEST_DATA_DIR "/models/tiny-mixtral");
+  ASSERT_TRUE(mixtral.ok()) << mixtral.status();
+  EXPECT_EQ(mixtral->num_experts, 8);
+  EXPECT_EQ(mixtral->moe_intermediate_size, 32);
+  EXPECT_TRUE(mixtral->norm_topk_prob);
+
+  absl::StatusOr<ModelConfig> qwen2 =
+      ModelConfig::FromModelDir(LLM_TEST_DATA_DIR "/models/tiny-qwen2-moe");
+  ASSERT_TRUE(qwen2.ok()) << qwen2.status();
+  EXPECT_EQ(qwen2->num_experts, 6);
+  EXPECT_EQ(qwen2->shared_expert_intermediate_size, 48);
+  EXPECT_FALSE(qwen2->norm_topk_prob);
+  EXPECT_TRUE(qwen2->attention_bias);
+  EXPECT_THAT(qwen2->moe_layers, ElementsAre(true, false, true));
+
+  absl::StatusOr<ModelConfig> qwen3 =
+      ModelConfig::FromModelDir(LLM_TEST_DATA_DIR "/models/tiny-qwen3-moe");
+  ASSERT_TRUE(qwen3.ok()) << qwen3.status();
+  EXPECT_EQ(qwen3->num_experts, 8);  // written as num_local_experts
+  EXPECT_EQ(qwen3->moe_intermediate_size, 16);
+  EXPECT_TRUE(qwen3->norm_topk_prob);
+  EXPECT_TRUE(qwen3->qk_norm);
+  EXPECT_EQ(qwen3->head_dim, 16);
+}
+
 // Mixtral's GGUF files say general.architecture llama with llama.expert_count: refused by name.
 TEST(ModelConfig, MixtureOfExpertsGgufIsRefusedByName) {
   std::vector<std::byte> b;

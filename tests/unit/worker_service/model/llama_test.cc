@@ -109,7 +109,8 @@ INSTANTIATE_TEST_SUITE_P(Models, LlamaGoldenTest,
                          ::testing::Values("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma2",
                                            "tiny-gemma3", "tiny-phi3", "fortune-llama",
                                            "tiny-llama.gguf", "tiny-qwen2.gguf", "tiny-qwen3.gguf",
-                                           "tiny-gemma3.gguf", "tiny-phi3.gguf"),
+                                           "tiny-gemma3.gguf", "tiny-phi3.gguf", "tiny-mixtral",
+                                           "tiny-qwen2-moe", "tiny-qwen3-moe"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');

@@ -151,5 +151,18 @@ INSTANTIATE_TEST_SUITE_P(Models, LlamaTensorParallelTest,
                                   (std::get<2>(info.param) ? "_shm" : "_gloo");
                          });
 
+// The mixtures of experts: every expert's intermediate size split over the ranks (their heads
+// allow 2).
+INSTANTIATE_TEST_SUITE_P(MoeModels, LlamaTensorParallelTest,
+                         ::testing::Combine(::testing::Values("tiny-mixtral", "tiny-qwen2-moe",
+                                                              "tiny-qwen3-moe"),
+                                            ::testing::Values(2), ::testing::Bool()),
+                         [](const auto& info) {
+                           std::string n = std::get<0>(info.param);
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n + "_tp" + std::to_string(std::get<1>(info.param)) +
+                                  (std::get<2>(info.param) ? "_shm" : "_gloo");
+                         });
+
 }  // namespace
 }  // namespace llm
