@@ -83,6 +83,10 @@ TensorView QkvPart(const TensorView& qkv, int64_t first_head, int64_t num_heads,
   return v;
 }
 
+// The element count from which the mixture of experts' row loops (gather, weighted add) run on
+// the OpenMP pool, as the CPU kernels' own loops do.
+constexpr int64_t kMinParallelElements = int64_t{1} << 15;
+
 // Rounds a byte offset up to 256 (each input array starts aligned).
 size_t Align(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
@@ -1222,11 +1226,15 @@ absl::Status LlamaModel::MoeMlp(const Layer& L, const TensorView& x, int64_t t) 
     if (n == 0) continue;
     const int32_t* tokens = routing_.tokens.data() + routing_.offsets[e];
     const float* weights = routing_.weights.data() + routing_.offsets[e];
+    const bool parallel = n > 1 && n * h >= kMinParallelElements;
+#pragma omp parallel for schedule(static) if (parallel)
     for (int64_t i = 0; i < n; ++i) std::copy_n(in + tokens[i] * h, h, gathered + i * h);
     const TensorView gate_up = buf_.gate_up.Prefix({n, 2 * ie}), act = buf_.act.Prefix({n, ie});
     RETURN_IF_ERROR(FromOp(L.expert_gate_up[e]->Forward(gate_up, buf_.moe_in.Prefix({n, h}))));
     RETURN_IF_ERROR(FromOp(ops::SiluAndMul(ctx, act, gate_up)));
     RETURN_IF_ERROR(FromOp(L.expert_down[e]->Forward(buf_.moe_out.Prefix({n, h}), act)));
+    // An expert's tokens are distinct: its rows add into distinct sums.
+#pragma omp parallel for schedule(static) if (parallel)
     for (int64_t i = 0; i < n; ++i) {
       float* dst = sum + tokens[i] * h;
       const float* src = out + i * h;
@@ -1242,6 +1250,7 @@ absl::Status LlamaModel::MoeMlp(const Layer& L, const TensorView& x, int64_t t) 
     RETURN_IF_ERROR(FromOp(ops::SiluAndMul(ctx, act, gate_up)));
     RETURN_IF_ERROR(FromOp(L.down_packed->Forward(buf_.moe_out.Prefix({t, h}), act)));
     const float* gate = L.shared_gate.view().data_as<float>();
+#pragma omp parallel for schedule(static) if (t > 1 && t * h >= kMinParallelElements)
     for (int64_t i = 0; i < t; ++i) {
       float dot = 0.0f;
       for (int64_t j = 0; j < h; ++j) dot += gate[j] * in[i * h + j];
