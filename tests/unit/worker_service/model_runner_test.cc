@@ -265,6 +265,35 @@ TEST_F(ModelRunnerTest, GreedyOutputIsTransformersInEveryConfiguration) {
   }
 }
 
+#ifndef LLM_TEST_ON_CUDA
+// The mixtures of experts (cpu only: cuda refuses them at load) through the engine: greedy
+// output is transformers' with preemption (recompute and swap), chunked prefill and prefix
+// caching, each step's tokens routed together whatever the batch holds.
+TEST_F(ModelRunnerTest, MixturesOfExpertsAreTransformersGreedyThroughPreemptionChunksAndCaching) {
+  const std::vector<Config> configs = {
+      {.name = "recompute", .num_gpu_blocks = 20, .block_size = 4},
+      {.name = "swap",
+       .num_gpu_blocks = 20,
+       .num_cpu_blocks = 64,
+       .block_size = 4,
+       .mode = PreemptionMode::kSwap},
+      {.name = "chunked prefill", .chunked = true, .threshold = 5, .max_num_batched_tokens = 16},
+      {.name = "prefix caching", .block_size = 4, .prefix_caching = true, .max_num_seqs = 4},
+  };
+  for (const char* name : {"tiny-mixtral", "tiny-qwen2-moe", "tiny-qwen3-moe"}) {
+    ASSERT_NO_FATAL_FAILURE(Load(name, DType::kF32));
+    for (const Config& c : configs) {
+      SchedulerStats stats;
+      const auto out = Run(c, GoldenRequests(c.prefix_caching ? 2 : 1), &stats);
+      ASSERT_EQ(out.size(), c.prefix_caching ? 8u : 4u) << name << " " << c.name;
+      ExpectGolden(out, std::string(name) + " " + c.name);
+      if (c.num_gpu_blocks == 20) EXPECT_GT(stats.num_preemptions, 0) << name << " " << c.name;
+      if (c.prefix_caching) EXPECT_GT(stats.prefix_cache_hit_rate, 0.0) << name;
+    }
+  }
+}
+#endif
+
 TEST_F(ModelRunnerTest, PrefixCachingServesRepeatsWithTheSameOutput) {
   // Two rounds; 4 sequences at a time, so the second round is admitted after the first has
   // computed (and cached) its prompts.
