@@ -260,15 +260,16 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Make(const ModelConfig& 
       return absl::InvalidArgumentError(absl::StrCat(
           "num_experts_per_tok (", config.num_experts_per_tok, ") must be in [1, num_experts]"));
     }
-    for (const auto& [name, size] :
-         {std::pair<const char*, int>{"moe_intermediate_size", config.moe_intermediate_size},
-          {"shared_expert_intermediate_size", config.shared_expert_intermediate_size}}) {
-      if (size < 0 || size % w != 0 ||
-          (size == 0 && std::string_view(name) == "moe_intermediate_size")) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(name, " (", size,
-                         ") must be positive and divisible by the tensor-parallel size (", w, ")"));
-      }
+    // Every expert's (and the shared expert's) intermediate size is split over the ranks.
+    if (config.moe_intermediate_size < 1 || config.moe_intermediate_size % w != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("moe_intermediate_size (", config.moe_intermediate_size,
+                       ") must be positive and divisible by the tensor-parallel size (", w, ")"));
+    }
+    if (config.shared_expert_intermediate_size % w != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shared_expert_intermediate_size (", config.shared_expert_intermediate_size,
+                       ") is not divisible by the tensor-parallel size (", w, ")"));
     }
   }
   const int d = config.head_dim;

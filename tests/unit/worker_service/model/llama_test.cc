@@ -312,5 +312,24 @@ TEST(RopeCosSinTableTest, TinyPhi3ConfigGivesTheLongropeTable) {
   EXPECT_NEAR(c->rope_scaling.attention_factor, std::sqrt(1.5), 1e-12);
 }
 
+// A mixture of experts whose shapes the model cannot run is refused at load, naming the field.
+TEST(LlamaMoeTest, ExpertShapeErrorsAreInvalidArgument) {
+  absl::StatusOr<ModelConfig> config =
+      ModelConfig::FromModelDir(std::string(LLM_TEST_DATA_DIR) + "/models/tiny-qwen2-moe");
+  ASSERT_TRUE(config.ok()) << config.status();
+  ModelConfig c = *config;
+  c.num_experts_per_tok = c.num_experts + 1;
+  absl::Status s = LlamaModel::CreateRandom(c, 1, nullptr).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("num_experts_per_tok"), std::string::npos) << s;
+  c = *config;
+  c.moe_intermediate_size = 0;
+  s = LlamaModel::CreateRandom(c, 1, nullptr).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("moe_intermediate_size"), std::string::npos) << s;
+  // Random weights of the same shapes run (benchmarks' CreateRandom).
+  ASSERT_TRUE(LlamaModel::CreateRandom(*config, 1, nullptr).ok());
+}
+
 }  // namespace
 }  // namespace llm
