@@ -26,7 +26,7 @@ DEB_PACKAGES += python3-venv
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps configure build pyenv test run serve demo bench sass gpu-kit format clean \
+.PHONY: all deps configure build pyenv fixtures test run serve demo bench sass gpu-kit format clean \
 	docs-reference plots chaos test-asan
 
 all: build
@@ -75,7 +75,15 @@ plots: pyenv
 # from the fetch script's default cache ($$HOME/.cache/llm-models): fetched first, and said loudly
 # when they cannot be (those tests then skip, naming the path).
 REAL_MODELS := smollm2 gemma3-270m
-test: build pyenv
+# The tiny GGUF test models (tests/data/models/*.gguf, ignored by git): written from the
+# committed Hugging Face directories by tools/models/make_tiny_gguf.py (about 2 s) rather than
+# committed, so that the tracked tree and the device kit fit in what the device tool sends
+# (docs/development/device-kit.md).
+fixtures: pyenv
+	$(PYENV)/bin/python3 tools/models/make_tiny_gguf.py > /dev/null
+	$(PYENV)/bin/python3 tools/models/make_tiny_gguf.py --families > /dev/null
+
+test: build pyenv fixtures
 	@for m in $(REAL_MODELS); do \
 	  tools/models/fetch_model.sh $$m > /dev/null || echo "make test: WARNING: $$m could not be" \
 	    "fetched (above): the tests that serve it will skip"; \
@@ -174,7 +182,7 @@ demo: build
 # with it, so TSan cannot see absl::Mutex and reports every access it guards as a race
 # (docs/development/building.md).
 SAN_LABELS ?= unit|integration
-test-asan: deps pyenv
+test-asan: deps pyenv fixtures
 	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DLLM_SANITIZE=address,undefined -DLLM_CUDA_EMU=OFF \
 	  -DLLM_TEST_PYTHON=$(CURDIR)/$(PYENV)/bin/python3 $(CMAKE_ARGS)
