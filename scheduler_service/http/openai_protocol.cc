@@ -1050,26 +1050,26 @@ ParseResult ParseChatCompletionRequest(std::string_view body) {
       if (f.failed()) break;
       v1::ChatMessage* msg = chat->add_messages();
       msg->set_role(role_name);
-      for (const char* field : {"tool_call_id", "name"}) {
-        auto it = m.find(field);
+      // The message's string fields; a reasoning model's earlier thinking is vLLM's
+      // reasoning_content, or reasoning (its newer name).
+      using Setter = void (*)(v1::ChatMessage*, std::string);
+      const struct {
+        const char* name;
+        Setter set;
+      } strings[] = {
+          {"tool_call_id", [](v1::ChatMessage* p, std::string v) { p->set_tool_call_id(v); }},
+          {"name", [](v1::ChatMessage* p, std::string v) { p->set_name(v); }},
+          {"reasoning", [](v1::ChatMessage* p, std::string v) { p->set_reasoning_content(v); }},
+          {"reasoning_content",
+           [](v1::ChatMessage* p, std::string v) { p->set_reasoning_content(v); }}};
+      for (const auto& field : strings) {
+        auto it = m.find(field.name);
         if (it == m.end() || it->is_null()) continue;
         if (!it->is_string()) {
-          f.Fail(WrongType(absl::StrCat(where, ".", field), "a string", *it));
+          f.Fail(WrongType(absl::StrCat(where, ".", field.name), "a string", *it));
           break;
         }
-        std::string_view(field) == "name" ? msg->set_name(it->get<std::string>())
-                                          : msg->set_tool_call_id(it->get<std::string>());
-      }
-      // A reasoning model's earlier thinking: vLLM's reasoning_content, or reasoning (newer).
-      for (const char* field : {"reasoning_content", "reasoning"}) {
-        auto it = m.find(field);
-        if (it == m.end() || it->is_null()) continue;
-        if (!it->is_string()) {
-          f.Fail(WrongType(absl::StrCat(where, ".", field), "a string", *it));
-          break;
-        }
-        msg->set_reasoning_content(it->get<std::string>());
-        break;
+        field.set(msg, it->get<std::string>());
       }
       if (f.failed()) break;
       ParseMessageToolCalls(&f, m, where, msg);
