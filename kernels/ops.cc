@@ -350,6 +350,86 @@ OpStatus GeluTanhAndMul(const OpContext& ctx, const TensorView& out, const Tenso
   return cpu::GeluTanhAndMul(out, x);
 }
 
+OpStatus MoeRoute(const OpContext& ctx, const TensorView& offsets, const TensorView& sorted_tokens,
+                  const TensorView& experts, const TensorView& weights, const TensorView& positions,
+                  const TensorView& logits, int k, bool normalize) {
+  constexpr const char* kOp = "MoeRoute";
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "logits", logits, {kF32}, {kAny, kAny}));
+  const int64_t t = logits.shape[0], e = logits.shape[1];
+  if (k < 1 || k > e) {
+    return Error(
+        kOp, "k: expected 1 <= k <= " + std::to_string(e) + " experts, got " + std::to_string(k));
+  }
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "offsets", offsets, {kI32}, {e + 1}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "sorted_tokens", sorted_tokens, {kI32}, {t * k}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "experts", experts, {kI32}, {t, k}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "weights", weights, {kF32}, {t, k}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "positions", positions, {kI32}, {t, k}));
+  TensorDevice device;
+  LLM_OPS_RETURN_IF_ERROR(CheckSameDevice(kOp,
+                                          {{"offsets", &offsets},
+                                           {"sorted_tokens", &sorted_tokens},
+                                           {"experts", &experts},
+                                           {"weights", &weights},
+                                           {"positions", &positions},
+                                           {"logits", &logits}},
+                                          &device));
+#ifdef LLM_WITH_CUDA
+  if (device.is_cuda()) {
+    return cuda::MoeRoute(ctx.stream, offsets, sorted_tokens, experts, weights, positions, logits,
+                          k, normalize);
+  }
+#endif
+  if (!device.is_cpu()) return NoBackend(kOp, device);
+  return cpu::MoeRoute(offsets, sorted_tokens, experts, weights, positions, logits, k, normalize);
+}
+
+OpStatus MoeCombine(const OpContext& ctx, const TensorView& out, const TensorView& expert_out,
+                    const TensorView& weights, const TensorView& positions,
+                    const TensorView& shared, const TensorView& shared_gate) {
+  constexpr const char* kOp = "MoeCombine";
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "out", out, {kF32, kBF16, kF16}, {kAny, kAny}));
+  const int64_t t = out.shape[0], h = out.shape[1];
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "weights", weights, {kF32}, {t, kAny}));
+  const int64_t k = weights.shape[1];
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "positions", positions, {kI32}, {t, k}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "expert_out", expert_out, {out.dtype}, {t * k, h}));
+  if (shared.present() != shared_gate.present()) {
+    return Error(kOp, "shared and shared_gate: expected both present or both absent");
+  }
+  if (shared.present()) {
+    LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "shared", shared, {out.dtype}, {t, h}));
+    LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "shared_gate", shared_gate, {kF32}, {t, 1}));
+  }
+  TensorDevice device;
+  LLM_OPS_RETURN_IF_ERROR(CheckSameDevice(kOp,
+                                          {{"out", &out},
+                                           {"expert_out", &expert_out},
+                                           {"weights", &weights},
+                                           {"positions", &positions},
+                                           {"shared", &shared},
+                                           {"shared_gate", &shared_gate}},
+                                          &device));
+  LLM_OPS_RETURN_IF_ERROR(CheckCpuF32(kOp, device, {{"out", &out}}));
+  if (device.is_cpu()) {
+    // The cuda kernel cannot check positions without a synchronization (it skips a bad one).
+    for (int64_t i = 0; i < t * k; ++i) {
+      const int32_t p = positions.data_as<const int32_t>()[i];
+      if (p < 0 || p >= t * k) {
+        return Error(kOp, "positions: " + std::to_string(p) + " is outside [0, " +
+                              std::to_string(t * k) + ")");
+      }
+    }
+  }
+#ifdef LLM_WITH_CUDA
+  if (device.is_cuda()) {
+    return cuda::MoeCombine(ctx.stream, out, expert_out, weights, positions, shared, shared_gate);
+  }
+#endif
+  if (!device.is_cpu()) return NoBackend(kOp, device);
+  return cpu::MoeCombine(out, expert_out, weights, positions, shared, shared_gate);
+}
+
 OpStatus Scale(const OpContext& ctx, const TensorView& x, float factor) {
   constexpr const char* kOp = "Scale";
   LLM_OPS_RETURN_IF_ERROR(CheckElementwiseArg(kOp, "x", x));

@@ -302,6 +302,37 @@ OpStatus SwapBlocks(const OpContext& ctx, std::span<const TensorView> src,
 OpStatus SwapBlocks(const OpContext& ctx, const TensorView& src, const TensorView& dst,
                     std::span<const BlockPair> pairs);
 
+// Mixture-of-experts routing on the device (the steps of worker_service/model/moe_routing.h,
+// which the CPU model runs on the host), for T tokens and E experts:
+//   p[t][e] = softmax_e(logits[t][e])            fp32, max-subtracted, summed in expert order
+//   token t's choices j = 0 .. k-1: the top k of p[t], largest first, the lower expert on ties;
+//   weights[t][j] = p of choice j, or that / sum_j when `normalize` (Mixtral; norm_topk_prob)
+// and the T * k (token, choice) pairs sorted by expert, tokens ascending within an expert:
+//   offsets[e] .. offsets[e + 1] - 1   the sorted positions of expert e's pairs (offsets[0] = 0,
+//                                      offsets[E] = T * k)
+//   sorted_tokens[i]                   the token of sorted position i
+//   experts[t][j]                      the expert of token t's choice j
+//   positions[t][j]                    the sorted position of token t's choice j
+// logits f32 [T, E]; offsets i32 [E + 1]; sorted_tokens i32 [T * k]; experts, positions i32
+// [T, k]; weights f32 [T, k]; 1 <= k <= E. Deterministic: the same logits give the same outputs.
+OpStatus MoeRoute(const OpContext& ctx, const TensorView& offsets, const TensorView& sorted_tokens,
+                  const TensorView& experts, const TensorView& weights, const TensorView& positions,
+                  const TensorView& logits, int k, bool normalize);
+
+// The mixture's output per token: its k experts' rows, weighted, summed in choice order (no
+// atomics: the same inputs give the same bits), plus an optional shared expert gated by a
+// sigmoid (Qwen2-MoE):
+//   out[t][h] = sum_{j = 0 .. k-1} weights[t][j] * expert_out[positions[t][j]][h]
+//               + sigmoid(shared_gate[t]) * shared[t][h]      (when shared is present)
+// in fp32, rounded once to out's dtype. expert_out [T * k, H] (the experts' outputs in the
+// sorted order of MoeRoute); weights f32 [T, k]; positions i32 [T, k] (each in [0, T * k));
+// out [T, H]; shared [T, H] and shared_gate f32 [T, 1] both present or both absent.
+// out, expert_out and shared one dtype (f32; on cuda also bf16 or f16). out must not overlap
+// the inputs.
+OpStatus MoeCombine(const OpContext& ctx, const TensorView& out, const TensorView& expert_out,
+                    const TensorView& weights, const TensorView& positions,
+                    const TensorView& shared, const TensorView& shared_gate);
+
 }  // namespace llm::ops
 
 #endif  // LLM_KERNELS_OPS_H_

@@ -36,6 +36,14 @@ OpStatus SiluAndMul(const TensorView& out, const TensorView& x);
 
 OpStatus GeluTanhAndMul(const TensorView& out, const TensorView& x);
 
+// kernels/ops.h's MoeRoute and MoeCombine, the reference loops (cpu/moe.cc).
+OpStatus MoeRoute(const TensorView& offsets, const TensorView& sorted_tokens,
+                  const TensorView& experts, const TensorView& weights, const TensorView& positions,
+                  const TensorView& logits, int k, bool normalize);
+OpStatus MoeCombine(const TensorView& out, const TensorView& expert_out, const TensorView& weights,
+                    const TensorView& positions, const TensorView& shared,
+                    const TensorView& shared_gate);
+
 OpStatus Scale(const TensorView& x, float factor);
 
 OpStatus Softcap(const TensorView& x, float cap);

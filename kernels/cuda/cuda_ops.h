@@ -57,6 +57,18 @@ OpStatus SiluAndMul(void* stream, const TensorView& out, const TensorView& x);
 
 OpStatus GeluTanhAndMul(void* stream, const TensorView& out, const TensorView& x);
 
+// MoeRoute: one thread per token for the softmax and top-k (E and k in that thread's loops:
+// the arithmetic of moe_routing.cc), then one thread block that counts, scans and places the
+// T * k pairs (a thread per expert for the counts, the placement in token order).
+OpStatus MoeRoute(void* stream, const TensorView& offsets, const TensorView& sorted_tokens,
+                  const TensorView& experts, const TensorView& weights, const TensorView& positions,
+                  const TensorView& logits, int k, bool normalize);
+
+// MoeCombine: one thread block per token, threads over H; each element sums its k rows in order.
+OpStatus MoeCombine(void* stream, const TensorView& out, const TensorView& expert_out,
+                    const TensorView& weights, const TensorView& positions,
+                    const TensorView& shared, const TensorView& shared_gate);
+
 // Scale and Softcap: grid-stride loops over every element, in place.
 OpStatus Scale(void* stream, const TensorView& x, float factor);
 
