@@ -11,10 +11,18 @@
 //   (emulated): 1.3e-2 (tiny-llama, 2 layers), 2.1e-2 (tiny-qwen2, 3), 4.2e-2 (tiny-gemma3, 6,
 //   at TP 2).
 //   f16 (11 bits): 8e-3; observed 1.6e-3. The tests print their worst rows.
+//   Mixtures of experts in bf16 / f16: the same bounds on at least 95% of the rows. Top-k
+//   routing is discontinuous: where two experts' router logits are within the 16-bit noise of
+//   the hidden state (gaps of 1e-3 in the tiny models), the 16-bit model picks the other expert
+//   and that token's row, and the rows attending to it, move by up to 0.5 (observed, emulated:
+//   1 to 5 rows of 131 over the bound, each after such a flip, found by dumping the routing).
+//   f32 routes as transformers does and is held to the f32 bounds on every row.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <future>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -38,6 +46,33 @@ double Bf16Tolerance(const std::string& dir) {
 }
 constexpr double kF16Tolerance = 8e-3;
 
+auto MixedChunks() {
+  return [](std::mt19937& rng) { return std::uniform_int_distribution<int>(1, 7)(rng); };
+}
+
+bool IsMixtureOfExperts(const std::string& dir) {
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromModelDir(dir);
+  return c.ok() && c->num_experts > 0;
+}
+
+// A 16-bit model's rows against transformers' f32 goldens: every row within `tolerance`, or for a
+// mixture of experts at least 95% of them (routing flips, see the top). Returns the worst.
+double HalfRunAndCompare(LlamaModel& model, const std::string& dir, double tolerance, DType dtype) {
+  const Golden golden = LoadGolden(dir, model.vocab_size());
+  if (!IsMixtureOfExperts(dir)) {
+    return RunAndCompare(model, golden, 16, MixedChunks(), nullptr, tolerance, dtype);
+  }
+  std::vector<double> errors;
+  const double worst = RunAndCompare(model, golden, 16, MixedChunks(), nullptr,
+                                     std::numeric_limits<double>::infinity(), dtype, &errors);
+  const auto over =
+      std::count_if(errors.begin(), errors.end(), [&](double e) { return !(e < tolerance); });
+  EXPECT_LE(over, static_cast<int64_t>(errors.size()) / 20) << "rows over " << tolerance;
+  std::printf("%s mixture of experts: %td of %zu rows over %.1e (routing flips)\n",
+              DTypeName(dtype), over, errors.size(), tolerance);
+  return worst;
+}
+
 class CudaModelTest : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
@@ -55,10 +90,6 @@ class CudaModelTest : public ::testing::TestWithParam<const char*> {
   std::unique_ptr<DeviceContext> context_;
   std::string dir_;
 };
-
-auto MixedChunks() {
-  return [](std::mt19937& rng) { return std::uniform_int_distribution<int>(1, 7)(rng); };
-}
 
 TEST_P(CudaModelTest, Float32MatchesTransformersAsTheCpuModelDoes) {
   std::unique_ptr<LlamaModel> model;
@@ -95,18 +126,14 @@ TEST_P(CudaModelTest, Bfloat16MatchesTransformersWithinBf16Error) {
   std::unique_ptr<LlamaModel> model;
   ASSERT_NO_FATAL_FAILURE(Load(DType::kBF16, &model));
   EXPECT_EQ(model->dtype(), DType::kBF16);
-  const Golden golden = LoadGolden(dir_, model->vocab_size());
-  const double worst =
-      RunAndCompare(*model, golden, 16, MixedChunks(), nullptr, Bf16Tolerance(dir_), DType::kBF16);
+  const double worst = HalfRunAndCompare(*model, dir_, Bf16Tolerance(dir_), DType::kBF16);
   std::printf("bf16 on cuda (bf16 cache): worst row error %.2e\n", worst);
 }
 
 TEST_P(CudaModelTest, Float16MatchesTransformersWithinHalfError) {
   std::unique_ptr<LlamaModel> model;
   ASSERT_NO_FATAL_FAILURE(Load(DType::kF16, &model));
-  const Golden golden = LoadGolden(dir_, model->vocab_size());
-  const double worst =
-      RunAndCompare(*model, golden, 16, MixedChunks(), nullptr, kF16Tolerance, DType::kF16);
+  const double worst = HalfRunAndCompare(*model, dir_, kF16Tolerance, DType::kF16);
   std::printf("f16 on cuda (f16 cache): worst row error %.2e\n", worst);
 }
 
@@ -114,9 +141,13 @@ TEST_P(CudaModelTest, Float16MatchesTransformersWithinHalfError) {
 // collectives deferred as the GPU worker runs them, one wait per step): rank 0's and rank 1's
 // logits equal one rank's, in f32 within 1e-5 and greedy-identical; in bf16 within the bf16
 // tolerance against one bf16 rank.
+// A 16-bit mixture of experts: at most 5% of the rows over the tolerance (routing flips between
+// the two shardings' roundings, see the top), checked here, not per row.
 void RunTensorParallel(const std::string& dir, DType dtype, double tolerance) {
   absl::StatusOr<ModelConfig> config = ModelConfig::FromModelDir(dir);
   ASSERT_TRUE(config.ok()) << config.status();
+  const bool flips = dtype != DType::kF32 && config->num_experts > 0;
+  const double golden_tolerance = flips ? std::numeric_limits<double>::infinity() : tolerance;
   int devices = 0;
   ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
   if (devices < 2) GTEST_SKIP() << "tensor parallelism needs 2 devices, this host has " << devices;
@@ -129,7 +160,7 @@ void RunTensorParallel(const std::string& dir, DType dtype, double tolerance) {
         LlamaModel::Load(dir, *config, nullptr, {ctx->get(), dtype});
     ASSERT_TRUE(single.ok()) << single.status();
     const Golden golden = LoadGolden(dir, config->vocab_size);
-    RunAndCompare(**single, golden, 16, MixedChunks(), &reference, tolerance, dtype);
+    RunAndCompare(**single, golden, 16, MixedChunks(), &reference, golden_tolerance, dtype);
   }
   absl::StatusOr<std::string> id = NcclCommunicator::NewUniqueId();
   ASSERT_TRUE(id.ok()) << id.status();
@@ -166,7 +197,7 @@ void RunTensorParallel(const std::string& dir, DType dtype, double tolerance) {
         return;
       }
       const Golden golden = LoadGolden(dir, config->vocab_size);
-      RunAndCompare(**model, golden, 16, MixedChunks(), &per_rank[rank], tolerance, dtype);
+      RunAndCompare(**model, golden, 16, MixedChunks(), &per_rank[rank], golden_tolerance, dtype);
     });
   }
   for (std::thread& t : threads) t.join();
@@ -175,17 +206,27 @@ void RunTensorParallel(const std::string& dir, DType dtype, double tolerance) {
     ASSERT_EQ(errors[rank], "") << "rank " << rank;
     ASSERT_EQ(per_rank[rank].size(), reference.size()) << "rank " << rank;
     double worst = 0;
+    size_t rows = 0, over = 0;
     for (size_t row = 0; row * vocab < reference.size(); ++row) {
       const float* got = per_rank[rank].data() + row * vocab;
       const float* want = reference.data() + row * vocab;
-      worst = std::max(worst, RowError(got, want, vocab));
+      const double err = RowError(got, want, vocab);
+      worst = std::max(worst, err);
+      ++rows;
+      if (!(err < tolerance)) ++over;
       if (dtype == DType::kF32) {
         ASSERT_EQ(std::max_element(got, got + vocab) - got,
                   std::max_element(want, want + vocab) - want)
             << "greedy token differs: rank " << rank << " row " << row;
       }
     }
-    EXPECT_LT(worst, dtype == DType::kF32 ? 1e-5 : tolerance) << "rank " << rank;
+    if (flips) {
+      EXPECT_LE(over, rows / 20) << "rank " << rank << ": rows over " << tolerance;
+      std::printf("TP=2 %s rank %d vs TP=1: %zu of %zu rows over %.1e (routing flips)\n",
+                  DTypeName(dtype), rank, over, rows, tolerance);
+    } else {
+      EXPECT_LT(worst, dtype == DType::kF32 ? 1e-5 : tolerance) << "rank " << rank;
+    }
     std::printf("TP=2 %s rank %d vs TP=1: worst row error %.2e\n", DTypeName(dtype), rank, worst);
   }
 }
@@ -303,28 +344,35 @@ TEST_P(CudaRandomModelTest, Bf16OnTheTensorCoreKernelsFollowsTheCpuModel) {
 
 INSTANTIATE_TEST_SUITE_P(HeadSizes, CudaRandomModelTest, ::testing::Values(64, 128));
 
-// A mixture of experts is refused on cuda, naming it, at load (no grouped expert GEMMs there
-// yet): never run silently wrong.
-TEST(CudaMoeTest, MixtureOfExpertsIsRefusedOnCudaByName) {
+// A mixture of experts never runs from CUDA graphs (each MoE layer waits for its experts' token
+// counts, llama.h): EnableCudaGraphs leaves them off, and its decode steps still match the
+// CPU model's logits (the Models suite below runs the goldens, the CPU comparison and TP 2).
+TEST(CudaMoeTest, MixtureOfExpertsLeavesCudaGraphsOff) {
   std::string why_none;
   if (cuda::DeviceCount(&why_none) == 0) GTEST_SKIP() << "no usable CUDA device: " << why_none;
   absl::StatusOr<std::unique_ptr<DeviceContext>> ctx = DeviceContext::Create(TensorDevice::Cuda(0));
   ASSERT_TRUE(ctx.ok()) << ctx.status();
-  const std::string dir = ::llm::testing::TestDataDir() + "/models/tiny-mixtral";
+  const std::string dir = ::llm::testing::TestDataDir() + "/models/tiny-qwen2-moe";
   absl::StatusOr<ModelConfig> config = ModelConfig::FromModelDir(dir);
   ASSERT_TRUE(config.ok()) << config.status();
   absl::StatusOr<std::unique_ptr<LlamaModel>> model =
       LlamaModel::Load(dir, *config, nullptr, {ctx->get(), DType::kF32});
-  EXPECT_EQ(model.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(model.status().message().find("mixture-of-experts on cuda"), std::string::npos)
-      << model.status();
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_TRUE((*model)->Reserve(64, 8, 64).ok());
+  (*model)->EnableCudaGraphs(8);
+  EXPECT_FALSE((*model)->cuda_graphs_enabled());
+  const Golden golden = LoadGolden(dir, (*model)->vocab_size());
+  const double worst = RunAndCompare(**model, golden, 16, [](std::mt19937&) { return 1; });
+  EXPECT_LT(worst, 1e-4);
+  EXPECT_EQ((*model)->num_graphs(), 0);
 }
 
 // tiny-gemma2 is left to the CPU goldens here (emulated, its runs cost about 90 s): what it adds
 // on cuda, soft-capped attention, is checked against the CPU op in paged_attention_test.cc.
 INSTANTIATE_TEST_SUITE_P(Models, CudaModelTest,
                          ::testing::Values("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3",
-                                           "tiny-phi3"),
+                                           "tiny-phi3", "tiny-mixtral", "tiny-qwen2-moe",
+                                           "tiny-qwen3-moe"),
                          [](const auto& info) {
                            std::string name = info.param;
                            for (char& c : name) {

@@ -109,12 +109,13 @@ inline double RowError(const float* a, const float* b, int n) {
 // Feeds every golden sequence through the model in steps: each step takes a chunk of
 // chunk(rng) tokens from every unfinished sequence (so prefill chunks and single decode
 // tokens mix), and checks every row's logits against transformers'. Returns the worst error.
-// When `all_logits` is given, every row's logits are appended to it in step order.
+// When `all_logits` is given, every row's logits are appended to it in step order, and when
+// `row_errors` is, every row's RowError.
 // `tolerance` bounds each row's RowError; kv_dtype is the cache's (device models).
 template <typename ChunkFn>
 double RunAndCompare(LlamaModel& model, const Golden& g, int block_size, ChunkFn chunk,
                      std::vector<float>* all_logits = nullptr, double tolerance = 1e-4,
-                     DType kv_dtype = DType::kF32) {
+                     DType kv_dtype = DType::kF32, std::vector<double>* row_errors = nullptr) {
   const int vocab = model.vocab_size();
   Cache cache(model, 256, block_size, kv_dtype);
   std::vector<Seq> seqs;
@@ -170,6 +171,7 @@ double RunAndCompare(LlamaModel& model, const Golden& g, int block_size, ChunkFn
       const double err = RowError(logits.data<float>() + r * vocab,
                                   g.logits[s].data() + static_cast<size_t>(pos) * vocab, vocab);
       worst = std::max(worst, err);
+      if (row_errors != nullptr) row_errors->push_back(err);
       EXPECT_LT(err, tolerance) << "prompt " << s << " position " << pos;
     }
   }

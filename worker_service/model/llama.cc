@@ -250,12 +250,6 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Make(const ModelConfig& 
                                                    w, ")"));
   }
   if (config.num_experts > 0) {
-    // Never silently wrong: the CUDA path has no grouped expert GEMMs yet.
-    if (m->device_.is_cuda()) {
-      return absl::UnimplementedError(
-          absl::StrCat("mixture-of-experts on cuda is not implemented (", config.architecture, ", ",
-                       config.num_experts, " experts); run it on the cpu backend"));
-    }
     if (config.num_experts_per_tok < 1 || config.num_experts_per_tok > config.num_experts) {
       return absl::InvalidArgumentError(absl::StrCat(
           "num_experts_per_tok (", config.num_experts_per_tok, ") must be in [1, num_experts]"));
@@ -569,12 +563,15 @@ absl::Status LlamaModel::LoadWeights(const WeightSource* weights, uint64_t seed)
       const bool mixtral = config_.architecture == "MixtralForCausalLM";
       const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
       const int64_t ne = config_.num_experts;
-      Tensor router;
-      RETURN_IF_ERROR(whole(moe + "gate.weight", {ne, h}, &router));
-      RETURN_IF_ERROR(PackCpuWeight(&router, nullptr, &L.router_packed, DType::kF32));
+      // cpu: packed (the router in f32); cuda: kept as Tensors in the model's dtype.
+      const bool cpu = device_.is_cpu();
+      RETURN_IF_ERROR(whole(moe + "gate.weight", {ne, h}, &L.router));
+      if (cpu) RETURN_IF_ERROR(PackCpuWeight(&L.router, nullptr, &L.router_packed, DType::kF32));
       const int64_t ie = local_expert_intermediate_, e0 = static_cast<int64_t>(rank_) * ie;
-      L.expert_gate_up.resize(static_cast<size_t>(ne));
-      L.expert_down.resize(static_cast<size_t>(ne));
+      L.expert_gate_up.resize(cpu ? static_cast<size_t>(ne) : 0);
+      L.expert_down.resize(cpu ? static_cast<size_t>(ne) : 0);
+      L.expert_gate_up_w.resize(cpu ? 0 : static_cast<size_t>(ne));
+      L.expert_down_w.resize(cpu ? 0 : static_cast<size_t>(ne));
       for (int64_t e = 0; e < ne; ++e) {
         const std::string x = absl::StrCat(moe, "experts.", e, ".");
         const std::string gate = x + (mixtral ? "w1.weight" : "gate_proj.weight");
@@ -583,9 +580,14 @@ absl::Status LlamaModel::LoadWeights(const WeightSource* weights, uint64_t seed)
         Tensor gate_up_w, down_w;
         RETURN_IF_ERROR(
             read_rows({{gate, 0, e0, e0 + ie}, {up, 0, e0, e0 + ie}}, 2 * ie, h, &gate_up_w));
-        RETURN_IF_ERROR(PackCpuWeight(&gate_up_w, nullptr, &L.expert_gate_up[e]));
         RETURN_IF_ERROR(read_rows({{down, 1, e0, e0 + ie}}, h, ie, &down_w));
-        RETURN_IF_ERROR(PackCpuWeight(&down_w, nullptr, &L.expert_down[e]));
+        if (cpu) {
+          RETURN_IF_ERROR(PackCpuWeight(&gate_up_w, nullptr, &L.expert_gate_up[e]));
+          RETURN_IF_ERROR(PackCpuWeight(&down_w, nullptr, &L.expert_down[e]));
+        } else {
+          L.expert_gate_up_w[e] = std::move(gate_up_w);
+          L.expert_down_w[e] = std::move(down_w);
+        }
       }
       // Qwen2-MoE's shared expert, in the dense MLP's place, and its gate [1, H].
       const int64_t is = local_shared_intermediate_, s0 = static_cast<int64_t>(rank_) * is;
@@ -714,6 +716,11 @@ size_t LlamaModel::activation_bytes() const {
                           &b.gathered, &b.logits, &b.staging, &b.inputs, &b.attention_workspace}) {
     total += device_.is_cpu() ? t->ResidentBytes() : t->capacity_bytes();
   }
+  // cuda: the mixture of experts' routing buffers (the offsets' host copy is pinned).
+  for (const Tensor* t : {&b.moe_offsets, &b.moe_sorted, &b.moe_experts, &b.moe_weights,
+                          &b.moe_positions, &b.moe_offsets_host, &b.shared_gate_logits}) {
+    total += t->capacity_bytes();
+  }
   // The quantized GEMMs' per-thread scratch (the process's, shared by its models).
   if (quantized_weight_bytes_ > 0) total += cpu::QuantizedLinear::ScratchBytes();
   return total;
@@ -808,10 +815,29 @@ absl::Status LlamaModel::Grow(int64_t tokens, int64_t rows, int64_t seqs, int64_
     RETURN_IF_ERROR(AllocateActivation(act_dtype_, {tokens, 2 * il}, &b.gate_up));
     RETURN_IF_ERROR(AllocateActivation(act_dtype_, {tokens, il}, &b.act));
     if (config_.num_experts > 0) {
-      RETURN_IF_ERROR(
-          AllocateActivation(DType::kF32, {tokens, config_.num_experts}, &b.router_logits));
-      for (Tensor* t : {&b.moe_in, &b.moe_out, &b.moe_sum}) {
-        RETURN_IF_ERROR(AllocateActivation(DType::kF32, {tokens, h}, t));
+      const int64_t ne = config_.num_experts, pairs = tokens * config_.num_experts_per_tok;
+      RETURN_IF_ERROR(AllocateActivation(DType::kF32, {tokens, ne}, &b.router_logits));
+      if (device_.is_cpu()) {
+        for (Tensor* t : {&b.moe_in, &b.moe_out, &b.moe_sum}) {
+          RETURN_IF_ERROR(AllocateActivation(DType::kF32, {tokens, h}, t));
+        }
+      } else {
+        RETURN_IF_ERROR(AllocateActivation(act_dtype_, {pairs, h}, &b.moe_in));
+        RETURN_IF_ERROR(AllocateActivation(act_dtype_, {pairs, h}, &b.moe_out));
+        RETURN_IF_ERROR(AllocateActivation(act_dtype_, {tokens, h}, &b.moe_sum));
+        RETURN_IF_ERROR(AllocateActivation(DType::kI32, {ne + 1}, &b.moe_offsets));
+        RETURN_IF_ERROR(AllocateActivation(DType::kI32, {pairs}, &b.moe_sorted));
+        RETURN_IF_ERROR(AllocateActivation(DType::kI32, {pairs}, &b.moe_experts));
+        RETURN_IF_ERROR(AllocateActivation(DType::kF32, {pairs}, &b.moe_weights));
+        RETURN_IF_ERROR(AllocateActivation(DType::kI32, {pairs}, &b.moe_positions));
+        RETURN_IF_ERROR(AllocateActivation(DType::kF32, {tokens}, &b.shared_gate_logits));
+        if (!b.moe_offsets_host.allocated()) {
+          if (std::string err = Tensor::Allocate(DType::kI32, {ne + 1}, TensorDevice::Cpu(),
+                                                 &b.moe_offsets_host, HostMemory::kPinned);
+              !err.empty()) {
+            return absl::ResourceExhaustedError(err);
+          }
+        }
       }
     }
     b.tokens = tokens;
@@ -891,6 +917,9 @@ void LlamaModel::EnableCudaGraphs(int max_batch) {
   ReleaseGraphs();
   failed_graphs_.clear();
   max_graph_batch_ = device_.is_cuda() ? std::max(0, max_batch) : 0;
+  // A mixture of experts waits for the device in every MoE layer (its experts' token counts
+  // size the GEMMs, see MoeMlpCuda): no step of it can be captured.
+  if (config_.num_experts > 0) max_graph_batch_ = 0;
 #ifdef LLM_CUDA_EMU
   // The emulated NCCL queues its collectives as host work, which a capture cannot record.
   if (world_ > 1) max_graph_batch_ = 0;
@@ -1204,8 +1233,70 @@ absl::Status LlamaModel::Compute(const StepViews& sv, std::span<const LayerKvCac
   return absl::OkStatus();
 }
 
+absl::Status LlamaModel::MoeMlpCuda(const Layer& L, const TensorView& x, int64_t t) {
+  const int64_t h = config_.hidden_size, ne = config_.num_experts;
+  const int k = config_.num_experts_per_tok;
+  const int64_t pairs = t * k, ie = local_expert_intermediate_;
+  const ops::OpContext ctx = OpContextFor();
+  const TensorView none;
+  // Route on the device: f32 logits, then softmax, top-k and the (token, choice) pairs sorted
+  // by expert (kernels/ops.h: MoeRoute).
+  const TensorView logits = buf_.router_logits.Prefix(DType::kF32, {t, ne});
+  RETURN_IF_ERROR(FromOp(ops::Linear(ctx, logits, x, L.router.view(), none)));
+  const TensorView offsets = buf_.moe_offsets.Prefix({ne + 1});
+  const TensorView sorted = buf_.moe_sorted.Prefix({pairs});
+  const TensorView weights = buf_.moe_weights.Prefix({t, k});
+  const TensorView positions = buf_.moe_positions.Prefix({t, k});
+  RETURN_IF_ERROR(FromOp(ops::MoeRoute(ctx, offsets, sorted, buf_.moe_experts.Prefix({t, k}),
+                                       weights, positions, logits, k, config_.norm_topk_prob)));
+  // The synchronization point: the experts' row counts size their GEMMs, so they come to the
+  // host (one small copy and one wait per MoE layer; why a MoE model runs without CUDA graphs).
+  const int32_t* off = buf_.moe_offsets_host.view().data_as<const int32_t>();
+  RETURN_IF_ERROR(Copy(device_, buf_.moe_offsets_host.view().data, offsets.data,
+                       static_cast<size_t>(ne + 1) * 4, ctx.stream));
+  RETURN_IF_ERROR(Synchronize());
+  if (off[ne] != pairs) {
+    return absl::InternalError(
+        absl::StrCat("MoeRoute placed ", off[ne], " (token, expert) pairs of ", pairs));
+  }
+  // Every pair's input row, in sorted order: moe_in[i] = x[sorted[i]].
+  const TensorView in = buf_.moe_in.Prefix({pairs, h}), out = buf_.moe_out.Prefix({pairs, h});
+  RETURN_IF_ERROR(FromOp(ops::Embedding(ctx, in, sorted, x)));
+  // Rows [begin, begin + n) of a [pairs, width] buffer.
+  auto rows = [&](const TensorView& v, int64_t begin, int64_t n) {
+    const int64_t width = v.shape[1];
+    return TensorView::Contiguous(static_cast<char*>(v.data) + begin * width * DTypeSize(v.dtype),
+                                  v.dtype, {n, width}, v.device);
+  };
+  for (int64_t e = 0; e < ne; ++e) {
+    const int64_t begin = off[e], n = off[e + 1] - off[e];
+    if (n == 0) continue;
+    const TensorView gate_up = buf_.gate_up.Prefix({n, 2 * ie}), act = buf_.act.Prefix({n, ie});
+    RETURN_IF_ERROR(
+        FromOp(ops::Linear(ctx, gate_up, rows(in, begin, n), L.expert_gate_up_w[e].view(), none)));
+    RETURN_IF_ERROR(FromOp(ops::SiluAndMul(ctx, act, gate_up)));
+    RETURN_IF_ERROR(
+        FromOp(ops::Linear(ctx, rows(out, begin, n), act, L.expert_down_w[e].view(), none)));
+  }
+  // Qwen2-MoE's shared expert over every token, and its gate's logit (f32).
+  TensorView shared, shared_gate;
+  if (L.gate_up_proj.allocated()) {
+    const int64_t is = local_shared_intermediate_;
+    const TensorView gate_up = buf_.gate_up.Prefix({t, 2 * is}), act = buf_.act.Prefix({t, is});
+    shared = buf_.moe_sum.Prefix({t, h});
+    shared_gate = buf_.shared_gate_logits.Prefix(DType::kF32, {t, 1});
+    RETURN_IF_ERROR(FromOp(ops::Linear(ctx, gate_up, x, L.gate_up_proj.view(), none)));
+    RETURN_IF_ERROR(FromOp(ops::SiluAndMul(ctx, act, gate_up)));
+    RETURN_IF_ERROR(FromOp(ops::Linear(ctx, shared, act, L.down_proj.view(), none)));
+    RETURN_IF_ERROR(FromOp(ops::Linear(ctx, shared_gate, x, L.shared_gate.view(), none)));
+  }
+  // x[t] = sum_j weights[t][j] * out[positions[t][j]] (+ sigmoid(gate) * shared[t]).
+  return FromOp(ops::MoeCombine(ctx, x, out, weights, positions, shared, shared_gate));
+}
+
 absl::Status LlamaModel::MoeMlp(const Layer& L, const TensorView& x, int64_t t) {
-  // cpu only (Make refuses experts elsewhere): activations are f32 host memory.
+  if (device_.is_cuda()) return MoeMlpCuda(L, x, t);
+  // cpu: activations are f32 host memory.
   const int64_t h = config_.hidden_size, ne = config_.num_experts;
   const int k = config_.num_experts_per_tok;
   const ops::OpContext ctx = OpContextFor();

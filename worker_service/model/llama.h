@@ -27,11 +27,18 @@
 //                              the shared expert's gate replicated; one all-reduce per layer
 // Each rank reads only its own slices of the weights (SafetensorsModel slices).
 //
-// Mixture of experts (cpu; refused on cuda at load): the router GEMM (f32), then on the host each
-// token's softmax and top-k (moe_routing.h) and the tokens grouped by expert; each active expert
-// runs one gate/up GEMM and one down GEMM over its tokens' rows (gathered), whose outputs are
-// added, weighted, into their tokens' rows; Qwen2-MoE's shared expert runs over every token and
-// is added times sigmoid(its gate). Each rank's sum is partial, all-reduced as the dense MLP's.
+// Mixture of experts: the router GEMM (f32 logits), each token's softmax and top-k and the
+// tokens grouped by expert; each active expert runs one gate/up GEMM and one down GEMM over its
+// tokens' rows (gathered), whose outputs are added, weighted, into their tokens' rows;
+// Qwen2-MoE's shared expert runs over every token and is added times sigmoid(its gate). Each
+// rank's sum is partial, all-reduced as the dense MLP's.
+//   cpu: the routing on the host (moe_routing.h), the weighted adds into an f32 sum.
+//   cuda: the routing on the device (ops::MoeRoute: softmax, top-k, the pairs sorted by
+//   expert), the experts' token counts copied to the host (one wait for the stream per MoE
+//   layer: the GEMMs' sizes come from them, so a MoE model never runs from CUDA graphs), the
+//   rows gathered in sorted order (ops::Embedding over x), one ops::Linear pair per active
+//   expert over its contiguous rows, and ops::MoeCombine summing each token's k rows in order
+//   (deterministic) with the shared expert's gated rows, rounded once to the model's dtype.
 //
 // q/k/v_proj are one fused weight [(q_heads + 2 kv_heads) * D, H] (one GEMM; rotary, the cache
 // write and attention read q, k and v as token-strided views of its output, no copy), gate/up_proj
@@ -140,8 +147,7 @@ class LlamaModel {
   ~LlamaModel();
   // Reads rank `comm->rank()` of `comm->world_size()`'s shard (rank 0 of 1 when comm is
   // null). INVALID_ARGUMENT when the heads or the intermediate size do not split over the
-  // ranks, or the dtype does not suit the device; UNIMPLEMENTED for a mixture of experts on
-  // cuda; the loader's errors when a tensor is missing
+  // ranks, or the dtype does not suit the device; the loader's errors when a tensor is missing
   // or malformed; RESOURCE_EXHAUSTED when the weights do not fit the device.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const std::string& model_dir,
                                                           const ModelConfig& config,
@@ -184,7 +190,8 @@ class LlamaModel {
   // (Reserve first: a graph needs max_batch <= the reserved sequences). 0 turns them off, as
   // vLLM's --enforce-eager. Graphs are captured over the KV caches they first see and
   // recaptured when the caches change. A batch size whose capture fails (a collective that
-  // cannot be captured) runs eagerly from then on.
+  // cannot be captured) runs eagerly from then on. A mixture of experts never uses graphs (its
+  // layers wait for the device mid-step, see MoeMlpCuda): the call leaves them off.
   void EnableCudaGraphs(int max_batch);
   bool cuda_graphs_enabled() const { return max_graph_batch_ > 0; }
   int max_graph_batch() const { return max_graph_batch_; }
@@ -238,9 +245,14 @@ class LlamaModel {
     // A mixture-of-experts layer (config.IsMoeLayer): the router [E, H] packed in f32, each
     // expert's gate/up [2 Ie_local, H] and down [H, Ie_local] packed, and Qwen2-MoE's shared
     // expert in gate_up_packed / down_packed above with its gate [H] (unallocated: none).
+    // On cuda the same weights stay Tensors in the model's dtype: router [E, H], each expert's
+    // gate/up [2 Ie_local, H] and down [H, Ie_local], the shared expert in gate_up_proj /
+    // down_proj.
     bool moe = false;
     std::unique_ptr<cpu::PackedLinear> router_packed;
     std::vector<std::unique_ptr<cpu::PackedLinear>> expert_gate_up, expert_down;
+    Tensor router;
+    std::vector<Tensor> expert_gate_up_w, expert_down_w;
     Tensor shared_gate;
   };
   // Activation and input buffers, sized for the largest step so far.
@@ -249,7 +261,13 @@ class LlamaModel {
     Tensor x, residual, qkv, attn, gate_up, act;        // [tokens, ...], model dtype
     // Mixture of experts (cpu, f32): the router's logits [tokens, E], an expert's gathered
     // input rows and output rows [tokens, H], and the layer's weighted sum [tokens, H].
+    // On cuda (model dtype but the f32 logits): moe_in and moe_out hold every expert's rows
+    // [tokens * k, H] in MoeRoute's sorted order, moe_sum the shared expert's output [tokens, H];
+    // MoeRoute's outputs (device) and the offsets' pinned host copy; the shared expert's gate
+    // logits f32 [tokens, 1].
     Tensor router_logits, moe_in, moe_out, moe_sum;
+    Tensor moe_offsets, moe_sorted, moe_experts, moe_weights, moe_positions;
+    Tensor moe_offsets_host, shared_gate_logits;
     Tensor selected;                        // [rows, H]
     Tensor local_logits, gathered, logits;  // f32 [rows, Vp], [W, rows, Vp], [rows, V]
     // The step's integer inputs: on cpu they are read where the caller has them; on cuda they
@@ -277,8 +295,10 @@ class LlamaModel {
   absl::Status Compute(const StepViews& views, std::span<const LayerKvCache> caches,
                        TensorView* logits);
   // x [t, H] (the MLP's normalized input) becomes this rank's part of the layer's mixture of
-  // experts (cpu), before the all-reduce.
+  // experts, before the all-reduce: MoeMlp on cpu, MoeMlpCuda on cuda (which waits once for the
+  // device: the experts' token counts come to the host to size their GEMMs).
   absl::Status MoeMlp(const Layer& L, const TensorView& x, int64_t t);
+  absl::Status MoeMlpCuda(const Layer& L, const TensorView& x, int64_t t);
   bool UseGraph(const ForwardInput& in, std::span<const LayerKvCache> caches) const;
   int64_t GraphSize(int64_t num_seqs) const;
   // A graph's block-table row: the blocks of max_model_len tokens in the caches' block size.

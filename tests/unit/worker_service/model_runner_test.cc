@@ -265,10 +265,9 @@ TEST_F(ModelRunnerTest, GreedyOutputIsTransformersInEveryConfiguration) {
   }
 }
 
-#ifndef LLM_TEST_ON_CUDA
-// The mixtures of experts (cpu only: cuda refuses them at load) through the engine: greedy
-// output is transformers' with preemption (recompute and swap), chunked prefill and prefix
-// caching, each step's tokens routed together whatever the batch holds.
+// The mixtures of experts through the engine (on cpu, and with LLM_TEST_ON_CUDA on cuda in f32):
+// greedy output is transformers' with preemption (recompute and swap), chunked prefill and
+// prefix caching, each step's tokens routed together whatever the batch holds.
 TEST_F(ModelRunnerTest, MixturesOfExpertsAreTransformersGreedyThroughPreemptionChunksAndCaching) {
   const std::vector<Config> configs = {
       {.name = "recompute", .num_gpu_blocks = 20, .block_size = 4},
@@ -292,7 +291,6 @@ TEST_F(ModelRunnerTest, MixturesOfExpertsAreTransformersGreedyThroughPreemptionC
     }
   }
 }
-#endif
 
 TEST_F(ModelRunnerTest, PrefixCachingServesRepeatsWithTheSameOutput) {
   // Two rounds; 4 sequences at a time, so the second round is admitted after the first has
