@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <future>
 #include <limits>
 #include <memory>
@@ -365,6 +366,29 @@ TEST(CudaMoeTest, MixtureOfExpertsLeavesCudaGraphsOff) {
   const double worst = RunAndCompare(**model, golden, 16, [](std::mt19937&) { return 1; });
   EXPECT_LT(worst, 1e-4);
   EXPECT_EQ((*model)->num_graphs(), 0);
+}
+
+// The mixture of experts is deterministic: the routing, the expert GEMMs and the combination
+// (each token's rows summed in a fixed order, no atomics) give the same bits run after run, in
+// bf16 where a different summation order would show.
+TEST(CudaMoeTest, MixtureOfExpertsRepeatsBitForBit) {
+  std::string why_none;
+  if (cuda::DeviceCount(&why_none) == 0) GTEST_SKIP() << "no usable CUDA device: " << why_none;
+  absl::StatusOr<std::unique_ptr<DeviceContext>> ctx = DeviceContext::Create(TensorDevice::Cuda(0));
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  const std::string dir = ::llm::testing::TestDataDir() + "/models/tiny-qwen2-moe";
+  absl::StatusOr<ModelConfig> config = ModelConfig::FromModelDir(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<std::unique_ptr<LlamaModel>> model =
+      LlamaModel::Load(dir, *config, nullptr, {ctx->get(), DType::kBF16});
+  ASSERT_TRUE(model.ok()) << model.status();
+  const Golden golden = LoadGolden(dir, (*model)->vocab_size());
+  std::vector<float> first, second;
+  const double inf = std::numeric_limits<double>::infinity();
+  RunAndCompare(**model, golden, 16, MixedChunks(), &first, inf, DType::kBF16);
+  RunAndCompare(**model, golden, 16, MixedChunks(), &second, inf, DType::kBF16);
+  ASSERT_EQ(first.size(), second.size());
+  EXPECT_EQ(std::memcmp(first.data(), second.data(), first.size() * sizeof(float)), 0);
 }
 
 // tiny-gemma2 is left to the CPU goldens here (emulated, its runs cost about 90 s): what it adds
