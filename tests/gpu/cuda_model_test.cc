@@ -345,48 +345,55 @@ TEST_P(CudaRandomModelTest, Bf16OnTheTensorCoreKernelsFollowsTheCpuModel) {
 
 INSTANTIATE_TEST_SUITE_P(HeadSizes, CudaRandomModelTest, ::testing::Values(64, 128));
 
+// tiny-qwen2-moe on the first CUDA device in `dtype`; skips without a device.
+class CudaMoeTest : public ::testing::Test {
+ protected:
+  void Load(DType dtype) {
+    std::string why_none;
+    if (cuda::DeviceCount(&why_none) == 0) GTEST_SKIP() << "no usable CUDA device: " << why_none;
+    absl::StatusOr<std::unique_ptr<DeviceContext>> ctx =
+        DeviceContext::Create(TensorDevice::Cuda(0));
+    ASSERT_TRUE(ctx.ok()) << ctx.status();
+    ctx_ = std::move(*ctx);
+    dir_ = ::llm::testing::TestDataDir() + "/models/tiny-qwen2-moe";
+    absl::StatusOr<ModelConfig> config = ModelConfig::FromModelDir(dir_);
+    ASSERT_TRUE(config.ok()) << config.status();
+    absl::StatusOr<std::unique_ptr<LlamaModel>> model =
+        LlamaModel::Load(dir_, *config, nullptr, {ctx_.get(), dtype});
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = std::move(*model);
+  }
+  std::unique_ptr<DeviceContext> ctx_;
+  std::string dir_;
+  std::unique_ptr<LlamaModel> model_;
+};
+
 // A mixture of experts never runs from CUDA graphs (each MoE layer waits for its experts' token
 // counts, llama.h): EnableCudaGraphs leaves them off, and its decode steps still match the
 // CPU model's logits (the Models suite below runs the goldens, the CPU comparison and TP 2).
-TEST(CudaMoeTest, MixtureOfExpertsLeavesCudaGraphsOff) {
-  std::string why_none;
-  if (cuda::DeviceCount(&why_none) == 0) GTEST_SKIP() << "no usable CUDA device: " << why_none;
-  absl::StatusOr<std::unique_ptr<DeviceContext>> ctx = DeviceContext::Create(TensorDevice::Cuda(0));
-  ASSERT_TRUE(ctx.ok()) << ctx.status();
-  const std::string dir = ::llm::testing::TestDataDir() + "/models/tiny-qwen2-moe";
-  absl::StatusOr<ModelConfig> config = ModelConfig::FromModelDir(dir);
-  ASSERT_TRUE(config.ok()) << config.status();
-  absl::StatusOr<std::unique_ptr<LlamaModel>> model =
-      LlamaModel::Load(dir, *config, nullptr, {ctx->get(), DType::kF32});
-  ASSERT_TRUE(model.ok()) << model.status();
-  ASSERT_TRUE((*model)->Reserve(64, 8, 64).ok());
-  (*model)->EnableCudaGraphs(8);
-  EXPECT_FALSE((*model)->cuda_graphs_enabled());
-  const Golden golden = LoadGolden(dir, (*model)->vocab_size());
-  const double worst = RunAndCompare(**model, golden, 16, [](std::mt19937&) { return 1; });
+TEST_F(CudaMoeTest, MixtureOfExpertsLeavesCudaGraphsOff) {
+  ASSERT_NO_FATAL_FAILURE(Load(DType::kF32));
+  if (model_ == nullptr) return;  // skipped
+  ASSERT_TRUE(model_->Reserve(64, 8, 64).ok());
+  model_->EnableCudaGraphs(8);
+  EXPECT_FALSE(model_->cuda_graphs_enabled());
+  const Golden golden = LoadGolden(dir_, model_->vocab_size());
+  const double worst = RunAndCompare(*model_, golden, 16, [](std::mt19937&) { return 1; });
   EXPECT_LT(worst, 1e-4);
-  EXPECT_EQ((*model)->num_graphs(), 0);
+  EXPECT_EQ(model_->num_graphs(), 0);
 }
 
 // The mixture of experts is deterministic: the routing, the expert GEMMs and the combination
 // (each token's rows summed in a fixed order, no atomics) give the same bits run after run, in
 // bf16 where a different summation order would show.
-TEST(CudaMoeTest, MixtureOfExpertsRepeatsBitForBit) {
-  std::string why_none;
-  if (cuda::DeviceCount(&why_none) == 0) GTEST_SKIP() << "no usable CUDA device: " << why_none;
-  absl::StatusOr<std::unique_ptr<DeviceContext>> ctx = DeviceContext::Create(TensorDevice::Cuda(0));
-  ASSERT_TRUE(ctx.ok()) << ctx.status();
-  const std::string dir = ::llm::testing::TestDataDir() + "/models/tiny-qwen2-moe";
-  absl::StatusOr<ModelConfig> config = ModelConfig::FromModelDir(dir);
-  ASSERT_TRUE(config.ok()) << config.status();
-  absl::StatusOr<std::unique_ptr<LlamaModel>> model =
-      LlamaModel::Load(dir, *config, nullptr, {ctx->get(), DType::kBF16});
-  ASSERT_TRUE(model.ok()) << model.status();
-  const Golden golden = LoadGolden(dir, (*model)->vocab_size());
+TEST_F(CudaMoeTest, MixtureOfExpertsRepeatsBitForBit) {
+  ASSERT_NO_FATAL_FAILURE(Load(DType::kBF16));
+  if (model_ == nullptr) return;  // skipped
+  const Golden golden = LoadGolden(dir_, model_->vocab_size());
   std::vector<float> first, second;
   const double inf = std::numeric_limits<double>::infinity();
-  RunAndCompare(**model, golden, 16, MixedChunks(), &first, inf, DType::kBF16);
-  RunAndCompare(**model, golden, 16, MixedChunks(), &second, inf, DType::kBF16);
+  RunAndCompare(*model_, golden, 16, MixedChunks(), &first, inf, DType::kBF16);
+  RunAndCompare(*model_, golden, 16, MixedChunks(), &second, inf, DType::kBF16);
   ASSERT_EQ(first.size(), second.size());
   EXPECT_EQ(std::memcmp(first.data(), second.data(), first.size() * sizeof(float)), 0);
 }
