@@ -127,6 +127,25 @@ TEST(ClusterTest, GreedyOutputIsTheSameAtTp1AndTp2AndInProcess) {
   }
 }
 
+// The mixtures of experts served by llm-cluster at tensor-parallel size 2 (each rank holds its
+// slice of every expert, one all-reduce per layer) give the greedy tokens of the in-process
+// engine on the same directory, whose logits are transformers' within 1e-4 (LlamaGoldenTest).
+TEST(ClusterTest, MixturesOfExpertsServeTheirGreedyTokensAtTp2) {
+  constexpr int kMaxTokens = 12;
+  for (const char* name : {"tiny-mixtral", "tiny-qwen2-moe", "tiny-qwen3-moe"}) {
+    SCOPED_TRACE(name);
+    const std::string dir = std::string(LLM_TEST_DATA_DIR) + "/models/" + name;
+    absl::StatusOr<std::vector<std::vector<int32_t>>> reference =
+        ReferenceGreedy(dir, Prompts(), kMaxTokens);
+    ASSERT_TRUE(reference.ok()) << reference.status();
+    std::unique_ptr<LocalCluster> c =
+        StartCluster({.model = dir, .tensor_parallel_size = 2, .engine = {{"dtype", "float32"}}});
+    ASSERT_NE(c, nullptr);
+    EXPECT_EQ(GreedyOutputs(*c, Prompts(), kMaxTokens), *reference);
+    ExpectCleanStop(*c);
+  }
+}
+
 // Greedy streams that end at a stop token, so that the step after the one that samples it is
 // already on its way for them (asynchronous scheduling): each stream ends exactly at its stop,
 // as the undisturbed greedy output says, and the scheduler dropped what it sampled past it.
