@@ -5,23 +5,13 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "scheduler_service/http/partial_marker.h"
 
 namespace llm::openai {
 namespace {
 
 constexpr std::string_view kOpen = "<think>";
 constexpr std::string_view kClose = "</think>";
-
-bool IsSpace(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
-
-// The length of the longest suffix of `text` that is a proper prefix of `marker`: text that
-// must wait for the next delta to tell whether the marker begins there.
-size_t PartialMarkerSuffix(std::string_view text, std::string_view marker) {
-  for (size_t n = std::min(text.size(), marker.size() - 1); n > 0; --n) {
-    if (text.substr(text.size() - n) == marker.substr(0, n)) return n;
-  }
-  return 0;
-}
 
 }  // namespace
 
@@ -33,22 +23,11 @@ absl::StatusOr<ReasoningFormat> ReasoningFormatFromName(std::string_view name) {
                                                  "\": expected deepseek_r1, qwen3 or none"));
 }
 
-const char* ReasoningFormatName(ReasoningFormat format) {
-  switch (format) {
-    case ReasoningFormat::kDeepSeekR1:
-      return "deepseek_r1";
-    case ReasoningFormat::kQwen3:
-      return "qwen3";
-    default:
-      return "none";
-  }
-}
-
 void ReasoningStreamParser::Drain(bool final, Delta* out) {
   if (state_ == State::kStart) {
     // Leading whitespace, then an opening marker or not.
     const size_t first =
-        std::find_if_not(pending_.begin(), pending_.end(), IsSpace) - pending_.begin();
+        std::find_if_not(pending_.begin(), pending_.end(), IsAsciiSpace) - pending_.begin();
     const std::string_view rest = std::string_view(pending_).substr(first);
     if (rest.starts_with(kOpen)) {
       state_ = State::kReasoning;
@@ -64,7 +43,7 @@ void ReasoningStreamParser::Drain(bool final, Delta* out) {
   if (state_ == State::kReasoning) {
     const size_t close = pending_.find(kClose);
     if (close == std::string::npos) {
-      const size_t keep = final ? 0 : PartialMarkerSuffix(pending_, kClose);
+      const size_t keep = final ? 0 : PartialMarker(pending_, kClose);
       out->reasoning.append(pending_, 0, pending_.size() - keep);
       pending_.erase(0, pending_.size() - keep);
       return;

@@ -29,7 +29,6 @@ enum class ReasoningFormat { kNone, kDeepSeekR1, kQwen3 };
 
 // "" or "none": kNone; "deepseek_r1"; "qwen3". Others: InvalidArgumentError listing these.
 absl::StatusOr<ReasoningFormat> ReasoningFormatFromName(std::string_view name);
-const char* ReasoningFormatName(ReasoningFormat format);
 
 // Reads an output as it streams: Add returns the reasoning and the content that can be shown
 // now (text that may be the start of a marker is held back until it is not); Finish the rest.

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "nlohmann/json.hpp"
+#include "scheduler_service/http/partial_marker.h"
 
 namespace llm::openai {
 namespace {
@@ -17,11 +18,9 @@ constexpr std::string_view kHermesEnd = "</tool_call>";
 constexpr std::string_view kPythonTag = "<|python_tag|>";
 constexpr std::string_view kMistralStart = "[TOOL_CALLS]";
 
-bool IsSpace(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
-
 std::string_view Trim(std::string_view s) {
-  while (!s.empty() && IsSpace(s.front())) s.remove_prefix(1);
-  while (!s.empty() && IsSpace(s.back())) s.remove_suffix(1);
+  while (!s.empty() && IsAsciiSpace(s.front())) s.remove_prefix(1);
+  while (!s.empty() && IsAsciiSpace(s.back())) s.remove_suffix(1);
   return s;
 }
 
@@ -38,15 +37,6 @@ std::string_view StartMarker(ToolCallFormat format) {
     default:
       return {};
   }
-}
-
-// The length of the longest suffix of `text` that is a proper prefix of `marker`: text that
-// may yet become the marker.
-size_t PartialMarker(std::string_view text, std::string_view marker) {
-  for (size_t n = std::min(text.size(), marker.size() - 1); n > 0; --n) {
-    if (marker.starts_with(text.substr(text.size() - n))) return n;
-  }
-  return 0;
 }
 
 // {"name": <string>, <args_key>: <object or JSON text>} as a call; false: not one.
@@ -75,7 +65,7 @@ bool CallFromJson(const Json& j, std::initializer_list<const char*> args_keys,
 bool SplitObjects(std::string_view text, std::vector<std::string_view>* out) {
   size_t i = 0;
   while (true) {
-    while (i < text.size() && (IsSpace(text[i]) || text[i] == ';')) ++i;
+    while (i < text.size() && (IsAsciiSpace(text[i]) || text[i] == ';')) ++i;
     if (i == text.size()) return !out->empty();
     if (text[i] != '{') return false;
     const size_t start = i;
@@ -199,7 +189,7 @@ void ToolCallStreamParser::Drain(bool final, Delta* out) {
       const size_t at = pending_.find(start);
       if (at != std::string::npos) {
         std::string_view before = std::string_view(pending_).substr(0, at);
-        while (!before.empty() && IsSpace(before.back())) before.remove_suffix(1);
+        while (!before.empty() && IsAsciiSpace(before.back())) before.remove_suffix(1);
         if (!seen_text_) before = Trim(before);
         if (!before.empty()) {
           out->content += before;
@@ -213,13 +203,14 @@ void ToolCallStreamParser::Drain(bool final, Delta* out) {
       // Held back: what may become the marker, and trailing whitespace (dropped if a call
       // follows).
       size_t keep = final ? 0 : PartialMarker(pending_, start);
-      while (!final && keep < pending_.size() && IsSpace(pending_[pending_.size() - keep - 1])) {
+      while (!final && keep < pending_.size() &&
+             IsAsciiSpace(pending_[pending_.size() - keep - 1])) {
         ++keep;
       }
       std::string_view emit = std::string_view(pending_).substr(0, pending_.size() - keep);
       if (final && calls_ > 0 && AllSpace(emit)) emit = {};
       if (!seen_text_) {
-        while (!emit.empty() && IsSpace(emit.front())) emit.remove_prefix(1);
+        while (!emit.empty() && IsAsciiSpace(emit.front())) emit.remove_prefix(1);
       }
       if (!emit.empty()) {
         out->content += emit;
