@@ -70,10 +70,10 @@ void Store(const float* src, int64_t n, StDType dtype, std::byte* dst) {
 
 bool IsGgufPath(std::string_view path) { return path.ends_with(".gguf"); }
 
-std::string GgufTensorName(std::string_view hf, std::string_view arch) {
-  if (hf == "model.embed_tokens.weight") return "token_embd.weight";
-  if (hf == "lm_head.weight") return "output.weight";
-  if (hf == "model.norm.weight") return "output_norm.weight";
+GgufTensorRef GgufTensorFor(std::string_view hf, std::string_view arch) {
+  if (hf == "model.embed_tokens.weight") return {"token_embd.weight"};
+  if (hf == "lm_head.weight") return {"output.weight"};
+  if (hf == "model.norm.weight") return {"output_norm.weight"};
   static constexpr std::pair<std::string_view, std::string_view> kLayer[] = {
       {"input_layernorm.weight", "attn_norm.weight"},
       {"self_attn.q_proj.weight", "attn_q.weight"},
@@ -89,6 +89,19 @@ std::string GgufTensorName(std::string_view hf, std::string_view arch) {
       {"mlp.gate_proj.weight", "ffn_gate.weight"},
       {"mlp.up_proj.weight", "ffn_up.weight"},
       {"mlp.down_proj.weight", "ffn_down.weight"},
+      // Mixtures of experts: the router and Qwen2-MoE's shared expert.
+      {"mlp.gate.weight", "ffn_gate_inp.weight"},
+      {"block_sparse_moe.gate.weight", "ffn_gate_inp.weight"},
+      {"mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"},
+      {"mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"},
+      {"mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"},
+      {"mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"},
+  };
+  // An expert's projection (Qwen-MoE's names, then Mixtral's) -> the merged tensor.
+  static constexpr std::pair<std::string_view, std::string_view> kExperts[] = {
+      {"gate_proj.weight", "ffn_gate_exps.weight"}, {"up_proj.weight", "ffn_up_exps.weight"},
+      {"down_proj.weight", "ffn_down_exps.weight"}, {"w1.weight", "ffn_gate_exps.weight"},
+      {"w3.weight", "ffn_up_exps.weight"},          {"w2.weight", "ffn_down_exps.weight"},
   };
   // Llama's post_attention_layernorm is the MLP's input norm; Gemma's normalizes the
   // attention's output, and pre_feedforward_layernorm is the MLP's input norm.
@@ -100,35 +113,51 @@ std::string GgufTensorName(std::string_view hf, std::string_view arch) {
       {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
       {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
   };
+  // The number that `s` starts with, up to the next dot, and what follows the dot.
+  auto leading_index = [](std::string_view s, int* index, std::string_view* rest) {
+    const size_t dot = s.find('.');
+    if (dot == std::string_view::npos || dot == 0) return false;
+    const auto [ptr, ec] = std::from_chars(s.data(), s.data() + dot, *index);
+    if (ec != std::errc() || ptr != s.data() + dot) return false;
+    *rest = s.substr(dot + 1);
+    return true;
+  };
   constexpr std::string_view kPrefix = "model.layers.";
-  if (!hf.starts_with(kPrefix)) return "";
-  hf.remove_prefix(kPrefix.size());
-  const size_t dot = hf.find('.');
+  if (!hf.starts_with(kPrefix)) return {};
   int layer = 0;
-  if (dot == std::string_view::npos || dot == 0) return "";
-  const auto [ptr, ec] = std::from_chars(hf.data(), hf.data() + dot, layer);
-  if (ec != std::errc() || ptr != hf.data() + dot) return "";
-  const std::string_view rest = hf.substr(dot + 1);
+  std::string_view rest;
+  if (!leading_index(hf.substr(kPrefix.size()), &layer, &rest)) return {};
+  auto in_layer = [layer](std::string_view name) {
+    return absl::StrCat("blk.", layer, ".", std::string(name));
+  };
   for (const auto& [from, to] : kLayer) {
-    if (rest == from) return absl::StrCat("blk.", layer, ".", std::string(to));
+    if (rest == from) return {in_layer(to)};
+  }
+  for (std::string_view experts : {"mlp.experts.", "block_sparse_moe.experts."}) {
+    int expert = 0;
+    std::string_view proj;
+    if (!rest.starts_with(experts) || !leading_index(rest.substr(experts.size()), &expert, &proj)) {
+      continue;
+    }
+    for (const auto& [from, to] : kExperts) {
+      if (proj == from) return {in_layer(to), expert};
+    }
   }
   // phi3: ffn_up holds gate_up_proj as is ([2 I, H], gate rows first; llama.cpp's SwiGLU over
   // the fused tensor).
-  if (arch == "phi3" && rest == "mlp.gate_up_proj.weight") {
-    return absl::StrCat("blk.", layer, ".ffn_up.weight");
-  }
+  if (arch == "phi3" && rest == "mlp.gate_up_proj.weight") return {in_layer("ffn_up.weight")};
   const bool gemma = arch.starts_with("gemma");
   using Names = std::span<const std::pair<std::string_view, std::string_view>>;
   for (const auto& [from, to] : gemma ? Names(kGemmaNorms) : Names(kLlamaNorms)) {
-    if (rest == from) return absl::StrCat("blk.", layer, ".", std::string(to));
+    if (rest == from) return {in_layer(to)};
   }
-  return "";
+  return {};
 }
 
 namespace {
 
-constexpr const char* kGgufArchitectures[] = {"llama",  "qwen2",  "qwen3",
-                                              "gemma2", "gemma3", "phi3"};
+constexpr const char* kGgufArchitectures[] = {"llama",    "qwen2",  "qwen3",  "qwen2moe",
+                                              "qwen3moe", "gemma2", "gemma3", "phi3"};
 
 // An optional number key into `out`; its error when present but malformed.
 absl::Status GetOptionalNumber(const GgufFile& f, const std::string& key, double* out) {
@@ -175,6 +204,90 @@ absl::Status ReadRopeFactors(const GgufFile& f, const GgufTensorInfo& t, int rot
   return absl::OkStatus();
 }
 
+// A mixture of experts (<arch>.expert_count > 0: Mixtral as llama, qwen2moe, qwen3moe), as
+// llama.cpp's graphs for these architectures run it: softmax over the router's logits, the top
+// <arch>.expert_used_count, renormalized for llama and qwen3moe but not qwen2moe (the key
+// <arch>.expert_weights_norm, where a file has it, decides), experts
+// <arch>.expert_feed_forward_length wide (Mixtral's: feed_forward_length), Qwen2-MoE's shared
+// expert <arch>.expert_shared_feed_forward_length wide. A layer is sparse when it has a router
+// (blk.N.ffn_gate_inp), so Qwen2-MoE's mlp_only_layers are dense. What llama.cpp's graphs for
+// these architectures do not do (other gating functions, scaled weights, grouped routing, the
+// per-expert tensors of old Mixtral files) is refused by name.
+absl::Status ReadExperts(const GgufFile& f, ModelConfig* c) {
+  const std::string& arch = c->model_type;
+  const std::string a = arch + ".";
+  int experts = 0;
+  RETURN_IF_ERROR(GetPositive(f, a + "expert_count", &experts, 0));
+  const bool moe_arch = arch == "qwen2moe" || arch == "qwen3moe";
+  if (experts == 0) {
+    if (moe_arch) return Invalid(f, a + "expert_count is required for " + arch);
+    return absl::OkStatus();
+  }
+  if (arch != "llama" && !moe_arch) {
+    return absl::UnimplementedError(absl::StrCat("gguf ", f.path(), ": ", a,
+                                                 "expert_count = ", experts,
+                                                 ": experts are supported for llama "
+                                                 "(Mixtral), qwen2moe and qwen3moe"));
+  }
+  auto unsupported = [&](std::string_view what) {
+    return absl::UnimplementedError(absl::StrCat("gguf ", f.path(), ": ", std::string(what)));
+  };
+  if (f.FindTensor("blk.0.ffn_gate.0.weight") != nullptr) {
+    return unsupported(
+        "experts stored one tensor each (blk.N.ffn_gate.E.weight, the layout of Mixtral files "
+        "converted before llama.cpp merged them) are not supported; convert the model again");
+  }
+  if (absl::StatusOr<int64_t> gating = f.GetInt(a + "expert_gating_func");
+      gating.ok() && *gating != 1) {  // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX
+    return unsupported(absl::StrCat(a, "expert_gating_func = ", *gating,
+                                    ": only softmax routing (1) is supported"));
+  }
+  double scale = 1.0;
+  RETURN_IF_ERROR(GetOptionalNumber(f, a + "expert_weights_scale", &scale));
+  if (scale != 1.0 && scale != 0.0) {  // 0: unset, as llama.cpp reads it
+    return unsupported(absl::StrCat(a, "expert_weights_scale = ", scale, " is not supported"));
+  }
+  // Grouped routing and several shared experts (DeepSeek's) are not these architectures'.
+  for (const char* key : {"expert_group_count", "expert_shared_count"}) {
+    if (absl::StatusOr<int64_t> v = f.GetInt(a + key); v.ok() && *v > 1) {
+      return unsupported(absl::StrCat(a, key, " = ", *v, " is not supported"));
+    }
+  }
+  c->num_experts = experts;
+  RETURN_IF_ERROR(GetPositive(f, a + "expert_used_count", &c->num_experts_per_tok));
+  if (c->num_experts_per_tok > experts) {
+    return Invalid(f, absl::StrCat(a, "expert_used_count (", c->num_experts_per_tok, ") exceeds ",
+                                   a, "expert_count (", experts, ")"));
+  }
+  if (arch == "llama") {
+    c->architecture = "MixtralForCausalLM";
+    c->moe_intermediate_size = c->intermediate_size;
+  } else {
+    RETURN_IF_ERROR(GetPositive(f, a + "expert_feed_forward_length", &c->moe_intermediate_size));
+  }
+  c->norm_topk_prob = arch != "qwen2moe";
+  if (absl::StatusOr<int64_t> norm = f.GetInt(a + "expert_weights_norm"); norm.ok()) {
+    c->norm_topk_prob = *norm != 0;
+  }
+  bool shared = false;  // in any layer: Qwen2-MoE's first layers may be dense
+  for (int l = 0; l < c->num_hidden_layers && !shared; ++l) {
+    shared = f.FindTensor(absl::StrCat("blk.", l, ".ffn_up_shexp.weight")) != nullptr;
+  }
+  if (shared) {
+    if (arch != "qwen2moe") {
+      return unsupported(arch + ": shared experts are supported for qwen2moe only");
+    }
+    RETURN_IF_ERROR(GetPositive(f, a + "expert_shared_feed_forward_length",
+                                &c->shared_expert_intermediate_size));
+  }
+  c->moe_layers.resize(static_cast<size_t>(c->num_hidden_layers));
+  for (int l = 0; l < c->num_hidden_layers; ++l) {
+    c->moe_layers[static_cast<size_t>(l)] =
+        f.FindTensor(absl::StrCat("blk.", l, ".ffn_gate_inp.weight")) != nullptr;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
@@ -184,25 +297,19 @@ absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
     return absl::UnimplementedError(
         absl::StrCat("gguf ", f.path(), ": general.architecture \"", arch, "\" is not supported (",
                      absl::StrJoin(kGgufArchitectures, ", "),
-                     "; llama covers Llama 2/3.x, SmolLM2 and Mistral)"));
+                     "; llama covers Llama 2/3.x, SmolLM2, Mistral and Mixtral)"));
   }
   const std::string a = arch + ".";
-  // Mixtral's GGUF files say llama with experts (llama.cpp's converter writes them so).
-  if (absl::StatusOr<int64_t> experts = f.GetInt(a + "expert_count");
-      experts.ok() && *experts > 0) {
-    return absl::UnimplementedError(absl::StrCat(
-        "gguf ", f.path(), ": ", a, "expert_count = ", *experts,
-        ": mixture-of-experts GGUF files are not supported (load the model's Hugging Face "
-        "directory instead)"));
-  }
   ModelConfig c;
   c.model_type = arch;
-  c.architecture = arch == "llama"    ? "LlamaForCausalLM"
-                   : arch == "qwen2"  ? "Qwen2ForCausalLM"
-                   : arch == "qwen3"  ? "Qwen3ForCausalLM"
-                   : arch == "gemma2" ? "Gemma2ForCausalLM"
-                   : arch == "gemma3" ? "Gemma3ForCausalLM"
-                                      : "Phi3ForCausalLM";
+  c.architecture = arch == "llama"      ? "LlamaForCausalLM"
+                   : arch == "qwen2"    ? "Qwen2ForCausalLM"
+                   : arch == "qwen3"    ? "Qwen3ForCausalLM"
+                   : arch == "qwen2moe" ? "Qwen2MoeForCausalLM"
+                   : arch == "qwen3moe" ? "Qwen3MoeForCausalLM"
+                   : arch == "gemma2"   ? "Gemma2ForCausalLM"
+                   : arch == "gemma3"   ? "Gemma3ForCausalLM"
+                                        : "Phi3ForCausalLM";
   RETURN_IF_ERROR(GetPositive(f, a + "embedding_length", &c.hidden_size));
   RETURN_IF_ERROR(GetPositive(f, a + "feed_forward_length", &c.intermediate_size));
   RETURN_IF_ERROR(GetPositive(f, a + "block_count", &c.num_hidden_layers));
@@ -322,6 +429,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
     }
     if (arch == "gemma3") c.rope_local_theta = 10000.0;
   }
+  RETURN_IF_ERROR(ReadExperts(f, &c));
   if (absl::StatusOr<int64_t> bos = f.GetInt("tokenizer.ggml.bos_token_id"); bos.ok()) {
     c.bos_token_id = static_cast<int>(*bos);
   }
@@ -352,95 +460,130 @@ absl::StatusOr<std::unique_ptr<GgufWeights>> GgufWeights::FromFile(const GgufFil
   return w;
 }
 
-absl::StatusOr<std::vector<int64_t>> GgufWeights::Shape(std::string_view name) const {
-  const std::string g = GgufTensorName(name, arch_);
-  const GgufTensorInfo* t = g.empty() ? nullptr : file_->FindTensor(g);
-  if (t == nullptr) {
-    return absl::NotFoundError(absl::StrCat("tensor ", std::string(name), " (gguf ",
-                                            g.empty() ? "none" : g, ") is not in ", file_->path()));
+absl::StatusOr<GgufWeights::Stored> GgufWeights::Find(std::string_view hf) const {
+  const GgufTensorRef ref = GgufTensorFor(hf, arch_);
+  Stored s;
+  s.info = ref.name.empty() ? nullptr : file_->FindTensor(ref.name);
+  // --fuse-gate-up-exps: each expert's gate rows, then its up rows, in one tensor.
+  int fused_half = -1;  // 0: the gate rows, 1: the up rows
+  if (s.info == nullptr && ref.expert >= 0) {
+    for (const auto& [part, half] : {std::pair{"ffn_gate_exps.", 0}, {"ffn_up_exps.", 1}}) {
+      const size_t at = ref.name.find(part);
+      if (at == std::string::npos) continue;
+      std::string fused = ref.name;
+      fused.replace(at, std::strlen(part), "ffn_gate_up_exps.");
+      s.info = file_->FindTensor(fused);
+      fused_half = half;
+    }
   }
-  return t->shape();
+  if (s.info == nullptr) {
+    return absl::NotFoundError(absl::StrCat("tensor ", std::string(hf), " (gguf ",
+                                            ref.name.empty() ? "none" : ref.name, ") is not in ",
+                                            file_->path()));
+  }
+  s.what = absl::StrCat("gguf ", file_->path(), ": tensor ", s.info->name);
+  std::vector<int64_t> shape = s.info->shape();
+  s.data = file_->Bytes(*s.info);
+  if (ref.expert >= 0) {
+    absl::StrAppend(&s.what, " expert ", ref.expert);
+    if (shape.size() != 3) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          s.what, ": shape [", absl::StrJoin(shape, ", "), "] is not [experts, rows, columns]"));
+    }
+    if (ref.expert >= shape[0]) {
+      return absl::NotFoundError(absl::StrCat(s.what, ": the tensor holds ", shape[0], " experts"));
+    }
+    const int64_t block = GgmlBlockLayout(s.info->type).first;
+    const size_t expert_bytes =
+        static_cast<size_t>(shape[1] * (shape[2] / block) * GgmlBlockLayout(s.info->type).second);
+    s.data = s.data.subspan(static_cast<size_t>(ref.expert) * expert_bytes, expert_bytes);
+    shape = {shape[1], shape[2]};
+    if (fused_half >= 0) {
+      if (shape[0] % 2 != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(s.what, ": an odd number of gate and up rows (", shape[0], ")"));
+      }
+      shape[0] /= 2;
+      s.first_row = fused_half * shape[0];
+    }
+  } else if (shape.size() == 1 && s.info->name.ends_with("ffn_gate_inp_shexp.weight")) {
+    shape = {1, shape[0]};  // llama.cpp's [H]; Hugging Face's [1, H]
+  }
+  // q/k rows come back in Hugging Face order (llama.cpp permutes them for the llama
+  // architecture only: the others use NeoX-style rotary, as Hugging Face does).
+  if (arch_ == "llama" && absl::StrContains(s.info->name, "attn_q.")) {
+    s.permute_head_dim = shape[0] / n_head_;
+  } else if (arch_ == "llama" && absl::StrContains(s.info->name, "attn_k.")) {
+    s.permute_head_dim = shape[0] / n_head_kv_;
+  }
+  s.shape = std::move(shape);
+  return s;
+}
+
+absl::StatusOr<std::vector<int64_t>> GgufWeights::Shape(std::string_view name) const {
+  ASSIGN_OR_RETURN(Stored s, Find(name));
+  return std::move(s.shape);
 }
 
 absl::StatusOr<GgmlType> GgufWeights::TensorType(std::string_view name) const {
-  const std::string g = GgufTensorName(name, arch_);
-  const GgufTensorInfo* t = g.empty() ? nullptr : file_->FindTensor(g);
-  if (t == nullptr) {
-    return absl::NotFoundError(absl::StrCat("tensor ", std::string(name), " (gguf ",
-                                            g.empty() ? "none" : g, ") is not in ", file_->path()));
-  }
-  return t->type;
+  ASSIGN_OR_RETURN(const Stored s, Find(name));
+  return s.info->type;
 }
 
 absl::Status GgufWeights::ReadBlocks(std::string_view name, int dim, int64_t begin, int64_t end,
                                      std::vector<uint8_t>* out) const {
-  const std::string g = GgufTensorName(name, arch_);
-  const GgufTensorInfo* t = g.empty() ? nullptr : file_->FindTensor(g);
-  if (t == nullptr) {
-    return absl::NotFoundError(absl::StrCat("tensor ", std::string(name), " (gguf ",
-                                            g.empty() ? "none" : g, ") is not in ", file_->path()));
-  }
-  const std::string what = absl::StrCat("gguf ", file_->path(), ": tensor ", g);
-  const std::vector<int64_t> shape = t->shape();
+  ASSIGN_OR_RETURN(const Stored s, Find(name));
+  const std::vector<int64_t>& shape = s.shape;
   if (shape.size() != 2 || dim < 0 || dim > 1) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": cannot read blocks of dimension ", dim,
-                                                   " of a ", shape.size(), "-D tensor"));
+    return absl::InvalidArgumentError(absl::StrCat(s.what, ": cannot read blocks of dimension ",
+                                                   dim, " of a ", shape.size(), "-D tensor"));
   }
   if (begin < 0 || end < begin || end > shape[dim]) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": slice [", begin, ", ", end,
+    return absl::InvalidArgumentError(absl::StrCat(s.what, ": slice [", begin, ", ", end,
                                                    ") is out of range [0, ", shape[dim], ")"));
   }
-  const auto [block, block_bytes] = GgmlBlockLayout(t->type);
+  const auto [block, block_bytes] = GgmlBlockLayout(s.info->type);
   if (dim == 1 && (begin % block != 0 || end % block != 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": columns [", begin, ", ", end,
-                                                   ") do not fall on the ", GgmlTypeName(t->type),
-                                                   " blocks of ", block, " weights"));
-  }
-  int64_t permute_head_dim = 0;
-  if (arch_ == "llama" && absl::StrContains(g, "attn_q.")) permute_head_dim = shape[0] / n_head_;
-  if (arch_ == "llama" && absl::StrContains(g, "attn_k.")) {
-    permute_head_dim = shape[0] / n_head_kv_;
+    return absl::InvalidArgumentError(
+        absl::StrCat(s.what, ": columns [", begin, ", ", end, ") do not fall on the ",
+                     GgmlTypeName(s.info->type), " blocks of ", block, " weights"));
   }
   const size_t row_bytes = static_cast<size_t>(shape[1] / block * block_bytes);
-  const std::span<const std::byte> data = file_->Bytes(*t);
   const int64_t r0 = dim == 0 ? begin : 0, r1 = dim == 0 ? end : shape[0];
   const size_t c0 = dim == 0 ? 0 : static_cast<size_t>(begin / block * block_bytes);
   const size_t bytes =
       dim == 0 ? row_bytes : static_cast<size_t>((end - begin) / block * block_bytes);
   out->resize(static_cast<size_t>(r1 - r0) * bytes);
   for (int64_t r = r0; r < r1; ++r) {
-    const int64_t src = permute_head_dim > 0 ? PermutedRow(r, permute_head_dim) : r;
+    const int64_t src =
+        s.first_row + (s.permute_head_dim > 0 ? PermutedRow(r, s.permute_head_dim) : r);
     std::memcpy(out->data() + static_cast<size_t>(r - r0) * bytes,
-                data.data() + static_cast<size_t>(src) * row_bytes + c0, bytes);
+                s.data.data() + static_cast<size_t>(src) * row_bytes + c0, bytes);
   }
   return absl::OkStatus();
 }
 
 absl::Status GgufWeights::ReadSlice(std::string_view name, int dim, int64_t begin, int64_t end,
                                     StDType out_dtype, std::span<std::byte> out) const {
-  const std::string g = GgufTensorName(name, arch_);
-  const GgufTensorInfo* t = g.empty() ? nullptr : file_->FindTensor(g);
-  if (t == nullptr) {
-    return absl::NotFoundError(absl::StrCat("tensor ", std::string(name), " (gguf ",
-                                            g.empty() ? "none" : g, ") is not in ", file_->path()));
-  }
-  const std::string what = absl::StrCat("gguf ", file_->path(), ": tensor ", g);
-  if (!GgmlTypeCanDequantize(t->type)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": type ", GgmlTypeName(t->type),
+  ASSIGN_OR_RETURN(const Stored s, Find(name));
+  const GgmlType type = s.info->type;
+  if (!GgmlTypeCanDequantize(type)) {
+    return absl::InvalidArgumentError(absl::StrCat(s.what, ": type ", GgmlTypeName(type),
                                                    " is not supported (", kGgmlDequantizableTypes,
                                                    ")"));
   }
   if (out_dtype != StDType::kF32 && out_dtype != StDType::kF16 && out_dtype != StDType::kBF16) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": output dtype ", std::string(StDTypeName(out_dtype)), " is not F32, F16 or BF16"));
+    return absl::InvalidArgumentError(absl::StrCat(s.what, ": output dtype ",
+                                                   std::string(StDTypeName(out_dtype)),
+                                                   " is not F32, F16 or BF16"));
   }
-  const std::vector<int64_t> shape = t->shape();
+  const std::vector<int64_t>& shape = s.shape;
   if (shape.size() > 2 || dim < 0 || dim >= static_cast<int>(shape.size())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": cannot slice dimension ", dim, " of a ", shape.size(), "-D tensor"));
+    return absl::InvalidArgumentError(absl::StrCat(s.what, ": cannot slice dimension ", dim,
+                                                   " of a ", shape.size(), "-D tensor"));
   }
   if (begin < 0 || end < begin || end > shape[dim]) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": slice [", begin, ", ", end,
+    return absl::InvalidArgumentError(absl::StrCat(s.what, ": slice [", begin, ", ", end,
                                                    ") is out of range [0, ", shape[dim], ")"));
   }
   const int64_t rows = shape.size() == 2 ? shape[0] : 1;
@@ -450,24 +593,16 @@ absl::Status GgufWeights::ReadSlice(std::string_view name, int dim, int64_t begi
   const size_t esize = StDTypeSize(out_dtype);
   if (out.size() != static_cast<size_t>(out_rows * out_cols) * esize) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, ": the slice is ", out_rows * out_cols * esize, " bytes, the buffer ", out.size()));
+        s.what, ": the slice is ", out_rows * out_cols * esize, " bytes, the buffer ", out.size()));
   }
-  // q/k rows come back in Hugging Face order (llama.cpp permutes them for the llama
-  // architecture only: the others use NeoX-style rotary, as Hugging Face does).
-  int64_t permute_head_dim = 0;
-  if (arch_ == "llama" && absl::StrContains(g, "attn_q.")) permute_head_dim = shape[0] / n_head_;
-  if (arch_ == "llama" && absl::StrContains(g, "attn_k.")) {
-    permute_head_dim = shape[0] / n_head_kv_;
-  }
-  const auto [block, block_bytes] = GgmlBlockLayout(t->type);
+  const auto [block, block_bytes] = GgmlBlockLayout(type);
   const size_t row_bytes = static_cast<size_t>(cols / block * block_bytes);
-  const std::span<const std::byte> data = file_->Bytes(*t);
   std::vector<float> row(static_cast<size_t>(cols));
   if (shape.size() == 1) {
-    RETURN_IF_ERROR(DequantizeToF32(t->type, data, row));
-    if (permute_head_dim > 0) {
+    RETURN_IF_ERROR(DequantizeToF32(type, s.data, row));
+    if (s.permute_head_dim > 0) {
       std::vector<float> hf(row.size());
-      for (int64_t r = 0; r < cols; ++r) hf[r] = row[PermutedRow(r, permute_head_dim)];
+      for (int64_t r = 0; r < cols; ++r) hf[r] = row[PermutedRow(r, s.permute_head_dim)];
       row.swap(hf);
     }
     Store(row.data() + begin, end - begin, out_dtype, out.data());
@@ -476,9 +611,10 @@ absl::Status GgufWeights::ReadSlice(std::string_view name, int dim, int64_t begi
   const int64_t r0 = dim == 0 ? begin : 0, r1 = dim == 0 ? end : rows;
   const int64_t c0 = dim == 0 ? 0 : begin;
   for (int64_t r = r0; r < r1; ++r) {
-    const int64_t src = permute_head_dim > 0 ? PermutedRow(r, permute_head_dim) : r;
+    const int64_t src =
+        s.first_row + (s.permute_head_dim > 0 ? PermutedRow(r, s.permute_head_dim) : r);
     RETURN_IF_ERROR(DequantizeToF32(
-        t->type, data.subspan(static_cast<size_t>(src) * row_bytes, row_bytes), row));
+        type, s.data.subspan(static_cast<size_t>(src) * row_bytes, row_bytes), row));
     Store(row.data() + c0, out_cols, out_dtype,
           out.data() + static_cast<size_t>((r - r0) * out_cols) * esize);
   }

@@ -12,11 +12,20 @@
 // architecture llama.cpp's converter interleaves the rows of each head of attn_q and attn_k
 // (for ggml's RoPE, which rotates adjacent pairs); reading undoes it, so the rows are the
 // Hugging Face ones (halves rotated together).
+//
+// Mixtures of experts (Mixtral as llama with <arch>.expert_count, qwen2moe, qwen3moe): the
+// converter merges each layer's experts into one tensor per projection, [experts, rows, cols]:
+// blk.N.ffn_{gate,up,down}_exps hold expert E's mlp.experts.E.{gate,up,down}_proj (Mixtral's
+// block_sparse_moe.experts.E.w1, w3, w2), or blk.N.ffn_gate_up_exps the gate rows then the up
+// rows of each (--fuse-gate-up-exps); blk.N.ffn_gate_inp is the router (mlp.gate,
+// block_sparse_moe.gate), and Qwen2-MoE's blk.N.ffn_{gate,up,down}_shexp and ffn_gate_inp_shexp
+// ([H] or [1, H]) its mlp.shared_expert.* and mlp.shared_expert_gate [1, H].
 #ifndef LLM_COMMON_GGUF_MODEL_H_
 #define LLM_COMMON_GGUF_MODEL_H_
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,10 +40,16 @@ namespace llm {
 // Whether `path` names a GGUF file (ends with ".gguf").
 bool IsGgufPath(std::string_view path);
 
-// The GGUF tensor name of a Hugging Face one ("model.layers.3.mlp.up_proj.weight" ->
-// "blk.3.ffn_up.weight") in a file of architecture `arch` (general.architecture); "" when it
-// has none.
-std::string GgufTensorName(std::string_view hf_name, std::string_view arch = "llama");
+// Where a Hugging Face tensor is in a GGUF file of architecture `arch` (general.architecture):
+// "model.layers.3.mlp.up_proj.weight" -> {"blk.3.ffn_up.weight"},
+// "model.layers.3.mlp.experts.5.up_proj.weight" -> {"blk.3.ffn_up_exps.weight", 5}; an empty
+// name when it has none.
+struct GgufTensorRef {
+  std::string name;
+  int expert = -1;  // >= 0: this expert's [rows, cols] of the merged [experts, rows, cols]
+  bool operator==(const GgufTensorRef&) const = default;
+};
+GgufTensorRef GgufTensorFor(std::string_view hf_name, std::string_view arch = "llama");
 
 class GgufWeights : public WeightSource {
  public:
@@ -61,6 +76,20 @@ class GgufWeights : public WeightSource {
   const GgufFile& file() const { return *file_; }
 
  private:
+  // A Hugging Face tensor as stored: its GGUF tensor, the shape it has under the Hugging Face
+  // name (an expert's [rows, cols]; [1, H] for a shared-expert gate stored as [H]), the bytes of
+  // its rows (an expert's part of the merged tensor), the first of those rows that is row 0
+  // (the up rows of a fused gate_up), and the head size whose q/k rows are un-permuted (0: none).
+  struct Stored {
+    const GgufTensorInfo* info = nullptr;
+    std::string what;  // "gguf <path>: tensor <name>[ expert E]", for messages
+    std::vector<int64_t> shape;
+    std::span<const std::byte> data;
+    int64_t first_row = 0;
+    int64_t permute_head_dim = 0;
+  };
+  absl::StatusOr<Stored> Find(std::string_view hf_name) const;
+
   std::unique_ptr<GgufFile> owned_;
   const GgufFile* file_ = nullptr;
   int n_head_ = 0;

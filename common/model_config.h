@@ -2,9 +2,9 @@
 // metadata, for the decoder families the workers run: LlamaForCausalLM, MistralForCausalLM
 // (sliding window included), Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM,
 // Gemma3ForCausalLM and Phi3ForCausalLM (Phi-3, Phi-3.5 and Phi-4-mini), and the mixtures of
-// experts MixtralForCausalLM, Qwen2MoeForCausalLM and Qwen3MoeForCausalLM (from config.json
-// only). The families differ by the features below (each off by default, which is Llama); the
-// model (worker_service/model/llama.h) implements each feature once.
+// experts MixtralForCausalLM, Qwen2MoeForCausalLM and Qwen3MoeForCausalLM. The families differ by
+// the features below (each off by default, which is Llama); the model
+// (worker_service/model/llama.h) implements each feature once.
 //
 // Parsing fails with INVALID_ARGUMENT naming the missing or malformed field, and with
 // UNIMPLEMENTED naming an architecture, activation, rope scaling type or feature that is not
@@ -142,14 +142,14 @@ struct ModelConfig {
   static absl::StatusOr<ModelConfig> FromJson(std::string_view json_text);
   // Reads <dir>/config.json, or the metadata of `dir` when it is a GGUF file (*.gguf).
   static absl::StatusOr<ModelConfig> FromModelDir(const std::string& dir);
-  // From a GGUF file's metadata (general.architecture llama, qwen2, qwen3, gemma2, gemma3 or
-  // phi3;
-  // <arch>.* keys; what llama.cpp hard-codes per architecture, such as Gemma's layer pattern;
-  // token ids from tokenizer.ggml.*; phi3's longrope factors from its rope_factors_short /
-  // rope_factors_long tensors). UNIMPLEMENTED naming another architecture or an unsupported
-  // feature (rope scaling other than linear, experts: <arch>.expert_count > 0, a mixture of
-  // experts, is refused by name); INVALID_ARGUMENT
-  // naming a missing or malformed key. Implemented in gguf_model.cc.
+  // From a GGUF file's metadata (general.architecture llama, qwen2, qwen3, qwen2moe, qwen3moe,
+  // gemma2, gemma3 or phi3; <arch>.* keys; what llama.cpp hard-codes per architecture, such as
+  // Gemma's layer pattern or which mixtures of experts renormalize their routing weights; token
+  // ids from tokenizer.ggml.*; phi3's longrope factors from its rope_factors_short /
+  // rope_factors_long tensors; the sparse layers from their routers' tensors). UNIMPLEMENTED
+  // naming another architecture or an unsupported feature (rope scaling other than linear,
+  // routing other than softmax top-k); INVALID_ARGUMENT naming a missing or malformed key.
+  // Implemented in gguf_model.cc.
   static absl::StatusOr<ModelConfig> FromGguf(const GgufFile& file);
 };
 

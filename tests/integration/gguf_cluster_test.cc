@@ -4,7 +4,8 @@
 // completes "The capital of France is" with Paris; the real Gemma 3 270M (Q4_K_M, fetch_model.sh
 // gemma3-270m) gives transformers' greedy tokens on the same file, at tensor-parallel size 2
 // (both with their weights kept as the file's blocks, the default); SmolLM2 served kept quantized
-// holds the file's bytes and gives the greedy tokens of the same file served dequantized.
+// holds the file's bytes and gives the greedy tokens of the same file served dequantized; the
+// tiny mixtures of experts serve from GGUF as from their directories, and from Q8_0 blocks.
 //
 // Deadlines here are hang guards only; no assertion depends on timing.
 #include <algorithm>
@@ -92,7 +93,8 @@ TEST_P(GgufFamilyClusterTest, ServesTheDirectorysGreedyTokensAtTp2) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, GgufFamilyClusterTest,
-                         ::testing::Values("tiny-qwen3", "tiny-gemma3", "tiny-phi3"),
+                         ::testing::Values("tiny-qwen3", "tiny-gemma3", "tiny-phi3", "tiny-mixtral",
+                                           "tiny-qwen2-moe", "tiny-qwen3-moe"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');
@@ -374,6 +376,35 @@ TEST(GgufRealModelTest, SmolLm2KeptQuantizedHoldsTheFilesBytes) {
   RecordProperty("equal_greedy_tokens", std::to_string(same));
   EXPECT_GE(same, 5u);  // " Paris.\n\n" and the next word
   if (same < 24) EXPECT_LT(dequantized.margins[same], kMaxMargin);
+}
+
+// A mixture of experts served from its GGUF's Q8_0 blocks (tiny-mixtral-q8_0.gguf, the worker's
+// default): the worker reports weights of less than half the same model's F32 file (the experts
+// are held as blocks, not dequantized), and the greedy tokens are the in-process engine's on the
+// same file, whose kept-quantized logits gguf_model_test holds to the dequantized model's.
+TEST(GgufClusterTest, MixtureOfExpertsServedFromTheFilesBlocks) {
+  const std::string models = kSource + "/tests/data/models/";
+  ClusterOptions o;
+  o.model = models + "tiny-mixtral-q8_0.gguf";
+  o.engine = {{"dtype", "float32"}};
+  absl::StatusOr<std::unique_ptr<LocalCluster>> c = LocalCluster::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::vector<std::string> prompts = {"Once upon a time",
+                                            "A fortune: you will find a long and winding road"};
+  absl::StatusOr<std::vector<std::vector<int32_t>>> want = ReferenceGreedy(o.model, prompts, 12);
+  ASSERT_TRUE(want.ok()) << want.status();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerateResult r = Generate((*c)->stub(), GreedyRequest(prompts[i], 12));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.token_ids[0], (*want)[i]) << prompts[i];
+  }
+  const double f32_file =
+      static_cast<double>(std::filesystem::file_size(models + "tiny-mixtral.gguf"));
+  const double weights = static_cast<double>(FreshMemory(**c).weights());
+  EXPECT_GT(weights, 0);
+  EXPECT_LT(weights, f32_file / 2);
+  absl::StatusOr<int> s = (*c)->Stop();
+  EXPECT_TRUE(s.ok()) << s.status();
 }
 
 }  // namespace

@@ -15,7 +15,13 @@ Llama 3.1's), tiny-qwen2 (qwen2: qkv biases), tiny-qwen3 (qwen3: q/k norms), tin
 and tiny-phi3 (phi3, as Phi3MiniModel writes it: attn_qkv and ffn_up (gate and up) fused, no
 q/k permutation, rope.dimension_count for the partial rotary, no key/value lengths, longrope as
 rope_factors_short / rope_factors_long tensors with rope.scaling.original_context_length and
-rope.scaling.attn_factor, attention.sliding_window).
+rope.scaling.attn_factor, attention.sliding_window), and the mixtures of experts, their experts
+merged into [experts, rows, cols] tensors as the converter merges them: tiny-mixtral (llama
+with llama.expert_count), tiny-qwen2-moe (qwen2moe: gate and up experts in one
+ffn_gate_up_exps, as --fuse-gate-up-exps writes them; the shared expert's gate as [H], the
+shape llama.cpp declares; a dense layer for mlp_only_layers, which llama.cpp itself would not
+load) and tiny-qwen3-moe (qwen3moe); and tiny-mixtral-q8_0.gguf, tiny-mixtral's 2-D and 3-D
+weights as Q8_0 blocks but the routers, which llama-quantize keeps in F32.
 
 Usage: build/pyenv/bin/python3 tools/models/make_tiny_gguf.py [MODEL_DIR] [OUT_DIR]
        build/pyenv/bin/python3 tools/models/make_tiny_gguf.py --families [OUT_DIR]
@@ -23,6 +29,7 @@ Usage: build/pyenv/bin/python3 tools/models/make_tiny_gguf.py [MODEL_DIR] [OUT_D
 import math
 import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -60,7 +67,36 @@ def permute(w, n_head, n_head_kv):
 
 
 ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-         "Gemma3ForCausalLM": "gemma3", "Phi3ForCausalLM": "phi3"}
+         "Gemma3ForCausalLM": "gemma3", "Phi3ForCausalLM": "phi3", "MixtralForCausalLM": "llama",
+         "Qwen2MoeForCausalLM": "qwen2moe", "Qwen3MoeForCausalLM": "qwen3moe"}
+
+# An expert's projection: (layer, expert, merged GGUF tensor) for the converter's 3-D tensors.
+EXPERT = re.compile(r"model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\."
+                    r"(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight")
+EXPERT_TENSOR = {"gate_proj": "ffn_gate_exps", "w1": "ffn_gate_exps", "up_proj": "ffn_up_exps",
+                 "w3": "ffn_up_exps", "down_proj": "ffn_down_exps", "w2": "ffn_down_exps"}
+
+
+def merge_experts(weights, fuse_gate_up):
+    """convert_hf_to_gguf.py's expert merging: each layer's experts stacked into one
+    [experts, rows, cols] tensor per projection (blk.N.ffn_{gate,up,down}_exps), or with
+    --fuse-gate-up-exps the gate rows then the up rows of each expert in blk.N.ffn_gate_up_exps.
+    Returns the merged tensors and removes the experts from `weights`."""
+    parts = {}
+    for name in list(weights):
+        m = EXPERT.fullmatch(name)
+        if m:
+            layer, expert, proj = int(m.group(1)), int(m.group(2)), m.group(3)
+            parts.setdefault((layer, EXPERT_TENSOR[proj]), {})[expert] = weights.pop(name)
+    merged = {}
+    for (layer, tensor), experts in parts.items():
+        merged[f"blk.{layer}.{tensor}.weight"] = np.stack([experts[e] for e in sorted(experts)])
+    if fuse_gate_up:
+        for name in [n for n in merged if n.endswith("ffn_gate_exps.weight")]:
+            up = merged.pop(name.replace("gate_exps", "up_exps"))
+            merged[name.replace("gate_exps", "gate_up_exps")] = np.concatenate(
+                [merged.pop(name), up], axis=1)
+    return merged
 
 
 def load_weights(model_dir):
@@ -114,7 +150,7 @@ def phi3_params(cfg, rp, w):
     w.add_tensor("rope_factors_short.weight", np.array(rp["short_factor"], dtype=np.float32))
 
 
-def write(model_dir, out_path, qtype):
+def write(model_dir, out_path, qtype, fuse_gate_up=False):
     cfg = json.load(open(os.path.join(model_dir, "config.json")))
     tok = json.load(open(os.path.join(model_dir, "tokenizer.json")))
     tok_cfg = json.load(open(os.path.join(model_dir, "tokenizer_config.json")))
@@ -150,6 +186,17 @@ def write(model_dir, out_path, qtype):
     if gemma and cfg.get("sliding_window"):
         w.add_sliding_window(cfg["sliding_window"])
     w.add_vocab_size(cfg["vocab_size"])
+    experts = cfg.get("num_local_experts") or cfg.get("num_experts")
+    if experts:
+        # TextModel.set_gguf_parameters and Qwen2MoeModel's: Mixtral's experts are
+        # feed_forward_length wide, Qwen's <arch>.expert_feed_forward_length.
+        w.add_uint32(f"{arch}.expert_count", experts)
+        w.add_uint32(f"{arch}.expert_used_count", cfg["num_experts_per_tok"])
+        if "moe_intermediate_size" in cfg:
+            w.add_uint32(f"{arch}.expert_feed_forward_length", cfg["moe_intermediate_size"])
+        if cfg.get("shared_expert_intermediate_size"):
+            w.add_uint32(f"{arch}.expert_shared_feed_forward_length",
+                         cfg["shared_expert_intermediate_size"])
     w.add_file_type({T.F16: gguf.LlamaFileType.MOSTLY_F16, T.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
                      T.F32: gguf.LlamaFileType.ALL_F32}[qtype])
 
@@ -199,7 +246,13 @@ def write(model_dir, out_path, qtype):
                  "mlp.up_proj.weight": "ffn_up.weight",
                  "mlp.down_proj.weight": "ffn_down.weight",
                  "self_attn.qkv_proj.weight": "attn_qkv.weight",
-                 "mlp.gate_up_proj.weight": "ffn_up.weight"}
+                 "mlp.gate_up_proj.weight": "ffn_up.weight",
+                 "mlp.gate.weight": "ffn_gate_inp.weight",
+                 "block_sparse_moe.gate.weight": "ffn_gate_inp.weight",
+                 "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+                 "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+                 "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+                 "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight"}
     if gemma:
         per_layer.update({"post_attention_layernorm.weight": "post_attention_norm.weight",
                           "pre_feedforward_layernorm.weight": "ffn_norm.weight",
@@ -207,13 +260,18 @@ def write(model_dir, out_path, qtype):
     freqs = rope_freqs(cfg) if arch == "llama" else None
     if freqs is not None:
         w.add_tensor("rope_freqs.weight", freqs)
-    for name in sorted(weights):
-        x = weights[name].astype(np.float32)
+    merged = merge_experts(weights, fuse_gate_up)
+    for name in sorted(weights) + sorted(merged):
+        x = (weights[name] if name in weights else merged[name]).astype(np.float32)
         if name in names:
             out = names[name]
+        elif name in merged:
+            out = name
         else:
             parts = name.split(".")
             out = f"blk.{parts[2]}." + per_layer[".".join(parts[3:])]
+        if out.endswith("ffn_gate_inp_shexp.weight"):
+            x = x.reshape(-1)  # [1, H] as llama.cpp declares it, [H]
         if gemma and name.endswith("norm.weight"):
             x = x + 1  # the converter stores Gemma's (1 + w)
         if arch == "llama" and name.endswith("q_proj.weight"):
@@ -222,10 +280,10 @@ def write(model_dir, out_path, qtype):
             x = permute(x, n_head, n_kv)
         if qtype == T.F32:
             w.add_tensor(out, x)
-        elif qtype == T.F16 and x.ndim == 2:
+        elif qtype == T.F16 and x.ndim >= 2:
             w.add_tensor(out, x.astype(np.float16))
-        elif x.ndim == 2:
-            w.add_tensor(out, gguf.quants.quantize(x, qtype), raw_dtype=qtype)
+        elif x.ndim >= 2 and not out.endswith("ffn_gate_inp.weight"):  # llama-quantize keeps
+            w.add_tensor(out, gguf.quants.quantize(x, qtype), raw_dtype=qtype)  # routers F32
         else:
             w.add_tensor(out, x)
     w.write_header_to_file()
@@ -239,9 +297,14 @@ def main():
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
     if len(sys.argv) > 1 and sys.argv[1] == "--families":
         out_dir = sys.argv[2] if len(sys.argv) > 2 else os.path.join(root, "tests", "data", "models")
-        for name in ("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3", "tiny-phi3"):
-            write(os.path.join(root, "tests", "data", "models", name),
-                  os.path.join(out_dir, name + ".gguf"), T.F32)
+        models = os.path.join(root, "tests", "data", "models")
+        for name in ("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3", "tiny-phi3",
+                     "tiny-mixtral", "tiny-qwen2-moe", "tiny-qwen3-moe"):
+            write(os.path.join(models, name), os.path.join(out_dir, name + ".gguf"), T.F32,
+                  fuse_gate_up=name == "tiny-qwen2-moe")
+        # Every weight of tiny-mixtral has rows of 32: its experts kept as Q8_0 blocks.
+        write(os.path.join(models, "tiny-mixtral"),
+              os.path.join(out_dir, "tiny-mixtral-q8_0.gguf"), T.Q8_0)
         return
     model_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(root, "models", "fortune-llama")
     out_dir = sys.argv[2] if len(sys.argv) > 2 else os.path.join(root, "tests", "data", "models")

@@ -87,6 +87,12 @@ TensorView QkvPart(const TensorView& qkv, int64_t first_head, int64_t num_heads,
 // the OpenMP pool, as the CPU kernels' own loops do.
 constexpr int64_t kMinParallelElements = int64_t{1} << 15;
 
+// out = in W^T on the cpu by a GEMM kept as GGUF blocks (`quant`) or packed for oneDNN.
+ops::OpStatus CpuLinear(const cpu::QuantizedLinear* quant, const cpu::PackedLinear* packed,
+                        const TensorView& out, const TensorView& in) {
+  return quant != nullptr ? quant->Forward(out, in) : packed->Forward(out, in);
+}
+
 // Rounds a byte offset up to 256 (each input array starts aligned).
 size_t Align(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
@@ -568,36 +574,37 @@ absl::Status LlamaModel::LoadWeights(const WeightSource* weights, uint64_t seed)
       RETURN_IF_ERROR(whole(moe + "gate.weight", {ne, h}, &L.router));
       if (cpu) RETURN_IF_ERROR(PackCpuWeight(&L.router, nullptr, &L.router_packed, DType::kF32));
       const int64_t ie = local_expert_intermediate_, e0 = static_cast<int64_t>(rank_) * ie;
-      L.expert_gate_up.resize(cpu ? static_cast<size_t>(ne) : 0);
-      L.expert_down.resize(cpu ? static_cast<size_t>(ne) : 0);
-      L.expert_gate_up_w.resize(cpu ? 0 : static_cast<size_t>(ne));
-      L.expert_down_w.resize(cpu ? 0 : static_cast<size_t>(ne));
+      for (auto* v : {&L.expert_gate_up, &L.expert_down}) v->resize(cpu ? ne : 0);
+      for (auto* v : {&L.expert_gate_up_quant, &L.expert_down_quant}) v->resize(cpu ? ne : 0);
+      for (auto* v : {&L.expert_gate_up_w, &L.expert_down_w}) v->resize(cpu ? 0 : ne);
       for (int64_t e = 0; e < ne; ++e) {
         const std::string x = absl::StrCat(moe, "experts.", e, ".");
         const std::string gate = x + (mixtral ? "w1.weight" : "gate_proj.weight");
         const std::string up = x + (mixtral ? "w3.weight" : "up_proj.weight");
         const std::string down = x + (mixtral ? "w2.weight" : "down_proj.weight");
+        const std::vector<WeightSlice> gate_up = {{gate, 0, e0, e0 + ie}, {up, 0, e0, e0 + ie}};
+        const std::vector<WeightSlice> down_cols = {{down, 1, e0, e0 + ie}};
         Tensor gate_up_w, down_w;
-        RETURN_IF_ERROR(
-            read_rows({{gate, 0, e0, e0 + ie}, {up, 0, e0, e0 + ie}}, 2 * ie, h, &gate_up_w));
-        RETURN_IF_ERROR(read_rows({{down, 1, e0, e0 + ie}}, h, ie, &down_w));
-        if (cpu) {
+        if (cpu) {  // kept as the file's blocks where it can be, else packed
+          RETURN_IF_ERROR(
+              gemm(gate_up, 2 * ie, h, Tensor(), &L.expert_gate_up_quant[e], &gate_up_w));
+          RETURN_IF_ERROR(gemm(down_cols, h, ie, Tensor(), &L.expert_down_quant[e], &down_w));
           RETURN_IF_ERROR(PackCpuWeight(&gate_up_w, nullptr, &L.expert_gate_up[e]));
           RETURN_IF_ERROR(PackCpuWeight(&down_w, nullptr, &L.expert_down[e]));
         } else {
-          L.expert_gate_up_w[e] = std::move(gate_up_w);
-          L.expert_down_w[e] = std::move(down_w);
+          RETURN_IF_ERROR(read_rows(gate_up, 2 * ie, h, &L.expert_gate_up_w[e]));
+          RETURN_IF_ERROR(read_rows(down_cols, h, ie, &L.expert_down_w[e]));
         }
       }
       // Qwen2-MoE's shared expert, in the dense MLP's place, and its gate [1, H].
       const int64_t is = local_shared_intermediate_, s0 = static_cast<int64_t>(rank_) * is;
       if (is > 0) {
         const std::string se = moe + "shared_expert.";
-        RETURN_IF_ERROR(read_rows(
+        RETURN_IF_ERROR(gemm(
             {{se + "gate_proj.weight", 0, s0, s0 + is}, {se + "up_proj.weight", 0, s0, s0 + is}},
-            2 * is, h, &L.gate_up_proj));
-        RETURN_IF_ERROR(
-            read_rows({{se + "down_proj.weight", 1, s0, s0 + is}}, h, is, &L.down_proj));
+            2 * is, h, Tensor(), &L.gate_up_quant, &L.gate_up_proj));
+        RETURN_IF_ERROR(gemm({{se + "down_proj.weight", 1, s0, s0 + is}}, h, is, Tensor(),
+                             &L.down_quant, &L.down_proj));
         RETURN_IF_ERROR(whole(moe + "shared_expert_gate.weight", {1, h}, &L.shared_gate));
       }
     } else {
@@ -626,8 +633,9 @@ absl::StatusOr<bool> LlamaModel::LoadQuantized(const WeightSource* weights,
     ASSIGN_OR_RETURN(const std::vector<int64_t> shape, gguf->Shape(sl.name));
     if (!cpu::IsQuantType(static_cast<int>(type))) {
       if (type != GgmlType::kF32 && type != GgmlType::kF16 && type != GgmlType::kBF16) {
-        LOG(INFO) << sl.name << ": " << GgmlTypeName(type)
-                  << " has no quantized kernel; dequantized at load";
+        // At most a few lines: a mixture of experts has thousands of expert GEMMs.
+        LOG_FIRST_N(INFO, 8) << sl.name << ": " << GgmlTypeName(type)
+                             << " has no quantized kernel; dequantized at load";
       }
       return false;
     }
@@ -638,10 +646,10 @@ absl::StatusOr<bool> LlamaModel::LoadQuantized(const WeightSource* weights,
           sl.name, " has shape [", absl::StrJoin(shape, ", "), "]; expected ", k, " columns"));
     }
     if (sl.dim == 1 && (sl.begin % block != 0 || sl.end % block != 0)) {
-      LOG(WARNING) << sl.name << ": this rank's columns [" << sl.begin << ", " << sl.end
-                   << ") are not whole " << cpu::QuantTypeName(q) << " blocks of " << block
-                   << " weights (tensor-parallel size " << world_
-                   << "); dequantized at load instead";
+      LOG_FIRST_N(WARNING, 8) << sl.name << ": this rank's columns [" << sl.begin << ", " << sl.end
+                              << ") are not whole " << cpu::QuantTypeName(q) << " blocks of "
+                              << block << " weights (tensor-parallel size " << world_
+                              << "); dequantized at load instead";
       return false;
     }
     cpu::QuantizedLinear::Part part;
@@ -775,7 +783,7 @@ absl::Status LlamaModel::Reserve(int64_t max_tokens, int64_t max_seqs, int64_t m
       }
       for (const auto* experts : {&L.expert_gate_up, &L.expert_down}) {
         for (const std::unique_ptr<cpu::PackedLinear>& p : *experts) {
-          RETURN_IF_ERROR(FromOp(p->Reserve(max_tokens)));
+          if (p != nullptr) RETURN_IF_ERROR(FromOp(p->Reserve(max_tokens)));
         }
       }
     }
@@ -786,6 +794,11 @@ absl::Status LlamaModel::Reserve(int64_t max_tokens, int64_t max_seqs, int64_t m
       for (const cpu::QuantizedLinear* q :
            {L.qkv_quant.get(), L.o_quant.get(), L.gate_up_quant.get(), L.down_quant.get()}) {
         if (q != nullptr) q->Reserve(max_tokens);
+      }
+      for (const auto* experts : {&L.expert_gate_up_quant, &L.expert_down_quant}) {
+        for (const std::unique_ptr<cpu::QuantizedLinear>& q : *experts) {
+          if (q != nullptr) q->Reserve(max_tokens);
+        }
       }
     }
     for (const cpu::QuantizedLinear* q : {embed_quant_.get(), lm_head_quant_.get()}) {
@@ -1322,9 +1335,11 @@ absl::Status LlamaModel::MoeMlp(const Layer& L, const TensorView& x, int64_t t) 
 #pragma omp parallel for schedule(static) if (parallel)
     for (int64_t i = 0; i < n; ++i) std::copy_n(in + tokens[i] * h, h, gathered + i * h);
     const TensorView gate_up = buf_.gate_up.Prefix({n, 2 * ie}), act = buf_.act.Prefix({n, ie});
-    RETURN_IF_ERROR(FromOp(L.expert_gate_up[e]->Forward(gate_up, buf_.moe_in.Prefix({n, h}))));
+    RETURN_IF_ERROR(FromOp(CpuLinear(L.expert_gate_up_quant[e].get(), L.expert_gate_up[e].get(),
+                                     gate_up, buf_.moe_in.Prefix({n, h}))));
     RETURN_IF_ERROR(FromOp(ops::SiluAndMul(ctx, act, gate_up)));
-    RETURN_IF_ERROR(FromOp(L.expert_down[e]->Forward(buf_.moe_out.Prefix({n, h}), act)));
+    RETURN_IF_ERROR(FromOp(CpuLinear(L.expert_down_quant[e].get(), L.expert_down[e].get(),
+                                     buf_.moe_out.Prefix({n, h}), act)));
     // An expert's tokens are distinct: its rows add into distinct sums.
 #pragma omp parallel for schedule(static) if (parallel)
     for (int64_t i = 0; i < n; ++i) {
@@ -1335,12 +1350,12 @@ absl::Status LlamaModel::MoeMlp(const Layer& L, const TensorView& x, int64_t t) 
     }
   }
   // The shared expert over every token, times sigmoid(shared_gate . x).
-  if (L.gate_up_packed != nullptr) {
-    const int64_t is = local_shared_intermediate_;
+  if (const int64_t is = local_shared_intermediate_; is > 0) {
     const TensorView gate_up = buf_.gate_up.Prefix({t, 2 * is}), act = buf_.act.Prefix({t, is});
-    RETURN_IF_ERROR(FromOp(L.gate_up_packed->Forward(gate_up, x)));
+    RETURN_IF_ERROR(FromOp(CpuLinear(L.gate_up_quant.get(), L.gate_up_packed.get(), gate_up, x)));
     RETURN_IF_ERROR(FromOp(ops::SiluAndMul(ctx, act, gate_up)));
-    RETURN_IF_ERROR(FromOp(L.down_packed->Forward(buf_.moe_out.Prefix({t, h}), act)));
+    RETURN_IF_ERROR(FromOp(
+        CpuLinear(L.down_quant.get(), L.down_packed.get(), buf_.moe_out.Prefix({t, h}), act)));
     const float* gate = L.shared_gate.view().data_as<float>();
 #pragma omp parallel for schedule(static) if (t > 1 && t * h >= kMinParallelElements)
     for (int64_t i = 0; i < t; ++i) {

@@ -243,14 +243,16 @@ class LlamaModel {
     std::unique_ptr<cpu::PackedLinear> qkv_packed, o_packed, gate_up_packed, down_packed;
     std::unique_ptr<cpu::QuantizedLinear> qkv_quant, o_quant, gate_up_quant, down_quant;
     // A mixture-of-experts layer (config.IsMoeLayer): the router [E, H] packed in f32, each
-    // expert's gate/up [2 Ie_local, H] and down [H, Ie_local] packed, and Qwen2-MoE's shared
-    // expert in gate_up_packed / down_packed above with its gate [H] (unallocated: none).
+    // expert's gate/up [2 Ie_local, H] and down [H, Ie_local] packed or, kept as a GGUF file's
+    // blocks, in the *_quant ones (one of the two per expert and projection), and Qwen2-MoE's
+    // shared expert in gate_up_* / down_* above with its gate [1, H] (unallocated: none).
     // On cuda the same weights stay Tensors in the model's dtype: router [E, H], each expert's
     // gate/up [2 Ie_local, H] and down [H, Ie_local], the shared expert in gate_up_proj /
     // down_proj.
     bool moe = false;
     std::unique_ptr<cpu::PackedLinear> router_packed;
     std::vector<std::unique_ptr<cpu::PackedLinear>> expert_gate_up, expert_down;
+    std::vector<std::unique_ptr<cpu::QuantizedLinear>> expert_gate_up_quant, expert_down_quant;
     Tensor router;
     std::vector<Tensor> expert_gate_up_w, expert_down_w;
     Tensor shared_gate;

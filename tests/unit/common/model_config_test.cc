@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/gguf.h"
@@ -406,8 +408,11 @@ TEST(ModelConfig, ReadsMoeConfigsWrittenByTransformers5) {
   EXPECT_EQ(qwen3->head_dim, 16);
 }
 
-// Mixtral's GGUF files say general.architecture llama with llama.expert_count: refused by name.
-TEST(ModelConfig, MixtureOfExpertsGgufIsRefusedByName) {
+// A GGUF of architecture `arch` with the keys every model needs (2 layers of width 32, 2 heads),
+// the u32 keys `keys` and F32 tensors of [2, 32] (token_embd.weight first) named `tensors`.
+std::vector<std::byte> MinimalGguf(std::string_view arch,
+                                   std::vector<std::pair<std::string, uint32_t>> keys,
+                                   std::vector<std::string> tensors) {
   std::vector<std::byte> b;
   auto put = [&b](const auto& v) {
     const size_t n = b.size();
@@ -418,15 +423,79 @@ TEST(ModelConfig, MixtureOfExpertsGgufIsRefusedByName) {
     put(static_cast<uint64_t>(s.size()));
     for (char ch : s) b.push_back(static_cast<std::byte>(ch));
   };
-  put(GgufFile::kMagic), put(uint32_t{3}), put(uint64_t{0}), put(uint64_t{2});
-  str("general.architecture"), put(uint32_t{8}), str("llama");    // 8: string
-  str("llama.expert_count"), put(uint32_t{4}), put(uint32_t{8});  // 4: u32
-  absl::StatusOr<std::unique_ptr<GgufFile>> f = GgufFile::FromBuffer(b, "mixtral.gguf");
-  ASSERT_TRUE(f.ok()) << f.status();
-  const absl::Status s = ModelConfig::FromGguf(**f).status();
+  const std::string a(arch);
+  for (const char* key : {"embedding_length", "feed_forward_length", "block_count",
+                          "attention.head_count", "context_length"}) {
+    const std::string_view k = key;
+    keys.emplace_back(a + "." + key, k == "block_count" || k == "attention.head_count" ? 2 : 32);
+  }
+  tensors.insert(tensors.begin(), "token_embd.weight");
+  put(GgufFile::kMagic), put(uint32_t{3}), put(uint64_t{tensors.size()});
+  put(uint64_t{keys.size() + 1});
+  str("general.architecture"), put(uint32_t{8}), str(arch);                      // 8: string
+  for (const auto& [key, value] : keys) str(key), put(uint32_t{4}), put(value);  // 4: u32
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    str(tensors[i]), put(uint32_t{2}), put(uint64_t{32}), put(uint64_t{2});
+    put(uint32_t{0}), put(uint64_t{i * 256});  // F32, 256 bytes each
+  }
+  while (b.size() % 32 != 0) b.push_back(std::byte{0});
+  b.resize(b.size() + 256 * tensors.size());
+  return b;
+}
+
+absl::Status GgufConfigStatus(const std::vector<std::byte>& b) {
+  absl::StatusOr<std::unique_ptr<GgufFile>> f = GgufFile::FromBuffer(b, "moe.gguf");
+  if (!f.ok()) return f.status();
+  return ModelConfig::FromGguf(**f).status();
+}
+
+// Mixtures of experts from GGUF: Mixtral's files say general.architecture llama with
+// llama.expert_count; qwen2moe and qwen3moe need it. Sparse layers are those with a router
+// tensor. What these architectures' llama.cpp graphs do not do is refused by name.
+TEST(ModelConfig, MixtureOfExpertsFromGguf) {
+  const std::vector<std::pair<std::string, uint32_t>> mixtral = {{"llama.expert_count", 8},
+                                                                 {"llama.expert_used_count", 2}};
+  {
+    const std::vector<std::byte> b = MinimalGguf("llama", mixtral, {"blk.1.ffn_gate_inp.weight"});
+    auto f = GgufFile::FromBuffer(b);
+    ASSERT_TRUE(f.ok()) << f.status();
+    absl::StatusOr<ModelConfig> c = ModelConfig::FromGguf(**f);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->architecture, "MixtralForCausalLM");
+    EXPECT_EQ(c->num_experts, 8);
+    EXPECT_EQ(c->num_experts_per_tok, 2);
+    EXPECT_EQ(c->moe_intermediate_size, 32);
+    EXPECT_TRUE(c->norm_topk_prob);
+    EXPECT_THAT(c->moe_layers, ElementsAre(false, true));
+  }
+  absl::Status s = GgufConfigStatus(MinimalGguf("llama", mixtral, {"blk.0.ffn_gate.0.weight"}));
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(s.message(), HasSubstr("mixture-of-experts GGUF"));
-  EXPECT_THAT(s.message(), HasSubstr("llama.expert_count = 8"));
+  EXPECT_THAT(s.message(), HasSubstr("experts stored one tensor each"));
+
+  auto gating = mixtral;
+  gating.emplace_back("llama.expert_gating_func", 2);  // sigmoid
+  s = GgufConfigStatus(MinimalGguf("llama", gating, {}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(s.message(), HasSubstr("llama.expert_gating_func = 2"));
+
+  auto too_many = mixtral;
+  too_many[1].second = 9;
+  s = GgufConfigStatus(MinimalGguf("llama", too_many, {}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("llama.expert_used_count (9) exceeds"));
+
+  s = GgufConfigStatus(MinimalGguf("qwen3moe", {}, {}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("qwen3moe.expert_count is required"));
+
+  s = GgufConfigStatus(MinimalGguf(
+      "qwen3moe", {{"qwen3moe.expert_count", 8}, {"qwen3moe.expert_used_count", 2}}, {}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("qwen3moe.expert_feed_forward_length"));
+
+  s = GgufConfigStatus(MinimalGguf("qwen2", {{"qwen2.expert_count", 4}}, {}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(s.message(), HasSubstr("qwen2.expert_count = 4"));
 }
 
 TEST(ModelConfig, ReadsQwen3AndGemmaConfigsWrittenByTransformers5) {
