@@ -156,8 +156,8 @@ GgufTensorRef GgufTensorFor(std::string_view hf, std::string_view arch) {
 
 namespace {
 
-constexpr const char* kGgufArchitectures[] = {"llama",    "qwen2",  "qwen3",  "qwen2moe",
-                                              "qwen3moe", "gemma2", "gemma3", "phi3"};
+constexpr const char* kGgufArchitectures[] = {"llama", "qwen2",  "qwen3",  "qwen2moe", "qwen3moe",
+                                              "olmoe", "gemma2", "gemma3", "phi3"};
 
 // An optional number key into `out`; its error when present but malformed.
 absl::Status GetOptionalNumber(const GgufFile& f, const std::string& key, double* out) {
@@ -204,21 +204,21 @@ absl::Status ReadRopeFactors(const GgufFile& f, const GgufTensorInfo& t, int rot
   return absl::OkStatus();
 }
 
-// A mixture of experts (<arch>.expert_count > 0: Mixtral as llama, qwen2moe, qwen3moe), as
-// llama.cpp's graphs for these architectures run it: softmax over the router's logits, the top
-// <arch>.expert_used_count, renormalized for llama and qwen3moe but not qwen2moe (the key
-// <arch>.expert_weights_norm, where a file has it, decides), experts
-// <arch>.expert_feed_forward_length wide (Mixtral's: feed_forward_length), Qwen2-MoE's shared
-// expert <arch>.expert_shared_feed_forward_length wide. A layer is sparse when it has a router
-// (blk.N.ffn_gate_inp), so Qwen2-MoE's mlp_only_layers are dense. What llama.cpp's graphs for
-// these architectures do not do (other gating functions, scaled weights, grouped routing, the
+// A mixture of experts (<arch>.expert_count > 0: Mixtral as llama, qwen2moe, qwen3moe, olmoe),
+// as llama.cpp's graphs for these architectures run it: softmax over the router's logits, the top
+// <arch>.expert_used_count, renormalized for llama and qwen3moe but not qwen2moe and olmoe (the
+// key <arch>.expert_weights_norm, where a file has it, decides), experts
+// <arch>.expert_feed_forward_length wide (Mixtral's and OLMoE's: feed_forward_length), Qwen2-MoE's
+// shared expert <arch>.expert_shared_feed_forward_length wide. A layer is sparse when it has a
+// router (blk.N.ffn_gate_inp), so Qwen2-MoE's mlp_only_layers are dense. What llama.cpp's graphs
+// for these architectures do not do (other gating functions, scaled weights, grouped routing, the
 // per-expert tensors of old Mixtral files) is refused by name.
 absl::Status ReadExperts(const GgufFile& f, ModelConfig* c) {
   const std::string& arch = c->model_type;
   const std::string a = arch + ".";
   int experts = 0;
   RETURN_IF_ERROR(GetPositive(f, a + "expert_count", &experts, 0));
-  const bool moe_arch = arch == "qwen2moe" || arch == "qwen3moe";
+  const bool moe_arch = arch == "qwen2moe" || arch == "qwen3moe" || arch == "olmoe";
   if (experts == 0) {
     if (moe_arch) return Invalid(f, a + "expert_count is required for " + arch);
     return absl::OkStatus();
@@ -227,7 +227,7 @@ absl::Status ReadExperts(const GgufFile& f, ModelConfig* c) {
     return absl::UnimplementedError(absl::StrCat("gguf ", f.path(), ": ", a,
                                                  "expert_count = ", experts,
                                                  ": experts are supported for llama "
-                                                 "(Mixtral), qwen2moe and qwen3moe"));
+                                                 "(Mixtral), qwen2moe, qwen3moe and olmoe"));
   }
   auto unsupported = [&](std::string_view what) {
     return absl::UnimplementedError(absl::StrCat("gguf ", f.path(), ": ", std::string(what)));
@@ -259,13 +259,13 @@ absl::Status ReadExperts(const GgufFile& f, ModelConfig* c) {
     return Invalid(f, absl::StrCat(a, "expert_used_count (", c->num_experts_per_tok, ") exceeds ",
                                    a, "expert_count (", experts, ")"));
   }
-  if (arch == "llama") {
-    c->architecture = "MixtralForCausalLM";
+  if (arch == "llama" || arch == "olmoe") {  // experts feed_forward_length wide
+    if (arch == "llama") c->architecture = "MixtralForCausalLM";
     c->moe_intermediate_size = c->intermediate_size;
   } else {
     RETURN_IF_ERROR(GetPositive(f, a + "expert_feed_forward_length", &c->moe_intermediate_size));
   }
-  c->norm_topk_prob = arch != "qwen2moe";
+  c->norm_topk_prob = arch == "llama" || arch == "qwen3moe";
   if (absl::StatusOr<int64_t> norm = f.GetInt(a + "expert_weights_norm"); norm.ok()) {
     c->norm_topk_prob = *norm != 0;
   }
@@ -307,6 +307,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
                    : arch == "qwen3"    ? "Qwen3ForCausalLM"
                    : arch == "qwen2moe" ? "Qwen2MoeForCausalLM"
                    : arch == "qwen3moe" ? "Qwen3MoeForCausalLM"
+                   : arch == "olmoe"    ? "OlmoeForCausalLM"
                    : arch == "gemma2"   ? "Gemma2ForCausalLM"
                    : arch == "gemma3"   ? "Gemma3ForCausalLM"
                                         : "Phi3ForCausalLM";
@@ -405,6 +406,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   c.tie_word_embeddings = f.FindTensor("output.weight") == nullptr;
   c.attention_bias = f.FindTensor("blk.0.attn_q.bias") != nullptr;
   c.qk_norm = f.FindTensor("blk.0.attn_q_norm.weight") != nullptr;
+  c.qk_norm_whole = c.qk_norm && arch == "olmoe";  // [n_embd], as llama.cpp's olmoe graph
   int window = 0;
   RETURN_IF_ERROR(GetPositive(f, a + "attention.sliding_window", &window, 0));
   if (window > 0 && window < c.max_position_embeddings) c.sliding_window = window;

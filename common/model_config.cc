@@ -19,9 +19,9 @@ namespace {
 using json = nlohmann::json;
 
 constexpr const char* kArchitectures[] = {
-    "LlamaForCausalLM",    "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-    "Gemma2ForCausalLM",   "Gemma3ForCausalLM",  "Phi3ForCausalLM",  "MixtralForCausalLM",
-    "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"};
+    "LlamaForCausalLM",    "MistralForCausalLM",  "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+    "Gemma2ForCausalLM",   "Gemma3ForCausalLM",   "Phi3ForCausalLM",  "MixtralForCausalLM",
+    "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM"};
 
 absl::Status Invalid(absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("config.json: ", what));
@@ -279,8 +279,16 @@ absl::Status ParseSlidingWindow(const json& j, ModelConfig* c) {
 absl::Status ParseFamilyFeatures(const json& j, ModelConfig* c) {
   const std::string& arch = c->architecture;
   const bool gemma = arch == "Gemma2ForCausalLM" || arch == "Gemma3ForCausalLM";
-  c->qk_norm =
-      arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM" || arch == "Gemma3ForCausalLM";
+  c->qk_norm = arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM" ||
+               arch == "Gemma3ForCausalLM" || arch == "OlmoeForCausalLM";
+  if (arch == "OlmoeForCausalLM") {
+    // OLMoE normalizes the whole q and k projections, and may clamp q, k and v after it.
+    c->qk_norm_whole = true;
+    if (const json* clip = Member(j, "clip_qkv"); clip != nullptr && !clip->is_null()) {
+      return absl::UnimplementedError(
+          absl::StrCat("config.json: clip_qkv ", clip->dump(), " is not supported (only null)"));
+    }
+  }
   if (arch == "Phi3ForCausalLM") {
     // Fused q/k/v and gate/up weights; transformers' Phi3Attention has no biases whatever
     // attention_bias says (Phi-4-mini's config.json has it, false).
@@ -318,6 +326,7 @@ absl::Status ParseFamilyFeatures(const json& j, ModelConfig* c) {
 
 // The mixture-of-experts fields (ModelConfig::num_experts and after): Mixtral's
 // num_local_experts (every layer, experts intermediate_size wide, weights always renormalized),
+// OLMoE's num_experts (every layer, experts intermediate_size wide, norm_topk_prob),
 // Qwen2-MoE's and Qwen3-MoE's num_experts (also spelled num_local_experts, as transformers >= 5
 // writes Qwen3-MoE's), moe_intermediate_size, norm_topk_prob, decoder_sparse_step and
 // mlp_only_layers (a layer is sparse unless listed there or (l + 1) % step != 0), and Qwen2-MoE's
@@ -325,7 +334,8 @@ absl::Status ParseFamilyFeatures(const json& j, ModelConfig* c) {
 absl::Status ParseExperts(const json& j, ModelConfig* c) {
   const std::string& arch = c->architecture;
   const bool mixtral = arch == "MixtralForCausalLM";
-  if (!mixtral && arch != "Qwen2MoeForCausalLM" && arch != "Qwen3MoeForCausalLM") {
+  const bool olmoe = arch == "OlmoeForCausalLM";
+  if (!mixtral && !olmoe && arch != "Qwen2MoeForCausalLM" && arch != "Qwen3MoeForCausalLM") {
     return absl::OkStatus();
   }
   const char* experts_field = j.contains("num_local_experts") ? "num_local_experts" : "num_experts";
@@ -336,9 +346,10 @@ absl::Status ParseExperts(const json& j, ModelConfig* c) {
                                 ") exceeds the number of experts (", c->num_experts, ")"));
   }
   c->moe_layers.assign(static_cast<size_t>(c->num_hidden_layers), true);
-  if (mixtral) {
+  if (mixtral || olmoe) {
     c->moe_intermediate_size = c->intermediate_size;
-    c->norm_topk_prob = true;
+    c->norm_topk_prob = mixtral;
+    if (olmoe) RETURN_IF_ERROR(GetOptional(j, "norm_topk_prob", &c->norm_topk_prob));
     return absl::OkStatus();
   }
   RETURN_IF_ERROR(GetPositiveInt(j, "moe_intermediate_size", &c->moe_intermediate_size));

@@ -2,7 +2,8 @@
 // metadata, for the decoder families the workers run: LlamaForCausalLM, MistralForCausalLM
 // (sliding window included), Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM,
 // Gemma3ForCausalLM and Phi3ForCausalLM (Phi-3, Phi-3.5 and Phi-4-mini), and the mixtures of
-// experts MixtralForCausalLM, Qwen2MoeForCausalLM and Qwen3MoeForCausalLM. The families differ by
+// experts MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM and OlmoeForCausalLM
+// (from config.json). The families differ by
 // the features below (each off by default, which is Llama); the model
 // (worker_service/model/llama.h) implements each feature once.
 //
@@ -77,8 +78,11 @@ struct ModelConfig {
   std::vector<float> rope_freq_factors;
 
   // Qwen3, Gemma 3: an RMSNorm over each query and each key head (weights q_norm and k_norm,
-  // [head_dim]) between the projection and rotary.
+  // [head_dim]) between the projection and rotary. OLMoE (qk_norm_whole): over each token's
+  // whole query and key projections instead (weights [num_attention_heads * head_dim] and
+  // [num_key_value_heads * head_dim]).
   bool qk_norm = false;
+  bool qk_norm_whole = false;
   // The gated MLP's activation: "silu" (SwiGLU) or "gelu_pytorch_tanh" (Gemma's GeGLU).
   std::string hidden_act = "silu";
   // Gemma: the embeddings are multiplied by sqrt(hidden_size) (rounded to the activations'
@@ -143,8 +147,8 @@ struct ModelConfig {
   // Reads <dir>/config.json, or the metadata of `dir` when it is a GGUF file (*.gguf).
   static absl::StatusOr<ModelConfig> FromModelDir(const std::string& dir);
   // From a GGUF file's metadata (general.architecture llama, qwen2, qwen3, qwen2moe, qwen3moe,
-  // gemma2, gemma3 or phi3; <arch>.* keys; what llama.cpp hard-codes per architecture, such as
-  // Gemma's layer pattern or which mixtures of experts renormalize their routing weights; token
+  // olmoe, gemma2, gemma3 or phi3; <arch>.* keys; what llama.cpp hard-codes per architecture, such
+  // as Gemma's layer pattern or which mixtures of experts renormalize their routing weights; token
   // ids from tokenizer.ggml.*; phi3's longrope factors from its rope_factors_short /
   // rope_factors_long tensors; the sparse layers from their routers' tensors). UNIMPLEMENTED
   // naming another architecture or an unsupported feature (rope scaling other than linear,

@@ -146,6 +146,25 @@ TEST(ClusterTest, MixturesOfExpertsServeTheirGreedyTokensAtTp2) {
   }
 }
 
+// OLMoE (q/k norm over each token's whole projections, so one rank: its load refuses more) served
+// by llm-cluster from its directory and from its GGUF conversion gives the in-process engine's
+// greedy tokens, whose logits are transformers' within 1e-4 (LlamaGoldenTest).
+TEST(ClusterTest, OlmoeServesItsGreedyTokens) {
+  constexpr int kMaxTokens = 12;
+  const std::string dir = std::string(LLM_TEST_DATA_DIR) + "/models/tiny-olmoe";
+  absl::StatusOr<std::vector<std::vector<int32_t>>> reference =
+      ReferenceGreedy(dir, Prompts(), kMaxTokens);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  for (const std::string& model : {dir, dir + ".gguf"}) {
+    SCOPED_TRACE(model);
+    std::unique_ptr<LocalCluster> c =
+        StartCluster({.model = model, .engine = {{"dtype", "float32"}}});
+    ASSERT_NE(c, nullptr);
+    EXPECT_EQ(GreedyOutputs(*c, Prompts(), kMaxTokens), *reference);
+    ExpectCleanStop(*c);
+  }
+}
+
 // Greedy streams that end at a stop token, so that the step after the one that samples it is
 // already on its way for them (asynchronous scheduling): each stream ends exactly at its stop,
 // as the undisturbed greedy output says, and the scheduler dropped what it sampled past it.

@@ -24,7 +24,8 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_DIRS = [os.path.join(ROOT, "tests", "data", "models", m)
                 for m in ("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma2", "tiny-gemma3",
-                          "tiny-phi3", "tiny-mixtral", "tiny-qwen2-moe", "tiny-qwen3-moe")]
+                          "tiny-phi3", "tiny-mixtral", "tiny-qwen2-moe", "tiny-qwen3-moe",
+                          "tiny-olmoe")]
 TEXTS = [
     "Once upon a time",
     "The best way to predict the future is to invent it. Computers are useless;",

@@ -31,6 +31,10 @@
                                    gate, qkv biases, layer 1 dense (mlp_only_layers)
   tests/data/models/tiny-qwen3-moe/ Qwen3MoeForCausalLM, F32: q/k norm, head_dim 16 (not
                                    hidden / heads), 8 experts, top-2, norm_topk_prob true
+  tests/data/models/tiny-olmoe/    OlmoeForCausalLM, F32: q/k RMSNorm over each token's whole
+                                   q (k) projection, hidden 64 (head_dim 16, which the CUDA
+                                   kernels take), GQA, 8 experts, top-2, norm_topk_prob false,
+                                   untied embeddings
 
 Needs: torch, transformers, tokenizers, safetensors (pip), and Debian's `fortunes` package.
 CI never runs this; it uses the committed outputs.
@@ -49,7 +53,7 @@ from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Ge
                           LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM,
                           Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM,
                           Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3Config, Qwen3ForCausalLM,
-                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM, OlmoeConfig, OlmoeForCausalLM)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUT = os.path.join(ROOT, "tests", "data", "models")
@@ -261,10 +265,24 @@ def tiny_qwen3_moe(ids):
     return model, torch.float32, "10GB"
 
 
+def tiny_olmoe(ids):
+    torch.manual_seed(9)
+    cfg = OlmoeConfig(
+        vocab_size=ids["vocab"], hidden_size=64, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        num_experts=8, num_experts_per_tok=2, norm_topk_prob=False, clip_qkv=None,
+        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
+        bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=None,
+        torch_dtype="float32")
+    model = OlmoeForCausalLM(cfg)
+    randomize(model, 1.0)
+    return model, torch.float32, "10GB"
+
+
 MODELS = {"tiny-llama": tiny_llama, "tiny-qwen2": tiny_qwen2, "tiny-qwen3": tiny_qwen3,
           "tiny-gemma2": tiny_gemma2, "tiny-gemma3": tiny_gemma3, "tiny-phi3": tiny_phi3,
           "tiny-mixtral": tiny_mixtral, "tiny-qwen2-moe": tiny_qwen2_moe,
-          "tiny-qwen3-moe": tiny_qwen3_moe}
+          "tiny-qwen3-moe": tiny_qwen3_moe, "tiny-olmoe": tiny_olmoe}
 
 
 def main():

@@ -20,7 +20,8 @@ merged into [experts, rows, cols] tensors as the converter merges them: tiny-mix
 with llama.expert_count), tiny-qwen2-moe (qwen2moe: gate and up experts in one
 ffn_gate_up_exps, as --fuse-gate-up-exps writes them; the shared expert's gate as [H], the
 shape llama.cpp declares; a dense layer for mlp_only_layers, which llama.cpp itself would not
-load) and tiny-qwen3-moe (qwen3moe); and tiny-mixtral-q8_0.gguf, tiny-mixtral's 2-D and 3-D
+load), tiny-qwen3-moe (qwen3moe) and tiny-olmoe (olmoe: q/k norms over the whole
+projections, [n_embd] and [n_head_kv * head_dim]); and tiny-mixtral-q8_0.gguf, tiny-mixtral's 2-D and 3-D
 weights as Q8_0 blocks but the routers, which llama-quantize keeps in F32.
 
 Usage: build/pyenv/bin/python3 tools/models/make_tiny_gguf.py [MODEL_DIR] [OUT_DIR]
@@ -68,7 +69,8 @@ def permute(w, n_head, n_head_kv):
 
 ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
          "Gemma3ForCausalLM": "gemma3", "Phi3ForCausalLM": "phi3", "MixtralForCausalLM": "llama",
-         "Qwen2MoeForCausalLM": "qwen2moe", "Qwen3MoeForCausalLM": "qwen3moe"}
+         "Qwen2MoeForCausalLM": "qwen2moe", "Qwen3MoeForCausalLM": "qwen3moe",
+         "OlmoeForCausalLM": "olmoe"}
 
 # An expert's projection: (layer, expert, merged GGUF tensor) for the converter's 3-D tensors.
 EXPERT = re.compile(r"model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\."
@@ -299,7 +301,7 @@ def main():
         out_dir = sys.argv[2] if len(sys.argv) > 2 else os.path.join(root, "tests", "data", "models")
         models = os.path.join(root, "tests", "data", "models")
         for name in ("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3", "tiny-phi3",
-                     "tiny-mixtral", "tiny-qwen2-moe", "tiny-qwen3-moe"):
+                     "tiny-mixtral", "tiny-qwen2-moe", "tiny-qwen3-moe", "tiny-olmoe"):
             write(os.path.join(models, name), os.path.join(out_dir, name + ".gguf"), T.F32,
                   fuse_gate_up=name == "tiny-qwen2-moe")
         # Every weight of tiny-mixtral has rows of 32: its experts kept as Q8_0 blocks.

@@ -83,6 +83,14 @@ TensorView QkvPart(const TensorView& qkv, int64_t first_head, int64_t num_heads,
   return v;
 }
 
+// A token-strided [T, heads, D] view as [T, 1, heads * D]: each token's heads as one vector.
+TensorView AsOneHead(const TensorView& heads) {
+  TensorView v = heads;
+  v.shape = {heads.shape[0], 1, heads.shape[1] * heads.shape[2]};
+  v.strides = {heads.strides[0], v.shape[2], 1};
+  return v;
+}
+
 // The element count from which the mixture of experts' row loops (gather, weighted add) run on
 // the OpenMP pool, as the CPU kernels' own loops do.
 constexpr int64_t kMinParallelElements = int64_t{1} << 15;
@@ -254,6 +262,13 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Make(const ModelConfig& 
                                                    ") is not divisible by the tensor-parallel "
                                                    "size (",
                                                    w, ")"));
+  }
+  if (config.qk_norm_whole && w > 1) {
+    return absl::UnimplementedError(
+        absl::StrCat(config.architecture,
+                     ": its q/k norm spans every head of a token, which tensor "
+                     "parallelism splits over the ranks; tensor-parallel size ",
+                     w, " is not supported (1)"));
   }
   if (config.num_experts > 0) {
     if (config.num_experts_per_tok < 1 || config.num_experts_per_tok > config.num_experts) {
@@ -497,9 +512,11 @@ absl::Status LlamaModel::LoadWeights(const WeightSource* weights, uint64_t seed)
     } else {
       RETURN_IF_ERROR(norm(p + "post_attention_layernorm.weight", h, &L.post_norm));
     }
-    if (config_.qk_norm) {
-      RETURN_IF_ERROR(norm(p + "self_attn.q_norm.weight", d, &L.q_norm));
-      RETURN_IF_ERROR(norm(p + "self_attn.k_norm.weight", d, &L.k_norm));
+    if (config_.qk_norm) {  // OLMoE's over the whole projections (one rank: Create says so)
+      RETURN_IF_ERROR(
+          norm(p + "self_attn.q_norm.weight", config_.qk_norm_whole ? qd : d, &L.q_norm));
+      RETURN_IF_ERROR(
+          norm(p + "self_attn.k_norm.weight", config_.qk_norm_whole ? kd : d, &L.k_norm));
     }
     if (config_.attention_bias) {
       RETURN_IF_ERROR(alloc({qd + 2 * kd}, &L.qkv_bias));
@@ -1170,8 +1187,11 @@ absl::Status LlamaModel::Compute(const StepViews& sv, std::span<const LayerKvCac
     }
     RETURN_IF_ERROR(linear(qkv, x, L.qkv_proj, L.qkv_bias, L.qkv_packed.get(), L.qkv_quant.get()));
     if (config_.qk_norm) {
-      RETURN_IF_ERROR(FromOp(ops::HeadRmsNorm(ctx, q, L.q_norm.view(), eps)));
-      RETURN_IF_ERROR(FromOp(ops::HeadRmsNorm(ctx, k, L.k_norm.view(), eps)));
+      const bool whole = config_.qk_norm_whole;
+      RETURN_IF_ERROR(
+          FromOp(ops::HeadRmsNorm(ctx, whole ? AsOneHead(q) : q, L.q_norm.view(), eps)));
+      RETURN_IF_ERROR(
+          FromOp(ops::HeadRmsNorm(ctx, whole ? AsOneHead(k) : k, L.k_norm.view(), eps)));
     }
     const Tensor& rope_table =
         L.sliding && cos_sin_local_.allocated() ? cos_sin_local_ : cos_sin_cache_;

@@ -374,10 +374,11 @@ TEST(ModelConfig, ExpertErrorsNameTheField) {
   j = Qwen2Moe();
   j["norm_topk_prob"] = 1;
   EXPECT_THAT(Parse(j).message(), HasSubstr("\"norm_topk_prob\" must be a boolean"));
-  // OLMoE (q/k norm over the whole projection, not per head) is not one of them.
+  // Phi-3.5-MoE (sparsemixer routing) is not one of them.
   j = Qwen3Moe();
-  j["architectures"] = {"OlmoeForCausalLM"};
+  j["architectures"] = {"PhimoeForCausalLM"};
   EXPECT_EQ(Parse(j).code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(Parse(j).message(), HasSubstr("PhimoeForCausalLM"));
 }
 
 // The config.json files transformers 5 wrote for the tiny mixtures of experts (tools/models).
@@ -406,6 +407,31 @@ TEST(ModelConfig, ReadsMoeConfigsWrittenByTransformers5) {
   EXPECT_TRUE(qwen3->norm_topk_prob);
   EXPECT_TRUE(qwen3->qk_norm);
   EXPECT_EQ(qwen3->head_dim, 16);
+}
+
+// OLMoE: experts intermediate_size wide in every layer, norm_topk_prob as written, q/k norms
+// over the whole projections; a clip_qkv other than null is refused by name.
+TEST(ModelConfig, ReadsOlmoe) {
+  absl::StatusOr<ModelConfig> c = ModelConfig::FromModelDir(LLM_TEST_DATA_DIR "/models/tiny-olmoe");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, "OlmoeForCausalLM");
+  EXPECT_EQ(c->num_experts, 8);
+  EXPECT_EQ(c->num_experts_per_tok, 2);
+  EXPECT_EQ(c->moe_intermediate_size, 32);
+  EXPECT_FALSE(c->norm_topk_prob);
+  EXPECT_TRUE(c->qk_norm && c->qk_norm_whole);
+  EXPECT_THAT(c->moe_layers, ElementsAre(true, true));
+  json j = json::parse(R"({"architectures": ["OlmoeForCausalLM"], "hidden_size": 64,
+      "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 4, "vocab_size": 100, "max_position_embeddings": 64,
+      "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": true, "clip_qkv": null})");
+  c = ModelConfig::FromJson(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->norm_topk_prob);
+  j["clip_qkv"] = 8.0;
+  const absl::Status s = ModelConfig::FromJson(j.dump()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(s.message(), HasSubstr("clip_qkv 8.0 is not supported"));
 }
 
 // A GGUF of architecture `arch` with the keys every model needs (2 layers of width 32, 2 heads),

@@ -96,7 +96,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(GgufPair{kDir, kF16},
                       GgufPair{kModels + "tiny-mixtral", kModels + "tiny-mixtral.gguf"},
                       GgufPair{kModels + "tiny-qwen2-moe", kModels + "tiny-qwen2-moe.gguf"},
-                      GgufPair{kModels + "tiny-qwen3-moe", kModels + "tiny-qwen3-moe.gguf"}),
+                      GgufPair{kModels + "tiny-qwen3-moe", kModels + "tiny-qwen3-moe.gguf"},
+                      GgufPair{kModels + "tiny-olmoe", kModels + "tiny-olmoe.gguf"}),
     [](const auto& info) {
       std::string n = info.param.gguf.substr(kModels.size());
       for (char& c : n) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
@@ -138,7 +139,7 @@ TEST(GgufModelTest, NamesAndErrors) {
 // converter writes it) gives the config of their config.json: the routing, the widths, the
 // shared expert and, from the routers' tensors, which layers are sparse.
 TEST(GgufModelTest, MixtureOfExpertsConfigsEqualConfigJson) {
-  for (const char* name : {"tiny-mixtral", "tiny-qwen2-moe", "tiny-qwen3-moe"}) {
+  for (const char* name : {"tiny-mixtral", "tiny-qwen2-moe", "tiny-qwen3-moe", "tiny-olmoe"}) {
     absl::StatusOr<ModelConfig> hf = ModelConfig::FromModelDir(kModels + name);
     absl::StatusOr<ModelConfig> g = ModelConfig::FromModelDir(kModels + name + ".gguf");
     ASSERT_TRUE(hf.ok()) << hf.status();
@@ -152,6 +153,7 @@ TEST(GgufModelTest, MixtureOfExpertsConfigsEqualConfigJson) {
     EXPECT_EQ(g->moe_layers, hf->moe_layers) << name;
     EXPECT_EQ(g->intermediate_size, hf->intermediate_size) << name;
     EXPECT_EQ(g->qk_norm, hf->qk_norm) << name;
+    EXPECT_EQ(g->qk_norm_whole, hf->qk_norm_whole) << name;
     EXPECT_EQ(g->attention_bias, hf->attention_bias) << name;
   }
 }

@@ -111,7 +111,8 @@ INSTANTIATE_TEST_SUITE_P(Models, LlamaGoldenTest,
                                            "tiny-llama.gguf", "tiny-qwen2.gguf", "tiny-qwen3.gguf",
                                            "tiny-gemma3.gguf", "tiny-phi3.gguf", "tiny-mixtral",
                                            "tiny-qwen2-moe", "tiny-qwen3-moe", "tiny-mixtral.gguf",
-                                           "tiny-qwen2-moe.gguf", "tiny-qwen3-moe.gguf"),
+                                           "tiny-qwen2-moe.gguf", "tiny-qwen3-moe.gguf",
+                                           "tiny-olmoe", "tiny-olmoe.gguf"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');

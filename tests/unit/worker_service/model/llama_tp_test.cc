@@ -139,6 +139,29 @@ TEST(LlamaTensorParallelQuantizedTest, RanksKeepTheirBlocksAndAgreeWithOneRank) 
   }
 }
 
+// OLMoE's q/k norm spans all of a token's heads, which the ranks split: past one rank its load
+// is refused on every rank, naming the size, before any collective.
+TEST(LlamaTensorParallelOlmoeTest, IsRefusedPastOneRank) {
+  const std::string dir = std::string(LLM_TEST_DATA_DIR) + "/models/tiny-olmoe";
+  auto config = ModelConfig::FromModelDir(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  gloo::rendezvous::HashStore store;
+  std::vector<absl::Status> loads(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      absl::StatusOr<std::unique_ptr<Communicator>> comm = GlooCommunicator::Create(store, rank, 2);
+      loads[rank] =
+          comm.ok() ? LlamaModel::Load(dir, *config, comm->get()).status() : comm.status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& s : loads) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+    EXPECT_NE(s.message().find("tensor-parallel size 2 is not supported"), std::string::npos) << s;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, LlamaTensorParallelTest,
                          ::testing::Combine(::testing::Values("tiny-llama", "tiny-qwen2",
                                                               "tiny-qwen3", "tiny-gemma2",
