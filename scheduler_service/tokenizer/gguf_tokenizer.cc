@@ -210,12 +210,14 @@ absl::StatusOr<GgufTokenizerFiles> GgufTokenizerToJson(const GgufFile& f) {
       tok["pre_tokenizer"] = {
           {"type", "Sequence"},
           {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", true}}, byte_level_regex}}};
-    } else if (pre == "gpt-2" || pre == "gpt2" || pre == "default") {
+    } else if (pre == "gpt-2" || pre == "gpt2" || pre == "default" || pre == "olmo") {
+      // llama.cpp splits "olmo" (OLMo's and OLMoE's GPT-NeoX-style vocabulary) as GPT-2's.
       tok["pre_tokenizer"] = byte_level_regex;
     } else {
-      return absl::UnimplementedError(absl::StrCat(
-          "gguf ", f.path(), ": tokenizer.ggml.pre \"", pre,
-          "\" is not supported (llama-bpe, llama3, llama-v3, qwen2, smollm, gpt-2, default)"));
+      return absl::UnimplementedError(
+          absl::StrCat("gguf ", f.path(), ": tokenizer.ggml.pre \"", pre,
+                       "\" is not supported (llama-bpe, llama3, llama-v3, qwen2, smollm, gpt-2, "
+                       "default, olmo)"));
     }
     ASSIGN_OR_RETURN(const std::vector<GgufValue>* merges_v,
                      GetArray(f, "tokenizer.ggml.merges", GgufValueType::kString, true));
