@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/gguf_dequant.h"
+#include "tests/testing/gguf_builder.h"
 
 namespace llm {
 namespace {
@@ -29,28 +30,7 @@ std::vector<std::byte> ReadAll(const std::string& path) {
   return b;
 }
 
-// A little-endian GGUF image builder for crafted files.
-struct Builder {
-  std::vector<std::byte> b;
-  template <typename T>
-  Builder& Put(T v) {
-    const size_t n = b.size();
-    b.resize(n + sizeof(T));
-    std::memcpy(b.data() + n, &v, sizeof(T));
-    return *this;
-  }
-  Builder& Str(std::string_view s) {
-    Put<uint64_t>(s.size());
-    for (char c : s) b.push_back(static_cast<std::byte>(c));
-    return *this;
-  }
-  Builder& Header(uint32_t version, uint64_t tensors, uint64_t kvs) {
-    return Put<uint32_t>(GgufFile::kMagic).Put(version).Put(tensors).Put(kvs);
-  }
-  void PadTo(size_t align) {
-    while (b.size() % align != 0) b.push_back(std::byte{0});
-  }
-};
+using Builder = ::llm::testing::GgufBuilder;
 
 TEST(GgufFileTest, ReadsTheTinyModel) {
   auto f = GgufFile::Open(kF16Model);

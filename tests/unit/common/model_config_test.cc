@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/gguf_builder.h"
 
 namespace llm {
 namespace {
@@ -439,16 +440,6 @@ TEST(ModelConfig, ReadsOlmoe) {
 std::vector<std::byte> MinimalGguf(std::string_view arch,
                                    std::vector<std::pair<std::string, uint32_t>> keys,
                                    std::vector<std::string> tensors) {
-  std::vector<std::byte> b;
-  auto put = [&b](const auto& v) {
-    const size_t n = b.size();
-    b.resize(n + sizeof(v));
-    std::memcpy(b.data() + n, &v, sizeof(v));
-  };
-  auto str = [&](std::string_view s) {
-    put(static_cast<uint64_t>(s.size()));
-    for (char ch : s) b.push_back(static_cast<std::byte>(ch));
-  };
   const std::string a(arch);
   for (const char* key : {"embedding_length", "feed_forward_length", "block_count",
                           "attention.head_count", "context_length"}) {
@@ -456,17 +447,15 @@ std::vector<std::byte> MinimalGguf(std::string_view arch,
     keys.emplace_back(a + "." + key, k == "block_count" || k == "attention.head_count" ? 2 : 32);
   }
   tensors.insert(tensors.begin(), "token_embd.weight");
-  put(GgufFile::kMagic), put(uint32_t{3}), put(uint64_t{tensors.size()});
-  put(uint64_t{keys.size() + 1});
-  str("general.architecture"), put(uint32_t{8}), str(arch);                      // 8: string
-  for (const auto& [key, value] : keys) str(key), put(uint32_t{4}), put(value);  // 4: u32
+  testing::GgufBuilder g;
+  g.Header(3, tensors.size(), keys.size() + 1).KeyString("general.architecture", arch);
+  for (const auto& [key, value] : keys) g.KeyU32(key, value);
   for (size_t i = 0; i < tensors.size(); ++i) {
-    str(tensors[i]), put(uint32_t{2}), put(uint64_t{32}), put(uint64_t{2});
-    put(uint32_t{0}), put(uint64_t{i * 256});  // F32, 256 bytes each
+    g.TensorInfo(tensors[i], {32, 2}, /*F32*/ 0, i * 256);
   }
-  while (b.size() % 32 != 0) b.push_back(std::byte{0});
-  b.resize(b.size() + 256 * tensors.size());
-  return b;
+  g.PadTo(32);
+  g.b.resize(g.b.size() + 256 * tensors.size());
+  return g.b;
 }
 
 absl::Status GgufConfigStatus(const std::vector<std::byte>& b) {

@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "scheduler_service/tokenizer/tokenizer.h"
+#include "tests/testing/gguf_builder.h"
 #include "tests/testing/test_data.h"
 
 namespace llm {
@@ -139,24 +140,11 @@ TEST(GgufTokenizerTest, SentencePieceStyleEqualsHuggingFaceTokenizers) {
 
 // A GGUF image with the given tokenizer.ggml.model and .pre and two tokens.
 std::vector<std::byte> TinyTokenizerGguf(const std::string& model, const std::string& pre) {
-  std::vector<std::byte> b;
-  auto put = [&](const void* p, size_t n) {
-    const size_t at = b.size();
-    b.resize(at + n);
-    std::memcpy(b.data() + at, p, n);
-  };
-  auto u32 = [&](uint32_t v) { put(&v, 4); };
-  auto u64 = [&](uint64_t v) { put(&v, 8); };
-  auto str = [&](std::string_view s) {
-    u64(s.size());
-    put(s.data(), s.size());
-  };
-  u32(GgufFile::kMagic), u32(3), u64(0), u64(4);
-  str("tokenizer.ggml.model"), u32(8), str(model);
-  str("tokenizer.ggml.pre"), u32(8), str(pre);
-  str("tokenizer.ggml.tokens"), u32(9), u32(8), u64(3), str("a"), str("b"), str("ab");
-  str("tokenizer.ggml.merges"), u32(9), u32(8), u64(1), str("a b");
-  return b;
+  testing::GgufBuilder g;
+  g.Header(3, 0, 4).KeyString("tokenizer.ggml.model", model).KeyString("tokenizer.ggml.pre", pre);
+  g.KeyStrings("tokenizer.ggml.tokens", {"a", "b", "ab"});
+  g.KeyStrings("tokenizer.ggml.merges", {"a b"});
+  return g.b;
 }
 
 TEST(GgufTokenizerTest, UnsupportedKindsAreNamed) {

@@ -14,6 +14,7 @@
 #include "common/gguf.h"
 #include "common/half.h"
 #include "gtest/gtest.h"
+#include "tests/testing/gguf_builder.h"
 #include "tests/testing/model_test_util.h"
 #include "worker_service/model/llama.h"
 
@@ -313,28 +314,17 @@ TEST(GgufModelTest, MixtureOfExpertsRunsOnTheFilesQ8_0Blocks) {
 
 // A tensor of a type the dequantizer does not take (Q8_1) is an error naming it, at load.
 TEST(GgufModelTest, UnsupportedTensorTypesAreNamed) {
-  std::vector<std::byte> b;
-  auto put = [&](const void* p, size_t n) {
-    const size_t at = b.size();
-    b.resize(at + n);
-    std::memcpy(b.data() + at, p, n);
-  };
-  auto u32 = [&](uint32_t v) { put(&v, 4); };
-  auto u64 = [&](uint64_t v) { put(&v, 8); };
-  auto str = [&](std::string_view s) {
-    u64(s.size());
-    put(s.data(), s.size());
-  };
-  u32(GgufFile::kMagic), u32(3), u64(1), u64(7);
-  str("general.architecture"), u32(8), str("llama");
+  testing::GgufBuilder g;
+  g.Header(3, 1, 7).KeyString("general.architecture", "llama");
   for (const char* key :
        {"llama.embedding_length", "llama.feed_forward_length", "llama.block_count",
         "llama.attention.head_count", "llama.context_length", "llama.vocab_size"}) {
-    str(key), u32(4), u32(std::string_view(key) == "llama.embedding_length" ? 32 : 2);
+    g.KeyU32(key, std::string_view(key) == "llama.embedding_length" ? 32 : 2);
   }
   // token_embd.weight: 2 rows of 32, Q8_1 (type 9: blocks of 32 in 40 bytes).
-  str("token_embd.weight"), u32(2), u64(32), u64(2), u32(9), u64(0);
-  while (b.size() % 32 != 0) b.push_back(std::byte{0});
+  g.TensorInfo("token_embd.weight", {32, 2}, 9, 0);
+  g.PadTo(32);
+  std::vector<std::byte>& b = g.b;
   b.resize(b.size() + 80);
   auto f = GgufFile::FromBuffer(b, "q8_1.gguf");
   ASSERT_TRUE(f.ok()) << f.status();
@@ -349,20 +339,9 @@ TEST(GgufModelTest, UnsupportedTensorTypesAreNamed) {
 
 TEST(GgufModelTest, OtherArchitecturesAreRefused) {
   // A GGUF whose general.architecture is "phi2" (qwen2, once refused, is supported now).
-  std::vector<std::byte> b;
-  auto put = [&](const void* p, size_t n) {
-    const size_t at = b.size();
-    b.resize(at + n);
-    std::memcpy(b.data() + at, p, n);
-  };
-  auto u32 = [&](uint32_t v) { put(&v, 4); };
-  auto u64 = [&](uint64_t v) { put(&v, 8); };
-  auto str = [&](std::string_view s) {
-    u64(s.size());
-    put(s.data(), s.size());
-  };
-  u32(GgufFile::kMagic), u32(3), u64(0), u64(1);
-  str("general.architecture"), u32(8), str("phi2");
+  testing::GgufBuilder g;
+  g.Header(3, 0, 1).KeyString("general.architecture", "phi2");
+  const std::vector<std::byte>& b = g.b;
   auto f = GgufFile::FromBuffer(b, "q.gguf");
   ASSERT_TRUE(f.ok()) << f.status();
   absl::StatusOr<ModelConfig> c = ModelConfig::FromGguf(**f);
