@@ -398,21 +398,36 @@ TEST_F(CudaMoeTest, MixtureOfExpertsRepeatsBitForBit) {
   EXPECT_EQ(std::memcmp(first.data(), second.data(), first.size() * sizeof(float)), 0);
 }
 
-// OLMoE on cuda: its q/k norms over each token's whole projections (HeadRmsNorm over one
-// head of all the heads' width) and its experts, in f32 within the dense models' bound of
-// transformers' logits, one prefill and mixed chunks (one rank only: its load refuses more).
-TEST(CudaOlmoeTest, Float32MatchesTransformers) {
+// On cuda, in f32, within the dense models' bound of transformers' logits (one prefill and
+// mixed chunks): OLMoE (its q/k norms over each token's whole projections, HeadRmsNorm over one
+// head of all the heads' width; one rank only, its load refuses more), from its directory and its
+// GGUF, and Qwen2-MoE from GGUF (its gate and up experts fused in one tensor, the shared expert's
+// gate stored as [H]), whose experts are read dequantized one at a time.
+class CudaMoreMoeTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaMoreMoeTest, Float32MatchesTransformers) {
   std::string why_none;
   if (cuda::DeviceCount(&why_none) == 0) GTEST_SKIP() << "no usable CUDA device: " << why_none;
   absl::StatusOr<std::unique_ptr<DeviceContext>> ctx = DeviceContext::Create(TensorDevice::Cuda(0));
   ASSERT_TRUE(ctx.ok()) << ctx.status();
-  const std::string dir = ::llm::testing::TestDataDir() + "/models/tiny-olmoe";
+  const std::string path = ::llm::testing::TestDataDir() + "/models/" + GetParam();
+  const std::string dir = path.ends_with(".gguf") ? path.substr(0, path.size() - 5) : path;
   std::unique_ptr<LlamaModel> model;
-  ASSERT_NO_FATAL_FAILURE(LoadTestModel(dir, &model, {ctx->get(), DType::kF32}));
+  ASSERT_NO_FATAL_FAILURE(LoadTestModel(path, &model, {ctx->get(), DType::kF32}));
   const Golden golden = LoadGolden(dir, model->vocab_size());
   RunAndCompare(*model, golden, 16, [](std::mt19937&) { return 1 << 20; });
   RunAndCompare(*model, golden, 16, MixedChunks());
 }
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaMoreMoeTest,
+                         ::testing::Values("tiny-olmoe", "tiny-olmoe.gguf", "tiny-qwen2-moe.gguf"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           for (char& c : name) {
+                             if (c == '-' || c == '.') c = '_';
+                           }
+                           return name;
+                         });
 
 // tiny-gemma2 is left to the CPU goldens here (emulated, its runs cost about 90 s): what it adds
 // on cuda, soft-capped attention, is checked against the CPU op in paged_attention_test.cc.
