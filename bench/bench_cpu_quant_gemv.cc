@@ -6,7 +6,11 @@
 //            and the 49152x576 LM head (32-weight block types only: K = 576 is no multiple of
 //            256);
 //   shape:1  Llama-3.2-1B, two layers: qkv 3072x2048, o 2048x2048, gate_up 16384x2048, down
-//            2048x8192 (every type).
+//            2048x8192 (every type);
+//   shape:2  the experts one token runs in two layers of Qwen3-30B-A3B: 8 per layer, each a
+//            gate_up 1536x2048 and a down 2048x768 GEMM (every type; rows 1 and 2 only, the
+//            rows an expert sees in a decode step at small batches: the mixture of experts'
+//            decode, worker_service/model/llama.cc MoeMlp, apart from the routing).
 // impl:0 the f32 baseline, impl:1 the integer path (activations quantized to int8), impl:2 the
 // dequantized-tile path (QuantizedLinear's prefill path, forced at every row count). The rows
 // from 8 up measure where QuantizedLinear switches from the one to the other. The weights are
@@ -37,7 +41,9 @@ struct Shape {
   int64_t n, k;
 };
 
-const char* kShapeNames[] = {"SmolLM2-135M step", "Llama-3.2-1B, 2 layers"};
+constexpr int kShapes = 3;
+const char* kShapeNames[kShapes] = {"SmolLM2-135M step", "Llama-3.2-1B, 2 layers",
+                                    "Qwen3-30B-A3B, one token's 8 experts in 2 layers"};
 
 std::vector<Shape> StepShapes(int shape) {
   std::vector<Shape> shapes;
@@ -46,9 +52,13 @@ std::vector<Shape> StepShapes(int shape) {
       shapes.insert(shapes.end(), {{960, 576}, {576, 576}, {3072, 576}, {576, 1536}});
     }
     shapes.push_back({49152, 576});
-  } else {
+  } else if (shape == 1) {
     for (int layer = 0; layer < 2; ++layer) {
       shapes.insert(shapes.end(), {{3072, 2048}, {2048, 2048}, {16384, 2048}, {2048, 8192}});
+    }
+  } else {
+    for (int expert = 0; expert < 2 * 8; ++expert) {
+      shapes.insert(shapes.end(), {{1536, 2048}, {2048, 768}});
     }
   }
   return shapes;
@@ -102,7 +112,7 @@ const Matrices& GetQuant(int shape, QuantType type) {
 }
 
 const Baseline& GetBaseline(int shape) {
-  static std::unique_ptr<Baseline> cache[2];
+  static std::unique_ptr<Baseline> cache[kShapes];
   if (cache[shape] == nullptr) {
     cache[shape] = std::make_unique<Baseline>();
     std::mt19937 rng(7);
@@ -163,7 +173,7 @@ void BM_Gemms(benchmark::State& state) {
 constexpr int kDecodeRows[] = {1, 2, 4, 8};
 constexpr int kCrossoverRows[] = {8, 16, 32, 64, 128};
 
-bool TypeFits(int shape, QuantType type) { return shape == 1 || cpu::QuantBlockElems(type) == 32; }
+bool TypeFits(int shape, QuantType type) { return shape > 0 || cpu::QuantBlockElems(type) == 32; }
 
 void Add(int shape, int type, int impl, int rows) {
   benchmark::RegisterBenchmark("BM_Gemms", BM_Gemms)
@@ -173,14 +183,16 @@ void Add(int shape, int type, int impl, int rows) {
 }
 
 void Register() {
-  for (int shape = 0; shape < 2; ++shape) {
+  for (int shape = 0; shape < kShapes; ++shape) {
     for (int rows : kDecodeRows) {
+      if (shape == 2 && rows > 2) continue;
       Add(shape, 0, 0, rows);
       for (int t = 0; t < 7; ++t) {
         if (TypeFits(shape, kTypes[t])) Add(shape, t, 1, rows);
       }
     }
     // The crossover: the served default's type (Q4_1) on SmolLM2, Q4_K on the 1B shape.
+    if (shape == 2) continue;
     const int t = shape == 0 ? 1 : 4;
     for (int rows : kCrossoverRows) {
       if (rows != 8) Add(shape, 0, 0, rows);
@@ -198,7 +210,7 @@ std::string Name(int shape, int type, int impl, int rows) {
 void PrintSummary(const SummaryReporter& r) {
   std::printf("\n%d threads, AVX2 kernels: %s\n", cpu::ThreadPoolSize(),
               cpu::QuantKernelsUseAvx2() ? "yes" : "no");
-  for (int shape = 0; shape < 2; ++shape) {
+  for (int shape = 0; shape < kShapes; ++shape) {
     double f32_mb = 0;
     for (const Shape& s : StepShapes(shape)) f32_mb += s.n * s.k * 4 / 1e6;
     std::printf("\n%s: f32 weights %.1f MB (oneDNN, the dequantized path)\n", kShapeNames[shape],
