@@ -2,9 +2,8 @@
 // metadata, for the decoder families the workers run: LlamaForCausalLM, MistralForCausalLM
 // (sliding window included), Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM,
 // Gemma3ForCausalLM and Phi3ForCausalLM (Phi-3, Phi-3.5 and Phi-4-mini), and the mixtures of
-// experts MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM and OlmoeForCausalLM
-// (from config.json). The families differ by
-// the features below (each off by default, which is Llama); the model
+// experts MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM and OlmoeForCausalLM. The
+// families differ by the features below (each off by default, which is Llama); the model
 // (worker_service/model/llama.h) implements each feature once.
 //
 // Parsing fails with INVALID_ARGUMENT naming the missing or malformed field, and with
