@@ -155,6 +155,44 @@ OpStatus HeadRmsNorm(const OpContext& ctx, const TensorView& x, const TensorView
   return cpu::HeadRmsNorm(x, weight, eps);
 }
 
+OpStatus SumOfSquares(const OpContext& ctx, const TensorView& sums, const TensorView& x) {
+  constexpr const char* kOp = "SumOfSquares";
+  LLM_OPS_RETURN_IF_ERROR(
+      CheckTokenStridedArg(kOp, "x", x, {kF32, kBF16, kF16}, {kAny, kAny, kAny}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "sums", sums, {kF32}, {x.shape[0]}));
+  TensorDevice device;
+  LLM_OPS_RETURN_IF_ERROR(CheckSameDevice(kOp, {{"x", &x}, {"sums", &sums}}, &device));
+  LLM_OPS_RETURN_IF_ERROR(CheckCpuF32(kOp, device, {{"x", &x}}));
+#ifdef LLM_WITH_CUDA
+  if (device.is_cuda()) return cuda::SumOfSquares(ctx.stream, sums, x);
+#endif
+  if (!device.is_cpu()) return NoBackend(kOp, device);
+  return cpu::SumOfSquares(sums, x);
+}
+
+OpStatus RmsNormBySums(const OpContext& ctx, const TensorView& x, const TensorView& sums,
+                       const TensorView& weight, int64_t count, float eps) {
+  constexpr const char* kOp = "RmsNormBySums";
+  LLM_OPS_RETURN_IF_ERROR(
+      CheckTokenStridedArg(kOp, "x", x, {kF32, kBF16, kF16}, {kAny, kAny, kAny}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "sums", sums, {kF32}, {x.shape[0]}));
+  LLM_OPS_RETURN_IF_ERROR(CheckArg(kOp, "weight", weight, {x.dtype}, {x.shape[1] * x.shape[2]}));
+  if (count < x.shape[1] * x.shape[2]) {
+    return Error(kOp, "count " + std::to_string(count) + " is less than a row of x (" +
+                          std::to_string(x.shape[1] * x.shape[2]) + ")");
+  }
+  if (!(eps > 0.0f)) return Error(kOp, "eps must be > 0, got " + std::to_string(eps));
+  TensorDevice device;
+  LLM_OPS_RETURN_IF_ERROR(
+      CheckSameDevice(kOp, {{"x", &x}, {"sums", &sums}, {"weight", &weight}}, &device));
+  LLM_OPS_RETURN_IF_ERROR(CheckCpuF32(kOp, device, {{"x", &x}}));
+#ifdef LLM_WITH_CUDA
+  if (device.is_cuda()) return cuda::RmsNormBySums(ctx.stream, x, sums, weight, count, eps);
+#endif
+  if (!device.is_cpu()) return NoBackend(kOp, device);
+  return cpu::RmsNormBySums(x, sums, weight, count, eps);
+}
+
 OpStatus ComputeRopeInvFreq(const RopeConfig& config, std::span<double> inv_freq) {
   constexpr const char* kOp = "ComputeRopeInvFreq";
   const int64_t half = static_cast<int64_t>(inv_freq.size());

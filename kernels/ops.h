@@ -111,6 +111,21 @@ OpStatus FusedAddRmsNorm(const OpContext& ctx, const TensorView& x, const Tensor
 OpStatus HeadRmsNorm(const OpContext& ctx, const TensorView& x, const TensorView& weight,
                      float eps);
 
+// An RMSNorm whose rows are split over tensor-parallel ranks (OLMoE's q/k norm over each token's
+// whole projection, of which a rank holds some heads), in two steps around an all-reduce:
+//   SumOfSquares:  sums[t] = sum over the rank's heads h and d of x[t][h][d]^2;
+//   (the caller all-reduces sums over the ranks)
+//   RmsNormBySums: x[t][h][d] = x[t][h][d] / sqrt(sums[t] / count + eps) * weight[h * D + d],
+//                  in place; count is the whole row's length (all ranks' heads x D).
+// x [T, heads, D] (may be token-strided, see the top), f32 / bf16 / f16; sums f32 [T]
+// (contiguous); weight [heads * D], x's dtype: this rank's part of the norm's weight. The
+// arithmetic is HeadRmsNorm's (sums accumulated in double on cpu, fp32 on cuda; x * inv_rms *
+// weight in fp32, one rounding to x's dtype), so on one rank the two steps equal HeadRmsNorm
+// over [T, 1, heads * D] up to the order of the summation.
+OpStatus SumOfSquares(const OpContext& ctx, const TensorView& sums, const TensorView& x);
+OpStatus RmsNormBySums(const OpContext& ctx, const TensorView& x, const TensorView& sums,
+                       const TensorView& weight, int64_t count, float eps);
+
 // HF config.json's rope_scaling. kLinear divides positions by `factor`; kLlama3 rescales
 // each frequency as transformers' _compute_llama3_parameters does (factor, low_freq_factor,
 // high_freq_factor, original_max_position_embeddings).

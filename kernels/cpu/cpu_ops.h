@@ -23,6 +23,9 @@ OpStatus FusedAddRmsNorm(const TensorView& x, const TensorView& residual, const 
 
 // x may be token-strided (kernels/op_check.h: TokenStride).
 OpStatus HeadRmsNorm(const TensorView& x, const TensorView& weight, float eps);
+OpStatus SumOfSquares(const TensorView& sums, const TensorView& x);
+OpStatus RmsNormBySums(const TensorView& x, const TensorView& sums, const TensorView& weight,
+                       int64_t count, float eps);
 
 // inv_freq: rotary_dim / 2 frequencies from ComputeRopeInvFreq.
 OpStatus RotaryEmbedding(const TensorView& positions, const TensorView& query,

@@ -100,4 +100,34 @@ OpStatus HeadRmsNorm(const TensorView& x, const TensorView& weight, float eps) {
   return OpStatus::Ok();
 }
 
+OpStatus SumOfSquares(const TensorView& sums, const TensorView& x) {
+  const int64_t num_tokens = x.shape[0], row = x.shape[1] * x.shape[2];
+  const int64_t token_stride = internal::TokenStride(x);
+  const float* base = x.data_as<const float>();
+  float* out = sums.data_as<float>();
+  // A token's heads are contiguous (token-strided x): one row of heads * D.
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const float* v = base + t * token_stride;
+    out[t] =
+        static_cast<float>(HasAvx512() ? SumSquaresAvx512(v, row) : SumSquaresPortable(v, row));
+  }
+  return OpStatus::Ok();
+}
+
+OpStatus RmsNormBySums(const TensorView& x, const TensorView& sums, const TensorView& weight,
+                       int64_t count, float eps) {
+  const int64_t num_tokens = x.shape[0], row = x.shape[1] * x.shape[2];
+  const int64_t token_stride = internal::TokenStride(x);
+  const float* w = weight.data_as<const float>();
+  const float* s = sums.data_as<const float>();
+  float* base = x.data_as<float>();
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    float* v = base + t * token_stride;
+    const float inv_rms =
+        static_cast<float>(1.0 / std::sqrt(static_cast<double>(s[t]) / count + eps));
+    for (int64_t i = 0; i < row; ++i) v[i] = v[i] * inv_rms * w[i];
+  }
+  return OpStatus::Ok();
+}
+
 }  // namespace llm::ops::cpu

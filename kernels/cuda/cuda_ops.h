@@ -42,6 +42,9 @@ OpStatus FusedAddRmsNorm(void* stream, const TensorView& x, const TensorView& re
 
 // One warp per head vector (x may be token-strided), 4 warps a block.
 OpStatus HeadRmsNorm(void* stream, const TensorView& x, const TensorView& weight, float eps);
+OpStatus SumOfSquares(void* stream, const TensorView& sums, const TensorView& x);
+OpStatus RmsNormBySums(void* stream, const TensorView& x, const TensorView& sums,
+                       const TensorView& weight, int64_t count, float eps);
 
 // inv_freq: rotary_dim / 2 (at most kMaxRotaryHalf) frequencies from ComputeRopeInvFreq.
 inline constexpr int kMaxRotaryHalf = 256;

@@ -1,7 +1,8 @@
 // RMSNorm, the fused residual add + RMSNorm and the per-head RMSNorm of q and k on CUDA,
 // f32 / bf16 / f16 in memory, fp32 math. RmsNorm and FusedAddRmsNorm: one thread block per token
 // row, the sum of squares a block reduction in fp32 (the CPU reference sums in double).
-// HeadRmsNorm: one warp per head vector, the sum of squares a warp reduction.
+// HeadRmsNorm: one warp per head vector, the sum of squares a warp reduction. SumOfSquares and
+// RmsNormBySums (a norm split over ranks): one thread block per token.
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/op_check.h"
@@ -84,6 +85,33 @@ __global__ void HeadRmsNormKernel(T* x, const T* __restrict__ w, int64_t num_row
   }
 }
 
+// sums[t] = the sum of squares of token t's row of `row` elements (its heads, contiguous, at
+// x + t * token_stride): one thread block per token, a block reduction in fp32.
+template <typename T>
+__global__ void SumOfSquaresKernel(float* sums, const T* x, int64_t row, int64_t token_stride) {
+  __shared__ float scratch[32];
+  const T* v = x + static_cast<int64_t>(blockIdx.x) * token_stride;
+  float sum_sq = 0.0f;
+  for (int64_t i = threadIdx.x; i < row; i += blockDim.x) {
+    const float f = ToFloat(v[i]);
+    sum_sq += f * f;
+  }
+  sum_sq = cuda_internal::BlockSum(sum_sq, scratch);
+  if (threadIdx.x == 0) sums[blockIdx.x] = sum_sq;
+}
+
+// x[t][i] = x[t][i] * rsqrt(sums[t] / count + eps) * w[i] over token t's row: one thread block
+// per token.
+template <typename T>
+__global__ void RmsNormBySumsKernel(T* x, const float* sums, const T* __restrict__ w, int64_t row,
+                                    int64_t token_stride, float count, float eps) {
+  T* v = x + static_cast<int64_t>(blockIdx.x) * token_stride;
+  const float inv_rms = rsqrtf(sums[blockIdx.x] / count + eps);
+  for (int64_t i = threadIdx.x; i < row; i += blockDim.x) {
+    v[i] = FromFloat<T>(ToFloat(v[i]) * inv_rms * ToFloat(w[i]));
+  }
+}
+
 }  // namespace
 
 OpStatus RmsNorm(void* stream, const TensorView& out, const TensorView& x, const TensorView& weight,
@@ -138,6 +166,50 @@ OpStatus HeadRmsNorm(void* stream, const TensorView& x, const TensorView& weight
     ::llm::cuda::Launch(HeadRmsNormKernel<T>, static_cast<unsigned>(blocks), kHeadWarps * 32, 0,
                         cuda_internal::AsStream(stream), x.data_as<T>(), weight.data_as<const T>(),
                         num_rows, num_heads, head_size, token_stride, eps);
+  });
+  if (!known) return cuda_internal::Error(kOp, "x: expected f32, bf16 or f16");
+  LLM_CUDA_OP_CHECK_LAUNCH(kOp);
+  return OpStatus::Ok();
+}
+
+OpStatus SumOfSquares(void* stream, const TensorView& sums, const TensorView& x) {
+  constexpr const char* kOp = "SumOfSquares";
+  if (OpStatus st = cuda_internal::StartOp(kOp, x.device); !st.ok()) return st;
+  const int64_t num_tokens = x.shape[0], row = x.shape[1] * x.shape[2];
+  if (num_tokens == 0) return OpStatus::Ok();
+  if (num_tokens > cuda_internal::kMaxGridX) {
+    return cuda_internal::Error(kOp, "x: too many tokens for one grid: " + x.ToString());
+  }
+  const int threads = cuda_internal::RowThreads(row > kMaxThreads ? kMaxThreads : row);
+  const int64_t token_stride = internal::TokenStride(x);
+  const bool known = cuda_internal::DispatchFloat(x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    ::llm::cuda::Launch(SumOfSquaresKernel<T>, static_cast<unsigned>(num_tokens), threads, 0,
+                        cuda_internal::AsStream(stream), sums.data_as<float>(),
+                        x.data_as<const T>(), row, token_stride);
+  });
+  if (!known) return cuda_internal::Error(kOp, "x: expected f32, bf16 or f16");
+  LLM_CUDA_OP_CHECK_LAUNCH(kOp);
+  return OpStatus::Ok();
+}
+
+OpStatus RmsNormBySums(void* stream, const TensorView& x, const TensorView& sums,
+                       const TensorView& weight, int64_t count, float eps) {
+  constexpr const char* kOp = "RmsNormBySums";
+  if (OpStatus st = cuda_internal::StartOp(kOp, x.device); !st.ok()) return st;
+  const int64_t num_tokens = x.shape[0], row = x.shape[1] * x.shape[2];
+  if (num_tokens == 0 || row == 0) return OpStatus::Ok();
+  if (num_tokens > cuda_internal::kMaxGridX) {
+    return cuda_internal::Error(kOp, "x: too many tokens for one grid: " + x.ToString());
+  }
+  const int threads = cuda_internal::RowThreads(row > kMaxThreads ? kMaxThreads : row);
+  const int64_t token_stride = internal::TokenStride(x);
+  const bool known = cuda_internal::DispatchFloat(x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    ::llm::cuda::Launch(RmsNormBySumsKernel<T>, static_cast<unsigned>(num_tokens), threads, 0,
+                        cuda_internal::AsStream(stream), x.data_as<T>(),
+                        sums.data_as<const float>(), weight.data_as<const T>(), row, token_stride,
+                        static_cast<float>(count), eps);
   });
   if (!known) return cuda_internal::Error(kOp, "x: expected f32, bf16 or f16");
   LLM_CUDA_OP_CHECK_LAUNCH(kOp);

@@ -107,6 +107,55 @@ TEST_F(CudaHeadRmsNorm, HalfMatchesCpuOnTheRoundedInputs) {
   }
 }
 
+// SumOfSquares and RmsNormBySums (OLMoE's norm split over ranks) on CUDA against the CPU ops, on
+// the q heads of fused qkv rows, f32, bf16 and f16: the sums within RmsNorm's tolerance, the
+// normalized q within it (16-bit: plus the output rounding), k and v keeping their bits.
+TEST_F(CudaHeadRmsNorm, SumsAndNormBySumsMatchCpu) {
+  std::mt19937 rng(404);
+  for (const DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const int64_t tokens : {int64_t{1}, int64_t{17}, int64_t{300}}) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << ", " << tokens << " tokens");
+      const int64_t hq = 4, d = 64, row = 8 * d, q_row = hq * d;
+      HostTensor rows = Random({tokens, row}, rng);
+      HostTensor w = Random({q_row}, rng, 0.5f, 1.5f);
+      if (dtype != DType::kF32) {
+        rows = gpu_testing::RoundedThroughHalf(rows, dtype);
+        w = gpu_testing::RoundedThroughHalf(w, dtype);
+      }
+      auto to_device = [dtype](const HostTensor& t) {
+        return dtype == DType::kF32 ? DeviceTensor(t) : DeviceTensor(gpu_testing::ToHalf(t, dtype));
+      };
+      DeviceTensor d_rows = to_device(rows), d_w = to_device(w);
+      DeviceTensor d_sums(HostTensor(DType::kF32, {tokens}));
+      const HostTensor uploaded = d_rows.Download();
+      HostTensor want = Clone(rows), want_sums(DType::kF32, {tokens});
+      const TensorView q = testing::HeadsView(want.view(), 0, hq, d);
+      ASSERT_TRUE(SumOfSquares({}, want_sums.view(), q).ok());
+      ASSERT_TRUE(RmsNormBySums({}, q, want_sums.view(), w.view(), 2 * q_row, kEps).ok());
+      const TensorView dq = testing::HeadsView(d_rows.view(), 0, hq, d);
+      OpStatus s = SumOfSquares({}, d_sums.view(), dq);
+      ASSERT_TRUE(s.ok()) << s.message;
+      s = RmsNormBySums({}, dq, d_sums.view(), d_w.view(), 2 * q_row, kEps);
+      ASSERT_TRUE(s.ok()) << s.message;
+      ASSERT_EQ(Sync(), "");
+      EXPECT_TRUE(Close(d_sums.Download(), want_sums, kAtol, kRtol));
+      const HostTensor got_raw = d_rows.Download();
+      const HostTensor got =
+          dtype == DType::kF32 ? Clone(got_raw) : gpu_testing::HalfToF32(got_raw);
+      const double rtol = dtype == DType::kF32 ? kRtol : gpu_testing::HalfRtol(dtype) + kRtol;
+      EXPECT_TRUE(Close(got, want, kAtol, rtol));
+      const size_t esize = DTypeSize(dtype);
+      for (int64_t t = 0; t < tokens; ++t) {
+        const size_t at = (t * row + q_row) * esize, bytes = (row - q_row) * esize;
+        ASSERT_EQ(std::memcmp(static_cast<const char*>(got_raw.view().data) + at,
+                              static_cast<const char*>(uploaded.view().data) + at, bytes),
+                  0)
+            << "token " << t << ": k or v changed";
+      }
+    }
+  }
+}
+
 TEST(CudaHeadRmsNormArgs, WeightMustHaveXsDtypeAndHeadSize) {
   HostTensor qkv(DType::kBF16, {2, 8 * 64}), w32(DType::kF32, {64}), w16(DType::kBF16, {32});
   TensorView rows = qkv.view(), cw32 = w32.view(), cw16 = w16.view();

@@ -146,9 +146,10 @@ TEST(ClusterTest, MixturesOfExpertsServeTheirGreedyTokensAtTp2) {
   }
 }
 
-// OLMoE (q/k norm over each token's whole projections, so one rank: its load refuses more) served
-// by llm-cluster from its directory and from its GGUF conversion gives the in-process engine's
-// greedy tokens, whose logits are transformers' within 1e-4 (LlamaGoldenTest).
+// OLMoE (q/k norm over each token's whole projections: at tensor-parallel size 2 each rank sums
+// its heads' squares and the ranks all-reduce them) served by llm-cluster at TP 2 from its
+// directory and from its GGUF conversion gives the in-process engine's greedy tokens, whose
+// logits are transformers' within 1e-4 (LlamaGoldenTest).
 TEST(ClusterTest, OlmoeServesItsGreedyTokens) {
   constexpr int kMaxTokens = 12;
   const std::string dir = std::string(LLM_TEST_DATA_DIR) + "/models/tiny-olmoe";
@@ -158,7 +159,7 @@ TEST(ClusterTest, OlmoeServesItsGreedyTokens) {
   for (const std::string& model : {dir, dir + ".gguf"}) {
     SCOPED_TRACE(model);
     std::unique_ptr<LocalCluster> c =
-        StartCluster({.model = model, .engine = {{"dtype", "float32"}}});
+        StartCluster({.model = model, .tensor_parallel_size = 2, .engine = {{"dtype", "float32"}}});
     ASSERT_NE(c, nullptr);
     EXPECT_EQ(GreedyOutputs(*c, Prompts(), kMaxTokens), *reference);
     ExpectCleanStop(*c);

@@ -263,12 +263,14 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Make(const ModelConfig& 
                                                    "size (",
                                                    w, ")"));
   }
-  if (config.qk_norm_whole && w > 1) {
+  // OLMoE's q/k norm spans all of a token's heads: each rank sums its heads' squares and the
+  // ranks all-reduce the sums, which would count a replicated KV head once per copy.
+  if (config.qk_norm_whole && hkv < w) {
     return absl::UnimplementedError(
         absl::StrCat(config.architecture,
-                     ": its q/k norm spans every head of a token, which tensor "
-                     "parallelism splits over the ranks; tensor-parallel size ",
-                     w, " is not supported (1)"));
+                     ": its k norm spans every KV head of a token, and tensor-parallel "
+                     "size ",
+                     w, " exceeds num_key_value_heads (", hkv, "), which would replicate them"));
   }
   if (config.num_experts > 0) {
     if (config.num_experts_per_tok < 1 || config.num_experts_per_tok > config.num_experts) {
@@ -512,11 +514,19 @@ absl::Status LlamaModel::LoadWeights(const WeightSource* weights, uint64_t seed)
     } else {
       RETURN_IF_ERROR(norm(p + "post_attention_layernorm.weight", h, &L.post_norm));
     }
-    if (config_.qk_norm) {  // OLMoE's over the whole projections (one rank: Create says so)
-      RETURN_IF_ERROR(
-          norm(p + "self_attn.q_norm.weight", config_.qk_norm_whole ? qd : d, &L.q_norm));
-      RETURN_IF_ERROR(
-          norm(p + "self_attn.k_norm.weight", config_.qk_norm_whole ? kd : d, &L.k_norm));
+    if (config_.qk_norm && config_.qk_norm_whole) {
+      // OLMoE's over the whole projections: this rank's heads' part of each weight.
+      const float add = weights != nullptr ? config_.norm_weight_offset : 0.0f;
+      const std::string qn = p + "self_attn.q_norm.weight", kn = p + "self_attn.k_norm.weight";
+      RETURN_IF_ERROR(CheckShape(weights, qn, {config_.num_attention_heads * int64_t{d}}));
+      RETURN_IF_ERROR(CheckShape(weights, kn, {config_.num_key_value_heads * int64_t{d}}));
+      RETURN_IF_ERROR(alloc({qd}, &L.q_norm));
+      RETURN_IF_ERROR(read(qn, 0, q0, q1, {qd}, &L.q_norm, 0, add));
+      RETURN_IF_ERROR(alloc({kd}, &L.k_norm));
+      RETURN_IF_ERROR(read(kn, 0, k0, k1, {kd}, &L.k_norm, 0, add));
+    } else if (config_.qk_norm) {
+      RETURN_IF_ERROR(norm(p + "self_attn.q_norm.weight", d, &L.q_norm));
+      RETURN_IF_ERROR(norm(p + "self_attn.k_norm.weight", d, &L.k_norm));
     }
     if (config_.attention_bias) {
       RETURN_IF_ERROR(alloc({qd + 2 * kd}, &L.qkv_bias));
@@ -736,9 +746,10 @@ absl::Status LlamaModel::PackCpuHead() {
 size_t LlamaModel::activation_bytes() const {
   const Buffers& b = buf_;
   size_t total = 0;
-  for (const Tensor* t : {&b.x, &b.residual, &b.qkv, &b.attn, &b.gate_up, &b.act, &b.router_logits,
-                          &b.moe_in, &b.moe_out, &b.moe_sum, &b.selected, &b.local_logits,
-                          &b.gathered, &b.logits, &b.staging, &b.inputs, &b.attention_workspace}) {
+  for (const Tensor* t :
+       {&b.x, &b.residual, &b.qkv, &b.attn, &b.gate_up, &b.act, &b.norm_sums, &b.router_logits,
+        &b.moe_in, &b.moe_out, &b.moe_sum, &b.selected, &b.local_logits, &b.gathered, &b.logits,
+        &b.staging, &b.inputs, &b.attention_workspace}) {
     total += device_.is_cpu() ? t->ResidentBytes() : t->capacity_bytes();
   }
   // cuda: the mixture of experts' routing buffers (the offsets' host copy is pinned).
@@ -844,6 +855,9 @@ absl::Status LlamaModel::Grow(int64_t tokens, int64_t rows, int64_t seqs, int64_
     RETURN_IF_ERROR(AllocateActivation(act_dtype_, {tokens, qh, d}, &b.attn));
     RETURN_IF_ERROR(AllocateActivation(act_dtype_, {tokens, 2 * il}, &b.gate_up));
     RETURN_IF_ERROR(AllocateActivation(act_dtype_, {tokens, il}, &b.act));
+    if (config_.qk_norm_whole && world_ > 1) {
+      RETURN_IF_ERROR(AllocateActivation(DType::kF32, {2, tokens}, &b.norm_sums));
+    }
     if (config_.num_experts > 0) {
       const int64_t ne = config_.num_experts, pairs = tokens * config_.num_experts_per_tok;
       RETURN_IF_ERROR(AllocateActivation(DType::kF32, {tokens, ne}, &b.router_logits));
@@ -1186,8 +1200,21 @@ absl::Status LlamaModel::Compute(const StepViews& sv, std::span<const LayerKvCac
       RETURN_IF_ERROR(FromOp(ops::FusedAddRmsNorm(ctx, x, residual, L.input_norm.view(), eps)));
     }
     RETURN_IF_ERROR(linear(qkv, x, L.qkv_proj, L.qkv_bias, L.qkv_packed.get(), L.qkv_quant.get()));
-    if (config_.qk_norm) {
-      const bool whole = config_.qk_norm_whole;
+    if (config_.qk_norm_whole && world_ > 1) {
+      // OLMoE's norm over all the ranks' heads: the sums of squares all-reduced in between.
+      const TensorView sums = buf_.norm_sums.Prefix(DType::kF32, {2, t});
+      const TensorView q_sums = TensorView::Contiguous(sums.data, DType::kF32, {t}, sums.device);
+      const TensorView k_sums =
+          TensorView::Contiguous(sums.data_as<float>() + t, DType::kF32, {t}, sums.device);
+      RETURN_IF_ERROR(FromOp(ops::SumOfSquares(ctx, q_sums, q)));
+      RETURN_IF_ERROR(FromOp(ops::SumOfSquares(ctx, k_sums, k)));
+      RETURN_IF_ERROR(AllReduce(sums));
+      const int64_t q_row = int64_t{config_.num_attention_heads} * d;
+      const int64_t k_row = int64_t{config_.num_key_value_heads} * d;
+      RETURN_IF_ERROR(FromOp(ops::RmsNormBySums(ctx, q, q_sums, L.q_norm.view(), q_row, eps)));
+      RETURN_IF_ERROR(FromOp(ops::RmsNormBySums(ctx, k, k_sums, L.k_norm.view(), k_row, eps)));
+    } else if (config_.qk_norm) {
+      const bool whole = config_.qk_norm_whole;  // one rank: all heads as one vector
       RETURN_IF_ERROR(
           FromOp(ops::HeadRmsNorm(ctx, whole ? AsOneHead(q) : q, L.q_norm.view(), eps)));
       RETURN_IF_ERROR(

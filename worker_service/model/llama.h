@@ -270,6 +270,9 @@ class LlamaModel {
     Tensor router_logits, moe_in, moe_out, moe_sum;
     Tensor moe_offsets, moe_sorted, moe_experts, moe_weights, moe_positions;
     Tensor moe_offsets_host, shared_gate_logits;
+    // OLMoE at tensor-parallel sizes > 1: each token's q and k sums of squares, f32 [2, tokens],
+    // all-reduced between SumOfSquares and RmsNormBySums.
+    Tensor norm_sums;
     Tensor selected;                        // [rows, H]
     Tensor local_logits, gathered, logits;  // f32 [rows, Vp], [W, rows, Vp], [rows, V]
     // The step's integer inputs: on cpu they are read where the caller has them; on cuda they

@@ -1,5 +1,6 @@
 // HeadRmsNorm against a naive double-precision formula, contiguous and token-strided (q and k
-// inside a fused qkv row, the elements around them unchanged).
+// inside a fused qkv row, the elements around them unchanged); SumOfSquares and RmsNormBySums (the
+// norm split over ranks) against the same formula over the whole row.
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -116,6 +117,59 @@ TEST(HeadRmsNorm, EqualsRmsNormOverEachHead) {
   ASSERT_TRUE(RmsNorm({}, want.view(), rows, w.view(), 1e-6f).ok());
   ASSERT_TRUE(HeadRmsNorm({}, x.view(), w.view(), 1e-6f).ok());
   EXPECT_EQ(std::memcmp(x.view().data, want.view().data, want.view().nbytes()), 0);
+}
+
+// A norm over all of a token's heads split over two "ranks" (OLMoE's q norm at tensor-parallel
+// size 2): each half's SumOfSquares, the sums added (the all-reduce), then RmsNormBySums on each
+// half with its half of the weight, gives the formula over the whole row; and on one rank the two
+// steps give HeadRmsNorm over the row as one head, within the same f32 roundings.
+TEST(SumOfSquaresAndRmsNormBySums, SplitOverRanksEqualsTheWholeRowsNorm) {
+  std::mt19937 rng(34);
+  for (auto [tokens, hq, hkv, d] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 4, 2, 16},
+                                    {9, 4, 2, 64},
+                                    {40, 16, 16, 128}}) {
+    SCOPED_TRACE(::testing::Message() << tokens << " tokens, " << hq << " x " << d);
+    const int64_t row = (hq + 2 * hkv) * d, q_row = hq * d;
+    HostTensor qkv = Random({tokens, row}, rng, -2.0f, 2.0f);
+    const std::vector<float> before = testing::ToVector(qkv);
+    HostTensor w = Random({q_row}, rng, 0.5f, 1.5f);
+    const std::vector<double> want =
+        NaiveHeadRmsNorm(before.data(), w.data<float>(), tokens, 1, q_row, row, 1e-6);
+    HostTensor sums0(DType::kF32, {tokens}), sums1(DType::kF32, {tokens});
+    const TensorView half0 = testing::HeadsView(qkv.view(), 0, hq / 2, d);
+    const TensorView half1 = testing::HeadsView(qkv.view(), q_row / 2, hq / 2, d);
+    ASSERT_TRUE(SumOfSquares({}, sums0.view(), half0).ok());
+    ASSERT_TRUE(SumOfSquares({}, sums1.view(), half1).ok());
+    for (int64_t t = 0; t < tokens; ++t) sums0.data<float>()[t] += sums1.data<float>()[t];
+    const TensorView w0 = TensorView::Contiguous(w.data<float>(), DType::kF32, {q_row / 2});
+    const TensorView w1 =
+        TensorView::Contiguous(w.data<float>() + q_row / 2, DType::kF32, {q_row / 2});
+    ASSERT_TRUE(RmsNormBySums({}, half0, sums0.view(), w0, q_row, 1e-6f).ok());
+    ASSERT_TRUE(RmsNormBySums({}, half1, sums0.view(), w1, q_row, 1e-6f).ok());
+    std::vector<float> got(tokens * q_row);
+    for (int64_t t = 0; t < tokens; ++t) {
+      std::memcpy(&got[t * q_row], qkv.data<float>() + t * row, q_row * sizeof(float));
+      ASSERT_EQ(std::memcmp(qkv.data<float>() + t * row + q_row, before.data() + t * row + q_row,
+                            (row - q_row) * sizeof(float)),
+                0)
+          << "token " << t << ": k or v changed";
+    }
+    EXPECT_TRUE(AllClose(got.data(), want, kAtol, kRtol));
+  }
+}
+
+TEST(SumOfSquaresAndRmsNormBySums, ErrorsNameTheArgument) {
+  std::mt19937 rng(35);
+  HostTensor qkv = Random({2, 8 * 64}, rng);
+  const TensorView q = testing::HeadsView(qkv.view(), 0, 4, 64);
+  HostTensor sums(DType::kF32, {2}), sums3(DType::kF32, {3}), w = Random({256}, rng);
+  EXPECT_EQ(SumOfSquares({}, sums3.view(), q).message,
+            "SumOfSquares: sums: expected f32 [2], got f32 [3] on cpu");
+  EXPECT_EQ(RmsNormBySums({}, q, sums.view(), w.view(), 255, 1e-6f).message,
+            "RmsNormBySums: count 255 is less than a row of x (256)");
+  HostTensor w64 = Random({64}, rng);
+  EXPECT_EQ(RmsNormBySums({}, q, sums.view(), w64.view(), 256, 1e-6f).message,
+            "RmsNormBySums: weight: expected f32 [256], got f32 [64] on cpu");
 }
 
 TEST(HeadRmsNorm, ErrorsNameTheArgument) {
