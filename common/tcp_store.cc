@@ -144,6 +144,17 @@ TcpStoreServer::~TcpStoreServer() {
   for (Connection& c : connections) c.thread.join();
 }
 
+int TcpStoreServer::RetainOnly(const std::string& prefix) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(
+      std::erase_if(data_, [&](const auto& entry) { return !entry.first.starts_with(prefix); }));
+}
+
+size_t TcpStoreServer::num_keys() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return data_.size();
+}
+
 void TcpStoreServer::AcceptLoop() {
   while (!stopping_.load()) {
     const int fd = accept(listen_fd_, nullptr, nullptr);

@@ -55,6 +55,14 @@ class TcpStoreServer {
 
   int port() const { return port_; }
 
+  // Drops every key that does not begin with `prefix`; returns how many it dropped. A server
+  // that outlives its groups (llm-scheduler's, across worker group rebuilds, each attempt under
+  // a prefix of its own) calls it as an attempt begins, so that it holds that attempt's keys
+  // rather than every attempt's since it started.
+  int RetainOnly(const std::string& prefix);
+  // The keys held.
+  size_t num_keys() const;
+
  private:
   // One client's connection: its socket (-1 once closed) and the thread serving it, which
   // closes the socket and sets `done` as it ends; AcceptLoop joins and drops the ended ones.
@@ -74,7 +82,7 @@ class TcpStoreServer {
   const std::string secret_;
   std::atomic<bool> stopping_{false};
   std::thread accept_thread_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::map<std::string, std::vector<char>> data_ ABSL_GUARDED_BY(mu_);
   std::list<Connection> connections_ ABSL_GUARDED_BY(mu_);  // stable addresses
 };

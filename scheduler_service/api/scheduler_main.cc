@@ -579,6 +579,11 @@ int Run(int argc, char** argv) {
     refused = true;
     kill(getpid(), SIGTERM);
   };
+  // Each attempt's ranks meet under a prefix of their own: the store keeps that attempt's keys
+  // only, not every attempt's since the scheduler started.
+  group_options.on_rendezvous = [&store](const std::string& prefix) {
+    (void)(*store)->RetainOnly(prefix);
+  };
   const std::vector<std::string> worker_addresses = group_options.addresses;
   const std::string cluster_secret = group_options.cluster_secret;
   WorkerGroup group(std::move(group_options));

@@ -154,6 +154,9 @@ absl::Status WorkerGroup::Form(ShardedWorkerClient* client, int attempt) {
   init.set_device(options_.device);
   init.set_rendezvous_address(options_.rendezvous_address);
   init.set_rendezvous_prefix(absl::StrCat("group-", attempt));
+  if (options_.on_rendezvous != nullptr) {
+    options_.on_rendezvous(absl::StrCat(init.rendezvous_prefix(), "/"));
+  }
   init.set_collective_timeout_ms(options_.collective_timeout_ms);
   init.set_max_model_len(options_.max_model_len);
   init.set_max_num_batched_tokens(options_.max_num_batched_tokens);

@@ -7,8 +7,8 @@
 //   2. Init       every rank in parallel: the model, dtype, device and the scheduler's limits,
 //                 and the rendezvous at `rendezvous_address` under the prefix "group-<attempt>"
 //                 (fresh per attempt, so that ranks of a failed attempt never meet the new
-//                 ones). A rank that loaded a vocabulary of another size than `vocab_size`
-//                 fails the attempt.
+//                 ones; on_rendezvous lets the store forget the earlier attempts' keys). A rank
+//                 that loaded a vocabulary of another size than `vocab_size` fails the attempt.
 //   3. KV sizing  ProfileMemory (the smallest figures over the ranks), then CacheFromProfile:
 //                 `num_gpu_blocks_override` wins over the figures; no room for a block fails.
 //   4. InitCache  on every rank with those block counts; one Step stream per rank.
@@ -102,6 +102,11 @@ struct WorkerGroupOptions {
   // not_ready(its message), this is called with it (on the group's thread, which then ends) and
   // no attempt follows. Unset: such attempts are retried like any other.
   std::function<void(const absl::Status& status)> on_permanent_failure;
+  // When set: called on the group's thread as each attempt's Init is about to go out, with the
+  // attempt's rendezvous prefix ("group-<attempt>/", as the ranks' keys begin). The ranks of the
+  // earlier attempts are done with their keys (they met, or their attempt failed), so
+  // llm-scheduler's rendezvous store drops all others here (TcpStoreServer::RetainOnly).
+  std::function<void(const std::string& rendezvous_prefix)> on_rendezvous;
 };
 
 class WorkerGroup {

@@ -1,5 +1,6 @@
 // TcpStore and TcpStoreServer on loopback: keys set by one client are seen by another, waits
-// time out with an exception, and four Gloo ranks meet through it and all-reduce.
+// time out with an exception, a long-lived server keeps neither the connections that ended nor
+// the keys of earlier attempts, and four Gloo ranks meet through it and all-reduce.
 #include "common/tcp_store.h"
 
 #include <sys/socket.h>
@@ -68,6 +69,28 @@ TEST(TcpStore, AServerKeepsNoThreadOrSocketOfConnectionsThatEnded) {
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   EXPECT_LE(CountEntries("fd"), fds + 2);
   EXPECT_LE(CountEntries("task"), threads + 2);
+}
+
+// llm-scheduler's store outlives its worker groups, each attempt's ranks meeting under a prefix
+// of their own: retaining the current attempt's prefix as each begins keeps the store at one
+// attempt's keys, however many attempts there were.
+TEST(TcpStore, RetainingOneAttemptsPrefixDropsTheEarlierAttemptsKeys) {
+  auto server = TcpStoreServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto c = TcpStore::Connect("127.0.0.1", (*server)->port(), kTimeout);
+  ASSERT_TRUE(c.ok()) << c.status();
+  for (int attempt = 1; attempt <= 50; ++attempt) {
+    const std::string prefix = "group-" + std::to_string(attempt) + "/";
+    EXPECT_EQ((*server)->RetainOnly(prefix), attempt == 1 ? 0 : 3);
+    for (const char* key : {"shm/shm", "shm/shm/1", "shm/shm/decision"}) {
+      (*c)->set(prefix + key, Bytes("x"));
+    }
+    EXPECT_EQ((*server)->num_keys(), 3u);
+  }
+  // "group-5/" is not a prefix of "group-50/...": only the 50th attempt's keys are left.
+  EXPECT_EQ((*server)->RetainOnly("group-5/"), 3);
+  EXPECT_EQ((*server)->num_keys(), 0u);
+  EXPECT_THROW((*c)->wait({"group-50/shm/shm"}, std::chrono::milliseconds(50)), gloo::IoException);
 }
 
 TEST(TcpStore, GetWaitsForAKeySetLater) {

@@ -224,7 +224,14 @@ TEST(WorkerGroup, ADeadRankTakesTheGroupDownUntilItComesBack) {
   FakeWorkerServer r1 = FakeWorkerServer::Start(kVocab, 2, 64);
   const int port1 = r1.port;
   Server server;
-  WorkerGroup group(Options({r0.address, r1.address}, &server));
+  WorkerGroupOptions options = Options({r0.address, r1.address}, &server);
+  absl::Mutex prefixes_mu;
+  std::vector<std::string> prefixes;  // on_rendezvous's
+  options.on_rendezvous = [&](const std::string& prefix) {
+    absl::MutexLock lock(&prefixes_mu);
+    prefixes.push_back(prefix);
+  };
+  WorkerGroup group(std::move(options));
   group.Start();
   ASSERT_TRUE(Eventually([&] { return server.num_serves() == 1; }));
   ASSERT_TRUE(server.engine_held());
@@ -247,6 +254,10 @@ TEST(WorkerGroup, ADeadRankTakesTheGroupDownUntilItComesBack) {
   EXPECT_EQ(r0.service->init().rendezvous_prefix(), "group-2");
   EXPECT_EQ(r1.service->init().rendezvous_prefix(), "group-2");
   group.Stop();
+  // Each attempt's prefix, as its ranks' keys begin, before its Init: the store may forget the
+  // earlier attempts' keys then.
+  absl::MutexLock lock(&prefixes_mu);
+  EXPECT_THAT(prefixes, ::testing::ElementsAre("group-1/", "group-2/"));
 }
 
 TEST(WorkerGroup, AFailedAttemptIsRetriedAfterTheBackoff) {
