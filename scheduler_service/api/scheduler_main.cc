@@ -437,22 +437,18 @@ void SetServing(grpc::HealthCheckServiceInterface* health, bool serving) {
 }
 
 // glibc's heap, set before any thread starts. With its defaults the scheduler's resident memory
-// climbs under load and group rebuilds by more than what is in use: in 8 minutes of the chaos
-// test (tests/chaos), anonymous memory after each malloc_trim grew 7.6 -> 9.7 MB while mallinfo2's
-// bytes in use grew 3.5 -> 4.1 MB, and heaptrack found nothing of ours left behind but the
-// current block pools and the calls in flight. Three defaults add up:
-//  - up to 8 arenas per core (16 here, all taken), one for each thread that meets contention;
-//    each keeps the pages its threads touched, and the threads come and go (gRPC's callback
-//    threads, each group attempt's client threads);
+// climbs under load and group rebuilds by more than what is in use (measured under the chaos
+// test: docs/performance/results.md#chaos), as three defaults add up:
+//  - up to 8 arenas per core, one for each thread that meets contention; each keeps the pages its
+//    threads touched, and the threads come and go (gRPC's callback threads, each group attempt's
+//    client threads);
 //  - malloc_trim (every 10 s, in Run) returns the free pages inside every arena's bins, but not
 //    the free top of an arena other than the main one: free() returns that only above
 //    M_TRIM_THRESHOLD;
 //  - that threshold follows the largest mmapped block freed (twice its size): the host block
-//    pool's vectors (0.4 to 0.8 MB at 13,107 blocks), which each rebuild replaces, raise it to
-//    about 1.7 MB, and from then on those vectors come from an arena instead of mmap.
-// With two arenas and both thresholds fixed at glibc's initial 128 KiB, the first 5 minutes of
-// faults of the same seed grew anonymous memory 7.3 -> 7.9 MB (8.2 -> 9.6 MB with the
-// defaults), no slower (p50 / p99 outside faults 51 / 183 ms, against 59 / 196).
+//    pool's vectors, which each rebuild replaces, raise it past a megabyte, and from then on
+//    those vectors come from an arena instead of mmap.
+// Two arenas and both thresholds fixed at glibc's initial 128 KiB undo the three.
 void ConfigureHeap() {
   mallopt(M_ARENA_MAX, 2);
   mallopt(M_MMAP_THRESHOLD, 128 << 10);  // fixed: no longer raised by the blocks freed
