@@ -216,8 +216,13 @@ absl::Status ReadRopeFactors(const GgufFile& f, const GgufTensorInfo& t, int rot
 absl::Status ReadExperts(const GgufFile& f, ModelConfig* c) {
   const std::string& arch = c->model_type;
   const std::string a = arch + ".";
+  // Absent or 0 (some converters write llama.expert_count = 0 for dense models): no experts.
   int experts = 0;
-  RETURN_IF_ERROR(GetPositive(f, a + "expert_count", &experts, 0));
+  if (absl::StatusOr<int64_t> count = f.GetInt(a + "expert_count"); count.ok() && *count != 0) {
+    RETURN_IF_ERROR(GetPositive(f, a + "expert_count", &experts));
+  } else if (!count.ok() && !absl::IsNotFound(count.status())) {
+    return count.status();
+  }
   const bool moe_arch = arch == "qwen2moe" || arch == "qwen3moe" || arch == "olmoe";
   if (experts == 0) {
     if (moe_arch) return Invalid(f, a + "expert_count is required for " + arch);
@@ -495,9 +500,13 @@ absl::StatusOr<GgufWeights::Stored> GgufWeights::Find(std::string_view hf) const
     if (ref.expert >= shape[0]) {
       return absl::NotFoundError(absl::StrCat(s.what, ": the tensor holds ", shape[0], " experts"));
     }
-    const int64_t block = GgmlBlockLayout(s.info->type).first;
-    const size_t expert_bytes =
-        static_cast<size_t>(shape[1] * (shape[2] / block) * GgmlBlockLayout(s.info->type).second);
+    const auto [block, block_bytes] = GgmlBlockLayout(s.info->type);
+    if (block <= 0 || shape[2] % block != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(s.what, ": rows of ", shape[2],
+                                                     " are not whole blocks of type ",
+                                                     GgmlTypeName(s.info->type)));
+    }
+    const size_t expert_bytes = static_cast<size_t>(shape[1] * (shape[2] / block) * block_bytes);
     s.data = s.data.subspan(static_cast<size_t>(ref.expert) * expert_bytes, expert_bytes);
     shape = {shape[1], shape[2]};
     if (fused_half >= 0) {

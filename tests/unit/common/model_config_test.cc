@@ -483,6 +483,15 @@ TEST(ModelConfig, MixtureOfExpertsFromGguf) {
     EXPECT_TRUE(c->norm_topk_prob);
     EXPECT_THAT(c->moe_layers, ElementsAre(false, true));
   }
+  {  // llama.expert_count = 0, as some converters write it for dense models: dense.
+    const std::vector<std::byte> b = MinimalGguf("llama", {{"llama.expert_count", 0}}, {});
+    auto f = GgufFile::FromBuffer(b);
+    ASSERT_TRUE(f.ok()) << f.status();
+    absl::StatusOr<ModelConfig> c = ModelConfig::FromGguf(**f);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->architecture, "LlamaForCausalLM");
+    EXPECT_EQ(c->num_experts, 0);
+  }
   absl::Status s = GgufConfigStatus(MinimalGguf("llama", mixtral, {"blk.0.ffn_gate.0.weight"}));
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(s.message(), HasSubstr("experts stored one tensor each"));
