@@ -402,18 +402,12 @@ TEST_F(CudaMoeTest, MixtureOfExpertsRepeatsBitForBit) {
 // mixed chunks), mixtures of experts from GGUF, whose experts are read dequantized one at a
 // time: OLMoE (its directory is in the Models suite below, TP over NCCL included) and Qwen2-MoE
 // (its gate and up experts fused in one tensor, the shared expert's gate stored as [H]).
-class CudaMoreMoeTest : public ::testing::TestWithParam<const char*> {};
+class CudaMoreMoeTest : public CudaModelTest {};  // dir_ is the GGUF file here
 
 TEST_P(CudaMoreMoeTest, Float32MatchesTransformers) {
-  std::string why_none;
-  if (cuda::DeviceCount(&why_none) == 0) GTEST_SKIP() << "no usable CUDA device: " << why_none;
-  absl::StatusOr<std::unique_ptr<DeviceContext>> ctx = DeviceContext::Create(TensorDevice::Cuda(0));
-  ASSERT_TRUE(ctx.ok()) << ctx.status();
-  const std::string path = ::llm::testing::TestDataDir() + "/models/" + GetParam();
-  const std::string dir = path.ends_with(".gguf") ? path.substr(0, path.size() - 5) : path;
   std::unique_ptr<LlamaModel> model;
-  ASSERT_NO_FATAL_FAILURE(LoadTestModel(path, &model, {ctx->get(), DType::kF32}));
-  const Golden golden = LoadGolden(dir, model->vocab_size());
+  ASSERT_NO_FATAL_FAILURE(Load(DType::kF32, &model));
+  const Golden golden = LoadGolden(dir_.substr(0, dir_.size() - 5), model->vocab_size());
   RunAndCompare(*model, golden, 16, [](std::mt19937&) { return 1 << 20; });
   RunAndCompare(*model, golden, 16, MixedChunks());
 }
