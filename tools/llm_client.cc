@@ -408,6 +408,10 @@ int Stats(const Args& a, v1::LLMService::Stub& stub) {
       r.num_running(), r.num_waiting(), r.num_swapped(), r.gpu_kv_usage() * 100,
       r.num_free_gpu_blocks(), r.cpu_kv_usage() * 100, r.num_free_cpu_blocks(),
       r.prefix_cache_hit_rate() * 100, static_cast<unsigned long long>(r.num_preemptions()));
+  if (r.num_window_released_blocks() > 0) {
+    std::printf("window released:  %llu blocks (before their sequences ended)\n",
+                static_cast<unsigned long long>(r.num_window_released_blocks()));
+  }
   if (r.has_worker()) {
     const v1::WorkerStats& w = r.worker();
     auto u = [](uint64_t v) { return static_cast<unsigned long long>(v); };

@@ -38,6 +38,7 @@ struct Options {
   double abort_fraction = 0.02;
   int64_t seed = 1;
   bool async_scheduling = false;
+  int sliding_window = 0;
 };
 
 Options ParseOptions(int argc, char** argv) {
@@ -61,6 +62,9 @@ Options ParseOptions(int argc, char** argv) {
   f.Add("seed", &o.seed, "workload seed (1)");
   f.Add("async-scheduling", &o.async_scheduling,
         "plan each step with the one before in flight, as llm-scheduler does (off)");
+  f.Add("sliding-window", &o.sliding_window,
+        "the model attends to the last N positions in every layer, and the blocks before "
+        "them are given back (0: none)");
   f.Parse(argc, argv);
   return o;
 }
@@ -89,7 +93,8 @@ int Run(int argc, char** argv) {
                                    .num_gpu_blocks = o.num_gpu_blocks,
                                    .num_cpu_blocks = o.num_cpu_blocks,
                                    .watermark = 0.01,
-                                   .enable_prefix_caching = o.enable_prefix_caching};
+                                   .enable_prefix_caching = o.enable_prefix_caching,
+                                   .sliding_window = o.sliding_window};
   for (const absl::Status& s : {sc.Validate(), bc.Validate()}) {
     if (!s.ok()) {
       std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
@@ -102,7 +107,8 @@ int Run(int argc, char** argv) {
                          .vocab_size = 32000,
                          .eos_token_id = 2,
                          .eos_probability = 0.01,
-                         .seed = static_cast<uint64_t>(o.seed)});
+                         .seed = static_cast<uint64_t>(o.seed),
+                         .attention_window = o.sliding_window});
   EngineCore engine(sc, bc, &executor);
   engine.set_async_scheduling(o.async_scheduling);
 
@@ -212,6 +218,10 @@ int Run(int argc, char** argv) {
         "samples dropped (their sequence had ended)\n",
         static_cast<long long>(st.num_steps_planned_ahead),
         static_cast<long long>(st.num_samples_discarded));
+  }
+  if (o.sliding_window > 0) {
+    std::printf("sliding window of %d: %lld blocks given back before their sequences ended\n",
+                o.sliding_window, static_cast<long long>(st.num_window_released_blocks));
   }
   const bool all_free = blocks.num_free_gpu_blocks == o.num_gpu_blocks &&
                         blocks.num_free_cpu_blocks == o.num_cpu_blocks;

@@ -71,6 +71,16 @@ absl::StatusOr<TensorDevice> ParseWorkerDevice(const std::string& device) {
 
 namespace {
 
+// InitResponse.kv_window: how many positions back, the newest included, any layer can still
+// read the KV cache. The sliding window when every layer has it; 0 (no limit) when some layer
+// sees the whole context. The scheduler gives back the blocks before it.
+int KvWindow(const ModelConfig& c) {
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    if (!c.IsSlidingLayer(l)) return 0;
+  }
+  return c.sliding_window;
+}
+
 // The KV cache's dtype from InitRequest.kv_cache_dtype for a model of `model` dtype.
 absl::StatusOr<DType> ParseKvCacheDType(const std::string& name, DType model,
                                         const TensorDevice& device) {
@@ -350,6 +360,7 @@ absl::Status WorkerServer::DoInit(const v1::InitRequest& request, v1::InitRespon
 
   response->set_vocab_size(static_cast<uint32_t>(config->vocab_size));
   response->set_max_position_embeddings(static_cast<uint32_t>(config->max_position_embeddings));
+  response->set_kv_window(static_cast<uint32_t>(KvWindow(*config)));
   initialized_ = true;
   SetHealth("not initialized: no KV cache yet (InitCache)");
   return absl::OkStatus();

@@ -742,6 +742,7 @@ grpc::ServerUnaryReactor* LLMService::GetStats(grpc::CallbackServerContext* cont
   response->set_num_samples_discarded(s.num_samples_discarded);
   response->set_prefix_cache_queries(s.prefix_cache_queries);
   response->set_prefix_cache_hits(s.prefix_cache_hits);
+  response->set_num_window_released_blocks(s.num_window_released_blocks);
   response->set_num_free_gpu_blocks(stats.num_free_gpu_blocks);
   response->set_num_free_cpu_blocks(stats.num_free_cpu_blocks);
   if (stats.worker.has_value()) EncodeWorkerStats(*stats.worker, response->mutable_worker());

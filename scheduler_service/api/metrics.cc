@@ -193,6 +193,10 @@ ServingMetrics::ServingMetrics(const std::string& model_name)
   prefix_cache_hits = r.AddCounter("vllm:prefix_cache_hits",
                                    "Prefix cache hits, in terms of number of cached tokens.");
   num_preemptions = r.AddCounter("vllm:num_preemptions", "Cumulative number of preemption.");
+  window_released_blocks = r.AddCounter(
+      "llm:kv_blocks_released_by_window",
+      "KV-cache blocks given back before their sequences ended because no query could see them "
+      "any more (a model whose every layer attends through a sliding window).");
   prompt_tokens = r.AddCounter("vllm:prompt_tokens", "Number of prefill tokens processed.");
   generation_tokens =
       r.AddCounter("vllm:generation_tokens", "Number of generation tokens processed.");
@@ -231,6 +235,7 @@ void ServingMetrics::UpdateFromStats(const v1::GetStatsResponse& s) {
   prefix_cache_queries->Set(static_cast<double>(s.prefix_cache_queries()));
   prefix_cache_hits->Set(static_cast<double>(s.prefix_cache_hits()));
   num_preemptions->Set(static_cast<double>(s.num_preemptions()));
+  window_released_blocks->Set(static_cast<double>(s.num_window_released_blocks()));
   if (s.has_worker()) {
     const v1::WorkerStats::Memory& m = s.worker().memory();
     const std::pair<const char*, uint64_t> kinds[] = {{"resident", m.resident()},

@@ -15,7 +15,9 @@
 //   set from the engine's stats at scrape time (UpdateFromStats):
 //     vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc
 //     (a fraction in [0, 1], as vLLM's), vllm:prefix_cache_queries, vllm:prefix_cache_hits
-//     (tokens), vllm:num_preemptions; and one of ours, vLLM having none:
+//     (tokens), vllm:num_preemptions; and ours, vLLM having none:
+//     llm:kv_blocks_released_by_window (blocks given back before their sequences ended, a
+//     model whose every layer has a sliding window),
 //     llm:worker_memory_bytes{kind} (rank 0's worker, from its last step: kind resident,
 //     weights, coded_weights, kv_cache_reserved, kv_cache_resident, swap_reserved,
 //     swap_resident, activations, other = resident - weights - kv_cache_resident -
@@ -137,6 +139,7 @@ struct ServingMetrics {
   Counter* prefix_cache_queries;
   Counter* prefix_cache_hits;
   Counter* num_preemptions;
+  Counter* window_released_blocks;
   Counter* prompt_tokens;
   Counter* generation_tokens;
   Counter* request_success;  // label finished_reason: stop, length, abort

@@ -40,6 +40,10 @@ absl::Status BlockSpaceManagerConfig::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("watermark is ", watermark, "; it must be in [0, 1)"));
   }
+  if (sliding_window < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sliding_window is ", sliding_window, "; it must be >= 0 (0: none)"));
+  }
   return absl::OkStatus();
 }
 
@@ -231,6 +235,9 @@ absl::Status BlockSpaceManager::CacheComputedBlocks(SeqId seq, std::span<const T
     BlockKey key;
     if (i == 0) {
       key.parent_hash = RootHash(table->cache_salt_);
+    } else if (table->block_ids_[i - 1] == kReleasedBlock) {
+      key.parent_hash = table->released_tail_hash_;
+      key.parent_prefix_id = table->released_tail_prefix_id_;
     } else {
       const BlockKey& parent = gpu_.block(table->block_ids_[i - 1]).key;
       key.parent_hash = parent.hash;
@@ -245,6 +252,34 @@ absl::Status BlockSpaceManager::CacheComputedBlocks(SeqId seq, std::span<const T
   return absl::OkStatus();
 }
 
+int BlockSpaceManager::ReleaseOutsideWindow(SeqId seq, int first_position) {
+  const int window = config_.sliding_window;
+  if (window <= 0) return 0;
+  auto it = tables_.find(seq);
+  if (it == tables_.end() || it->second.device() != Device::kGpu) return 0;
+  BlockTable& table = it->second;
+  // Blocks wholly before the window's first position. That position is at most the first one
+  // this step writes (window >= 1), so no block written from here on is given back.
+  int limit = std::max(0, first_position - window + 1) / config_.block_size;
+  limit = std::min(limit, table.num_blocks());
+  // The next block to hash takes its parent's key from the last released one.
+  if (config_.enable_prefix_caching) limit = std::min(limit, table.num_hashed_blocks_);
+  if (limit <= table.num_released_blocks_) return 0;
+  const KVCacheBlock& tail = gpu_.block(table.block_ids_[limit - 1]);
+  table.released_tail_hash_ = tail.key.hash;
+  table.released_tail_prefix_id_ = tail.key.prefix_id;
+  // Later blocks first, as Free does: the free list evicts the earlier ones (the prefixes
+  // other prompts share) last.
+  for (int i = limit - 1; i >= table.num_released_blocks_; --i) {
+    gpu_.Free(table.block_ids_[i]);
+    table.block_ids_[i] = kReleasedBlock;
+  }
+  const int released = limit - table.num_released_blocks_;
+  table.num_released_blocks_ = limit;
+  num_window_released_ += released;
+  return released;
+}
+
 absl::Status BlockSpaceManager::Fork(SeqId parent, SeqId child) {
   if (tables_.contains(child)) {
     return absl::AlreadyExistsError(
@@ -257,7 +292,9 @@ absl::Status BlockSpaceManager::Fork(SeqId parent, SeqId child) {
   }
   from->num_forked_blocks_ = from->num_blocks();
   BlockTable copy = *from;  // `from` may move when the map grows
-  for (BlockId id : copy.block_ids_) gpu_.Touch(&gpu_.block(id));
+  for (BlockId id : copy.block_ids_) {
+    if (id != kReleasedBlock) gpu_.Touch(&gpu_.block(id));
+  }
   tables_.emplace(child, std::move(copy));
   return absl::OkStatus();
 }
@@ -280,7 +317,7 @@ absl::Status BlockSpaceManager::CollectDistinctBlocks(std::span<const SeqId> seq
       return absl::InvalidArgumentError(absl::StrCat("sequence ", seq, " is listed twice"));
     }
     for (BlockId id : table->block_ids()) {
-      if (seen_blocks.insert(id).second) blocks->push_back(id);
+      if (id != kReleasedBlock && seen_blocks.insert(id).second) blocks->push_back(id);
     }
   }
   return absl::OkStatus();
@@ -350,6 +387,7 @@ absl::StatusOr<std::vector<BlockPair>> BlockSpaceManager::Move(std::span<const S
     BlockTable& table = tables_.find(seq)->second;
     ReleaseBlocks(table);
     for (BlockId& id : table.block_ids_) {
+      if (id == kReleasedBlock) continue;
       const BlockId copy = mapping.at(id);
       if (!referenced.insert(copy).second) dst.Touch(&dst.block(copy));
       id = copy;
@@ -362,7 +400,9 @@ absl::StatusOr<std::vector<BlockPair>> BlockSpaceManager::Move(std::span<const S
 void BlockSpaceManager::ReleaseBlocks(const BlockTable& table) {
   BlockPool& p = pool(table.device());
   const std::span<const BlockId> ids = table.block_ids();
-  for (auto it = ids.rbegin(); it != ids.rend(); ++it) p.Free(*it);
+  for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
+    if (*it != kReleasedBlock) p.Free(*it);
+  }
 }
 
 absl::Status BlockSpaceManager::Free(SeqId seq) {
@@ -386,6 +426,7 @@ BlockSpaceManagerStats BlockSpaceManager::stats() const {
   s.prefix_cache_queries = prefix_cache_queries_;
   s.prefix_cache_hits = prefix_cache_hits_;
   s.num_evicted_gpu_blocks = gpu_.num_evictions();
+  s.num_window_released_blocks = num_window_released_;
   return s;
 }
 
@@ -402,16 +443,26 @@ absl::Status BlockSpaceManager::CheckInvariants() const {
                                               " tokens in ", table.num_blocks(), " blocks"));
     }
     absl::flat_hash_set<BlockId> in_table;
-    for (BlockId id : table.block_ids()) {
+    for (int i = 0; i < table.num_blocks(); ++i) {
+      const BlockId id = table.block_ids()[i];
+      if ((id == kReleasedBlock) != (i < table.num_released_blocks())) {
+        return absl::InternalError(absl::StrCat("sequence ", seq, ": entry ", i, " is block ", id,
+                                                " with ", table.num_released_blocks(),
+                                                " leading entries released"));
+      }
+      if (id == kReleasedBlock) continue;
       if (id < 0 || id >= p.num_blocks() || !in_table.insert(id).second) {
         return absl::InternalError(
             absl::StrCat("sequence ", seq, " holds block ", id, " out of range or twice"));
       }
       ++refs[id];
     }
-    for (int i = 0; i < table.num_hashed_blocks(); ++i) {
+    for (int i = table.num_released_blocks(); i < table.num_hashed_blocks(); ++i) {
       const BlockKey& key = p.block(table.block_ids()[i]).key;
-      const uint64_t want_parent = i == 0 ? 0 : p.block(table.block_ids()[i - 1]).key.prefix_id;
+      const uint64_t want_parent = i == 0 ? 0
+                                   : i == table.num_released_blocks()
+                                       ? table.released_tail_prefix_id_
+                                       : p.block(table.block_ids()[i - 1]).key.prefix_id;
       if (key.prefix_id == 0 || key.parent_prefix_id != want_parent) {
         return absl::InternalError(absl::StrCat("sequence ", seq, ": hashed block ", i, " (block ",
                                                 table.block_ids()[i], ") breaks the prefix chain"));

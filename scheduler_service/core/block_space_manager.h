@@ -9,6 +9,8 @@
 //   CanSwapOut   -> SwapOut       a request's sequences to CPU; gpu -> cpu pairs out
 //   CanSwapIn    -> SwapIn        back to GPU; cpu -> gpu pairs out
 //   Fork, Free, CacheComputedBlocks (register full computed blocks with the prefix cache)
+//   ReleaseOutsideWindow          with a sliding window: give back the blocks no query can
+//                                 see any more
 //
 // Running out is a normal answer (AllocStatus, false). A mutation whose check would have said
 // no returns RESOURCE_EXHAUSTED and changes nothing. Misuse that is a caller's bug (unknown or
@@ -49,6 +51,11 @@ struct BlockSpaceManagerConfig {
   // sequences can grow without being preempted at once. In [0, 1).
   double watermark = 0.01;
   bool enable_prefix_caching = false;
+  // Every layer of the model attends to the last `sliding_window` positions only (Mistral,
+  // Phi-3 and the other models whose every layer has the window; the workers' InitResponse
+  // says it): ReleaseOutsideWindow gives back the blocks before the window. 0: some layer sees
+  // the whole context, and a sequence holds all its blocks until it ends.
+  int sliding_window = 0;
 
   // INVALID_ARGUMENT naming the field, its value and the allowed range.
   absl::Status Validate() const;
@@ -63,6 +70,7 @@ struct BlockSpaceManagerStats {
   int64_t prefix_cache_queries = 0;  // prompt tokens looked up
   int64_t prefix_cache_hits = 0;     // of those, served from the cache
   int64_t num_evicted_gpu_blocks = 0;
+  int64_t num_window_released_blocks = 0;  // given back by ReleaseOutsideWindow, cumulative
   double prefix_cache_hit_rate() const {
     return prefix_cache_queries == 0
                ? 0.0
@@ -109,6 +117,19 @@ class BlockSpaceManager {
   // cache. No-op when prefix caching is off.
   absl::Status CacheComputedBlocks(SeqId seq, std::span<const TokenId> tokens,
                                    int num_computed_tokens);
+
+  // With a sliding window W (config().sliding_window > 0): gives back the GPU blocks of the
+  // sequence that hold only positions before first_position - W + 1, the first a query at
+  // first_position or later sees, so that a long sequence holds about W / block_size blocks
+  // instead of all of them. Their entries become kReleasedBlock; a released block keeps its
+  // prefix-cache identity in the free list (other prompts can still hit it until it is
+  // evicted). With prefix caching, only blocks already registered (CacheComputedBlocks) are
+  // given back. The caller passes the first position this step computes for the sequence: the
+  // kernels never read a block before its query's window (kernels/ops.h), and a step already
+  // sent that still reads one runs on the workers before any step that could write it again.
+  // Returns the number of blocks given back; 0 without a window, for a sequence that holds
+  // no blocks or is swapped out.
+  int ReleaseOutsideWindow(SeqId seq, int first_position);
 
   // The child shares every block of the parent (n > 1 after the prompt's prefill).
   absl::Status Fork(SeqId parent, SeqId child);
@@ -166,6 +187,7 @@ class BlockSpaceManager {
   uint64_t next_prefix_id_ = 1;
   int64_t prefix_cache_queries_ = 0;
   int64_t prefix_cache_hits_ = 0;
+  int64_t num_window_released_ = 0;
   std::vector<KVCacheBlock*> scratch_hits_;  // reused by CanAllocate / Allocate
 };
 

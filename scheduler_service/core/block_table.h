@@ -8,6 +8,10 @@
 // sampled one whose KV is computed in the next step. Blocks past them are lookahead slots.
 // The leading num_hashed_blocks blocks are registered with the prefix cache (full and
 // computed). The leading num_forked_blocks blocks may be shared with sibling sequences (fork).
+// With a sliding window (every layer of the model attends to the last W positions only), the
+// leading num_released_blocks entries are kReleasedBlock: blocks no later query can see, given
+// back to the pool (BlockSpaceManager::ReleaseOutsideWindow); the entries keep their places, so
+// that token i is still in entry i / B.
 // The table is plain state: the BlockSpaceManager allocates and frees its blocks.
 #ifndef LLM_SCHEDULER_SERVICE_CORE_BLOCK_TABLE_H_
 #define LLM_SCHEDULER_SERVICE_CORE_BLOCK_TABLE_H_
@@ -22,6 +26,9 @@
 
 namespace llm {
 
+// A table entry whose block was given back because no query can see it any more.
+inline constexpr BlockId kReleasedBlock = -1;
+
 class BlockTable {
  public:
   explicit BlockTable(int block_size) : block_size_(block_size) {}
@@ -33,8 +40,13 @@ class BlockTable {
 
   int block_size() const { return block_size_; }
   Device device() const { return device_; }
+  // Entries below num_released_blocks() are kReleasedBlock.
   std::span<const BlockId> block_ids() const { return block_ids_; }
+  // Entries, released ones included: the blocks needed to hold every token.
   int num_blocks() const { return static_cast<int>(block_ids_.size()); }
+  int num_released_blocks() const { return num_released_blocks_; }
+  // Blocks the table holds: num_blocks() - num_released_blocks().
+  int num_held_blocks() const { return num_blocks() - num_released_blocks_; }
   int num_tokens() const { return num_tokens_; }
   int num_hashed_blocks() const { return num_hashed_blocks_; }
   int num_forked_blocks() const { return num_forked_blocks_; }
@@ -74,6 +86,11 @@ class BlockTable {
   // have to copy first (copy-on-write). Every later block was allocated for this table alone,
   // and the other shared blocks (prefix-cache hits) are full, so never written.
   int num_forked_blocks_ = 0;
+  int num_released_blocks_ = 0;
+  // The prefix-cache key of the last released block when it was hashed: the parent of the
+  // next block to hash, whose own entry is gone.
+  uint64_t released_tail_hash_ = 0;
+  uint64_t released_tail_prefix_id_ = 0;
   std::string cache_salt_;
 };
 

@@ -632,9 +632,17 @@ void AddSequenceDiff(const Request& req, const BlockSpaceManager& blocks, Sequen
   // that many, there is nothing to send, and the table is not read.
   const int bs = blocks.block_size();
   if (!s.replace_block_table && seq->num_blocks_sent == (seq->num_slots + bs - 1) / bs) return;
-  const std::span<const BlockId> ids = blocks.GetBlockTable(seq->id)->block_ids();
+  const BlockTable* table = blocks.GetBlockTable(seq->id);
+  const std::span<const BlockId> ids = table->block_ids();
   const size_t first_block = s.replace_block_table ? 0 : seq->num_blocks_sent;
+  const size_t begin = out->block_ids.size();
   out->block_ids.insert(out->block_ids.end(), ids.begin() + first_block, ids.end());
+  // Entries given back to the pool (a sliding window) go out as block 0: the workers check
+  // every id against their cache, and no query reads a block before its window (ops.h).
+  if (table->num_released_blocks() > 0) {
+    std::replace(out->block_ids.begin() + static_cast<ptrdiff_t>(begin), out->block_ids.end(),
+                 kReleasedBlock, BlockId{0});
+  }
   s.block_ids.size = static_cast<uint32_t>(ids.size() - first_block);
   seq->num_blocks_sent = static_cast<int>(ids.size());
   seq->resend_table = false;
@@ -659,7 +667,8 @@ void Scheduler::AddToOutput(Request* req, int num_tokens, bool resumed) {
   // (its first chunk did not fit the one that admitted it) is still resuming.
   r.resumed_from_preemption = resumed || req->resume_pending;
   req->resume_pending = false;
-  r.num_computed_tokens = req->num_planned_computed();
+  const int first_position = req->num_planned_computed();
+  r.num_computed_tokens = first_position;
   r.num_scheduled_tokens = num_tokens;
   if (req->num_planned_computed() + num_tokens == req->num_planned_tokens()) {
     r.num_samples = !req->forked() ? req->n : req->num_live;
@@ -669,7 +678,10 @@ void Scheduler::AddToOutput(Request* req, int num_tokens, bool resumed) {
   r.seqs.begin = static_cast<uint32_t>(output.seqs.size());
   r.seqs.size = static_cast<uint32_t>(req->num_live);
   for (Sequence& seq : req->seqs) {
-    if (!IsFinished(seq.status)) AddSequenceDiff(*req, *blocks_, &seq, &output);
+    if (IsFinished(seq.status)) continue;
+    // With a sliding window, the blocks this step's queries and every later one cannot see.
+    blocks_->ReleaseOutsideWindow(seq.id, first_position);
+    AddSequenceDiff(*req, *blocks_, &seq, &output);
   }
   req->known_to_workers = true;
   output.total_num_scheduled_tokens += num_tokens * req->num_live;
@@ -889,6 +901,7 @@ SchedulerStats Scheduler::stats() const {
   s.prefix_cache_hit_rate = b.prefix_cache_hit_rate();
   s.prefix_cache_queries = b.prefix_cache_queries;
   s.prefix_cache_hits = b.prefix_cache_hits;
+  s.num_window_released_blocks = b.num_window_released_blocks;
   s.num_preemptions = num_preemptions_;
   s.num_swap_outs = num_swap_outs_;
   s.num_steps = step_id_;

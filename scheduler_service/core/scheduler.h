@@ -110,6 +110,9 @@ struct SchedulerStats {
   int64_t prefix_cache_queries = 0;  // prompt tokens looked up, cumulative
   int64_t prefix_cache_hits = 0;     // of those, cached
   int64_t num_preemptions = 0;       // total, both modes
+  // KV blocks given back before their sequences ended, because no query could see them any
+  // more (a model whose every layer has a sliding window), cumulative.
+  int64_t num_window_released_blocks = 0;
   int64_t num_swap_outs = 0;
   int64_t num_steps = 0;
   int64_t num_worker_resets = 0;  // ResetForNewWorkers calls

@@ -111,7 +111,12 @@ void WorkerGroup::Run() {
     // The engine over the group: it owns the client, which stays valid (client_) while held.
     std::shared_ptr<ServingEngine> engine = options_.serve(std::move(*client), cache_);
     LOG(INFO) << "worker group ready (attempt " << attempt << "): " << cache_.num_gpu_blocks
-              << " device blocks, " << cache_.num_cpu_blocks << " host blocks";
+              << " device blocks, " << cache_.num_cpu_blocks << " host blocks"
+              << (cache_.sliding_window > 0
+                      ? absl::StrCat("; every layer attends through a window of ",
+                                     cache_.sliding_window,
+                                     " positions: the blocks before it are given back")
+                      : "");
     const std::string reason = ServeUntilDown();
     if (!stopping()) LOG(ERROR) << "worker group failed; re-initializing: " << reason;
     last_failure_ = reason;
@@ -172,7 +177,14 @@ absl::Status WorkerGroup::Form(ShardedWorkerClient* client, int attempt) {
                        " loaded a model of vocab size ", inits[r].vocab_size(),
                        "; the scheduler's model has ", options_.vocab_size));
     }
+    if (inits[r].kv_window() != inits[0].kv_window()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker rank ", r, " at ", client->address(static_cast<int>(r)),
+                       " attends through a window of ", inits[r].kv_window(),
+                       " positions; rank 0 through ", inits[0].kv_window(), " (0: none)"));
+    }
   }
+  const int kv_window = inits.empty() ? 0 : static_cast<int>(inits[0].kv_window());
   v1::ProfileMemoryRequest profile;
   profile.set_block_size(options_.cache.block_size);
   profile.set_gpu_memory_utilization(options_.gpu_memory_utilization);
@@ -187,6 +199,7 @@ absl::Status WorkerGroup::Form(ShardedWorkerClient* client, int attempt) {
   }
   if (!cache.ok()) return cache.status();
   cache_ = *cache;
+  cache_.sliding_window = kv_window;
   v1::InitCacheRequest init_cache;
   init_cache.set_block_size(cache_.block_size);
   init_cache.set_num_gpu_blocks(cache_.num_gpu_blocks);

@@ -166,6 +166,44 @@ TEST(ClusterTest, OlmoeServesItsGreedyTokens) {
   }
 }
 
+// A model whose every layer attends through a sliding window (tiny-phi3: 24 positions, as
+// Phi-3-mini's 2047): the scheduler gives back each sequence's blocks before its window as it
+// grows, and other sequences write into them, in a pool too small to hold every sequence whole
+// (8 streams of about 76 tokens need 40 blocks of 16 without the release; the pool has 20).
+// Without prefix caching a released block is the next one handed out; with it (the chain of
+// block hashes continues past released blocks) released blocks wait in the cache. With chunked
+// prefill, at tensor-parallel size 2, every stream is the in-process engine's greedy output,
+// which holds every block to the end; the scheduler's own counter says blocks went back.
+TEST(ClusterTest, SlidingWindowModelGivesBackTheBlocksBeforeItsWindow) {
+  constexpr int kMaxTokens = 64;
+  const std::string dir = std::string(LLM_TEST_DATA_DIR) + "/models/tiny-phi3";
+  const std::vector<std::string> prompts = VariedPrompts(8);
+  absl::StatusOr<std::vector<std::vector<int32_t>>> reference =
+      ReferenceGreedy(dir, prompts, kMaxTokens);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  for (const char* caching : {"false", "true"}) {
+    SCOPED_TRACE(absl::StrCat("enable_prefix_caching ", caching));
+    std::unique_ptr<LocalCluster> c = StartCluster({.model = dir,
+                                                    .tensor_parallel_size = 2,
+                                                    .engine = {{"dtype", "float32"},
+                                                               {"num_gpu_blocks_override", "20"},
+                                                               {"max_num_seqs", "8"},
+                                                               {"watermark", "0"},
+                                                               {"enable_prefix_caching", caching},
+                                                               {"enable_chunked_prefill", "true"},
+                                                               {"max_num_batched_tokens", "32"}}});
+    ASSERT_NE(c, nullptr);
+    EXPECT_EQ(ConcurrentGreedyOutputs(*c, prompts, kMaxTokens), *reference);
+    absl::StatusOr<v1::GetStatsResponse> stats =
+        WaitUntilAllBlocksFree(c->stub(), absl::Seconds(30));
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    // Each stream passes position 24 + 16 = 40 and gives back at least its first two blocks.
+    EXPECT_GE(stats->num_window_released_blocks(), 16u);
+    EXPECT_EQ(stats->num_free_gpu_blocks(), 20u);
+    ExpectCleanStop(*c);
+  }
+}
+
 // Greedy streams that end at a stop token, so that the step after the one that samples it is
 // already on its way for them (asynchronous scheduling): each stream ends exactly at its stop,
 // as the undisturbed greedy output says, and the scheduler dropped what it sampled past it.

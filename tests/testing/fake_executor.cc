@@ -84,7 +84,9 @@ absl::Status FakeExecutor::Sample(const BatchInputs::Sample& sample, ModelOutput
   const BatchState::Request& req = *batch_.FindRequest(ref.slot);
   if (config_.verify_kv) {
     const std::vector<TokenId>& tokens = req.seqs[ref.index].token_ids;
-    for (int i = 0; i < end; ++i) {
+    const int first =
+        config_.attention_window > 0 ? std::max(0, end - config_.attention_window) : 0;
+    for (int i = first; i < end; ++i) {
       if (kv(i) != tokens[i]) {
         return absl::InternalError(absl::StrCat("fake executor: request ", req.request_id,
                                                 " sequence ", ref.index, ": the KV of token ", i,

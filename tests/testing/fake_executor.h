@@ -38,6 +38,10 @@ struct FakeExecutorConfig {
   uint64_t seed = 0;
   int context_window = 4;  // tokens the next token depends on
   bool verify_kv = true;   // check the whole context in the KV memory at each sample
+  // > 0: the model attends to the last `attention_window` positions only (a sliding window, as
+  // the scheduler's BlockSpaceManagerConfig::sliding_window): verify_kv checks those, the
+  // blocks before them being the pool's again. At least context_window.
+  int attention_window = 0;
 };
 
 class FakeExecutor : public Executor {

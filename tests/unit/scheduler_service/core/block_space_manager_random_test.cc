@@ -7,12 +7,17 @@
 //   - every computed token's KV sits in the slot its table maps it to, through copy-on-write
 //     and swaps (a FakeKvCache applies the copy pairs as the workers would);
 //   - a prefix hit serves KV that really holds the request's tokens;
-//   - every cached block's KV holds exactly the tokens the cache says it does.
+//   - every cached block's KV holds exactly the tokens the cache says it does;
+//   - with a sliding window, each compute first gives back the blocks before its window
+//     (ReleaseOutsideWindow, as the scheduler does), and every token the window still shows
+//     keeps its KV while the released blocks go to other sequences.
 // Seeded; set LLM_TEST_SEED to replay one seed. The seed is printed on failure.
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -31,13 +36,14 @@ struct SeqState {
 
 class RandomRun {
  public:
-  RandomRun(uint32_t seed, bool caching)
+  RandomRun(uint32_t seed, bool caching, int window)
       : rng_(seed),
         config_{.block_size = 4,
                 .num_gpu_blocks = 48,
                 .num_cpu_blocks = 24,
                 .watermark = 0.05,
-                .enable_prefix_caching = caching},
+                .enable_prefix_caching = caching,
+                .sliding_window = window},
         mgr_(config_),
         kv_(config_.num_gpu_blocks, config_.num_cpu_blocks, config_.block_size) {
     for (int i = 0; i < 4; ++i) prefixes_.push_back(RandomTokens(Uniform(4, 24)));
@@ -58,6 +64,7 @@ class RandomRun {
   }
 
   int64_t hits() const { return mgr_.stats().prefix_cache_hits; }
+  int64_t released() const { return mgr_.stats().num_window_released_blocks; }
   int num_swaps() const { return num_swaps_; }
   int num_cows() const { return num_cows_; }
 
@@ -148,6 +155,16 @@ class RandomRun {
     });
     if (seq == 0) return;
     SeqState& s = seqs_[seq];
+    const BlockTable& table = *mgr_.GetBlockTable(seq);
+    const int released_before = table.num_released_blocks();
+    const int released = mgr_.ReleaseOutsideWindow(seq, s.num_computed);
+    ASSERT_EQ(table.num_released_blocks(), released_before + released);
+    // Every position the chunk's first query sees is still held; without prefix caching,
+    // nothing before them is.
+    const int window = config_.sliding_window, bs = config_.block_size;
+    const int visible = window > 0 ? std::max(0, s.num_computed - window + 1) : 0;
+    ASSERT_LE(table.num_released_blocks() * bs, visible);
+    if (!config_.enable_prefix_caching) ASSERT_EQ(table.num_released_blocks(), visible / bs);
     const int end = std::min<int>(s.tokens.size(), s.num_computed + Uniform(1, 12));
     kv_.Write(*mgr_.GetBlockTable(seq), s.tokens, s.num_computed, end);
     s.num_computed = end;
@@ -249,11 +266,12 @@ class RandomRun {
     for (const auto& [seq, s] : seqs_) {
       const BlockTable& t = *mgr_.GetBlockTable(seq);
       ASSERT_EQ(t.num_tokens(), static_cast<int>(s.tokens.size())) << "sequence " << seq;
-      ASSERT_EQ(kv_.FirstMismatch(t, s.tokens, s.num_computed), -1)
+      const int held_from = t.num_released_blocks() * config_.block_size;
+      ASSERT_EQ(kv_.FirstMismatch(t, s.tokens, s.num_computed, held_from), -1)
           << "sequence " << seq << " lost the KV of a computed token";
       // The cache's record of each hashed block matches the sequence's tokens.
       const BlockPool& pool = t.device() == Device::kGpu ? mgr_.gpu_pool() : mgr_.cpu_pool();
-      for (int i = 0; i < t.num_hashed_blocks(); ++i) {
+      for (int i = t.num_released_blocks(); i < t.num_hashed_blocks(); ++i) {
         const std::span<const TokenId> stored = pool.tokens(t.block_ids()[i]);
         ASSERT_TRUE(
             std::equal(stored.begin(), stored.end(), s.tokens.begin() + i * config_.block_size))
@@ -290,28 +308,40 @@ std::vector<uint32_t> Seeds() {
   return {1, 2, 3, 4, 5, 6, 7, 8};
 }
 
-class BlockSpaceManagerRandomTest : public ::testing::TestWithParam<bool> {};
+// Prefix caching on or off; no sliding window, or one of 10 positions (2.5 blocks).
+class BlockSpaceManagerRandomTest : public ::testing::TestWithParam<std::tuple<bool, int>> {};
 
 TEST_P(BlockSpaceManagerRandomTest, InvariantsHoldThroughRandomOperations) {
-  int64_t hits = 0;
+  const auto [caching, window] = GetParam();
+  int64_t hits = 0, released = 0;
   int swaps = 0, cows = 0;
   for (uint32_t seed : Seeds()) {
     SCOPED_TRACE(absl::StrCat("seed ", seed, " (replay: LLM_TEST_SEED=", seed, ")"));
-    RandomRun run(seed, /*caching=*/GetParam());
+    RandomRun run(seed, caching, window);
     run.Run(3000);
     if (HasFailure()) return;
     hits += run.hits();
+    released += run.released();
     swaps += run.num_swaps();
     cows += run.num_cows();
   }
   // The run must have exercised what it claims to test.
   EXPECT_GT(swaps, 50);
   EXPECT_GT(cows, 50);
-  if (GetParam()) EXPECT_GT(hits, 100);
+  if (caching) EXPECT_GT(hits, 100);
+  if (window > 0) {
+    EXPECT_GT(released, 500);
+  } else {
+    EXPECT_EQ(released, 0);
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(PrefixCaching, BlockSpaceManagerRandomTest, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "On" : "Off"; });
+INSTANTIATE_TEST_SUITE_P(PrefixCachingAndWindow, BlockSpaceManagerRandomTest,
+                         ::testing::Combine(::testing::Bool(), ::testing::Values(0, 10)),
+                         [](const auto& info) {
+                           return absl::StrCat(std::get<0>(info.param) ? "CachingOn" : "CachingOff",
+                                               "Window", std::get<1>(info.param));
+                         });
 
 }  // namespace
 }  // namespace llm

@@ -1,5 +1,6 @@
 #include "scheduler_service/core/block_space_manager.h"
 
+#include <algorithm>
 #include <numeric>
 #include <vector>
 
@@ -386,6 +387,131 @@ TEST(BlockSpaceManager, PrefixCacheStaysConsistentAcrossSwaps) {
   ASSERT_EQ(m.Allocate(3, p).value(), 32);
   EXPECT_EQ(kv.FirstMismatch(*m.GetBlockTable(3), p, 32), -1);
   ExpectInvariants(m);
+}
+
+// ---- A sliding window (every layer attends to the last W positions) ----
+
+BlockSpaceManagerConfig WindowConfig(int gpu, int window, int cpu = 0, bool caching = false) {
+  BlockSpaceManagerConfig c = Config(gpu, cpu, 0, caching);
+  c.sliding_window = window;
+  return c;
+}
+
+TEST(BlockSpaceManagerConfig, ANegativeWindowIsRefused) {
+  EXPECT_THAT(WindowConfig(10, -1).Validate().message(),
+              HasSubstr("sliding_window is -1; it must be >= 0"));
+}
+
+TEST(BlockSpaceManager, NoWindowKeepsEveryBlock) {
+  BlockSpaceManager m(Config(10));
+  ASSERT_TRUE(m.Allocate(1, Range(100)).ok());
+  EXPECT_EQ(m.ReleaseOutsideWindow(1, 99), 0);
+  EXPECT_EQ(m.GetBlockTable(1)->num_released_blocks(), 0);
+  EXPECT_EQ(m.ReleaseOutsideWindow(7, 99), 0);  // holds nothing
+}
+
+TEST(BlockSpaceManager, TheBlocksBeforeTheWindowGoBackAndTheTableKeepsItsPlaces) {
+  BlockSpaceManager m(WindowConfig(10, /*window=*/20));
+  FakeKvCache kv(10, 0, kBs);
+  std::vector<TokenId> t = Range(40);  // blocks 0..2
+  ASSERT_TRUE(m.Allocate(1, t).ok());
+  // The first query (position 0) sees everything there is.
+  EXPECT_EQ(m.ReleaseOutsideWindow(1, 0), 0);
+  kv.Write(*m.GetBlockTable(1), t, 0, 40);
+  const std::vector<BlockId> before = Ids(m, 1);
+  // A query at 36 sees 17..36: block 0 (0..15) is before it, block 1 (16..31) is not.
+  EXPECT_EQ(m.ReleaseOutsideWindow(1, 36), 1);
+  EXPECT_THAT(Ids(m, 1), ElementsAre(kReleasedBlock, before[1], before[2]));
+  EXPECT_EQ(m.GetBlockTable(1)->num_held_blocks(), 2);
+  EXPECT_EQ(m.stats().num_free_gpu_blocks, 8);
+  EXPECT_EQ(m.stats().num_window_released_blocks, 1);
+  EXPECT_EQ(kv.FirstMismatch(*m.GetBlockTable(1), t, 40, 17), -1);
+  ExpectInvariants(m);
+  // Idempotent, and never further than the window allows.
+  EXPECT_EQ(m.ReleaseOutsideWindow(1, 36), 0);
+  EXPECT_EQ(m.ReleaseOutsideWindow(1, 47), 0);  // sees 28..47: block 1 still
+  // Growing: the table's entries stay where their tokens are.
+  for (int i = 0; i < 60; ++i) {
+    std::vector<BlockPair> copies;
+    const int pos = static_cast<int>(t.size());
+    m.ReleaseOutsideWindow(1, pos);  // this step computes position pos
+    ASSERT_TRUE(m.AppendSlots(1, 1, 0, &copies).ok());
+    EXPECT_THAT(copies, IsEmpty());
+    t.push_back(500 + i);
+    kv.Write(*m.GetBlockTable(1), t, pos, pos + 1);
+    ASSERT_EQ(kv.FirstMismatch(*m.GetBlockTable(1), t, pos + 1, std::max(0, pos - 19)), -1) << i;
+    // At most the window's blocks and the one being written.
+    ASSERT_LE(m.GetBlockTable(1)->num_held_blocks(), 3) << i;
+    ExpectInvariants(m);
+  }
+  EXPECT_EQ(m.GetBlockTable(1)->num_blocks(), 7);           // 100 tokens
+  EXPECT_EQ(m.GetBlockTable(1)->num_released_blocks(), 5);  // the last query saw 80..99
+  ASSERT_TRUE(m.Free(1).ok());
+  EXPECT_EQ(m.stats().num_free_gpu_blocks, 10);
+  ExpectInvariants(m);
+}
+
+TEST(BlockSpaceManager, WindowReleaseSparesBlocksForkedSiblingsStillHold) {
+  BlockSpaceManager m(WindowConfig(10, 16));
+  ASSERT_TRUE(m.Allocate(1, Range(40)).ok());
+  ASSERT_TRUE(m.Fork(1, 2).ok());
+  const BlockId first = Ids(m, 1)[0];
+  EXPECT_EQ(m.ReleaseOutsideWindow(1, 39), 1);      // sees 24..39: block 0 goes
+  EXPECT_EQ(m.gpu_pool().block(first).ref_cnt, 1);  // sequence 2 still holds it
+  EXPECT_EQ(m.stats().num_free_gpu_blocks, 7);
+  ExpectInvariants(m);
+  EXPECT_EQ(m.ReleaseOutsideWindow(2, 39), 1);
+  EXPECT_EQ(m.stats().num_free_gpu_blocks, 8);
+  // A fork of a table with released entries shares only what it holds.
+  ASSERT_TRUE(m.Fork(2, 3).ok());
+  EXPECT_EQ(m.GetBlockTable(3)->num_released_blocks(), 1);
+  ExpectInvariants(m);
+  for (SeqId s : {1, 2, 3}) ASSERT_TRUE(m.Free(s).ok());
+  EXPECT_EQ(m.stats().num_free_gpu_blocks, 10);
+}
+
+TEST(BlockSpaceManager, SwapMovesOnlyTheBlocksTheWindowStillShows) {
+  BlockSpaceManager m(WindowConfig(8, 16, /*cpu=*/8));
+  FakeKvCache kv(8, 8, kBs);
+  const std::vector<TokenId> t = Range(60);  // 4 blocks
+  ASSERT_TRUE(m.Allocate(1, t).ok());
+  kv.Write(*m.GetBlockTable(1), t, 0, 60);
+  EXPECT_EQ(m.ReleaseOutsideWindow(1, 59), 2);  // sees 44..59
+  const SeqId one[] = {1};
+  const std::vector<BlockPair> out = m.SwapOut(one).value();
+  EXPECT_THAT(out, SizeIs(2));
+  kv.Copy(out, Device::kGpu, Device::kCpu);
+  EXPECT_EQ(m.stats().num_free_cpu_blocks, 6);
+  EXPECT_EQ(m.ReleaseOutsideWindow(1, 60), 0);  // swapped out: nothing to give back
+  ExpectInvariants(m);
+  const std::vector<BlockPair> in = m.SwapIn(one).value();
+  EXPECT_THAT(in, SizeIs(2));
+  kv.Copy(in, Device::kCpu, Device::kGpu);
+  EXPECT_EQ(m.GetBlockTable(1)->num_released_blocks(), 2);
+  EXPECT_EQ(kv.FirstMismatch(*m.GetBlockTable(1), t, 60, 44), -1);
+  EXPECT_EQ(m.stats().num_free_gpu_blocks, 6);
+  ExpectInvariants(m);
+}
+
+TEST(BlockSpaceManager, WithPrefixCachingOnlyRegisteredBlocksGoBackAndTheChainContinues) {
+  BlockSpaceManager m(WindowConfig(16, 16, 0, /*caching=*/true));
+  const std::vector<TokenId> prompt = Range(70);  // 4 full blocks + 6 tokens
+  ASSERT_EQ(m.Allocate(1, prompt).value(), 0);
+  // Computed up to 40 but nothing registered yet: nothing is given back.
+  EXPECT_EQ(m.ReleaseOutsideWindow(1, 40), 0);
+  ASSERT_TRUE(m.CacheComputedBlocks(1, prompt, 40).ok());  // blocks 0 and 1
+  EXPECT_EQ(m.ReleaseOutsideWindow(1, 40), 1);             // sees 25..40: block 0
+  // Block 1 given back too, then blocks 2 and 3 registered after their parent left the table.
+  EXPECT_EQ(m.ReleaseOutsideWindow(1, 48), 1);
+  ASSERT_TRUE(m.CacheComputedBlocks(1, prompt, 70).ok());
+  ExpectInvariants(m);
+  EXPECT_EQ(m.stats().num_cached_gpu_blocks, 4);  // the two given back are still findable
+  // Another request with the same prompt finds all four, chained as one prefix.
+  ASSERT_EQ(m.Allocate(2, prompt).value(), 64);
+  ExpectInvariants(m);
+  ASSERT_TRUE(m.Free(1).ok());
+  ASSERT_TRUE(m.Free(2).ok());
+  EXPECT_EQ(m.stats().num_free_gpu_blocks, 16);
 }
 
 }  // namespace

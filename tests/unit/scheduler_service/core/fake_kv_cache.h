@@ -36,10 +36,11 @@ class FakeKvCache {
     }
   }
 
-  // The first token index in [0, end) whose slot does not hold that token; -1 when all do.
-  int FirstMismatch(const BlockTable& table, std::span<const TokenId> tokens, int end) {
+  // The first token index in [begin, end) whose slot does not hold that token; -1 when all do.
+  int FirstMismatch(const BlockTable& table, std::span<const TokenId> tokens, int end,
+                    int begin = 0) {
     const std::vector<TokenId>& mem = memory(table.device());
-    for (int i = 0; i < end; ++i) {
+    for (int i = begin; i < end; ++i) {
       if (mem[table.Slot(i)] != tokens[i]) return i;
     }
     return -1;

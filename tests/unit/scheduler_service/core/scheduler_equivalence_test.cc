@@ -47,12 +47,12 @@ std::vector<TestRequest> MakeRequests(uint32_t seed, int count) {
 }
 
 using Combo = std::tuple<bool /*small pool*/, PreemptionMode, bool /*chunked*/, bool /*caching*/,
-                         SchedulingPolicy, bool /*async scheduling*/>;
+                         SchedulingPolicy, bool /*async scheduling*/, int /*sliding window*/>;
 
 class SchedulerEquivalence : public ::testing::TestWithParam<Combo> {};
 
 TEST_P(SchedulerEquivalence, StreamsMatchTheTokenFunctionAndEveryBlockIsFreed) {
-  const auto [small, mode, chunked, caching, policy, async] = GetParam();
+  const auto [small, mode, chunked, caching, policy, async, window] = GetParam();
   SchedulerConfig config;
   config.max_model_len = kMaxModelLen;
   config.enable_chunked_prefill = chunked;
@@ -66,8 +66,12 @@ TEST_P(SchedulerEquivalence, StreamsMatchTheTokenFunctionAndEveryBlockIsFreed) {
                                       .num_gpu_blocks = small ? 80 : 4000,
                                       .num_cpu_blocks = 200,
                                       .watermark = 0.01,
-                                      .enable_prefix_caching = caching};
-  const FakeExecutorConfig ec = SchedulerHarness::ExecConfig(cache, kEos, 0.03);
+                                      .enable_prefix_caching = caching,
+                                      .sliding_window = window};
+  FakeExecutorConfig ec = SchedulerHarness::ExecConfig(cache, kEos, 0.03);
+  // The fake model reads only the window: a block given back too early, and written by another
+  // sequence, fails its KV check.
+  ec.attention_window = window;
   SchedulerHarness h(config, cache, ec);
   h.async = async;
   const std::vector<TestRequest> requests = MakeRequests(42, 60);
@@ -102,15 +106,21 @@ TEST_P(SchedulerEquivalence, StreamsMatchTheTokenFunctionAndEveryBlockIsFreed) {
     EXPECT_EQ(stats.num_preemptions, 0);
   }
   if (caching) EXPECT_GT(stats.prefix_cache_hit_rate, 0);
+  if (window > 0) {
+    EXPECT_GT(stats.num_window_released_blocks, 100);
+  } else {
+    EXPECT_EQ(stats.num_window_released_blocks, 0);
+  }
   EXPECT_GT(h.executor.num_copies(), 0);  // n > 1 copied on write
 }
 
 std::string ComboName(const ::testing::TestParamInfo<Combo>& info) {
-  const auto [small, mode, chunked, caching, policy, async] = info.param;
+  const auto [small, mode, chunked, caching, policy, async, window] = info.param;
   return std::string(small ? "SmallPool" : "LargePool") +
          (mode == PreemptionMode::kSwap ? "Swap" : "Recompute") + (chunked ? "Chunked" : "Whole") +
          (caching ? "Cached" : "Uncached") +
-         (policy == SchedulingPolicy::kPriority ? "Priority" : "Fcfs") + (async ? "Async" : "");
+         (policy == SchedulingPolicy::kPriority ? "Priority" : "Fcfs") + (async ? "Async" : "") +
+         (window > 0 ? "Window" + std::to_string(window) : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -119,8 +129,20 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(PreemptionMode::kRecompute, PreemptionMode::kSwap),
                        ::testing::Bool(), ::testing::Bool(),
                        ::testing::Values(SchedulingPolicy::kFcfs, SchedulingPolicy::kPriority),
-                       ::testing::Bool()),
+                       ::testing::Bool(), ::testing::Values(0)),
     ComboName);
+
+// A model whose every layer attends to the last 24 positions (1.5 blocks): the blocks before
+// the window go back to the pool as sequences advance, through preemption, swaps, forks and
+// the prefix cache, and no sequence loses the KV its window shows.
+INSTANTIATE_TEST_SUITE_P(SlidingWindow, SchedulerEquivalence,
+                         ::testing::Combine(::testing::Bool(),
+                                            ::testing::Values(PreemptionMode::kRecompute,
+                                                              PreemptionMode::kSwap),
+                                            ::testing::Bool(), ::testing::Bool(),
+                                            ::testing::Values(SchedulingPolicy::kFcfs),
+                                            ::testing::Bool(), ::testing::Values(24)),
+                         ComboName);
 
 }  // namespace
 }  // namespace llm
