@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -160,6 +161,42 @@ TEST_F(CudaClusterTest, Float32AtTp1AndTp2EqualsTheCpuEngine) {
     absl::StatusOr<int> stopped = c->Stop();
     EXPECT_TRUE(stopped.ok()) << stopped.status();
   }
+}
+
+// The device's attention never reads the blocks a sliding window gave back: tiny-phi3
+// (every layer attends to the last 24 positions) with blocks of 8 in a pool of 16, four
+// streams of 40 tokens at once, so that the blocks each sequence gives back are written by the
+// others while their stale ids stay in its table on the worker (the KV cache poisoned, as in
+// every test). The tokens are the CPU engine's, which holds every block to the end.
+TEST_F(CudaClusterTest, BlocksASlidingWindowGaveBackAreNeverReadOnTheDevice) {
+  constexpr int kLong = 40;
+  const std::string dir = std::string(LLM_TEST_DATA_DIR) + "/models/tiny-phi3";
+  const std::vector<std::string> prompts(Prompts().begin(), Prompts().begin() + 4);
+  absl::StatusOr<std::vector<std::vector<int32_t>>> reference =
+      ReferenceGreedy(dir, prompts, kLong);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  ClusterOptions o = CudaEmu(1, "float32");
+  o.model = dir;
+  o.engine.insert(o.engine.end(),
+                  {{"block_size", "8"}, {"num_gpu_blocks_override", "16"}, {"watermark", "0"}});
+  std::unique_ptr<LocalCluster> c = StartCluster(o);
+  ASSERT_NE(c, nullptr);
+  std::vector<GenerateResult> runs(prompts.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    threads.emplace_back(
+        [&, i] { runs[i] = Generate(c->stub(), GreedyRequest(prompts[i], kLong)); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_TRUE(runs[i].status.ok()) << prompts[i] << ": " << runs[i].status.error_message();
+    EXPECT_EQ(runs[i].token_ids[0], (*reference)[i]) << prompts[i];
+  }
+  absl::StatusOr<v1::GetStatsResponse> stats = WaitUntilAllBlocksFree(c->stub(), absl::Seconds(30));
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_GE(stats->num_window_released_blocks(), 8u);
+  absl::StatusOr<int> stopped = c->Stop();
+  EXPECT_TRUE(stopped.ok()) << stopped.status();
 }
 
 // bfloat16 against the CPU engine's float32: a greedy pick may flip where the reference's
