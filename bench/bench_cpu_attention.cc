@@ -4,10 +4,12 @@
 //                                 per second
 //   BM_Prefill/impl/prompt        one sequence's prompt from scratch (causal): GFLOP/s =
 //                                 4 * D * heads * prompt * (prompt + 1) / 2 per second
-// impl 0 is the production op (cpu::PagedAttention: tiled, AVX-512, on the OpenMP pool), impl 1
-// the single-threaded reference (cpu::PagedAttentionReference), impl 2 the production op on
-// bf16 caches (a bf16 model's; KV_GB/s counts 2-byte elements), in the same process; each row
-// of impls 0 and 2 also reports x_reference, its speed-up over impl 1 on the same shape (the
+// impl 0 is the production op (cpu::PagedAttention: tiled; AVX-512, or AVX2 and FMA, on the OpenMP
+// pool), impl 1 the single-threaded reference (cpu::PagedAttentionReference), impl 2 the
+// production op on bf16 caches (a bf16 model's; KV_GB/s counts 2-byte elements), impl 3 the
+// production op's tiling with its portable loops (cpu::PagedAttentionPortable: what a CPU
+// without AVX2 or AVX-512 runs), in the same process; each row of impls 0, 2 and 3 also reports
+// x_reference, its speed-up over impl 1 on the same shape (the
 // reference timed once per shape). Rates are per wall-clock second (UseRealTime); the thread count
 // is OpenMP's (OMP_NUM_THREADS). BM_EmptyParallelRegion is the pool's fork-join cost on this
 // machine, the floor of every threaded row (calls below the op's work threshold run on one).
@@ -68,7 +70,8 @@ struct Batch {
     md = {tables.view(), seq_lens.view(), qsl.view(), static_cast<int>(context_len)};
   }
 
-  // impl 0: the production op; 1: the reference; 2: the production op on bf16 caches.
+  // impl 0: the production op; 1: the reference; 2: the production op on bf16 caches; 3: its
+  // portable loops.
   bool Run(int impl) {
     const float scale = 1.0f / std::sqrt(float(kHeadSize));
     if (impl == 2 && key_cache16.view().data == nullptr) {
@@ -80,6 +83,8 @@ struct Batch {
                                                    value_cache.view(), md, scale)
         : impl == 2 ? cpu::PagedAttention(out.view(), query.view(), key_cache16.view(),
                                           value_cache16.view(), md, scale)
+        : impl == 3 ? cpu::PagedAttentionPortable(out.view(), query.view(), key_cache.view(),
+                                                  value_cache.view(), md, scale)
                     : cpu::PagedAttention(out.view(), query.view(), key_cache.view(),
                                           value_cache.view(), md, scale);
     benchmark::DoNotOptimize(out.data<float>()[0]);
@@ -135,7 +140,9 @@ void Measure(benchmark::State& state, int64_t num_seqs, int64_t context_len, int
     state.counters["x_reference"] = ReferenceSeconds(num_seqs, context_len, q_len) / per_run;
   }
   state.SetLabel(reference ? "reference, 1 thread"
-                           : std::string(impl == 2 ? "tiled bf16 KV, " : "tiled, ") +
+                           : std::string(impl == 2   ? "tiled bf16 KV, "
+                                         : impl == 3 ? "tiled portable, "
+                                                     : "tiled, ") +
                                  std::to_string(omp_get_max_threads()) + " threads");
 }
 
@@ -149,7 +156,7 @@ void BM_Decode(benchmark::State& state) {
 }
 BENCHMARK(BM_Decode)
     ->ArgNames({"impl", "seqs", "context"})
-    ->ArgsProduct({{0, 1, 2}, {1, 8, 32}, {512, 2048}})
+    ->ArgsProduct({{0, 1, 2, 3}, {1, 8, 32}, {512, 2048}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
@@ -162,7 +169,7 @@ void BM_Prefill(benchmark::State& state) {
 }
 BENCHMARK(BM_Prefill)
     ->ArgNames({"impl", "prompt"})
-    ->ArgsProduct({{0, 1, 2}, {512, 2048}})
+    ->ArgsProduct({{0, 1, 2, 3}, {512, 2048}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 

@@ -62,8 +62,10 @@ OpStatus ReshapeAndCache(const TensorView& key, const TensorView& value,
 // the OpenMP pool over (sequence, kv head, query tile) work items. f32 caches: AVX-512 where the
 // CPU has it and the head size is a multiple of 16; bf16 caches: bf16 x bf16 products summed in
 // f32 (vdpbf16ps) where the CPU has AVX512_BF16 and the head size is a multiple of 32, with the
-// scaled query and the softmax weights rounded to bf16 (see paged_attention.cc); else
-// PagedAttentionPortable's loops. Each thread keeps its scratch between calls (no allocation
+// scaled query and the softmax weights rounded to bf16 (see paged_attention.cc); else, where the
+// CPU has AVX2 and FMA and the head size is a multiple of 8, the portable algorithm vectorized
+// over the head dimension and the tile's keys (either cache dtype); else PagedAttentionPortable's
+// loops. Each thread keeps its scratch between calls (no allocation
 // once grown). A sliding window starts each work item's keys at its first row's window (the
 // blocks before it are never read) and masks the keys before each later row's; a softcap caps
 // each tile's scaled scores before its online-softmax step. The float overloads here take

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "common/half.h"
+#include "kernels/cpu/avx2_math.h"
 #include "kernels/cpu/avx512_math.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/op_check.h"
@@ -518,6 +519,133 @@ void RunItemGeneric(const Problem& pb, const WorkItem& it) {
         const float p = AsMultiplicand<T>(s[i * stride + r]);
         const T* vi = values[i];
         for (int64_t d = 0; d < dim; ++d) orow[d] += p * ToFloat(vi[d]);
+      }
+    }
+  }
+  Finish(pb, v, it, o, l, m);
+}
+
+// ---- AVX2 + FMA (head sizes that are multiples of 8): the portable item's math, vectorized
+// over the head dimension (scores, values) and the tile's keys (softmax) ----
+
+// 8 cache elements from p as floats (bf16: its bits shifted into a float's top half).
+LLM_AVX2 inline __m256 LoadCache8(const float* p) { return _mm256_loadu_ps(p); }
+LLM_AVX2 inline __m256 LoadCache8(const uint16_t* p) {
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+
+LLM_AVX2 inline float HorizontalSum8(__m256 v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+}
+
+// RunItemGeneric's item, in its order of operations per score, weight and output column but
+// with each dot product summed in eight lanes, and exp as Exp256 (about 1 ulp). Buffers: the
+// scaled queries row-major q[r][d] (rounded to bf16 for bf16 caches), the tile's scores
+// s[r][i] (kKeyTile a row; past the tile's n keys -inf, so that they weigh 0), m, l, alpha and
+// o[r][d].
+template <typename T>
+LLM_AVX2 void RunItemAvx2(const Problem& pb, const WorkItem& it) {
+  const ItemView v = View(pb, it);
+  const int64_t dim = pb.head_size, rows = v.rows;
+  float* q = ThreadScratch(2 * rows * dim + rows * kKeyTile + 3 * rows);
+  float* s = q + rows * dim;
+  float* m = s + rows * kKeyTile;
+  float* l = m + rows;
+  float* alpha = l + rows;
+  float* o = alpha + rows;
+  for (int64_t j = 0; j < v.num_queries; ++j) {
+    const float* src = QueryRow(pb, v.first_token + j, it.kv_head * pb.group);
+    for (int64_t g = 0; g < pb.group; ++g) {
+      float* dst = q + (j * pb.group + g) * dim;
+      for (int64_t d = 0; d < dim; ++d) dst[d] = AsMultiplicand<T>(src[g * dim + d] * pb.scale);
+    }
+  }
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  std::fill(m, m + rows, kNegInf);
+  std::fill(l, l + rows, 0.0f);
+  std::fill(o, o + rows * dim, 0.0f);
+  const T* keys[kKeyTile];
+  const T* values[kKeyTile];
+  for (int64_t k0 = v.key_begin; k0 < v.key_end; k0 += kKeyTile) {
+    const int64_t n = std::min(kKeyTile, v.key_end - k0);
+    TilePointers(pb, v, it.kv_head, k0, n, keys, values);
+    // Scores; then the causal and window masks, per key, over the rows that do not see it.
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* qr = q + r * dim;
+      float* sr = s + r * kKeyTile;
+      for (int64_t i = 0; i < n; ++i) {
+        __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(qr), LoadCache8(keys[i]));
+        for (int64_t d = 8; d < dim; d += 8) {
+          acc = _mm256_fmadd_ps(_mm256_loadu_ps(qr + d), LoadCache8(keys[i] + d), acc);
+        }
+        const float dot = HorizontalSum8(acc);
+        sr[i] = pb.softcap > 0.0f ? SoftCap(dot, pb.softcap) : dot;
+      }
+      std::fill(sr + n, sr + kKeyTile, kNegInf);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t lo, hi;
+      VisibleRows(pb, v, k0 + i, &lo, &hi);
+      for (int64_t r = 0; r < lo; ++r) s[r * kKeyTile + i] = kNegInf;
+      for (int64_t r = hi; r < rows; ++r) s[r * kKeyTile + i] = kNegInf;
+    }
+    // Online softmax per row, the tile's keys eight at a time.
+    for (int64_t r = 0; r < rows; ++r) {
+      float* sr = s + r * kKeyTile;
+      __m256 mx = _mm256_set1_ps(m[r]);
+      for (int64_t i = 0; i < kKeyTile; i += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(sr + i));
+      __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+      m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+      const float m_new = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+      // A row that has seen no key yet (its window starts past this tile) keeps all zeros.
+      const float m_use = m_new == kNegInf ? 0.0f : m_new;
+      alpha[r] = std::exp(m[r] - m_use);  // 0 on the first tile
+      const __m256 sub = _mm256_set1_ps(m_use);
+      __m256 sum = _mm256_setzero_ps();
+      for (int64_t i = 0; i < kKeyTile; i += 8) {
+        const __m256 e = Exp256(_mm256_sub_ps(_mm256_loadu_ps(sr + i), sub));
+        _mm256_storeu_ps(sr + i, e);
+        sum = _mm256_add_ps(sum, e);
+      }
+      l[r] = l[r] * alpha[r] + HorizontalSum8(sum);
+      m[r] = m_new;
+    }
+    // O = O alpha + P V: 32 columns in four registers at a time (then 8), each value row loaded
+    // once per column group.
+    for (int64_t r = 0; r < rows; ++r) {
+      float* orow = o + r * dim;
+      const float* sr = s + r * kKeyTile;
+      float p[kKeyTile];
+      for (int64_t i = 0; i < n; ++i) p[i] = AsMultiplicand<T>(sr[i]);
+      const __m256 a = _mm256_set1_ps(alpha[r]);
+      int64_t d = 0;
+      for (; d + 32 <= dim; d += 32) {
+        __m256 o0 = _mm256_mul_ps(_mm256_loadu_ps(orow + d), a);
+        __m256 o1 = _mm256_mul_ps(_mm256_loadu_ps(orow + d + 8), a);
+        __m256 o2 = _mm256_mul_ps(_mm256_loadu_ps(orow + d + 16), a);
+        __m256 o3 = _mm256_mul_ps(_mm256_loadu_ps(orow + d + 24), a);
+        for (int64_t i = 0; i < n; ++i) {
+          const __m256 pi = _mm256_set1_ps(p[i]);
+          const T* vi = values[i] + d;
+          o0 = _mm256_fmadd_ps(pi, LoadCache8(vi), o0);
+          o1 = _mm256_fmadd_ps(pi, LoadCache8(vi + 8), o1);
+          o2 = _mm256_fmadd_ps(pi, LoadCache8(vi + 16), o2);
+          o3 = _mm256_fmadd_ps(pi, LoadCache8(vi + 24), o3);
+        }
+        _mm256_storeu_ps(orow + d, o0);
+        _mm256_storeu_ps(orow + d + 8, o1);
+        _mm256_storeu_ps(orow + d + 16, o2);
+        _mm256_storeu_ps(orow + d + 24, o3);
+      }
+      for (; d < dim; d += 8) {
+        __m256 o0 = _mm256_mul_ps(_mm256_loadu_ps(orow + d), a);
+        for (int64_t i = 0; i < n; ++i) {
+          o0 = _mm256_fmadd_ps(_mm256_set1_ps(p[i]), LoadCache8(values[i] + d), o0);
+        }
+        _mm256_storeu_ps(orow + d, o0);
       }
     }
   }
@@ -1129,17 +1257,21 @@ struct Kernels {
   void (*item)(const Problem&, const WorkItem&);
 };
 // f32 caches: AVX-512 (F and BW) for head sizes that are multiples of 16. bf16 caches: AVX512_BF16
-// for multiples of 32. Else the portable loops.
+// for multiples of 32. Else, on AVX2 and FMA, the AVX2 item for multiples of 8; else the portable
+// loops.
 Kernels PickKernels(DType cache_dtype, int64_t head_size, int64_t group, bool allow_vector) {
   if (cache_dtype == DType::kBF16) {
     if (allow_vector && HasAvx512Bf16() && head_size % 32 == 0) {
       return {group < kLaneKeys ? &RunRowAvx512<uint16_t> : nullptr, &RunItemAvx512<uint16_t>};
     }
+    if (allow_vector && HasAvx2Fma() && head_size % 8 == 0)
+      return {nullptr, &RunItemAvx2<uint16_t>};
     return {nullptr, &RunItemGeneric<uint16_t>};
   }
   if (allow_vector && HasAvx512() && HasAvx512Bw() && head_size % 16 == 0) {
     return {group < kLaneKeys ? &RunRowAvx512<float> : nullptr, &RunItemAvx512<float>};
   }
+  if (allow_vector && HasAvx2Fma() && head_size % 8 == 0) return {nullptr, &RunItemAvx2<float>};
   return {nullptr, &RunItemGeneric<float>};
 }
 
