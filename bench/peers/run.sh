@@ -63,6 +63,20 @@ VOCAB=$("$VPY" -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab_si
   "$S/model/hf/config.json")
 log() { echo "[peers $(date -u +%H:%M:%S)] $*" >&2; }
 
+# Resident memory (KiB) of a server: the largest process of its tree (our llm-worker, the
+# llama-server or vLLM's engine core) and the whole tree (ours: llm-cluster, llm-scheduler and
+# the worker).
+rss_kib() {  # PID -> "LARGEST TOTAL"
+  local pids=$1 frontier=$1 next p
+  while [[ -n $frontier ]]; do
+    next=
+    for p in $frontier; do next+=" $(pgrep -P "$p" | tr '\n' ' ')"; done
+    frontier=$(echo $next)
+    pids+=" $frontier"
+  done
+  ps -o rss= -p "$(echo $pids | tr ' ' ',')" | awk '{t += $1; if ($1 > m) m = $1} END {print m, t}'
+}
+
 # The servers up, by system: their pid, the loadgen's --server flavour and base URL.
 declare -A PID KIND URL
 SERVER_PID=  # the one being started
@@ -93,9 +107,9 @@ wait_http() {  # URL PATH TIMEOUT_S
   return 1
 }
 
-record() {  # SYSTEM CONCURRENCY ROUND JSON
-  "$VPY" -c "import json,sys; d=json.loads(sys.argv[4]); d.update(system=sys.argv[1], c=int(sys.argv[2]), round=int(sys.argv[3])); print(json.dumps(d))" \
-    "$1" "$2" "$3" "$4" >>"$RESULTS"
+record() {  # SYSTEM CONCURRENCY ROUND JSON "RSS_LARGEST_KIB RSS_TOTAL_KIB"
+  "$VPY" -c "import json,sys; d=json.loads(sys.argv[4]); m=sys.argv[5].split(); d.update(system=sys.argv[1], c=int(sys.argv[2]), round=int(sys.argv[3]), rss_largest_kib=int(m[0]) if m else None, rss_total_kib=int(m[1]) if len(m) > 1 else None); print(json.dumps(d))" \
+    "$1" "$2" "$3" "$4" "${5:-}" >>"$RESULTS"
 }
 
 # The workload against a server that is up. Its prompts (loadgen's --seed) are the same for
@@ -110,7 +124,7 @@ load() {  # SYSTEM CONCURRENCY ROUND
   if line=$("$VPY" "$REPO/bench/peers/loadgen.py" --url "${URL[$1]}" --server "${KIND[$1]}" \
     --model smollm2 --num-requests "$NUM" --concurrency "$2" --output-len "$OUT" \
     --vocab "$VOCAB" --seed "$((1000 * ${3:-0} + $2))" 2>>"$LOGS/$1.loadgen.log"); then
-    record "$1" "$2" "${3:-0}" "$line"
+    record "$1" "$2" "${3:-0}" "$line" "$(rss_kib "${PID[$1]}")"
   else
     log "$1: concurrency $2 failed (see $LOGS/$1.loadgen.log)"
   fi
@@ -211,7 +225,7 @@ start() {  # SYSTEM
     vllm-bf16) start_vllm "$1" bfloat16 ;;
     llamacpp-f32) start_llamacpp "$1" "$S/model/smollm2.f32.gguf" ;;
     llamacpp-bf16) start_llamacpp "$1" "$S/model/smollm2.bf16.gguf" ;;
-    llamacpp-q4_1) start_llamacpp "$1" "$S/model/smollm2.q4_1.gguf" ;;
+    llamacpp-*) start_llamacpp "$1" "$S/model/smollm2.${1#llamacpp-}.gguf" ;;
     *) log "unknown system $1" ;;
   esac
 }
@@ -260,7 +274,7 @@ print(f"\n{sys.argv[4]} requests, prompts uniform 64-512 random ids, {sys.argv[5
       " greedy, ignore_eos, closed loop. Output tokens/s"
       + (f" (median of {len(rounds)} interleaved rounds)" if rounds != [0] else "") + ":\n")
 head = ["System"] + [f"c={c}" for c in conc] + [f"TTFT p50, c={c}" for c in conc] + \
-    [f"TPOT p50, c={lo}"]
+    [f"TPOT p50, c={lo}", "RSS after a load, largest process (whole server)"]
 print("| " + " | ".join(head) + " |")
 print("|" + "---|" * len(head))
 for s in systems:
@@ -270,6 +284,10 @@ for s in systems:
     cells = [s] + [f"{v:.1f}" if v is not None else "—" for v in tok]
     cells += [f"{v:.0f} ms" if v is not None else "—" for v in ttft]
     cells += [f"{tpot:.1f} ms" if tpot is not None else "—"]
+    mem = [(r["rss_largest_kib"], r["rss_total_kib"]) for c in conc for r in by.get((s, c), [])
+           if r.get("rss_largest_kib")]
+    cells += [f"{max(m[0] for m in mem) / 1024:.0f} ({max(m[1] for m in mem) / 1024:.0f}) MiB"
+              if mem else "—"]
     print("| " + " | ".join(cells) + " |")
 # Ours against the best peer of the same round (the same run without --rounds).
 ours = [s for s in systems if s.startswith("ours")]
