@@ -19,6 +19,14 @@ inline bool HasAvx2Fma() {
   return has;
 }
 
+// The sum of v's eight lanes: the halves added, then pairs, then the last two.
+LLM_AVX2 inline float HorizontalSum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
 // The mask of _mm256_maskload_ps / _mm256_maskstore_ps for the first n (0..8) lanes.
 LLM_AVX2 inline __m256i MaskFirst(int64_t n) {
   const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);

@@ -535,12 +535,6 @@ LLM_AVX2 inline __m256 LoadCache8(const uint16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
 }
 
-LLM_AVX2 inline float HorizontalSum8(__m256 v) {
-  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-  return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
-}
-
 // RunItemGeneric's item, in its order of operations per score, weight and output column but
 // with each dot product summed in eight lanes, and exp as Exp256 (about 1 ulp). Buffers: the
 // scaled queries row-major q[r][d] (rounded to bf16 for bf16 caches), the tile's scores
@@ -581,7 +575,7 @@ LLM_AVX2 void RunItemAvx2(const Problem& pb, const WorkItem& it) {
         for (int64_t d = 8; d < dim; d += 8) {
           acc = _mm256_fmadd_ps(_mm256_loadu_ps(qr + d), LoadCache8(keys[i] + d), acc);
         }
-        const float dot = HorizontalSum8(acc);
+        const float dot = HorizontalSum256(acc);
         sr[i] = pb.softcap > 0.0f ? SoftCap(dot, pb.softcap) : dot;
       }
       std::fill(sr + n, sr + kKeyTile, kNegInf);
@@ -610,7 +604,7 @@ LLM_AVX2 void RunItemAvx2(const Problem& pb, const WorkItem& it) {
         _mm256_storeu_ps(sr + i, e);
         sum = _mm256_add_ps(sum, e);
       }
-      l[r] = l[r] * alpha[r] + HorizontalSum8(sum);
+      l[r] = l[r] * alpha[r] + HorizontalSum256(sum);
       m[r] = m_new;
     }
     // O = O alpha + P V: 32 columns in four registers at a time (then 8), each value row loaded

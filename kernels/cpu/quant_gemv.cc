@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "common/half.h"
+#include "kernels/cpu/avx2_math.h"
 
 #define LLM_QUANT_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define LLM_QUANT_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) inline
@@ -157,13 +158,6 @@ struct Acc {
   __m256 v[R];
   float b[R];
 };
-
-LLM_QUANT_AVX2_INLINE float HorizontalSum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 LLM_QUANT_AVX2_INLINE float HalfAvx2(const uint8_t* p) {
   uint16_t h;
@@ -346,7 +340,8 @@ LLM_QUANT_AVX2 void RowsAvx2(int64_t block_bytes, int64_t chunks, const uint8_t*
       GemmSink<R> sink{xs, blk * chunks, &acc};
       T::Block(row + blk * block_bytes, &sink);
     }
-    for (int r = 0; r < R; ++r) out[r * out_stride + j] = HorizontalSum(acc.v[r]) - acc.b[r];
+    for (int r = 0; r < R; ++r)
+      out[r * out_stride + j] = ops::cpu::HorizontalSum256(acc.v[r]) - acc.b[r];
   }
 }
 
