@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "common/half.h"
@@ -20,6 +21,10 @@ namespace {
 constexpr int64_t kTileRows = 16;
 // Activation rows that share one read of a weight block.
 constexpr int kMaxRowsPerPass = 4;
+// How far ahead of the block being multiplied RowsAvx2 asks for the weights: the hardware
+// prefetcher alone left a one-row decode pass at 7-8 GB/s of a single core's 11 GB/s (AMD EPYC
+// Milan VM), as if loads and arithmetic took turns; see docs/performance/results.md.
+constexpr int64_t kPrefetchBytes = 1024;
 
 float Half(const uint8_t* p) {
   uint16_t h;
@@ -323,25 +328,51 @@ struct Q6_KAvx2 {
   }
 };
 
+// Weight rows of a tile against R activation rows, row after row: a tile's bytes are one
+// sequential stream, prefetched kPrefetchBytes ahead (never past `last`, the last byte of the
+// weights this QuantGemm reads). With one activation row the blocks alternate between two
+// accumulators, so that a block does not wait for the previous block's FMA.
 template <class T, int R>
 LLM_QUANT_AVX2 void RowsAvx2(int64_t block_bytes, int64_t chunks, const uint8_t* w,
                              int64_t row_bytes, int64_t n_rows, int64_t nb, const Q8Block* x,
-                             int64_t x_stride, float* out, int64_t out_stride) {
+                             int64_t x_stride, uintptr_t last, float* out, int64_t out_stride) {
+  constexpr int kChains = R == 1 ? 2 : 1;
   const Q8Block* xs[R];
   for (int r = 0; r < R; ++r) xs[r] = x + r * x_stride;
   for (int64_t j = 0; j < n_rows; ++j) {
     const uint8_t* row = w + j * row_bytes;
-    Acc<R> acc;
-    for (int r = 0; r < R; ++r) {
-      acc.v[r] = _mm256_setzero_ps();
-      acc.b[r] = 0.0f;
+    Acc<R> acc[kChains];
+    for (int c = 0; c < kChains; ++c) {
+      for (int r = 0; r < R; ++r) {
+        acc[c].v[r] = _mm256_setzero_ps();
+        acc[c].b[r] = 0.0f;
+      }
     }
-    for (int64_t blk = 0; blk < nb; ++blk) {
-      GemmSink<R> sink{xs, blk * chunks, &acc};
+    int64_t blk = 0;
+    for (; blk + kChains <= nb; blk += kChains) {
+      const uintptr_t ahead = reinterpret_cast<uintptr_t>(row + blk * block_bytes) + kPrefetchBytes;
+      for (int64_t off = 0; off < kChains * block_bytes; off += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(std::min<uintptr_t>(ahead + off, last)),
+                     _MM_HINT_T0);
+      }
+      for (int c = 0; c < kChains; ++c) {
+        GemmSink<R> sink{xs, (blk + c) * chunks, &acc[c]};
+        T::Block(row + (blk + c) * block_bytes, &sink);
+      }
+    }
+    for (; blk < nb; ++blk) {
+      GemmSink<R> sink{xs, blk * chunks, &acc[0]};
       T::Block(row + blk * block_bytes, &sink);
     }
-    for (int r = 0; r < R; ++r)
-      out[r * out_stride + j] = ops::cpu::HorizontalSum256(acc.v[r]) - acc.b[r];
+    for (int r = 0; r < R; ++r) {
+      __m256 v = acc[0].v[r];
+      float b = acc[0].b[r];
+      for (int c = 1; c < kChains; ++c) {
+        v = _mm256_add_ps(v, acc[c].v[r]);
+        b += acc[c].b[r];
+      }
+      out[r * out_stride + j] = ops::cpu::HorizontalSum256(v) - b;
+    }
   }
 }
 
@@ -351,6 +382,8 @@ LLM_QUANT_AVX2 void GemmAvx2(QuantType type, const uint8_t* w, int64_t row_bytes
                              int64_t out_stride) {
   const int64_t bytes = QuantBlockBytes(type), chunks = QuantBlockElems(type) / 32;
   const int64_t nb = k / QuantBlockElems(type);
+  if (n_rows < 1) return;
+  const uintptr_t last = reinterpret_cast<uintptr_t>(w + (n_rows - 1) * row_bytes + nb * bytes - 1);
   for (int64_t j0 = 0; j0 < n_rows; j0 += kTileRows) {
     const int64_t rows = std::min(kTileRows, n_rows - j0);
     const uint8_t* tile = w + j0 * row_bytes;
@@ -359,16 +392,20 @@ LLM_QUANT_AVX2 void GemmAvx2(QuantType type, const uint8_t* w, int64_t row_bytes
       float* o = out + i * out_stride + j0;
       switch (std::min<int64_t>(kMaxRowsPerPass, m - i)) {
         case 1:
-          RowsAvx2<T, 1>(bytes, chunks, tile, row_bytes, rows, nb, xi, x_stride, o, out_stride);
+          RowsAvx2<T, 1>(bytes, chunks, tile, row_bytes, rows, nb, xi, x_stride, last, o,
+                         out_stride);
           break;
         case 2:
-          RowsAvx2<T, 2>(bytes, chunks, tile, row_bytes, rows, nb, xi, x_stride, o, out_stride);
+          RowsAvx2<T, 2>(bytes, chunks, tile, row_bytes, rows, nb, xi, x_stride, last, o,
+                         out_stride);
           break;
         case 3:
-          RowsAvx2<T, 3>(bytes, chunks, tile, row_bytes, rows, nb, xi, x_stride, o, out_stride);
+          RowsAvx2<T, 3>(bytes, chunks, tile, row_bytes, rows, nb, xi, x_stride, last, o,
+                         out_stride);
           break;
         default:
-          RowsAvx2<T, 4>(bytes, chunks, tile, row_bytes, rows, nb, xi, x_stride, o, out_stride);
+          RowsAvx2<T, 4>(bytes, chunks, tile, row_bytes, rows, nb, xi, x_stride, last, o,
+                         out_stride);
           break;
       }
     }
