@@ -4,6 +4,8 @@
 //   BM_LinearNaive    the triple loop itself (small shapes only; it is slow)
 //   BM_PagedAttentionDecode  one decode token per sequence over a paged cache: tokens/s and
 //                            the KV bytes read per second
+//   BM_SiluAndMul     (the formula in a scalar loop with std::exp, on the calling thread, timed
+//                     once per shape in this process)  elements/s, x_scalar = the ratio
 // Rates are per wall-clock second (UseRealTime): OpenBLAS runs on several threads.
 #include <chrono>
 #include <cmath>
@@ -141,6 +143,48 @@ BENCHMARK(BM_PagedAttentionDecode)
     ->Args({8, 2048})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
+
+// Seconds of the scalar silu(gate) * up loop over x [tokens, 2 inter], measured once per shape.
+double ScalarSiluSeconds(const HostTensor& x, int64_t tokens, int64_t inter) {
+  static std::map<std::pair<int64_t, int64_t>, double> cache;
+  auto it = cache.find({tokens, inter});
+  if (it != cache.end()) return it->second;
+  std::vector<float> out(tokens * inter);
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* gate = x.data<float>() + t * 2 * inter;
+    for (int64_t i = 0; i < inter; ++i) {
+      out[t * inter + i] = gate[i] / (1.0f + std::exp(-gate[i])) * gate[inter + i];
+    }
+  }
+  benchmark::DoNotOptimize(out.data());
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  cache[{tokens, inter}] = s;
+  return s;
+}
+
+// The gated MLP activation of a decode step and of a 512-token prefill chunk (SmolLM2's 1536).
+void BM_SiluAndMul(benchmark::State& state) {
+  const int64_t tokens = state.range(0), inter = state.range(1);
+  HostTensor x = Random({tokens, 2 * inter}, 7), out(DType::kF32, {tokens, inter});
+  const auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    if (!SiluAndMul({}, out.view(), x.view()).ok()) state.SkipWithError("SiluAndMul");
+    benchmark::DoNotOptimize(out.data<float>()[0]);
+  }
+  const double per_run =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
+      static_cast<double>(state.iterations());
+  state.counters["elements/s"] = benchmark::Counter(static_cast<double>(tokens * inter),
+                                                    benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["x_scalar"] = ScalarSiluSeconds(x, tokens, inter) / per_run;
+}
+BENCHMARK(BM_SiluAndMul)
+    ->ArgNames({"tokens", "inter"})
+    ->Args({1, 1536})
+    ->Args({512, 1536})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace llm::ops

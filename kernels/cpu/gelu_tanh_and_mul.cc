@@ -31,12 +31,11 @@ LLM_AVX2 void RowAvx2(float* o, const float* gate, const float* up, int64_t n) {
   const __m256 m2k = _mm256_set1_ps(kMinus2SqrtTwoOverPi);
   const __m256 cubic = _mm256_set1_ps(kCubic);
   for (int64_t i = 0; i < n; i += 8) {
-    const __m256i m = MaskFirst(n - i);
-    const __m256 v = _mm256_maskload_ps(gate + i, m);
-    const __m256 u = _mm256_maskload_ps(up + i, m);
+    const __m256 v = LoadFirst(gate + i, n - i);
+    const __m256 u = LoadFirst(up + i, n - i);
     const __m256 inner = _mm256_fmadd_ps(_mm256_mul_ps(cubic, v), v, one);  // 1 + c v^2
     const __m256 e = Exp256(_mm256_mul_ps(_mm256_mul_ps(v, m2k), inner));   // exp(-2u)
-    _mm256_maskstore_ps(o + i, m, _mm256_mul_ps(_mm256_div_ps(v, _mm256_add_ps(one, e)), u));
+    StoreFirst(o + i, n - i, _mm256_mul_ps(_mm256_div_ps(v, _mm256_add_ps(one, e)), u));
   }
 }
 

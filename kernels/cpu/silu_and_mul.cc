@@ -1,10 +1,11 @@
 // The gated MLP activation on the CPU: out[t][i] = silu(x[t][i]) * x[t][I + i], with
 // silu(g) = g / (1 + exp(-g)). Rows run as kernels/cpu/gated_rows.h says; on AVX-512 CPUs every
-// element (the last partial register too, masked) goes through Exp512, so an element's result does
-// not depend on where it falls in the row (tensor-parallel ranks split the row and must agree with
-// one rank bit for bit).
+// element (the last partial register too, masked) goes through Exp512, on AVX2 + FMA ones
+// through Exp256, so an element's result does not depend on where it falls in the row
+// (tensor-parallel ranks split the row and must agree with one rank bit for bit).
 #include <cmath>
 
+#include "kernels/cpu/avx2_math.h"
 #include "kernels/cpu/avx512_math.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/gated_rows.h"
@@ -27,11 +28,23 @@ LLM_AVX512 void RowAvx512(float* o, const float* gate, const float* up, int64_t 
   }
 }
 
+LLM_AVX2 void RowAvx2(float* o, const float* gate, const float* up, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 g = LoadFirst(gate + i, n - i);
+    const __m256 u = LoadFirst(up + i, n - i);
+    const __m256 e = Exp256(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    StoreFirst(o + i, n - i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), u));
+  }
+}
+
 }  // namespace
 
 OpStatus SiluAndMul(const TensorView& out, const TensorView& x) {
   if (HasAvx512()) {
     ForEachGatedRow(out, x, RowAvx512);
+  } else if (HasAvx2Fma()) {
+    ForEachGatedRow(out, x, RowAvx2);
   } else {
     ForEachGatedRow(out, x, RowPortable);
   }

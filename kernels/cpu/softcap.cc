@@ -21,9 +21,8 @@ void ChunkPortable(float* p, int64_t n, float cap) {
 LLM_AVX2 void ChunkAvx2(float* p, int64_t n, float cap) {
   const __m256 c = _mm256_set1_ps(cap);
   for (int64_t i = 0; i < n; i += 8) {
-    const __m256i m = MaskFirst(n - i);
-    const __m256 v = _mm256_maskload_ps(p + i, m);
-    _mm256_maskstore_ps(p + i, m, _mm256_mul_ps(c, Tanh256(_mm256_div_ps(v, c))));
+    const __m256 v = LoadFirst(p + i, n - i);
+    StoreFirst(p + i, n - i, _mm256_mul_ps(c, Tanh256(_mm256_div_ps(v, c))));
   }
 }
 

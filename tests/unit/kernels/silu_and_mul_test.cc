@@ -1,5 +1,6 @@
 // SiluAndMul against silu(gate) * up computed in double.
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -32,6 +33,53 @@ TEST(SiluAndMul, MatchesTheFormula) {
       }
     }
     EXPECT_TRUE(AllClose(out.data<float>(), want, 1e-6, 1e-5)) << tokens << "x" << inter;
+  }
+}
+
+// Far outside the usual range, as the formula in float gives it: silu(g) -> g for large g, -> -0
+// for very negative g (exp(-g) overflows to +inf, g / inf); silu(+inf) = +inf, silu(-inf) =
+// -inf / inf = NaN; NaN stays NaN.
+TEST(SiluAndMul, ExtremeInputs) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> gates = {0.0f,
+                                    -0.0f,
+                                    1e-30f,
+                                    -1e-30f,
+                                    20.0f,
+                                    -20.0f,
+                                    88.0f,
+                                    -88.0f,
+                                    89.0f,
+                                    -89.0f,
+                                    1e6f,
+                                    -1e6f,
+                                    3e38f,
+                                    -3e38f,
+                                    inf,
+                                    -inf,
+                                    std::numeric_limits<float>::quiet_NaN()};
+  const int64_t n = static_cast<int64_t>(gates.size());
+  HostTensor x(DType::kF32, {1, 2 * n});
+  for (int64_t i = 0; i < n; ++i) {
+    x.data<float>()[i] = gates[i];
+    x.data<float>()[n + i] = 0.5f;
+  }
+  HostTensor out = Poisoned({1, n});
+  ASSERT_TRUE(SiluAndMul({}, out.view(), x.view()).ok());
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gates[i], got = out.data<float>()[i];
+    if (std::isnan(g) || g == -inf) {
+      EXPECT_TRUE(std::isnan(got)) << "gate " << g << ": " << got;
+      continue;
+    }
+    const double want =
+        g == inf ? inf : static_cast<double>(g) / (1.0 + std::exp(-double{g})) * 0.5;
+    if (std::isinf(want)) {
+      EXPECT_EQ(got, want) << "gate " << g;
+    } else {
+      EXPECT_NEAR(got, want, 1e-6 * std::fabs(want) + 1e-35) << "gate " << g;
+      EXPECT_EQ(std::signbit(got), std::signbit(want)) << "gate " << g << ": " << got;
+    }
   }
 }
 
