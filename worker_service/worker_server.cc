@@ -88,6 +88,9 @@ absl::StatusOr<DType> ParseKvCacheDType(const std::string& name, DType model,
   // attention widens them to f32 as it reads them), which halves the bytes a decode step
   // reads from the cache; an f32 model keeps f32.
   if (name.empty() || name == "auto") return model;
+  // bf16 asked for on a cpu: any cpu, whatever its GEMMs. The cache only stores bf16 (f32
+  // rounded to nearest even) and the attention widens it, in AVX-512, AVX2 or portable code.
+  if (device.is_cpu() && (name == "bfloat16" || name == "bf16")) return DType::kBF16;
   absl::StatusOr<DType> d = ParseModelDType(name, device);
   if (!d.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("kv_cache_dtype: ", d.status().message()));

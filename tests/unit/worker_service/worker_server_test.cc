@@ -343,6 +343,22 @@ TEST(WorkerServer, LifecycleAnswersFollowTheModelAndTheMemoryFigures) {
     ASSERT_TRUE(w.ProfileMemory(profile, &half).ok());
     EXPECT_EQ(half.bytes_per_block(), bytes);
   }
+  // A bf16 cache for an f32 model, on any CPU (the cache needs no bf16 GEMMs): half the bytes.
+  v1::InitRequest f32_bf16_cache = MakeInit();
+  f32_bf16_cache.set_kv_cache_dtype("bfloat16");
+  s = w.Init(f32_bf16_cache);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  profile.set_block_size(16);
+  v1::ProfileMemoryResponse halved;
+  ASSERT_TRUE(w.ProfileMemory(profile, &halved).ok());
+  EXPECT_EQ(halved.bytes_per_block(), bytes / 2);
+  ASSERT_TRUE(w.InitCache(16, halved.num_gpu_blocks(), 0).ok());
+  EXPECT_EQ(w.Health().detail(), "ready");
+  // What the cpu cannot store is still refused, naming the field.
+  f32_bf16_cache.set_kv_cache_dtype("float16");
+  s = w.Init(f32_bf16_cache);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("kv_cache_dtype"));
 }
 
 // world_size and rank are uint32 on the wire: one past INT_MAX must not wrap to a negative

@@ -217,6 +217,24 @@ TEST_P(LlamaBf16GoldenTest, LogitsWithABf16KvCacheAreTransformersWithinBf16Toler
   RecordProperty("max_relative_error", std::to_string(worst));
 }
 
+// An f32 model over a bf16 KV cache (`kv_cache_dtype: bfloat16`, on any CPU): the keys and
+// values rounded to bf16 as they are stored, the rest f32; chunks mixed with decode tokens.
+// Dense models only: tiny-mixtral and tiny-olmoe (random routers) went past 0.03 at isolated
+// positions (0.04-0.16 at 2 and 5 of them, their neighbours within), the mark of a top-k
+// expert choice that the rounding flips, a jump no tolerance bounds.
+TEST_P(LlamaGoldenTest, LogitsWithABf16KvCacheAreTransformersWithinBf16Tolerance) {
+  const std::string name = GetParam();
+  if (name.find("moe") != std::string::npos || name.find("mixtral") != std::string::npos) {
+    GTEST_SKIP() << "a mixture of experts: see above";
+  }
+  std::vector<float> logits;
+  const double worst = RunAndCompare(
+      *model_, golden_, 16,
+      [](std::mt19937& rng) { return std::uniform_int_distribution<int>(1, 7)(rng); }, &logits,
+      kBf16RowTolerance, DType::kBF16);
+  RecordProperty("max_relative_error", std::to_string(worst));
+}
+
 TEST_P(LlamaBf16GoldenTest, GreedyTokensAreTransformersWhereTheMarginIsSafe) {
   const int vocab = model_->vocab_size();
   int checked = 0, positions = 0;
