@@ -26,7 +26,9 @@
 # Server settings: vLLM with VLLM_CPU_KVCACHE_SPACE=4 VLLM_CPU_OMP_THREADS_BIND=0-1
 # VLLM_USE_AOT_COMPILE=0; llama-server -np 32 -c 32768 -cb -t 2 with "cache_prompt": false;
 # ours through llm-cluster, TP=1, bf16 (auto: AVX512_BF16) or fp32, --threads worker threads,
-# asynchronous scheduling (the default; ours-fp32-sync and ours-bf16-sync: without it),
+# asynchronous scheduling (the default; ours-fp32-sync and ours-bf16-sync: without it), the
+# KV cache the model's dtype (ours-fp32-bf16kv: f32 weights and activations, a bf16 cache, the
+# bytes of llama-server's default f16 cache),
 # prefix caching off, chunked prefill on with 512 tokens per step (ours-bf16-whole: whole
 # prompts, 2048 tokens per step, the scheduler's defaults; with the workload's closed loop they
 # keep whole waves of requests in lockstep: at concurrency 8, 6-7 prompts arrive together, share
@@ -172,6 +174,7 @@ start_llamacpp() {  # SYSTEM GGUF
 }
 
 start_ours() {  # SYSTEM DTYPE CHUNKED_PREFILL(true|false) MAX_NUM_BATCHED_TOKENS [ASYNC_SCHEDULING]
+  # [KV_CACHE_DTYPE]
   local manifest=$S/$1.yaml portfile=$S/$1.port httpfile=$S/$1.http.port
   cat >"$manifest" <<YAML
 model: $OUR_MODEL
@@ -184,6 +187,7 @@ startup_timeout_s: 600
 engine:
   served_model_name: smollm2
   dtype: $2
+  kv_cache_dtype: ${6:-auto}
   block_size: 16
   max_num_seqs: 64
   max_model_len: 2048
@@ -218,6 +222,7 @@ start() {  # SYSTEM
   case $1 in
     ours | ours-bf16) start_ours "$1" auto true 512 ;;
     ours-fp32) start_ours "$1" float32 true 512 ;;
+    ours-fp32-bf16kv) start_ours "$1" float32 true 512 true bfloat16 ;;
     ours-fp32-sync) start_ours "$1" float32 true 512 false ;;
     ours-bf16-sync) start_ours "$1" auto true 512 false ;;
     ours-bf16-whole) start_ours "$1" auto false 2048 ;;

@@ -34,8 +34,8 @@ LLM_AVX2 inline __m256i MaskFirst(int64_t n) {
 }
 
 // The first n floats of p (all 8 when n >= 8, then a plain load), the other lanes 0. Masked
-// loads and stores cost several times a plain one on AMD's Zen (a SiLU row through them ran at a
-// quarter of the speed), so only a row's last partial register takes them.
+// loads and stores cost several times a plain one on AMD's Zen, so only a row's last partial
+// register takes them.
 LLM_AVX2 inline __m256 LoadFirst(const float* p, int64_t n) {
   return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, MaskFirst(n));
 }

@@ -21,9 +21,9 @@ namespace {
 constexpr int64_t kTileRows = 16;
 // Activation rows that share one read of a weight block.
 constexpr int kMaxRowsPerPass = 4;
-// How far ahead of the block being multiplied RowsAvx2 asks for the weights: the hardware
-// prefetcher alone left a one-row decode pass at 7-8 GB/s of a single core's 11 GB/s (AMD EPYC
-// Milan VM), as if loads and arithmetic took turns; see docs/performance/results.md.
+// How far ahead of the block being multiplied RowsAvx2 asks for the weights. With the hardware
+// prefetcher alone a one-row pass read memory well below what a core can, its loads and its
+// arithmetic taking turns (docs/performance/results.md, "GEMMs on GGUF blocks").
 constexpr int64_t kPrefetchBytes = 1024;
 
 float Half(const uint8_t* p) {
