@@ -127,6 +127,44 @@ TEST(ClusterTest, GreedyOutputIsTheSameAtTp1AndTp2AndInProcess) {
   }
 }
 
+// kv_cache_dtype bfloat16 with float32 weights, on whatever CPU runs the tests: the workers'
+// blocks take half the bytes, so the same cpu_kv_cache_space holds twice the blocks, and the
+// greedy tokens are the same at tensor-parallel sizes 1 and 2 (each rank stores its heads
+// rounded as one rank would). Against the f32 cache the tokens may differ where two logits are
+// close: bf16 keys and values keep the logits within 3e-2 of their range, not equal
+// (llama_test's LogitsWithABf16KvCacheAreTransformersWithinBf16Tolerance).
+TEST(ClusterTest, Bf16KvCacheOfAFloat32ModelHoldsTwiceTheBlocksAndAgreesAcrossTpSizes) {
+  constexpr int kMaxTokens = 16;
+  uint32_t f32_blocks = 0;
+  {
+    std::unique_ptr<LocalCluster> c = StartCluster({.engine = {{"dtype", "float32"}}});
+    ASSERT_NE(c, nullptr);
+    absl::StatusOr<v1::GetModelInfoResponse> info = GetModelInfo(c->stub());
+    ASSERT_TRUE(info.ok()) << info.status();
+    f32_blocks = info->num_gpu_blocks();
+    ExpectCleanStop(*c);
+  }
+  ASSERT_GT(f32_blocks, 0u);
+  std::vector<std::vector<int32_t>> outputs[2];
+  for (int tp : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat("tensor_parallel_size ", tp));
+    std::unique_ptr<LocalCluster> c =
+        StartCluster({.tensor_parallel_size = tp,
+                      .engine = {{"dtype", "float32"}, {"kv_cache_dtype", "bfloat16"}}});
+    ASSERT_NE(c, nullptr);
+    if (tp == 1) {
+      absl::StatusOr<v1::GetModelInfoResponse> info = GetModelInfo(c->stub());
+      ASSERT_TRUE(info.ok()) << info.status();
+      EXPECT_NEAR(info->num_gpu_blocks(), 2.0 * f32_blocks, 1.0);
+    }
+    outputs[tp - 1] = GreedyOutputs(*c, Prompts(), kMaxTokens);
+    ASSERT_EQ(outputs[tp - 1].size(), Prompts().size());
+    for (const std::vector<int32_t>& out : outputs[tp - 1]) EXPECT_EQ(out.size(), kMaxTokens);
+    ExpectCleanStop(*c);
+  }
+  EXPECT_EQ(outputs[0], outputs[1]);
+}
+
 // The mixtures of experts served by llm-cluster at tensor-parallel size 2 (each rank holds its
 // slice of every expert, one all-reduce per layer) give the greedy tokens of the in-process
 // engine on the same directory, whose logits are transformers' within 1e-4 (LlamaGoldenTest).
