@@ -17,6 +17,7 @@ namespace llm::ops {
 namespace {
 
 using testing::AllClose;
+using testing::GatedRow;
 using testing::Poisoned;
 using testing::Random;
 
@@ -72,11 +73,7 @@ TEST(GeluTanhAndMul, ExtremeInputs) {
   const std::vector<float> gates = {0.0f,   -0.0f, 1e-30f, -1e-30f, 12.0f,  -12.0f, 50.0f,
                                     -50.0f, 1e6f,  -1e6f,  1e30f,   -1e30f, 3e38f,  -3e38f};
   const int64_t n = static_cast<int64_t>(gates.size());
-  HostTensor x(DType::kF32, {1, 2 * n});
-  for (int64_t i = 0; i < n; ++i) {
-    x.data<float>()[i] = gates[i];
-    x.data<float>()[n + i] = 0.5f;
-  }
+  HostTensor x = GatedRow(gates, 0.5f);
   HostTensor out = Poisoned({1, n});
   ASSERT_TRUE(GeluTanhAndMul({}, out.view(), x.view()).ok());
   std::vector<double> want(n);

@@ -12,6 +12,7 @@ namespace llm::ops {
 namespace {
 
 using testing::AllClose;
+using testing::GatedRow;
 using testing::Poisoned;
 using testing::Random;
 
@@ -59,11 +60,7 @@ TEST(SiluAndMul, ExtremeInputs) {
                                     -inf,
                                     std::numeric_limits<float>::quiet_NaN()};
   const int64_t n = static_cast<int64_t>(gates.size());
-  HostTensor x(DType::kF32, {1, 2 * n});
-  for (int64_t i = 0; i < n; ++i) {
-    x.data<float>()[i] = gates[i];
-    x.data<float>()[n + i] = 0.5f;
-  }
+  HostTensor x = GatedRow(gates, 0.5f);
   HostTensor out = Poisoned({1, n});
   ASSERT_TRUE(SiluAndMul({}, out.view(), x.view()).ok());
   for (int64_t i = 0; i < n; ++i) {

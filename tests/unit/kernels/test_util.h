@@ -36,6 +36,18 @@ inline HostTensor Poisoned(std::initializer_list<int64_t> shape) {
   return t;
 }
 
+// The input [1, 2n] of a gated activation (SiluAndMul, GeluTanhAndMul): the n gates, then n
+// copies of `up`.
+inline HostTensor GatedRow(const std::vector<float>& gates, float up) {
+  const int64_t n = static_cast<int64_t>(gates.size());
+  HostTensor x(DType::kF32, {1, 2 * n});
+  for (int64_t i = 0; i < n; ++i) {
+    x.data<float>()[i] = gates[i];
+    x.data<float>()[n + i] = up;
+  }
+  return x;
+}
+
 // A 1-D or 2-D index tensor holding `values` (i32 or i64).
 inline HostTensor Indices(const std::vector<int64_t>& values, DType dtype,
                           std::vector<int64_t> shape = {}) {
