@@ -17,6 +17,7 @@ namespace llm::ops {
 namespace {
 
 using testing::AllClose;
+using testing::ExpectHalvesOfARowGiveTheWholeRowsBits;
 using testing::GatedRow;
 using testing::Poisoned;
 using testing::Random;
@@ -92,31 +93,9 @@ TEST(GeluTanhAndMul, ExtremeInputs) {
   EXPECT_TRUE(std::isnan(o2.data<float>()[2]));
 }
 
-// Tensor parallelism splits each row over the ranks: an element's result must not depend on
-// where in the row it falls.
 TEST(GeluTanhAndMul, HalvesOfARowGiveTheWholeRowsBits) {
-  std::mt19937 rng(42);
-  const int64_t tokens = 5, inter = 42;  // halves of 21: each ends in a partial register
-  HostTensor x = Random({tokens, 2 * inter}, rng, -8.0f, 8.0f);
-  HostTensor whole = Poisoned({tokens, inter});
-  ASSERT_TRUE(GeluTanhAndMul({}, whole.view(), x.view()).ok());
-  for (int64_t half = 0; half < 2; ++half) {
-    const int64_t n = inter / 2;
-    HostTensor xh(DType::kF32, {tokens, 2 * n}), oh = Poisoned({tokens, n});
-    for (int64_t t = 0; t < tokens; ++t) {
-      for (int64_t i = 0; i < n; ++i) {
-        xh.data<float>()[t * 2 * n + i] = x.data<float>()[t * 2 * inter + half * n + i];
-        xh.data<float>()[t * 2 * n + n + i] = x.data<float>()[t * 2 * inter + inter + half * n + i];
-      }
-    }
-    ASSERT_TRUE(GeluTanhAndMul({}, oh.view(), xh.view()).ok());
-    for (int64_t t = 0; t < tokens; ++t) {
-      for (int64_t i = 0; i < n; ++i) {
-        ASSERT_EQ(oh.data<float>()[t * n + i], whole.data<float>()[t * inter + half * n + i])
-            << "token " << t << ", half " << half << ", element " << i;
-      }
-    }
-  }
+  ExpectHalvesOfARowGiveTheWholeRowsBits(
+      [](const TensorView& out, const TensorView& x) { return GeluTanhAndMul({}, out, x); }, 42);
 }
 
 TEST(GeluTanhAndMul, ErrorsNameTheArgument) {

@@ -12,6 +12,7 @@ namespace llm::ops {
 namespace {
 
 using testing::AllClose;
+using testing::ExpectHalvesOfARowGiveTheWholeRowsBits;
 using testing::GatedRow;
 using testing::Poisoned;
 using testing::Random;
@@ -80,32 +81,9 @@ TEST(SiluAndMul, ExtremeInputs) {
   }
 }
 
-// Tensor parallelism splits each row over the ranks: an element's result must not depend on
-// where in the row it falls (a partial register at the end of one rank's half, a full one in
-// the whole row).
 TEST(SiluAndMul, HalvesOfARowGiveTheWholeRowsBits) {
-  std::mt19937 rng(21);
-  const int64_t tokens = 5, inter = 42;  // halves of 21: each ends in a partial register
-  HostTensor x = Random({tokens, 2 * inter}, rng, -8.0f, 8.0f);
-  HostTensor whole = Poisoned({tokens, inter});
-  ASSERT_TRUE(SiluAndMul({}, whole.view(), x.view()).ok());
-  for (int64_t half = 0; half < 2; ++half) {
-    const int64_t n = inter / 2;
-    HostTensor xh(DType::kF32, {tokens, 2 * n}), oh = Poisoned({tokens, n});
-    for (int64_t t = 0; t < tokens; ++t) {
-      for (int64_t i = 0; i < n; ++i) {
-        xh.data<float>()[t * 2 * n + i] = x.data<float>()[t * 2 * inter + half * n + i];
-        xh.data<float>()[t * 2 * n + n + i] = x.data<float>()[t * 2 * inter + inter + half * n + i];
-      }
-    }
-    ASSERT_TRUE(SiluAndMul({}, oh.view(), xh.view()).ok());
-    for (int64_t t = 0; t < tokens; ++t) {
-      for (int64_t i = 0; i < n; ++i) {
-        ASSERT_EQ(oh.data<float>()[t * n + i], whole.data<float>()[t * inter + half * n + i])
-            << "token " << t << ", half " << half << ", element " << i;
-      }
-    }
-  }
+  ExpectHalvesOfARowGiveTheWholeRowsBits(
+      [](const TensorView& out, const TensorView& x) { return SiluAndMul({}, out, x); }, 21);
 }
 
 TEST(SiluAndMul, ErrorsNameTheArgument) {

@@ -48,6 +48,35 @@ inline HostTensor GatedRow(const std::vector<float>& gates, float up) {
   return x;
 }
 
+// Tensor parallelism splits a gated activation's rows over the ranks: an element's result must
+// not depend on where in the row it falls (a partial register at the end of one rank's half, a
+// full one in the whole row). `op(out, x)` is the op; rows of 42, halves of 21.
+template <class Op>
+void ExpectHalvesOfARowGiveTheWholeRowsBits(Op op, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int64_t tokens = 5, inter = 42;
+  HostTensor x = Random({tokens, 2 * inter}, rng, -8.0f, 8.0f);
+  HostTensor whole = Poisoned({tokens, inter});
+  ASSERT_TRUE(op(whole.view(), x.view()).ok());
+  for (int64_t half = 0; half < 2; ++half) {
+    const int64_t n = inter / 2;
+    HostTensor xh(DType::kF32, {tokens, 2 * n}), oh = Poisoned({tokens, n});
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t i = 0; i < n; ++i) {
+        xh.data<float>()[t * 2 * n + i] = x.data<float>()[t * 2 * inter + half * n + i];
+        xh.data<float>()[t * 2 * n + n + i] = x.data<float>()[t * 2 * inter + inter + half * n + i];
+      }
+    }
+    ASSERT_TRUE(op(oh.view(), xh.view()).ok());
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(oh.data<float>()[t * n + i], whole.data<float>()[t * inter + half * n + i])
+            << "token " << t << ", half " << half << ", element " << i;
+      }
+    }
+  }
+}
+
 // A 1-D or 2-D index tensor holding `values` (i32 or i64).
 inline HostTensor Indices(const std::vector<int64_t>& values, DType dtype,
                           std::vector<int64_t> shape = {}) {
