@@ -12,6 +12,7 @@ namespace llm::ops {
 namespace {
 
 using testing::AllClose;
+using testing::ExpectGatedShapeErrorsNameTheArgument;
 using testing::ExpectHalvesOfARowGiveTheWholeRowsBits;
 using testing::GatedRow;
 using testing::Poisoned;
@@ -87,14 +88,9 @@ TEST(SiluAndMul, HalvesOfARowGiveTheWholeRowsBits) {
 }
 
 TEST(SiluAndMul, ErrorsNameTheArgument) {
-  std::mt19937 rng(21);
-  HostTensor odd = Random({2, 7}, rng);
-  HostTensor out = Poisoned({2, 3});
-  EXPECT_EQ(SiluAndMul({}, out.view(), odd.view()).message,
-            "SiluAndMul: x: expected an even last dim [T, 2 * I], got f32 [2, 7] on cpu");
-  HostTensor x = Random({2, 8}, rng);
-  EXPECT_EQ(SiluAndMul({}, out.view(), x.view()).message,
-            "SiluAndMul: out: expected f32 [2, 4], got f32 [2, 3] on cpu");
+  ExpectGatedShapeErrorsNameTheArgument(
+      [](const TensorView& out, const TensorView& x) { return SiluAndMul({}, out, x); },
+      "SiluAndMul");
 }
 
 }  // namespace

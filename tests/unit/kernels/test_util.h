@@ -1,5 +1,6 @@
-// Helpers for the CPU op tests: random and poisoned (NaN) host tensors, index tensors, and an
-// element-wise comparison that reports the first mismatch.
+// Helpers for the CPU op tests: random and poisoned (NaN) host tensors, index tensors, an
+// element-wise comparison that reports the first mismatch, and the checks the gated activations
+// (SiLU, GeGLU) share.
 #ifndef LLM_TESTS_UNIT_KERNELS_TEST_UTIL_H_
 #define LLM_TESTS_UNIT_KERNELS_TEST_UTIL_H_
 
@@ -75,6 +76,20 @@ void ExpectHalvesOfARowGiveTheWholeRowsBits(Op op, uint32_t seed) {
       }
     }
   }
+}
+
+// A gated activation's shape errors name the op and the argument: an odd last dim of x, an out
+// of the wrong width.
+template <class Op>
+void ExpectGatedShapeErrorsNameTheArgument(Op op, const std::string& name) {
+  std::mt19937 rng(21);
+  HostTensor odd = Random({2, 7}, rng);
+  HostTensor out = Poisoned({2, 3});
+  EXPECT_EQ(op(out.view(), odd.view()).message,
+            name + ": x: expected an even last dim [T, 2 * I], got f32 [2, 7] on cpu");
+  HostTensor x = Random({2, 8}, rng);
+  EXPECT_EQ(op(out.view(), x.view()).message,
+            name + ": out: expected f32 [2, 4], got f32 [2, 3] on cpu");
 }
 
 // A 1-D or 2-D index tensor holding `values` (i32 or i64).
