@@ -80,6 +80,21 @@ LLM_AVX2 inline __m256 Exp256(__m256 x) {
   return _mm256_blendv_ps(y, x, nan);
 }
 
+// The gated activations of the form o = g / (1 + exp(arg(g))) * u (SiLU: arg(g) = -g; GeGLU:
+// -2u(g)) over n floats of a row, 8 at a time; `arg` maps 8 gates to their exponent
+// arguments (a functor whose operator() is compiled for avx2,fma too).
+template <class Arg>
+LLM_AVX2 inline void SigmoidGatedRow256(float* o, const float* gate, const float* up, int64_t n,
+                                        Arg arg) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 g = LoadFirst(gate + i, n - i);
+    const __m256 u = LoadFirst(up + i, n - i);
+    const __m256 e = Exp256(arg(g));
+    StoreFirst(o + i, n - i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), u));
+  }
+}
+
 // tanh(x) for 8 floats, Cephes' tanhf (relative error about 2.5e-7): |x| < 0.625 an odd
 // polynomial, x + x^3 P(x^2); else 1 - 2 / (exp(2|x|) + 1) with x's sign (no cancellation: the
 // result is >= 0.55 there; exp overflowing to +inf for |x| > 44.3 gives exactly 1). +-1 for

@@ -26,17 +26,17 @@ void RowPortable(float* o, const float* gate, const float* up, int64_t n) {
   }
 }
 
-LLM_AVX2 void RowAvx2(float* o, const float* gate, const float* up, int64_t n) {
-  const __m256 one = _mm256_set1_ps(1.0f);
-  const __m256 m2k = _mm256_set1_ps(kMinus2SqrtTwoOverPi);
-  const __m256 cubic = _mm256_set1_ps(kCubic);
-  for (int64_t i = 0; i < n; i += 8) {
-    const __m256 v = LoadFirst(gate + i, n - i);
-    const __m256 u = LoadFirst(up + i, n - i);
-    const __m256 inner = _mm256_fmadd_ps(_mm256_mul_ps(cubic, v), v, one);  // 1 + c v^2
-    const __m256 e = Exp256(_mm256_mul_ps(_mm256_mul_ps(v, m2k), inner));   // exp(-2u)
-    StoreFirst(o + i, n - i, _mm256_mul_ps(_mm256_div_ps(v, _mm256_add_ps(one, e)), u));
+// GeGLU's exponent argument, -2u = -2 sqrt(2 / pi) v (1 + c v^2).
+struct MinusTwoU {
+  LLM_AVX2 __m256 operator()(__m256 v) const {
+    const __m256 inner = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(kCubic), v), v,
+                                         _mm256_set1_ps(1.0f));  // 1 + c v^2
+    return _mm256_mul_ps(_mm256_mul_ps(v, _mm256_set1_ps(kMinus2SqrtTwoOverPi)), inner);
   }
+};
+
+LLM_AVX2 void RowAvx2(float* o, const float* gate, const float* up, int64_t n) {
+  SigmoidGatedRow256(o, gate, up, n, MinusTwoU{});
 }
 
 }  // namespace

@@ -28,14 +28,13 @@ LLM_AVX512 void RowAvx512(float* o, const float* gate, const float* up, int64_t 
   }
 }
 
+// SiLU's exponent argument, -g.
+struct MinusGate {
+  LLM_AVX2 __m256 operator()(__m256 g) const { return _mm256_sub_ps(_mm256_setzero_ps(), g); }
+};
+
 LLM_AVX2 void RowAvx2(float* o, const float* gate, const float* up, int64_t n) {
-  const __m256 one = _mm256_set1_ps(1.0f);
-  for (int64_t i = 0; i < n; i += 8) {
-    const __m256 g = LoadFirst(gate + i, n - i);
-    const __m256 u = LoadFirst(up + i, n - i);
-    const __m256 e = Exp256(_mm256_sub_ps(_mm256_setzero_ps(), g));
-    StoreFirst(o + i, n - i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), u));
-  }
+  SigmoidGatedRow256(o, gate, up, n, MinusGate{});
 }
 
 }  // namespace
