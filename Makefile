@@ -191,9 +191,10 @@ test-asan: deps pyenv fixtures
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --output-on-failure -j $(JOBS) -L '$(SAN_LABELS)'
 
-# Faults injected at random into a TP-2 local cluster under load for MINUTES (tests/chaos):
-# prints the fault schedule, faults by kind, requests by status, latency during and outside
-# faults, the scheduler's memory and the invariants' result. SEED replays a run's schedule.
+# Faults injected at random into a TP-2 local cluster under load for MINUTES, then a sixth as
+# long with the scheduler killed too (tests/chaos): prints the fault schedules, faults by kind,
+# requests by status, latency during and outside faults, the scheduler's memory and the
+# invariants' result. SEED replays a run's schedule.
 MINUTES ?= 30
 SEED ?= $(shell date +%s)
 chaos: build

@@ -1,26 +1,28 @@
-// Chaos under load: a local cluster at tensor parallelism 2 (real llm-cluster, llm-scheduler
-// and llm-worker processes on loopback) serves a steady mixed load while an injector, at random
-// moments, SIGKILLs a worker, SIGSTOPs one for a random time (below and past the worker
-// timeout), or fires a burst past the admission limit; faults may overlap (a second one before
-// the first is repaired). The load: streaming requests of a fixed pool (prompts of 4 to about
-// 250 tokens, greedy and seeded, n = 1 and 2, 8 to 48 tokens), some cancelled after a few
-// responses, some with short deadlines; the KV cache is small enough that requests are
-// preempted, and prefixes repeat.
+// Chaos under load: a local cluster at tensor parallelism 2 (real llm-cluster, llm-scheduler and
+// llm-worker processes on loopback) serves a steady mixed load while an injector, at random
+// moments, SIGKILLs a worker, SIGSTOPs one for a random time (below and past the worker timeout),
+// or fires a burst past the admission limit; faults may overlap (a second one before the first is
+// repaired). A second, shorter phase SIGKILLs the scheduler too (llm-cluster restarts it on its
+// port over the same workers), among the same worker faults. The load: streaming requests of a
+// fixed pool (prompts of 4 to about 250 tokens, greedy and seeded, n = 1 and 2, 8 to 48 tokens),
+// some cancelled after a few responses, some with short deadlines; the KV cache is small enough
+// that requests are preempted, and prefixes repeat.
 //
-// Invariants, checked on every request: the tokens a stream received are a prefix of that
-// request's undisturbed output (measured twice before the faults, and equal); a request that
-// ends OK received all of it; any other end is CANCELLED (only when the client cancelled),
-// DEADLINE_EXCEEDED (only with a deadline of its own: without one, hitting the hang guard is a
-// hang), RESOURCE_EXHAUSTED naming the limit, or UNAVAILABLE naming the cause (a worker rank,
-// recovery, shutdown). At the end: the group serves again, every block is free, the pool's
-// requests give their undisturbed outputs again (prefix cache included), the scheduler's
-// resident memory grew at most 5%, and a SIGTERM drain in the middle of requests ends them
-// well and leaves no process and no shared-memory file.
+// Invariants, checked on every request: the tokens a stream received are a prefix of that request's
+// undisturbed output (measured twice before the faults, and equal); a request that ends OK received
+// all of it; any other end is CANCELLED (only when the client cancelled), DEADLINE_EXCEEDED (only
+// with a deadline of its own: without one, hitting the hang guard is a hang), RESOURCE_EXHAUSTED
+// naming the limit, or UNAVAILABLE naming the cause (a worker rank, recovery, shutdown) or, while a
+// killed scheduler is away, in gRPC's words, within 5 s of the kill for a call it was serving.
+// After each phase: the group serves again, every block is free, the pool's requests give their
+// undisturbed outputs again (prefix cache included); the scheduler's resident memory grew at most
+// 5% over the first phase; at the end a SIGTERM drain in the middle of requests ends them well and
+// leaves no process and no shared-memory file.
 //
-// Seeded and replayable: LLM_CHAOS_SEED chooses the fault schedule (printed first), which the
-// same seed reproduces; LLM_CHAOS_SECONDS the length of the faulted load (default 60, as in
-// `make test`; `make chaos MINUTES=30` runs longer with a fresh seed). Deadlines are hang
-// guards; what the test asserts does not depend on timing.
+// Seeded and replayable: LLM_CHAOS_SEED chooses the fault schedules (printed first), which the same
+// seed reproduces; LLM_CHAOS_SECONDS the length of the first phase (default 60, as in `make test`;
+// `make chaos MINUTES=30` runs longer with a fresh seed), the second lasting a sixth of it, at
+// least 15 s. Deadlines are hang guards; what the test asserts does not depend on timing.
 #include <signal.h>
 #include <stdlib.h>
 
@@ -42,6 +44,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -156,8 +159,11 @@ Outcome Call(v1::LLMService::Stub& stub, const std::vector<Kind>& pool, int kind
   return o;
 }
 
-// What is wrong with `o`, given the undisturbed outputs; empty when nothing.
-std::string Violation(const Outcome& o, const std::vector<Tokens>& want) {
+// What is wrong with `o`, given the undisturbed outputs; empty when nothing. `scheduler_down`:
+// its call overlapped a killed scheduler's absence, when gRPC itself says UNAVAILABLE (the
+// connection ended, or none could be made) in words of its own.
+std::string Violation(const Outcome& o, const std::vector<Tokens>& want,
+                      bool scheduler_down = false) {
   const Tokens& ref = want[o.kind];
   for (const auto& [index, ids] : o.tokens) {
     auto it = ref.find(index);
@@ -181,6 +187,7 @@ std::string Violation(const Outcome& o, const std::vector<Tokens>& want) {
       return absl::StrContains(m, "concurrent requests") ? ""
                                                          : absl::StrCat("RESOURCE_EXHAUSTED: ", m);
     case grpc::StatusCode::UNAVAILABLE:
+      if (scheduler_down) return "";
       for (const char* cause :
            {"worker rank", "recover", "not ready", "shutting down", "draining", "worker group"}) {
         if (absl::StrContains(m, cause)) return "";
@@ -214,7 +221,7 @@ int64_t StatusKiB(pid_t pid, const std::string& field) {
 }
 
 struct Fault {
-  enum Type { kKill, kStopShort, kStopLong, kBurst } type;
+  enum Type { kKill, kStopShort, kStopLong, kBurst, kKillScheduler } type;
   double at_s;
   int rank;           // which of the workers alive then (by pid order)
   double duration_s;  // stops
@@ -230,12 +237,16 @@ const char* Name(Fault::Type t) {
       return "SIGSTOP past the worker timeout";
     case Fault::kBurst:
       return "burst past the admission limit";
+    case Fault::kKillScheduler:
+      return "SIGKILL of the scheduler";
   }
   return "?";
 }
 
-// The faults of a run of `seconds`, from `seed` alone.
-std::vector<Fault> Schedule(uint64_t seed, double seconds) {
+// The faults of a phase of `seconds`, from `seed` alone. With `scheduler_kills`, about one in
+// four SIGKILLs the scheduler, and at least one does; without, the schedule is what a seed gave
+// before scheduler kills existed (so that old seeds still replay).
+std::vector<Fault> Schedule(uint64_t seed, double seconds, bool scheduler_kills) {
   Rng rng(seed);
   std::vector<Fault> faults;
   for (double t = 2;;) {
@@ -252,9 +263,45 @@ std::vector<Fault> Schedule(uint64_t seed, double seconds) {
     if (f.type == Fault::kStopShort) f.duration_s = rng.Uniform(0.3, 2);
     if (f.type == Fault::kStopLong) f.duration_s = rng.Uniform(4, 12);
     f.duration_s = std::min(f.duration_s, std::max(0.0, seconds - 1 - t));
+    if (scheduler_kills && rng.Uniform(0, 1) < 0.25) {
+      f.type = Fault::kKillScheduler;
+      f.duration_s = 0;
+    }
     faults.push_back(f);
   }
+  if (!scheduler_kills) return faults;
+  const auto is_kill = [](const Fault& f) { return f.type == Fault::kKillScheduler; };
+  if (!faults.empty() && std::none_of(faults.begin(), faults.end(), is_kill)) {
+    faults[faults.size() / 2].type = Fault::kKillScheduler;
+    faults[faults.size() / 2].duration_s = 0;
+  }
+  // The first scheduler kill, and half of the others, find a worker stopped past the worker
+  // timeout, which the new scheduler must still bring into its group.
+  std::vector<Fault> stalls;
+  for (const Fault& f : faults) {
+    if (!is_kill(f) || (!stalls.empty() && rng.Below(2) == 0)) continue;
+    const double at = std::max(0.5, f.at_s - rng.Uniform(0.3, 1.5));
+    stalls.push_back({.type = Fault::kStopLong,
+                      .at_s = at,
+                      .rank = rng.Below(2),
+                      .duration_s = std::min(rng.Uniform(4, 8), std::max(0.0, seconds - 1 - at))});
+  }
+  faults.insert(faults.end(), stalls.begin(), stalls.end());
+  std::stable_sort(faults.begin(), faults.end(),
+                   [](const Fault& a, const Fault& b) { return a.at_s < b.at_s; });
   return faults;
+}
+
+void PrintSchedule(const char* phase, const std::vector<Fault>& schedule, double seconds) {
+  std::printf("chaos: %s, %.0f s, %zu faults:\n", phase, seconds, schedule.size());
+  for (const Fault& f : schedule) {
+    std::printf("  +%5.1f s  %s%s%s\n", f.at_s, Name(f.type),
+                f.type == Fault::kKillScheduler || f.type == Fault::kBurst
+                    ? ""
+                    : absl::StrCat(", worker ", f.rank).c_str(),
+                f.duration_s > 0 ? absl::StrCat(", for ", f.duration_s, " s").c_str() : "");
+  }
+  std::fflush(stdout);
 }
 
 double Percentile(std::vector<double> v, double p) {
@@ -263,23 +310,260 @@ double Percentile(std::vector<double> v, double p) {
   return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
 }
 
+// What one phase of faulted load gave.
+struct Phase {
+  std::vector<Outcome> outcomes;
+  std::vector<std::pair<absl::Time, absl::Time>> fault_windows;  // for the latency figures
+  std::vector<absl::Time> scheduler_kills;
+  std::vector<double> scheduler_back_s;  // from each kill until a fresh channel saw SERVING
+  std::map<std::string, int> injected;   // by kind
+  std::vector<int64_t> anon_samples;     // the sampled process's RssAnon in KiB, every 5 s
+};
+
+// `kLoadThreads` clients, each keeping a request of the pool in flight (some cancelled, some
+// with deadlines), on `c` for `seconds` while `schedule` is injected; the client's random
+// choices come from `seed`. When `sample` > 0, its anonymous resident memory every 5 s.
+Phase RunFaultedLoad(LocalCluster& c, const std::vector<Kind>& pool,
+                     const std::vector<Fault>& schedule, double seconds, uint64_t seed,
+                     pid_t sample) {
+  Phase phase;
+  v1::LLMService::Stub& stub = c.stub();
+  std::mutex mu;
+  std::atomic<bool> stop_load{false};
+  std::vector<std::thread> clients;
+  for (int t = 0; t < kLoadThreads; ++t) {
+    clients.emplace_back([&, t] {
+      Rng rng(seed * 1000 + t);
+      while (!stop_load) {
+        const int kind = rng.Below(static_cast<int>(pool.size()));
+        const double r = rng.Uniform(0, 1);
+        const int cancel_after = r < 0.15 ? 1 + rng.Below(4) : 0;
+        const absl::Duration deadline = r >= 0.15 && r < 0.25
+                                            ? absl::Milliseconds(rng.Uniform(200, 1500))
+                                            : absl::ZeroDuration();
+        Outcome o = Call(stub, pool, kind, cancel_after, deadline);
+        // Refused (recovering, at the limit): back off as a client would, not spin.
+        const bool refused = o.status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                             o.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          phase.outcomes.push_back(std::move(o));
+        }
+        if (refused) absl::SleepFor(absl::Milliseconds(100));
+      }
+    });
+  }
+
+  std::thread sampler([&] {
+    while (sample > 0 && !stop_load) {
+      for (int i = 0; i < 500 && !stop_load; ++i) absl::SleepFor(absl::Milliseconds(10));
+      phase.anon_samples.push_back(StatusKiB(sample, "RssAnon"));
+    }
+  });
+
+  // The faults, on this thread.
+  std::vector<std::thread> bursts, watchers;
+  struct Stopped {
+    pid_t pid;
+    absl::Time at, until;
+  };
+  std::vector<Stopped> stopped;
+  const absl::Time t0 = absl::Now();
+  auto continue_due = [&](bool all) {
+    for (auto it = stopped.begin(); it != stopped.end();) {
+      if (!all && absl::Now() < it->until) {
+        ++it;
+        continue;
+      }
+      kill(it->pid, SIGCONT);
+      std::lock_guard<std::mutex> lock(mu);
+      phase.fault_windows.push_back({it->at, absl::Now() + absl::Seconds(5)});
+      it = stopped.erase(it);
+    }
+  };
+  for (const Fault& f : schedule) {
+    while (absl::Now() < t0 + absl::Seconds(f.at_s)) {
+      continue_due(false);
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    if (f.type == Fault::kBurst) {
+      for (int i = 0; i < kBurst; ++i) {
+        bursts.emplace_back([&, i] {
+          Outcome o = Call(stub, pool, i % static_cast<int>(pool.size()));
+          std::lock_guard<std::mutex> lock(mu);
+          phase.outcomes.push_back(std::move(o));
+        });
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      phase.fault_windows.push_back({absl::Now(), absl::Now() + absl::Seconds(3)});
+    } else if (f.type == Fault::kKillScheduler) {
+      const pid_t scheduler = c.SchedulerPid();
+      if (scheduler == 0) {
+        ++phase.injected["skipped: no scheduler alive"];
+        continue;
+      }
+      kill(scheduler, SIGKILL);
+      // How soon the new scheduler serves, through a new channel each time (no reconnect
+      // backoff of the clients' channel in the figure).
+      watchers.emplace_back([&, killed = absl::Now()] {
+        while (absl::Now() < killed + absl::Seconds(60)) {
+          if (HealthChecker(c.address()).Check("", absl::Milliseconds(200)) ==
+              HealthChecker::kServing) {
+            std::lock_guard<std::mutex> lock(mu);
+            phase.scheduler_back_s.push_back(absl::ToDoubleSeconds(absl::Now() - killed));
+            return;
+          }
+          absl::SleepFor(absl::Milliseconds(20));
+        }
+      });
+      std::lock_guard<std::mutex> lock(mu);
+      phase.scheduler_kills.push_back(absl::Now());
+      phase.fault_windows.push_back({absl::Now(), absl::Now() + absl::Seconds(5)});
+    } else {
+      const std::vector<pid_t> workers = c.WorkerPids();
+      if (workers.empty()) {
+        ++phase.injected["skipped: no worker alive"];
+        continue;
+      }
+      const pid_t pid = workers[f.rank % workers.size()];
+      if (f.type == Fault::kKill) {
+        kill(pid, SIGKILL);
+        std::erase_if(stopped, [pid](const Stopped& s) { return s.pid == pid; });
+        std::lock_guard<std::mutex> lock(mu);
+        phase.fault_windows.push_back({absl::Now(), absl::Now() + absl::Seconds(5)});
+      } else {
+        kill(pid, SIGSTOP);
+        stopped.push_back({pid, absl::Now(), absl::Now() + absl::Seconds(f.duration_s)});
+      }
+    }
+    ++phase.injected[Name(f.type)];
+  }
+  while (absl::Now() < t0 + absl::Seconds(seconds)) {
+    continue_due(false);
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  continue_due(true);
+  stop_load = true;
+  for (std::thread& t : clients) t.join();
+  for (std::thread& t : bursts) t.join();
+  for (std::thread& t : watchers) t.join();
+  sampler.join();
+  return phase;
+}
+
+// For each scheduler kill, the time its clients may be told UNAVAILABLE in gRPC's words: from the
+// kill until the start of the first call after it that was served (got a token).
+std::vector<std::pair<absl::Time, absl::Time>> SchedulerDownWindows(const Phase& phase) {
+  std::vector<std::pair<absl::Time, absl::Time>> windows;
+  for (absl::Time kill : phase.scheduler_kills) {
+    absl::Time back = absl::InfiniteFuture();
+    for (const Outcome& o : phase.outcomes) {
+      if (o.start > kill && !o.tokens.empty()) back = std::min(back, o.start);
+    }
+    windows.push_back({kill, back});
+  }
+  return windows;
+}
+
+// Checks every request of `phase` (ADD_FAILURE for the first 20 violations), prints its figures
+// under `title`; the number of violations.
+int CheckAndReport(const char* title, const Phase& phase, const std::vector<Tokens>& want) {
+  const std::vector<std::pair<absl::Time, absl::Time>> down = SchedulerDownWindows(phase);
+  std::map<std::string, int> by_status;
+  std::vector<double> latency_in_faults, latency_outside;
+  int violations = 0;
+  const auto overlaps = [](const Outcome& o, const std::pair<absl::Time, absl::Time>& w) {
+    return o.start < w.second && o.end > w.first;
+  };
+  for (const Outcome& o : phase.outcomes) {
+    ++by_status[o.status.ok() ? std::string("OK")
+                              : absl::StrCat(static_cast<int>(o.status.error_code()))];
+    const bool scheduler_down =
+        std::any_of(down.begin(), down.end(), [&](const auto& w) { return overlaps(o, w); });
+    std::string v = Violation(o, want, scheduler_down);
+    // A killed scheduler's calls end with its connections, at once: none waits for a guard.
+    for (absl::Time kill : phase.scheduler_kills) {
+      if (v.empty() && !o.status.ok() && o.start < kill && o.end > kill + absl::Seconds(5)) {
+        v = absl::StrCat("ended ", absl::FormatDuration(o.end - kill),
+                         " after the scheduler was killed: ", o.status.error_message());
+      }
+    }
+    if (!v.empty() && ++violations <= 20) {
+      ADD_FAILURE() << title << ": request of kind " << o.kind << " ("
+                    << absl::FormatTime("%H:%M:%E3S", o.end, absl::LocalTimeZone()) << "): " << v;
+    }
+    if (!o.status.ok() || o.cancelled_by_client) continue;
+    const bool in_fault = std::any_of(phase.fault_windows.begin(), phase.fault_windows.end(),
+                                      [&](const auto& w) { return overlaps(o, w); });
+    (in_fault ? latency_in_faults : latency_outside)
+        .push_back(absl::ToDoubleMilliseconds(o.end - o.start));
+  }
+
+  std::printf("chaos: %s: faults injected:\n", title);
+  for (const auto& [name, n] : phase.injected) std::printf("  %3d  %s\n", n, name.c_str());
+  std::printf("chaos: %s: %zu requests by status (gRPC code):\n", title, phase.outcomes.size());
+  for (const auto& [name, n] : by_status) std::printf("  %5d  %s\n", n, name.c_str());
+  std::printf(
+      "chaos: %s: latency of the requests served whole, ms: outside faults p50 %.0f p99 %.0f "
+      "(%zu), during faults p50 %.0f p99 %.0f (%zu)\n",
+      title, Percentile(latency_outside, 0.5), Percentile(latency_outside, 0.99),
+      latency_outside.size(), Percentile(latency_in_faults, 0.5),
+      Percentile(latency_in_faults, 0.99), latency_in_faults.size());
+  if (!down.empty()) {
+    std::vector<double> gaps;
+    for (const auto& [kill, back] : down) gaps.push_back(absl::ToDoubleSeconds(back - kill));
+    const auto seconds = [](std::string* out, double g) {
+      absl::StrAppend(out, absl::StrFormat("%.2f", g));
+    };
+    std::printf(
+        "chaos: %s: from a scheduler kill, s: to SERVING on a new channel %s; to the next call "
+        "served %s\n",
+        title, absl::StrJoin(phase.scheduler_back_s, " ", seconds).c_str(),
+        absl::StrJoin(gaps, " ", seconds).c_str());
+  }
+  std::printf("chaos: %s: %d invariant violation(s)\n", title, violations);
+  std::fflush(stdout);
+  return violations;
+}
+
+// After a phase: the group serves again, every block is free, and the pool's requests give
+// their undisturbed outputs (through the prefix cache when it survived).
+void ExpectServesUndisturbedOutputs(LocalCluster& c, const std::vector<Kind>& pool,
+                                    const std::vector<Tokens>& want, const char* after) {
+  HealthChecker health(c.address());
+  EXPECT_TRUE(WaitUntilServing(health, absl::Seconds(90))) << "not serving after " << after;
+  absl::StatusOr<v1::GetStatsResponse> stats = WaitUntilAllBlocksFree(c.stub(), absl::Seconds(60));
+  EXPECT_TRUE(stats.ok()) << after << ": " << stats.status();
+  for (const Outcome& o : RunPool(c.stub(), pool)) {
+    EXPECT_TRUE(o.status.ok()) << after << ": " << o.status.error_message();
+    EXPECT_EQ(o.tokens, want[o.kind]) << "request " << o.kind << " after " << after;
+  }
+  stats = WaitUntilAllBlocksFree(c.stub(), absl::Seconds(60));
+  EXPECT_TRUE(stats.ok()) << after << ": " << stats.status();
+}
+
+// Phase one: SIGKILLs and SIGSTOPs of workers and bursts past the admission limit, with the
+// scheduler's memory watched. Phase two: the same with the scheduler killed as well (llm-cluster
+// restarts it on its port over the same workers), where its clients may only be told UNAVAILABLE
+// at once. Then a SIGTERM drain.
 TEST(ChaosTest, FaultsUnderLoadLoseNoTokenHangNothingAndLeakNothing) {
   const uint64_t seed = static_cast<uint64_t>(EnvInt("LLM_CHAOS_SEED", 20261128));
   const double seconds = static_cast<double>(EnvInt("LLM_CHAOS_SECONDS", 60));
-  const std::vector<Fault> schedule = Schedule(seed, seconds);
-  std::printf("chaos: seed %llu (LLM_CHAOS_SEED), %.0f s (LLM_CHAOS_SECONDS), %zu faults:\n",
-              static_cast<unsigned long long>(seed), seconds, schedule.size());
-  for (const Fault& f : schedule) {
-    std::printf("  +%5.1f s  %s, worker %d%s\n", f.at_s, Name(f.type), f.rank,
-                f.duration_s > 0 ? absl::StrCat(", for ", f.duration_s, " s").c_str() : "");
-  }
-  std::fflush(stdout);
+  const double scheduler_seconds = std::max(15.0, seconds / 6);
+  const std::vector<Fault> schedule = Schedule(seed, seconds, false);
+  const std::vector<Fault> scheduler_schedule = Schedule(seed + 1, scheduler_seconds, true);
+  std::printf("chaos: seed %llu (LLM_CHAOS_SEED), %.0f s (LLM_CHAOS_SECONDS)\n",
+              static_cast<unsigned long long>(seed), seconds);
+  PrintSchedule("workers' faults", schedule, seconds);
+  PrintSchedule("with the scheduler's", scheduler_schedule, scheduler_seconds);
 
   const std::string shm_dir =
       std::filesystem::temp_directory_path() / absl::StrCat("llm-chaos-shm-", getpid());
   std::filesystem::create_directories(shm_dir);
-  ClusterOptions options{
-      .tensor_parallel_size = 2, .restart_workers = true, .restart_delay_s = 0.5};
+  ClusterOptions options{.tensor_parallel_size = 2,
+                         .restart_workers = true,
+                         .restart_scheduler = true,
+                         .restart_delay_s = 0.5};
   options.engine = {{"worker_timeout", "3"},
                     {"collective_timeout", "3"},
                     {"recovery_timeout", "30"},
@@ -319,139 +603,11 @@ TEST(ChaosTest, FaultsUnderLoadLoseNoTokenHangNothingAndLeakNothing) {
   const int64_t rss_before = StatusKiB(scheduler, "VmRSS");
   const int64_t anon_before = StatusKiB(scheduler, "RssAnon");
 
-  // The load.
-  std::mutex mu;
-  std::vector<Outcome> outcomes;
-  std::vector<std::pair<absl::Time, absl::Time>> fault_windows;
-  std::atomic<bool> stop_load{false};
-  std::vector<std::thread> clients;
-  for (int t = 0; t < kLoadThreads; ++t) {
-    clients.emplace_back([&, t] {
-      Rng rng(seed * 1000 + t);
-      while (!stop_load) {
-        const int kind = rng.Below(static_cast<int>(pool.size()));
-        const double r = rng.Uniform(0, 1);
-        const int cancel_after = r < 0.15 ? 1 + rng.Below(4) : 0;
-        const absl::Duration deadline = r >= 0.15 && r < 0.25
-                                            ? absl::Milliseconds(rng.Uniform(200, 1500))
-                                            : absl::ZeroDuration();
-        Outcome o = Call(stub, pool, kind, cancel_after, deadline);
-        // Refused (recovering, at the limit): back off as a client would, not spin.
-        const bool refused = o.status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                             o.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
-        {
-          std::lock_guard<std::mutex> lock(mu);
-          outcomes.push_back(std::move(o));
-        }
-        if (refused) absl::SleepFor(absl::Milliseconds(100));
-      }
-    });
-  }
+  const Phase workers_phase = RunFaultedLoad(c, pool, schedule, seconds, seed, scheduler);
+  const int violations = CheckAndReport("workers' faults", workers_phase, want);
+  EXPECT_EQ(violations, 0);
+  ExpectServesUndisturbedOutputs(c, pool, want, "the workers' faults");
 
-  std::vector<int64_t> rss_samples;  // the scheduler's anonymous resident memory, every 5 s
-  std::thread sampler([&] {
-    while (!stop_load) {
-      for (int i = 0; i < 500 && !stop_load; ++i) absl::SleepFor(absl::Milliseconds(10));
-      rss_samples.push_back(StatusKiB(scheduler, "RssAnon"));
-    }
-  });
-
-  // The faults, on this thread.
-  std::map<std::string, int> injected;
-  std::vector<std::thread> bursts;
-  struct Stopped {
-    pid_t pid;
-    absl::Time at, until;
-  };
-  std::vector<Stopped> stopped;
-  const absl::Time t0 = absl::Now();
-  auto continue_due = [&](bool all) {
-    for (auto it = stopped.begin(); it != stopped.end();) {
-      if (!all && absl::Now() < it->until) {
-        ++it;
-        continue;
-      }
-      kill(it->pid, SIGCONT);
-      std::lock_guard<std::mutex> lock(mu);
-      fault_windows.push_back({it->at, absl::Now() + absl::Seconds(5)});
-      it = stopped.erase(it);
-    }
-  };
-  for (const Fault& f : schedule) {
-    while (absl::Now() < t0 + absl::Seconds(f.at_s)) {
-      continue_due(false);
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    if (f.type == Fault::kBurst) {
-      for (int i = 0; i < kBurst; ++i) {
-        bursts.emplace_back([&, i] {
-          Outcome o = Call(stub, pool, i % static_cast<int>(pool.size()));
-          std::lock_guard<std::mutex> lock(mu);
-          outcomes.push_back(std::move(o));
-        });
-      }
-      std::lock_guard<std::mutex> lock(mu);
-      fault_windows.push_back({absl::Now(), absl::Now() + absl::Seconds(3)});
-    } else {
-      const std::vector<pid_t> workers = c.WorkerPids();
-      if (workers.empty()) {
-        ++injected["skipped: no worker alive"];
-        continue;
-      }
-      const pid_t pid = workers[f.rank % workers.size()];
-      if (f.type == Fault::kKill) {
-        kill(pid, SIGKILL);
-        std::erase_if(stopped, [pid](const Stopped& s) { return s.pid == pid; });
-        std::lock_guard<std::mutex> lock(mu);
-        fault_windows.push_back({absl::Now(), absl::Now() + absl::Seconds(5)});
-      } else {
-        kill(pid, SIGSTOP);
-        stopped.push_back({pid, absl::Now(), absl::Now() + absl::Seconds(f.duration_s)});
-      }
-    }
-    ++injected[Name(f.type)];
-  }
-  while (absl::Now() < t0 + absl::Seconds(seconds)) {
-    continue_due(false);
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  continue_due(true);
-  stop_load = true;
-  for (std::thread& t : clients) t.join();
-  for (std::thread& t : bursts) t.join();
-  sampler.join();
-
-  // Every request's end.
-  std::map<std::string, int> by_status;
-  std::vector<double> latency_in_faults, latency_outside;
-  int violations = 0;
-  for (const Outcome& o : outcomes) {
-    ++by_status[o.status.ok() ? std::string("OK")
-                              : absl::StrCat(static_cast<int>(o.status.error_code()))];
-    const std::string v = Violation(o, want);
-    if (!v.empty() && ++violations <= 20) {
-      ADD_FAILURE() << "request of kind " << o.kind << " ("
-                    << absl::FormatTime("%H:%M:%E3S", o.end, absl::LocalTimeZone()) << "): " << v;
-    }
-    if (!o.status.ok() || o.cancelled_by_client) continue;
-    const bool in_fault =
-        std::any_of(fault_windows.begin(), fault_windows.end(),
-                    [&](const auto& w) { return o.start < w.second && o.end > w.first; });
-    (in_fault ? latency_in_faults : latency_outside)
-        .push_back(absl::ToDoubleMilliseconds(o.end - o.start));
-  }
-
-  // After the load: the group serves again, every block is free, the pool's outputs are the same.
-  HealthChecker health(c.address());
-  EXPECT_TRUE(WaitUntilServing(health, absl::Seconds(90))) << "the group did not come back";
-  absl::StatusOr<v1::GetStatsResponse> stats = WaitUntilAllBlocksFree(stub, absl::Seconds(60));
-  EXPECT_TRUE(stats.ok()) << stats.status();
-  for (const Outcome& o : RunPool(stub, pool)) {
-    EXPECT_TRUE(o.status.ok()) << o.status.error_message();
-    EXPECT_EQ(o.tokens, want[o.kind]) << "request " << o.kind << " after the faults";
-  }
-  stats = WaitUntilAllBlocksFree(stub, absl::Seconds(60));
-  EXPECT_TRUE(stats.ok()) << stats.status();
   // Measured once the scheduler has returned its free heap pages (every 10 s), not in the
   // middle of what the last requests held.
   absl::SleepFor(absl::Seconds(11));
@@ -460,6 +616,18 @@ TEST(ChaosTest, FaultsUnderLoadLoseNoTokenHangNothingAndLeakNothing) {
   EXPECT_EQ(c.SchedulerPid(), scheduler);
   EXPECT_LE(rss_after, rss_before * 105 / 100)
       << "the scheduler's resident memory grew from " << rss_before << " KiB to " << rss_after;
+  std::printf(
+      "chaos: scheduler resident memory %lld KiB before the faults, %lld KiB after (anonymous: "
+      "%lld, %lld; every 5 s: %s)\n",
+      static_cast<long long>(rss_before), static_cast<long long>(rss_after),
+      static_cast<long long>(anon_before), static_cast<long long>(anon_after),
+      absl::StrJoin(workers_phase.anon_samples, " ").c_str());
+
+  const Phase scheduler_phase =
+      RunFaultedLoad(c, pool, scheduler_schedule, scheduler_seconds, seed + 1, 0);
+  EXPECT_EQ(CheckAndReport("with the scheduler's", scheduler_phase, want), 0);
+  EXPECT_NE(c.SchedulerPid(), scheduler) << "the scheduler was killed but not restarted";
+  ExpectServesUndisturbedOutputs(c, pool, want, "the scheduler's faults");
 
   // A SIGTERM drain in the middle of requests: each ends with its output or says why.
   std::vector<Outcome> drained(8);
@@ -485,25 +653,6 @@ TEST(ChaosTest, FaultsUnderLoadLoseNoTokenHangNothingAndLeakNothing) {
   }
   EXPECT_TRUE(left.empty()) << "shared-memory files left: " << absl::StrJoin(left, ", ");
   std::filesystem::remove_all(shm_dir);
-
-  std::printf("chaos: faults injected:\n");
-  for (const auto& [name, n] : injected) std::printf("  %3d  %s\n", n, name.c_str());
-  std::printf("chaos: %zu requests by status (gRPC code):\n", outcomes.size());
-  for (const auto& [name, n] : by_status) std::printf("  %5d  %s\n", n, name.c_str());
-  std::printf(
-      "chaos: latency of the requests served whole, ms: outside faults p50 %.0f p99 %.0f (%zu), "
-      "during faults p50 %.0f p99 %.0f (%zu)\n",
-      Percentile(latency_outside, 0.5), Percentile(latency_outside, 0.99), latency_outside.size(),
-      Percentile(latency_in_faults, 0.5), Percentile(latency_in_faults, 0.99),
-      latency_in_faults.size());
-  std::printf(
-      "chaos: scheduler resident memory %lld KiB before the faults, %lld KiB after (anonymous: "
-      "%lld, %lld; every 5 s: %s)\n",
-      static_cast<long long>(rss_before), static_cast<long long>(rss_after),
-      static_cast<long long>(anon_before), static_cast<long long>(anon_after),
-      absl::StrJoin(rss_samples, " ").c_str());
-  std::printf("chaos: %d invariant violation(s)\n", violations);
-  EXPECT_EQ(violations, 0);
 }
 
 }  // namespace
