@@ -105,7 +105,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterO
         << "tensor_parallel_size: " << options.tensor_parallel_size << "\n"
         << "device: " << options.device << "\n"
         << "scheduler: {host: 127.0.0.1, port: 0}\n"
-        << "workers: {host: 127.0.0.1, base_port: 0}\n"
+        << "workers: {host: " << options.worker_host << ", base_port: 0}\n"
         << "restart_workers: " << (options.restart_workers ? "true" : "false") << "\n"
         << "restart_scheduler: " << (options.restart_scheduler ? "true" : "false") << "\n"
         << "restart_delay_s: " << options.restart_delay_s << "\n"

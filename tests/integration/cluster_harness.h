@@ -33,8 +33,11 @@ struct ClusterOptions {
   bool restart_scheduler = false;
   double restart_delay_s = 1;
   std::string device = "cpu";  // the manifest's `device`
-  // llm-cluster --worker-binary (a name in build/bin, e.g. llm-worker-emu); empty: llm-worker.
-  // Applies to `manifest` too.
+  // The manifest's `workers: host` (the workers listen there and the scheduler calls them there),
+  // e.g. an address of a network namespace that `worker_binary` starts them in.
+  std::string worker_host = "127.0.0.1";
+  // llm-cluster --worker-binary (a name in build/bin, e.g. llm-worker-emu, or a path); empty:
+  // llm-worker. Applies to `manifest` too.
   std::string worker_binary;
   // llm-scheduler options (manifest `engine:` keys, underscores), e.g. {"block_size", "16"}.
   std::vector<std::pair<std::string, std::string>> engine;

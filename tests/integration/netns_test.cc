@@ -20,7 +20,7 @@
 // Then rank 1's link is cut (`ip link set p1 down` in the hub) during a stream: the scheduler
 // notices through keepalive (well before its step deadline), and once the link is up again the
 // group is rebuilt and serves the same greedy output. Every namespace is deleted at the end,
-// also when the test fails (NetworkGuard).
+// also when the test fails (NetworkGuard, netns_harness.h).
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -43,6 +43,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "tests/integration/cluster_harness.h"
+#include "tests/integration/netns_harness.h"
 #include "tools/child_process.h"
 #include "tools/health_check.h"
 
@@ -65,97 +66,6 @@ const std::vector<std::string>& Prompts() {
       "A fortune: you will travel far, and",
   };
   return *p;
-}
-
-// Runs a shell command; its exit status and output (stdout and stderr).
-std::pair<int, std::string> Sh(const std::string& command) {
-  std::string output;
-  FILE* f = popen((command + " 2>&1").c_str(), "r");
-  if (f == nullptr) return {-1, "popen failed"};
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0) output.append(buf, n);
-  const int status = pclose(f);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
-}
-
-absl::Status Must(const std::string& command) {
-  auto [rc, out] = Sh(command);
-  if (rc != 0) return absl::InternalError(absl::StrCat("`", command, "` failed (", rc, "): ", out));
-  return absl::OkStatus();
-}
-
-// The namespaces and links of one run; the destructor deletes them (their veth pairs go with
-// them, the root's end included), whatever state the test left them in.
-class NetworkGuard {
- public:
-  NetworkGuard() : tag_(absl::StrCat("llm", getpid())) {
-    subnet_ = absl::StrCat("10.213.", getpid() % 250 + 1, ".");
-  }
-  ~NetworkGuard() {
-    for (const std::string& ns : namespaces_) (void)Sh("ip netns del " + ns);
-    (void)Sh("ip link del " + RootLink());
-  }
-  NetworkGuard(const NetworkGuard&) = delete;
-  NetworkGuard& operator=(const NetworkGuard&) = delete;
-
-  std::string Hub() const { return tag_ + "-hub"; }
-  std::string Rank(int r) const { return absl::StrCat(tag_, "-r", r); }
-  std::string RootLink() const { return "lv" + std::to_string(getpid()); }
-  std::string SchedulerAddress() const { return subnet_ + "1"; }
-  std::string RankAddress(int r) const { return absl::StrCat(subnet_, 10 + r); }
-  std::string HubPort(int r) const { return absl::StrCat("p", r); }
-
-  absl::Status AddNamespace(const std::string& ns) {
-    if (absl::Status s = Must("ip netns add " + ns); !s.ok()) return s;
-    namespaces_.push_back(ns);
-    return Must(absl::StrCat("ip -n ", ns, " link set lo up"));
-  }
-
-  absl::Status Build(int world) {
-    if (absl::Status s = AddNamespace(Hub()); !s.ok()) return s;
-    std::vector<std::string> commands = {
-        absl::StrCat("ip -n ", Hub(), " link add br0 type bridge"),
-        absl::StrCat("ip -n ", Hub(), " link set br0 up"),
-        absl::StrCat("ip link add ", RootLink(), " type veth peer name s netns ", Hub()),
-        absl::StrCat("ip -n ", Hub(), " link set s master br0 up"),
-        absl::StrCat("ip addr add ", SchedulerAddress(), "/24 dev ", RootLink()),
-        absl::StrCat("ip link set ", RootLink(), " up"),
-    };
-    for (int r = 0; r < world; ++r) {
-      if (absl::Status s = AddNamespace(Rank(r)); !s.ok()) return s;
-      commands.push_back(absl::StrCat("ip -n ", Hub(), " link add ", HubPort(r),
-                                      " type veth peer name eth0 netns ", Rank(r)));
-      commands.push_back(absl::StrCat("ip -n ", Hub(), " link set ", HubPort(r), " master br0 up"));
-      commands.push_back(
-          absl::StrCat("ip -n ", Rank(r), " addr add ", RankAddress(r), "/24 dev eth0"));
-      commands.push_back(absl::StrCat("ip -n ", Rank(r), " link set eth0 up"));
-    }
-    for (const std::string& c : commands) {
-      if (absl::Status s = Must(c); !s.ok()) return s;
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status SetRankLink(int r, bool up) {
-    return Must(absl::StrCat("ip -n ", Hub(), " link set ", HubPort(r), up ? " up" : " down"));
-  }
-
- private:
-  std::string tag_;
-  std::string subnet_;
-  std::vector<std::string> namespaces_;
-};
-
-// Why this host cannot run the test, or "" when it can: creates and deletes a namespace.
-std::string CannotUseNetns() {
-  if (Sh("command -v ip").first != 0) return "the `ip` command is missing";
-  if (Sh("command -v ss").first != 0) return "the `ss` command is missing";
-  const std::string probe = absl::StrCat("llm", getpid(), "-probe");
-  auto [rc, out] = Sh("ip netns add " + probe);
-  if (rc != 0) return "`ip netns add` is not permitted here: " + out;
-  (void)Sh("ip netns del " + probe);
-  return "";
 }
 
 std::string ReadFile(const std::string& path) {
@@ -216,15 +126,15 @@ TEST(NetnsTest, TensorParallelAcrossNamespacesOverGlooSurvivesACutLink) {
   for (int r = 0; r < kWorld; ++r) {
     const std::string port_file = absl::StrCat(dir, "/worker-", r, ".port");
     absl::StatusOr<std::unique_ptr<ChildProcess>> w = StartLogged(
-        absl::StrCat("ip netns exec ", net.Rank(r), " ", bin,
-                     "/llm-worker --host=", net.RankAddress(r), " --port=0 --port-file=", port_file,
-                     " --peer-host=", net.RankAddress(r), " --shm-collectives=false --threads=1"),
+        absl::StrCat("ip netns exec ", net.Host(r), " ", bin,
+                     "/llm-worker --host=", net.HostAddress(r), " --port=0 --port-file=", port_file,
+                     " --peer-host=", net.HostAddress(r), " --shm-collectives=false --threads=1"),
         absl::StrCat(dir, "/worker-", r, ".log"));
     ASSERT_TRUE(w.ok()) << w.status();
     const std::string port = WaitForFile(port_file, **w, absl::Seconds(60));
     ASSERT_FALSE(port.empty()) << "rank " << r << " did not start: "
                                << ReadFile(absl::StrCat(dir, "/worker-", r, ".log"));
-    addresses.push_back(absl::StrCat(net.RankAddress(r), ":", port));
+    addresses.push_back(absl::StrCat(net.HostAddress(r), ":", port));
     workers.push_back(std::move(*w));
   }
   const std::string scheduler_log = dir + "/scheduler.log";
@@ -254,8 +164,8 @@ TEST(NetnsTest, TensorParallelAcrossNamespacesOverGlooSurvivesACutLink) {
 
   // Gloo over the links: the ranks' own report, and rank 1's TCP connection to rank 0.
   EXPECT_THAT(ReadFile(scheduler_log), HasSubstr("worker group collectives: gloo"));
-  auto [ss_rc, ss_out] = Sh(absl::StrCat("ip netns exec ", net.Rank(1),
-                                         " ss -Htn state established dst ", net.RankAddress(0)));
+  auto [ss_rc, ss_out] = Sh(absl::StrCat("ip netns exec ", net.Host(1),
+                                         " ss -Htn state established dst ", net.HostAddress(0)));
   EXPECT_EQ(ss_rc, 0);
   EXPECT_FALSE(ss_out.empty()) << "rank 1 has no TCP connection to rank 0";
 
@@ -274,13 +184,13 @@ TEST(NetnsTest, TensorParallelAcrossNamespacesOverGlooSurvivesACutLink) {
       tokens.insert(tokens.end(), o.token_ids().begin(), o.token_ids().end());
     }
     const absl::Time cut = absl::Now();
-    ASSERT_TRUE(net.SetRankLink(1, false).ok());
+    ASSERT_TRUE(net.SetHostLink(1, false).ok());
     const absl::Duration noticed = TimeUntilNotServing(health, cut, kNoticedWithin);
     std::printf("rank 1's link cut in mid-stream: NOT_SERVING after %s\n",
                 absl::FormatDuration(noticed).c_str());
     EXPECT_LT(noticed, kNoticedWithin);
     absl::SleepFor(absl::Seconds(2));  // still cut a little after it was noticed
-    ASSERT_TRUE(net.SetRankLink(1, true).ok());
+    ASSERT_TRUE(net.SetHostLink(1, true).ok());
 
     while (stream->Read(&resp)) {
       for (const v1::SequenceOutput& o : resp.outputs()) {
