@@ -1,12 +1,13 @@
 // Chaos under load: a local cluster at tensor parallelism 2 (real llm-cluster, llm-scheduler and
 // llm-worker processes on loopback) serves a steady mixed load while an injector, at random
 // moments, SIGKILLs a worker, SIGSTOPs one for a random time (below and past the worker timeout),
-// or fires a burst past the admission limit; faults may overlap (a second one before the first is
-// repaired). A second, shorter phase SIGKILLs the scheduler too (llm-cluster restarts it on its
-// port over the same workers), among the same worker faults. The load: streaming requests of a
-// fixed pool (prompts of 4 to about 250 tokens, greedy and seeded, n = 1 and 2, 8 to 48 tokens),
-// some cancelled after a few responses, some with short deadlines; the KV cache is small enough
-// that requests are preempted, and prefixes repeat.
+// cuts the workers' network for a random time (they run in a network namespace of their own
+// where the test may create one: netns_harness.h), or fires a burst past the admission limit;
+// faults may overlap (a second one before the first is repaired). A second, shorter phase SIGKILLs
+// the scheduler too (llm-cluster restarts it on its port over the same workers), among the same
+// worker faults. The load: streaming requests of a fixed pool (prompts of 4 to about 250 tokens,
+// greedy and seeded, n = 1 and 2, 8 to 48 tokens), some cancelled after a few responses, some with
+// short deadlines; the KV cache is small enough that requests are preempted, and prefixes repeat.
 //
 // Invariants, checked on every request: the tokens a stream received are a prefix of that request's
 // undisturbed output (measured twice before the faults, and equal); a request that ends OK received
@@ -50,6 +51,7 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "tests/integration/cluster_harness.h"
+#include "tests/integration/netns_harness.h"
 #include "tools/health_check.h"
 
 namespace llm::testing {
@@ -221,10 +223,10 @@ int64_t StatusKiB(pid_t pid, const std::string& field) {
 }
 
 struct Fault {
-  enum Type { kKill, kStopShort, kStopLong, kBurst, kKillScheduler } type;
+  enum Type { kKill, kStopShort, kStopLong, kCut, kBurst, kKillScheduler } type;
   double at_s;
   int rank;           // which of the workers alive then (by pid order)
-  double duration_s;  // stops
+  double duration_s;  // stops and cuts
 };
 
 const char* Name(Fault::Type t) {
@@ -235,6 +237,8 @@ const char* Name(Fault::Type t) {
       return "SIGSTOP below the worker timeout";
     case Fault::kStopLong:
       return "SIGSTOP past the worker timeout";
+    case Fault::kCut:
+      return "the workers' network cut";
     case Fault::kBurst:
       return "burst past the admission limit";
     case Fault::kKillScheduler:
@@ -244,8 +248,7 @@ const char* Name(Fault::Type t) {
 }
 
 // The faults of a phase of `seconds`, from `seed` alone. With `scheduler_kills`, about one in
-// four SIGKILLs the scheduler, and at least one does; without, the schedule is what a seed gave
-// before scheduler kills existed (so that old seeds still replay).
+// four SIGKILLs the scheduler, and at least one does.
 std::vector<Fault> Schedule(uint64_t seed, double seconds, bool scheduler_kills) {
   Rng rng(seed);
   std::vector<Fault> faults;
@@ -253,15 +256,17 @@ std::vector<Fault> Schedule(uint64_t seed, double seconds, bool scheduler_kills)
     t += rng.Uniform(1.5, 8);
     if (t > seconds - 3) break;
     const double r = rng.Uniform(0, 1);
-    Fault f{.type = r < 0.3   ? Fault::kKill
-                    : r < 0.5 ? Fault::kStopShort
-                    : r < 0.8 ? Fault::kStopLong
-                              : Fault::kBurst,
+    Fault f{.type = r < 0.25   ? Fault::kKill
+                    : r < 0.4  ? Fault::kStopShort
+                    : r < 0.65 ? Fault::kStopLong
+                    : r < 0.8  ? Fault::kCut
+                               : Fault::kBurst,
             .at_s = t,
             .rank = rng.Below(2),
             .duration_s = 0};
     if (f.type == Fault::kStopShort) f.duration_s = rng.Uniform(0.3, 2);
     if (f.type == Fault::kStopLong) f.duration_s = rng.Uniform(4, 12);
+    if (f.type == Fault::kCut) f.duration_s = rng.Uniform(0.5, 10);
     f.duration_s = std::min(f.duration_s, std::max(0.0, seconds - 1 - t));
     if (scheduler_kills && rng.Uniform(0, 1) < 0.25) {
       f.type = Fault::kKillScheduler;
@@ -296,7 +301,7 @@ void PrintSchedule(const char* phase, const std::vector<Fault>& schedule, double
   std::printf("chaos: %s, %.0f s, %zu faults:\n", phase, seconds, schedule.size());
   for (const Fault& f : schedule) {
     std::printf("  +%5.1f s  %s%s%s\n", f.at_s, Name(f.type),
-                f.type == Fault::kKillScheduler || f.type == Fault::kBurst
+                f.type == Fault::kKillScheduler || f.type == Fault::kBurst || f.type == Fault::kCut
                     ? ""
                     : absl::StrCat(", worker ", f.rank).c_str(),
                 f.duration_s > 0 ? absl::StrCat(", for ", f.duration_s, " s").c_str() : "");
@@ -322,8 +327,9 @@ struct Phase {
 
 // `kLoadThreads` clients, each keeping a request of the pool in flight (some cancelled, some
 // with deadlines), on `c` for `seconds` while `schedule` is injected; the client's random
-// choices come from `seed`. When `sample` > 0, its anonymous resident memory every 5 s.
-Phase RunFaultedLoad(LocalCluster& c, const std::vector<Kind>& pool,
+// choices come from `seed`. The workers' network is host 0 of `net` (null: no cuts). When
+// `sample` > 0, its anonymous resident memory every 5 s.
+Phase RunFaultedLoad(LocalCluster& c, NetworkGuard* net, const std::vector<Kind>& pool,
                      const std::vector<Fault>& schedule, double seconds, uint64_t seed,
                      pid_t sample) {
   Phase phase;
@@ -368,8 +374,16 @@ Phase RunFaultedLoad(LocalCluster& c, const std::vector<Kind>& pool,
     absl::Time at, until;
   };
   std::vector<Stopped> stopped;
+  std::optional<std::pair<absl::Time, absl::Time>> cut;  // from, until
   const absl::Time t0 = absl::Now();
   auto continue_due = [&](bool all) {
+    if (cut.has_value() && (all || absl::Now() >= cut->second)) {
+      const absl::Status s = net->SetHostLink(0, true);
+      EXPECT_TRUE(s.ok()) << s;
+      std::lock_guard<std::mutex> lock(mu);
+      phase.fault_windows.push_back({cut->first, absl::Now() + absl::Seconds(5)});
+      cut.reset();
+    }
     for (auto it = stopped.begin(); it != stopped.end();) {
       if (!all && absl::Now() < it->until) {
         ++it;
@@ -396,6 +410,19 @@ Phase RunFaultedLoad(LocalCluster& c, const std::vector<Kind>& pool,
       }
       std::lock_guard<std::mutex> lock(mu);
       phase.fault_windows.push_back({absl::Now(), absl::Now() + absl::Seconds(3)});
+    } else if (f.type == Fault::kCut) {
+      if (net == nullptr) {
+        ++phase.injected["skipped: no network namespace for the workers"];
+        continue;
+      }
+      const absl::Time until = absl::Now() + absl::Seconds(f.duration_s);
+      if (cut.has_value()) {
+        cut->second = std::max(cut->second, until);  // a cut during a cut lengthens it
+      } else {
+        const absl::Status s = net->SetHostLink(0, false);
+        EXPECT_TRUE(s.ok()) << s;
+        cut = {absl::Now(), until};
+      }
     } else if (f.type == Fault::kKillScheduler) {
       const pid_t scheduler = c.SchedulerPid();
       if (scheduler == 0) {
@@ -560,6 +587,24 @@ TEST(ChaosTest, FaultsUnderLoadLoseNoTokenHangNothingAndLeakNothing) {
   const std::string shm_dir =
       std::filesystem::temp_directory_path() / absl::StrCat("llm-chaos-shm-", getpid());
   std::filesystem::create_directories(shm_dir);
+
+  // The workers' own host: a network namespace behind a link the injector cuts (both ranks at
+  // once; their collectives go through shared memory, not that link). Destroyed after the
+  // cluster (declared before it).
+  std::unique_ptr<NetworkGuard> net;
+  std::string no_cuts = CannotUseNetns();
+  if (no_cuts.empty()) {
+    net = std::make_unique<NetworkGuard>(214);
+    if (absl::Status s = net->Build(1); !s.ok()) {
+      no_cuts = s.ToString();
+      net.reset();
+    }
+  }
+  if (!no_cuts.empty()) {
+    std::printf("chaos: NO NETWORK CUTS in this run, the workers stay on loopback: %s\n",
+                no_cuts.c_str());
+  }
+  const std::string wrapper = shm_dir + "-worker-in-netns.sh";
   ClusterOptions options{.tensor_parallel_size = 2,
                          .restart_workers = true,
                          .restart_scheduler = true,
@@ -574,6 +619,15 @@ TEST(ChaosTest, FaultsUnderLoadLoseNoTokenHangNothingAndLeakNothing) {
                     {"max_num_batched_tokens", "128"},
                     {"drain_timeout", "30"}};
   options.worker = {{"shm_dir", shm_dir}};
+  if (net != nullptr) {
+    // llm-cluster starts (and restarts) each worker through this script, in the namespace.
+    std::ofstream(wrapper) << "#!/bin/sh\nexec ip netns exec " << net->Host(0) << " " << LLM_BIN_DIR
+                           << "/llm-worker \"$@\"\n";
+    std::filesystem::permissions(wrapper, std::filesystem::perms::owner_all);
+    options.worker_binary = wrapper;
+    options.worker_host = net->HostAddress(0);
+    options.engine.push_back({"rendezvous_host", net->SchedulerAddress()});
+  }
   absl::StatusOr<std::unique_ptr<LocalCluster>> started = LocalCluster::Start(options);
   ASSERT_TRUE(started.ok()) << started.status();
   LocalCluster& c = **started;
@@ -603,7 +657,8 @@ TEST(ChaosTest, FaultsUnderLoadLoseNoTokenHangNothingAndLeakNothing) {
   const int64_t rss_before = StatusKiB(scheduler, "VmRSS");
   const int64_t anon_before = StatusKiB(scheduler, "RssAnon");
 
-  const Phase workers_phase = RunFaultedLoad(c, pool, schedule, seconds, seed, scheduler);
+  const Phase workers_phase =
+      RunFaultedLoad(c, net.get(), pool, schedule, seconds, seed, scheduler);
   const int violations = CheckAndReport("workers' faults", workers_phase, want);
   EXPECT_EQ(violations, 0);
   ExpectServesUndisturbedOutputs(c, pool, want, "the workers' faults");
@@ -624,7 +679,7 @@ TEST(ChaosTest, FaultsUnderLoadLoseNoTokenHangNothingAndLeakNothing) {
       absl::StrJoin(workers_phase.anon_samples, " ").c_str());
 
   const Phase scheduler_phase =
-      RunFaultedLoad(c, pool, scheduler_schedule, scheduler_seconds, seed + 1, 0);
+      RunFaultedLoad(c, net.get(), pool, scheduler_schedule, scheduler_seconds, seed + 1, 0);
   EXPECT_EQ(CheckAndReport("with the scheduler's", scheduler_phase, want), 0);
   EXPECT_NE(c.SchedulerPid(), scheduler) << "the scheduler was killed but not restarted";
   ExpectServesUndisturbedOutputs(c, pool, want, "the scheduler's faults");
@@ -653,6 +708,7 @@ TEST(ChaosTest, FaultsUnderLoadLoseNoTokenHangNothingAndLeakNothing) {
   }
   EXPECT_TRUE(left.empty()) << "shared-memory files left: " << absl::StrJoin(left, ", ");
   std::filesystem::remove_all(shm_dir);
+  std::filesystem::remove(wrapper);
 }
 
 }  // namespace
