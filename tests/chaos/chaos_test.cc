@@ -430,9 +430,10 @@ Phase RunFaultedLoad(LocalCluster& c, NetworkGuard* net, const std::vector<Kind>
         continue;
       }
       kill(scheduler, SIGKILL);
+      const absl::Time killed = absl::Now();
       // How soon the new scheduler serves, through a new channel each time (no reconnect
       // backoff of the clients' channel in the figure).
-      watchers.emplace_back([&, killed = absl::Now()] {
+      watchers.emplace_back([&, killed] {
         while (absl::Now() < killed + absl::Seconds(60)) {
           if (HealthChecker(c.address()).Check("", absl::Milliseconds(200)) ==
               HealthChecker::kServing) {
@@ -444,8 +445,8 @@ Phase RunFaultedLoad(LocalCluster& c, NetworkGuard* net, const std::vector<Kind>
         }
       });
       std::lock_guard<std::mutex> lock(mu);
-      phase.scheduler_kills.push_back(absl::Now());
-      phase.fault_windows.push_back({absl::Now(), absl::Now() + absl::Seconds(5)});
+      phase.scheduler_kills.push_back(killed);
+      phase.fault_windows.push_back({killed, killed + absl::Seconds(5)});
     } else {
       const std::vector<pid_t> workers = c.WorkerPids();
       if (workers.empty()) {
