@@ -33,6 +33,7 @@
 //   llm-scheduler --model=DIR --worker-addresses=H:P,H:P [--flag=value ...]   (--help)
 #include <malloc.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -448,11 +449,39 @@ void SetServing(grpc::HealthCheckServiceInterface* health, bool serving) {
 //  - that threshold follows the largest mmapped block freed (twice its size): the host block
 //    pool's vectors, which each rebuild replaces, raise it past a megabyte, and from then on
 //    those vectors come from an arena instead of mmap.
-// Two arenas and both thresholds fixed at glibc's initial 128 KiB undo the three.
+// Two arenas and both thresholds fixed at glibc's initial 128 KiB undo the three. A fourth
+// needs ReexecWithoutThreadCaches.
 void ConfigureHeap() {
   mallopt(M_ARENA_MAX, 2);
   mallopt(M_MMAP_THRESHOLD, 128 << 10);  // fixed: no longer raised by the blocks freed
   mallopt(M_TRIM_THRESHOLD, 128 << 10);
+}
+
+// glibc's per-thread caches (tcache) keep up to 7 freed chunks of each size up to 1 KiB for each
+// thread, outside the arenas' bins: malloc_trim cannot return their pages, and the long-lived
+// threads' caches fill, over a long run, with chunks of the sizes they meet, scattered over
+// pages the heap can then not give back. Under the chaos test this was the growth left after
+// ConfigureHeap (docs/performance/results.md#chaos); the arenas' locks it adds cost nothing
+// measurable here. The cache is a tunable read only as the process starts, so the scheduler
+// starts itself again once with glibc.malloc.tcache_count=0 added to GLIBC_TUNABLES; an
+// environment that sets tcache_count itself is left as it is.
+void ReexecWithoutThreadCaches(char** argv) {
+  const char* given = std::getenv("GLIBC_TUNABLES");
+  const std::string tunables = given == nullptr ? "" : given;
+  if (absl::StrContains(tunables, "glibc.malloc.tcache_count")) return;
+  const std::string with =
+      absl::StrCat(tunables, tunables.empty() ? "" : ":", "glibc.malloc.tcache_count=0");
+  // The binary's own path, not /proc/self/exe: the process keeps its name (comm, as ps and
+  // pgrep show it).
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return;
+  self[n] = '\0';
+  setenv("GLIBC_TUNABLES", with.c_str(), /*overwrite=*/1);
+  execv(self, argv);
+  // Still here: exec failed; run on with the caches.
+  std::fprintf(stderr,
+               "note: restarting without glibc's thread caches failed; running with them\n");
 }
 
 int Run(int argc, char** argv) {
@@ -674,6 +703,7 @@ int Run(int argc, char** argv) {
 }  // namespace llm
 
 int main(int argc, char** argv) {
+  llm::ReexecWithoutThreadCaches(argv);
   llm::ConfigureHeap();
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;

@@ -320,9 +320,10 @@ struct Phase {
   std::vector<Outcome> outcomes;
   std::vector<std::pair<absl::Time, absl::Time>> fault_windows;  // for the latency figures
   std::vector<absl::Time> scheduler_kills;
-  std::vector<double> scheduler_back_s;  // from each kill until a fresh channel saw SERVING
-  std::map<std::string, int> injected;   // by kind
-  std::vector<int64_t> anon_samples;     // the sampled process's RssAnon in KiB, every 5 s
+  // Kill time -> seconds until a fresh channel saw SERVING.
+  std::map<absl::Time, double> scheduler_back_s;
+  std::map<std::string, int> injected;  // by kind
+  std::vector<int64_t> anon_samples;    // the sampled process's RssAnon in KiB, every 5 s
 };
 
 // `kLoadThreads` clients, each keeping a request of the pool in flight (some cancelled, some
@@ -438,7 +439,7 @@ Phase RunFaultedLoad(LocalCluster& c, NetworkGuard* net, const std::vector<Kind>
           if (HealthChecker(c.address()).Check("", absl::Milliseconds(200)) ==
               HealthChecker::kServing) {
             std::lock_guard<std::mutex> lock(mu);
-            phase.scheduler_back_s.push_back(absl::ToDoubleSeconds(absl::Now() - killed));
+            phase.scheduler_back_s[killed] = absl::ToDoubleSeconds(absl::Now() - killed);
             return;
           }
           absl::SleepFor(absl::Milliseconds(20));
@@ -538,16 +539,19 @@ int CheckAndReport(const char* title, const Phase& phase, const std::vector<Toke
       latency_outside.size(), Percentile(latency_in_faults, 0.5),
       Percentile(latency_in_faults, 0.99), latency_in_faults.size());
   if (!down.empty()) {
-    std::vector<double> gaps;
-    for (const auto& [kill, back] : down) gaps.push_back(absl::ToDoubleSeconds(back - kill));
-    const auto seconds = [](std::string* out, double g) {
-      absl::StrAppend(out, absl::StrFormat("%.2f", g));
-    };
+    // Per kill: "to SERVING on a new channel / to the next call served", in seconds.
+    std::vector<std::string> gaps;
+    for (const auto& [kill, back] : down) {
+      auto it = phase.scheduler_back_s.find(kill);
+      gaps.push_back(absl::StrFormat(
+          "%s/%.2f", it == phase.scheduler_back_s.end() ? "-" : absl::StrFormat("%.2f", it->second),
+          absl::ToDoubleSeconds(back - kill)));
+    }
     std::printf(
-        "chaos: %s: from a scheduler kill, s: to SERVING on a new channel %s; to the next call "
-        "served %s\n",
-        title, absl::StrJoin(phase.scheduler_back_s, " ", seconds).c_str(),
-        absl::StrJoin(gaps, " ", seconds).c_str());
+        "chaos: %s: from each scheduler kill to SERVING on a new channel / to the next call "
+        "served, "
+        "s: %s\n",
+        title, absl::StrJoin(gaps, " ").c_str());
   }
   std::printf("chaos: %s: %d invariant violation(s)\n", title, violations);
   std::fflush(stdout);
