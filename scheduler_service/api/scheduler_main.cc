@@ -460,8 +460,8 @@ void ConfigureHeap() {
 // glibc's per-thread caches (tcache) keep up to 7 freed chunks of each size up to 1 KiB for each
 // thread, outside the arenas' bins: malloc_trim cannot return their pages, and the long-lived
 // threads' caches fill, over a long run, with chunks of the sizes they meet, scattered over
-// pages the heap can then not give back. Under the chaos test this was the growth left after
-// ConfigureHeap (docs/performance/results.md#chaos); the arenas' locks it adds cost nothing
+// pages the heap can then not give back. Under the chaos test this was most of the growth left
+// after ConfigureHeap (docs/performance/results.md#chaos); the arenas' locks it adds cost nothing
 // measurable here. The cache is a tunable read only as the process starts, so the scheduler
 // starts itself again once with glibc.malloc.tcache_count=0 added to GLIBC_TUNABLES; an
 // environment that sets tcache_count itself is left as it is.
