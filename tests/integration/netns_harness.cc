@@ -1,10 +1,16 @@
 #include "tests/integration/netns_harness.h"
 
+#include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 
 namespace llm::testing {
 
@@ -57,7 +63,25 @@ absl::Status NetworkGuard::AddNamespace(const std::string& ns) {
   return Must(absl::StrCat("ip -n ", ns, " link set lo up"));
 }
 
+// What a test killed before its NetworkGuard's destructor left (namespaces llm<pid>-*, root
+// link lv<pid>, of a pid no longer alive): deleted, so that its addresses cannot shadow these.
+void RemoveStale() {
+  for (absl::string_view line : absl::StrSplit(Sh("ip netns list").second, '\n')) {
+    const absl::string_view name = line.substr(0, line.find(' '));
+    if (!absl::StartsWith(name, "llm")) continue;
+    const size_t dash = name.find('-');
+    int pid = 0;
+    if (dash == absl::string_view::npos || !absl::SimpleAtoi(name.substr(3, dash - 3), &pid) ||
+        pid <= 0 || kill(pid, 0) == 0 || errno != ESRCH) {
+      continue;
+    }
+    (void)Sh(absl::StrCat("ip netns del ", name));
+    (void)Sh(absl::StrCat("ip link del lv", pid));
+  }
+}
+
 absl::Status NetworkGuard::Build(int hosts) {
+  RemoveStale();
   if (absl::Status s = AddNamespace(Hub()); !s.ok()) return s;
   std::vector<std::string> commands = {
       absl::StrCat("ip -n ", Hub(), " link add br0 type bridge"),

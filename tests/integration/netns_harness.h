@@ -31,7 +31,8 @@ std::string CannotUseNetns();
 // The namespaces and links of one test process (names unique per process: llm<pid>-*, on the
 // subnet 10.<octet>.<pid % 250 + 1>.0/24, so that two tests using different octets never
 // collide); the destructor deletes them (their veth pairs go with them, the root's end
-// included), whatever state the test left them in.
+// included), whatever state the test left them in. Build first deletes those of test processes
+// that died without their destructor (killed by a timeout).
 class NetworkGuard {
  public:
   explicit NetworkGuard(int octet = 213);
