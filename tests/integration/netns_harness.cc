@@ -63,6 +63,8 @@ absl::Status NetworkGuard::AddNamespace(const std::string& ns) {
   return Must(absl::StrCat("ip -n ", ns, " link set lo up"));
 }
 
+namespace {
+
 // What a test killed before its NetworkGuard's destructor left (namespaces llm<pid>-*, root
 // link lv<pid>, of a pid no longer alive): deleted, so that its addresses cannot shadow these.
 void RemoveStale() {
@@ -79,6 +81,8 @@ void RemoveStale() {
     (void)Sh(absl::StrCat("ip link del lv", pid));
   }
 }
+
+}  // namespace
 
 absl::Status NetworkGuard::Build(int hosts) {
   RemoveStale();
