@@ -33,6 +33,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -659,6 +660,15 @@ TEST(ChaosTest, FaultsUnderLoadLoseNoTokenHangNothingAndLeakNothing) {
     for (std::thread& t : warm) t.join();
   }
   const pid_t scheduler = c.SchedulerPid();
+  // The scheduler started itself again without glibc's per-thread caches (scheduler_main.cc),
+  // which the memory check below depends on.
+  {
+    std::ifstream environ(absl::StrCat("/proc/", scheduler, "/environ"));
+    const std::string env((std::istreambuf_iterator<char>(environ)),
+                          std::istreambuf_iterator<char>());
+    EXPECT_TRUE(absl::StrContains(env, "GLIBC_TUNABLES=glibc.malloc.tcache_count=0"))
+        << "the scheduler runs with glibc's per-thread caches";
+  }
   const int64_t rss_before = StatusKiB(scheduler, "VmRSS");
   const int64_t anon_before = StatusKiB(scheduler, "RssAnon");
 
