@@ -584,6 +584,9 @@ TEST_F(LLMServiceTest, UsageCountsPrefixCachedPromptTokens) {
   v1::GenerateRequest req;
   for (int i = 0; i < 40; ++i) req.mutable_token_ids()->add_ids(100 + i);
   req.mutable_sampling_params()->set_max_tokens(4);
+  // Unseeded, each call samples from its own random seed: without ignore_eos one in about 500
+  // would sample tiny-llama's EOS (vocabulary 2048) within its four tokens.
+  req.mutable_sampling_params()->set_ignore_eos(true);
   const CallResult first = Generate(req);
   ASSERT_TRUE(first.status.ok()) << first.status.error_message();
   EXPECT_EQ(first.responses.back().usage().cached_prompt_tokens(), 0u);
@@ -906,6 +909,7 @@ grpc::Status GenerateWithKey(v1::LLMService::Stub* stub, const std::string& key,
   v1::GenerateRequest req;
   req.set_text("Hello");
   req.mutable_sampling_params()->set_max_tokens(4);
+  req.mutable_sampling_params()->set_ignore_eos(true);  // four tokens, whatever the seed
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   if (!key.empty()) ctx.AddMetadata("authorization", "Bearer " + key);
