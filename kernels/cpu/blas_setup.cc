@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "common/reexec.h"
+
 namespace llm::cpu {
 
 std::string BlasCoreName() {
@@ -25,7 +27,7 @@ void ReexecWithMatchingBlasKernels(char** argv) {
   }
   if (core == nullptr) return;
   setenv("OPENBLAS_CORETYPE", core, /*overwrite=*/1);
-  execv("/proc/self/exe", argv);
+  ReexecSelf(argv);
   // Still here: exec failed; run on with the slower kernels.
   std::fprintf(stderr, "note: OpenBLAS uses Prescott kernels; restarting with %s ones failed\n",
                core);

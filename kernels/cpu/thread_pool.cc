@@ -12,6 +12,8 @@
 #include <mutex>
 #include <thread>
 
+#include "common/reexec.h"
+
 namespace llm::cpu {
 namespace {
 
@@ -95,14 +97,7 @@ void ReexecWithOpenMpSettings(char** argv) {
     return;
   }
   setenv("GOMP_SPINCOUNT", kSpinCount, /*overwrite=*/1);
-  // The binary's real path rather than /proc/self/exe, so that the process keeps its name
-  // (comm), which tools and tests look processes up by.
-  char path[4096];
-  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
-  if (n > 0) {
-    path[n] = '\0';
-    execv(path, argv);
-  }
+  ReexecSelf(argv);
   // Still here: exec failed; run on with the runtime's default waits.
   std::fprintf(stderr, "note: restarting with GOMP_SPINCOUNT=%s failed\n", kSpinCount);
 }

@@ -58,6 +58,7 @@
 #include "common/grpc_security.h"
 #include "common/model_config.h"
 #include "common/port_file.h"
+#include "common/reexec.h"
 #include "common/tcp_store.h"
 #include "glog/logging.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -471,14 +472,8 @@ void ReexecWithoutThreadCaches(char** argv) {
   if (absl::StrContains(tunables, "glibc.malloc.tcache_count")) return;
   const std::string with =
       absl::StrCat(tunables, tunables.empty() ? "" : ":", "glibc.malloc.tcache_count=0");
-  // The binary's own path, not /proc/self/exe: the process keeps its name (comm, as ps and
-  // pgrep show it).
-  char self[4096];
-  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) return;
-  self[n] = '\0';
   setenv("GLIBC_TUNABLES", with.c_str(), /*overwrite=*/1);
-  execv(self, argv);
+  ReexecSelf(argv);
   // Still here: exec failed; run on with the caches.
   std::fprintf(stderr,
                "note: restarting without glibc's thread caches failed; running with them\n");
