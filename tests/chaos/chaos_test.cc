@@ -17,8 +17,9 @@
 // killed scheduler is away, in gRPC's words, within 5 s of the kill for a call it was serving.
 // After each phase: the group serves again, every block is free, the pool's requests give their
 // undisturbed outputs again (prefix cache included); the scheduler's resident memory grew at most
-// 5% over the first phase; at the end a SIGTERM drain in the middle of requests ends them well and
-// leaves no process and no shared-memory file.
+// 5% over the first phase, and so did the anonymous memory of each worker process that lived 45 s
+// of it (ExpectWorkersMemoryFlat); at the end a SIGTERM drain in the middle of requests ends them
+// well and leaves no process and no shared-memory file.
 //
 // Seeded and replayable: LLM_CHAOS_SEED chooses the fault schedules (printed first), which the same
 // seed reproduces; LLM_CHAOS_SECONDS the length of the first phase (default 60, as in `make test`;
@@ -325,6 +326,9 @@ struct Phase {
   std::map<absl::Time, double> scheduler_back_s;
   std::map<std::string, int> injected;  // by kind
   std::vector<int64_t> anon_samples;    // the sampled process's RssAnon in KiB, every 5 s
+  // With a sampled process: each worker process's RssAnon in KiB every 5 s while the group
+  // serves, by pid, with the seconds since the phase began.
+  std::map<pid_t, std::vector<std::pair<double, int64_t>>> worker_anon;
 };
 
 // `kLoadThreads` clients, each keeping a request of the pool in flight (some cancelled, some
@@ -362,10 +366,23 @@ Phase RunFaultedLoad(LocalCluster& c, NetworkGuard* net, const std::vector<Kind>
     });
   }
 
+  const absl::Time started = absl::Now();
   std::thread sampler([&] {
     while (sample > 0 && !stop_load) {
       for (int i = 0; i < 500 && !stop_load; ++i) absl::SleepFor(absl::Milliseconds(10));
       phase.anon_samples.push_back(StatusKiB(sample, "RssAnon"));
+      // The workers only while the group serves: a worker frees its KV cache when the group
+      // fails and allocates it again at the next Init.
+      if (HealthChecker(c.address()).Check("", absl::Milliseconds(200)) !=
+          HealthChecker::kServing) {
+        continue;
+      }
+      const double at = absl::ToDoubleSeconds(absl::Now() - started);
+      for (pid_t pid : c.WorkerPids()) {
+        if (const int64_t kib = StatusKiB(pid, "RssAnon"); kib > 0) {
+          phase.worker_anon[pid].push_back({at, kib});
+        }
+      }
     }
   });
 
@@ -559,6 +576,41 @@ int CheckAndReport(const char* title, const Phase& phase, const std::vector<Toke
   return violations;
 }
 
+// The workers' anonymous memory over a phase. Workers are killed and restarted through the run,
+// so each worker process is checked over its own life, if it was sampled over at least 45 s:
+// the median of its samples over its last 15 s against the median of those between 10 and 25 s
+// after its first (sampled while the group served, so with its KV cache allocated, and poisoned
+// whole at Init: resident). At most 5% growth.
+void ExpectWorkersMemoryFlat(const Phase& phase) {
+  auto median = [](std::vector<int64_t> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? int64_t{-1} : v[v.size() / 2];
+  };
+  int checked = 0;
+  for (const auto& [pid, samples] : phase.worker_anon) {
+    const double first = samples.front().first;
+    const double last = samples.back().first;
+    if (last - first < 45) continue;
+    std::vector<int64_t> early, late;
+    for (const auto& [at, kib] : samples) {
+      if (at >= first + 10 && at <= first + 25) early.push_back(kib);
+      if (at >= last - 15) late.push_back(kib);
+    }
+    const int64_t baseline = median(early), final = median(late);
+    if (baseline < 0 || final < 0) continue;
+    ++checked;
+    EXPECT_LE(final, baseline * 105 / 100)
+        << "worker " << pid << "'s anonymous memory grew from " << baseline << " KiB to " << final
+        << " KiB over " << last - first << " s";
+    std::printf("chaos: worker %d, sampled over %.0f s: anonymous memory %lld KiB -> %lld KiB\n",
+                static_cast<int>(pid), last - first, static_cast<long long>(baseline),
+                static_cast<long long>(final));
+  }
+  if (checked == 0) {
+    std::printf("chaos: no worker process was sampled over 45 s; workers' memory not checked\n");
+  }
+}
+
 // After a phase: the group serves again, every block is free, and the pool's requests give
 // their undisturbed outputs (through the prefix cache when it survived).
 void ExpectServesUndisturbedOutputs(LocalCluster& c, const std::vector<Kind>& pool,
@@ -692,6 +744,7 @@ TEST(ChaosTest, FaultsUnderLoadLoseNoTokenHangNothingAndLeakNothing) {
       static_cast<long long>(rss_before), static_cast<long long>(rss_after),
       static_cast<long long>(anon_before), static_cast<long long>(anon_after),
       absl::StrJoin(workers_phase.anon_samples, " ").c_str());
+  ExpectWorkersMemoryFlat(workers_phase);
 
   const Phase scheduler_phase =
       RunFaultedLoad(c, net.get(), pool, scheduler_schedule, scheduler_seconds, seed + 1, 0);
