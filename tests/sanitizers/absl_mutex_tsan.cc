@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "absl/base/options.h"
 #include "absl/status/status.h"
@@ -89,21 +90,57 @@ class Outermost {
   const bool outer_;
 };
 
-// The sanitizer's view of a lock the library has just taken (or failed to take).
-void Locked(void* mu, unsigned flags, bool taken = true) {
-  __tsan_mutex_post_lock(mu, taken ? flags : flags | __tsan_mutex_try_lock_failed, 0);
+// What a call to the library does to a mutex, as the sanitizer is told it: before the call
+// (pre_) and after (post_). The sanitizer ignores memory accesses between a pre_ and a post_
+// call, and the library evaluates waiters' Conditions (our code, instrumented) inside its
+// locks, unlocks and waits, under the real lock but not under the sanitizer's: each call to the
+// library stays inside such a pair, as Abseil's own annotations keep it.
+enum class Op {
+  kLock,     // returns holding the mutex
+  kTryLock,  // returns holding it if it returns true
+  kUnlock,
+  kWait,  // called holding it: releases it while waiting and holds it again when it returns
+};
+
+void Before(Op op, void* mu, unsigned flags) {
+  if (op == Op::kLock || op == Op::kTryLock) {
+    __tsan_mutex_pre_lock(mu, flags);
+  } else {
+    __tsan_mutex_pre_unlock(mu, flags);
+  }
 }
 
-// Around a call that releases `mu` and holds it again when it returns (a wait). The sanitizer
-// ignores memory accesses between a pre_ and a post_ call: the library evaluates waiters'
-// Conditions (our code, instrumented) inside Lock, Unlock and the waits, under the real lock but
-// not under the sanitizer's, so each call to the library stays inside such a pair, as Abseil's
-// own annotations keep them.
-void BeginWait(void* mu, unsigned flags) { __tsan_mutex_pre_unlock(mu, flags); }
-void EndWait(void* mu, unsigned flags) {
-  __tsan_mutex_post_unlock(mu, flags);
-  __tsan_mutex_pre_lock(mu, flags);
-  __tsan_mutex_post_lock(mu, flags, 0);
+void After(Op op, void* mu, unsigned flags, bool taken) {
+  switch (op) {
+    case Op::kLock:
+    case Op::kTryLock:
+      __tsan_mutex_post_lock(mu, taken ? flags : flags | __tsan_mutex_try_lock_failed, 0);
+      break;
+    case Op::kUnlock:
+      __tsan_mutex_post_unlock(mu, flags);
+      break;
+    case Op::kWait:
+      __tsan_mutex_post_unlock(mu, flags);
+      __tsan_mutex_pre_lock(mu, flags);
+      __tsan_mutex_post_lock(mu, flags, 0);
+      break;
+  }
+}
+
+// Runs `call` (the library's function) as `op` on `mu`, told to the sanitizer if it is this
+// thread's outermost call; returns what `call` returns.
+template <typename Call>
+auto Annotated(Op op, void* mu, unsigned flags, Call call) -> decltype(call()) {
+  const Outermost outer;
+  if (outer) Before(op, mu, flags);
+  if constexpr (std::is_void_v<decltype(call())>) {
+    call();
+    if (outer) After(op, mu, flags, /*taken=*/true);
+  } else {
+    const auto result = call();
+    if (outer) After(op, mu, flags, /*taken=*/op != Op::kTryLock || result);
+    return result;
+  }
 }
 
 // Whether `pc` is in this executable's code (not in a shared library).
@@ -142,159 +179,95 @@ Mutex::~Mutex() {
 
 void Mutex::Lock() {
   LLM_REAL(MutexFn, "5Mutex4LockEv");
-  const Outermost outer;
-  if (outer) __tsan_mutex_pre_lock(this, 0);
-  real(this);
-  if (outer) Locked(this, 0);
+  Annotated(Op::kLock, this, 0, [&] { real(this); });
 }
 
 void Mutex::ReaderLock() {
   LLM_REAL(MutexFn, "5Mutex10ReaderLockEv");
-  const Outermost outer;
-  if (outer) __tsan_mutex_pre_lock(this, kRead);
-  real(this);
-  if (outer) Locked(this, kRead);
+  Annotated(Op::kLock, this, kRead, [&] { real(this); });
 }
 
 bool Mutex::TryLock() {
   LLM_REAL(MutexTryFn, "5Mutex7TryLockEv");
-  const Outermost outer;
-  if (outer) __tsan_mutex_pre_lock(this, __tsan_mutex_try_lock);
-  const bool taken = real(this);
-  if (outer) Locked(this, __tsan_mutex_try_lock, taken);
-  return taken;
+  return Annotated(Op::kTryLock, this, __tsan_mutex_try_lock, [&] { return real(this); });
 }
 
 bool Mutex::ReaderTryLock() {
   LLM_REAL(MutexTryFn, "5Mutex13ReaderTryLockEv");
-  const Outermost outer;
-  if (outer) __tsan_mutex_pre_lock(this, kRead | __tsan_mutex_try_lock);
-  const bool taken = real(this);
-  if (outer) Locked(this, kRead | __tsan_mutex_try_lock, taken);
-  return taken;
+  return Annotated(Op::kTryLock, this, kRead | __tsan_mutex_try_lock, [&] { return real(this); });
 }
 
 void Mutex::Unlock() {
   LLM_REAL(MutexFn, "5Mutex6UnlockEv");
-  const Outermost outer;
-  if (outer) __tsan_mutex_pre_unlock(this, 0);
-  real(this);
-  if (outer) __tsan_mutex_post_unlock(this, 0);
+  Annotated(Op::kUnlock, this, 0, [&] { real(this); });
 }
 
 void Mutex::ReaderUnlock() {
   LLM_REAL(MutexFn, "5Mutex12ReaderUnlockEv");
-  const Outermost outer;
-  if (outer) __tsan_mutex_pre_unlock(this, kRead);
-  real(this);
-  if (outer) __tsan_mutex_post_unlock(this, kRead);
+  Annotated(Op::kUnlock, this, kRead, [&] { real(this); });
 }
 
 void Mutex::LockWhen(const Condition& cond) {
   LLM_REAL(MutexWhenFn, "5Mutex8LockWhenERKNS0_9ConditionE");
-  const Outermost outer;
-  if (outer) __tsan_mutex_pre_lock(this, 0);
-  real(this, cond);
-  if (outer) Locked(this, 0);
+  Annotated(Op::kLock, this, 0, [&] { real(this, cond); });
 }
 
 void Mutex::ReaderLockWhen(const Condition& cond) {
   LLM_REAL(MutexWhenFn, "5Mutex14ReaderLockWhenERKNS0_9ConditionE");
-  const Outermost outer;
-  if (outer) __tsan_mutex_pre_lock(this, kRead);
-  real(this, cond);
-  if (outer) Locked(this, kRead);
+  Annotated(Op::kLock, this, kRead, [&] { real(this, cond); });
 }
 
 // The timed forms hold the mutex when they return, whether the condition became true or not.
 bool Mutex::LockWhenWithTimeout(const Condition& cond, Duration timeout) {
   LLM_REAL(MutexWhenTimeoutFn, "5Mutex19LockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
-  const Outermost outer;
-  if (outer) __tsan_mutex_pre_lock(this, 0);
-  const bool met = real(this, cond, timeout);
-  if (outer) Locked(this, 0);
-  return met;
+  return Annotated(Op::kLock, this, 0, [&] { return real(this, cond, timeout); });
 }
 
 bool Mutex::LockWhenWithDeadline(const Condition& cond, Time deadline) {
   LLM_REAL(MutexWhenDeadlineFn, "5Mutex20LockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
-  const Outermost outer;
-  if (outer) __tsan_mutex_pre_lock(this, 0);
-  const bool met = real(this, cond, deadline);
-  if (outer) Locked(this, 0);
-  return met;
+  return Annotated(Op::kLock, this, 0, [&] { return real(this, cond, deadline); });
 }
 
 bool Mutex::ReaderLockWhenWithTimeout(const Condition& cond, Duration timeout) {
   LLM_REAL(MutexWhenTimeoutFn, "5Mutex25ReaderLockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
-  const Outermost outer;
-  if (outer) __tsan_mutex_pre_lock(this, kRead);
-  const bool met = real(this, cond, timeout);
-  if (outer) Locked(this, kRead);
-  return met;
+  return Annotated(Op::kLock, this, kRead, [&] { return real(this, cond, timeout); });
 }
 
 bool Mutex::ReaderLockWhenWithDeadline(const Condition& cond, Time deadline) {
   LLM_REAL(MutexWhenDeadlineFn, "5Mutex26ReaderLockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
-  const Outermost outer;
-  if (outer) __tsan_mutex_pre_lock(this, kRead);
-  const bool met = real(this, cond, deadline);
-  if (outer) Locked(this, kRead);
-  return met;
+  return Annotated(Op::kLock, this, kRead, [&] { return real(this, cond, deadline); });
 }
 
 // Await* are called with the mutex held (in either mode; Abseil does not say which to the
 // sanitizer either): they release it while waiting and hold it again when they return.
 void Mutex::Await(const Condition& cond) {
   LLM_REAL(MutexWhenFn, "5Mutex5AwaitERKNS0_9ConditionE");
-  const Outermost outer;
-  if (outer) BeginWait(this, 0);
-  real(this, cond);
-  if (outer) EndWait(this, 0);
+  Annotated(Op::kWait, this, 0, [&] { real(this, cond); });
 }
 
 bool Mutex::AwaitWithTimeout(const Condition& cond, Duration timeout) {
   LLM_REAL(MutexWhenTimeoutFn, "5Mutex16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE");
-  const Outermost outer;
-  if (outer) BeginWait(this, 0);
-  const bool met = real(this, cond, timeout);
-  if (outer) EndWait(this, 0);
-  return met;
+  return Annotated(Op::kWait, this, 0, [&] { return real(this, cond, timeout); });
 }
 
 bool Mutex::AwaitWithDeadline(const Condition& cond, Time deadline) {
   LLM_REAL(MutexWhenDeadlineFn, "5Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE");
-  const Outermost outer;
-  if (outer) BeginWait(this, 0);
-  const bool met = real(this, cond, deadline);
-  if (outer) EndWait(this, 0);
-  return met;
+  return Annotated(Op::kWait, this, 0, [&] { return real(this, cond, deadline); });
 }
 
 void CondVar::Wait(Mutex* mu) {
   LLM_REAL(CondVarWaitFn, "7CondVar4WaitEPNS0_5MutexE");
-  const Outermost outer;
-  if (outer) BeginWait(mu, 0);
-  real(this, mu);
-  if (outer) EndWait(mu, 0);
+  Annotated(Op::kWait, mu, 0, [&] { real(this, mu); });
 }
 
 bool CondVar::WaitWithTimeout(Mutex* mu, Duration timeout) {
   LLM_REAL(CondVarWaitTimeoutFn, "7CondVar15WaitWithTimeoutEPNS0_5MutexENS0_8DurationE");
-  const Outermost outer;
-  if (outer) BeginWait(mu, 0);
-  const bool timed_out = real(this, mu, timeout);
-  if (outer) EndWait(mu, 0);
-  return timed_out;
+  return Annotated(Op::kWait, mu, 0, [&] { return real(this, mu, timeout); });
 }
 
 bool CondVar::WaitWithDeadline(Mutex* mu, Time deadline) {
   LLM_REAL(CondVarWaitDeadlineFn, "7CondVar16WaitWithDeadlineEPNS0_5MutexENS0_4TimeE");
-  const Outermost outer;
-  if (outer) BeginWait(mu, 0);
-  const bool timed_out = real(this, mu, deadline);
-  if (outer) EndWait(mu, 0);
-  return timed_out;
+  return Annotated(Op::kWait, mu, 0, [&] { return real(this, mu, deadline); });
 }
 
 // Notify publishes what was written before it; a wait that returns notified sees it. The
