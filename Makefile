@@ -176,13 +176,14 @@ demo: build
 
 # AddressSanitizer + UndefinedBehaviorSanitizer build, not part of `make test` (its build and
 # run take several times as long), in a build directory of its own, running the unit and
-# integration tests (the 60-second chaos run among them). The CUDA emulation is left out
-# (LLM_CUDA_EMU=OFF): it runs each CUDA thread block's threads as fibers (boost.context), whose
-# stack switches ASan does not follow.
+# integration tests (the 60-second chaos run among them). CUDA is left out: the real backend
+# (LLM_CUDA=OFF; nvcc's builds for sm_80/90 take long and their tests need a GPU), and the
+# emulation (LLM_CUDA_EMU=OFF), which runs each CUDA thread block's threads as fibers
+# (boost.context), whose stack switches ASan does not follow.
 SAN_LABELS ?= unit|integration
 test-asan: deps pyenv fixtures
 	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-	  -DLLM_SANITIZE=address,undefined -DLLM_CUDA_EMU=OFF \
+	  -DLLM_SANITIZE=address,undefined -DLLM_CUDA=OFF -DLLM_CUDA_EMU=OFF \
 	  -DLLM_TEST_PYTHON=$(CURDIR)/$(PYENV)/bin/python3 $(CMAKE_ARGS)
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
@@ -202,7 +203,7 @@ TSAN_TARGETS ?= absl_mutex_tsan_test engine_core_test worker_group_test \
 TSAN_TESTS ?= ^(tsan_annotations|ChildProcessTest|Collectives/|GlooCommunicator|LLMServiceTest|OpenAIServerTest|Ranks/|RequestPrefetcher|Scheduling/EngineCoreTest|ShardedWorkerClientTest|ShmCommunicator|TcpStore|WorkerGroup|WorkerServer)
 test-tsan: deps pyenv fixtures
 	cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLLM_SANITIZE=thread \
-	  -DLLM_CUDA_EMU=OFF -DLLM_TEST_PYTHON=$(CURDIR)/$(PYENV)/bin/python3 $(CMAKE_ARGS)
+	  -DLLM_CUDA=OFF -DLLM_CUDA_EMU=OFF -DLLM_TEST_PYTHON=$(CURDIR)/$(PYENV)/bin/python3 $(CMAKE_ARGS)
 	cmake --build build-tsan -j $(JOBS) --target $(TSAN_TARGETS)
 	cd build-tsan && \
 	  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1:suppressions=$(CURDIR)/tests/sanitizers/tsan_suppressions.txt \
