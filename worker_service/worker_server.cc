@@ -444,11 +444,19 @@ absl::StatusOr<std::unique_ptr<Communicator>> WorkerServer::JoinNcclGroup(
 #endif
 }
 
+DeviceSampler* WorkerServer::device_sampler() const {
+#ifdef LLM_WITH_CUDA
+  return device_sampler_.get();
+#else
+  return nullptr;
+#endif
+}
+
 absl::Status WorkerServer::WarmUpCuda() {
   std::string summary;
   RETURN_IF_ERROR(CaptureDecodeGraphs(*model_, *cache_, &summary));
   LOG(INFO) << "cuda: " << summary
-            << "; sampler: " << (device_sampler_ != nullptr ? "device" : "host");
+            << "; sampler: " << (device_sampler() != nullptr ? "device" : "host");
   return absl::OkStatus();
 }
 
@@ -563,8 +571,7 @@ grpc::Status WorkerServer::InitCache(grpc::ServerContext* context,
       return ToGrpc(absl::Status(s.code(), absl::StrCat("InitCache: warm-up: ", s.message())));
     }
   }
-  runner_ =
-      std::make_unique<ModelRunner>(model_.get(), cache_.get(), device_sampler_.get(), grammars_);
+  runner_ = std::make_unique<ModelRunner>(model_.get(), cache_.get(), device_sampler(), grammars_);
   SetStats(runner_->stats());
   const WorkerStats::Memory& m = runner_->stats().memory;
   auto mib = [](int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); };

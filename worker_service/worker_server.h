@@ -181,6 +181,8 @@ class WorkerServer final
   // InitCache on cuda: captures the decode graphs over the new cache (model_warmup.h; they are
   // then ready for the first steps) and logs what the worker runs with.
   absl::Status WarmUpCuda() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The device sampler made at Init (cuda); null in a worker built without CUDA.
+  DeviceSampler* device_sampler() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ProfileMemory on cuda: the profiling passes (model_warmup.h), then kv_cache_sizing.
   absl::Status ProfileCuda(const v1::ProfileMemoryRequest& request,
                            v1::ProfileMemoryResponse* response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -213,8 +215,11 @@ class WorkerServer final
   std::unique_ptr<ReboundCommunicator> comm_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<LlamaModel> model_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<CacheEngine> cache_ ABSL_GUARDED_BY(mu_);
+#ifdef LLM_WITH_CUDA
   // cuda: sampling on the device, sized at Init (max_num_seqs rows) before memory is profiled.
+  // Only in a worker built with CUDA, where its destructor (device_sampler.cc) exists.
   std::unique_ptr<DeviceSampler> device_sampler_ ABSL_GUARDED_BY(mu_);
+#endif
   std::unique_ptr<ModelRunner> runner_ ABSL_GUARDED_BY(mu_);
   // Structured outputs: the grammars compiled against the model's vocabulary (read from its
   // tokenizer in the background when the model is loaded; if that fails, requests with a
