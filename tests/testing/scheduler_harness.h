@@ -120,7 +120,6 @@ class SchedulerHarness {
         const absl::Status s = scheduler.StopSequences(id, applied.stopped);
         EXPECT_TRUE(s.ok()) << s;
       }
-      if (applied.ended) texts_.erase(text);
       Stream& st = streams[id];
       EXPECT_FALSE(st.finished) << r.request_id << " updated after finishing";
       ++st.num_updates;
@@ -138,6 +137,8 @@ class SchedulerHarness {
         st.status[s.index] = s.status;
       }
       st.finished = r.finished;
+      // Only now: the outputs' stop strings view the request's text.
+      if (applied.ended) texts_.erase(text);
     }
   }
 
